@@ -1,0 +1,70 @@
+// dtype conversions: bf16 rounding, fp8 e4m3 decode table edges, E2M1 and E8M0.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace bg {
+namespace {
+
+TEST(DType, NamesRoundTrip) {
+  for (auto d : {DType::kF32, DType::kBF16, DType::kF8E4M3, DType::kU8, DType::kI32, DType::kI64}) {
+    auto parsed = dtype_from_name(dtype_name(d));
+    ASSERT_TRUE(parsed.has_value());
+    EXPECT_EQ(*parsed, d);
+  }
+  EXPECT_FALSE(dtype_from_name("F4").has_value());
+  EXPECT_FALSE(dtype_from_name("bogus").has_value());
+  EXPECT_EQ(dtype_size_bytes(DType::kBF16), 2u);
+  EXPECT_EQ(dtype_size_bytes(DType::kI64), 8u);
+}
+
+TEST(DType, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_to_f32(0x3f80), 1.0f);
+  // 1 + 2^-8 is exactly halfway between 1 and 1 + 2^-7: ties to even (1.0).
+  EXPECT_EQ(f32_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
+  EXPECT_EQ(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
+}
+
+TEST(DType, Fp8E4M3Table) {
+  EXPECT_EQ(f8e4m3_to_f32(0x00), 0.0f);
+  EXPECT_EQ(f8e4m3_to_f32(0x38), 1.0f);    // e=7, m=0
+  EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);  // max finite
+  EXPECT_EQ(f8e4m3_to_f32(0xfe), -448.0f);
+  EXPECT_EQ(f8e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_TRUE(std::isnan(f8e4m3_to_f32(0x7f)));
+  EXPECT_TRUE(std::isnan(f8e4m3_to_f32(0xff)));
+  for (int code = 0; code < 256; ++code) {
+    if ((code & 0x7f) == 0x7f) continue;
+    EXPECT_EQ(f32_to_f8e4m3(f8e4m3_to_f32(static_cast<uint8_t>(code))) & 0x7f, code & 0x7f) << code;
+  }
+  EXPECT_EQ(f32_to_f8e4m3(1000.0f), 0x7e);  // saturates
+}
+
+TEST(DType, E2M1AndE8M0) {
+  const float expect[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  for (uint8_t c = 0; c < 8; ++c) {
+    EXPECT_EQ(e2m1_to_f32(c), expect[c]);
+    EXPECT_EQ(e2m1_to_f32(static_cast<uint8_t>(c | 8)), -expect[c]);
+    EXPECT_EQ(f32_to_e2m1(expect[c]), c);
+  }
+  EXPECT_EQ(f32_to_e2m1(100.0f), 7);
+  EXPECT_EQ(e8m0_to_f32(127), 1.0f);
+  EXPECT_EQ(e8m0_to_f32(130), 8.0f);
+  EXPECT_EQ(e8m0_to_f32(0), std::ldexp(1.0f, -127));
+  EXPECT_TRUE(std::isnan(e8m0_to_f32(255)));
+}
+
+TEST(Tensor, ShapeOverflowIsAnError) {
+  EXPECT_THROW(shape_numel({int64_t{1} << 40, int64_t{1} << 40}), Error);
+  EXPECT_THROW(shape_numel({-1}), Error);
+  EXPECT_EQ(shape_numel({}), 1);
+  EXPECT_EQ(shape_numel({3, 0}), 0);
+}
+
+}  // namespace
+}  // namespace bg

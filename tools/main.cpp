@@ -1,0 +1,21 @@
+// batchgen CLI entry point: subcommands are registered by tools/cmd_*.cpp.
+#include <CLI/CLI.hpp>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"batchgen: a serving engine for Kimi-K3 and DeepSeek-V3-family MoE models"};
+  app.require_subcommand(1);
+  bg::tools::register_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const bg::Error& e) {
+    bg::log::error("{}", e.what());
+    return 1;
+  }
+  return 0;
+}
