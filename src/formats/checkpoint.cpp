@@ -15,7 +15,7 @@ using json = nlohmann::json;
 // A shard name from an index must be a plain file name inside the checkpoint directory.
 void check_shard_name(const std::string& shard, const std::filesystem::path& index_path) {
   BG_CHECK(!shard.empty() && shard.find('/') == std::string::npos && shard.find('\\') == std::string::npos &&
-               shard != "." && shard != "..",
+               shard.find('\0') == std::string::npos && shard != "." && shard != "..",
            "{}: shard name '{}' is not a plain file name", index_path.string(), shard);
 }
 
@@ -61,10 +61,15 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::filesystem::path& dir) {
              index_path.string(), name, shard);
     ckpt->where_[name] = fi;
   }
-  for (const auto& f : ckpt->files_) {
+  // Every shard tensor must be listed, and listed for this shard: a copy in a second shard would be silently ignored.
+  for (const auto& [shard, fi] : shard_idx) {
+    const auto& f = ckpt->files_[fi];
     for (const auto& e : f->header().entries) {
-      BG_CHECK(mapped.count(e.name) != 0, "{}: tensor '{}' is not listed in {}", f->path().string(), e.name,
+      auto it = mapped.find(e.name);
+      BG_CHECK(it != mapped.end(), "{}: tensor '{}' is not listed in {}", f->path().string(), e.name,
                index_path.filename().string());
+      BG_CHECK(it->second == shard, "{}: tensor '{}' is also stored in {}, but the index maps it to {}",
+               index_path.string(), e.name, shard, it->second);
     }
   }
   return ckpt;

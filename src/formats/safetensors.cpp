@@ -11,6 +11,9 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
+#include <unordered_set>
 
 #include "core/error.h"
 
@@ -25,28 +28,111 @@ uint64_t read_u64_le(std::span<const std::byte> bytes) {
   return v;
 }
 
+// Header text is untrusted: names and values quoted in messages are escaped (control bytes, and non-ASCII bytes when
+// `ascii_only`) and cut to a bounded length so an error never carries megabytes or terminal escapes.
+std::string printable(std::string_view s, bool ascii_only = false) {
+  constexpr size_t kMaxShown = 200;
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < kMaxShown; ++i) {
+    auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f || (ascii_only && c >= 0x80)) {
+      out += fmt::format("\\x{:02x}", c);
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  if (s.size() > kMaxShown) out += fmt::format("... ({} bytes)", s.size());
+  return out;
+}
+
+// A short description of a JSON value for messages; never recursive (dump() of a deeply nested value would be).
+std::string describe(const json& j) {
+  if (j.is_string()) return fmt::format("\"{}\"", printable(j.get_ref<const std::string&>()));
+  if (j.is_array()) return fmt::format("an array of {} elements", j.size());
+  if (j.is_object()) return fmt::format("an object of {} keys", j.size());
+  return j.dump();  // number, bool, null: no strings inside, cannot throw
+}
+
 uint64_t json_u64(const json& j, const std::string& what) {
   BG_CHECK(j.is_number_unsigned() || (j.is_number_integer() && j.get<int64_t>() >= 0),
-           "{}: expected a non-negative integer, got {}", what, j.dump());
+           "{}: expected a non-negative integer, got {}", what, describe(j));
   return j.get<uint64_t>();
+}
+
+// Records the first key that repeats within one JSON object. nlohmann keeps the last value of a repeated key
+// silently; safetensors forbids duplicates, and a repeated tensor name would hide which bytes are meant.
+class DuplicateKeyFinder {
+ public:
+  bool on_event(json::parse_event_t event, const json& parsed) {
+    using E = json::parse_event_t;
+    if (event == E::object_start) {
+      open_.emplace_back();
+    } else if (event == E::object_end) {
+      if (!open_.empty()) open_.pop_back();
+    } else if (event == E::key && !open_.empty() && parsed.is_string()) {
+      const auto& key = parsed.get_ref<const std::string&>();
+      if (open_.size() == 1) top_key_ = key;
+      if (!open_.back().insert(key).second && !duplicate_) {
+        duplicate_ = open_.size() == 1 ? fmt::format("duplicate tensor key '{}'", printable(key))
+                                       : fmt::format("duplicate key '{}' inside '{}'", printable(key),
+                                                     printable(top_key_));
+      }
+    }
+    return true;  // keep everything; the DOM is discarded anyway when a duplicate is reported
+  }
+  const std::optional<std::string>& duplicate() const { return duplicate_; }
+
+ private:
+  std::vector<std::unordered_set<std::string>> open_;  // key sets of the objects being parsed, outermost first
+  std::string top_key_;                                // the header key whose value is being parsed
+  std::optional<std::string> duplicate_;
+};
+
+// Parses the header text. Every nlohmann exception (syntax, invalid UTF-8, control characters) becomes a bg::Error.
+json parse_header_json(std::string_view text, const std::string& what) {
+  DuplicateKeyFinder dups;
+  json root;
+  try {
+    root = json::parse(
+        text.begin(), text.end(),
+        [&dups](int, json::parse_event_t event, json& parsed) { return dups.on_event(event, parsed); },
+        /*allow_exceptions=*/true);
+  } catch (const json::exception& e) {
+    fail("{}: header is not valid JSON: {}", what, printable(e.what(), /*ascii_only=*/true));
+  }
+  BG_CHECK(!dups.duplicate().has_value(), "{}: {} in the header", what, *dups.duplicate());
+  return root;
+}
+
+std::map<std::string, std::string> parse_metadata(const json& value, const std::string& what) {
+  std::map<std::string, std::string> out;
+  BG_CHECK(value.is_object() || value.is_null(), "{}: __metadata__ is not an object (got {})", what,
+           describe(value));
+  if (value.is_null()) return out;
+  for (const auto& [key, v] : value.items()) {
+    BG_CHECK(v.is_string(), "{}: __metadata__['{}'] is not a string (got {})", what, printable(key), describe(v));
+    out[key] = v.get<std::string>();
+  }
+  return out;
 }
 
 SafetensorsEntry parse_entry(const std::string& name, const json& j, uint64_t buffer_bytes, uint64_t data_start,
                              const std::string& what) {
-  std::string where = fmt::format("{}: tensor '{}'", what, name);
-  BG_CHECK(j.is_object(), "{}: entry is not a JSON object", where);
+  std::string where = fmt::format("{}: tensor '{}'", what, printable(name));
+  BG_CHECK(j.is_object(), "{}: entry is not a JSON object (got {})", where, describe(j));
   BG_CHECK(j.contains("dtype") && j["dtype"].is_string(), "{}: missing or non-string 'dtype'", where);
   BG_CHECK(j.contains("shape") && j["shape"].is_array(), "{}: missing or non-array 'shape'", where);
   BG_CHECK(j.contains("data_offsets") && j["data_offsets"].is_array() && j["data_offsets"].size() == 2,
            "{}: 'data_offsets' must be an array of two integers", where);
   for (const auto& [key, _] : j.items()) {
-    BG_CHECK(key == "dtype" || key == "shape" || key == "data_offsets", "{}: unknown field '{}'", where, key);
+    BG_CHECK(key == "dtype" || key == "shape" || key == "data_offsets", "{}: unknown field '{}'", where,
+             printable(key));
   }
   SafetensorsEntry e;
   e.name = name;
-  std::string dtype_str = j["dtype"].get<std::string>();
+  const auto& dtype_str = j["dtype"].get_ref<const std::string&>();
   auto dtype = dtype_from_name(dtype_str);
-  BG_CHECK(dtype.has_value(), "{}: unknown or unsupported dtype '{}'", where, dtype_str);
+  BG_CHECK(dtype.has_value(), "{}: unknown or unsupported dtype '{}'", where, printable(dtype_str));
   e.dtype = *dtype;
   for (const auto& d : j["shape"]) {
     uint64_t dim = json_u64(d, where + " shape");
@@ -68,6 +154,25 @@ SafetensorsEntry parse_entry(const std::string& name, const json& j, uint64_t bu
   return e;
 }
 
+// No overlap and no holes: sorted by offset, the entries must tile the buffer [data_start, file_size) exactly.
+void check_tiling(const SafetensorsHeader& h, uint64_t file_size, const std::string& what) {
+  std::vector<const SafetensorsEntry*> sorted;
+  for (const auto& e : h.entries) sorted.push_back(&e);
+  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) {
+    return a->file_offset != b->file_offset ? a->file_offset < b->file_offset : a->nbytes < b->nbytes;
+  });
+  uint64_t cursor = h.data_start;
+  for (const auto* e : sorted) {
+    BG_CHECK(e->file_offset >= cursor, "{}: tensor '{}' overlaps the tensor before it (offset {} < {})", what,
+             printable(e->name), e->file_offset - h.data_start, cursor - h.data_start);
+    BG_CHECK(e->file_offset == cursor, "{}: {} unused bytes (a hole) before tensor '{}'", what,
+             e->file_offset - cursor, printable(e->name));
+    cursor = e->file_offset + e->nbytes;
+  }
+  BG_CHECK(cursor == file_size, "{}: {} bytes after the last tensor are not covered by the header", what,
+           file_size - cursor);
+}
+
 }  // namespace
 
 SafetensorsHeader parse_safetensors_header(std::span<const std::byte> bytes, uint64_t file_size,
@@ -81,42 +186,21 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> bytes, uin
            header_len, file_size);
   BG_CHECK(bytes.size() >= 8 + header_len, "{}: header truncated ({} of {} bytes available)", what, bytes.size() - 8,
            header_len);
-  const char* text = reinterpret_cast<const char*>(bytes.data() + 8);
-  json root = json::parse(text, text + header_len, nullptr, /*allow_exceptions=*/false);
-  BG_CHECK(!root.is_discarded(), "{}: header is not valid JSON", what);
-  BG_CHECK(root.is_object(), "{}: header JSON is not an object", what);
+  std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8), header_len);
+  json root = parse_header_json(text, what);
+  BG_CHECK(root.is_object(), "{}: header JSON is not an object (got {})", what, describe(root));
 
   SafetensorsHeader h;
   h.data_start = 8 + header_len;
   uint64_t buffer_bytes = file_size - h.data_start;
   for (const auto& [key, value] : root.items()) {
     if (key == "__metadata__") {
-      BG_CHECK(value.is_object() || value.is_null(), "{}: __metadata__ is not an object", what);
-      if (value.is_null()) continue;
-      for (const auto& [mk, mv] : value.items()) {
-        BG_CHECK(mv.is_string(), "{}: __metadata__['{}'] is not a string", what, mk);
-        h.metadata[mk] = mv.get<std::string>();
-      }
-      continue;
+      h.metadata = parse_metadata(value, what);
+    } else {
+      h.entries.push_back(parse_entry(key, value, buffer_bytes, h.data_start, what));
     }
-    h.entries.push_back(parse_entry(key, value, buffer_bytes, h.data_start, what));
   }
-  // No overlap and no holes: sorted by offset, the entries must tile the buffer exactly.
-  std::vector<const SafetensorsEntry*> sorted;
-  for (const auto& e : h.entries) sorted.push_back(&e);
-  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) {
-    return a->file_offset != b->file_offset ? a->file_offset < b->file_offset : a->nbytes < b->nbytes;
-  });
-  uint64_t cursor = h.data_start;
-  for (const auto* e : sorted) {
-    BG_CHECK(e->file_offset >= cursor, "{}: tensor '{}' overlaps the tensor before it (offset {} < {})", what,
-             e->name, e->file_offset - h.data_start, cursor - h.data_start);
-    BG_CHECK(e->file_offset == cursor, "{}: {} unused bytes before tensor '{}'", what, e->file_offset - cursor,
-             e->name);
-    cursor = e->file_offset + e->nbytes;
-  }
-  BG_CHECK(cursor == file_size, "{}: {} bytes after the last tensor are not covered by the header", what,
-           file_size - cursor);
+  check_tiling(h, file_size, what);
   return h;
 }
 

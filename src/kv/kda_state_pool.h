@@ -1,0 +1,44 @@
+// KDA state slots (Kimi-K3): per sequence and KDA layer, the recurrent state [heads, head_dim_k, head_dim_v] fp32
+// and the short-conv state of q, k and v [3, channels, kernel-1] fp32. Constant in sequence length.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace bg {
+
+struct KdaStateGeometry {
+  int64_t n_kda_layers = 0;
+  int64_t n_heads = 0;
+  int64_t head_dim = 0;       // K = V
+  int64_t conv_channels = 0;  // n_heads * head_dim
+  int64_t conv_width = 4;     // kernel size; the state keeps width - 1 inputs
+
+  int64_t recurrent_floats() const { return n_heads * head_dim * head_dim; }
+  int64_t conv_floats() const { return 3 * conv_channels * (conv_width - 1); }
+  int64_t slot_floats() const { return n_kda_layers * (recurrent_floats() + conv_floats()); }
+};
+
+class KdaStatePool {
+ public:
+  KdaStatePool(const KdaStateGeometry& geometry, int64_t n_slots);
+
+  const KdaStateGeometry& geometry() const { return geometry_; }
+  int64_t n_free_slots() const { return static_cast<int64_t>(free_.size()); }
+  int64_t bytes() const { return static_cast<int64_t>(storage_.size() * sizeof(float)); }
+  // Allocates a zeroed slot; throws when none is free.
+  int32_t alloc_slot();
+  void free_slot(int32_t slot);
+  float* recurrent(int32_t slot, int64_t kda_layer);  // [heads, K, V]
+  float* conv(int32_t slot, int64_t kda_layer);       // [3, channels, width - 1] (q, k, v)
+
+ private:
+  float* slot_base(int32_t slot);
+  KdaStateGeometry geometry_;
+  int64_t n_slots_;
+  std::vector<float> storage_;
+  std::vector<int32_t> free_;
+  std::vector<uint8_t> in_use_;
+};
+
+}  // namespace bg

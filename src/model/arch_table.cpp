@@ -1,0 +1,112 @@
+// Binding a checkpoint to an architecture table.
+#include "model/arch_table.h"
+
+#include <algorithm>
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "formats/checkpoint.h"
+
+namespace bg {
+namespace {
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  for (size_t pos = s.find(from); pos != std::string::npos; pos = s.find(from, pos + to.size())) {
+    s.replace(pos, from.size(), to);
+  }
+}
+
+std::string dtype_list(const std::vector<DType>& dtypes) {
+  std::string out;
+  for (DType d : dtypes) out += (out.empty() ? "" : ", ") + std::string(dtype_name(d));
+  return out;
+}
+
+}  // namespace
+
+std::string expand_pattern(const std::string& pattern, int64_t layer, int64_t expert) {
+  std::string s = pattern;
+  replace_all(s, "{L}", std::to_string(layer));
+  replace_all(s, "{E}", std::to_string(expert));
+  return s;
+}
+
+uint64_t ModelWeights::key(int id, int64_t layer, int64_t expert) {
+  return (static_cast<uint64_t>(id) << 48) | (static_cast<uint64_t>(layer + 1) << 24) |
+         static_cast<uint64_t>(expert + 1);
+}
+
+ModelWeights ModelWeights::bind(std::shared_ptr<const Checkpoint> ckpt, const ArchTable& table) {
+  ModelWeights w;
+  w.ckpt_ = std::move(ckpt);
+  const Checkpoint& c = *w.ckpt_;
+  std::set<std::string> consumed;
+  auto bind_one = [&](const TensorSpec& spec, int64_t layer, int64_t expert) {
+    std::string name = expand_pattern(spec.pattern, layer, expert);
+    if (spec.kind == TensorKind::kLinear) {
+      Shape shape = spec.shape(layer);
+      QuantWeight q = load_linear(c, name, shape.at(0), shape.at(1));
+      bool packed = c.contains(name + ".weight_packed");
+      for (auto& n : linear_tensor_names(name, q.format, packed)) consumed.insert(n);
+      w.linears_[key(spec.id, layer, expert)] = std::move(q);
+      return;
+    }
+    TensorView t = c.get(name);
+    BG_CHECK(std::find(spec.dtypes.begin(), spec.dtypes.end(), t.dtype) != spec.dtypes.end(),
+             "tensor '{}' in {}: dtype {} but {} expects one of {}", name, c.file_of(name), dtype_name(t.dtype),
+             table.arch, dtype_list(spec.dtypes));
+    if (spec.shape) {
+      Shape want = spec.shape(layer);
+      BG_CHECK(t.shape == want, "tensor '{}' in {}: shape {} but {} needs {}", name, c.file_of(name),
+               shape_str(t.shape), table.arch, shape_str(want));
+    }
+    consumed.insert(name);
+    w.tensors_[key(spec.id, layer, expert)] = t;
+  };
+  for (const auto& spec : table.specs) {
+    if (spec.scope == Scope::kGlobal) {
+      bind_one(spec, -1, -1);
+      continue;
+    }
+    for (int64_t l = 0; l < table.n_layers; ++l) {
+      if (spec.in_layer && !spec.in_layer(l)) continue;
+      if (spec.scope == Scope::kLayer) {
+        bind_one(spec, l, -1);
+      } else {
+        for (int64_t e = 0; e < table.n_experts; ++e) bind_one(spec, l, e);
+      }
+    }
+  }
+  int64_t n_skipped = 0;
+  for (const auto& name : c.names()) {
+    if (consumed.count(name)) continue;
+    if (table.skip && table.skip(name)) {
+      ++n_skipped;
+      continue;
+    }
+    fail("tensor '{}' in {} is not part of the {} architecture (checkpoint {})", name, c.file_of(name), table.arch,
+         c.dir().string());
+  }
+  if (n_skipped > 0) log::info("{}: skipped {} tensors this engine does not use (MTP / vision)", table.arch, n_skipped);
+  return w;
+}
+
+const QuantWeight& ModelWeights::linear(int id, int64_t layer, int64_t expert) const {
+  auto it = linears_.find(key(id, layer, expert));
+  BG_CHECK(it != linears_.end(), "internal: linear weight {} (layer {}, expert {}) was not bound", id, layer, expert);
+  return it->second;
+}
+
+const TensorView& ModelWeights::tensor(int id, int64_t layer) const {
+  auto it = tensors_.find(key(id, layer, -1));
+  BG_CHECK(it != tensors_.end(), "internal: tensor {} (layer {}) was not bound", id, layer);
+  return it->second;
+}
+
+bool ModelWeights::has(int id, int64_t layer, int64_t expert) const {
+  uint64_t k = key(id, layer, expert);
+  return linears_.count(k) != 0 || tensors_.count(k) != 0;
+}
+
+}  // namespace bg

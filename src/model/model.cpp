@@ -1,0 +1,24 @@
+// load_model: architecture dispatch on config.json.
+#include "model/model.h"
+
+#include "core/error.h"
+#include "formats/json_fields.h"
+#include "formats/model_config.h"
+#include "model/deepseek_v3.h"
+
+namespace bg {
+
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
+  BG_CHECK(std::filesystem::is_directory(dir), "model directory '{}' does not exist", dir.string());
+  auto config_path = dir / "config.json";
+  auto config = read_json_file(config_path);
+  switch (detect_arch(config, config_path.string())) {
+    case Arch::kDeepseekV3:
+      return load_deepseek_v3(dir, parse_deepseek_v3_config(config, config_path.string()), options);
+    case Arch::kKimiK3:
+      fail("{}: kimi_k3 is not supported yet", config_path.string());
+  }
+  fail("{}: unknown architecture", config_path.string());
+}
+
+}  // namespace bg

@@ -1,0 +1,51 @@
+// The engine's view of a model: load a checkpoint directory, make sequences, run tokens through them.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "kv/sequence.h"
+
+namespace bg {
+
+struct ModelInfo {
+  std::string arch;  // "deepseek_v3" | "kimi_k3"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t n_layers = 0;
+  int64_t max_position_embeddings = 0;
+  int64_t bos_token_id = -1;
+  int64_t eos_token_id = -1;
+};
+
+// Named intermediate values ("layer" after decoder layer l, "final_norm", ...) for layer-by-layer diffs.
+// data: [n_tokens, dim] fp32, valid during the call.
+using TapFn = std::function<void(std::string_view name, int64_t layer, const float* data, int64_t n_tokens,
+                                 int64_t dim)>;
+
+struct LoadOptions {
+  int64_t max_sequences = 4;      // sequences alive at once (pool slots)
+  int64_t max_total_tokens = 0;   // KV capacity in tokens over all sequences (0: max_sequences x max positions)
+  int64_t kv_block_size = 64;     // tokens per MLA cache block
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelInfo& info() const = 0;
+  // A new empty sequence; throws when the pools are full.
+  virtual std::unique_ptr<Sequence> new_sequence() = 0;
+  // Runs `tokens` after what `seq` already holds (prefill of any length, or one decode step) and writes logits
+  // [tokens.size(), vocab] (every row). Throws on invalid ids or when the context would exceed the model's limit.
+  virtual void forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap = nullptr) = 0;
+};
+
+// Reads config.json, picks the architecture, binds and validates every tensor.
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options = {});
+
+}  // namespace bg

@@ -1,0 +1,75 @@
+// The golden protocol shared by every architecture: prefill + teacher-forced decode against the reference logits,
+// free-running greedy decoding against the reference continuation, split prefill against one prefill, and per-layer
+// hidden states for diagnosis.
+#pragma once
+
+#include "golden/golden_util.h"
+
+namespace bg::testing {
+
+// Reference logit tolerance (max relative error per row) for an fp32 engine, from shared/golden READMEs.
+inline constexpr double kLogitTolerance = 1e-4;
+
+struct GoldenReport {
+  double max_prefill_err = 0.0;
+  double max_decode_err = 0.0;
+};
+
+// Prefill the prompt, then feed the continuation one token at a time; every row within kLogitTolerance and the
+// argmax of every continuation row equal to the reference token.
+inline GoldenReport check_prefill_and_decode(Model& model, const GoldenPrompt& g) {
+  GoldenReport rep;
+  const int64_t V = model.info().vocab_size;
+  const int64_t L = static_cast<int64_t>(g.prompt.size()), total = static_cast<int64_t>(g.tokens.size());
+  auto seq = model.new_sequence();
+  std::vector<float> logits(static_cast<size_t>(L * V));
+  model.forward(*seq, g.prompt, logits.data());
+  for (int64_t t = 0; t < L; ++t) {
+    double err = row_rel_error(logits.data() + t * V, g.logits.data() + t * V, V);
+    rep.max_prefill_err = std::max(rep.max_prefill_err, err);
+    EXPECT_LE(err, kLogitTolerance) << "prefill row " << t;
+  }
+  std::vector<float> step(static_cast<size_t>(V));
+  int32_t prev_argmax = argmax_row(logits.data() + (L - 1) * V, V);
+  for (int64_t t = L; t < total; ++t) {
+    EXPECT_EQ(prev_argmax, g.tokens[static_cast<size_t>(t)]) << "greedy token at position " << t;
+    model.forward(*seq, std::span<const int32_t>(&g.tokens[static_cast<size_t>(t)], 1), step.data());
+    double err = row_rel_error(step.data(), g.logits.data() + t * V, V);
+    rep.max_decode_err = std::max(rep.max_decode_err, err);
+    EXPECT_LE(err, kLogitTolerance) << "decode row " << t;
+    prev_argmax = argmax_row(step.data(), V);
+  }
+  return rep;
+}
+
+// Free-running greedy generation from the prompt reproduces the reference continuation.
+inline void check_greedy_generation(Model& model, const GoldenPrompt& g) {
+  const int64_t V = model.info().vocab_size;
+  auto seq = model.new_sequence();
+  std::vector<float> logits(g.prompt.size() * static_cast<size_t>(V));
+  model.forward(*seq, g.prompt, logits.data());
+  int32_t next = argmax_row(logits.data() + (g.prompt.size() - 1) * static_cast<size_t>(V), V);
+  std::vector<float> step(static_cast<size_t>(V));
+  for (size_t t = g.prompt.size(); t < g.tokens.size(); ++t) {
+    ASSERT_EQ(next, g.tokens[t]) << "free-running greedy diverged at position " << t;
+    model.forward(*seq, std::span<const int32_t>(&next, 1), step.data());
+    next = argmax_row(step.data(), V);
+  }
+}
+
+// Prefill split at `cut` (two forward calls) equals one prefill of the whole token list.
+inline void check_split_prefill(Model& model, const std::vector<int32_t>& tokens, int64_t cut) {
+  const int64_t V = model.info().vocab_size, n = static_cast<int64_t>(tokens.size());
+  std::vector<float> whole(static_cast<size_t>(n * V)), split(whole.size());
+  auto a = model.new_sequence();
+  model.forward(*a, tokens, whole.data());
+  auto b = model.new_sequence();
+  std::span<const int32_t> all(tokens);
+  model.forward(*b, all.subspan(0, static_cast<size_t>(cut)), split.data());
+  model.forward(*b, all.subspan(static_cast<size_t>(cut)), split.data() + cut * V);
+  for (int64_t t = 0; t < n; ++t) {
+    EXPECT_LE(row_rel_error(split.data() + t * V, whole.data() + t * V, V), 1e-5) << "row " << t << " cut " << cut;
+  }
+}
+
+}  // namespace bg::testing

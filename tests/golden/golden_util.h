@@ -1,0 +1,69 @@
+// Helpers for the golden tests: reading shared/golden cases and comparing logit rows.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats/safetensors.h"
+#include "model/model.h"
+
+namespace bg::testing {
+
+inline std::filesystem::path golden_dir() { return std::filesystem::path(BG_GOLDEN_DIR); }
+
+struct GoldenPrompt {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> tokens;  // prompt + greedy continuation
+  std::vector<float> logits;    // [tokens.size(), vocab]
+  std::vector<float> margin;    // [tokens.size()]
+};
+
+class GoldenCase {
+ public:
+  explicit GoldenCase(const std::filesystem::path& case_dir)
+      : dir_(case_dir), file_(SafetensorsFile::open(case_dir / "golden.safetensors")) {}
+
+  std::filesystem::path model_dir() const { return dir_ / "model"; }
+  int64_t n_prompts() const {
+    int64_t n = 0;
+    while (file_->contains("prompt." + std::to_string(n))) ++n;
+    return n;
+  }
+  GoldenPrompt prompt(int64_t i) const {
+    GoldenPrompt g;
+    std::string s = std::to_string(i);
+    for (int64_t v : file_->view("prompt." + s).to_i64()) g.prompt.push_back(static_cast<int32_t>(v));
+    for (int64_t v : file_->view("tokens." + s).to_i64()) g.tokens.push_back(static_cast<int32_t>(v));
+    g.logits = file_->view("logits." + s).to_f32();
+    g.margin = file_->view("margin." + s).to_f32();
+    return g;
+  }
+  bool has(const std::string& name) const { return file_->contains(name); }
+  TensorView view(const std::string& name) const { return file_->view(name); }
+
+ private:
+  std::filesystem::path dir_;
+  std::unique_ptr<SafetensorsFile> file_;
+};
+
+// max |a - b| / max |ref| over one row.
+inline double row_rel_error(const float* got, const float* ref, int64_t n) {
+  double max_diff = 0.0, max_ref = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(got[i]) - ref[i]));
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
+  }
+  return max_ref > 0.0 ? max_diff / max_ref : max_diff;
+}
+
+inline int32_t argmax_row(const float* row, int64_t n) {
+  return static_cast<int32_t>(std::max_element(row, row + n) - row);
+}
+
+}  // namespace bg::testing
