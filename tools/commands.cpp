@@ -3,6 +3,10 @@
 
 namespace bg::tools {
 
-void register_commands(CLI::App& app) { (void)app; }
+void register_commands(CLI::App& app) {
+  register_score(app);
+  register_generate(app);
+  register_make_random(app);
+}
 
 }  // namespace bg::tools

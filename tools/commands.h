@@ -4,5 +4,11 @@
 #include <CLI/CLI.hpp>
 
 namespace bg::tools {
+
 void register_commands(CLI::App& app);
-}
+
+void register_score(CLI::App& app);
+void register_generate(CLI::App& app);
+void register_make_random(CLI::App& app);
+
+}  // namespace bg::tools

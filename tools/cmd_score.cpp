@@ -1,0 +1,56 @@
+// `batchgen score`: one prefill over the first N tokens, then the rest one decode step at a time; writes every logit
+// row to a safetensors file (tensor `logits` float32 [T, vocab], row t = logits after token t).
+#include <chrono>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "formats/safetensors.h"
+#include "model/model.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
+
+namespace bg::tools {
+namespace {
+
+struct ScoreArgs {
+  std::string model_dir;
+  std::string tokens;
+  int64_t prefill = -1;
+  std::string out;
+  std::string device = "cpu";
+};
+
+void run_score(const ScoreArgs& a) {
+  BG_CHECK(a.device == "cpu", "--device {}: only the cpu backend exists in this build", a.device);
+  std::vector<int32_t> tokens = parse_id_list(a.tokens, "--tokens");
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t prefill = a.prefill < 0 ? n : a.prefill;
+  BG_CHECK(prefill >= 1 && prefill <= n, "--prefill {} must be in [1, {}] (the number of tokens)", prefill, n);
+  auto model = load_model(a.model_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = n});
+  const int64_t V = model->info().vocab_size;
+  HostTensor logits(DType::kF32, {n, V});
+  auto* out = reinterpret_cast<float*>(logits.data());
+  auto seq = model->new_sequence();
+  auto t0 = std::chrono::steady_clock::now();
+  std::span<const int32_t> all(tokens);
+  model->forward(*seq, all.subspan(0, static_cast<size_t>(prefill)), out);
+  for (int64_t t = prefill; t < n; ++t) model->forward(*seq, all.subspan(static_cast<size_t>(t), 1), out + t * V);
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  write_safetensors(a.out, {{"logits", logits.view("logits")}});
+  log::info("scored {} tokens ({} prefill + {} decode steps) in {:.1f} ms -> {}", n, prefill, n - prefill, ms, a.out);
+}
+
+}  // namespace
+
+void register_score(CLI::App& app) {
+  auto args = std::make_shared<ScoreArgs>();
+  auto* cmd = app.add_subcommand("score", "Prefill + teacher-forced decode over given token ids; write all logits");
+  cmd->add_option("--model", args->model_dir, "Checkpoint directory (config.json + safetensors)")->required();
+  cmd->add_option("--tokens", args->tokens, "Comma-separated token ids, e.g. 5,17,3")->required();
+  cmd->add_option("--prefill", args->prefill, "Tokens in the first (prefill) forward; default: all");
+  cmd->add_option("--out", args->out, "Output .safetensors (tensor 'logits' float32 [T, vocab])")->required();
+  cmd->add_option("--device", args->device, "Backend: cpu")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->callback([args] { run_score(*args); });
+}
+
+}  // namespace bg::tools
