@@ -28,6 +28,7 @@ class Sequence {
   std::vector<const float*> kv_block_ptrs(int64_t mla_layer) const;
   // The cache entry of position `pos` in one MLA layer.
   float* kv_entry(int64_t mla_layer, int64_t pos);
+  int64_t kv_block_size() const { return kv_pool_->block_size(); }
   // KDA state slot index (-1 if the model has no KDA layers).
   int32_t kda_slot() const { return kda_slot_; }
 

@@ -2,13 +2,14 @@
 #include "model/deepseek_v3.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "formats/checkpoint.h"
+#include "model/mla_block.h"
 #include "moe/routed_experts.h"
 #include "ops/linear/linear.h"
-#include "ops/mla/mla.h"
 #include "ops/rmsnorm/rmsnorm.h"
 #include "ops/rope/rope.h"
 #include "ops/router/router.h"
@@ -20,15 +21,6 @@ namespace {
 using T = DsTensor;
 using Vec = std::vector<float>;
 
-// transformers builds q_a_layernorm / kv_a_layernorm without an eps argument: they use 1e-6, not rms_norm_eps.
-constexpr float kLatentNormEps = 1e-6f;
-
-// Per-layer MLA weights prepared once at load: kv_b_proj split per head into W_UK [nh, nope, kv_lora] and
-// W_UV [nh, v, kv_lora]; norm weights as fp32.
-struct MlaLayerCache {
-  Vec w_uk, w_uv, q_a_norm, kv_a_norm;
-};
-
 class DeepseekV3Model final : public Model {
  public:
   DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, const LoadOptions& options);
@@ -37,7 +29,6 @@ class DeepseekV3Model final : public Model {
   void forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) override;
 
  private:
-  void attention(int64_t layer, Sequence& seq, const Vec& x, const std::vector<int64_t>& positions, Vec& out);
   void dense_mlp(int64_t layer, const Vec& x, int64_t n, Vec& out);
   void moe(int64_t layer, const Vec& x, int64_t n, Vec& out);
   void swiglu_ffn(const QuantWeight& gate, const QuantWeight& up, const QuantWeight& down, const float* x, int64_t n,
@@ -47,8 +38,8 @@ class DeepseekV3Model final : public Model {
   ModelWeights w_;
   ModelInfo info_;
   ops::RopeTable rope_;
-  float softmax_scale_ = 0.0f;
-  std::vector<MlaLayerCache> mla_;
+  MlaDims mla_dims_;
+  std::vector<MlaLayerWeights> mla_;
   std::vector<Vec> input_norm_, post_norm_, router_bias_;
   Vec final_norm_;
   QuantWeight lm_head_;
@@ -66,21 +57,23 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
   info_ = {"deepseek_v3", c_.vocab_size, c_.hidden_size, c_.n_layers, c_.max_position_embeddings, c_.bos_token_id,
            c_.eos_token_id};
   if (c_.qk_rope_head_dim > 0) rope_ = ops::compute_rope_table(c_.rope, c_.qk_rope_head_dim, c_.max_position_embeddings);
-  softmax_scale_ = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.qk_head_dim())) *
-                                      ops::yarn_softmax_scale_multiplier(c_.rope));
-  const int64_t nh = c_.n_heads, nope = c_.qk_nope_head_dim, vd = c_.v_head_dim, r = c_.kv_lora_rank;
+  float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.qk_head_dim())) *
+                                   ops::yarn_softmax_scale_multiplier(c_.rope));
+  mla_dims_ = {c_.n_heads, c_.q_lora_rank, c_.kv_lora_rank, c_.qk_nope_head_dim, c_.qk_rope_head_dim, c_.v_head_dim,
+               scale, c_.qk_rope_head_dim > 0 ? &rope_ : nullptr, c_.rope_interleave};
   for (int64_t l = 0; l < c_.n_layers; ++l) {
-    MlaLayerCache m;
-    Vec kv_b = w_.linear(int(T::kKvBProj), l).decode_all();  // [nh * (nope + v), kv_lora]
-    m.w_uk.resize(static_cast<size_t>(nh * nope * r));
-    m.w_uv.resize(static_cast<size_t>(nh * vd * r));
-    for (int64_t h = 0; h < nh; ++h) {
-      const float* head = kv_b.data() + h * (nope + vd) * r;
-      std::copy(head, head + nope * r, m.w_uk.begin() + h * nope * r);
-      std::copy(head + nope * r, head + (nope + vd) * r, m.w_uv.begin() + h * vd * r);
+    MlaLayerWeights m;
+    if (c_.q_lora_rank > 0) {
+      m.q_a = &w_.linear(int(T::kQAProj), l);
+      m.q_b = &w_.linear(int(T::kQBProj), l);
+      m.q_a_norm = w_.tensor_f32(int(T::kQANorm), l);
+    } else {
+      m.q = &w_.linear(int(T::kQProj), l);
     }
-    if (c_.q_lora_rank > 0) m.q_a_norm = w_.tensor_f32(int(T::kQANorm), l);
+    m.kv_a = &w_.linear(int(T::kKvAProj), l);
     m.kv_a_norm = w_.tensor_f32(int(T::kKvANorm), l);
+    m.o = &w_.linear(int(T::kOProj), l);
+    m.set_kv_b(w_.linear(int(T::kKvBProj), l), mla_dims_);
     mla_.push_back(std::move(m));
     input_norm_.push_back(w_.tensor_f32(int(T::kInputNorm), l));
     post_norm_.push_back(w_.tensor_f32(int(T::kPostAttnNorm), l));
@@ -111,7 +104,7 @@ void DeepseekV3Model::forward(Sequence& seq, std::span<const int32_t> tokens, fl
   for (int64_t l = 0; l < c_.n_layers; ++l) {
     ops::rmsnorm_cpu({n, H, static_cast<float>(c_.rms_norm_eps)}, h.data(), input_norm_[static_cast<size_t>(l)].data(),
                      x.data());
-    attention(l, seq, x, positions, y);
+    mla_block_forward(mla_dims_, mla_[static_cast<size_t>(l)], seq, l, x.data(), positions, y.data());
     for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
     ops::rmsnorm_cpu({n, H, static_cast<float>(c_.rms_norm_eps)}, h.data(), post_norm_[static_cast<size_t>(l)].data(),
                      x.data());
@@ -127,42 +120,6 @@ void DeepseekV3Model::forward(Sequence& seq, std::span<const int32_t> tokens, fl
   if (tap) (*tap)("final_norm", c_.n_layers, x.data(), n, H);
   ops::linear_cpu(lm_head_, x.data(), n, logits);  // [n, vocab]
   seq.advance(n);
-}
-
-void DeepseekV3Model::attention(int64_t layer, Sequence& seq, const Vec& x, const std::vector<int64_t>& positions,
-                                Vec& out) {
-  const int64_t n = static_cast<int64_t>(positions.size()), nh = c_.n_heads;
-  const int64_t qk = c_.qk_head_dim(), r = c_.kv_lora_rank, rope = c_.qk_rope_head_dim, entry = c_.kv_cache_dim();
-  const MlaLayerCache& m = mla_[static_cast<size_t>(layer)];
-  // Query: [n, nh, nope + rope]
-  Vec q(static_cast<size_t>(n * nh * qk));
-  if (c_.q_lora_rank > 0) {
-    Vec cq(static_cast<size_t>(n * c_.q_lora_rank));  // [n, q_lora]
-    ops::linear_cpu(w_.linear(int(T::kQAProj), layer), x.data(), n, cq.data());
-    ops::rmsnorm_cpu({n, c_.q_lora_rank, kLatentNormEps}, cq.data(), m.q_a_norm.data(), cq.data());
-    ops::linear_cpu(w_.linear(int(T::kQBProj), layer), cq.data(), n, q.data());
-  } else {
-    ops::linear_cpu(w_.linear(int(T::kQProj), layer), x.data(), n, q.data());
-  }
-  // Latent: [n, kv_lora + rope] = [c_kv | k_pe]; c_kv normed, k_pe rotated; written to the cache.
-  Vec kv(static_cast<size_t>(n * entry));
-  ops::linear_cpu(w_.linear(int(T::kKvAProj), layer), x.data(), n, kv.data());
-  for (int64_t t = 0; t < n; ++t) {
-    ops::rmsnorm_cpu({1, r, kLatentNormEps}, kv.data() + t * entry, m.kv_a_norm.data(), kv.data() + t * entry);
-  }
-  if (rope > 0) {
-    ops::apply_rope_cpu({n, nh, qk, nh * qk, c_.qk_nope_head_dim, rope, c_.rope_interleave}, rope_, positions.data(),
-                        q.data());
-    ops::apply_rope_cpu({n, 1, entry, entry, r, rope, c_.rope_interleave}, rope_, positions.data(), kv.data());
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    std::copy_n(kv.data() + t * entry, entry, seq.kv_entry(layer, positions[static_cast<size_t>(t)]));
-  }
-  auto blocks = seq.kv_block_ptrs(layer);
-  Vec attn(static_cast<size_t>(n * nh * c_.v_head_dim));  // [n, nh, v]
-  ops::MlaParams p{n, nh, r, c_.qk_nope_head_dim, rope, c_.v_head_dim, kv_pool_.block_size(), softmax_scale_};
-  ops::mla_attention_cpu(p, q.data(), m.w_uk.data(), m.w_uv.data(), blocks.data(), positions.data(), attn.data());
-  ops::linear_cpu(w_.linear(int(T::kOProj), layer), attn.data(), n, out.data());
 }
 
 void DeepseekV3Model::swiglu_ffn(const QuantWeight& gate, const QuantWeight& up, const QuantWeight& down,

@@ -4,7 +4,9 @@
 #include "core/error.h"
 #include "formats/json_fields.h"
 #include "formats/model_config.h"
+#include "formats/kimi_k3_config.h"
 #include "model/deepseek_v3.h"
+#include "model/kimi_k3.h"
 
 namespace bg {
 
@@ -16,7 +18,7 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
     case Arch::kDeepseekV3:
       return load_deepseek_v3(dir, parse_deepseek_v3_config(config, config_path.string()), options);
     case Arch::kKimiK3:
-      fail("{}: kimi_k3 is not supported yet", config_path.string());
+      return load_kimi_k3(dir, parse_kimi_k3_config(config, config_path.string()), options);
   }
   fail("{}: unknown architecture", config_path.string());
 }

@@ -35,7 +35,7 @@ TEST_P(DeepseekGolden, SplitPrefillEqualsOnePrefill) {
   auto model = load_model(gc.model_dir());
   GoldenPrompt g = gc.prompt(gc.n_prompts() - 1);
   for (int64_t cut : {int64_t{1}, static_cast<int64_t>(g.tokens.size()) / 2, static_cast<int64_t>(g.tokens.size()) - 1}) {
-    check_split_prefill(*model, g.tokens, cut);
+    check_split_prefill(*model, g, cut);
   }
 }
 

@@ -34,12 +34,12 @@ struct KdaTensors {
 
 // One head's slice of the token-major tensors: token t of the head sits at base + t * stride.
 struct HeadInputs {
-  const float* q;  // + t * qk_stride, [K]
+  const float* q;     // q, k, g of token t: + t * qk_stride, [K]
   const float* k;
   const float* g;
-  const float* v;  // + t * v_stride, [V]
-  const float* beta;  // + t * beta_stride, scalar
-  float* out;         // + t * v_stride, [V]
+  const float* v;     // v, out of token t: + t * v_stride, [V]
+  const float* beta;  // + t * beta_stride, a scalar
+  float* out;
   int64_t qk_stride;
   int64_t v_stride;
   int64_t beta_stride;

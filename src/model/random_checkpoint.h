@@ -1,0 +1,103 @@
+// Random-weight checkpoints in the published layout (config.json, `model-0000k-of-0000n.safetensors` shards and
+// `model.safetensors.index.json`). Every tensor is enumerated from the architecture's ArchTable, so the writer and
+// the loader cannot disagree; an architecture plugs in with a RandomArch (presets, config builder, table, policy).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "formats/quant.h"
+#include "model/arch_table.h"
+
+namespace bg {
+
+// How the weights of a whole checkpoint are stored (each arch's policy maps it to per-tensor formats).
+enum class RandomWeightFormat : uint8_t {
+  kF32,    // everything F32
+  kBF16,   // everything BF16 (the arch may keep a few tensors, e.g. router biases, in F32)
+  kFp8,    // DeepSeek FP8: 2-D linears F8_E4M3 + 128x128 weight_scale_inv; the rest BF16
+  kMxfp4,  // routed experts MXFP4 (<name>.weight_blocks / .weight_scales); the rest BF16
+};
+
+// "f32" | "bf16" | "fp8" | "mxfp4"; anything else is a bg::Error listing the choices.
+RandomWeightFormat parse_random_weight_format(const std::string& name);
+std::string_view random_weight_format_name(RandomWeightFormat format);
+
+struct RandomCheckpointSpec {
+  std::string arch = "deepseek_v3";
+  std::string preset = "tiny";
+  std::string format = "bf16";
+  uint64_t seed = 0;
+  std::filesystem::path out_dir;
+  int64_t n_shards = 2;
+  // Write into a non-empty out_dir: the checkpoint files there (config.json, model*.safetensors, the index) are
+  // replaced; other files are left alone.
+  bool force = false;
+  // Applied on top of the preset's config.json before the tensors are enumerated: objects merge key by key, any
+  // other value (null included) replaces. Derived fields (e.g. DeepSeek's head_dim) are recomputed afterwards.
+  nlohmann::json config_patch = nlohmann::json::object();
+};
+
+// Validates the spec, then writes config.json, the shards and the index. Throws bg::Error.
+void write_random_checkpoint(const RandomCheckpointSpec& spec);
+
+// The config.json write_random_checkpoint would write for `spec` (preset + patch + derived fields + the format's
+// quantization_config), without touching the disk.
+nlohmann::json random_checkpoint_config(const RandomCheckpointSpec& spec);
+
+// Recursive merge: objects merge key by key; any other patch value (null included) replaces the target's.
+void apply_config_patch(nlohmann::json& target, const nlohmann::json& patch);
+
+// ---- What an architecture provides --------------------------------------------------------------------------
+
+// How one table entry is stored and initialised: fp32 values ~ Normal(mean, std), then encoded in `format`/`dtype`.
+struct TensorPlan {
+  WeightFormat format = WeightFormat::kDense;  // kLinear entries: dense, FP8 block or MXFP4 (kTensor: dense only)
+  DType dtype = DType::kBF16;                  // storage dtype of dense tensors
+  double mean = 0.0;
+  double std = 0.02;
+};
+
+// shape: the expanded shape ({out, in} for linears).
+using RandomTensorPolicy =
+    std::function<TensorPlan(const TensorSpec& spec, const Shape& shape, RandomWeightFormat format)>;
+
+struct RandomArch {
+  std::string name;                  // the --arch value, e.g. "deepseek_v3"
+  std::vector<std::string> presets;  // --preset values, smallest first
+  // The complete config.json of a preset (format independent); called only with a name from `presets`.
+  std::function<nlohmann::json(const std::string& preset)> preset_config;
+  // After the patch: recompute derived fields and add the format's quantization_config.
+  std::function<void(nlohmann::json& config, RandomWeightFormat format)> finalize_config;
+  // The tensor table of a (final) config; `where` names the config in errors.
+  std::function<ArchTable(const nlohmann::json& config, const std::string& where)> table;
+  RandomTensorPolicy policy;
+};
+
+// The architectures make-random can write. Adding one = a table + a RandomArch (presets, config builder, policy).
+const std::vector<RandomArch>& random_archs();
+// Throws a bg::Error naming the supported architectures (and saying so for known-but-unsupported ones).
+const RandomArch& find_random_arch(const std::string& name);
+
+// DeepSeek-V3 (model/deepseek_v3_random.cpp).
+RandomArch deepseek_v3_random_arch();
+
+struct RandomTensorOptions {
+  RandomWeightFormat format = RandomWeightFormat::kBF16;
+  uint64_t seed = 0;
+  int64_t n_shards = 2;
+};
+
+// Generic part: writes every tensor of `table` as planned by `policy` into `dir` (which must exist) as
+// model-0000k-of-0000n.safetensors shards plus model.safetensors.index.json. Each tensor's values depend only on
+// (seed, tensor name), so a tensor does not change when others are added or removed.
+void write_random_tensors(const ArchTable& table, const RandomTensorPolicy& policy, const RandomTensorOptions& options,
+                          const std::filesystem::path& dir);
+
+}  // namespace bg
