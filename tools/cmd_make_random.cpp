@@ -1,8 +1,45 @@
-// `batchgen make-random`: registration only until the random checkpoint writer lands.
+// `batchgen make-random`: writes a random-weight checkpoint in the published layout (config.json, safetensors shards,
+// index) for an architecture preset and weight format; see model/random_checkpoint.h.
+#include "core/error.h"
+#include "formats/json_fields.h"
+#include "model/random_checkpoint.h"
 #include "tools/commands.h"
 
 namespace bg::tools {
+namespace {
 
-void register_make_random(CLI::App& app) { (void)app; }
+struct MakeRandomArgs {
+  RandomCheckpointSpec spec;
+  std::string config_patch;
+};
+
+void run_make_random(MakeRandomArgs a) {
+  if (!a.config_patch.empty()) {
+    auto patch = nlohmann::json::parse(a.config_patch, nullptr, /*allow_exceptions=*/false);
+    BG_CHECK(!patch.is_discarded() && (patch.is_object() || patch.is_array()),
+             "--config-patch: '{}' is neither a JSON object nor a JSON Patch array", a.config_patch);
+    a.spec.config_patch = std::move(patch);
+  }
+  write_random_checkpoint(a.spec);
+}
+
+}  // namespace
+
+void register_make_random(CLI::App& app) {
+  auto args = std::make_shared<MakeRandomArgs>();
+  RandomCheckpointSpec& s = args->spec;
+  auto* cmd = app.add_subcommand("make-random", "Write a random-weight checkpoint (config.json + safetensors shards)");
+  cmd->add_option("--arch", s.arch, "Architecture (deepseek_v3)")->required();
+  cmd->add_option("--preset", s.preset, "Size preset (deepseek_v3: tiny, small)")->required();
+  cmd->add_option("--format", s.format, "Weight format: f32, bf16 (default), fp8, mxfp4");
+  cmd->add_option("--seed", s.seed, "Seed of the random weights (default 0)");
+  cmd->add_option("--out", s.out_dir, "Output directory (created if missing)")->required();
+  cmd->add_option("--shards", s.n_shards, "Number of safetensors shards (default 2)");
+  cmd->add_option("--config-patch", args->config_patch,
+                  "JSON object merged over the preset's config.json, e.g. '{\"n_group\":4,\"topk_group\":2}', "
+                  "or an RFC 6902 JSON Patch array");
+  cmd->add_flag("--force", s.force, "Replace the checkpoint files of a non-empty output directory");
+  cmd->callback([args] { run_make_random(*args); });
+}
 
 }  // namespace bg::tools

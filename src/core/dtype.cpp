@@ -112,17 +112,19 @@ uint8_t f32_to_f8e4m3(float value) {
   uint8_t sign = std::signbit(value) ? 0x80 : 0;
   float mag = std::fabs(value);
   if (mag >= 448.0f) return static_cast<uint8_t>(sign | 0x7e);
-  // Search the 127 non-negative finite codes for the nearest (ties to even code = even mantissa).
-  uint8_t best = 0;
-  float best_err = std::numeric_limits<float>::infinity();
-  for (uint8_t code = 0; code <= 0x7e; ++code) {
-    float err = std::fabs(f8e4m3_to_f32(code) - mag);
-    if (err < best_err || (err == best_err && (code & 1) == 0)) {
-      best = code;
-      best_err = err;
-    }
+  if (mag < std::ldexp(1.0f, -6)) {
+    // Subnormal range: multiples of 2^-9, rounded to nearest even (8 * 2^-9 is the smallest normal, code 0x08).
+    return static_cast<uint8_t>(sign | static_cast<uint8_t>(std::nearbyint(mag * 512.0f)));
   }
-  return static_cast<uint8_t>(sign | best);
+  int exp = 0;
+  float frac = std::frexp(mag, &exp);  // mag = frac * 2^exp, frac in [0.5, 1)
+  int e = exp - 1;                     // mag = (2 * frac) * 2^e, 2 * frac in [1, 2)
+  int mant = static_cast<int>(std::nearbyint((2.0f * frac - 1.0f) * 8.0f));  // ties to even
+  if (mant == 8) {
+    mant = 0;
+    ++e;
+  }
+  return static_cast<uint8_t>(sign | ((e + 7) << 3) | mant);
 }
 
 float e2m1_to_f32(uint8_t code) {

@@ -36,7 +36,7 @@ RopeConfig parse_rope_config(const nlohmann::json& config, const std::string& wh
            p.where());
   r.beta_fast = p.get_double("beta_fast", 32.0);
   r.beta_slow = p.get_double("beta_slow", 1.0);
-  r.mscale = p.get_double("mscale", 1.0);
+  r.mscale = p.get_double("mscale", 0.0);
   r.mscale_all_dim = p.get_double("mscale_all_dim", 0.0);
   if (p.has("attention_factor")) r.attention_factor = p.get_double("attention_factor");
   r.truncate = p.get_bool("truncate", true);
@@ -46,38 +46,40 @@ RopeConfig parse_rope_config(const nlohmann::json& config, const std::string& wh
 DeepseekV3Config parse_deepseek_v3_config(const nlohmann::json& config, const std::string& where) {
   JsonFields f(config, where);
   DeepseekV3Config c;
+  // Absent keys take transformers' DeepseekV3Config defaults, so a config means what it means there.
   c.model_type = f.get_string("model_type");
-  c.vocab_size = f.get_int("vocab_size");
-  c.hidden_size = f.get_int("hidden_size");
-  c.intermediate_size = f.get_int("intermediate_size");
-  c.moe_intermediate_size = f.get_int("moe_intermediate_size", 0);
-  c.n_layers = f.get_int("num_hidden_layers");
-  c.n_heads = f.get_int("num_attention_heads");
-  c.q_lora_rank = f.get_optional_int("q_lora_rank").value_or(0);
-  c.kv_lora_rank = f.get_int("kv_lora_rank");
-  c.qk_nope_head_dim = f.get_int("qk_nope_head_dim");
-  c.qk_rope_head_dim = f.get_int("qk_rope_head_dim");
-  c.v_head_dim = f.get_int("v_head_dim");
-  c.n_routed_experts = f.get_optional_int("n_routed_experts").value_or(0);
-  c.n_shared_experts = f.get_optional_int("n_shared_experts").value_or(0);
-  c.n_experts_per_tok = f.get_optional_int("num_experts_per_tok").value_or(0);
-  c.n_group = f.get_optional_int("n_group").value_or(1);
-  c.topk_group = f.get_optional_int("topk_group").value_or(1);
-  c.first_k_dense_replace = f.get_int("first_k_dense_replace", 0);
+  c.vocab_size = f.get_int("vocab_size", 129280);
+  c.hidden_size = f.get_int("hidden_size", 7168);
+  c.intermediate_size = f.get_int("intermediate_size", 18432);
+  c.moe_intermediate_size = f.get_int("moe_intermediate_size", 2048);
+  c.n_layers = f.get_int("num_hidden_layers", 61);
+  c.n_heads = f.get_int("num_attention_heads", 128);
+  // q_lora_rank: explicit null means a plain q_proj; absent means the default 1536.
+  c.q_lora_rank = f.json().contains("q_lora_rank") ? f.get_optional_int("q_lora_rank").value_or(0) : 1536;
+  c.kv_lora_rank = f.get_int("kv_lora_rank", 512);
+  c.qk_nope_head_dim = f.get_int("qk_nope_head_dim", 128);
+  c.qk_rope_head_dim = f.get_int("qk_rope_head_dim", 64);
+  c.v_head_dim = f.get_int("v_head_dim", 128);
+  c.n_routed_experts = f.get_int("n_routed_experts", 256);
+  c.n_shared_experts = f.get_int("n_shared_experts", 1);
+  c.n_experts_per_tok = f.get_int("num_experts_per_tok", 8);
+  c.n_group = f.get_int("n_group", 8);
+  c.topk_group = f.get_int("topk_group", 4);
+  c.first_k_dense_replace = f.get_int("first_k_dense_replace", 3);
   c.moe_layer_freq = f.get_int("moe_layer_freq", 1);
-  c.routed_scaling_factor = f.get_double("routed_scaling_factor", 1.0);
+  c.routed_scaling_factor = f.get_double("routed_scaling_factor", 2.5);
   c.norm_topk_prob = f.get_bool("norm_topk_prob", true);
   c.rms_norm_eps = f.get_double("rms_norm_eps", 1e-6);
   c.rope_interleave = f.get_bool("rope_interleave", true);
   c.rope = parse_rope_config(config, where);
   c.max_position_embeddings = f.get_int("max_position_embeddings", 4096);
   c.tie_word_embeddings = f.get_bool("tie_word_embeddings", false);
-  c.bos_token_id = f.get_optional_int("bos_token_id").value_or(-1);
+  c.bos_token_id = f.json().contains("bos_token_id") ? f.get_optional_int("bos_token_id").value_or(-1) : 0;
   if (f.has("eos_token_id") && f.json()["eos_token_id"].is_array()) {
     auto ids = f.get_int_list("eos_token_id");
     c.eos_token_id = ids.empty() ? -1 : ids.front();
   } else {
-    c.eos_token_id = f.get_optional_int("eos_token_id").value_or(-1);
+    c.eos_token_id = f.json().contains("eos_token_id") ? f.get_optional_int("eos_token_id").value_or(-1) : 1;
   }
   c.n_nextn_predict_layers = f.get_int("num_nextn_predict_layers", 0);
 

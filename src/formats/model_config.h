@@ -18,7 +18,7 @@ struct RopeConfig {
   int64_t original_max_position_embeddings = 0;
   double beta_fast = 32.0;
   double beta_slow = 1.0;
-  double mscale = 1.0;
+  double mscale = 0.0;  // 0: absent (transformers treats a falsy mscale as unset)
   double mscale_all_dim = 0.0;
   std::optional<double> attention_factor;
   bool truncate = true;

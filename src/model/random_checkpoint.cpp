@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fmt/format.h>
 #include <fstream>
 #include <numbers>
 #include <random>
@@ -45,7 +46,8 @@ uint64_t planned_bytes(const PlannedTensor& t) {
   switch (t.plan.format) {
     case WeightFormat::kDense: return static_cast<uint64_t>(numel) * dtype_size_bytes(t.plan.dtype);
     case WeightFormat::kFp8Block:
-      return static_cast<uint64_t>(numel + 4 * ceil_div(t.shape[0], kFp8BlockSize) * ceil_div(t.shape[1], kFp8BlockSize));
+      return static_cast<uint64_t>(numel) +
+             4 * static_cast<uint64_t>(ceil_div(t.shape[0], kFp8BlockSize) * ceil_div(t.shape[1], kFp8BlockSize));
     case WeightFormat::kMxfp4: return static_cast<uint64_t>(numel / 2 + numel / kMxfp4GroupSize);
   }
   return 0;
@@ -113,8 +115,9 @@ void assign_shards(std::vector<PlannedTensor>& tensors, int64_t n_shards) {
   int64_t shard = 0, in_shard = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t shards_after = n_shards - 1 - shard, left = n - i;
-    const bool past_target = static_cast<double>(cum) >=
-                             static_cast<double>(total) * static_cast<double>(shard + 1) / static_cast<double>(n_shards);
+    // past this shard's share of the bytes: (shard + 1) / n_shards of the total
+    const bool past_target = static_cast<double>(cum) * static_cast<double>(n_shards) >=
+                             static_cast<double>(total) * static_cast<double>(shard + 1);
     if (in_shard > 0 && shards_after > 0 && (past_target || left == shards_after)) {
       ++shard;
       in_shard = 0;
@@ -196,7 +199,9 @@ std::vector<OwnedTensor> encode(const PlannedTensor& t, const std::vector<float>
   return out;
 }
 
-std::string shard_file_name(int64_t k, int64_t n) { return fmt::format("model-{:05d}-of-{:05d}.safetensors", k + 1, n); }
+std::string shard_file_name(int64_t k, int64_t n) {
+  return fmt::format("model-{:05d}-of-{:05d}.safetensors", k + 1, n);
+}
 
 void write_text(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -281,10 +286,18 @@ json random_checkpoint_config(const RandomCheckpointSpec& spec) {
   RandomWeightFormat format = parse_random_weight_format(spec.format);
   BG_CHECK(std::find(arch.presets.begin(), arch.presets.end(), spec.preset) != arch.presets.end(),
            "make-random: unknown preset '{}' for {} (choose {})", spec.preset, arch.name, join(arch.presets));
-  BG_CHECK(spec.config_patch.is_object() || spec.config_patch.is_null(), "make-random: the config patch must be a "
-           "JSON object, got {}", spec.config_patch.dump());
+  const json& patch = spec.config_patch;
+  BG_CHECK(patch.is_object() || patch.is_array() || patch.is_null(), "make-random: the config patch must be a JSON "
+           "object (merged) or a JSON Patch array, got {}", patch.dump());
   json config = arch.preset_config(spec.preset);
-  if (spec.config_patch.is_object()) apply_config_patch(config, spec.config_patch);
+  if (patch.is_object()) apply_config_patch(config, patch);
+  if (patch.is_array()) {
+    try {
+      config = config.patch(patch);
+    } catch (const json::exception& e) {
+      fail("make-random: JSON Patch {} does not apply to the {} config: {}", patch.dump(), spec.preset, e.what());
+    }
+  }
   arch.finalize_config(config, format);
   return config;
 }
@@ -333,6 +346,7 @@ void write_random_checkpoint(const RandomCheckpointSpec& spec) {
   json config = random_checkpoint_config(spec);
   // The table is built (and the config validated by the loader's parser) before anything is written.
   ArchTable table = arch.table(config, "make-random " + spec.arch + " config");
+  plan_tensors(table, arch.policy, format);  // policy errors (e.g. an MXFP4 dim) before anything is written
   prepare_out_dir(spec.out_dir, spec.force);
   write_text(spec.out_dir / "config.json", config.dump(2) + "\n");
   write_random_tensors(table, arch.policy, {format, spec.seed, spec.n_shards}, spec.out_dir);

@@ -39,8 +39,10 @@ struct RandomCheckpointSpec {
   // Write into a non-empty out_dir: the checkpoint files there (config.json, model*.safetensors, the index) are
   // replaced; other files are left alone.
   bool force = false;
-  // Applied on top of the preset's config.json before the tensors are enumerated: objects merge key by key, any
-  // other value (null included) replaces. Derived fields (e.g. DeepSeek's head_dim) are recomputed afterwards.
+  // Applied on top of the preset's config.json before the tensors are enumerated. An object merges key by key (nested
+  // objects merge, any other value, null included, replaces); an array is an RFC 6902 JSON Patch
+  // ([{"op":"replace","path":"/rope_parameters","value":{...}}, {"op":"remove","path":"/n_group"}]) for replacing
+  // whole objects or removing keys. Derived fields (e.g. DeepSeek's head_dim) are recomputed afterwards.
   nlohmann::json config_patch = nlohmann::json::object();
 };
 

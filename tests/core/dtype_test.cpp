@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -43,6 +44,31 @@ TEST(DType, Fp8E4M3Table) {
     EXPECT_EQ(f32_to_f8e4m3(f8e4m3_to_f32(static_cast<uint8_t>(code))) & 0x7f, code & 0x7f) << code;
   }
   EXPECT_EQ(f32_to_f8e4m3(1000.0f), 0x7e);  // saturates
+}
+
+// The fast fp8 rounding equals an exhaustive nearest-code search (ties to the even code) on many values.
+TEST(DType, Fp8E4M3RoundingMatchesExhaustiveSearch) {
+  auto brute = [](float v) {
+    float mag = std::fabs(v);
+    if (mag >= 448.0f) return static_cast<uint8_t>((std::signbit(v) ? 0x80 : 0) | 0x7e);
+    uint8_t best = 0;
+    float best_err = INFINITY;
+    for (uint8_t code = 0; code <= 0x7e; ++code) {
+      float err = std::fabs(f8e4m3_to_f32(code) - mag);
+      if (err < best_err || (err == best_err && (code & 1) == 0)) {
+        best = code;
+        best_err = err;
+      }
+    }
+    return static_cast<uint8_t>((std::signbit(v) ? 0x80 : 0) | best);
+  };
+  std::vector<float> values;
+  for (int code = 0; code < 0x7e; ++code) {  // every code and every midpoint between neighbours
+    float a = f8e4m3_to_f32(static_cast<uint8_t>(code)), b = f8e4m3_to_f32(static_cast<uint8_t>(code + 1));
+    values.insert(values.end(), {a, -a, (a + b) / 2, std::nextafter((a + b) / 2, 0.0f), std::nextafter((a + b) / 2, 1e9f)});
+  }
+  for (int i = -400; i <= 400; ++i) values.push_back(std::ldexp(1.37f, i / 40));
+  for (float v : values) EXPECT_EQ(f32_to_f8e4m3(v), brute(v)) << v;
 }
 
 TEST(DType, E2M1AndE8M0) {

@@ -1,0 +1,102 @@
+// Helpers shared by the model tests: a self-deleting temp dir, "throws bg::Error saying X", file bytes, and the
+// engine protocol (prefill a prompt, then greedy decode steps) whose logit rows the tests compare.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "golden/golden_util.h"
+#include "model/model.h"
+
+namespace bg::testing {
+
+// A fresh directory under the system temp dir, removed with everything in it when the object dies.
+class ModelTempDir {
+ public:
+  ModelTempDir() {
+    static int counter = 0;
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string test = info != nullptr ? std::string(info->name()) : std::string("none");
+    for (char& ch : test) {
+      if (ch == '/') ch = '_';
+    }
+    path_ = std::filesystem::temp_directory_path() /
+            ("bg_model_" + test + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~ModelTempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ModelTempDir(const ModelTempDir&) = delete;
+  ModelTempDir& operator=(const ModelTempDir&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline std::string file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Runs f, which must throw bg::Error; returns its message ("" plus a test failure otherwise).
+template <typename F>
+std::string bg_error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw a non-bg::Error exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "did not throw";
+  return "";
+}
+
+// What the engine computed for prompt + greedy continuation: tokens [n_prompt + n_decode] and logits rows
+// [tokens.size(), vocab] (row t = logits after token t; rows >= n_prompt come from single-token decode steps).
+struct EngineRun {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;
+  int64_t n_prompt = 0;
+};
+
+inline EngineRun run_prefill_then_decode(Model& model, const std::vector<int32_t>& prompt, int64_t n_decode) {
+  const int64_t V = model.info().vocab_size, L = static_cast<int64_t>(prompt.size());
+  EngineRun r;
+  r.tokens = prompt;
+  r.n_prompt = L;
+  r.logits.resize(static_cast<size_t>((L + n_decode) * V));
+  auto seq = model.new_sequence();
+  model.forward(*seq, prompt, r.logits.data());
+  for (int64_t t = L; t < L + n_decode; ++t) {
+    int32_t next = argmax_row(r.logits.data() + (t - 1) * V, V);
+    r.tokens.push_back(next);
+    model.forward(*seq, std::span<const int32_t>(&r.tokens.back(), 1), r.logits.data() + t * V);
+  }
+  return r;
+}
+
+inline bool all_finite(const std::vector<float>& v) {
+  for (float x : v) {
+    if (!std::isfinite(x)) return false;
+  }
+  return true;
+}
+
+}  // namespace bg::testing
