@@ -1,16 +1,14 @@
-// KdaStatePool: slots in one allocation, zeroed on allocation.
+// KdaStatePool: slots in one backend allocation, zeroed when handed out.
 #include "kv/kda_state_pool.h"
-
-#include <algorithm>
 
 #include "core/error.h"
 
 namespace bg {
 
-KdaStatePool::KdaStatePool(const KdaStateGeometry& geometry, int64_t n_slots)
-    : geometry_(geometry), n_slots_(n_slots) {
+KdaStatePool::KdaStatePool(Backend& backend, const KdaStateGeometry& geometry, int64_t n_slots)
+    : backend_(backend), geometry_(geometry), n_slots_(n_slots) {
   BG_CHECK(n_slots >= 0 && geometry.conv_width >= 1, "KdaStatePool: bad geometry");
-  storage_.assign(static_cast<size_t>(n_slots * geometry.slot_floats()), 0.0f);
+  if (n_slots > 0 && geometry.slot_floats() > 0) storage_ = backend.alloc({n_slots, geometry.slot_floats()}, DType::kF32);
   in_use_.assign(static_cast<size_t>(n_slots), 0);
   for (int64_t s = n_slots - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
 }
@@ -20,8 +18,10 @@ int32_t KdaStatePool::alloc_slot() {
   int32_t s = free_.back();
   free_.pop_back();
   in_use_[static_cast<size_t>(s)] = 1;
-  float* base = slot_base(s);
-  std::fill(base, base + geometry_.slot_floats(), 0.0f);
+  if (!storage_.empty()) {
+    Tensor slot = storage_.rows_view(s, 1);
+    backend_.fill_zero(slot);
+  }
   return s;
 }
 
@@ -32,14 +32,25 @@ void KdaStatePool::free_slot(int32_t slot) {
   free_.push_back(slot);
 }
 
-float* KdaStatePool::slot_base(int32_t slot) { return storage_.data() + slot * geometry_.slot_floats(); }
-
-float* KdaStatePool::recurrent(int32_t slot, int64_t kda_layer) {
-  return slot_base(slot) + kda_layer * (geometry_.recurrent_floats() + geometry_.conv_floats());
+Tensor KdaStatePool::layer_view(int32_t slot, int64_t kda_layer) const {
+  const KdaStateGeometry& g = geometry_;
+  Tensor t = storage_.rows_view(slot, 1).reshaped({g.n_kda_layers, g.layer_floats()}).rows_view(kda_layer, 1);
+  return t.reshaped({g.layer_floats()});
 }
 
-float* KdaStatePool::conv(int32_t slot, int64_t kda_layer) {
-  return recurrent(slot, kda_layer) + geometry_.recurrent_floats();
+Tensor KdaStatePool::recurrent(int32_t slot, int64_t kda_layer) const {
+  const KdaStateGeometry& g = geometry_;
+  Tensor t = layer_view(slot, kda_layer);
+  t.shape = {g.n_heads, g.head_dim, g.head_dim};
+  return t;
+}
+
+Tensor KdaStatePool::conv(int32_t slot, int64_t kda_layer, int which) const {
+  const KdaStateGeometry& g = geometry_;
+  Tensor t = layer_view(slot, kda_layer);
+  t.data = t.as<float>() + g.recurrent_floats() + which * g.conv_channels * (g.conv_width - 1);
+  t.shape = {g.conv_channels, g.conv_width - 1};
+  return t;
 }
 
 }  // namespace bg

@@ -1,9 +1,11 @@
 // KDA state slots (Kimi-K3): per sequence and KDA layer, the recurrent state [heads, head_dim_k, head_dim_v] fp32
-// and the short-conv state of q, k and v [3, channels, kernel-1] fp32. Constant in sequence length.
+// and the short-conv state of q, k and v [3][channels, kernel-1] fp32, in the backend's memory. Constant in length.
 #pragma once
 
 #include <cstdint>
 #include <vector>
+
+#include "backend/backend.h"
 
 namespace bg {
 
@@ -16,27 +18,29 @@ struct KdaStateGeometry {
 
   int64_t recurrent_floats() const { return n_heads * head_dim * head_dim; }
   int64_t conv_floats() const { return 3 * conv_channels * (conv_width - 1); }
-  int64_t slot_floats() const { return n_kda_layers * (recurrent_floats() + conv_floats()); }
+  int64_t layer_floats() const { return recurrent_floats() + conv_floats(); }
+  int64_t slot_floats() const { return n_kda_layers * layer_floats(); }
 };
 
 class KdaStatePool {
  public:
-  KdaStatePool(const KdaStateGeometry& geometry, int64_t n_slots);
+  KdaStatePool(Backend& backend, const KdaStateGeometry& geometry, int64_t n_slots);
 
   const KdaStateGeometry& geometry() const { return geometry_; }
   int64_t n_free_slots() const { return static_cast<int64_t>(free_.size()); }
-  int64_t bytes() const { return static_cast<int64_t>(storage_.size() * sizeof(float)); }
+  int64_t bytes() const { return static_cast<int64_t>(storage_.nbytes()); }
   // Allocates a zeroed slot; throws when none is free.
   int32_t alloc_slot();
   void free_slot(int32_t slot);
-  float* recurrent(int32_t slot, int64_t kda_layer);  // [heads, K, V]
-  float* conv(int32_t slot, int64_t kda_layer);       // [3, channels, width - 1] (q, k, v)
+  Tensor recurrent(int32_t slot, int64_t kda_layer) const;           // [heads, K, V]
+  Tensor conv(int32_t slot, int64_t kda_layer, int which) const;     // which: 0 q, 1 k, 2 v -> [channels, width - 1]
 
  private:
-  float* slot_base(int32_t slot);
+  Tensor layer_view(int32_t slot, int64_t kda_layer) const;  // [layer_floats]
+  Backend& backend_;
   KdaStateGeometry geometry_;
   int64_t n_slots_;
-  std::vector<float> storage_;
+  Tensor storage_;  // [n_slots, slot_floats]
   std::vector<int32_t> free_;
   std::vector<uint8_t> in_use_;
 };

@@ -5,14 +5,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "kv/kda_state_pool.h"
 #include "kv/mla_kv_pool.h"
 
 namespace bg {
 
-class KdaStatePool;
-
 class Sequence {
  public:
+  // Either pool may be null (an architecture without MLA or without KDA layers).
   Sequence(MlaKvPool* kv_pool, KdaStatePool* kda_pool);
   ~Sequence();
   Sequence(const Sequence&) = delete;
@@ -24,12 +24,7 @@ class Sequence {
   // Makes sure the KV blocks cover positions [0, n_tokens); allocates from the pool (throws when full).
   void reserve_kv(int64_t n_tokens);
   const std::vector<int32_t>& kv_blocks() const { return kv_blocks_; }
-  // Pointers to this sequence's blocks for one MLA layer (for the attention op).
-  std::vector<const float*> kv_block_ptrs(int64_t mla_layer) const;
-  // The cache entry of position `pos` in one MLA layer.
-  float* kv_entry(int64_t mla_layer, int64_t pos);
-  int64_t kv_block_size() const { return kv_pool_->block_size(); }
-  // KDA state slot index (-1 if the model has no KDA layers).
+  // KDA state slot index (-1 without KDA layers).
   int32_t kda_slot() const { return kda_slot_; }
 
  private:

@@ -58,9 +58,13 @@ class ModelWeights {
   std::vector<float> tensor_f32(int id, int64_t layer = -1) const { return tensor(id, layer).to_f32(); }
   bool has(int id, int64_t layer = -1, int64_t expert = -1) const;
   const Checkpoint& checkpoint() const { return *ckpt_; }
+  // Visits every bound linear weight with its key (see key()).
+  void for_each_linear(const std::function<void(uint64_t key, const QuantWeight& w)>& fn) const {
+    for (const auto& [k, w] : linears_) fn(k, w);
+  }
+  static uint64_t key(int id, int64_t layer, int64_t expert);
 
  private:
-  static uint64_t key(int id, int64_t layer, int64_t expert);
   std::shared_ptr<const Checkpoint> ckpt_;
   std::unordered_map<uint64_t, QuantWeight> linears_;
   std::unordered_map<uint64_t, TensorView> tensors_;

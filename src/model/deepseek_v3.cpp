@@ -1,4 +1,5 @@
-// DeepSeek-V3 / Kimi-K2 forward on the CPU reference ops, top to bottom. Activations are fp32 [n_tokens, dim].
+// DeepSeek-V3 / Kimi-K2 forward over the backend ops, top to bottom. Activations [n_tokens, dim] in the backend's
+// activation dtype.
 #include "model/deepseek_v3.h"
 
 #include <algorithm>
@@ -7,158 +8,173 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "formats/checkpoint.h"
+#include "model/backend_weights.h"
 #include "model/mla_block.h"
-#include "moe/routed_experts.h"
-#include "ops/linear/linear.h"
-#include "ops/rmsnorm/rmsnorm.h"
-#include "ops/rope/rope.h"
-#include "ops/router/router.h"
-#include "ops/swiglu/swiglu.h"
 
 namespace bg {
 namespace {
 
 using T = DsTensor;
-using Vec = std::vector<float>;
+
+struct DsLayer {
+  MlaLayerWeights mla;
+  Tensor input_norm, post_norm, router_bias;  // F32
+  ExpertWeights experts;                      // MoE layers
+};
 
 class DeepseekV3Model final : public Model {
  public:
-  DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, const LoadOptions& options);
+  DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, std::unique_ptr<Backend> backend,
+                  const LoadOptions& options);
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<Sequence>(&kv_pool_, nullptr); }
   void forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) override;
 
  private:
-  void dense_mlp(int64_t layer, const Vec& x, int64_t n, Vec& out);
-  void moe(int64_t layer, const Vec& x, int64_t n, Vec& out);
-  void swiglu_ffn(const QuantWeight& gate, const QuantWeight& up, const QuantWeight& down, const float* x, int64_t n,
-                  float* out);
+  void ffn(int64_t layer, const Tensor& x, Tensor& out);
+  void tap_out(const TapFn* tap, std::string_view name, int64_t layer, const Tensor& t);
 
   DeepseekV3Config c_;
   ModelWeights w_;
+  std::unique_ptr<Backend> be_;
+  BackendLinears lin_;
   ModelInfo info_;
-  ops::RopeTable rope_;
+  RopeHandle rope_;
   MlaDims mla_dims_;
-  std::vector<MlaLayerWeights> mla_;
-  std::vector<Vec> input_norm_, post_norm_, router_bias_;
-  Vec final_norm_;
-  QuantWeight lm_head_;
+  std::vector<DsLayer> layers_;
+  Tensor embed_, final_norm_;
+  std::unique_ptr<LinearHandle> tied_lm_head_;
   MlaKvPool kv_pool_;
 };
 
-DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, const LoadOptions& options)
+int64_t kv_blocks_for(int64_t max_position_embeddings, const LoadOptions& o) {
+  int64_t tokens = o.max_total_tokens > 0 ? o.max_total_tokens : o.max_sequences * max_position_embeddings;
+  return (tokens + o.kv_block_size - 1) / o.kv_block_size;
+}
+
+DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, std::unique_ptr<Backend> backend,
+                                 const LoadOptions& options)
     : c_(std::move(config)),
       w_(std::move(weights)),
-      kv_pool_(c_.n_layers, c_.kv_cache_dim(), options.kv_block_size,
-               options.max_total_tokens > 0
-                   ? (options.max_total_tokens + options.kv_block_size - 1) / options.kv_block_size
-                   : options.max_sequences * ((c_.max_position_embeddings + options.kv_block_size - 1) /
-                                              options.kv_block_size)) {
+      be_(std::move(backend)),
+      lin_(*be_, w_),
+      kv_pool_(*be_, c_.n_layers, c_.kv_cache_dim(), options.kv_block_size,
+               kv_blocks_for(c_.max_position_embeddings, options)) {
+  Backend& be = *be_;
   info_ = {"deepseek_v3", c_.vocab_size, c_.hidden_size, c_.n_layers, c_.max_position_embeddings, c_.bos_token_id,
            c_.eos_token_id};
-  if (c_.qk_rope_head_dim > 0) rope_ = ops::compute_rope_table(c_.rope, c_.qk_rope_head_dim, c_.max_position_embeddings);
+  if (c_.qk_rope_head_dim > 0) {
+    rope_ = be.prepare_rope(ops::compute_rope_table(c_.rope, c_.qk_rope_head_dim, c_.max_position_embeddings));
+  }
   float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.qk_head_dim())) *
                                    ops::yarn_softmax_scale_multiplier(c_.rope));
   mla_dims_ = {c_.n_heads, c_.q_lora_rank, c_.kv_lora_rank, c_.qk_nope_head_dim, c_.qk_rope_head_dim, c_.v_head_dim,
                scale, c_.qk_rope_head_dim > 0 ? &rope_ : nullptr, c_.rope_interleave};
+  auto vec = [&](T id, int64_t layer) {
+    std::vector<float> v = w_.tensor_f32(int(id), layer);
+    return be.upload_f32(v, {static_cast<int64_t>(v.size())}, DType::kF32);
+  };
   for (int64_t l = 0; l < c_.n_layers; ++l) {
-    MlaLayerWeights m;
+    DsLayer L;
     if (c_.q_lora_rank > 0) {
-      m.q_a = &w_.linear(int(T::kQAProj), l);
-      m.q_b = &w_.linear(int(T::kQBProj), l);
-      m.q_a_norm = w_.tensor_f32(int(T::kQANorm), l);
+      L.mla.q_a = &lin_.get(int(T::kQAProj), l);
+      L.mla.q_b = &lin_.get(int(T::kQBProj), l);
+      L.mla.q_a_norm = vec(T::kQANorm, l);
     } else {
-      m.q = &w_.linear(int(T::kQProj), l);
+      L.mla.q = &lin_.get(int(T::kQProj), l);
     }
-    m.kv_a = &w_.linear(int(T::kKvAProj), l);
-    m.kv_a_norm = w_.tensor_f32(int(T::kKvANorm), l);
-    m.o = &w_.linear(int(T::kOProj), l);
-    m.set_kv_b(w_.linear(int(T::kKvBProj), l), mla_dims_);
-    mla_.push_back(std::move(m));
-    input_norm_.push_back(w_.tensor_f32(int(T::kInputNorm), l));
-    post_norm_.push_back(w_.tensor_f32(int(T::kPostAttnNorm), l));
-    router_bias_.push_back(c_.is_moe_layer(l) ? w_.tensor_f32(int(T::kRouterBias), l) : Vec{});
+    L.mla.kv_a = &lin_.get(int(T::kKvAProj), l);
+    L.mla.kv_a_norm = vec(T::kKvANorm, l);
+    L.mla.o = &lin_.get(int(T::kOProj), l);
+    L.mla.set_kv_b(be, w_.linear(int(T::kKvBProj), l), mla_dims_);
+    L.input_norm = vec(T::kInputNorm, l);
+    L.post_norm = vec(T::kPostAttnNorm, l);
+    if (c_.is_moe_layer(l)) {
+      L.router_bias = vec(T::kRouterBias, l);
+      L.experts = lin_.experts(int(T::kExpertGate), int(T::kExpertUp), int(T::kExpertDown), l, c_.n_routed_experts);
+    }
+    layers_.push_back(std::move(L));
   }
-  final_norm_ = w_.tensor_f32(int(T::kFinalNorm));
+  embed_ = be.upload_view(w_.tensor(int(T::kEmbed)));
+  final_norm_ = vec(T::kFinalNorm, -1);
   if (c_.tie_word_embeddings) {
-    const TensorView& embed = w_.tensor(int(T::kEmbed));
-    lm_head_ = QuantWeight{WeightFormat::kDense, c_.vocab_size, c_.hidden_size, embed, {}, "lm_head (tied)"};
-  } else {
-    lm_head_ = w_.linear(int(T::kLmHead));
+    const TensorView& e = w_.tensor(int(T::kEmbed));
+    tied_lm_head_ = be.prepare_linear(QuantWeight{WeightFormat::kDense, c_.vocab_size, c_.hidden_size, e, {}, "lm_head"});
   }
 }
 
+void DeepseekV3Model::tap_out(const TapFn* tap, std::string_view name, int64_t layer, const Tensor& t) {
+  if (tap == nullptr) return;
+  std::vector<float> host(static_cast<size_t>(t.numel()));
+  be_->download_f32(t, host.data());
+  (*tap)(name, layer, host.data(), t.rows(), t.cols());
+}
+
 void DeepseekV3Model::forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) {
+  Backend& be = *be_;
   const int64_t n = static_cast<int64_t>(tokens.size()), H = c_.hidden_size;
   if (n == 0) return;
   const int64_t start = seq.n_past();
   BG_CHECK(start + n <= c_.max_position_embeddings, "context of {} tokens exceeds max_position_embeddings {}",
            start + n, c_.max_position_embeddings);
+  for (int32_t id : tokens) BG_CHECK(id >= 0 && id < c_.vocab_size, "token id {} is outside [0, {})", id, c_.vocab_size);
   std::vector<int64_t> positions(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) positions[static_cast<size_t>(t)] = start + t;
   seq.reserve_kv(start + n);
 
-  Vec h(static_cast<size_t>(n * H)), x(h.size()), y(h.size());  // [n, H]
-  ops::embedding_cpu(w_.tensor(int(T::kEmbed)), tokens.data(), n, h.data());
-  if (tap) (*tap)("embed", 0, h.data(), n, H);
+  Tensor h = be.act(n, H), x = be.act(n, H), y = be.act(n, H);  // [n, H]
+  be.embedding(embed_, tokens, h);
+  tap_out(tap, "embed", 0, h);
+  const float eps = static_cast<float>(c_.rms_norm_eps);
   for (int64_t l = 0; l < c_.n_layers; ++l) {
-    ops::rmsnorm_cpu({n, H, static_cast<float>(c_.rms_norm_eps)}, h.data(), input_norm_[static_cast<size_t>(l)].data(),
-                     x.data());
-    mla_block_forward(mla_dims_, mla_[static_cast<size_t>(l)], seq, l, x.data(), positions, y.data());
-    for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
-    ops::rmsnorm_cpu({n, H, static_cast<float>(c_.rms_norm_eps)}, h.data(), post_norm_[static_cast<size_t>(l)].data(),
-                     x.data());
-    if (c_.is_moe_layer(l)) {
-      moe(l, x, n, y);
-    } else {
-      dense_mlp(l, x, n, y);
-    }
-    for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
-    if (tap) (*tap)("layer", l + 1, h.data(), n, H);
+    const DsLayer& L = layers_[static_cast<size_t>(l)];
+    be.rmsnorm(h, L.input_norm, eps, x);
+    mla_block_forward(be, mla_dims_, L.mla, kv_pool_.layer_ref(l), seq, x, positions, y);
+    be.add(h, y);
+    be.rmsnorm(h, L.post_norm, eps, x);
+    ffn(l, x, y);
+    be.add(h, y);
+    tap_out(tap, "layer", l + 1, h);
   }
-  ops::rmsnorm_cpu({n, H, static_cast<float>(c_.rms_norm_eps)}, h.data(), final_norm_.data(), x.data());
-  if (tap) (*tap)("final_norm", c_.n_layers, x.data(), n, H);
-  ops::linear_cpu(lm_head_, x.data(), n, logits);  // [n, vocab]
+  be.rmsnorm(h, final_norm_, eps, x);
+  tap_out(tap, "final_norm", c_.n_layers, x);
+  Tensor out = be.alloc({n, c_.vocab_size}, DType::kF32);  // [n, vocab]
+  be.linear(tied_lm_head_ ? *tied_lm_head_ : lin_.get(int(T::kLmHead)), x, out);
+  be.download_f32(out, logits);
   seq.advance(n);
 }
 
-void DeepseekV3Model::swiglu_ffn(const QuantWeight& gate, const QuantWeight& up, const QuantWeight& down,
-                                 const float* x, int64_t n, float* out) {
-  Vec g(static_cast<size_t>(n * gate.n_out)), u(g.size());  // [n, inter]
-  ops::linear_cpu(gate, x, n, g.data());
-  ops::linear_cpu(up, x, n, u.data());
-  ops::swiglu_cpu(g.data(), u.data(), static_cast<int64_t>(g.size()), g.data());
-  ops::linear_cpu(down, g.data(), n, out);
-}
-
-void DeepseekV3Model::dense_mlp(int64_t layer, const Vec& x, int64_t n, Vec& out) {
-  swiglu_ffn(w_.linear(int(T::kMlpGate), layer), w_.linear(int(T::kMlpUp), layer), w_.linear(int(T::kMlpDown), layer),
-             x.data(), n, out.data());
-}
-
-void DeepseekV3Model::moe(int64_t layer, const Vec& x, int64_t n, Vec& out) {
-  const int64_t H = c_.hidden_size, E = c_.n_routed_experts, k = c_.n_experts_per_tok;
-  // Route: fp32 logits [n, E] -> top-k ids/weights [n, k].
-  Vec router_logits(static_cast<size_t>(n * E));
-  ops::linear_cpu(w_.linear(int(T::kRouterGate), layer), x.data(), n, router_logits.data());
-  std::vector<int32_t> ids(static_cast<size_t>(n * k));
-  Vec weights(ids.size());
+void DeepseekV3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
+  Backend& be = *be_;
+  const int64_t n = x.rows();
+  const GluParams swiglu{GluKind::kSwiGlu};
+  auto mlp = [&](T gate, T up, T down, int64_t inter) {
+    Tensor g = be.act(n, inter), u = be.act(n, inter);  // [n, inter]
+    be.linear(lin_.get(int(gate), layer), x, g);
+    be.linear(lin_.get(int(up), layer), x, u);
+    be.glu(swiglu, g, u, g);
+    be.linear(lin_.get(int(down), layer), g, out);
+  };
+  if (!c_.is_moe_layer(layer)) {
+    mlp(T::kMlpGate, T::kMlpUp, T::kMlpDown, c_.intermediate_size);
+    return;
+  }
+  const DsLayer& L = layers_[static_cast<size_t>(layer)];
+  const int64_t E = c_.n_routed_experts, k = c_.n_experts_per_tok;
+  // Route in fp32: logits [n, E] -> top-k ids / weights [n, k].
+  Tensor router_logits = be.alloc({n, E}, DType::kF32);
+  be.linear(lin_.get(int(T::kRouterGate), layer), x, router_logits);
+  Tensor ids = be.alloc({n, k}, DType::kI32), weights = be.alloc({n, k}, DType::kF32);
   ops::RouterParams rp{n, E, k, c_.n_group, c_.topk_group, c_.norm_topk_prob,
                        static_cast<float>(c_.routed_scaling_factor)};
-  ops::route_topk_cpu(rp, router_logits.data(), router_bias_[static_cast<size_t>(layer)].data(), ids.data(),
-                      weights.data());
-  // Shared experts on every token, then routed experts accumulated on top.
+  be.route(rp, router_logits, L.router_bias, ids, weights);
+  // Shared experts on every token, then the routed experts accumulated on top.
   if (c_.n_shared_experts > 0) {
-    swiglu_ffn(w_.linear(int(T::kSharedGate), layer), w_.linear(int(T::kSharedUp), layer),
-               w_.linear(int(T::kSharedDown), layer), x.data(), n, out.data());
+    mlp(T::kSharedGate, T::kSharedUp, T::kSharedDown, c_.moe_intermediate_size * c_.n_shared_experts);
   } else {
-    std::fill(out.begin(), out.end(), 0.0f);
+    be.fill_zero(out);
   }
-  ExpertDispatch dispatch = group_by_expert(ids.data(), weights.data(), n, k, E);
-  run_routed_experts_loopback(dispatch, x.data(), n, H, H, [&](int64_t e, const float* in, int64_t rows, float* y) {
-    swiglu_ffn(w_.linear(int(T::kExpertGate), layer, e), w_.linear(int(T::kExpertUp), layer, e),
-               w_.linear(int(T::kExpertDown), layer, e), in, rows, y);
-  }, out.data());
+  be.routed_experts(L.experts, swiglu, x, ids, weights, out);
 }
 
 }  // namespace
@@ -167,9 +183,10 @@ std::unique_ptr<Model> load_deepseek_v3(const std::filesystem::path& dir, const 
                                         const LoadOptions& options) {
   std::shared_ptr<const Checkpoint> ckpt = Checkpoint::open(dir);
   ModelWeights weights = ModelWeights::bind(ckpt, deepseek_v3_table(config));
-  log::info("loaded deepseek_v3 checkpoint {}: {} layers, {} routed experts, hidden {}", dir.string(), config.n_layers,
-            config.n_routed_experts, config.hidden_size);
-  return std::make_unique<DeepseekV3Model>(config, std::move(weights), options);
+  auto backend = make_backend(options.device);
+  log::info("loaded deepseek_v3 checkpoint {} on {}: {} layers, {} routed experts, hidden {}", dir.string(),
+            backend->name(), config.n_layers, config.n_routed_experts, config.hidden_size);
+  return std::make_unique<DeepseekV3Model>(config, std::move(weights), std::move(backend), options);
 }
 
 }  // namespace bg

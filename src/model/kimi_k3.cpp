@@ -1,5 +1,5 @@
-// Kimi-K3 forward on the CPU reference ops, top to bottom: KDA and MLA layers, dense / latent-MoE FFNs with SiTU, and
-// Attention Residuals (banked raw layer inputs, a running partial sum, softmax mixes). Activations fp32 [n, dim].
+// Kimi-K3 forward over the backend ops, top to bottom: KDA and MLA layers, dense / latent-MoE FFNs with SiTU, and
+// Attention Residuals (banked raw layer inputs, a running partial sum, softmax mixes). Activations [n, dim].
 #include "model/kimi_k3.h"
 
 #include <algorithm>
@@ -8,63 +8,51 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "formats/checkpoint.h"
-#include "kv/kda_state_pool.h"
+#include "model/backend_weights.h"
 #include "model/mla_block.h"
-#include "moe/routed_experts.h"
-#include "ops/attn_res/attn_res.h"
-#include "ops/gated_rmsnorm/gated_rmsnorm.h"
-#include "ops/kda/kda.h"
-#include "ops/kda_gate/kda_gate.h"
-#include "ops/linear/linear.h"
-#include "ops/rmsnorm/rmsnorm.h"
-#include "ops/router/router.h"
-#include "ops/short_conv/short_conv.h"
-#include "ops/situ/situ.h"
 
 namespace bg {
 namespace {
 
 using T = K3Tensor;
-using Vec = std::vector<float>;
 
-// One KDA layer's small tensors as fp32.
-struct KdaLayerWeights {
-  Vec q_conv, k_conv, v_conv;  // [P, W]
-  Vec a_log, dt_bias, o_norm;  // [>= heads], [P], [head_dim]
-};
-
-// Per-layer vectors every layer has.
-struct LayerVectors {
-  Vec input_norm, post_norm, attn_res_norm, attn_res_proj, mlp_res_norm, mlp_res_proj;
-  Vec router_bias, latent_norm;  // MoE layers
+struct K3Layer {
+  Tensor input_norm, post_norm, attn_res_norm, attn_res_proj, mlp_res_norm, mlp_res_proj;  // F32 [H]
+  Tensor router_bias, latent_norm;                                                       // MoE layers
+  ExpertWeights experts;
+  // KDA layers
+  Tensor q_conv, k_conv, v_conv;  // F32 [P, W]
+  Tensor a_log, dt_bias, o_norm;  // F32 [heads], [P], [head_dim]
+  int64_t sub_index = 0;          // index among MLA layers or among KDA layers
+  MlaLayerWeights mla;
 };
 
 class KimiK3Model final : public Model {
  public:
-  KimiK3Model(KimiK3Config config, ModelWeights weights, const LoadOptions& options);
+  KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_ptr<Backend> backend,
+              const LoadOptions& options);
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<Sequence>(&kv_pool_, &kda_pool_); }
   void forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) override;
 
  private:
-  void kda(int64_t layer, Sequence& seq, const float* x, int64_t n, float* out);
-  void ffn(int64_t layer, const float* x, int64_t n, float* out);
-  void situ_mlp(const QuantWeight& gate, const QuantWeight& up, const QuantWeight& down, const float* x, int64_t n,
-                float* out);
-  void latent_moe(int64_t layer, const float* x, int64_t n, float* out);
-  // out = Mix(candidates; norm, proj) over [n, H] candidates.
-  void mix(const std::vector<const float*>& candidates, const Vec& norm, const Vec& proj, int64_t n, float* out);
+  void load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda);
+  void kda(int64_t layer, Sequence& seq, const Tensor& x, Tensor& out);
+  void ffn(int64_t layer, const Tensor& x, Tensor& out);
+  void situ_mlp(T gate, T up, T down, int64_t layer, int64_t inter, const Tensor& x, Tensor& out);
+  void latent_moe(int64_t layer, const Tensor& x, Tensor& out);
+  void tap_out(const TapFn* tap, std::string_view name, int64_t layer, const Tensor& t);
 
   KimiK3Config c_;
   ModelWeights w_;
+  std::unique_ptr<Backend> be_;
+  BackendLinears lin_;
   ModelInfo info_;
-  std::vector<int64_t> sub_index_;  // layer -> index among MLA layers or among KDA layers
   MlaDims mla_dims_;
-  std::vector<MlaLayerWeights> mla_;  // by MLA index
-  std::vector<KdaLayerWeights> kda_;  // by KDA index
-  std::vector<LayerVectors> vec_;     // by layer
-  Vec final_norm_, out_res_norm_, out_res_proj_;
-  QuantWeight lm_head_;
+  GluParams situ_;
+  std::vector<K3Layer> layers_;
+  Tensor embed_, final_norm_, out_res_norm_, out_res_proj_;
+  std::unique_ptr<LinearHandle> tied_lm_head_;
   MlaKvPool kv_pool_;
   KdaStatePool kda_pool_;
 };
@@ -78,235 +66,236 @@ int64_t kv_blocks_for(const KimiK3Config& c, const LoadOptions& o) {
   return (tokens + o.kv_block_size - 1) / o.kv_block_size;
 }
 
-KimiK3Model::KimiK3Model(KimiK3Config config, ModelWeights weights, const LoadOptions& options)
+KimiK3Model::KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_ptr<Backend> backend,
+                         const LoadOptions& options)
     : c_(std::move(config)),
       w_(std::move(weights)),
-      kv_pool_(count_mla(c_), c_.kv_cache_dim(), options.kv_block_size, kv_blocks_for(c_, options)),
-      kda_pool_({c_.n_layers - count_mla(c_), c_.kda_heads, c_.kda_head_dim, c_.kda_proj_dim(), c_.conv_kernel},
+      be_(std::move(backend)),
+      lin_(*be_, w_),
+      kv_pool_(*be_, count_mla(c_), c_.kv_cache_dim(), options.kv_block_size, kv_blocks_for(c_, options)),
+      kda_pool_(*be_, {c_.n_layers - count_mla(c_), c_.kda_heads, c_.kda_head_dim, c_.kda_proj_dim(), c_.conv_kernel},
                 options.max_sequences) {
   info_ = {"kimi_k3", c_.vocab_size, c_.hidden_size, c_.n_layers, c_.max_position_embeddings, c_.bos_token_id,
            c_.eos_token_id};
   // Scores are (q_nope . k_nope + q_pe . k_pe) / sqrt(nope + pe); nothing is rotated.
   mla_dims_ = {c_.n_heads, c_.q_lora_rank, c_.kv_lora_rank, c_.qk_nope_head_dim, c_.qk_rope_head_dim, c_.v_head_dim,
                static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.qk_head_dim()))), nullptr, false};
+  situ_ = {GluKind::kSitu, static_cast<float>(c_.situ_beta), static_cast<float>(c_.situ_linear_beta)};
   int64_t n_mla = 0, n_kda = 0;
-  for (int64_t l = 0; l < c_.n_layers; ++l) {
-    LayerVectors v;
-    v.input_norm = w_.tensor_f32(int(T::kInputNorm), l);
-    v.post_norm = w_.tensor_f32(int(T::kPostAttnNorm), l);
-    v.attn_res_norm = w_.tensor_f32(int(T::kAttnResNorm), l);
-    v.attn_res_proj = w_.tensor_f32(int(T::kAttnResProj), l);
-    v.mlp_res_norm = w_.tensor_f32(int(T::kMlpResNorm), l);
-    v.mlp_res_proj = w_.tensor_f32(int(T::kMlpResProj), l);
-    if (c_.is_moe_layer(l)) {
-      v.router_bias = w_.tensor_f32(int(T::kRouterBias), l);
-      if (c_.latent_norm) v.latent_norm = w_.tensor_f32(int(T::kLatentNorm), l);
+  for (int64_t l = 0; l < c_.n_layers; ++l) load_layer(l, n_mla, n_kda);
+  auto vec = [&](T id) {
+    std::vector<float> v = w_.tensor_f32(int(id));
+    return be_->upload_f32(v, {static_cast<int64_t>(v.size())}, DType::kF32);
+  };
+  embed_ = be_->upload_view(w_.tensor(int(T::kEmbed)));
+  final_norm_ = vec(T::kFinalNorm);
+  out_res_norm_ = vec(T::kOutResNorm);
+  out_res_proj_ = vec(T::kOutResProj);
+  if (c_.tie_word_embeddings) {
+    const TensorView& e = w_.tensor(int(T::kEmbed));
+    tied_lm_head_ =
+        be_->prepare_linear(QuantWeight{WeightFormat::kDense, c_.vocab_size, c_.hidden_size, e, {}, "lm_head"});
+  }
+}
+
+void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
+  Backend& be = *be_;
+  auto vec = [&](T id) {
+    std::vector<float> v = w_.tensor_f32(int(id), l);
+    return be.upload_f32(v, {static_cast<int64_t>(v.size())}, DType::kF32);
+  };
+  K3Layer L;
+  L.input_norm = vec(T::kInputNorm);
+  L.post_norm = vec(T::kPostAttnNorm);
+  L.attn_res_norm = vec(T::kAttnResNorm);
+  L.attn_res_proj = vec(T::kAttnResProj);
+  L.mlp_res_norm = vec(T::kMlpResNorm);
+  L.mlp_res_proj = vec(T::kMlpResProj);
+  if (c_.is_moe_layer(l)) {
+    L.router_bias = vec(T::kRouterBias);
+    if (c_.latent_norm) L.latent_norm = vec(T::kLatentNorm);
+    L.experts = lin_.experts(int(T::kExpertW1), int(T::kExpertW3), int(T::kExpertW2), l, c_.n_experts);
+  }
+  if (c_.is_mla(l)) {
+    L.sub_index = n_mla++;
+    if (c_.q_lora_rank > 0) {
+      L.mla.q_a = &lin_.get(int(T::kMlaQA), l);
+      L.mla.q_b = &lin_.get(int(T::kMlaQB), l);
+      L.mla.q_a_norm = vec(T::kMlaQANorm);
+    } else {
+      L.mla.q = &lin_.get(int(T::kMlaQ), l);
     }
-    vec_.push_back(std::move(v));
-    if (c_.is_mla(l)) {
-      sub_index_.push_back(n_mla++);
-      MlaLayerWeights m;
-      if (c_.q_lora_rank > 0) {
-        m.q_a = &w_.linear(int(T::kMlaQA), l);
-        m.q_b = &w_.linear(int(T::kMlaQB), l);
-        m.q_a_norm = w_.tensor_f32(int(T::kMlaQANorm), l);
-      } else {
-        m.q = &w_.linear(int(T::kMlaQ), l);
-      }
-      m.kv_a = &w_.linear(int(T::kMlaKvA), l);
-      m.kv_a_norm = w_.tensor_f32(int(T::kMlaKvANorm), l);
-      m.o = &w_.linear(int(T::kMlaO), l);
-      if (c_.mla_output_gate) m.gate = &w_.linear(int(T::kMlaG), l);
-      m.set_kv_b(w_.linear(int(T::kMlaKvB), l), mla_dims_);
-      mla_.push_back(std::move(m));
-      continue;
-    }
-    sub_index_.push_back(n_kda++);
-    KdaLayerWeights k;
-    k.q_conv = w_.tensor_f32(int(T::kKdaQConv), l);
-    k.k_conv = w_.tensor_f32(int(T::kKdaKConv), l);
-    k.v_conv = w_.tensor_f32(int(T::kKdaVConv), l);
+    L.mla.kv_a = &lin_.get(int(T::kMlaKvA), l);
+    L.mla.kv_a_norm = vec(T::kMlaKvANorm);
+    L.mla.o = &lin_.get(int(T::kMlaO), l);
+    if (c_.mla_output_gate) L.mla.gate = &lin_.get(int(T::kMlaG), l);
+    L.mla.set_kv_b(be, w_.linear(int(T::kMlaKvB), l), mla_dims_);
+  } else {
+    L.sub_index = n_kda++;
+    const int64_t P = c_.kda_proj_dim(), W = c_.conv_kernel;
+    auto conv = [&](T id) { return be.upload_f32(w_.tensor_f32(int(id), l), {P, W}, DType::kF32); };
+    L.q_conv = conv(T::kKdaQConv);
+    L.k_conv = conv(T::kKdaKConv);
+    L.v_conv = conv(T::kKdaVConv);
     const TensorView& a_log = w_.tensor(int(T::kKdaALog), l);
     BG_CHECK(a_log.rank() == 1 && a_log.dim(0) >= c_.kda_heads, "tensor '{}' in {}: shape {} but at least [{}] "
              "(one per KDA head) is needed", a_log.name, w_.checkpoint().file_of(a_log.name), shape_str(a_log.shape),
              c_.kda_heads);
-    k.a_log = a_log.to_f32();
-    k.a_log.resize(static_cast<size_t>(c_.kda_heads));  // the stored tail beyond num_heads is padding
-    k.dt_bias = w_.tensor_f32(int(T::kKdaDtBias), l);
-    k.o_norm = w_.tensor_f32(int(T::kKdaONorm), l);
-    kda_.push_back(std::move(k));
+    std::vector<float> a = a_log.to_f32();
+    a.resize(static_cast<size_t>(c_.kda_heads));  // the stored tail beyond num_heads is padding
+    L.a_log = be.upload_f32(a, {c_.kda_heads}, DType::kF32);
+    L.dt_bias = vec(T::kKdaDtBias);
+    L.o_norm = vec(T::kKdaONorm);
   }
-  final_norm_ = w_.tensor_f32(int(T::kFinalNorm));
-  out_res_norm_ = w_.tensor_f32(int(T::kOutResNorm));
-  out_res_proj_ = w_.tensor_f32(int(T::kOutResProj));
-  if (c_.tie_word_embeddings) {
-    lm_head_ = QuantWeight{WeightFormat::kDense, c_.vocab_size, c_.hidden_size, w_.tensor(int(T::kEmbed)), {},
-                           "lm_head (tied)"};
-  } else {
-    lm_head_ = w_.linear(int(T::kLmHead));
-  }
+  layers_.push_back(std::move(L));
+}
+
+void KimiK3Model::tap_out(const TapFn* tap, std::string_view name, int64_t layer, const Tensor& t) {
+  if (tap == nullptr) return;
+  std::vector<float> host(static_cast<size_t>(t.numel()));
+  be_->download_f32(t, host.data());
+  (*tap)(name, layer, host.data(), t.rows(), t.cols());
 }
 
 void KimiK3Model::forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) {
-  const int64_t n = static_cast<int64_t>(tokens.size()), H = c_.hidden_size;
+  Backend& be = *be_;
+  const int64_t n = static_cast<int64_t>(tokens.size()), H = c_.hidden_size, B = c_.attn_res_block_size;
   if (n == 0) return;
   const int64_t start = seq.n_past();
   BG_CHECK(start + n <= c_.max_position_embeddings, "context of {} tokens exceeds max_position_embeddings {}",
            start + n, c_.max_position_embeddings);
+  for (int32_t id : tokens) BG_CHECK(id >= 0 && id < c_.vocab_size, "token id {} is outside [0, {})", id, c_.vocab_size);
   std::vector<int64_t> positions(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) positions[static_cast<size_t>(t)] = start + t;
   seq.reserve_kv(start + n);
 
-  const size_t sz = static_cast<size_t>(n * H);
-  std::vector<Vec> banked;         // raw inputs of layers 0, B, 2B, ...: each [n, H]
-  Vec partial(sz), h(sz), x(sz), y(sz);  // partial: the running sum of the current block [n, H]
+  // Attention Residuals: bank slots 0..n_banked-1 hold the raw inputs of layers 0, B, 2B, ...; slot n_banked is the
+  // running partial sum of the current block. Banking just moves the boundary.
+  const int64_t n_slots = (c_.n_layers + B - 1) / B + 1;
+  Tensor bank = be.alloc({n_slots, n, H}, be.act_dtype());  // [slots, n, H]
+  int64_t n_banked = 0;
   bool partial_empty = false;
-  ops::embedding_cpu(w_.tensor(int(T::kEmbed)), tokens.data(), n, partial.data());
-  if (tap) (*tap)("embed", 0, partial.data(), n, H);
-  auto candidates = [&] {
-    std::vector<const float*> v;
-    for (const Vec& b : banked) v.push_back(b.data());
-    if (!partial_empty) v.push_back(partial.data());
-    return v;
-  };
+  auto partial = [&] { return bank.rows_view(n_banked, 1).reshaped({n, H}); };
+  Tensor h = be.act(n, H), x = be.act(n, H), y = be.act(n, H);  // [n, H]
+  Tensor p0 = partial();
+  be.embedding(embed_, tokens, p0);
+  tap_out(tap, "embed", 0, p0);
   const float eps = static_cast<float>(c_.rms_norm_eps);
   for (int64_t l = 0; l < c_.n_layers; ++l) {
-    const LayerVectors& v = vec_[static_cast<size_t>(l)];
-    if (banked.empty()) {
-      h = partial;
+    const K3Layer& L = layers_[static_cast<size_t>(l)];
+    if (n_banked == 0) {
+      be.copy(partial(), h);
     } else {
-      mix(candidates(), v.attn_res_norm, v.attn_res_proj, n, h.data());
+      be.attn_res_mix(bank, n_banked + (partial_empty ? 0 : 1), L.attn_res_norm, L.attn_res_proj, eps, h);
     }
-    if (l % c_.attn_res_block_size == 0) {
-      banked.push_back(partial);  // bank the RAW input of this block
+    if (l % B == 0) {  // bank the RAW input of this block
+      ++n_banked;
       partial_empty = true;
     }
-    ops::rmsnorm_cpu({n, H, eps}, h.data(), v.input_norm.data(), x.data());
+    be.rmsnorm(h, L.input_norm, eps, x);
     if (c_.is_mla(l)) {
-      mla_block_forward(mla_dims_, mla_[static_cast<size_t>(sub_index_[static_cast<size_t>(l)])], seq,
-                        sub_index_[static_cast<size_t>(l)], x.data(), positions, y.data());
+      mla_block_forward(be, mla_dims_, L.mla, kv_pool_.layer_ref(L.sub_index), seq, x, positions, y);
     } else {
-      kda(l, seq, x.data(), n, y.data());
+      kda(l, seq, x, y);
     }
+    Tensor p = partial();
     if (partial_empty) {
-      partial = y;
+      be.copy(y, p);
       partial_empty = false;
     } else {
-      for (size_t i = 0; i < sz; ++i) partial[i] += y[i];
+      be.add(p, y);
     }
-    mix(candidates(), v.mlp_res_norm, v.mlp_res_proj, n, h.data());
-    ops::rmsnorm_cpu({n, H, eps}, h.data(), v.post_norm.data(), x.data());
-    ffn(l, x.data(), n, y.data());
-    for (size_t i = 0; i < sz; ++i) partial[i] += y[i];
-    if (tap) (*tap)("layer", l + 1, partial.data(), n, H);
+    be.attn_res_mix(bank, n_banked + 1, L.mlp_res_norm, L.mlp_res_proj, eps, h);
+    be.rmsnorm(h, L.post_norm, eps, x);
+    ffn(l, x, y);
+    be.add(p, y);
+    tap_out(tap, "layer", l + 1, p);
   }
-  mix(candidates(), out_res_norm_, out_res_proj_, n, h.data());
-  if (tap) (*tap)("attnres_out", c_.n_layers, h.data(), n, H);
-  ops::rmsnorm_cpu({n, H, eps}, h.data(), final_norm_.data(), x.data());
-  if (tap) (*tap)("final_norm", c_.n_layers, x.data(), n, H);
-  ops::linear_cpu(lm_head_, x.data(), n, logits);  // [n, vocab]
+  be.attn_res_mix(bank, n_banked + (partial_empty ? 0 : 1), out_res_norm_, out_res_proj_, eps, h);
+  tap_out(tap, "attnres_out", c_.n_layers, h);
+  be.rmsnorm(h, final_norm_, eps, x);
+  tap_out(tap, "final_norm", c_.n_layers, x);
+  Tensor out = be.alloc({n, c_.vocab_size}, DType::kF32);  // [n, vocab]
+  be.linear(tied_lm_head_ ? *tied_lm_head_ : lin_.get(int(T::kLmHead)), x, out);
+  be.download_f32(out, logits);
   seq.advance(n);
 }
 
-void KimiK3Model::mix(const std::vector<const float*>& candidates, const Vec& norm, const Vec& proj, int64_t n,
-                      float* out) {
-  ops::AttnResParams p{static_cast<int64_t>(candidates.size()), n, c_.hidden_size,
-                       static_cast<float>(c_.rms_norm_eps)};
-  ops::attn_res_mix_cpu(p, candidates.data(), norm.data(), proj.data(), out);
-}
-
-void KimiK3Model::kda(int64_t layer, Sequence& seq, const float* x, int64_t n, float* out) {
-  const int64_t P = c_.kda_proj_dim(), nh = c_.kda_heads, K = c_.kda_head_dim, W = c_.conv_kernel;
-  const int64_t idx = sub_index_[static_cast<size_t>(layer)];
-  const KdaLayerWeights& kw = kda_[static_cast<size_t>(idx)];
-  const size_t sz = static_cast<size_t>(n * P);
-  // Projections, then causal short conv + SiLU with the sequence's conv state: each [n, P] = [n, nh, K].
-  Vec raw(sz), q(sz), k(sz), v(sz);
-  float* conv_state = kda_pool_.conv(seq.kda_slot(), idx);  // [3, P, W - 1]
-  const int64_t state_floats = P * (W - 1);
-  ops::ShortConvParams cp{n, P, W};
-  ops::linear_cpu(w_.linear(int(T::kKdaQ), layer), x, n, raw.data());
-  ops::short_conv_cpu(cp, raw.data(), kw.q_conv.data(), conv_state, q.data());
-  ops::linear_cpu(w_.linear(int(T::kKdaK), layer), x, n, raw.data());
-  ops::short_conv_cpu(cp, raw.data(), kw.k_conv.data(), conv_state + state_floats, k.data());
-  ops::linear_cpu(w_.linear(int(T::kKdaV), layer), x, n, raw.data());
-  ops::short_conv_cpu(cp, raw.data(), kw.v_conv.data(), conv_state + 2 * state_floats, v.data());
+void KimiK3Model::kda(int64_t layer, Sequence& seq, const Tensor& x, Tensor& out) {
+  Backend& be = *be_;
+  const int64_t n = x.rows(), P = c_.kda_proj_dim(), nh = c_.kda_heads, K = c_.kda_head_dim;
+  const K3Layer& L = layers_[static_cast<size_t>(layer)];
+  const int64_t idx = L.sub_index;
+  const int32_t slot = seq.kda_slot();
+  // Projections, then causal short conv + SiLU continuing the sequence's conv state: each [n, P] = [n, nh, K].
+  Tensor raw = be.act(n, P), q = be.act(n, P), k = be.act(n, P), v = be.act(n, P);
+  Tensor conv_q = kda_pool_.conv(slot, idx, 0), conv_k = kda_pool_.conv(slot, idx, 1), conv_v = kda_pool_.conv(slot, idx, 2);
+  be.linear(lin_.get(int(T::kKdaQ), layer), x, raw);
+  be.short_conv(raw, L.q_conv, conv_q, q);
+  be.linear(lin_.get(int(T::kKdaK), layer), x, raw);
+  be.short_conv(raw, L.k_conv, conv_k, k);
+  be.linear(lin_.get(int(T::kKdaV), layer), x, raw);
+  be.short_conv(raw, L.v_conv, conv_v, v);
   // Per-head L2 norm (eps inside the sqrt), q scaled by K^-0.5.
-  ops::kda_l2norm_cpu({n * nh, K, static_cast<float>(1.0 / std::sqrt(static_cast<double>(K))), 1e-6f}, q.data(),
-                      q.data());
-  ops::kda_l2norm_cpu({n * nh, K, 1.0f, 1e-6f}, k.data(), k.data());
+  be.kda_l2norm(K, static_cast<float>(1.0 / std::sqrt(static_cast<double>(K))), q);
+  be.kda_l2norm(K, 1.0f, k);
   // Forget gate g = lb * sigmoid(exp(A_log[h]) * (f_b(f_a x) + dt_bias)) [n, nh, K]; beta = sigmoid(b_proj x) [n, nh].
-  Vec fa(static_cast<size_t>(n * K)), g(sz), beta(static_cast<size_t>(n * nh));
-  ops::linear_cpu(w_.linear(int(T::kKdaFA), layer), x, n, fa.data());
-  ops::linear_cpu(w_.linear(int(T::kKdaFB), layer), fa.data(), n, raw.data());
-  ops::kda_gate_cpu({n, nh, K, static_cast<float>(c_.gate_lower_bound)}, raw.data(), kw.a_log.data(),
-                    kw.dt_bias.data(), g.data());
-  ops::linear_cpu(w_.linear(int(T::kKdaB), layer), x, n, beta.data());
-  ops::kda_beta_cpu(n * nh, beta.data(), beta.data());
-  // Gated delta rule: recurrent for one token (decode), chunked for prefill; both continue the same state.
-  Vec o(sz);
-  ops::KdaParams kp{n, nh, K, K};
-  float* state = kda_pool_.recurrent(seq.kda_slot(), idx);  // [nh, K, K]
-  if (n == 1) {
-    ops::kda_recurrent_cpu(kp, q.data(), k.data(), v.data(), g.data(), beta.data(), state, o.data());
-  } else {
-    ops::kda_chunked_cpu(kp, q.data(), k.data(), v.data(), g.data(), beta.data(), state, o.data());
-  }
+  Tensor fa = be.act(n, K), g = be.alloc({n, P}, DType::kF32);
+  be.linear(lin_.get(int(T::kKdaFA), layer), x, fa);
+  be.linear(lin_.get(int(T::kKdaFB), layer), fa, raw);
+  be.kda_gate(raw, L.a_log, L.dt_bias, nh, static_cast<float>(c_.gate_lower_bound), g);
+  Tensor b = be.act(n, nh), beta = be.alloc({n, nh}, DType::kF32);
+  be.linear(lin_.get(int(T::kKdaB), layer), x, b);
+  be.kda_beta(b, beta);
+  // Gated delta rule over the sequence's recurrent state (chunked for a prefill, recurrent for one token).
+  Tensor o = be.act(n, P), state = kda_pool_.recurrent(slot, idx);
+  be.kda({n, nh, K, K}, q, k, v, g, beta, state, o);
   // Output: per-head RMSNorm x sigmoid(g_proj x), then o_proj.
-  ops::linear_cpu(w_.linear(int(T::kKdaG), layer), x, n, raw.data());
-  ops::gated_rmsnorm_cpu({n, nh, K, static_cast<float>(c_.rms_norm_eps)}, o.data(), raw.data(), kw.o_norm.data(),
-                         o.data());
-  ops::linear_cpu(w_.linear(int(T::kKdaO), layer), o.data(), n, out);
+  be.linear(lin_.get(int(T::kKdaG), layer), x, raw);
+  be.gated_rmsnorm(nh, static_cast<float>(c_.rms_norm_eps), o, raw, L.o_norm, o);
+  be.linear(lin_.get(int(T::kKdaO), layer), o, out);
 }
 
-void KimiK3Model::situ_mlp(const QuantWeight& gate, const QuantWeight& up, const QuantWeight& down, const float* x,
-                           int64_t n, float* out) {
-  Vec g(static_cast<size_t>(n * gate.n_out)), u(g.size());  // [n, inter]
-  ops::linear_cpu(gate, x, n, g.data());
-  ops::linear_cpu(up, x, n, u.data());
-  ops::situ_cpu({n, gate.n_out, static_cast<float>(c_.situ_beta), static_cast<float>(c_.situ_linear_beta)}, g.data(),
-                u.data(), g.data());
-  ops::linear_cpu(down, g.data(), n, out);
+void KimiK3Model::situ_mlp(T gate, T up, T down, int64_t layer, int64_t inter, const Tensor& x, Tensor& out) {
+  Backend& be = *be_;
+  Tensor g = be.act(x.rows(), inter), u = be.act(x.rows(), inter);  // [n, inter]
+  be.linear(lin_.get(int(gate), layer), x, g);
+  be.linear(lin_.get(int(up), layer), x, u);
+  be.glu(situ_, g, u, g);
+  be.linear(lin_.get(int(down), layer), g, out);
 }
 
-void KimiK3Model::ffn(int64_t layer, const float* x, int64_t n, float* out) {
+void KimiK3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
   if (c_.is_moe_layer(layer)) {
-    latent_moe(layer, x, n, out);
-    return;
+    latent_moe(layer, x, out);
+  } else {
+    situ_mlp(T::kMlpGate, T::kMlpUp, T::kMlpDown, layer, c_.intermediate_size, x, out);
   }
-  situ_mlp(w_.linear(int(T::kMlpGate), layer), w_.linear(int(T::kMlpUp), layer), w_.linear(int(T::kMlpDown), layer), x,
-           n, out);
 }
 
-void KimiK3Model::latent_moe(int64_t layer, const float* x, int64_t n, float* out) {
-  const int64_t H = c_.hidden_size, E = c_.n_experts, k = c_.n_experts_per_token, D = c_.latent_size;
-  const LayerVectors& v = vec_[static_cast<size_t>(layer)];
+void KimiK3Model::latent_moe(int64_t layer, const Tensor& x, Tensor& out) {
+  Backend& be = *be_;
+  const int64_t n = x.rows(), E = c_.n_experts, k = c_.n_experts_per_token, D = c_.latent_size;
+  const K3Layer& L = layers_[static_cast<size_t>(layer)];
   // Route on the full hidden vector in fp32: [n, E] -> top-k [n, k].
-  Vec router_logits(static_cast<size_t>(n * E));
-  ops::linear_cpu(w_.linear(int(T::kRouterGate), layer), x, n, router_logits.data());
-  std::vector<int32_t> ids(static_cast<size_t>(n * k));
-  Vec weights(ids.size());
+  Tensor router_logits = be.alloc({n, E}, DType::kF32);
+  be.linear(lin_.get(int(T::kRouterGate), layer), x, router_logits);
+  Tensor ids = be.alloc({n, k}, DType::kI32), weights = be.alloc({n, k}, DType::kF32);
   ops::RouterParams rp{n, E, k, c_.n_group, c_.topk_group, c_.renormalize,
                        static_cast<float>(c_.routed_scaling_factor)};
-  ops::route_topk_cpu(rp, router_logits.data(), v.router_bias.data(), ids.data(), weights.data());
+  be.route(rp, router_logits, L.router_bias, ids, weights);
   // Routed path in the latent: z = down(x) [n, D]; y = sum_i w_i E_i(z) [n, D]; y = norm(y); up(y) [n, H].
-  Vec z(static_cast<size_t>(n * D)), y(z.size(), 0.0f);
-  ops::linear_cpu(w_.linear(int(T::kLatentDown), layer), x, n, z.data());
-  ExpertDispatch dispatch = group_by_expert(ids.data(), weights.data(), n, k, E);
-  run_routed_experts_loopback(dispatch, z.data(), n, D, D, [&](int64_t e, const float* in, int64_t rows, float* eo) {
-    situ_mlp(w_.linear(int(T::kExpertW1), layer, e), w_.linear(int(T::kExpertW3), layer, e),
-             w_.linear(int(T::kExpertW2), layer, e), in, rows, eo);
-  }, y.data());
-  if (c_.latent_norm) {
-    ops::rmsnorm_cpu({n, D, static_cast<float>(c_.rms_norm_eps)}, y.data(), v.latent_norm.data(), y.data());
-  }
-  ops::linear_cpu(w_.linear(int(T::kLatentUp), layer), y.data(), n, out);
+  Tensor z = be.act(n, D), y = be.zeros({n, D}, be.act_dtype());
+  be.linear(lin_.get(int(T::kLatentDown), layer), x, z);
+  be.routed_experts(L.experts, situ_, z, ids, weights, y);
+  if (c_.latent_norm) be.rmsnorm(y, L.latent_norm, static_cast<float>(c_.rms_norm_eps), y);
+  be.linear(lin_.get(int(T::kLatentUp), layer), y, out);
   // Shared experts at full width on the un-projected x.
   if (c_.n_shared_experts > 0) {
-    Vec s(static_cast<size_t>(n * H));
-    situ_mlp(w_.linear(int(T::kSharedGate), layer), w_.linear(int(T::kSharedUp), layer),
-             w_.linear(int(T::kSharedDown), layer), x, n, s.data());
-    for (size_t i = 0; i < s.size(); ++i) out[i] += s[i];
+    Tensor s = be.act(n, c_.hidden_size);
+    situ_mlp(T::kSharedGate, T::kSharedUp, T::kSharedDown, layer, c_.n_shared_experts * c_.moe_intermediate_size, x,
+             s);
+    be.add(out, s);
   }
 }
 
@@ -318,7 +307,8 @@ std::unique_ptr<Model> load_kimi_k3(const std::filesystem::path& dir, const Kimi
   ModelWeights weights = ModelWeights::bind(ckpt, kimi_k3_table(config));
   log::info("loaded kimi_k3 checkpoint {}: {} layers ({} MLA), {} experts top-{}, hidden {}", dir.string(),
             config.n_layers, count_mla(config), config.n_experts, config.n_experts_per_token, config.hidden_size);
-  return std::make_unique<KimiK3Model>(config, std::move(weights), options);
+  auto backend = make_backend(options.device);
+  return std::make_unique<KimiK3Model>(config, std::move(weights), std::move(backend), options);
 }
 
 }  // namespace bg

@@ -1,12 +1,7 @@
-// MLA block on the CPU reference ops.
+// MLA block over the backend ops.
 #include "model/mla_block.h"
 
 #include <algorithm>
-#include <cmath>
-
-#include "ops/linear/linear.h"
-#include "ops/mla/mla.h"
-#include "ops/rmsnorm/rmsnorm.h"
 
 namespace bg {
 namespace {
@@ -16,54 +11,49 @@ constexpr float kLatentNormEps = 1e-6f;
 
 }  // namespace
 
-void MlaLayerWeights::set_kv_b(const QuantWeight& kv_b, const MlaDims& d) {
+void MlaLayerWeights::set_kv_b(Backend& be, const QuantWeight& kv_b, const MlaDims& d) {
   const int64_t nope = d.qk_nope, vd = d.v_head, r = d.kv_lora_rank;
   std::vector<float> all = kv_b.decode_all();  // [n_heads * (nope + v), kv_lora]
-  w_uk.resize(static_cast<size_t>(d.n_heads * nope * r));
-  w_uv.resize(static_cast<size_t>(d.n_heads * vd * r));
+  std::vector<float> uk(static_cast<size_t>(d.n_heads * nope * r)), uv(static_cast<size_t>(d.n_heads * vd * r));
   for (int64_t h = 0; h < d.n_heads; ++h) {
     const float* head = all.data() + h * (nope + vd) * r;
-    std::copy(head, head + nope * r, w_uk.begin() + h * nope * r);
-    std::copy(head + nope * r, head + (nope + vd) * r, w_uv.begin() + h * vd * r);
+    std::copy(head, head + nope * r, uk.begin() + h * nope * r);
+    std::copy(head + nope * r, head + (nope + vd) * r, uv.begin() + h * vd * r);
   }
+  w_uk = be.upload_f32(uk, {d.n_heads, nope, r}, be.act_dtype());
+  w_uv = be.upload_f32(uv, {d.n_heads, vd, r}, be.act_dtype());
 }
 
-void mla_block_forward(const MlaDims& d, const MlaLayerWeights& w, Sequence& seq, int64_t mla_layer, const float* x,
-                       const std::vector<int64_t>& positions, float* out) {
+void mla_block_forward(Backend& be, const MlaDims& d, const MlaLayerWeights& w, const MlaCacheRef& cache,
+                       const Sequence& seq, const Tensor& x, std::span<const int64_t> positions, Tensor& out) {
   const int64_t n = static_cast<int64_t>(positions.size()), nh = d.n_heads;
   const int64_t qk = d.qk_nope + d.qk_rope, r = d.kv_lora_rank, entry = r + d.qk_rope;
-  std::vector<float> q(static_cast<size_t>(n * nh * qk));  // [n, nh, nope + rope]
+  Tensor q = be.act(n, nh * qk);  // [n, nh, nope + rope]
   if (d.q_lora_rank > 0) {
-    std::vector<float> cq(static_cast<size_t>(n * d.q_lora_rank));  // [n, q_lora]
-    ops::linear_cpu(*w.q_a, x, n, cq.data());
-    ops::rmsnorm_cpu({n, d.q_lora_rank, kLatentNormEps}, cq.data(), w.q_a_norm.data(), cq.data());
-    ops::linear_cpu(*w.q_b, cq.data(), n, q.data());
+    Tensor cq = be.act(n, d.q_lora_rank);  // [n, q_lora]
+    be.linear(*w.q_a, x, cq);
+    be.rmsnorm(cq, w.q_a_norm, kLatentNormEps, cq);
+    be.linear(*w.q_b, cq, q);
   } else {
-    ops::linear_cpu(*w.q, x, n, q.data());
+    be.linear(*w.q, x, q);
   }
-  std::vector<float> kv(static_cast<size_t>(n * entry));  // [n, kv_lora + rope] = [c_kv | k_pe]
-  ops::linear_cpu(*w.kv_a, x, n, kv.data());
-  for (int64_t t = 0; t < n; ++t) {
-    ops::rmsnorm_cpu({1, r, kLatentNormEps}, kv.data() + t * entry, w.kv_a_norm.data(), kv.data() + t * entry);
-  }
+  Tensor kv = be.act(n, entry);  // [n, kv_lora + rope] = [c_kv | k_pe]; only c_kv is normed
+  be.linear(*w.kv_a, x, kv);
+  be.rmsnorm(kv, w.kv_a_norm, kLatentNormEps, kv);
   if (d.rope != nullptr && d.qk_rope > 0) {
-    ops::apply_rope_cpu({n, nh, qk, nh * qk, d.qk_nope, d.qk_rope, d.rope_interleaved}, *d.rope, positions.data(),
-                        q.data());
-    ops::apply_rope_cpu({n, 1, entry, entry, r, d.qk_rope, d.rope_interleaved}, *d.rope, positions.data(), kv.data());
+    be.rope({n, nh, qk, nh * qk, d.qk_nope, d.qk_rope, d.rope_interleaved}, *d.rope, positions, q);
+    be.rope({n, 1, entry, entry, r, d.qk_rope, d.rope_interleaved}, *d.rope, positions, kv);
   }
-  for (int64_t t = 0; t < n; ++t) {
-    std::copy_n(kv.data() + t * entry, entry, seq.kv_entry(mla_layer, positions[static_cast<size_t>(t)]));
+  be.mla_write(cache, seq.kv_blocks(), positions, kv);
+  Tensor attn = be.act(n, nh * d.v_head);  // [n, nh, v]
+  ops::MlaParams p{n, nh, r, d.qk_nope, d.qk_rope, d.v_head, cache.block_size, d.softmax_scale};
+  be.mla_attention(p, q, w.w_uk, w.w_uv, cache, seq.kv_blocks(), positions, attn);
+  if (w.gate) {
+    Tensor g = be.act(n, nh * d.v_head);
+    be.linear(*w.gate, x, g);
+    be.sigmoid_mul(attn, g);
   }
-  std::vector<const float*> blocks = seq.kv_block_ptrs(mla_layer);
-  std::vector<float> attn(static_cast<size_t>(n * nh * d.v_head));  // [n, nh, v]
-  ops::MlaParams p{n, nh, r, d.qk_nope, d.qk_rope, d.v_head, seq.kv_block_size(), d.softmax_scale};
-  ops::mla_attention_cpu(p, q.data(), w.w_uk.data(), w.w_uv.data(), blocks.data(), positions.data(), attn.data());
-  if (w.gate != nullptr) {
-    std::vector<float> g(attn.size());  // [n, nh * v]
-    ops::linear_cpu(*w.gate, x, n, g.data());
-    for (size_t i = 0; i < attn.size(); ++i) attn[i] *= 1.0f / (1.0f + std::exp(-g[i]));
-  }
-  ops::linear_cpu(*w.o, attn.data(), n, out);
+  be.linear(*w.o, attn, out);
 }
 
 }  // namespace bg

@@ -1,14 +1,13 @@
 // The MLA attention block shared by DeepSeek-V3 (YaRN RoPE) and Kimi-K3 (NoPE + output gate): q (LoRA or plain),
-// the 576-value latent [c_kv | k_pe] written to the paged cache, absorbed attention, optional sigmoid output gate,
-// o_proj.
+// the latent [c_kv | k_pe] written to the paged cache, absorbed attention, optional sigmoid output gate, o_proj.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
-#include "formats/quant.h"
+#include "backend/backend.h"
 #include "kv/sequence.h"
-#include "ops/rope/rope.h"
 
 namespace bg {
 
@@ -20,28 +19,29 @@ struct MlaDims {
   int64_t qk_rope = 0;
   int64_t v_head = 0;
   float softmax_scale = 0.0f;
-  const ops::RopeTable* rope = nullptr;  // null: the pe part is not rotated (Kimi-K3)
+  const RopeHandle* rope = nullptr;  // null: the pe part is not rotated (Kimi-K3)
   bool rope_interleaved = true;
 };
 
-// One layer's MLA weights. Linear pointers refer to ModelWeights; kv_b_proj is split per head at load.
+// One layer's MLA weights, prepared for a backend.
 struct MlaLayerWeights {
-  const QuantWeight* q_a = nullptr;
-  const QuantWeight* q_b = nullptr;
-  const QuantWeight* q = nullptr;  // without q-LoRA
-  const QuantWeight* kv_a = nullptr;
-  const QuantWeight* o = nullptr;
-  const QuantWeight* gate = nullptr;  // output gate (Kimi-K3), or null
-  std::vector<float> q_a_norm, kv_a_norm;
-  std::vector<float> w_uk;  // [n_heads, qk_nope, kv_lora]
-  std::vector<float> w_uv;  // [n_heads, v_head, kv_lora]
+  // q_a/q_b or q; gate optional (Kimi-K3). Owned by the model's BackendLinears.
+  const LinearHandle* q_a = nullptr;
+  const LinearHandle* q_b = nullptr;
+  const LinearHandle* q = nullptr;
+  const LinearHandle* kv_a = nullptr;
+  const LinearHandle* o = nullptr;
+  const LinearHandle* gate = nullptr;
+  Tensor q_a_norm, kv_a_norm;                                // F32
+  Tensor w_uk;  // [n_heads, qk_nope, kv_lora] (act dtype)
+  Tensor w_uv;  // [n_heads, v_head, kv_lora]
 
-  // Splits kv_b_proj [n_heads * (nope + v), kv_lora] into w_uk / w_uv.
-  void set_kv_b(const QuantWeight& kv_b, const MlaDims& d);
+  // Splits kv_b_proj [n_heads * (nope + v), kv_lora] per head into w_uk / w_uv.
+  void set_kv_b(Backend& be, const QuantWeight& kv_b, const MlaDims& d);
 };
 
-// x: [n, hidden] (normed input), positions: [n]; writes out [n, hidden]. `mla_layer` indexes the sequence's cache.
-void mla_block_forward(const MlaDims& d, const MlaLayerWeights& w, Sequence& seq, int64_t mla_layer, const float* x,
-                       const std::vector<int64_t>& positions, float* out);
+// x: [n, hidden] (normed input) at `positions`; writes out [n, hidden]. `cache` is this layer's view of the pool.
+void mla_block_forward(Backend& be, const MlaDims& d, const MlaLayerWeights& w, const MlaCacheRef& cache,
+                       const Sequence& seq, const Tensor& x, std::span<const int64_t> positions, Tensor& out);
 
 }  // namespace bg

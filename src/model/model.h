@@ -32,6 +32,7 @@ struct LoadOptions {
   int64_t max_sequences = 4;      // sequences alive at once (pool slots)
   int64_t max_total_tokens = 0;   // KV capacity in tokens over all sequences (0: max_sequences x max positions)
   int64_t kv_block_size = 64;     // tokens per MLA cache block
+  std::string device = "cpu";     // "cpu" | "cuda"
 };
 
 class Model {

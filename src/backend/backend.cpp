@@ -1,0 +1,40 @@
+// Backend helpers shared by every implementation, and backend selection.
+#include "backend/backend.h"
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+
+#ifdef BG_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace bg {
+
+Tensor Backend::zeros(Shape shape, DType dtype) {
+  Tensor t = alloc(std::move(shape), dtype);
+  fill_zero(t);
+  return t;
+}
+
+RopeHandle Backend::prepare_rope(const ops::RopeTable& table) {
+  RopeHandle h;
+  h.table = table;
+  if (!table.inv_freq.empty()) {
+    h.inv_freq = upload_f32(table.inv_freq, {static_cast<int64_t>(table.inv_freq.size())}, DType::kF32);
+  }
+  return h;
+}
+
+std::unique_ptr<Backend> make_backend(std::string_view device) {
+  if (device == "cpu") return make_cpu_backend();
+  if (device == "cuda") {
+#ifdef BG_HAVE_CUDA
+    return make_cuda_backend();
+#else
+    fail("--device cuda: this batchgen was built without the CUDA backend (nvcc was not found at configure time)");
+#endif
+  }
+  fail("unknown device '{}' (cpu, cuda)", device);
+}
+
+}  // namespace bg

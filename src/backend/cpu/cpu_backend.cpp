@@ -1,0 +1,225 @@
+// CpuBackend: host memory and the fp32 reference ops.
+#include "backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "moe/routed_experts.h"
+#include "ops/attn_res/attn_res.h"
+#include "ops/gated_rmsnorm/gated_rmsnorm.h"
+#include "ops/kda_gate/kda_gate.h"
+#include "ops/linear/linear.h"
+#include "ops/rmsnorm/rmsnorm.h"
+#include "ops/short_conv/short_conv.h"
+#include "ops/situ/situ.h"
+#include "ops/swiglu/swiglu.h"
+
+namespace bg {
+namespace {
+
+class CpuLinear final : public LinearHandle {
+ public:
+  explicit CpuLinear(QuantWeight w) : w_(std::move(w)) {}
+  int64_t n_out() const override { return w_.n_out; }
+  int64_t n_in() const override { return w_.n_in; }
+  const QuantWeight& weight() const { return w_; }
+
+ private:
+  QuantWeight w_;
+};
+
+const QuantWeight& quant(const LinearHandle& h) { return static_cast<const CpuLinear&>(h).weight(); }
+
+void expect_f32(const Tensor& t, const char* what) {
+  BG_CHECK(t.dtype == DType::kF32, "cpu backend: {} must be F32, got {}", what, dtype_name(t.dtype));
+}
+
+class CpuBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "cpu"; }
+  DeviceKind device() const override { return DeviceKind::kCpu; }
+  DType act_dtype() const override { return DType::kF32; }
+
+  Tensor alloc(Shape shape, DType dtype) override {
+    Tensor t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    size_t bytes = std::max<size_t>(t.nbytes(), 1);
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    BG_CHECK(p != nullptr, "cpu backend: out of host memory allocating {} bytes", bytes);
+    t.owner = std::shared_ptr<void>(p, std::free);
+    t.data = p;
+    return t;
+  }
+  void fill_zero(Tensor& t) override { std::memset(t.data, 0, t.nbytes()); }
+  Tensor upload_f32(std::span<const float> values, Shape shape, DType dtype) override {
+    Tensor t = alloc(std::move(shape), dtype);
+    BG_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "upload_f32: {} values for shape {}", values.size(),
+             shape_str(t.shape));
+    if (dtype == DType::kF32) {
+      std::memcpy(t.data, values.data(), t.nbytes());
+    } else {
+      BG_CHECK(dtype == DType::kBF16, "upload_f32: unsupported target dtype {}", dtype_name(dtype));
+      for (size_t i = 0; i < values.size(); ++i) t.as<uint16_t>()[i] = f32_to_bf16(values[i]);
+    }
+    return t;
+  }
+  Tensor upload_view(const TensorView& view) override {
+    Tensor t;
+    t.data = const_cast<std::byte*>(view.data);  // borrowed, read-only by contract
+    t.dtype = view.dtype;
+    t.shape = view.shape;
+    return t;
+  }
+  void download_f32(const Tensor& t, float* host) override {
+    for (int64_t i = 0; i < t.numel(); ++i) host[i] = load_as_f32(static_cast<const std::byte*>(t.data), t.dtype, i);
+  }
+  void copy(const Tensor& src, Tensor& dst) override {
+    BG_CHECK(src.nbytes() == dst.nbytes(), "copy of {} bytes into {}", src.nbytes(), dst.nbytes());
+    std::memmove(dst.data, src.data, src.nbytes());
+  }
+  void synchronize() override {}
+
+  std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) override {
+    return std::make_unique<CpuLinear>(w);
+  }
+
+  void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) override {
+    TensorView view{table.dtype, table.shape, static_cast<const std::byte*>(table.data), table.nbytes(), "embedding"};
+    ops::embedding_cpu(view, ids.data(), static_cast<int64_t>(ids.size()), out.as<float>());
+  }
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override {
+    const int64_t dim = w.numel(), stride = x.cols();
+    if (dim == stride) {
+      ops::rmsnorm_cpu({x.rows(), dim, eps}, x.as<float>(), w.as<float>(), y.as<float>());
+      return;
+    }
+    for (int64_t r = 0; r < x.rows(); ++r) {
+      ops::rmsnorm_cpu({1, dim, eps}, x.as<float>() + r * stride, w.as<float>(), y.as<float>() + r * stride);
+    }
+  }
+  void linear(const LinearHandle& w, const Tensor& x, Tensor& y) override {
+    expect_f32(x, "linear input");
+    expect_f32(y, "linear output");
+    ops::linear_cpu(quant(w), x.as<float>(), x.rows(), y.as<float>());
+  }
+  void add(Tensor& y, const Tensor& x) override {
+    float* a = y.as<float>();
+    const float* b = x.as<float>();
+    for (int64_t i = 0; i < y.numel(); ++i) a[i] += b[i];
+  }
+  void glu(const GluParams& p, const Tensor& gate, const Tensor& up, Tensor& out) override {
+    if (p.kind == GluKind::kSwiGlu) {
+      ops::swiglu_cpu(gate.as<float>(), up.as<float>(), gate.numel(), out.as<float>());
+    } else {
+      ops::situ_cpu({gate.rows(), gate.cols(), p.situ_beta, p.situ_linear_beta}, gate.as<float>(), up.as<float>(),
+                    out.as<float>());
+    }
+  }
+  void sigmoid_mul(Tensor& x, const Tensor& gate) override {
+    float* a = x.as<float>();
+    const float* g = gate.as<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) a[i] *= 1.0f / (1.0f + std::exp(-g[i]));
+  }
+  void rope(const ops::RopeParams& p, const RopeHandle& table, std::span<const int64_t> positions,
+            Tensor& x) override {
+    ops::apply_rope_cpu(p, table.table, positions.data(), x.as<float>());
+  }
+  void mla_write(const MlaCacheRef& c, std::span<const int32_t> block_table, std::span<const int64_t> positions,
+                 const Tensor& latent) override {
+    for (size_t t = 0; t < positions.size(); ++t) {
+      std::memcpy(entry(c, block_table, positions[t]), latent.as<float>() + static_cast<int64_t>(t) * c.entry_dim,
+                  static_cast<size_t>(c.entry_dim) * sizeof(float));
+    }
+  }
+  void mla_attention(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
+                     const MlaCacheRef& c, std::span<const int32_t> block_table, std::span<const int64_t> positions,
+                     Tensor& out) override {
+    std::vector<const float*> blocks;
+    for (int32_t b : block_table) blocks.push_back(block_base(c, b));
+    ops::mla_attention_cpu(p, q.as<float>(), w_uk.as<float>(), w_uv.as<float>(), blocks.data(), positions.data(),
+                           out.as<float>());
+  }
+  void route(const ops::RouterParams& p, const Tensor& logits, const Tensor& bias, Tensor& ids,
+             Tensor& weights) override {
+    ops::route_topk_cpu(p, logits.as<float>(), bias.empty() ? nullptr : bias.as<float>(), ids.as<int32_t>(),
+                        weights.as<float>());
+  }
+  void routed_experts(const ExpertWeights& experts, const GluParams& glu_p, const Tensor& x, const Tensor& ids,
+                      const Tensor& weights, Tensor& out) override;
+  void short_conv(const Tensor& x, const Tensor& weight, Tensor& state, Tensor& out) override {
+    ops::short_conv_cpu({x.rows(), x.cols(), weight.cols()}, x.as<float>(), weight.as<float>(), state.as<float>(),
+                        out.as<float>());
+  }
+  void kda_l2norm(int64_t head_dim, float scale, Tensor& x) override {
+    ops::kda_l2norm_cpu({x.numel() / head_dim, head_dim, scale, 1e-6f}, x.as<float>(), x.as<float>());
+  }
+  void kda_gate(const Tensor& g_raw, const Tensor& a_log, const Tensor& dt_bias, int64_t n_heads, float lower_bound,
+                Tensor& g) override {
+    ops::kda_gate_cpu({g_raw.rows(), n_heads, g_raw.cols() / n_heads, lower_bound}, g_raw.as<float>(),
+                      a_log.as<float>(), dt_bias.as<float>(), g.as<float>());
+  }
+  void kda_beta(const Tensor& b, Tensor& beta) override { ops::kda_beta_cpu(b.numel(), b.as<float>(), beta.as<float>()); }
+  void kda(const ops::KdaParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+           const Tensor& beta, Tensor& state, Tensor& out) override {
+    if (p.n_tokens == 1) {
+      ops::kda_recurrent_cpu(p, q.as<float>(), k.as<float>(), v.as<float>(), g.as<float>(), beta.as<float>(),
+                             state.as<float>(), out.as<float>());
+    } else {
+      ops::kda_chunked_cpu(p, q.as<float>(), k.as<float>(), v.as<float>(), g.as<float>(), beta.as<float>(),
+                           state.as<float>(), out.as<float>());
+    }
+  }
+  void gated_rmsnorm(int64_t n_heads, float eps, const Tensor& x, const Tensor& gate, const Tensor& weight,
+                     Tensor& y) override {
+    ops::gated_rmsnorm_cpu({x.rows(), n_heads, weight.numel(), eps}, x.as<float>(), gate.as<float>(),
+                           weight.as<float>(), y.as<float>());
+  }
+  void attn_res_mix(const Tensor& bank, int64_t n_candidates, const Tensor& norm, const Tensor& proj, float eps,
+                    Tensor& out) override {
+    const int64_t n = bank.shape.at(1), d = bank.shape.at(2);
+    std::vector<const float*> values;
+    for (int64_t i = 0; i < n_candidates; ++i) values.push_back(bank.as<float>() + i * n * d);
+    ops::attn_res_mix_cpu({n_candidates, n, d, eps}, values.data(), norm.as<float>(), proj.as<float>(),
+                          out.as<float>());
+  }
+
+ private:
+  static float* block_base(const MlaCacheRef& c, int32_t block) {
+    return c.storage.as<float>() + ((block * c.n_layers + c.layer) * c.block_size) * c.entry_dim;
+  }
+  static float* entry(const MlaCacheRef& c, std::span<const int32_t> table, int64_t pos) {
+    BG_CHECK(pos / c.block_size < static_cast<int64_t>(table.size()), "mla cache: position {} beyond the {} "
+             "reserved blocks", pos, table.size());
+    return block_base(c, table[static_cast<size_t>(pos / c.block_size)]) + (pos % c.block_size) * c.entry_dim;
+  }
+};
+
+void CpuBackend::routed_experts(const ExpertWeights& experts, const GluParams& glu_p, const Tensor& x,
+                                const Tensor& ids, const Tensor& weights, Tensor& out) {
+  const int64_t n = x.rows(), in_dim = x.cols(), out_dim = out.cols(), k = ids.cols();
+  const int64_t n_experts = static_cast<int64_t>(experts.gate.size());
+  ExpertDispatch dispatch = group_by_expert(ids.as<int32_t>(), weights.as<float>(), n, k, n_experts);
+  run_routed_experts_loopback(dispatch, x.as<float>(), n, in_dim, out_dim,
+                              [&](int64_t e, const float* in, int64_t rows, float* y) {
+    const QuantWeight& gw = quant(*experts.gate[static_cast<size_t>(e)]);
+    std::vector<float> g(static_cast<size_t>(rows * gw.n_out)), u(g.size());  // [rows, inter]
+    ops::linear_cpu(gw, in, rows, g.data());
+    ops::linear_cpu(quant(*experts.up[static_cast<size_t>(e)]), in, rows, u.data());
+    if (glu_p.kind == GluKind::kSwiGlu) {
+      ops::swiglu_cpu(g.data(), u.data(), static_cast<int64_t>(g.size()), g.data());
+    } else {
+      ops::situ_cpu({rows, gw.n_out, glu_p.situ_beta, glu_p.situ_linear_beta}, g.data(), u.data(), g.data());
+    }
+    ops::linear_cpu(quant(*experts.down[static_cast<size_t>(e)]), g.data(), rows, y);
+  }, out.as<float>());
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace bg
