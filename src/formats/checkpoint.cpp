@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string_view>
 
 #include "core/error.h"
 #include "formats/json_fields.h"
@@ -12,11 +13,19 @@ namespace {
 
 using json = nlohmann::json;
 
-// A shard name from an index must be a plain file name inside the checkpoint directory.
+// A shard name from an index must be a plain file name inside the checkpoint directory. (A NUL would cut the name
+// at the OS boundary and open a different file; it is shown escaped so the message is not cut too.)
 void check_shard_name(const std::string& shard, const std::filesystem::path& index_path) {
-  BG_CHECK(!shard.empty() && shard.find('/') == std::string::npos && shard.find('\\') == std::string::npos &&
-               shard.find('\0') == std::string::npos && shard != "." && shard != "..",
-           "{}: shard name '{}' is not a plain file name", index_path.string(), shard);
+  if (!shard.empty() && shard.find_first_of(std::string_view("/\\\0", 3)) == std::string::npos && shard != "." &&
+      shard != "..") {
+    return;
+  }
+  std::string shown;
+  for (char c : shard) {
+    auto u = static_cast<unsigned char>(c);
+    shown += u < 0x20 ? fmt::format("\\x{:02x}", u) : std::string(1, c);
+  }
+  fail("{}: shard name '{}' is not a plain file name", index_path.string(), shown);
 }
 
 }  // namespace

@@ -134,17 +134,20 @@ SafetensorsEntry parse_entry(const std::string& name, const json& j, uint64_t bu
   auto dtype = dtype_from_name(dtype_str);
   BG_CHECK(dtype.has_value(), "{}: unknown or unsupported dtype '{}'", where, printable(dtype_str));
   e.dtype = *dtype;
+  constexpr uint64_t kMaxNumel = uint64_t{1} << 62;  // shape_numel's limit; checked here to name the tensor
+  uint64_t numel = 1;
   for (const auto& d : j["shape"]) {
     uint64_t dim = json_u64(d, where + " shape");
-    BG_CHECK(dim < (uint64_t{1} << 62), "{}: dimension {} is too large", where, dim);
+    BG_CHECK(dim < kMaxNumel, "{}: dimension {} is too large", where, dim);
     e.shape.push_back(static_cast<int64_t>(dim));
+    BG_CHECK(dim == 0 || numel <= kMaxNumel / dim, "{}: shape {} is too large", where, shape_str(e.shape));
+    numel *= dim;
   }
   uint64_t begin = json_u64(j["data_offsets"][0], where + " data_offsets[0]");
   uint64_t end = json_u64(j["data_offsets"][1], where + " data_offsets[1]");
   BG_CHECK(begin <= end, "{}: data_offsets [{}, {}) are reversed", where, begin, end);
   BG_CHECK(end <= buffer_bytes, "{}: data_offsets [{}, {}) run past the data buffer of {} bytes", where, begin, end,
            buffer_bytes);
-  uint64_t numel = static_cast<uint64_t>(shape_numel(e.shape));
   uint64_t elem = dtype_size_bytes(e.dtype);
   BG_CHECK(numel <= UINT64_MAX / elem, "{}: shape {} overflows", where, shape_str(e.shape));
   BG_CHECK(end - begin == numel * elem, "{}: {} bytes stored but shape {} x {} needs {}", where, end - begin,

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs batchgen's build and test dependencies on Debian 12 (bookworm). Idempotent: when every package is already
+# installed it does nothing (so it also works offline); otherwise apt-get update, then apt-get install -y.
+# Set BG_APT_ALWAYS=1 to run apt-get even when nothing is missing.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build
+  clang libclang-rt-14-dev          # libFuzzer + sanitizer runtimes for the fuzz build
+  nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
+  libgtest-dev libgmock-dev libxxhash-dev
+  git python3
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$pkg")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 && "${BG_APT_ALWAYS:-0}" != 1 ]]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+# Root (containers, CI) runs apt-get directly; anyone else goes through sudo.
+as_root=()
+if [[ "$(id -u)" -ne 0 ]]; then
+  if ! command -v sudo >/dev/null 2>&1; then
+    echo "install-deps: not root and sudo is not available; missing: ${missing[*]}" >&2
+    exit 1
+  fi
+  as_root=(sudo)
+fi
+
+echo "install-deps: installing ${missing[*]:-${PACKAGES[*]}}"
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${PACKAGES[@]}"

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The full check (the README's test command), stopping at the first failure:
+#   1. dependencies (scripts/install-deps.sh)
+#   2. Release build with warnings as errors in build/, then ctest
+#   3. AddressSanitizer + UndefinedBehaviorSanitizer build (CPU only) in build-asan/, then ctest
+#   4. libFuzzer build with clang in build-fuzz/: replay the seed corpus, then fuzz the safetensors header parser
+# Environment: BG_FUZZ_SECONDS (default 60), BG_SKIP_DEPS=1 (skip step 1), BG_GOLDEN_DIR (default: the CMake cache
+# default, ../shared/golden beside the repository).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+jobs="$(nproc)"
+fuzz_seconds="${BG_FUZZ_SECONDS:-60}"
+golden_args=()
+if [[ -n "${BG_GOLDEN_DIR:-}" ]]; then golden_args=(-DBG_GOLDEN_DIR="$BG_GOLDEN_DIR"); fi
+
+step() { printf '\n==> [%4ds] %s\n' "$SECONDS" "$*"; }
+
+step "dependencies"
+if [[ "${BG_SKIP_DEPS:-0}" != 1 ]]; then
+  scripts/install-deps.sh
+fi
+
+step "Release build (build/, -DBG_WERROR=ON, $jobs jobs)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBG_WERROR=ON "${golden_args[@]}"
+cmake --build build --parallel "$jobs"
+step "Release tests"
+ctest --test-dir build --output-on-failure --parallel "$jobs"
+
+step "ASan + UBSan build (build-asan/)"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBG_SANITIZE=ON -DBG_CUDA=OFF "${golden_args[@]}"
+cmake --build build-asan --parallel "$jobs"
+step "ASan + UBSan tests"
+ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:protect_shadow_gap=0}" \
+UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
+  ctest --test-dir build-asan --output-on-failure --parallel "$jobs"
+
+step "fuzzer build (build-fuzz/, clang)"
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DBG_FUZZ=ON -DBG_TESTS=OFF -DBG_CUDA=OFF
+cmake --build build-fuzz --parallel "$jobs" --target safetensors_header_fuzz
+fuzzer=build-fuzz/safetensors_header_fuzz
+mkdir -p build-fuzz/corpus build-fuzz/artifacts
+step "fuzzer: replay fuzz/corpus"
+"$fuzzer" -runs=0 fuzz/corpus
+step "fuzzer: ${fuzz_seconds}s on the safetensors header parser"
+# New inputs go to build-fuzz/corpus (the first directory); crashes to build-fuzz/artifacts/.
+"$fuzzer" -max_total_time="$fuzz_seconds" -max_len=4096 -dict=fuzz/safetensors.dict \
+  -artifact_prefix=build-fuzz/artifacts/ -print_final_stats=1 build-fuzz/corpus fuzz/corpus
+
+step "all checks passed"

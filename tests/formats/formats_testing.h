@@ -1,0 +1,95 @@
+// Helpers shared by the formats tests: a self-deleting temp dir, raw byte files, and "throws bg::Error naming X".
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <source_location>
+#include <string>
+#include <string_view>
+
+#include "core/error.h"
+
+namespace bg::testing {
+
+// A fresh directory under the system temp dir, removed with everything in it when the object dies.
+class TempDir {
+ public:
+  TempDir() {
+    static int counter = 0;
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string test = info != nullptr ? std::string(info->name()) : std::string("none");
+    path_ = std::filesystem::temp_directory_path() /
+            ("bg_formats_" + test + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline void write_bytes(const std::filesystem::path& path, std::string_view bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(out.good()) << "cannot write " << path;
+}
+
+inline std::string read_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// 8-byte little-endian length followed by the given bytes.
+inline std::string u64_le(uint64_t v) {
+  std::string out(8, '\0');
+  for (size_t i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return out;
+}
+
+// A safetensors file image with an arbitrary header text and data buffer (no validation: for corrupt inputs).
+inline std::string raw_safetensors(std::string_view header, std::string_view data) {
+  return u64_le(header.size()) + std::string(header) + std::string(data);
+}
+
+// Runs f, which must throw bg::Error (no other type), and returns its message ("" plus a test failure otherwise).
+template <typename F>
+std::string error_of(F&& f, std::source_location loc = std::source_location::current()) {
+  ::testing::ScopedTrace trace(loc.file_name(), static_cast<int>(loc.line()), "error_of");
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw a non-bg::Error exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "did not throw";
+  return "";
+}
+
+// Expects f to throw bg::Error whose message contains every one of `parts`.
+template <typename F>
+void expect_error(F&& f, std::initializer_list<std::string_view> parts,
+                  std::source_location loc = std::source_location::current()) {
+  std::string msg = error_of(std::forward<F>(f), loc);
+  ::testing::ScopedTrace trace(loc.file_name(), static_cast<int>(loc.line()), "expect_error");
+  for (auto part : parts) {
+    EXPECT_NE(msg.find(part), std::string::npos) << "message \"" << msg << "\" lacks \"" << part << "\"";
+  }
+}
+
+}  // namespace bg::testing
