@@ -24,14 +24,13 @@ struct GenerateArgs {
 };
 
 void run_generate(const GenerateArgs& a) {
-  BG_CHECK(a.device == "cpu", "--device {}: only the cpu backend exists in this build", a.device);
   BG_CHECK(a.max_tokens >= 1, "--max-tokens {} must be >= 1", a.max_tokens);
   BG_CHECK(a.temperature >= 0.0f, "--temperature {} must be >= 0", a.temperature);
   BG_CHECK(a.top_p > 0.0f && a.top_p <= 1.0f, "--top-p {} must be in (0, 1]", a.top_p);
   BG_CHECK(a.top_k >= 0, "--top-k {} must be >= 0", a.top_k);
   std::vector<int32_t> prompt = parse_id_list(a.prompt_ids, "--prompt-ids");
   const int64_t total = static_cast<int64_t>(prompt.size()) + a.max_tokens;
-  auto model = load_model(a.model_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = total});
+  auto model = load_model(a.model_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = total, .device = a.device});
   const int64_t V = model->info().vocab_size;
   BG_CHECK(total <= model->info().max_position_embeddings, "prompt ({}) + --max-tokens ({}) exceeds the model's "
            "context of {}", prompt.size(), a.max_tokens, model->info().max_position_embeddings);
@@ -66,7 +65,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-k", args->top_k, "Keep the k most likely ids; 0 = all (default)");
   cmd->add_option("--seed", args->seed, "Sampling seed (default 0)");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence id");
-  cmd->add_option("--device", args->device, "Backend: cpu")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--device", args->device, "Backend: cpu (fp32 reference) or cuda (bf16 on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->callback([args] { run_generate(*args); });
 }
 

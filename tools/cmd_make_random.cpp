@@ -29,15 +29,20 @@ void register_make_random(CLI::App& app) {
   auto args = std::make_shared<MakeRandomArgs>();
   RandomCheckpointSpec& s = args->spec;
   auto* cmd = app.add_subcommand("make-random", "Write a random-weight checkpoint (config.json + safetensors shards)");
-  cmd->add_option("--arch", s.arch, "Architecture (deepseek_v3)")->required();
-  cmd->add_option("--preset", s.preset, "Size preset (deepseek_v3: tiny, small)")->required();
-  cmd->add_option("--format", s.format, "Weight format: f32, bf16 (default), fp8, mxfp4");
+  cmd->add_option("--arch", s.arch, "Architecture (deepseek_v3, kimi_k3)")->required();
+  cmd->add_option("--preset", s.preset,
+                  "Size preset (deepseek_v3: tiny, small; kimi_k3: tiny, ep16-rank = real dims, 13 GB)")
+      ->required();
+  cmd->add_option("--format", s.format,
+                  "Weight format (deepseek_v3: bf16 (default), f32, fp8, mxfp4; kimi_k3: mxfp4 (default, the "
+                  "compressed-tensors layout of the real checkpoint), bf16, f32)");
   cmd->add_option("--seed", s.seed, "Seed of the random weights (default 0)");
   cmd->add_option("--out", s.out_dir, "Output directory (created if missing)")->required();
   cmd->add_option("--shards", s.n_shards, "Number of safetensors shards (default 2)");
   cmd->add_option("--config-patch", args->config_patch,
-                  "JSON object merged over the preset's config.json, e.g. '{\"n_group\":4,\"topk_group\":2}', "
-                  "or an RFC 6902 JSON Patch array");
+                  "JSON object merged over the preset's config.json, e.g. '{\"n_group\":4,\"topk_group\":2}' "
+                  "(deepseek_v3) or '{\"text_config\":{\"num_experts\":32}}' (kimi_k3), or an RFC 6902 JSON Patch "
+                  "array");
   cmd->add_flag("--force", s.force, "Replace the checkpoint files of a non-empty output directory");
   cmd->callback([args] { run_make_random(*args); });
 }

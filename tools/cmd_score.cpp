@@ -21,12 +21,11 @@ struct ScoreArgs {
 };
 
 void run_score(const ScoreArgs& a) {
-  BG_CHECK(a.device == "cpu", "--device {}: only the cpu backend exists in this build", a.device);
   std::vector<int32_t> tokens = parse_id_list(a.tokens, "--tokens");
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t prefill = a.prefill < 0 ? n : a.prefill;
   BG_CHECK(prefill >= 1 && prefill <= n, "--prefill {} must be in [1, {}] (the number of tokens)", prefill, n);
-  auto model = load_model(a.model_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = n});
+  auto model = load_model(a.model_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = n, .device = a.device});
   const int64_t V = model->info().vocab_size;
   HostTensor logits(DType::kF32, {n, V});
   auto* out = reinterpret_cast<float*>(logits.data());
@@ -49,7 +48,7 @@ void register_score(CLI::App& app) {
   cmd->add_option("--tokens", args->tokens, "Comma-separated token ids, e.g. 5,17,3")->required();
   cmd->add_option("--prefill", args->prefill, "Tokens in the first (prefill) forward; default: all");
   cmd->add_option("--out", args->out, "Output .safetensors (tensor 'logits' float32 [T, vocab])")->required();
-  cmd->add_option("--device", args->device, "Backend: cpu")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--device", args->device, "Backend: cpu (fp32 reference) or cuda (bf16 on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->callback([args] { run_score(*args); });
 }
 

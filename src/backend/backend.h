@@ -37,13 +37,14 @@ struct MlaCacheRef {
   Tensor storage;
   int64_t n_layers = 0;
   int64_t block_size = 0;
-  int64_t entry_dim = 0;
+  int64_t entry_dim = 0;     // kv_lora_rank + rope_dim
+  int64_t kv_lora_rank = 0;  // c_kv part of an entry; the rest is k_pe
   int64_t layer = 0;
 };
 
 enum class GluKind : uint8_t { kSwiGlu, kSitu };
 
-struct GluParams {
+struct GluSpec {
   GluKind kind = GluKind::kSwiGlu;
   float situ_beta = 4.0f;
   float situ_linear_beta = 25.0f;
@@ -87,7 +88,7 @@ class Backend {
   // y[n, out] = x[n, in] W^T; y may be act dtype or F32.
   virtual void linear(const LinearHandle& w, const Tensor& x, Tensor& y) = 0;
   virtual void add(Tensor& y, const Tensor& x) = 0;                            // y += x
-  virtual void glu(const GluParams& p, const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  virtual void glu(const GluSpec& p, const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   virtual void sigmoid_mul(Tensor& x, const Tensor& gate) = 0;                 // x *= sigmoid(gate)
   virtual void rope(const ops::RopeParams& p, const RopeHandle& table, std::span<const int64_t> positions,
                     Tensor& x) = 0;
@@ -101,7 +102,7 @@ class Backend {
   virtual void route(const ops::RouterParams& p, const Tensor& logits, const Tensor& bias, Tensor& ids,
                      Tensor& weights) = 0;
   // out[n, out_dim] += sum_k w[t,k] * Expert_{ids[t,k]}(x[t]) (dispatch, experts and combine).
-  virtual void routed_experts(const ExpertWeights& experts, const GluParams& glu, const Tensor& x, const Tensor& ids,
+  virtual void routed_experts(const ExpertWeights& experts, const GluSpec& glu, const Tensor& x, const Tensor& ids,
                               const Tensor& weights, Tensor& out) = 0;
   // ---- Kimi-K3 ------------------------------------------------------------------------------------------------
   virtual void short_conv(const Tensor& x, const Tensor& weight, Tensor& state, Tensor& out) = 0;

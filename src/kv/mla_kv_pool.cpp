@@ -5,8 +5,14 @@
 
 namespace bg {
 
-MlaKvPool::MlaKvPool(Backend& backend, int64_t n_layers, int64_t entry_dim, int64_t block_size, int64_t n_blocks)
-    : n_layers_(n_layers), entry_dim_(entry_dim), block_size_(block_size), n_blocks_(n_blocks) {
+MlaKvPool::MlaKvPool(Backend& backend, int64_t n_layers, int64_t kv_lora_rank, int64_t rope_dim, int64_t block_size,
+                     int64_t n_blocks)
+    : n_layers_(n_layers),
+      kv_lora_rank_(kv_lora_rank),
+      entry_dim_(kv_lora_rank + rope_dim),
+      block_size_(block_size),
+      n_blocks_(n_blocks) {
+  const int64_t entry_dim = entry_dim_;
   BG_CHECK(n_layers >= 0 && entry_dim > 0 && block_size > 0 && n_blocks >= 0,
            "MlaKvPool: bad geometry (layers {}, entry {}, block {}, blocks {})", n_layers, entry_dim, block_size,
            n_blocks);
@@ -33,7 +39,7 @@ void MlaKvPool::free_block(int32_t block) {
 }
 
 MlaCacheRef MlaKvPool::layer_ref(int64_t mla_layer) const {
-  return MlaCacheRef{storage_, n_layers_, block_size_, entry_dim_, mla_layer};
+  return MlaCacheRef{storage_, n_layers_, block_size_, entry_dim_, kv_lora_rank_, mla_layer};
 }
 
 }  // namespace bg

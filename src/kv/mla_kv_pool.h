@@ -13,7 +13,8 @@ namespace bg {
 class MlaKvPool {
  public:
   // n_layers: MLA layers only (indexed densely 0..n_layers-1). Allocates n_blocks blocks up front.
-  MlaKvPool(Backend& backend, int64_t n_layers, int64_t entry_dim, int64_t block_size, int64_t n_blocks);
+  MlaKvPool(Backend& backend, int64_t n_layers, int64_t kv_lora_rank, int64_t rope_dim, int64_t block_size,
+            int64_t n_blocks);
 
   int64_t block_size() const { return block_size_; }
   int64_t entry_dim() const { return entry_dim_; }
@@ -28,7 +29,7 @@ class MlaKvPool {
   MlaCacheRef layer_ref(int64_t mla_layer) const;
 
  private:
-  int64_t n_layers_, entry_dim_, block_size_, n_blocks_;
+  int64_t n_layers_, kv_lora_rank_, entry_dim_, block_size_, n_blocks_;
   Tensor storage_;  // [n_blocks, n_layers, block_size, entry_dim]
   std::vector<int32_t> free_;
   std::vector<uint8_t> in_use_;

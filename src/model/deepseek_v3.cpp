@@ -58,7 +58,7 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
       w_(std::move(weights)),
       be_(std::move(backend)),
       lin_(*be_, w_),
-      kv_pool_(*be_, c_.n_layers, c_.kv_cache_dim(), options.kv_block_size,
+      kv_pool_(*be_, c_.n_layers, c_.kv_lora_rank, c_.qk_rope_head_dim, options.kv_block_size,
                kv_blocks_for(c_.max_position_embeddings, options)) {
   Backend& be = *be_;
   info_ = {"deepseek_v3", c_.vocab_size, c_.hidden_size, c_.n_layers, c_.max_position_embeddings, c_.bos_token_id,
@@ -147,7 +147,7 @@ void DeepseekV3Model::forward(Sequence& seq, std::span<const int32_t> tokens, fl
 void DeepseekV3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
   Backend& be = *be_;
   const int64_t n = x.rows();
-  const GluParams swiglu{GluKind::kSwiGlu};
+  const GluSpec swiglu{GluKind::kSwiGlu};
   auto mlp = [&](T gate, T up, T down, int64_t inter) {
     Tensor g = be.act(n, inter), u = be.act(n, inter);  // [n, inter]
     be.linear(lin_.get(int(gate), layer), x, g);

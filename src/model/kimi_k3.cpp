@@ -49,7 +49,7 @@ class KimiK3Model final : public Model {
   BackendLinears lin_;
   ModelInfo info_;
   MlaDims mla_dims_;
-  GluParams situ_;
+  GluSpec situ_;
   std::vector<K3Layer> layers_;
   Tensor embed_, final_norm_, out_res_norm_, out_res_proj_;
   std::unique_ptr<LinearHandle> tied_lm_head_;
@@ -72,7 +72,8 @@ KimiK3Model::KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_
       w_(std::move(weights)),
       be_(std::move(backend)),
       lin_(*be_, w_),
-      kv_pool_(*be_, count_mla(c_), c_.kv_cache_dim(), options.kv_block_size, kv_blocks_for(c_, options)),
+      kv_pool_(*be_, count_mla(c_), c_.kv_lora_rank, c_.qk_rope_head_dim, options.kv_block_size,
+               kv_blocks_for(c_, options)),
       kda_pool_(*be_, {c_.n_layers - count_mla(c_), c_.kda_heads, c_.kda_head_dim, c_.kda_proj_dim(), c_.conv_kernel},
                 options.max_sequences) {
   info_ = {"kimi_k3", c_.vocab_size, c_.hidden_size, c_.n_layers, c_.max_position_embeddings, c_.bos_token_id,

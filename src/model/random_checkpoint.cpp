@@ -173,7 +173,7 @@ HostTensor reshaped(const HostTensor& t, Shape shape) {
 std::vector<OwnedTensor> encode(const PlannedTensor& t, const std::vector<float>& values) {
   const bool linear = t.spec->kind == TensorKind::kLinear;
   std::vector<std::string> names =
-      linear ? linear_tensor_names(t.name, t.plan.format, /*mxfp4_packed_naming=*/false) : std::vector{t.name};
+      linear ? linear_tensor_names(t.name, t.plan.format, t.plan.mxfp4_packed) : std::vector{t.name};
   std::vector<OwnedTensor> out;
   if (t.plan.format == WeightFormat::kDense) {
     HostTensor h(t.plan.dtype, t.shape);
@@ -190,10 +190,10 @@ std::vector<OwnedTensor> encode(const PlannedTensor& t, const std::vector<float>
     out.push_back({names.at(0), std::move(codes)});
     out.push_back({names.at(1), std::move(scale_inv)});
   } else {
-    HostTensor codes, scales;  // codes [out, in/2] -> stored as blocks [out, in/32, 16]
+    HostTensor codes, scales;  // codes [out, in/2]: kept (compressed-tensors) or stored as blocks [out, in/32, 16]
     quantize_mxfp4(values.data(), t.shape[0], t.shape[1], &codes, &scales);
     Shape blocks = {t.shape[0], t.shape[1] / kMxfp4GroupSize, kMxfp4GroupSize / 2};
-    out.push_back({names.at(0), reshaped(codes, blocks)});
+    out.push_back({names.at(0), t.plan.mxfp4_packed ? std::move(codes) : reshaped(codes, blocks)});
     out.push_back({names.at(1), std::move(scales)});
   }
   return out;
@@ -213,8 +213,8 @@ void write_text(const fs::path& path, const std::string& text) {
 
 bool is_checkpoint_file(const std::string& name) {
   static const std::regex shard_re(R"(^model-\d{5}-of-\d{5}\.safetensors$)");
-  return name == "config.json" || name == kIndexName || name == "model.safetensors" ||
-         std::regex_match(name, shard_re);
+  return name == "config.json" || name == "generation_config.json" || name == kIndexName ||
+         name == "model.safetensors" || std::regex_match(name, shard_re);
 }
 
 // Creates out_dir, or checks it is empty; with `force`, removes the checkpoint files of an earlier run.
@@ -229,6 +229,22 @@ void prepare_out_dir(const fs::path& dir, bool force) {
   for (const auto& entry : fs::directory_iterator(dir)) {
     if (entry.is_regular_file() && is_checkpoint_file(entry.path().filename().string())) fs::remove(entry.path());
   }
+}
+
+// "" -> the arch's default; otherwise a format the arch supports.
+RandomWeightFormat arch_format(const RandomArch& arch, const std::string& name) {
+  if (name.empty()) return arch.formats.at(0);
+  RandomWeightFormat format = parse_random_weight_format(name);
+  if (std::find(arch.formats.begin(), arch.formats.end(), format) == arch.formats.end()) {
+    std::vector<std::string> names;
+    for (auto f : arch.formats) names.emplace_back(random_weight_format_name(f));
+    fail("make-random: {} has no '{}' format (choose {})", arch.name, name, join(names));
+  }
+  return format;
+}
+
+RandomTensorPolicy arch_policy(const RandomArch& arch, const json& config, const std::string& where) {
+  return arch.config_policy ? arch.config_policy(config, where) : arch.policy;
 }
 
 }  // namespace
@@ -266,7 +282,7 @@ void apply_config_patch(json& target, const json& patch) {
 }
 
 const std::vector<RandomArch>& random_archs() {
-  static const std::vector<RandomArch> archs = {deepseek_v3_random_arch()};
+  static const std::vector<RandomArch> archs = {deepseek_v3_random_arch(), kimi_k3_random_arch()};
   return archs;
 }
 
@@ -276,14 +292,12 @@ const RandomArch& find_random_arch(const std::string& name) {
     if (a.name == name) return a;
     names.push_back(a.name);
   }
-  BG_CHECK(name != "kimi_k3", "make-random: arch 'kimi_k3' is not supported yet (it needs its tensor table and a "
-           "RandomArch; supported: {})", join(names));
   fail("make-random: unknown arch '{}' (supported: {})", name, join(names));
 }
 
 json random_checkpoint_config(const RandomCheckpointSpec& spec) {
   const RandomArch& arch = find_random_arch(spec.arch);
-  RandomWeightFormat format = parse_random_weight_format(spec.format);
+  RandomWeightFormat format = arch_format(arch, spec.format);
   BG_CHECK(std::find(arch.presets.begin(), arch.presets.end(), spec.preset) != arch.presets.end(),
            "make-random: unknown preset '{}' for {} (choose {})", spec.preset, arch.name, join(arch.presets));
   const json& patch = spec.config_patch;
@@ -317,6 +331,11 @@ void write_random_tensors(const ArchTable& table, const RandomTensorPolicy& poli
     for (; next < tensors.size() && tensors[next].shard == k; ++next) {
       const PlannedTensor& t = tensors[next];
       auto values = random_values(options.seed, t.name, shape_numel(t.shape), t.plan.mean, t.plan.std);
+      if (t.plan.adjust) {
+        t.plan.adjust(values);
+        BG_CHECK(values.size() == static_cast<size_t>(shape_numel(t.shape)), "internal: adjust changed the size of "
+                 "'{}'", t.name);
+      }
       uint64_t bytes = 0;
       for (auto& o : encode(t, values)) {
         bytes += o.data.nbytes();
@@ -337,19 +356,36 @@ void write_random_tensors(const ArchTable& table, const RandomTensorPolicy& poli
   write_text(dir / kIndexName, index.dump(2) + "\n");
 }
 
+uint64_t random_checkpoint_total_bytes(const RandomCheckpointSpec& spec) {
+  const RandomArch& arch = find_random_arch(spec.arch);
+  RandomWeightFormat format = arch_format(arch, spec.format);
+  json config = random_checkpoint_config(spec);
+  const std::string where = "make-random " + spec.arch + " config";
+  uint64_t total = 0;
+  for (const auto& t : plan_tensors(arch.table(config, where), arch_policy(arch, config, where), format)) {
+    total += t.nbytes;
+  }
+  return total;
+}
+
 void write_random_checkpoint(const RandomCheckpointSpec& spec) {
   const RandomArch& arch = find_random_arch(spec.arch);
-  RandomWeightFormat format = parse_random_weight_format(spec.format);
+  RandomWeightFormat format = arch_format(arch, spec.format);
   BG_CHECK(!spec.out_dir.empty(), "make-random: no output directory given");
   BG_CHECK(spec.n_shards >= 1 && spec.n_shards <= 99999, "make-random: shard count {} must be in [1, 99999]",
            spec.n_shards);
   json config = random_checkpoint_config(spec);
   // The table is built (and the config validated by the loader's parser) before anything is written.
-  ArchTable table = arch.table(config, "make-random " + spec.arch + " config");
-  plan_tensors(table, arch.policy, format);  // policy errors (e.g. an MXFP4 dim) before anything is written
+  const std::string where = "make-random " + spec.arch + " config";
+  ArchTable table = arch.table(config, where);
+  RandomTensorPolicy policy = arch_policy(arch, config, where);
+  plan_tensors(table, policy, format);  // policy errors (e.g. an MXFP4 dim) before anything is written
   prepare_out_dir(spec.out_dir, spec.force);
   write_text(spec.out_dir / "config.json", config.dump(2) + "\n");
-  write_random_tensors(table, arch.policy, {format, spec.seed, spec.n_shards}, spec.out_dir);
+  if (arch.generation_config) {
+    write_text(spec.out_dir / "generation_config.json", arch.generation_config(config).dump(2) + "\n");
+  }
+  write_random_tensors(table, policy, {format, spec.seed, spec.n_shards}, spec.out_dir);
   log::info("make-random: wrote {} {} checkpoint (preset {}, seed {}) to {}", spec.arch,
             random_weight_format_name(format), spec.preset, spec.seed, spec.out_dir.string());
 }

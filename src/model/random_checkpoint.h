@@ -22,7 +22,8 @@ enum class RandomWeightFormat : uint8_t {
   kF32,    // everything F32
   kBF16,   // everything BF16 (the arch may keep a few tensors, e.g. router biases, in F32)
   kFp8,    // DeepSeek FP8: 2-D linears F8_E4M3 + 128x128 weight_scale_inv; the rest BF16
-  kMxfp4,  // routed experts MXFP4 (<name>.weight_blocks / .weight_scales); the rest BF16
+  kMxfp4,  // routed experts MXFP4 (gpt-oss .weight_blocks/.weight_scales or compressed-tensors .weight_packed/
+           // .weight_scale, as the arch's policy says); the rest BF16
 };
 
 // "f32" | "bf16" | "fp8" | "mxfp4"; anything else is a bg::Error listing the choices.
@@ -32,7 +33,7 @@ std::string_view random_weight_format_name(RandomWeightFormat format);
 struct RandomCheckpointSpec {
   std::string arch = "deepseek_v3";
   std::string preset = "tiny";
-  std::string format = "bf16";
+  std::string format;  // "" = the arch's default format (deepseek_v3: bf16, kimi_k3: mxfp4)
   uint64_t seed = 0;
   std::filesystem::path out_dir;
   int64_t n_shards = 2;
@@ -53,6 +54,10 @@ void write_random_checkpoint(const RandomCheckpointSpec& spec);
 // quantization_config), without touching the disk.
 nlohmann::json random_checkpoint_config(const RandomCheckpointSpec& spec);
 
+// The bytes of every tensor write_random_checkpoint would write (= the index's metadata.total_size), computed from
+// the table without drawing or writing anything (for real-dimension presets).
+uint64_t random_checkpoint_total_bytes(const RandomCheckpointSpec& spec);
+
 // Recursive merge: objects merge key by key; any other patch value (null included) replaces the target's.
 void apply_config_patch(nlohmann::json& target, const nlohmann::json& patch);
 
@@ -64,6 +69,9 @@ struct TensorPlan {
   DType dtype = DType::kBF16;                  // storage dtype of dense tensors
   double mean = 0.0;
   double std = 0.02;
+  bool mxfp4_packed = false;  // kMxfp4: compressed-tensors .weight_packed [out, in/2] + .weight_scale [out, in/32]
+  // Optional: edits the drawn fp32 values (row-dependent scales, zero padding) before encoding.
+  std::function<void(std::vector<float>& values)> adjust;
 };
 
 // shape: the expanded shape ({out, in} for linears).
@@ -80,15 +88,25 @@ struct RandomArch {
   // The tensor table of a (final) config; `where` names the config in errors.
   std::function<ArchTable(const nlohmann::json& config, const std::string& where)> table;
   RandomTensorPolicy policy;
+  // Optional: a policy that depends on the final config (e.g. which rows of a fused projection are which); replaces
+  // `policy` when set.
+  std::function<RandomTensorPolicy(const nlohmann::json& config, const std::string& where)> config_policy;
+  // Optional: generation_config.json of a final config.
+  std::function<nlohmann::json(const nlohmann::json& config)> generation_config;
+  // The --format values it supports; the first is the default.
+  std::vector<RandomWeightFormat> formats = {RandomWeightFormat::kBF16, RandomWeightFormat::kF32,
+                                             RandomWeightFormat::kFp8, RandomWeightFormat::kMxfp4};
 };
 
 // The architectures make-random can write. Adding one = a table + a RandomArch (presets, config builder, policy).
 const std::vector<RandomArch>& random_archs();
-// Throws a bg::Error naming the supported architectures (and saying so for known-but-unsupported ones).
+// Throws a bg::Error naming the supported architectures.
 const RandomArch& find_random_arch(const std::string& name);
 
 // DeepSeek-V3 (model/deepseek_v3_random.cpp).
 RandomArch deepseek_v3_random_arch();
+// Kimi-K3 (model/kimi_k3_random.cpp).
+RandomArch kimi_k3_random_arch();
 
 struct RandomTensorOptions {
   RandomWeightFormat format = RandomWeightFormat::kBF16;

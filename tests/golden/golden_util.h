@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -15,7 +16,11 @@
 
 namespace bg::testing {
 
-inline std::filesystem::path golden_dir() { return std::filesystem::path(BG_GOLDEN_DIR); }
+// The golden cases: $BG_GOLDEN_DIR when set (e.g. on the GPU machine), else the path configured at build time.
+inline std::filesystem::path golden_dir() {
+  const char* env = std::getenv("BG_GOLDEN_DIR");
+  return std::filesystem::path(env != nullptr && env[0] != '\0' ? env : BG_GOLDEN_DIR);
+}
 
 struct GoldenPrompt {
   std::vector<int32_t> prompt;

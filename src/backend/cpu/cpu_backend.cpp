@@ -111,7 +111,7 @@ class CpuBackend final : public Backend {
     const float* b = x.as<float>();
     for (int64_t i = 0; i < y.numel(); ++i) a[i] += b[i];
   }
-  void glu(const GluParams& p, const Tensor& gate, const Tensor& up, Tensor& out) override {
+  void glu(const GluSpec& p, const Tensor& gate, const Tensor& up, Tensor& out) override {
     if (p.kind == GluKind::kSwiGlu) {
       ops::swiglu_cpu(gate.as<float>(), up.as<float>(), gate.numel(), out.as<float>());
     } else {
@@ -148,7 +148,7 @@ class CpuBackend final : public Backend {
     ops::route_topk_cpu(p, logits.as<float>(), bias.empty() ? nullptr : bias.as<float>(), ids.as<int32_t>(),
                         weights.as<float>());
   }
-  void routed_experts(const ExpertWeights& experts, const GluParams& glu_p, const Tensor& x, const Tensor& ids,
+  void routed_experts(const ExpertWeights& experts, const GluSpec& glu_p, const Tensor& x, const Tensor& ids,
                       const Tensor& weights, Tensor& out) override;
   void short_conv(const Tensor& x, const Tensor& weight, Tensor& state, Tensor& out) override {
     ops::short_conv_cpu({x.rows(), x.cols(), weight.cols()}, x.as<float>(), weight.as<float>(), state.as<float>(),
@@ -198,7 +198,7 @@ class CpuBackend final : public Backend {
   }
 };
 
-void CpuBackend::routed_experts(const ExpertWeights& experts, const GluParams& glu_p, const Tensor& x,
+void CpuBackend::routed_experts(const ExpertWeights& experts, const GluSpec& glu_p, const Tensor& x,
                                 const Tensor& ids, const Tensor& weights, Tensor& out) {
   const int64_t n = x.rows(), in_dim = x.cols(), out_dim = out.cols(), k = ids.cols();
   const int64_t n_experts = static_cast<int64_t>(experts.gate.size());

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "formats/model_config.h"
+#include "ops/rope/rope_params.h"
 
 namespace bg::ops {
 
@@ -21,16 +22,6 @@ RopeTable compute_rope_table(const RopeConfig& rope, int64_t rope_dim, int64_t m
 // YaRN softmax-scale multiplier: m^2 with m = 0.1 * mscale_all_dim * ln(factor) + 1 (1 when not YaRN, factor <= 1 or
 // mscale_all_dim is 0). Uses the config's `factor`, as DeepseekV3Attention does.
 double yarn_softmax_scale_multiplier(const RopeConfig& rope);
-
-struct RopeParams {
-  int64_t n_tokens = 0;
-  int64_t n_heads = 0;
-  int64_t head_stride = 0;  // floats between consecutive heads of one token
-  int64_t token_stride = 0;  // floats between consecutive tokens
-  int64_t rope_offset = 0;  // first rotated dim inside a head
-  int64_t rope_dim = 0;
-  bool interleaved = true;
-};
 
 // Rotates x in place: token t at position positions[t].
 void apply_rope_cpu(const RopeParams& p, const RopeTable& table, const int64_t* positions, float* x);

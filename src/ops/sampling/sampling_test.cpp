@@ -146,6 +146,48 @@ TEST(Sampling, FrequenciesWithTemperatureTopKAndTopP) {
   expect_frequencies({1.0f, 3, 0.8f}, kLogits, softmax(kLogits, 1.0, {true, false, false, true, false}), 26);
 }
 
+TEST(Sampling, SampleTokenIsWithUniformOfOneDraw) {
+  const std::vector<SamplingParams> params = {{1.0f, 0, 1.0f}, {0.7f, 3, 1.0f}, {1.3f, 0, 0.8f}, {2.0f, 2, 0.5f}};
+  for (const SamplingParams& p : params) {
+    std::mt19937_64 rng(31), shadow(31);
+    for (int i = 0; i < 300; ++i) {
+      const double u = std::uniform_real_distribution<double>(0.0, 1.0)(shadow);
+      ASSERT_EQ(sample_token(p, kLogits.data(), 5, rng), sample_token_with_uniform(p, kLogits.data(), 5, u)) << i;
+    }
+    EXPECT_EQ(rng, shadow);
+  }
+}
+
+TEST(Sampling, WithUniformWalksTheSortedCandidates) {
+  // Sorted order of kLogits: ids 3 (2.0), 0 (1.0), 1 (0.5), 4 (0.0), 2 (-0.3); p = {.5475, .2014, .1222, .0741, .0549}.
+  const SamplingParams all{1.0f, 0, 1.0f};
+  EXPECT_EQ(sample_token_with_uniform(all, kLogits.data(), 5, 0.0), 3);
+  EXPECT_EQ(sample_token_with_uniform(all, kLogits.data(), 5, 0.54), 3);
+  EXPECT_EQ(sample_token_with_uniform(all, kLogits.data(), 5, 0.55), 0);
+  EXPECT_EQ(sample_token_with_uniform(all, kLogits.data(), 5, 0.75), 1);
+  EXPECT_EQ(sample_token_with_uniform(all, kLogits.data(), 5, 0.88), 4);
+  EXPECT_EQ(sample_token_with_uniform(all, kLogits.data(), 5, std::nextafter(1.0, 0.0)), 2);
+  // top_k = 2 renormalises over ids 3, 0 (0.7311, 0.2689); top_p = 0.7 keeps the same two.
+  for (const SamplingParams& p : {SamplingParams{1.0f, 2, 1.0f}, SamplingParams{1.0f, 0, 0.7f}}) {
+    EXPECT_EQ(sample_token_with_uniform(p, kLogits.data(), 5, 0.73), 3);
+    EXPECT_EQ(sample_token_with_uniform(p, kLogits.data(), 5, 0.74), 0);
+    EXPECT_EQ(sample_token_with_uniform(p, kLogits.data(), 5, std::nextafter(1.0, 0.0)), 0);
+  }
+  // Ties: equal logits go lower index first.
+  const std::vector<float> tied = {1.0f, 2.0f, 1.0f, 2.0f};  // order 1, 3, 0, 2; p = {.3655, .3655, .1345, .1345}
+  EXPECT_EQ(sample_token_with_uniform(all, tied.data(), 4, 0.30), 1);
+  EXPECT_EQ(sample_token_with_uniform(all, tied.data(), 4, 0.40), 3);
+  EXPECT_EQ(sample_token_with_uniform(all, tied.data(), 4, 0.80), 0);
+  EXPECT_EQ(sample_token_with_uniform(all, tied.data(), 4, 0.90), 2);
+  // Greedy ignores u.
+  EXPECT_EQ(sample_token_with_uniform({0.0f, 0, 1.0f}, kLogits.data(), 5, 0.99), 3);
+}
+
+TEST(Sampling, WithUniformRejectsBadUniform) {
+  for (double u : {-0.1, 1.0, 2.0, static_cast<double>(kNaN)})
+    EXPECT_THROW(sample_token_with_uniform({1.0f, 0, 1.0f}, kLogits.data(), 5, u), Error) << "u " << u;
+}
+
 TEST(Sampling, RejectsBadTopPAndTopK) {
   std::mt19937_64 rng(1);
   for (float top_p : {0.0f, -0.1f, 1.5f, kNaN})

@@ -1,0 +1,315 @@
+// CudaBackend: maps the backend op API onto the CUDA launchers. Per-call metadata (ids, positions, block tables) is
+// staged through the caching allocator; everything runs on one stream in order.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_bf16.h>
+
+#include <cstring>
+#include <map>
+
+#include "backend/cuda/cuda_allocator.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_buffer.h"
+#include "core/log.h"
+#include "moe/moe_cuda.h"
+#include "ops/attn_res/attn_res_cuda.h"
+#include "ops/elementwise/elementwise_cuda.h"
+#include "ops/embedding/embedding_cuda.h"
+#include "ops/gated_rmsnorm/gated_rmsnorm_cuda.h"
+#include "ops/kda/kda_cuda.h"
+#include "ops/kda_gate/kda_gate_cuda.h"
+#include "ops/linear/linear_cuda.h"
+#include "ops/mla/mla_cuda.h"
+#include "ops/rmsnorm/rmsnorm_cuda.h"
+#include "ops/rope/rope_cuda.h"
+#include "ops/router/router_cuda.h"
+#include "ops/short_conv/short_conv_cuda.h"
+#include "ops/situ/situ_cuda.h"
+#include "ops/swiglu/swiglu_cuda.h"
+
+namespace bg {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+class CudaLinear final : public LinearHandle {
+ public:
+  explicit CudaLinear(ops::DeviceWeightStorage s) : s_(std::move(s)) {}
+  int64_t n_out() const override { return s_.desc.n_out; }
+  int64_t n_in() const override { return s_.desc.n_in; }
+  const ops::DeviceWeight& desc() const { return s_.desc; }
+
+ private:
+  ops::DeviceWeightStorage s_;
+};
+
+const ops::DeviceWeight& desc(const LinearHandle& h) { return static_cast<const CudaLinear&>(h).desc(); }
+
+void expect(const Tensor& t, DType dtype, const char* what) {
+  BG_CHECK(t.device == DeviceKind::kCuda, "cuda backend: {} is not in device memory", what);
+  BG_CHECK(t.dtype == dtype, "cuda backend: {} must be {}, got {}", what, dtype_name(dtype), dtype_name(t.dtype));
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& o) {
+    int n = cuda::device_count();
+    BG_CHECK(n > 0, "--device cuda: no CUDA device is visible (driver missing or no GPU)");
+    BG_CHECK(o.device >= 0 && o.device < n, "--device cuda: device {} does not exist ({} visible)", o.device, n);
+    BG_CUDA_CHECK(cudaSetDevice(o.device));
+    BG_CUDA_CHECK(cudaStreamCreate(&stream_));
+    BG_CUBLAS_CHECK(cublasCreate(&cublas_));
+    alloc_ = std::make_shared<cuda::CachingAllocator>(o.memory_budget_bytes);
+    cublas_ws_ = alloc_->allocate(ops::kCublasWorkspaceBytes);
+    cudaDeviceProp prop{};
+    BG_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
+    log::info("cuda backend: {} (sm_{}{}), {:.1f} GiB budget", prop.name, prop.major, prop.minor,
+              static_cast<double>(alloc_->budget_bytes()) / (1 << 30));
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    cublas_ws_.reset();
+    cublasDestroy(cublas_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string_view name() const override { return "cuda"; }
+  DeviceKind device() const override { return DeviceKind::kCuda; }
+  DType act_dtype() const override { return DType::kBF16; }
+
+  Tensor alloc(Shape shape, DType dtype) override {
+    Tensor t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    t.device = DeviceKind::kCuda;
+    t.owner = alloc_->allocate(t.nbytes());
+    t.data = t.owner.get();
+    return t;
+  }
+  void fill_zero(Tensor& t) override { BG_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_)); }
+  Tensor upload_f32(std::span<const float> values, Shape shape, DType dtype) override {
+    Tensor t = alloc(std::move(shape), dtype);
+    BG_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "upload_f32: {} values for shape {}", values.size(),
+             shape_str(t.shape));
+    if (dtype == DType::kF32) {
+      copy_in(t.data, values.data(), t.nbytes());
+    } else {
+      BG_CHECK(dtype == DType::kBF16, "upload_f32: unsupported target dtype {}", dtype_name(dtype));
+      std::vector<uint16_t> bits(values.size());
+      for (size_t i = 0; i < values.size(); ++i) bits[i] = f32_to_bf16(values[i]);
+      copy_in(t.data, bits.data(), t.nbytes());
+    }
+    return t;
+  }
+  Tensor upload_view(const TensorView& view) override {
+    if (view.dtype == DType::kBF16 || view.dtype == DType::kF32) {
+      Tensor t = alloc(view.shape, view.dtype);
+      copy_in(t.data, view.data, view.nbytes);
+      return t;
+    }
+    std::vector<float> values = view.to_f32();
+    return upload_f32(values, view.shape, DType::kF32);
+  }
+  void download_f32(const Tensor& t, float* host) override {
+    const int64_t n = t.numel();
+    if (t.dtype == DType::kF32) {
+      copy_out(host, t.data, t.nbytes());
+      return;
+    }
+    std::vector<std::byte> raw(t.nbytes());
+    copy_out(raw.data(), t.data, raw.size());
+    for (int64_t i = 0; i < n; ++i) host[i] = load_as_f32(raw.data(), t.dtype, i);
+  }
+  void copy(const Tensor& src, Tensor& dst) override {
+    BG_CHECK(src.nbytes() == dst.nbytes(), "copy of {} bytes into {}", src.nbytes(), dst.nbytes());
+    BG_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+  }
+  void synchronize() override { BG_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) override {
+    return std::make_unique<CudaLinear>(ops::upload_weight(w));
+  }
+
+  void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) override {
+    expect(out, DType::kBF16, "embedding output");
+    const int32_t* d_ids = stage(ids);
+    ops::EmbeddingParams p{static_cast<int64_t>(ids.size()), table.shape.at(0), table.shape.at(1)};
+    if (table.dtype == DType::kBF16) {
+      ops::embedding_cuda(p, table.as<bf16>(), d_ids, out.as<bf16>(), nullptr, stream_);
+    } else {
+      ops::embedding_cuda(p, table.as<float>(), d_ids, out.as<bf16>(), nullptr, stream_);
+    }
+  }
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override {
+    expect(x, DType::kBF16, "rmsnorm input");
+    ops::rmsnorm_cuda({x.rows(), w.numel(), eps}, {x.cols(), y.cols()}, x.as<bf16>(), w.as<float>(), y.as<bf16>(),
+                      stream_);
+  }
+  void linear(const LinearHandle& w, const Tensor& x, Tensor& y) override {
+    expect(x, DType::kBF16, "linear input");
+    ops::LinearCudaParams p{x.rows(), y.dtype == DType::kF32 ? ops::LinearOutType::kF32 : ops::LinearOutType::kBf16,
+                            ops::LinearPath::kAuto};
+    const ops::DeviceWeight& d = desc(w);
+    size_t scratch_bytes = ops::linear_dequant_scratch_bytes(d, p);
+    std::shared_ptr<void> scratch = scratch_bytes > 0 ? alloc_->allocate(scratch_bytes) : nullptr;
+    ops::LinearCudaContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, scratch.get(), scratch_bytes};
+    ops::linear_cuda(p, d, x.as<bf16>(), y.data, ctx, stream_);
+  }
+  void add(Tensor& y, const Tensor& x) override { ops::add_inplace_cuda(y.numel(), x.as<bf16>(), y.as<bf16>(), stream_); }
+  void glu(const GluSpec& p, const Tensor& gate, const Tensor& up, Tensor& out) override {
+    if (p.kind == GluKind::kSwiGlu) {
+      ops::swiglu_cuda(gate.numel(), gate.as<bf16>(), up.as<bf16>(), out.as<bf16>(), stream_);
+    } else {
+      ops::situ_cuda({gate.rows(), gate.cols(), p.situ_beta, p.situ_linear_beta}, gate.as<bf16>(), up.as<bf16>(),
+                     out.as<bf16>(), stream_);
+    }
+  }
+  void sigmoid_mul(Tensor& x, const Tensor& gate) override {
+    ops::sigmoid_gate_cuda(x.numel(), gate.as<bf16>(), x.as<bf16>(), stream_);
+  }
+  void rope(const ops::RopeParams& p, const RopeHandle& table, std::span<const int64_t> positions,
+            Tensor& x) override {
+    ops::apply_rope_cuda(p, stage(positions), table.inv_freq.as<float>(), table.table.attention_factor, x.as<bf16>(),
+                         stream_);
+  }
+  void mla_write(const MlaCacheRef& c, std::span<const int32_t> block_table, std::span<const int64_t> positions,
+                 const Tensor& latent) override {
+    ops::MlaParams p{};
+    p.n_tokens = static_cast<int64_t>(positions.size());
+    p.kv_lora_rank = c.kv_lora_rank;
+    p.qk_rope_dim = c.entry_dim - c.kv_lora_rank;
+    p.block_size = c.block_size;
+    ops::mla_cache_write_cuda(p, latent.as<bf16>(), paged(c, block_table, positions), stream_);
+  }
+  void mla_attention(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
+                     const MlaCacheRef& c, std::span<const int32_t> block_table, std::span<const int64_t> positions,
+                     Tensor& out) override {
+    ops::mla_attention_cuda(p, q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), paged(c, block_table, positions),
+                            out.as<bf16>(), stream_);
+  }
+  void route(const ops::RouterParams& p, const Tensor& logits, const Tensor& bias, Tensor& ids,
+             Tensor& weights) override {
+    ops::route_topk_cuda(p, logits.as<float>(), bias.empty() ? nullptr : bias.as<float>(), ids.as<int32_t>(),
+                         weights.as<float>(), stream_);
+  }
+  void routed_experts(const ExpertWeights& experts, const GluSpec& glu_p, const Tensor& x, const Tensor& ids,
+                      const Tensor& weights, Tensor& out) override;
+  void short_conv(const Tensor& x, const Tensor& weight, Tensor& state, Tensor& out) override {
+    ops::short_conv_cuda({x.rows(), x.cols(), weight.cols()}, x.as<bf16>(), weight.as<float>(), state.as<float>(),
+                         out.as<bf16>(), stream_);
+  }
+  void kda_l2norm(int64_t head_dim, float scale, Tensor& x) override {
+    ops::kda_l2norm_cuda({x.numel() / head_dim, head_dim, scale, 1e-6f}, x.as<bf16>(), x.as<bf16>(), stream_);
+  }
+  void kda_gate(const Tensor& g_raw, const Tensor& a_log, const Tensor& dt_bias, int64_t n_heads, float lower_bound,
+                Tensor& g) override {
+    ops::kda_gate_cuda({g_raw.rows(), n_heads, g_raw.cols() / n_heads, lower_bound}, g_raw.as<bf16>(),
+                       a_log.as<float>(), dt_bias.as<float>(), g.as<float>(), stream_);
+  }
+  void kda_beta(const Tensor& b, Tensor& beta) override {
+    ops::kda_beta_cuda(b.numel(), b.as<bf16>(), beta.as<float>(), stream_);
+  }
+  void kda(const ops::KdaParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+           const Tensor& beta, Tensor& state, Tensor& out) override {
+    ops::KdaCudaInputs in{q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), g.as<float>(), beta.as<float>()};
+    if (p.n_tokens == 1) {
+      const int32_t zero = 0;
+      ops::KdaStateSlots slots{state.as<float>(), stage(std::span<const int32_t>(&zero, 1)), state.numel()};
+      ops::kda_recurrent_cuda(p, in, slots, out.as<bf16>(), stream_);
+    } else {
+      ops::kda_chunked_cuda(p, in, state.as<float>(), out.as<bf16>(), stream_);
+    }
+  }
+  void gated_rmsnorm(int64_t n_heads, float eps, const Tensor& x, const Tensor& gate, const Tensor& weight,
+                     Tensor& y) override {
+    ops::gated_rmsnorm_cuda({x.rows(), n_heads, weight.numel(), eps}, x.as<bf16>(), gate.as<bf16>(),
+                            weight.as<float>(), y.as<bf16>(), stream_);
+  }
+  void attn_res_mix(const Tensor& bank, int64_t n_candidates, const Tensor& norm, const Tensor& proj, float eps,
+                    Tensor& out) override {
+    ops::attn_res_mix_cuda({n_candidates, bank.shape.at(1), bank.shape.at(2), eps}, bank.as<bf16>(), norm.as<float>(),
+                           proj.as<float>(), out.as<bf16>(), stream_);
+  }
+
+ private:
+  void copy_in(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    BG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    BG_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host source may go away after return
+  }
+  void copy_out(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    BG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  // Copies small host metadata to device memory that stays valid until the next staging of the same call site
+  // (stream order keeps reuse safe).
+  template <typename T>
+  const T* stage(std::span<const T> host) {
+    auto block = alloc_->allocate(std::max<size_t>(host.size_bytes(), 1));
+    copy_in(block.get(), host.data(), host.size_bytes());
+    staged_.push_back(block);
+    if (staged_.size() > 64) staged_.erase(staged_.begin(), staged_.begin() + 32);
+    return static_cast<const T*>(block.get());
+  }
+  template <typename T>
+  const T* stage(const std::vector<T>& host) { return stage(std::span<const T>(host)); }
+  ops::MlaPagedCache paged(const MlaCacheRef& c, std::span<const int32_t> block_table,
+                           std::span<const int64_t> positions) {
+    std::vector<int32_t> seq_idx(positions.size(), 0);
+    ops::MlaPagedCache pc;
+    pc.base = c.storage.as<bf16>() + c.layer * c.block_size * c.entry_dim;
+    pc.block_stride = c.n_layers * c.block_size * c.entry_dim;
+    pc.block_tables = stage(block_table);
+    pc.max_blocks_per_seq = static_cast<int64_t>(block_table.size());
+    pc.seq_idx = stage(seq_idx);
+    pc.positions = stage(positions);
+    return pc;
+  }
+
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::shared_ptr<cuda::CachingAllocator> alloc_;
+  std::shared_ptr<void> cublas_ws_;
+  std::vector<std::shared_ptr<void>> staged_;
+  std::map<const LinearHandle*, cuda::DeviceBuffer> expert_tables_;  // first gate handle -> device descriptors
+};
+
+void CudaBackend::routed_experts(const ExpertWeights& experts, const GluSpec& glu_p, const Tensor& x,
+                                 const Tensor& ids, const Tensor& weights, Tensor& out) {
+  const int64_t n_experts = static_cast<int64_t>(experts.gate.size());
+  BG_CHECK(n_experts > 0, "routed_experts: no experts");
+  auto it = expert_tables_.find(experts.gate[0]);
+  if (it == expert_tables_.end()) {
+    std::vector<ExpertWeightsCuda> table(static_cast<size_t>(n_experts));
+    for (int64_t e = 0; e < n_experts; ++e) {
+      auto i = static_cast<size_t>(e);
+      table[i] = {desc(*experts.gate[i]), desc(*experts.up[i]), desc(*experts.down[i])};
+    }
+    it = expert_tables_.emplace(experts.gate[0], cuda::upload(table)).first;
+  }
+  const ops::DeviceWeight& g0 = desc(*experts.gate[0]);
+  MoeCudaParams p;
+  p.n_tokens = x.rows();
+  p.top_k = ids.cols();
+  p.n_experts = n_experts;
+  p.hidden = x.cols();
+  p.inter = g0.n_out;
+  p.expert_format = g0.format;
+  p.act = {glu_p.kind == GluKind::kSwiGlu ? GluActivation::kSwiGLU : GluActivation::kSiTU, glu_p.situ_beta,
+           glu_p.situ_linear_beta};
+  p.out_type = out.dtype == DType::kF32 ? MoeOutType::kF32 : MoeOutType::kBf16;
+  p.accumulate = true;
+  auto ws_mem = alloc_->allocate(moe_workspace_bytes(p));
+  MoeWorkspace ws = moe_workspace_layout(p, ws_mem.get());
+  MoeCudaArgs a{ids.as<int32_t>(), weights.as<float>(), x.as<bf16>(), it->second.as<ExpertWeightsCuda>(), out.data};
+  moe_routed_experts_cuda(p, a, ws, stream_);
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
+  return std::make_unique<CudaBackend>(options);
+}
+
+}  // namespace bg

@@ -1,0 +1,18 @@
+// The CUDA backend: bf16 activations, fp32 state and accumulation, weights as stored; one stream per backend.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.h"
+
+namespace bg {
+
+struct CudaBackendOptions {
+  int device = 0;                 // CUDA device ordinal
+  size_t memory_budget_bytes = 0;  // 0: the free memory at start
+};
+
+// Throws bg::Error when no CUDA device is usable.
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {});
+
+}  // namespace bg

@@ -1,0 +1,22 @@
+// CUDA Attention-Residual mix: per-token softmax-weighted sum of bf16 candidates (fp32 math), same params as the CPU
+// reference.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/attn_res/attn_res.h"
+
+namespace bg::ops {
+
+inline constexpr int64_t kAttnResMaxCandidates = 16;
+
+// candidates: one device buffer, packed [n_candidates, n_tokens, dim] bf16 (candidate i at i * n_tokens * dim).
+// norm, proj: [dim] fp32. out: [n_tokens, dim] bf16; may be one of the candidates (every element is written after the
+// token's scores are complete, by the thread that read it). n_candidates <= kAttnResMaxCandidates.
+void attn_res_mix_cuda(const AttnResParams& p, const __nv_bfloat16* candidates, const float* norm, const float* proj,
+                       __nv_bfloat16* out, cudaStream_t stream);
+
+}  // namespace bg::ops

@@ -1,0 +1,96 @@
+// Device helpers shared by the small CUDA ops: bf16 <-> fp32, deterministic warp / block reductions (fixed order, so
+// the same input gives the same bits on every run), grid sizing, and a row-norm kernel (sum of squares per row in
+// fp32, then a per-element epilogue) used by rmsnorm, kda_l2norm and gated_rmsnorm. Included only by .cu files.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace bg::ops::cuda_util {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ bf16 to_bf16(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ bf16 bf16_nan() { return __ushort_as_bfloat16(static_cast<unsigned short>(0x7fc0)); }
+
+struct SumOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct MaxOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+
+// Butterfly reduction over the 32 lanes; every lane gets the result (same order on every lane and every run).
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_reduce(T v, Op op) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Reduction over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// scratch: 32 entries of shared memory, reusable right after the call returns.
+template <typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T v, Op op, T identity, T* scratch) {
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int n_warps = static_cast<int>(blockDim.x) >> 5;
+  v = warp_reduce(v, op);
+  __syncthreads();  // a previous call may still be reading scratch
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? scratch[lane] : identity;
+  return warp_reduce(v, op);
+}
+
+// Blocks for a grid-stride elementwise loop over n items: enough to fill the GPU, never more than needed.
+inline unsigned elementwise_blocks(int64_t n, int threads) {
+  const int64_t needed = (n + threads - 1) / threads;
+  return static_cast<unsigned>(std::clamp<int64_t>(needed, 1, 132 * 16));
+}
+
+// One row per warp (8 rows per 256-thread block) when dim <= kWarpRowMaxDim, else one 256-thread block per row.
+inline constexpr int64_t kWarpRowMaxDim = 1024;
+inline constexpr int kRowThreads = 256;
+
+// Row norm: for row r, ss = sum_d op.load(r, d)^2 in fp32; then op.store(r, d, op.load(r, d), f) with
+// f = op.factor(ss). Every element of a row is read (for ss) before any is written, so op may write in place.
+template <bool kWarpPerRow, typename Op>
+__global__ void __launch_bounds__(kRowThreads) row_norm_kernel(int64_t n_rows, int64_t dim, Op op) {
+  __shared__ float scratch[32];
+  const int64_t lane = kWarpPerRow ? (threadIdx.x & 31) : threadIdx.x;
+  const int64_t step = kWarpPerRow ? 32 : blockDim.x;
+  const int64_t row = kWarpPerRow ? static_cast<int64_t>(blockIdx.x) * (kRowThreads / 32) + (threadIdx.x >> 5)
+                                  : static_cast<int64_t>(blockIdx.x);
+  if (kWarpPerRow && row >= n_rows) return;  // whole warps leave together: the shuffles below stay full
+  float ss = 0.0f;
+  for (int64_t d = lane; d < dim; d += step) {
+    const float v = op.load(row, d);
+    ss += v * v;
+  }
+  if constexpr (kWarpPerRow) {
+    ss = warp_reduce(ss, SumOp{});
+  } else {
+    ss = block_reduce(ss, SumOp{}, 0.0f, scratch);
+  }
+  const float f = op.factor(ss);
+  for (int64_t d = lane; d < dim; d += step) op.store(row, d, op.load(row, d), f);
+}
+
+// Launches row_norm_kernel with the row mapping that suits dim. n_rows > 0.
+template <typename Op>
+void launch_row_norm(int64_t n_rows, int64_t dim, const Op& op, cudaStream_t stream) {
+  if (dim <= kWarpRowMaxDim) {
+    constexpr int64_t rows_per_block = kRowThreads / 32;
+    const auto blocks = static_cast<unsigned>((n_rows + rows_per_block - 1) / rows_per_block);
+    row_norm_kernel<true><<<blocks, kRowThreads, 0, stream>>>(n_rows, dim, op);
+  } else {
+    row_norm_kernel<false><<<static_cast<unsigned>(n_rows), kRowThreads, 0, stream>>>(n_rows, dim, op);
+  }
+}
+
+}  // namespace bg::ops::cuda_util

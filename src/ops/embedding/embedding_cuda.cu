@@ -1,0 +1,59 @@
+// CUDA embedding lookup: one block per token copies (and, for an fp32 table, rounds) one table row.
+#ifndef FMT_USE_CONSTEXPR
+#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
+#endif
+#include "ops/embedding/embedding_cuda.h"
+
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+#include "ops/elementwise/cuda_utils.cuh"
+
+namespace bg::ops {
+namespace {
+
+using cuda_util::bf16;
+
+__device__ __forceinline__ bf16 as_bf16(bf16 v) { return v; }
+__device__ __forceinline__ bf16 as_bf16(float v) { return cuda_util::to_bf16(v); }
+
+// grid (n_tokens), block 256: block t writes out[t, :] (a NaN row for a bad id, which also raises the flag).
+template <typename T>
+__global__ void embedding_kernel(EmbeddingParams p, const T* table, const int32_t* ids, bf16* out,
+                                 int32_t* error_flag) {
+  const int64_t t = blockIdx.x;
+  const int32_t id = ids[t];
+  bf16* row_out = out + t * p.dim;
+  if (id < 0 || id >= p.vocab) {
+    for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) row_out[i] = cuda_util::bf16_nan();
+    if (threadIdx.x == 0 && error_flag != nullptr) atomicExch(error_flag, 1);
+    return;
+  }
+  const T* row = table + static_cast<int64_t>(id) * p.dim;
+  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) row_out[i] = as_bf16(row[i]);
+}
+
+template <typename T>
+void launch_embedding(const EmbeddingParams& p, const T* table, const int32_t* ids, bf16* out, int32_t* error_flag,
+                      cudaStream_t stream) {
+  BG_CHECK(p.n_tokens >= 0 && p.vocab > 0 && p.dim > 0, "embedding_cuda: bad shape n_tokens {} vocab {} dim {}",
+           p.n_tokens, p.vocab, p.dim);
+  BG_CHECK(p.n_tokens < (int64_t{1} << 31), "embedding_cuda: n_tokens {} exceeds the grid", p.n_tokens);
+  if (p.n_tokens == 0) return;
+  BG_CHECK(table && ids && out, "embedding_cuda: null pointer with n_tokens {}", p.n_tokens);
+  embedding_kernel<T><<<static_cast<unsigned>(p.n_tokens), 256, 0, stream>>>(p, table, ids, out, error_flag);
+  BG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void embedding_cuda(const EmbeddingParams& p, const __nv_bfloat16* table, const int32_t* ids, __nv_bfloat16* out,
+                    int32_t* error_flag, cudaStream_t stream) {
+  launch_embedding(p, table, ids, out, error_flag, stream);
+}
+
+void embedding_cuda(const EmbeddingParams& p, const float* table, const int32_t* ids, __nv_bfloat16* out,
+                    int32_t* error_flag, cudaStream_t stream) {
+  launch_embedding(p, table, ids, out, error_flag, stream);
+}
+
+}  // namespace bg::ops

@@ -1,0 +1,50 @@
+// CUDA gated RMSNorm: the shared row-norm kernel over T*H rows of head_dim, with the gated epilogue.
+#ifndef FMT_USE_CONSTEXPR
+#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
+#endif
+#include "ops/gated_rmsnorm/gated_rmsnorm_cuda.h"
+
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+#include "ops/elementwise/cuda_utils.cuh"
+
+namespace bg::ops {
+namespace {
+
+using cuda_util::bf16;
+
+// y = (x * rstd * w) / (1 + exp(-g)): the CPU reference's order of operations.
+struct GatedNormOp {
+  const bf16* x;
+  const bf16* gate;
+  bf16* y;
+  const float* weight;
+  int64_t dim;
+  float inv_dim, eps;
+
+  __device__ float load(int64_t r, int64_t d) const { return cuda_util::to_f32(x[r * dim + d]); }
+  __device__ float factor(float ss) const { return 1.0f / sqrtf(ss * inv_dim + eps); }
+  __device__ void store(int64_t r, int64_t d, float v, float rstd) const {
+    const float normed = v * rstd * weight[d];
+    y[r * dim + d] = cuda_util::to_bf16(normed / (1.0f + expf(-cuda_util::to_f32(gate[r * dim + d]))));
+  }
+};
+
+}  // namespace
+
+void gated_rmsnorm_cuda(const GatedRmsNormParams& p, const __nv_bfloat16* x, const __nv_bfloat16* gate,
+                        const float* weight, __nv_bfloat16* y, cudaStream_t stream) {
+  BG_CHECK(p.n_tokens >= 0, "gated_rmsnorm_cuda: n_tokens {} is negative", p.n_tokens);
+  BG_CHECK(p.n_heads > 0 && p.head_dim > 0, "gated_rmsnorm_cuda: n_heads {} and head_dim {} must be positive",
+           p.n_heads, p.head_dim);
+  BG_CHECK(p.eps > 0.0f, "gated_rmsnorm_cuda: eps {} must be positive", p.eps);
+  const int64_t n_rows = p.n_tokens * p.n_heads;
+  BG_CHECK(n_rows < (int64_t{1} << 31), "gated_rmsnorm_cuda: {} rows exceed the grid", n_rows);
+  if (n_rows == 0) return;
+  BG_CHECK(x && gate && weight && y, "gated_rmsnorm_cuda: null pointer with n_tokens {}", p.n_tokens);
+  const GatedNormOp op{x, gate, y, weight, p.head_dim, 1.0f / static_cast<float>(p.head_dim), p.eps};
+  cuda_util::launch_row_norm(n_rows, p.head_dim, op, stream);
+  BG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace bg::ops

@@ -1,0 +1,93 @@
+// CUDA linear layer y[n, out] = x[n, in] W^T: the device weight descriptor (dense bf16, FP8 E4M3 + 128x128 block
+// scales, MXFP4 codes + E8M0 scales), its upload from a host QuantWeight, and the launcher. Included only by CUDA code,
+// the CUDA backend and GPU tests.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/device_buffer.h"
+#include "formats/quant.h"
+
+namespace bg::ops {
+
+// A [n_out, n_in] linear weight in device memory (POD: copied into kernel parameters and into device arrays of
+// per-expert descriptors). The pointers are owned by whoever uploaded the weight.
+struct DeviceWeight {
+  WeightFormat format = WeightFormat::kDense;
+  int64_t n_out = 0;
+  int64_t n_in = 0;
+  // kDense: bf16 [out, in]; kFp8Block: E4M3 bytes [out, in]; kMxfp4: bytes [out, in/2] (low nibble = even element).
+  const void* data = nullptr;
+  // kFp8Block: fp32 [ceil(out/128), ceil(in/128)] (multiply: "scale_inv" in checkpoint naming); kMxfp4: E8M0 bytes
+  // [out, in/32]; kDense: null.
+  const void* scale = nullptr;
+};
+
+// A weight uploaded by upload_weight: the descriptor plus the buffers it points into (keep them alive together).
+struct DeviceWeightStorage {
+  DeviceWeight desc;
+  cuda::DeviceBuffer data;
+  cuda::DeviceBuffer scale;
+};
+
+// Copies a host QuantWeight into new device buffers (synchronous; load time only). Dense F32/F16 weights are rounded
+// to bf16 (round to nearest even) on the host first; BF16, FP8 and MXFP4 bytes are copied as stored.
+DeviceWeightStorage upload_weight(const QuantWeight& w);
+
+enum class LinearOutType : uint8_t { kBf16, kF32 };
+
+// Which kernel path runs. kAuto picks by format and n_tokens (below); the others exist for tests and benchmarks and
+// are errors where they do not apply (an explicit request is never silently replaced).
+enum class LinearPath : uint8_t {
+  kAuto,
+  kSkinny,        // FP8/MXFP4 only: weight-streaming kernel, each weight byte read once per 16 tokens
+  kDequantGemm,   // FP8/MXFP4 only: dequantize rows to bf16 scratch, then cuBLAS (dense always uses cuBLAS)
+};
+
+// kAuto uses the skinny kernel for FP8/MXFP4 when n_tokens <= this (decode), dequantize + cuBLAS above it.
+inline constexpr int64_t kLinearSkinnyMaxTokens = 16;
+
+struct LinearCudaParams {
+  int64_t n_tokens = 0;                       // rows of x and y; 0 launches nothing
+  LinearOutType out_type = LinearOutType::kBf16;
+  LinearPath path = LinearPath::kAuto;
+};
+
+// Caller-owned resources. The cuBLAS handle belongs to the backend; the launcher only binds it to `stream` and to
+// the workspace below (cublasSetStream / cublasSetWorkspace) before each GEMM, so a captured graph never allocates.
+struct LinearCudaContext {
+  cublasHandle_t cublas = nullptr;   // required by the dense and dequant paths
+  void* cublas_workspace = nullptr;  // >= kCublasWorkspaceBytes recommended (cuBLAS guidance for Hopper)
+  size_t cublas_workspace_bytes = 0;
+  void* dequant_scratch = nullptr;   // bf16 rows for the dequant path, see linear_dequant_scratch_bytes
+  size_t dequant_scratch_bytes = 0;
+};
+
+inline constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+// Rows of W dequantized per cuBLAS call on the dequant path: up to this many (a multiple of 128), fewer if the
+// scratch is smaller. The scratch must hold at least min(n_out, 128) rows.
+inline constexpr int64_t kLinearDequantChunkRows = 4096;
+
+// Scratch bytes the dequant path wants for this weight and token count: 0 where it does not run (dense weights,
+// skinny path), else min(n_out, kLinearDequantChunkRows) rows of n_in bf16. A smaller scratch of at least
+// linear_dequant_scratch_min_bytes also works, in more chunks.
+size_t linear_dequant_scratch_bytes(const DeviceWeight& w, const LinearCudaParams& p);
+size_t linear_dequant_scratch_min_bytes(const DeviceWeight& w);
+
+// y[n_tokens, w.n_out] = x[n_tokens, w.n_in] W^T with fp32 accumulation; y is bf16 or fp32 per p.out_type and must
+// not alias x. x rows are contiguous (stride n_in). No host synchronisation, no allocation.
+//   dense: cublasGemmEx (bf16 x bf16 -> bf16/fp32, fp32 compute).
+//   FP8 / MXFP4, n_tokens <= 16: skinny weight-streaming kernel (weights decoded in registers, scales applied in fp32).
+//   FP8 / MXFP4, more tokens: rows dequantized to bf16 (code * scale rounded to bf16) into ctx.dequant_scratch, then
+//   cublasGemmEx per chunk of rows. The extra pass costs ~5 bytes per weight against 2*n_tokens*n_in FLOPs per row,
+//   which tensor cores amortize for n_tokens > 16; a fused W8A16/W4A16 tensor-core kernel can replace it later.
+void linear_cuda(const LinearCudaParams& p, const DeviceWeight& w, const __nv_bfloat16* x, void* y,
+                 const LinearCudaContext& ctx, cudaStream_t stream);
+
+}  // namespace bg::ops

@@ -1,0 +1,52 @@
+// MLA on the GPU, batch-shaped: the paged bf16 latent-cache write and absorbed attention for tokens of many
+// sequences in one launch (decode: one token per sequence; prefill: many tokens of one sequence; or a mix).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/mla/mla.h"
+
+namespace bg::ops {
+
+// Where each token's cache position lives, all device pointers. Position p of sequence s is slot p % block_size of
+// block block_tables[s * max_blocks_per_seq + p / block_size]; that block's entries start at
+// base + block * block_stride (elements), each entry [kv_lora + rope] = [c_kv | k_pe] bf16.
+struct MlaPagedCache {
+  __nv_bfloat16* base = nullptr;          // this MLA layer's block 0
+  int64_t block_stride = 0;               // elements from one block of this layer to the next (>= block_size * entry)
+  const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks_per_seq] physical block ids
+  int64_t max_blocks_per_seq = 0;
+  const int32_t* seq_idx = nullptr;    // [n_tokens] row of block_tables each token belongs to
+  const int64_t* positions = nullptr;  // [n_tokens] each token's position in its sequence
+};
+
+// Heads handled by one CTA of the attention kernel (they share the streamed cache tile).
+inline constexpr int64_t kMlaCudaHeadsPerCta = 8;
+
+// Largest latent shape the kernels take: kv_lora_rank in [1, 512], qk_rope_dim in [0, 64] (DeepSeek-V3 / Kimi use
+// exactly 512 / 64, the fast path; smaller shapes, e.g. of test checkpoints, run a zero-padded variant). Larger shapes
+// are rejected with bg::Error.
+inline constexpr int64_t kMlaCudaMaxKvLoraRank = 512;
+inline constexpr int64_t kMlaCudaMaxRopeDim = 64;
+
+// Writes latent [n_tokens, kv_lora + rope] bf16 to each token's (block, slot). Uses p.n_tokens, p.kv_lora_rank,
+// p.qk_rope_dim, p.block_size. 16-byte copies when the entry size is a multiple of 8 elements and latent, cache base
+// and block stride are 16-byte aligned, element copies otherwise (any entry size, bf16-aligned pointers).
+void mla_cache_write_cuda(const MlaParams& p, const __nv_bfloat16* latent, const MlaPagedCache& cache,
+                          cudaStream_t stream);
+
+// Absorbed attention (same contract as mla_attention_cpu, bf16 in/out, fp32 inside):
+//   q    [n_tokens, n_heads, qk_nope + qk_rope] bf16
+//   w_uk [n_heads, qk_nope, kv_lora] bf16,  w_uv [n_heads, v_head, kv_lora] bf16
+//   out  [n_tokens, n_heads, v_head] bf16
+// Token t attends to positions 0..positions[t] of sequence seq_idx[t], which must be written already.
+// kv_lora_rank in [1, 512], qk_rope_dim in [0, 64], qk_nope_dim >= 1 with qk_nope + qk_rope <= 1156, v_head in
+// [1, 4096]; cache entries are kv_lora + rope elements. kv_lora 512 / rope 64 with a 16-byte aligned cache (base and
+// block stride) and 4-byte aligned weights take the production path; any other shape or alignment the padded one.
+void mla_attention_cuda(const MlaParams& p, const __nv_bfloat16* q, const __nv_bfloat16* w_uk,
+                        const __nv_bfloat16* w_uv, const MlaPagedCache& cache, __nv_bfloat16* out, cudaStream_t stream);
+
+}  // namespace bg::ops

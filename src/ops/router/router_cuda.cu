@@ -1,0 +1,147 @@
+// CUDA router: one warp per token. Biased scores live in shared memory; group selection ranks groups exactly like the
+// CPU's stable sort; the top-k are taken in k rounds of a warp argmax (score desc, index asc), which reproduces the
+// CPU's partial_sort order. Sigmoid and the weight arithmetic use the same fp32 expressions as route_topk_cpu.
+
+#ifndef FMT_USE_CONSTEXPR
+#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
+#endif
+
+#include "ops/router/router_cuda.h"
+
+#include <cmath>
+
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+
+namespace bg::ops {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+
+struct RouterDims {
+  int n_tokens, n_experts, top_k, n_group, topk_group;
+  bool renormalize;
+  float scaling_factor;
+};
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Whether (va, ia) comes before (vb, ib) in the CPU order: larger score first, then lower index.
+__device__ __forceinline__ bool before(float va, int ia, float vb, int ib) {
+  return va > vb || (va == vb && ia < ib);
+}
+
+// Group stage: group score = top-2 sum of the biased scores (top-1 for groups of one); groups ranked by a stable
+// descending sort; the experts of groups ranked >= topk_group get biased score 0.0 (transformers' mask).
+__device__ void mask_losing_groups(const RouterDims& d, float* choice, float* group_score, int lane) {
+  const int per_group = d.n_experts / d.n_group;
+  for (int g = lane; g < d.n_group; g += 32) {
+    const float* c = choice + g * per_group;
+    float best = -INFINITY, second = -INFINITY;
+    for (int i = 0; i < per_group; ++i) {  // the CPU's exact scan, so equal values give the same sums
+      if (c[i] > best) {
+        second = best;
+        best = c[i];
+      } else if (c[i] > second) {
+        second = c[i];
+      }
+    }
+    group_score[g] = per_group >= 2 ? best + second : best;
+  }
+  __syncwarp();
+  // Rank of group g in a stable descending sort = number of groups that sort before it (O(n_group^2), n_group is
+  // small: 8 for DeepSeek-V3).
+  for (int g0 = 0; g0 < d.n_group; g0 += 32) {
+    const int g = g0 + lane;
+    int rank = 0;
+    if (g < d.n_group) {
+      for (int h = 0; h < d.n_group; ++h) rank += before(group_score[h], h, group_score[g], g) ? 1 : 0;
+    }
+    __syncwarp();
+    if (g < d.n_group && rank >= d.topk_group) {
+      for (int i = 0; i < per_group; ++i) choice[g * per_group + i] = 0.0f;
+    }
+    __syncwarp();
+  }
+}
+
+// grid ceil(n_tokens / 4), block 4 warps, dynamic shared memory 4 * (n_experts + n_group) floats.
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) route_topk_kernel(RouterDims d, const float* logits,
+                                                                        const float* bias, int32_t* expert_ids,
+                                                                        float* weights) {
+  extern __shared__ float smem[];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int t = static_cast<int>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (t >= d.n_tokens) return;  // whole warp; no block-level synchronization below
+  float* choice = smem + warp * (d.n_experts + d.n_group);
+  float* group_score = choice + d.n_experts;
+  const float* row = logits + static_cast<int64_t>(t) * d.n_experts;
+
+  for (int e = lane; e < d.n_experts; e += 32) choice[e] = sigmoid(row[e]) + (bias ? bias[e] : 0.0f);
+  __syncwarp();
+  if (d.n_group > 1 && d.topk_group < d.n_group) mask_losing_groups(d, choice, group_score, lane);
+
+  // k rounds of argmax; the winner is marked -inf so it is not taken again. Lane j keeps the j-th pick.
+  int my_id = 0;
+  float my_score = 0.0f;
+  for (int k = 0; k < d.top_k; ++k) {
+    float best_v = -INFINITY;
+    int best_i = 0x7fffffff;
+    for (int e = lane; e < d.n_experts; e += 32) {
+      const float v = choice[e];
+      if (v > best_v) {  // ascending e: strict > keeps the lowest index among equals
+        best_v = v;
+        best_i = e;
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best_v, off);
+      const int oi = __shfl_xor_sync(0xffffffffu, best_i, off);
+      if (before(ov, oi, best_v, best_i)) {
+        best_v = ov;
+        best_i = oi;
+      }
+    }
+    if (lane == k) {
+      my_id = best_i;
+      my_score = sigmoid(row[best_i]);  // unbiased score, same expression as above
+    }
+    __syncwarp();
+    if (lane == 0) choice[best_i] = -INFINITY;
+    __syncwarp();
+  }
+  // Renormalise with the CPU's sequential sum order, then scale.
+  float sum = 0.0f;
+  for (int k = 0; k < d.top_k; ++k) sum += __shfl_sync(0xffffffffu, my_score, k);
+  if (lane < d.top_k) {
+    float w = my_score;
+    if (d.renormalize) w /= (sum + 1e-20f);
+    const int64_t idx = static_cast<int64_t>(t) * d.top_k + lane;
+    expert_ids[idx] = my_id;
+    weights[idx] = w * d.scaling_factor;
+  }
+}
+
+}  // namespace
+
+void route_topk_cuda(const RouterParams& p, const float* logits, const float* bias, int32_t* expert_ids,
+                     float* weights, cudaStream_t stream) {
+  BG_CHECK(p.n_experts > 0 && p.n_experts <= kRouterCudaMaxExperts, "route_topk_cuda: {} experts (1..{} supported)",
+           p.n_experts, kRouterCudaMaxExperts);
+  BG_CHECK(p.top_k > 0 && p.top_k <= p.n_experts && p.top_k <= kRouterCudaMaxTopK,
+           "route_topk_cuda: top_k {} of {} experts (at most {})", p.top_k, p.n_experts, kRouterCudaMaxTopK);
+  BG_CHECK(p.n_group > 0 && p.n_experts % p.n_group == 0 && p.topk_group >= 1 && p.topk_group <= p.n_group,
+           "route_topk_cuda: {} experts in {} groups, keep {}", p.n_experts, p.n_group, p.topk_group);
+  BG_CHECK(p.n_tokens >= 0 && p.n_tokens <= INT32_MAX, "route_topk_cuda: n_tokens {}", p.n_tokens);
+  if (p.n_tokens == 0) return;
+  BG_CHECK(logits && expert_ids && weights, "route_topk_cuda: null pointer with {} tokens", p.n_tokens);
+  const RouterDims d{static_cast<int>(p.n_tokens), static_cast<int>(p.n_experts), static_cast<int>(p.top_k),
+                     static_cast<int>(p.n_group), static_cast<int>(p.topk_group), p.renormalize, p.scaling_factor};
+  const int blocks = static_cast<int>((p.n_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const size_t smem = sizeof(float) * kWarpsPerBlock * static_cast<size_t>(p.n_experts + p.n_group);
+  route_topk_kernel<<<blocks, kWarpsPerBlock * 32, smem, stream>>>(d, logits, bias, expert_ids, weights);
+  BG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace bg::ops

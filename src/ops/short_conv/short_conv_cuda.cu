@@ -1,0 +1,114 @@
+// CUDA short conv + SiLU. Prefill: one thread per (token, channel) output reading W inputs from x or the old state,
+// then one thread per channel shifts the state. Decode: one thread per (sequence, channel) does both.
+#ifndef FMT_USE_CONSTEXPR
+#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
+#endif
+#include "ops/short_conv/short_conv_cuda.h"
+
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+#include "ops/elementwise/cuda_utils.cuh"
+
+namespace bg::ops {
+namespace {
+
+using cuda_util::bf16;
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxKernel = 64;
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+// Input of token s (relative to the call's first token; s >= -(W-1)) for channel c: x, or the state when s < 0.
+__device__ __forceinline__ float input_at(const ShortConvParams& p, const bf16* x, const float* state, int64_t s,
+                                          int64_t c) {
+  const int64_t n_hist = p.kernel_size - 1;
+  return s >= 0 ? cuda_util::to_f32(x[s * p.n_channels + c]) : state[c * n_hist + n_hist + s];
+}
+
+// Output element i = t * C + c (channel fastest: coalesced). Reads the old state only; it is updated afterwards.
+__global__ void conv_kernel(ShortConvParams p, const bf16* x, const float* weight, const float* state, bf16* out) {
+  const int64_t n = p.n_tokens * p.n_channels, w = p.kernel_size;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const int64_t t = i / p.n_channels, c = i - t * p.n_channels;
+    const float* wc = weight + c * w;
+    const int64_t first = t - (w - 1);  // token of weight column 0
+    float acc = 0.0f;
+    for (int64_t j = 0; j < w; ++j) acc += wc[j] * input_at(p, x, state, first + j, c);
+    out[i] = cuda_util::to_bf16(silu(acc));
+  }
+}
+
+// New state of channel c: the inputs of tokens T-(W-1) .. T-1, oldest first. Entry j reads old entry T+j >= j, so
+// ascending j is safe in place.
+__global__ void state_kernel(ShortConvParams p, const bf16* x, float* state) {
+  const int64_t n_hist = p.kernel_size - 1;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < p.n_channels; c += step) {
+    for (int64_t j = 0; j < n_hist; ++j) state[c * n_hist + j] = input_at(p, x, state, p.n_tokens - n_hist + j, c);
+  }
+}
+
+// Element i = s * C + c: sequence s, channel c. Each thread owns its (slot, channel) state row.
+__global__ void decode_kernel(ShortConvDecodeParams p, const bf16* x, const float* weight, ConvStateSlots states,
+                              bf16* out) {
+  const int64_t n = p.n_seqs * p.n_channels, w = p.kernel_size, n_hist = w - 1;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const int64_t s = i / p.n_channels, c = i - s * p.n_channels;
+    const int32_t slot = states.slot_idx[s];
+    if (slot < 0) continue;
+    float* st = states.base + slot * states.slot_stride + c * n_hist;  // [W-1], oldest first
+    const float* wc = weight + c * w;
+    const float xv = cuda_util::to_f32(x[i]);
+    float acc = 0.0f;
+    for (int64_t j = 0; j < n_hist; ++j) acc += wc[j] * st[j];
+    acc += wc[n_hist] * xv;
+    out[i] = cuda_util::to_bf16(silu(acc));
+    for (int64_t j = 0; j + 1 < n_hist; ++j) st[j] = st[j + 1];
+    if (n_hist > 0) st[n_hist - 1] = xv;
+  }
+}
+
+}  // namespace
+
+void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const float* weight, float* state,
+                     __nv_bfloat16* out, cudaStream_t stream) {
+  BG_CHECK(p.n_tokens >= 0, "short_conv_cuda: n_tokens {} is negative", p.n_tokens);
+  BG_CHECK(p.n_channels > 0, "short_conv_cuda: n_channels {} must be positive", p.n_channels);
+  BG_CHECK(p.kernel_size >= 1 && p.kernel_size <= kMaxKernel, "short_conv_cuda: kernel_size {} outside [1, {}]",
+           p.kernel_size, kMaxKernel);
+  BG_CHECK(state != nullptr || p.kernel_size == 1, "short_conv_cuda: state is null with kernel_size {}",
+           p.kernel_size);
+  if (p.n_tokens == 0) return;
+  BG_CHECK(x && weight && out, "short_conv_cuda: null x/weight/out with n_tokens {}", p.n_tokens);
+  BG_CHECK(static_cast<const void*>(out) != static_cast<const void*>(x), "short_conv_cuda: out aliases x");
+  const int64_t n = p.n_tokens * p.n_channels;
+  conv_kernel<<<cuda_util::elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(p, x, weight, state, out);
+  BG_CUDA_CHECK_LAUNCH();
+  if (p.kernel_size == 1) return;
+  state_kernel<<<cuda_util::elementwise_blocks(p.n_channels, kThreads), kThreads, 0, stream>>>(p, x, state);
+  BG_CUDA_CHECK_LAUNCH();
+}
+
+void short_conv_decode_cuda(const ShortConvDecodeParams& p, const __nv_bfloat16* x, const float* weight,
+                            const ConvStateSlots& states, __nv_bfloat16* out, cudaStream_t stream) {
+  BG_CHECK(p.n_seqs >= 0, "short_conv_decode_cuda: n_seqs {} is negative", p.n_seqs);
+  BG_CHECK(p.n_channels > 0, "short_conv_decode_cuda: n_channels {} must be positive", p.n_channels);
+  BG_CHECK(p.kernel_size >= 1 && p.kernel_size <= kMaxKernel, "short_conv_decode_cuda: kernel_size {} outside [1, {}]",
+           p.kernel_size, kMaxKernel);
+  BG_CHECK(states.slot_stride >= p.n_channels * (p.kernel_size - 1),
+           "short_conv_decode_cuda: slot_stride {} below C * (W-1) = {}", states.slot_stride,
+           p.n_channels * (p.kernel_size - 1));
+  if (p.n_seqs == 0) return;
+  BG_CHECK(x && weight && out && states.slot_idx, "short_conv_decode_cuda: null pointer with n_seqs {}", p.n_seqs);
+  BG_CHECK(states.base != nullptr || p.kernel_size == 1, "short_conv_decode_cuda: null state base with W {}",
+           p.kernel_size);
+  BG_CHECK(static_cast<const void*>(out) != static_cast<const void*>(x), "short_conv_decode_cuda: out aliases x");
+  const int64_t n = p.n_seqs * p.n_channels;
+  decode_kernel<<<cuda_util::elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(p, x, weight, states, out);
+  BG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace bg::ops

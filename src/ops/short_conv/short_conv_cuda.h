@@ -1,0 +1,38 @@
+// CUDA causal depthwise short conv + SiLU (KDA's q/k/v conv): bf16 activations, fp32 weight, fp32 conv state carried
+// across calls. A prefill call covers one sequence; the decode call covers many sequences of one token each.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/short_conv/short_conv.h"
+
+namespace bg::ops {
+
+// One sequence, T tokens: the contract of short_conv_cpu. x [T, C] bf16, weight [C, W] fp32, state [C, W-1] fp32
+// (in/out; may be null when W == 1), out [T, C] bf16 (must not alias x). The state holds bf16-rounded inputs exactly.
+void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const float* weight, float* state,
+                     __nv_bfloat16* out, cudaStream_t stream);
+
+struct ShortConvDecodeParams {
+  int64_t n_seqs = 0;       // sequences, one token each; may be 0
+  int64_t n_channels = 0;   // C
+  int64_t kernel_size = 4;  // W
+};
+
+// Where each sequence's conv state lives: state of sequence s = base + slot_idx[s] * slot_stride, [C, W-1] fp32.
+// Slots of one call must be distinct; a negative slot index skips the sequence (its out row is left untouched).
+struct ConvStateSlots {
+  float* base = nullptr;              // device
+  const int32_t* slot_idx = nullptr;  // device [n_seqs]
+  int64_t slot_stride = 0;            // floats between consecutive slots (>= C * (W-1))
+};
+
+// Decode: out[s] = short_conv of token x[s] continuing sequence s's state, which is then shifted by one token.
+// Equivalent to short_conv_cuda with T = 1 on each sequence. x, out: [n_seqs, C] bf16; weight [C, W] fp32.
+void short_conv_decode_cuda(const ShortConvDecodeParams& p, const __nv_bfloat16* x, const float* weight,
+                            const ConvStateSlots& states, __nv_bfloat16* out, cudaStream_t stream);
+
+}  // namespace bg::ops

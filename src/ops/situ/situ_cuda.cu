@@ -1,0 +1,46 @@
+// CUDA SiTU: a grid-stride elementwise loop with the CPU reference's formula and order of operations.
+#ifndef FMT_USE_CONSTEXPR
+#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
+#endif
+#include "ops/situ/situ_cuda.h"
+
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+#include "ops/elementwise/cuda_utils.cuh"
+
+namespace bg::ops {
+namespace {
+
+using cuda_util::bf16;
+
+constexpr int kThreads = 256;
+
+__global__ void situ_kernel(int64_t n, SituParams p, float inv_beta, float inv_beta_lin, const bf16* gate,
+                            const bf16* up, bf16* out) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const float g = cuda_util::to_f32(gate[i]);
+    // sigmoid through 1 / (1 + exp(-g)): exactly 0 once exp overflows (g < -88).
+    const float act = p.beta * tanhf(g * inv_beta) / (1.0f + expf(-g));
+    const float lin = p.beta_lin * tanhf(cuda_util::to_f32(up[i]) * inv_beta_lin);
+    out[i] = cuda_util::to_bf16(act * lin);
+  }
+}
+
+}  // namespace
+
+void situ_cuda(const SituParams& p, const __nv_bfloat16* gate, const __nv_bfloat16* up, __nv_bfloat16* out,
+               cudaStream_t stream) {
+  BG_CHECK(p.n_tokens >= 0, "situ_cuda: n_tokens {} is negative", p.n_tokens);
+  BG_CHECK(p.n_inter > 0, "situ_cuda: n_inter {} must be positive", p.n_inter);
+  BG_CHECK(p.beta > 0.0f && p.beta_lin > 0.0f, "situ_cuda: beta {} and beta_lin {} must be positive", p.beta,
+           p.beta_lin);
+  if (p.n_tokens == 0) return;
+  BG_CHECK(gate && up && out, "situ_cuda: null pointer with n_tokens {}", p.n_tokens);
+  const int64_t n = p.n_tokens * p.n_inter;
+  situ_kernel<<<cuda_util::elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(
+      n, p, 1.0f / p.beta, 1.0f / p.beta_lin, gate, up, out);
+  BG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace bg::ops

@@ -1,0 +1,73 @@
+// CUDA Attention-Residual mix against attn_res_mix_cpu on bf16-rounded candidates: 1 .. 16 candidates of very
+// different scales, hidden 7168, ragged token counts, large scores (softmax must subtract its max), an all-zero
+// candidate row, and the output written over the last candidate (the partial sum).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "cuda/small_ops_testing.h"
+#include "ops/attn_res/attn_res_cuda.h"
+
+namespace bg::testing {
+namespace {
+
+struct MixCase {
+  int64_t n_candidates, n_tokens, dim;
+  float proj_scale;
+};
+
+TEST(AttnResParity, MatchesCpu) {
+  BG_REQUIRE_GPU();
+  const MixCase cases[] = {{1, 3, 7168, 1.0f},   {9, 1, 7168, 1.0f},  {9, 17, 7168, 1.0f}, {10, 128, 7168, 1.0f},
+                           {16, 5, 256, 30.0f},  {5, 1000, 128, 1.0f}, {2, 7, 1, 1.0f},     {3, 17, 1000, 0.01f}};
+  for (const MixCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "n " << c.n_candidates << " T " << c.n_tokens << " D " << c.dim);
+    const size_t per = static_cast<size_t>(c.n_tokens * c.dim), total = per * static_cast<size_t>(c.n_candidates);
+    std::vector<float> packed = random_floats(total, 1.0f, static_cast<uint64_t>(c.n_candidates * 100 + c.n_tokens));
+    for (int64_t i = 0; i < c.n_candidates; ++i) {
+      const float scale = std::pow(10.0f, static_cast<float>(i % 4) - 1.0f);  // 0.1 .. 100
+      for (size_t j = 0; j < per; ++j) packed[static_cast<size_t>(i) * per + j] *= scale;
+    }
+    if (c.n_candidates > 1) std::fill_n(packed.begin(), c.dim, 0.0f);  // candidate 0, token 0: all zero
+    std::vector<float> norm = random_floats(static_cast<size_t>(c.dim), 0.3f, 41);
+    for (auto& v : norm) v += 1.0f;
+    std::vector<float> proj = random_floats(static_cast<size_t>(c.dim), c.proj_scale / std::sqrt(static_cast<float>(c.dim)), 42);
+    const cuda::DeviceBuffer d_packed = upload_bf16(packed), d_norm = cuda::upload(norm), d_proj = cuda::upload(proj);
+    std::vector<const float*> ptrs;
+    for (int64_t i = 0; i < c.n_candidates; ++i) ptrs.push_back(packed.data() + static_cast<size_t>(i) * per);
+    const ops::AttnResParams p{c.n_candidates, c.n_tokens, c.dim, 1e-5f};
+    std::vector<float> ref(per);
+    ops::attn_res_mix_cpu(p, ptrs.data(), norm.data(), proj.data(), ref.data());
+
+    cuda::DeviceBuffer out = poisoned(per * 2);
+    ops::attn_res_mix_cuda(p, bf16_ptr(d_packed), d_norm.as<float>(), d_proj.as<float>(), bf16_ptr(out), nullptr);
+    sync_device();
+    const std::vector<float> got = download_bf16(out, per);
+    EXPECT_LE(max_rel_error(got, ref), kTolBf16Out);
+
+    // Over the last candidate: same bits as out of place.
+    __nv_bfloat16* last = bf16_ptr(d_packed) + static_cast<size_t>(c.n_candidates - 1) * per;
+    ops::attn_res_mix_cuda(p, bf16_ptr(d_packed), d_norm.as<float>(), d_proj.as<float>(), last, nullptr);
+    sync_device();
+    const std::vector<float> all = download_bf16(d_packed, total);
+    EXPECT_EQ(first_mismatch(std::vector<float>(all.end() - static_cast<std::ptrdiff_t>(per), all.end()), got), -1);
+  }
+}
+
+TEST(AttnResParity, RejectsBadParams) {
+  BG_REQUIRE_GPU();
+  cuda::DeviceBuffer b(64);
+  EXPECT_THROW(ops::attn_res_mix_cuda({0, 1, 4, 1e-5f}, bf16_ptr(b), b.as<float>(), b.as<float>(), bf16_ptr(b),
+                                      nullptr),
+               Error);
+  EXPECT_THROW(ops::attn_res_mix_cuda({17, 1, 4, 1e-5f}, bf16_ptr(b), b.as<float>(), b.as<float>(), bf16_ptr(b),
+                                      nullptr),
+               Error);
+  EXPECT_NO_THROW(ops::attn_res_mix_cuda({2, 0, 4, 1e-5f}, nullptr, nullptr, nullptr, nullptr, nullptr));
+}
+
+}  // namespace
+}  // namespace bg::testing

@@ -1,0 +1,400 @@
+// MLA CUDA ops against the CPU reference at real dims (kv_lora 512, rope 64, nope 128, v 128): the paged bf16 cache
+// write (bit-exact, nothing else touched) and absorbed attention (bf16 out, 1e-2) for decode batches, one long prefill
+// and a mixed batch, each sequence on shuffled, non-contiguous blocks of a two-layer pool. Then the same at the small
+// dims of the golden and random test checkpoints (kv_lora 32 / 48, rope 8..32, nope 8..32, v 8..32) and at odd dims
+// (entries that are not a multiple of 8 elements, misaligned cache bases and latents: the element-wise paths).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda_testing.h"
+#include "ops/mla/mla.h"
+#include "ops/mla/mla_cuda.h"
+
+namespace bg::ops {
+namespace {
+
+using cuda::DeviceBuffer;
+using testing::from_bf16;
+using testing::random_floats;
+using testing::to_bf16;
+
+// The shape of one test: latent dims, head dims and the cache block size.
+struct Dims {
+  int64_t lora, rope, nope, v, block;
+  int64_t entry() const { return lora + rope; }
+};
+constexpr Dims kProd{512, 64, 128, 128, 64};  // DeepSeek-V3 / Kimi
+constexpr int64_t kLayers = 2, kLayer = 1;   // the pool holds 2 MLA layers; the tests use layer 1 (stride != size)
+constexpr float kDeepSeekScale = 0.135234f;  // 192^-0.5 * yarn mscale^2 (factor 40)
+const float kK3Scale = 1.0f / std::sqrt(192.0f);
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Sequences with written latents on a shuffled paged pool, mirrored on the host (fp32 values of the bf16 latents).
+// base_offset (elements) shifts the pool's start, latent_offset the latents' upload: odd values misalign them.
+struct PagedSequences {
+  Dims dims;
+  int64_t base_offset;
+  std::vector<int64_t> lengths;  // cache positions written per sequence
+  int64_t n_blocks = 0, max_blocks = 0;
+  std::vector<int32_t> tables;              // [n_seqs, max_blocks], -1 past a sequence's blocks
+  std::vector<std::vector<float>> latents;  // per sequence [ceil(len / block) * block, entry] fp32 (bf16 values)
+  std::vector<std::vector<uint16_t>> bits;  // per sequence [len, entry] bf16
+  DeviceBuffer pool;  // [base_offset + n_blocks * kLayers * block * entry] bf16, poisoned then written
+  DeviceBuffer d_tables;
+
+  PagedSequences(std::vector<int64_t> lens, uint64_t seed, Dims d = kProd, int64_t base_off = 0)
+      : dims(d), base_offset(base_off), lengths(std::move(lens)) {
+    const int64_t block = dims.block, entry = dims.entry();
+    std::mt19937_64 rng(seed);
+    for (int64_t len : lengths) {
+      n_blocks += ceil_div(len, block);
+      max_blocks = std::max(max_blocks, ceil_div(len, block) + 1);  // one spare table entry, never used
+    }
+    n_blocks += 5;  // blocks no sequence owns stay poisoned
+    std::vector<int32_t> physical(static_cast<size_t>(n_blocks));
+    std::iota(physical.begin(), physical.end(), 0);
+    std::shuffle(physical.begin(), physical.end(), rng);
+    tables.assign(lengths.size() * static_cast<size_t>(max_blocks), -1);
+    size_t next = 0;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      const int64_t nb = ceil_div(lengths[s], block);
+      for (int64_t b = 0; b < nb; ++b) tables[s * static_cast<size_t>(max_blocks) + b] = physical[next++];
+      std::vector<float> lat = random_floats(static_cast<size_t>(lengths[s] * entry), 1.0f, seed * 131 + s);
+      bits.push_back(to_bf16(lat));
+      lat.resize(static_cast<size_t>(nb * block * entry), 0.0f);
+      latents.push_back(std::move(lat));
+    }
+    pool = DeviceBuffer(static_cast<size_t>(pool_elems()) * 2);
+    pool.fill_bytes(0xff);
+    d_tables = cuda::upload(tables);
+  }
+
+  int64_t pool_elems() const { return base_offset + n_blocks * kLayers * dims.block * dims.entry(); }
+  // Element index in the pool of (physical block, slot).
+  int64_t pool_index(int32_t block, int64_t slot) const {
+    return base_offset + ((block * kLayers + kLayer) * dims.block + slot) * dims.entry();
+  }
+
+  MlaPagedCache cache_view(const DeviceBuffer& seq_idx, const DeviceBuffer& positions) const {
+    MlaPagedCache c;
+    c.base = pool.as<__nv_bfloat16>() + base_offset + kLayer * dims.block * dims.entry();
+    c.block_stride = kLayers * dims.block * dims.entry();
+    c.block_tables = d_tables.as<int32_t>();
+    c.max_blocks_per_seq = max_blocks;
+    c.seq_idx = seq_idx.as<int32_t>();
+    c.positions = positions.as<int64_t>();
+    return c;
+  }
+
+  // Writes every sequence's latents with one launch, tokens in a shuffled order.
+  void write_all(uint64_t seed, int64_t latent_offset = 0) {
+    const int64_t entry = dims.entry();
+    std::vector<int32_t> seq_idx;
+    std::vector<int64_t> positions;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      for (int64_t p = 0; p < lengths[s]; ++p) {
+        seq_idx.push_back(static_cast<int32_t>(s));
+        positions.push_back(p);
+      }
+    }
+    std::vector<size_t> order(seq_idx.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
+    std::vector<int32_t> seq_sh;
+    std::vector<int64_t> pos_sh;
+    std::vector<uint16_t> latent(static_cast<size_t>(latent_offset), 0xffff);  // [n, entry], shuffled token order
+    for (size_t i : order) {
+      seq_sh.push_back(seq_idx[i]);
+      pos_sh.push_back(positions[i]);
+      const uint16_t* src = bits[static_cast<size_t>(seq_idx[i])].data() + positions[i] * entry;
+      latent.insert(latent.end(), src, src + entry);
+    }
+    DeviceBuffer d_seq = cuda::upload(seq_sh), d_pos = cuda::upload(pos_sh), d_lat = cuda::upload(latent);
+    MlaParams p{};
+    p.n_tokens = static_cast<int64_t>(seq_sh.size());
+    p.kv_lora_rank = dims.lora;
+    p.qk_rope_dim = dims.rope;
+    p.block_size = dims.block;
+    mla_cache_write_cuda(p, d_lat.as<__nv_bfloat16>() + latent_offset, cache_view(d_seq, d_pos), nullptr);
+    BG_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+};
+
+// One attention launch over `tokens` (sequence, position) pairs, checked against mla_attention_cpu per sequence.
+struct AttentionCase {
+  int64_t n_heads;
+  float scale;
+  std::vector<std::pair<int32_t, int64_t>> tokens;  // what the GPU computes, in batch order
+  std::vector<size_t> checked;                      // indices into tokens that the CPU reference checks
+};
+
+void run_attention(PagedSequences& seqs, const AttentionCase& c, uint64_t seed) {
+  const Dims& d = seqs.dims;
+  const int64_t lora = d.lora, nope = d.nope, v_head = d.v, block = d.block, entry = d.entry();
+  const int64_t n = static_cast<int64_t>(c.tokens.size()), nh = c.n_heads, qk = d.nope + d.rope;
+  const float w_scale = 1.0f / std::sqrt(static_cast<float>(lora));
+  std::vector<float> q = random_floats(static_cast<size_t>(n * nh * qk), 1.0f, seed);
+  std::vector<float> w_uk = random_floats(static_cast<size_t>(nh * nope * lora), w_scale, seed + 1);
+  std::vector<float> w_uv = random_floats(static_cast<size_t>(nh * v_head * lora), w_scale, seed + 2);
+  DeviceBuffer d_q = cuda::upload(to_bf16(q)), d_uk = cuda::upload(to_bf16(w_uk)), d_uv = cuda::upload(to_bf16(w_uv));
+  std::vector<int32_t> seq_idx;
+  std::vector<int64_t> positions;
+  for (const auto& [s, pos] : c.tokens) {
+    seq_idx.push_back(s);
+    positions.push_back(pos);
+  }
+  DeviceBuffer d_seq = cuda::upload(seq_idx), d_pos = cuda::upload(positions);
+  DeviceBuffer d_out(static_cast<size_t>(n * nh * v_head) * 2);
+  d_out.fill_bytes(0xff);
+  const MlaParams p{n, nh, lora, nope, d.rope, v_head, block, c.scale};
+  mla_attention_cuda(p, d_q.as<__nv_bfloat16>(), d_uk.as<__nv_bfloat16>(), d_uv.as<__nv_bfloat16>(),
+                     seqs.cache_view(d_seq, d_pos), d_out.as<__nv_bfloat16>(), nullptr);
+  BG_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got = from_bf16(cuda::download<uint16_t>(d_out, static_cast<size_t>(n * nh * v_head)));
+
+  const size_t row = static_cast<size_t>(nh * v_head);
+  double worst = 0.0;
+  for (size_t i : c.checked) {
+    const auto& [s, pos] = c.tokens[i];
+    const std::vector<float>& lat = seqs.latents[static_cast<size_t>(s)];
+    std::vector<const float*> blocks;
+    for (size_t off = 0; off < lat.size(); off += static_cast<size_t>(block * entry)) blocks.push_back(&lat[off]);
+    MlaParams one = p;
+    one.n_tokens = 1;
+    std::vector<float> ref(row);
+    mla_attention_cpu(one, q.data() + i * static_cast<size_t>(nh * qk), w_uk.data(), w_uv.data(), blocks.data(), &pos,
+                      ref.data());
+    const std::vector<float> got_row(got.begin() + static_cast<std::ptrdiff_t>(i * row),
+                                     got.begin() + static_cast<std::ptrdiff_t>((i + 1) * row));
+    const double err = testing::max_rel_error(got_row, ref);
+    worst = std::max(worst, err);
+    ASSERT_LE(err, testing::kTolBf16Out) << "token " << i << " seq " << s << " pos " << pos << " heads " << nh
+                                         << " lora/rope/nope/v " << lora << "/" << d.rope << "/" << nope << "/"
+                                         << v_head;
+  }
+  std::printf("[mla] lora %lld rope %lld nope %lld v %lld block %lld, heads %lld, %lld tokens (%zu checked): max rel "
+              "err %.3g\n",
+              static_cast<long long>(lora), static_cast<long long>(d.rope), static_cast<long long>(nope),
+              static_cast<long long>(v_head), static_cast<long long>(block), static_cast<long long>(nh),
+              static_cast<long long>(n), c.checked.size(), worst);
+}
+
+std::vector<size_t> all_indices(size_t n) {
+  std::vector<size_t> v(n);
+  std::iota(v.begin(), v.end(), size_t{0});
+  return v;
+}
+
+// Writes the sequences' latents and compares the whole pool bit for bit with the expected layout.
+void check_cache_write(const Dims& d, std::vector<int64_t> lens, int64_t base_offset, int64_t latent_offset,
+                       uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "lora " << d.lora << " rope " << d.rope << " block " << d.block
+                                    << " base offset " << base_offset << " latent offset " << latent_offset);
+  PagedSequences seqs(std::move(lens), seed, d, base_offset);
+  seqs.write_all(seed + 1, latent_offset);
+  const int64_t entry = d.entry();
+  const size_t n_elems = static_cast<size_t>(seqs.pool_elems());
+  const std::vector<uint16_t> pool = cuda::download<uint16_t>(seqs.pool, n_elems);
+  std::vector<uint16_t> want(n_elems, 0xffff);
+  for (size_t s = 0; s < seqs.lengths.size(); ++s) {
+    for (int64_t pos = 0; pos < seqs.lengths[s]; ++pos) {
+      const int32_t block = seqs.tables[s * static_cast<size_t>(seqs.max_blocks) + pos / d.block];
+      std::copy_n(seqs.bits[s].data() + pos * entry, entry, want.begin() + seqs.pool_index(block, pos % d.block));
+    }
+  }
+  size_t n_diff = 0;
+  for (size_t i = 0; i < n_elems; ++i) n_diff += pool[i] != want[i];
+  EXPECT_EQ(n_diff, 0u) << "cache elements differing from the expected paged layout (layer 0 and unused slots must "
+                           "keep their poison)";
+}
+
+TEST(MlaCuda, CacheWriteIsExactAndTouchesNothingElse) {
+  BG_REQUIRE_GPU();
+  check_cache_write(kProd, {1, 63, 64, 65, 200, 3000}, 0, 0, 7);
+}
+
+TEST(MlaCuda, CacheWriteSmallAndUnalignedEntriesIsExact) {
+  BG_REQUIRE_GPU();
+  const std::vector<int64_t> lens = {1, 5, 63, 64, 65, 300};
+  // Small entries that are multiples of 8 elements (16-byte copies): golden 32 | 16, random 48 | 8 and 32 | 32.
+  check_cache_write({32, 16, 16, 16, 16}, lens, 0, 0, 51);
+  check_cache_write({48, 8, 8, 8, 16}, lens, 0, 0, 52);
+  check_cache_write({32, 32, 32, 8, 64}, lens, 0, 0, 53);
+  // Entries that are not (element copies): 37 | 5 on blocks of 5 (every other block base misaligned), 33 | 0, 1 | 0.
+  check_cache_write({37, 5, 7, 3, 5}, lens, 0, 0, 54);
+  check_cache_write({33, 0, 8, 8, 16}, lens, 0, 0, 55);
+  check_cache_write({1, 0, 1, 1, 3}, lens, 0, 0, 56);
+  // 576-element entries on a misaligned pool, and from a misaligned latent: element copies too.
+  check_cache_write(kProd, lens, 1, 0, 57);
+  check_cache_write(kProd, lens, 0, 3, 58);
+  check_cache_write({32, 16, 16, 16, 16}, lens, 5, 1, 59);
+}
+
+TEST(MlaCuda, DecodeBatchMatchesCpuDeepSeekHeads) {
+  BG_REQUIRE_GPU();
+  const std::vector<int64_t> lens = {1, 2, 31, 63, 64, 65, 127, 500, 1023, 2048, 2999, 3000};
+  PagedSequences seqs(lens, 11);
+  seqs.write_all(12);
+  AttentionCase c{128, kDeepSeekScale, {}, {}};
+  for (size_t s = 0; s < lens.size(); ++s) c.tokens.push_back({static_cast<int32_t>(s), lens[s] - 1});
+  std::shuffle(c.tokens.begin(), c.tokens.end(), std::mt19937_64(13));
+  c.checked = all_indices(c.tokens.size());
+  run_attention(seqs, c, 14);
+}
+
+TEST(MlaCuda, DecodeBatchMatchesCpuK3HeadsAndPartialHeadGroup) {
+  BG_REQUIRE_GPU();
+  const std::vector<int64_t> lens = {1, 64, 65, 777, 3000};
+  PagedSequences seqs(lens, 21);
+  seqs.write_all(22);
+  // 96 heads (Kimi-K3) and 12 (K3 split 8 ways: the second group of 8 heads is half empty).
+  for (int64_t heads : {96, 12}) {
+    AttentionCase c{heads, kK3Scale, {}, {}};
+    for (size_t s = 0; s < lens.size(); ++s) c.tokens.push_back({static_cast<int32_t>(s), lens[s] - 1});
+    // Also earlier positions of the same sequences: the causal limit is per token, not per sequence.
+    c.tokens.push_back({4, 0});
+    c.tokens.push_back({4, 1234});
+    c.tokens.push_back({3, 63});
+    c.checked = all_indices(c.tokens.size());
+    run_attention(seqs, c, 23 + static_cast<uint64_t>(heads));
+  }
+}
+
+TEST(MlaCuda, LongPrefillMatchesCpuOnSampledTokens) {
+  BG_REQUIRE_GPU();
+  const int64_t len = 3000;
+  PagedSequences seqs({len}, 31);
+  seqs.write_all(32);
+  AttentionCase c{128, kDeepSeekScale, {}, {}};
+  for (int64_t pos = 0; pos < len; ++pos) c.tokens.push_back({0, pos});
+  // Block and tile edges, the ends, and a random sample (the CPU reference over all 3000 would take minutes).
+  for (int64_t pos : {0, 1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129, 1000, 2047, 2048, 2998, 2999})
+    c.checked.push_back(static_cast<size_t>(pos));
+  std::mt19937_64 rng(33);
+  for (int i = 0; i < 24; ++i) c.checked.push_back(static_cast<size_t>(rng() % len));
+  run_attention(seqs, c, 34);
+}
+
+TEST(MlaCuda, MixedPrefillChunkAndDecodeBatchMatchesCpu) {
+  BG_REQUIRE_GPU();
+  // Sequence 0 continues a prefill: tokens at 1000..1199 after a 1000-token prefix. The others decode one token.
+  const std::vector<int64_t> lens = {1200, 5, 66, 1500, 129};
+  PagedSequences seqs(lens, 41);
+  seqs.write_all(42);
+  AttentionCase c{96, kK3Scale, {}, {}};
+  for (size_t s = 1; s < lens.size(); ++s) c.tokens.push_back({static_cast<int32_t>(s), lens[s] - 1});
+  for (int64_t pos = 1000; pos < 1200; ++pos) c.tokens.push_back({0, pos});
+  c.tokens.push_back({2, 10});
+  for (size_t i = 0; i < c.tokens.size(); i += (i < 8 ? 1 : 7)) c.checked.push_back(i);
+  c.checked.push_back(c.tokens.size() - 1);
+  c.checked.push_back(c.tokens.size() - 2);
+  run_attention(seqs, c, 43);
+}
+
+// Small shapes: sequences with contexts 1..300, decoded (last position and some earlier ones) and prefilled (every
+// position of the 300-token sequence, a chunk of the 150-token one) in one shuffled batch, every token checked
+// (every 5th for shapes near production size, where the CPU reference is slow).
+void run_small_shape(const Dims& d, int64_t heads, int64_t base_offset, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "lora " << d.lora << " rope " << d.rope << " nope " << d.nope << " v " << d.v
+                                    << " block " << d.block << " heads " << heads << " base offset " << base_offset);
+  const std::vector<int64_t> lens = {1, 2, 17, 63, 64, 65, 150, 299, 300};
+  PagedSequences seqs(lens, seed, d, base_offset);
+  seqs.write_all(seed + 1);
+  AttentionCase c{heads, 1.0f / std::sqrt(static_cast<float>(d.nope + d.rope)), {}, {}};
+  for (size_t s = 0; s < lens.size(); ++s) c.tokens.push_back({static_cast<int32_t>(s), lens[s] - 1});
+  c.tokens.push_back({3, 0});
+  c.tokens.push_back({7, 31});
+  c.tokens.push_back({7, 32});
+  for (int64_t pos = 0; pos < 300; ++pos) c.tokens.push_back({8, pos});
+  for (int64_t pos = 100; pos < 150; ++pos) c.tokens.push_back({6, pos});
+  std::shuffle(c.tokens.begin(), c.tokens.end(), std::mt19937_64(seed + 2));
+  const size_t step = d.lora * d.nope >= 256 * 64 ? 5 : 1;
+  for (size_t i = 0; i < c.tokens.size(); i += step) c.checked.push_back(i);
+  run_attention(seqs, c, seed + 3);
+}
+
+TEST(MlaCuda, GoldenCheckpointDimsMatchCpu) {
+  BG_REQUIRE_GPU();
+  // The golden test checkpoints: kv_lora 32, rope 16, nope 16 or 32, v 16 or 32, 4 heads.
+  run_small_shape({32, 16, 16, 16, 16}, 4, 0, 600);
+  run_small_shape({32, 16, 32, 32, 16}, 4, 0, 610);
+  run_small_shape({32, 16, 16, 32, 64}, 4, 0, 620);
+  run_small_shape({32, 16, 32, 16, 7}, 4, 0, 630);
+}
+
+TEST(MlaCuda, RandomCheckpointDimsMatchCpu) {
+  BG_REQUIRE_GPU();
+  // Random test checkpoints: nope / rope / v 8 / 8 / 24 and 32 / 32 / 8, kv_lora 48 (and 32).
+  run_small_shape({32, 8, 8, 24, 16}, 4, 0, 700);
+  run_small_shape({48, 8, 8, 24, 16}, 2, 0, 710);
+  run_small_shape({32, 32, 32, 8, 16}, 12, 0, 720);  // a half-empty second head group
+  run_small_shape({48, 16, 16, 16, 32}, 3, 0, 730);
+}
+
+TEST(MlaCuda, OddDimsAndUnalignedCacheMatchCpu) {
+  BG_REQUIRE_GPU();
+  // Entries that are not a multiple of 8 elements (element-wise cache writes and loads), rope 0, one channel.
+  run_small_shape({37, 5, 7, 3, 5}, 3, 0, 800);
+  run_small_shape({33, 0, 8, 8, 16}, 9, 0, 810);
+  run_small_shape({1, 0, 1, 1, 3}, 1, 0, 820);
+  run_small_shape({100, 64, 64, 40, 32}, 10, 0, 830);
+  run_small_shape({512, 0, 16, 16, 16}, 8, 0, 840);
+  run_small_shape({511, 63, 32, 32, 16}, 8, 0, 850);
+  // A misaligned cache: the padded path, also at the production shape.
+  run_small_shape({32, 16, 16, 16, 16}, 4, 1, 860);
+  run_small_shape(kProd, 16, 1, 870);
+}
+
+TEST(MlaCuda, RejectsUnsupportedShapes) {
+  BG_REQUIRE_GPU();
+  // Real buffers, so that only the shape can be what is rejected.
+  const Dims d{32, 16, 16, 16, 16};
+  PagedSequences seqs({4}, 61, d);
+  seqs.write_all(62);
+  DeviceBuffer d_seq = cuda::upload(std::vector<int32_t>{0}), d_pos = cuda::upload(std::vector<int64_t>{3});
+  DeviceBuffer q(1 << 20), w_uk(1 << 20), w_uv(1 << 20), out(1 << 20), latent(1 << 20);
+  q.fill_bytes(0);
+  w_uk.fill_bytes(0);
+  w_uv.fill_bytes(0);
+  latent.fill_bytes(0);
+  const MlaPagedCache c = seqs.cache_view(d_seq, d_pos);
+  auto attention = [&](const MlaParams& p) {
+    mla_attention_cuda(p, q.as<__nv_bfloat16>(), w_uk.as<__nv_bfloat16>(), w_uv.as<__nv_bfloat16>(), c,
+                       out.as<__nv_bfloat16>(), nullptr);
+  };
+  auto write = [&](const MlaParams& p) { mla_cache_write_cuda(p, latent.as<__nv_bfloat16>(), c, nullptr); };
+  const MlaParams ok{1, 4, d.lora, d.nope, d.rope, d.v, d.block, 0.1f};
+  EXPECT_NO_THROW(attention(ok));
+  EXPECT_NO_THROW(write(ok));
+  BG_CUDA_CHECK(cudaDeviceSynchronize());
+  // Latent shapes beyond the maxima (kv_lora_rank in [1, 512], qk_rope_dim in [0, 64]).
+  for (const auto& [lora, rope] : std::vector<std::pair<int64_t, int64_t>>{
+           {513, 64}, {1024, 64}, {0, 16}, {-32, 16}, {512, 65}, {32, 128}, {32, -1}}) {
+    MlaParams p = ok;
+    p.kv_lora_rank = lora;
+    p.qk_rope_dim = rope;
+    p.block_size = 1;  // the view's block stride holds any of these entries: only the shape can be rejected
+    EXPECT_THROW(attention(p), Error) << lora << " / " << rope;
+    EXPECT_THROW(write(p), Error) << lora << " / " << rope;
+  }
+  MlaParams p = ok;
+  p.qk_nope_dim = 2000;  // nope + rope past the query staging buffer
+  EXPECT_THROW(attention(p), Error);
+  p = ok;
+  p.qk_nope_dim = 0;
+  EXPECT_THROW(attention(p), Error);
+  // A supported shape with null pointers.
+  EXPECT_THROW(mla_attention_cuda(ok, nullptr, nullptr, nullptr, c, nullptr, nullptr), Error);
+  EXPECT_THROW(mla_cache_write_cuda(ok, nullptr, c, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace bg::ops

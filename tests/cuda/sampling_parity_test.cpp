@@ -1,0 +1,183 @@
+// CUDA sampling against the CPU reference: argmax (ties to the lowest index, -0 == +0, all -inf, NaN rows), and
+// temperature / top-k / top-p sampling that must pick exactly the CPU's id for the same uniform u, over vocabularies up
+// to Kimi's 163840 and ragged row counts, with per-row parameters (greedy rows mixed in), distinct logits, heavily
+// tied logits, and rows the CPU would reject (-1). Runs twice to check determinism.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda/small_ops_testing.h"
+#include "ops/sampling/sampling_cuda.h"
+
+namespace bg::testing {
+namespace {
+
+using ops::SamplingBatch;
+using ops::SamplingParams;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Distinct logits: a random permutation of an even grid over [-spread/2, spread/2).
+void fill_distinct(float* row, int64_t vocab, float spread, std::mt19937_64& rng) {
+  std::vector<int32_t> perm(static_cast<size_t>(vocab));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  const float step = spread / static_cast<float>(vocab);
+  for (int64_t i = 0; i < vocab; ++i) {
+    row[i] = (static_cast<float>(perm[static_cast<size_t>(i)]) - static_cast<float>(vocab / 2)) * step;
+  }
+}
+
+std::vector<int32_t> run_sample(const SamplingBatch& b, const std::vector<SamplingParams>& params,
+                                const std::vector<float>& logits, const std::vector<double>& u) {
+  const cuda::DeviceBuffer d_p = cuda::upload(params), d_l = cuda::upload(logits), d_u = cuda::upload(u);
+  cuda::DeviceBuffer ids = poisoned(static_cast<size_t>(b.n_rows) * 4);
+  ops::sample_cuda(b, d_p.as<SamplingParams>(), d_l.as<float>(), d_u.as<double>(), ids.as<int32_t>(), nullptr);
+  sync_device();
+  return cuda::download<int32_t>(ids, static_cast<size_t>(b.n_rows));
+}
+
+const std::vector<SamplingParams> kParamSets = {
+    {1.0f, 0, 1.0f},   {0.7f, 50, 1.0f},  {1.0f, 0, 0.9f},     {0.6f, 1000, 0.95f}, {1.5f, 0, 0.5f},
+    {1.0f, 1, 1.0f},   {0.0f, 0, 1.0f},   {2.0f, 20, 0.8f},    {1.0f, 1 << 30, 1.0f}, {0.8f, 0, 1e-6f},
+    {0.3f, 7, 0.99f},  {5.0f, 0, 0.999f},
+};
+
+// Every row's GPU id equals the CPU's for the same u; returns the ids.
+std::vector<int32_t> expect_same_choices(int64_t n_rows, int64_t vocab, const std::vector<float>& logits,
+                                         uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<SamplingParams> params;
+  std::vector<double> u;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    params.push_back(kParamSets[static_cast<size_t>(r) % kParamSets.size()]);
+    u.push_back(std::uniform_real_distribution<double>(0.0, 1.0)(rng));
+  }
+  u[0] = 0.0;
+  if (n_rows > 1) u[1] = std::nextafter(1.0, 0.0);
+  const SamplingBatch b{n_rows, vocab};
+  const std::vector<int32_t> got = run_sample(b, params, logits, u);
+  int64_t n_mismatch = 0;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const size_t ri = static_cast<size_t>(r);
+    const int32_t want = ops::sample_token_with_uniform(params[ri], logits.data() + r * vocab, vocab, u[ri]);
+    if (got[ri] != want && n_mismatch++ < 5) {
+      ADD_FAILURE() << "row " << r << " T " << params[ri].temperature << " k " << params[ri].top_k << " p "
+                    << params[ri].top_p << " u " << u[ri] << ": gpu " << got[ri] << " cpu " << want;
+    }
+  }
+  EXPECT_EQ(n_mismatch, 0) << "vocab " << vocab << " rows " << n_rows;
+  EXPECT_EQ(run_sample(b, params, logits, u), got) << "not deterministic";
+  return got;
+}
+
+TEST(SamplingParity, SameChoiceAsCpuDistinctLogits) {
+  BG_REQUIRE_GPU();
+  struct Case {
+    int64_t vocab, n_rows;
+    float spread;
+  };
+  for (const Case c : {Case{163840, 1, 16.0f}, Case{163840, 17, 16.0f}, Case{163840, 128, 30.0f},
+                       Case{129280, 3, 8.0f}, Case{1000, 1000, 12.0f}, Case{7, 17, 4.0f}}) {
+    std::mt19937_64 rng(static_cast<uint64_t>(c.vocab + c.n_rows));
+    std::vector<float> logits(static_cast<size_t>(c.vocab * c.n_rows));
+    for (int64_t r = 0; r < c.n_rows; ++r) fill_distinct(logits.data() + r * c.vocab, c.vocab, c.spread, rng);
+    expect_same_choices(c.n_rows, c.vocab, logits, static_cast<uint64_t>(c.n_rows));
+  }
+}
+
+TEST(SamplingParity, SameChoiceAsCpuNormalAndTiedLogits) {
+  BG_REQUIRE_GPU();
+  // Normal logits (some exact ties at this vocabulary size) and a peaked row.
+  std::vector<float> normal = random_floats(static_cast<size_t>(163840 * 12), 2.5f, 81);
+  normal[5] = 40.0f;
+  expect_same_choices(12, 163840, normal, 82);
+  // Heavy ties: integer logits in 0..4 (and -0.0 / +0.0 mixed), lower index first within each value.
+  std::mt19937_64 rng(83);
+  std::vector<float> tied(static_cast<size_t>(64 * 500));
+  for (auto& v : tied) v = static_cast<float>(rng() % 5);
+  for (size_t i = 0; i < tied.size(); i += 7) {
+    if (tied[i] == 0.0f) tied[i] = -0.0f;
+  }
+  expect_same_choices(64, 500, tied, 84);
+  // -inf logits are never chosen (zero mass) but count for top-k.
+  std::vector<float> with_inf = random_floats(static_cast<size_t>(24 * 300), 1.0f, 85);
+  for (size_t i = 0; i < with_inf.size(); i += 3) with_inf[i] = -kInf;
+  const std::vector<int32_t> ids = expect_same_choices(24, 300, with_inf, 86);
+  for (size_t r = 0; r < ids.size(); ++r) EXPECT_NE(with_inf[r * 300 + static_cast<size_t>(ids[r])], -kInf) << r;
+}
+
+TEST(SamplingParity, RejectedRowsGiveMinusOne) {
+  BG_REQUIRE_GPU();
+  const int64_t vocab = 100;
+  std::vector<float> logits = random_floats(static_cast<size_t>(6 * vocab), 1.0f, 87);
+  logits[4 * vocab + 17] = std::numeric_limits<float>::quiet_NaN();  // row 4: NaN (sampled)
+  logits[5 * vocab + 3] = std::numeric_limits<float>::quiet_NaN();   // row 5: NaN (greedy)
+  const std::vector<SamplingParams> params = {{1.0f, 0, 0.0f}, {1.0f, -1, 1.0f}, {1.0f, 0, 1.0f},
+                                              {1.0f, 0, 0.9f}, {1.0f, 0, 1.0f},  {0.0f, 0, 1.0f}};
+  const std::vector<double> u = {0.5, 0.5, 1.0, 0.25, 0.5, 0.5};
+  const std::vector<int32_t> ids = run_sample({6, vocab}, params, logits, u);
+  EXPECT_EQ(ids[0], -1);  // top_p 0
+  EXPECT_EQ(ids[1], -1);  // top_k < 0
+  EXPECT_EQ(ids[2], -1);  // u = 1
+  EXPECT_EQ(ids[3], ops::sample_token_with_uniform(params[3], logits.data() + 3 * vocab, vocab, 0.25));
+  EXPECT_EQ(ids[4], -1);
+  EXPECT_EQ(ids[5], -1);
+}
+
+TEST(SamplingParity, ArgmaxMatchesCpu) {
+  BG_REQUIRE_GPU();
+  for (int64_t vocab : {163840, 129280, 1000, 7, 1}) {
+    for (int64_t n_rows : {1, 3, 17, 128}) {
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " rows " << n_rows);
+      std::vector<float> logits = random_floats(static_cast<size_t>(vocab * n_rows), 3.0f,
+                                                static_cast<uint64_t>(vocab + n_rows));
+      std::mt19937_64 rng(static_cast<uint64_t>(n_rows));
+      for (int64_t r = 0; r < n_rows; ++r) {
+        float* row = logits.data() + r * vocab;
+        if (r % 3 == 1) {  // the maximum twice: the lower index wins
+          const int64_t a = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+          const int64_t b = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+          row[a] = row[b] = 50.0f;
+        } else if (r % 3 == 2) {  // -0 and +0 tie as the maximum; all -inf elsewhere in part of the row
+          std::fill(row, row + vocab, -kInf);
+          row[vocab - 1] = -0.0f;
+          row[vocab / 2] = 0.0f;
+        }
+      }
+      const cuda::DeviceBuffer d_l = cuda::upload(logits);
+      cuda::DeviceBuffer ids = poisoned(static_cast<size_t>(n_rows) * 4);
+      ops::argmax_cuda({n_rows, vocab}, d_l.as<float>(), ids.as<int32_t>(), nullptr);
+      sync_device();
+      const std::vector<int32_t> got = cuda::download<int32_t>(ids, static_cast<size_t>(n_rows));
+      for (int64_t r = 0; r < n_rows; ++r) {
+        ASSERT_EQ(got[static_cast<size_t>(r)], ops::argmax(logits.data() + r * vocab, vocab)) << "row " << r;
+      }
+    }
+  }
+  // An all -inf row gives index 0 (as the CPU); a NaN row gives -1.
+  std::vector<float> rows(20, -kInf);
+  rows[13] = std::numeric_limits<float>::quiet_NaN();
+  const cuda::DeviceBuffer d_l = cuda::upload(rows);
+  cuda::DeviceBuffer ids = poisoned(8);
+  ops::argmax_cuda({2, 10}, d_l.as<float>(), ids.as<int32_t>(), nullptr);
+  sync_device();
+  EXPECT_EQ(cuda::download<int32_t>(ids, 2), (std::vector<int32_t>{0, -1}));
+}
+
+TEST(SamplingParity, RejectsBadBatches) {
+  BG_REQUIRE_GPU();
+  cuda::DeviceBuffer b(64);
+  EXPECT_THROW(ops::argmax_cuda({1, 0}, b.as<float>(), b.as<int32_t>(), nullptr), Error);
+  EXPECT_THROW(ops::argmax_cuda({1, ops::kSamplingMaxVocab + 1}, b.as<float>(), b.as<int32_t>(), nullptr), Error);
+  EXPECT_THROW(ops::sample_cuda({1, 8}, nullptr, b.as<float>(), b.as<double>(), b.as<int32_t>(), nullptr), Error);
+  EXPECT_NO_THROW(ops::sample_cuda({0, 8}, nullptr, nullptr, nullptr, nullptr, nullptr));
+}
+
+}  // namespace
+}  // namespace bg::testing

@@ -1,0 +1,132 @@
+// CUDA short conv + SiLU against short_conv_cpu on bf16-rounded inputs: one-sequence prefill from a non-zero state
+// (KDA's 12288 channels, widths 1 / 2 / 4 / 7, ragged token counts), prefill then decode steps, and the batched decode
+// over scattered state slots (a -1 slot is skipped). Conv states are fp32 copies of inputs: compared bit for bit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda/small_ops_testing.h"
+#include "ops/short_conv/short_conv_cuda.h"
+
+namespace bg::testing {
+namespace {
+
+constexpr int64_t kChannels = 12288;  // 96 heads x 128
+
+struct ConvCase {
+  int64_t n_tokens, n_channels, kernel_size;
+};
+
+TEST(ShortConvParity, PrefillFromState) {
+  BG_REQUIRE_GPU();
+  std::vector<ConvCase> cases;
+  for (int64_t t : {1, 2, 3, 17, 128, 1000}) cases.push_back({t, kChannels, 4});
+  for (int64_t w : {1, 2, 7}) cases.push_back({5, 96, w});
+  for (const ConvCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "T " << c.n_tokens << " C " << c.n_channels << " W " << c.kernel_size);
+    const ops::ShortConvParams p{c.n_tokens, c.n_channels, c.kernel_size};
+    const size_t n = static_cast<size_t>(c.n_tokens * c.n_channels);
+    const size_t n_state = static_cast<size_t>(c.n_channels * (c.kernel_size - 1));
+    std::vector<float> x = random_floats(n, 2.0f, 61);
+    const std::vector<float> w = random_floats(static_cast<size_t>(c.n_channels * c.kernel_size), 0.7f, 62);
+    std::vector<float> state = random_floats(n_state, 1.5f, 63);  // fp32: any value
+    const cuda::DeviceBuffer d_x = upload_bf16(x), d_w = cuda::upload(w);
+    cuda::DeviceBuffer d_state = cuda::upload(state), out = poisoned(n * 2);
+    std::vector<float> ref(n);
+    ops::short_conv_cpu(p, x.data(), w.data(), state.data(), ref.data());
+    ops::short_conv_cuda(p, bf16_ptr(d_x), d_w.as<float>(), n_state ? d_state.as<float>() : nullptr, bf16_ptr(out),
+                         nullptr);
+    sync_device();
+    EXPECT_LE(max_rel_error(download_bf16(out, n), ref), kTolBf16Out);
+    EXPECT_EQ(first_mismatch(cuda::download<float>(d_state, n_state), state), -1);
+  }
+}
+
+TEST(ShortConvParity, PrefillThenDecodeSteps) {
+  BG_REQUIRE_GPU();
+  const int64_t n_prompt = 9, n_steps = 5, W = 4;
+  const size_t n_state = static_cast<size_t>(kChannels * (W - 1));
+  std::vector<float> x = random_floats(static_cast<size_t>((n_prompt + n_steps) * kChannels), 1.0f, 64);
+  const std::vector<float> w = random_floats(static_cast<size_t>(kChannels * W), 0.7f, 65);
+  const cuda::DeviceBuffer d_x = upload_bf16(x), d_w = cuda::upload(w);
+  std::vector<float> state(n_state, 0.0f), ref(x.size());
+  cuda::DeviceBuffer d_state = cuda::upload(state), out = poisoned(x.size() * 2);
+  const cuda::DeviceBuffer d_slot = cuda::upload(std::vector<int32_t>{0});
+  ops::short_conv_cpu({n_prompt, kChannels, W}, x.data(), w.data(), state.data(), ref.data());
+  ops::short_conv_cuda({n_prompt, kChannels, W}, bf16_ptr(d_x), d_w.as<float>(), d_state.as<float>(), bf16_ptr(out),
+                       nullptr);
+  for (int64_t s = 0; s < n_steps; ++s) {
+    const size_t off = static_cast<size_t>((n_prompt + s) * kChannels);
+    ops::short_conv_cpu({1, kChannels, W}, x.data() + off, w.data(), state.data(), ref.data() + off);
+    const ops::ConvStateSlots slots{d_state.as<float>(), d_slot.as<int32_t>(), static_cast<int64_t>(n_state)};
+    ops::short_conv_decode_cuda({1, kChannels, W}, bf16_ptr(d_x) + off, d_w.as<float>(), slots, bf16_ptr(out) + off,
+                                nullptr);
+  }
+  sync_device();
+  EXPECT_LE(max_rel_error(download_bf16(out, x.size()), ref), kTolBf16Out);
+  EXPECT_EQ(first_mismatch(cuda::download<float>(d_state, n_state), state), -1);
+}
+
+TEST(ShortConvParity, BatchedDecodeOverSlots) {
+  BG_REQUIRE_GPU();
+  const int64_t W = 4, n_slots = 300;
+  // Pool layout as the KDA state pool: slot -> [3 (q, k, v), C, W-1]; this call convolves the k part.
+  const int64_t part = kChannels * (W - 1), slot_stride = 3 * part;
+  for (int64_t n_seqs : {1, 3, 17, 128}) {
+    SCOPED_TRACE(::testing::Message() << "seqs " << n_seqs);
+    std::vector<int32_t> slot_idx(static_cast<size_t>(n_slots));
+    std::iota(slot_idx.begin(), slot_idx.end(), 0);
+    std::shuffle(slot_idx.begin(), slot_idx.end(), std::mt19937(static_cast<uint32_t>(n_seqs)));
+    slot_idx.resize(static_cast<size_t>(n_seqs));
+    if (n_seqs > 2) slot_idx[1] = -1;  // a padding row: skipped
+    std::vector<float> pool = random_floats(static_cast<size_t>(n_slots * slot_stride), 1.0f, 66);
+    std::vector<float> x = random_floats(static_cast<size_t>(n_seqs * kChannels), 1.5f, 67);
+    const std::vector<float> w = random_floats(static_cast<size_t>(kChannels * W), 0.7f, 68);
+    const cuda::DeviceBuffer d_x = upload_bf16(x), d_w = cuda::upload(w), d_slots = cuda::upload(slot_idx);
+    cuda::DeviceBuffer d_pool = cuda::upload(pool), out = poisoned(x.size() * 2);
+    std::vector<float> ref(x.size(), NAN);
+    for (int64_t s = 0; s < n_seqs; ++s) {
+      const int32_t slot = slot_idx[static_cast<size_t>(s)];
+      if (slot < 0) continue;
+      ops::short_conv_cpu({1, kChannels, W}, x.data() + s * kChannels, w.data(), pool.data() + slot * slot_stride + part,
+                          ref.data() + s * kChannels);
+    }
+    const ops::ConvStateSlots slots{d_pool.as<float>() + part, d_slots.as<int32_t>(), slot_stride};
+    ops::short_conv_decode_cuda({n_seqs, kChannels, W}, bf16_ptr(d_x), d_w.as<float>(), slots, bf16_ptr(out), nullptr);
+    sync_device();
+    const std::vector<float> got = download_bf16(out, x.size());
+    // Skipped rows stay poisoned (NaN on both sides); max_rel_error skips nothing, so compare valid rows only.
+    std::vector<float> got_valid, ref_valid;
+    for (int64_t s = 0; s < n_seqs; ++s) {
+      const auto b = static_cast<std::ptrdiff_t>(s * kChannels), e = b + kChannels;
+      if (slot_idx[static_cast<size_t>(s)] < 0) {
+        EXPECT_TRUE(std::isnan(got[static_cast<size_t>(b)]) && std::isnan(got[static_cast<size_t>(e - 1)]));
+        continue;
+      }
+      got_valid.insert(got_valid.end(), got.begin() + b, got.begin() + e);
+      ref_valid.insert(ref_valid.end(), ref.begin() + b, ref.begin() + e);
+    }
+    EXPECT_LE(max_rel_error(got_valid, ref_valid), kTolBf16Out);
+    // Every slot of the pool, touched or not (q and v parts included), matches the CPU's pool exactly.
+    EXPECT_EQ(first_mismatch(cuda::download<float>(d_pool, pool.size()), pool), -1);
+  }
+}
+
+TEST(ShortConvParity, RejectsBadParams) {
+  BG_REQUIRE_GPU();
+  cuda::DeviceBuffer b(256);
+  EXPECT_THROW(ops::short_conv_cuda({1, 2, 4}, bf16_ptr(b), b.as<float>(), nullptr, bf16_ptr(b) + 8, nullptr), Error);
+  EXPECT_THROW(ops::short_conv_cuda({1, 2, 4}, bf16_ptr(b), b.as<float>(), b.as<float>(), bf16_ptr(b), nullptr),
+               Error);
+  EXPECT_THROW(ops::short_conv_decode_cuda({1, 8, 4}, bf16_ptr(b), b.as<float>(),
+                                           {b.as<float>(), b.as<int32_t>(), 8}, bf16_ptr(b) + 64, nullptr),
+               Error);
+}
+
+}  // namespace
+}  // namespace bg::testing
