@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "formats/checkpoint.h"
 #include "model/backend_weights.h"
+#include "model/forward_common.h"
 #include "model/mla_block.h"
 
 namespace bg {
@@ -32,7 +33,6 @@ class DeepseekV3Model final : public Model {
 
  private:
   void ffn(int64_t layer, const Tensor& x, Tensor& out);
-  void tap_out(const TapFn* tap, std::string_view name, int64_t layer, const Tensor& t);
 
   DeepseekV3Config c_;
   ModelWeights w_;
@@ -46,11 +46,6 @@ class DeepseekV3Model final : public Model {
   std::unique_ptr<LinearHandle> tied_lm_head_;
   MlaKvPool kv_pool_;
 };
-
-int64_t kv_blocks_for(int64_t max_position_embeddings, const LoadOptions& o) {
-  int64_t tokens = o.max_total_tokens > 0 ? o.max_total_tokens : o.max_sequences * max_position_embeddings;
-  return (tokens + o.kv_block_size - 1) / o.kv_block_size;
-}
 
 DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, std::unique_ptr<Backend> backend,
                                  const LoadOptions& options)
@@ -103,28 +98,15 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
   }
 }
 
-void DeepseekV3Model::tap_out(const TapFn* tap, std::string_view name, int64_t layer, const Tensor& t) {
-  if (tap == nullptr) return;
-  std::vector<float> host(static_cast<size_t>(t.numel()));
-  be_->download_f32(t, host.data());
-  (*tap)(name, layer, host.data(), t.rows(), t.cols());
-}
-
 void DeepseekV3Model::forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) {
   Backend& be = *be_;
   const int64_t n = static_cast<int64_t>(tokens.size()), H = c_.hidden_size;
   if (n == 0) return;
-  const int64_t start = seq.n_past();
-  BG_CHECK(start + n <= c_.max_position_embeddings, "context of {} tokens exceeds max_position_embeddings {}",
-           start + n, c_.max_position_embeddings);
-  for (int32_t id : tokens) BG_CHECK(id >= 0 && id < c_.vocab_size, "token id {} is outside [0, {})", id, c_.vocab_size);
-  std::vector<int64_t> positions(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) positions[static_cast<size_t>(t)] = start + t;
-  seq.reserve_kv(start + n);
+  const std::vector<int64_t> positions = begin_forward(seq, tokens, info_);
 
   Tensor h = be.act(n, H), x = be.act(n, H), y = be.act(n, H);  // [n, H]
   be.embedding(embed_, tokens, h);
-  tap_out(tap, "embed", 0, h);
+  tap_tensor(*be_, tap, "embed", 0, h);
   const float eps = static_cast<float>(c_.rms_norm_eps);
   for (int64_t l = 0; l < c_.n_layers; ++l) {
     const DsLayer& L = layers_[static_cast<size_t>(l)];
@@ -134,10 +116,10 @@ void DeepseekV3Model::forward(Sequence& seq, std::span<const int32_t> tokens, fl
     be.rmsnorm(h, L.post_norm, eps, x);
     ffn(l, x, y);
     be.add(h, y);
-    tap_out(tap, "layer", l + 1, h);
+    tap_tensor(*be_, tap, "layer", l + 1, h);
   }
   be.rmsnorm(h, final_norm_, eps, x);
-  tap_out(tap, "final_norm", c_.n_layers, x);
+  tap_tensor(*be_, tap, "final_norm", c_.n_layers, x);
   Tensor out = be.alloc({n, c_.vocab_size}, DType::kF32);  // [n, vocab]
   be.linear(tied_lm_head_ ? *tied_lm_head_ : lin_.get(int(T::kLmHead)), x, out);
   be.download_f32(out, logits);

@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "formats/checkpoint.h"
 #include "model/backend_weights.h"
+#include "model/forward_common.h"
 #include "model/mla_block.h"
 
 namespace bg {
@@ -41,7 +42,6 @@ class KimiK3Model final : public Model {
   void ffn(int64_t layer, const Tensor& x, Tensor& out);
   void situ_mlp(T gate, T up, T down, int64_t layer, int64_t inter, const Tensor& x, Tensor& out);
   void latent_moe(int64_t layer, const Tensor& x, Tensor& out);
-  void tap_out(const TapFn* tap, std::string_view name, int64_t layer, const Tensor& t);
 
   KimiK3Config c_;
   ModelWeights w_;
@@ -61,11 +61,6 @@ int64_t count_mla(const KimiK3Config& c) {
   return std::count(c.layer_kinds.begin(), c.layer_kinds.end(), K3LayerKind::kMla);
 }
 
-int64_t kv_blocks_for(const KimiK3Config& c, const LoadOptions& o) {
-  int64_t tokens = o.max_total_tokens > 0 ? o.max_total_tokens : o.max_sequences * c.max_position_embeddings;
-  return (tokens + o.kv_block_size - 1) / o.kv_block_size;
-}
-
 KimiK3Model::KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_ptr<Backend> backend,
                          const LoadOptions& options)
     : c_(std::move(config)),
@@ -73,7 +68,7 @@ KimiK3Model::KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_
       be_(std::move(backend)),
       lin_(*be_, w_),
       kv_pool_(*be_, count_mla(c_), c_.kv_lora_rank, c_.qk_rope_head_dim, options.kv_block_size,
-               kv_blocks_for(c_, options)),
+               kv_blocks_for(c_.max_position_embeddings, options)),
       kda_pool_(*be_, {c_.n_layers - count_mla(c_), c_.kda_heads, c_.kda_head_dim, c_.kda_proj_dim(), c_.conv_kernel},
                 options.max_sequences) {
   info_ = {"kimi_k3", c_.vocab_size, c_.hidden_size, c_.n_layers, c_.max_position_embeddings, c_.bos_token_id,
@@ -151,24 +146,11 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
   layers_.push_back(std::move(L));
 }
 
-void KimiK3Model::tap_out(const TapFn* tap, std::string_view name, int64_t layer, const Tensor& t) {
-  if (tap == nullptr) return;
-  std::vector<float> host(static_cast<size_t>(t.numel()));
-  be_->download_f32(t, host.data());
-  (*tap)(name, layer, host.data(), t.rows(), t.cols());
-}
-
 void KimiK3Model::forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) {
   Backend& be = *be_;
   const int64_t n = static_cast<int64_t>(tokens.size()), H = c_.hidden_size, B = c_.attn_res_block_size;
   if (n == 0) return;
-  const int64_t start = seq.n_past();
-  BG_CHECK(start + n <= c_.max_position_embeddings, "context of {} tokens exceeds max_position_embeddings {}",
-           start + n, c_.max_position_embeddings);
-  for (int32_t id : tokens) BG_CHECK(id >= 0 && id < c_.vocab_size, "token id {} is outside [0, {})", id, c_.vocab_size);
-  std::vector<int64_t> positions(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) positions[static_cast<size_t>(t)] = start + t;
-  seq.reserve_kv(start + n);
+  const std::vector<int64_t> positions = begin_forward(seq, tokens, info_);
 
   // Attention Residuals: bank slots 0..n_banked-1 hold the raw inputs of layers 0, B, 2B, ...; slot n_banked is the
   // running partial sum of the current block. Banking just moves the boundary.
@@ -180,7 +162,7 @@ void KimiK3Model::forward(Sequence& seq, std::span<const int32_t> tokens, float*
   Tensor h = be.act(n, H), x = be.act(n, H), y = be.act(n, H);  // [n, H]
   Tensor p0 = partial();
   be.embedding(embed_, tokens, p0);
-  tap_out(tap, "embed", 0, p0);
+  tap_tensor(*be_, tap, "embed", 0, p0);
   const float eps = static_cast<float>(c_.rms_norm_eps);
   for (int64_t l = 0; l < c_.n_layers; ++l) {
     const K3Layer& L = layers_[static_cast<size_t>(l)];
@@ -210,12 +192,12 @@ void KimiK3Model::forward(Sequence& seq, std::span<const int32_t> tokens, float*
     be.rmsnorm(h, L.post_norm, eps, x);
     ffn(l, x, y);
     be.add(p, y);
-    tap_out(tap, "layer", l + 1, p);
+    tap_tensor(*be_, tap, "layer", l + 1, p);
   }
   be.attn_res_mix(bank, n_banked + (partial_empty ? 0 : 1), out_res_norm_, out_res_proj_, eps, h);
-  tap_out(tap, "attnres_out", c_.n_layers, h);
+  tap_tensor(*be_, tap, "attnres_out", c_.n_layers, h);
   be.rmsnorm(h, final_norm_, eps, x);
-  tap_out(tap, "final_norm", c_.n_layers, x);
+  tap_tensor(*be_, tap, "final_norm", c_.n_layers, x);
   Tensor out = be.alloc({n, c_.vocab_size}, DType::kF32);  // [n, vocab]
   be.linear(tied_lm_head_ ? *tied_lm_head_ : lin_.get(int(T::kLmHead)), x, out);
   be.download_f32(out, logits);
