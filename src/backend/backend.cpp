@@ -31,7 +31,8 @@ std::unique_ptr<Backend> make_backend(std::string_view device) {
 #ifdef BG_HAVE_CUDA
     return make_cuda_backend();
 #else
-    fail("--device cuda: this batchgen was built without the CUDA backend (nvcc was not found at configure time)");
+    fail("--device cuda: this batchgen was built without the CUDA backend (configure where nvcc is installed, with "
+         "-DBG_CUDA=ON)");
 #endif
   }
   fail("unknown device '{}' (cpu, cuda)", device);
