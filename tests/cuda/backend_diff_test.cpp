@@ -79,3 +79,20 @@ TEST(BackendDiff, KimiK3PrefillThenDecode) {
 
 }  // namespace
 }  // namespace bg::testing
+
+namespace bg::testing {
+namespace {
+
+// Decode only (a one-token prompt), so no prefill token can have flipped a routing choice before the steps run.
+TEST(BackendDiff, KimiK3DecodeOnly) {
+  BG_REQUIRE_GPU();
+  diff_case("kimi_k3", "k3-tiny", 1, 8);
+}
+
+TEST(BackendDiff, DeepseekDecodeOnly) {
+  BG_REQUIRE_GPU();
+  diff_case("deepseek_v3", "tiny-mxfp4", 1, 8);
+}
+
+}  // namespace
+}  // namespace bg::testing
