@@ -1,9 +1,6 @@
 // MoE dispatch on the device (counts, offsets, stable permutation from the router's ids), gather into expert order,
 // weighted combine back to token order, the workspace layout, and the whole routed path.
 
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 
 #include <algorithm>
 #include <type_traits>

@@ -3,9 +3,6 @@
 // 16 rows of the expert. Tiled path (prefill): one block per (64 output columns, 64-row tile of one expert), bf16
 // tensor cores (WMMA 16x16x16, fp32 accumulate) with weight tiles dequantized into shared memory.
 
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 
 #include <mma.h>
 

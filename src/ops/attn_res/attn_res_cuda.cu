@@ -1,8 +1,5 @@
 // CUDA Attention-Residual mix: one block per token. Pass 1 accumulates, for every candidate at once, the sum of squares
 // and the dot product with norm * proj; pass 2 writes the softmax-weighted sum of the raw candidates.
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 #include "ops/attn_res/attn_res_cuda.h"
 
 #include "backend/cuda/cuda_check.h"

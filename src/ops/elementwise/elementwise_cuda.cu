@@ -1,7 +1,4 @@
 // CUDA residual add and sigmoid gate: grid-stride loops, one element per thread per step.
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 #include "ops/elementwise/elementwise_cuda.h"
 
 #include "backend/cuda/cuda_check.h"

@@ -1,7 +1,4 @@
 // CUDA embedding lookup: one block per token copies (and, for an fp32 table, rounds) one table row.
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 #include "ops/embedding/embedding_cuda.h"
 
 #include "backend/cuda/cuda_check.h"

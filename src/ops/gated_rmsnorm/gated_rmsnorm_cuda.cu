@@ -1,7 +1,4 @@
 // CUDA gated RMSNorm: the shared row-norm kernel over T*H rows of head_dim, with the gated epilogue.
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 #include "ops/gated_rmsnorm/gated_rmsnorm_cuda.h"
 
 #include "backend/cuda/cuda_check.h"

@@ -19,9 +19,6 @@
 // production path, unchanged; kFull = false takes any K, V in [1, 128] at run time and zero-pads to 128 on load: q, k,
 // S rows past K, v, U, S columns past V are zero and G is zero past K, so the padding contributes exact zeros and
 // stays zero; only the real [K, V] state and [V] outputs are written back.
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 
 #include <limits>
 

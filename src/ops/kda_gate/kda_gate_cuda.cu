@@ -1,7 +1,4 @@
 // CUDA KDA gate and beta (grid-stride elementwise loops) and q/k L2 norm (the shared row-norm kernel).
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 #include "ops/kda_gate/kda_gate_cuda.h"
 
 #include "backend/cuda/cuda_check.h"

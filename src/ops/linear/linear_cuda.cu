@@ -1,9 +1,6 @@
 // CUDA linear layer: cuBLAS for dense bf16 weights, the skinny weight-streaming kernel for FP8 / MXFP4 at decode token
 // counts, and dequantize-rows-to-bf16 + cuBLAS for FP8 / MXFP4 with many tokens.
 
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 
 #include "ops/linear/linear_cuda.h"
 

@@ -1,8 +1,5 @@
 // Upload of a host QuantWeight (checkpoint view or HostTensor) into device buffers, with the device descriptor.
 
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 
 #include <cuda_bf16.h>
 

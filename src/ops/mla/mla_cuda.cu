@@ -15,9 +15,6 @@
 // qk_rope_dim in [0, 64] at run time: cache entries are read element by element into the same zero-padded 576-column
 // tile (latent channels at 0..kv_lora-1, rope at 512..512+rope-1), q_full is zero in the padding, so scores and the
 // latent sum are exact, and W_UK / W_UV are read only over the real kv_lora channels.
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 
 #include <cmath>
 #include <limits>

@@ -1,7 +1,4 @@
 // CUDA RMSNorm: the shared row-norm kernel (a warp per row up to dim 1024, else a block per row) with the RMS epilogue.
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 #include "ops/rmsnorm/rmsnorm_cuda.h"
 
 #include "backend/cuda/cuda_check.h"

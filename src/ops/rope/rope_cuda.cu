@@ -1,8 +1,5 @@
 // CUDA RoPE: one block per token; the token's cos / sin table goes to shared memory once, then every (head, pair)
 // rotation of the token reads it.
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 #include "ops/rope/rope_cuda.h"
 
 #include "backend/cuda/cuda_check.h"

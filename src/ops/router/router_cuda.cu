@@ -2,9 +2,6 @@
 // CPU's stable sort; the top-k are taken in k rounds of a warp argmax (score desc, index asc), which reproduces the
 // CPU's partial_sort order. Sigmoid and the weight arithmetic use the same fp32 expressions as route_topk_cpu.
 
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 
 #include "ops/router/router_cuda.h"
 

@@ -3,9 +3,6 @@
 // index first; -0 and +0 tie). Every cut is a "weighted select": the first key in descending order at which the
 // running weight (a count for top-k, the fixed-point probability mass for top-p and the pick) exceeds a target, found
 // by a radix descent over the logit bits (four 8-bit histogram passes) and an index-ordered scan among equal logits.
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 #include "ops/sampling/sampling_cuda.h"
 
 #include "backend/cuda/cuda_check.h"

@@ -1,8 +1,5 @@
 // CUDA short conv + SiLU. Prefill: one thread per (token, channel) output reading W inputs from x or the old state,
 // then one thread per channel shifts the state. Decode: one thread per (sequence, channel) does both.
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 #include "ops/short_conv/short_conv_cuda.h"
 
 #include "backend/cuda/cuda_check.h"

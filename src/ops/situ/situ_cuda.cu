@@ -1,7 +1,4 @@
 // CUDA SiTU: a grid-stride elementwise loop with the CPU reference's formula and order of operations.
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1  // fmt 9 turns constexpr off under nvcc, which breaks its C++20 consteval checks
-#endif
 #include "ops/situ/situ_cuda.h"
 
 #include "backend/cuda/cuda_check.h"
