@@ -17,6 +17,15 @@ if [[ -n "${BG_GOLDEN_DIR:-}" ]]; then golden_args=(-DBG_GOLDEN_DIR="$BG_GOLDEN_
 
 step() { printf '\n==> [%4ds] %s\n' "$SECONDS" "$*"; }
 
+# ctest with its output kept, so the run can end with one summary line over every ctest run.
+ctest_logs=()
+run_ctest() {
+  local log
+  log="$(mktemp)"
+  ctest_logs+=("$log")
+  "$@" 2>&1 | tee "$log"
+}
+
 step "dependencies"
 if [[ "${BG_SKIP_DEPS:-0}" != 1 ]]; then
   scripts/install-deps.sh
@@ -26,7 +35,7 @@ step "Release build (build/, -DBG_WERROR=ON, $jobs jobs)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBG_WERROR=ON "${golden_args[@]}"
 cmake --build build --parallel "$jobs"
 step "Release tests"
-ctest --test-dir build --output-on-failure --parallel "$jobs"
+run_ctest ctest --test-dir build --output-on-failure --parallel "$jobs"
 
 step "ASan + UBSan build (build-asan/)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBG_SANITIZE=ON -DBG_CUDA=OFF "${golden_args[@]}"
@@ -34,7 +43,7 @@ cmake --build build-asan --parallel "$jobs"
 step "ASan + UBSan tests"
 ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:protect_shadow_gap=0}" \
 UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
-  ctest --test-dir build-asan --output-on-failure --parallel "$jobs"
+  run_ctest ctest --test-dir build-asan --output-on-failure --parallel "$jobs"
 
 step "fuzzer build (build-fuzz/, clang)"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -50,3 +59,13 @@ step "fuzzer: ${fuzz_seconds}s on the safetensors header parser"
   -artifact_prefix=build-fuzz/artifacts/ -print_final_stats=1 build-fuzz/corpus fuzz/corpus
 
 step "all checks passed"
+total=0 failed=0 skipped=0
+for log in "${ctest_logs[@]}"; do
+  line="$(grep -E 'tests passed, [0-9]+ tests failed out of [0-9]+' "$log" | tail -n 1)"
+  total=$((total + $(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$line")))
+  failed=$((failed + $(sed -E 's/.*passed, ([0-9]+) tests failed.*/\1/' <<<"$line")))
+  skipped=$((skipped + $(grep -c '(Skipped)' "$log" || true)))
+  rm -f "$log"
+done
+# GPU tests report as skipped on machines without a GPU.
+echo "summary: $((total - failed - skipped)) passed, $failed failed, $skipped skipped"
