@@ -13,34 +13,9 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "temp_dir.h"
 
 namespace bg::testing {
-
-// A fresh directory under the system temp dir, removed with everything in it when the object dies.
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string test = info != nullptr ? std::string(info->name()) : std::string("none");
-    path_ = std::filesystem::temp_directory_path() /
-            ("bg_formats_" + test + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::filesystem::path& path() const { return path_; }
-  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  std::filesystem::path path_;
-};
 
 inline void write_bytes(const std::filesystem::path& path, std::string_view bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -195,7 +195,7 @@ class DeepseekV3Variants : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(DeepseekV3Variants, EngineMatchesIndependentReference) {
   const Variant& v = GetParam();
-  ModelTempDir tmp;
+  TempDir tmp;
   RandomCheckpointSpec spec;
   spec.preset = "tiny";
   spec.format = v.format;

@@ -43,7 +43,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 class K3MakeRandomFormat : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(K3MakeRandomFormat, LoadsAndGivesFiniteDistinctLogits) {
-  ModelTempDir tmp;
+  TempDir tmp;
   write_random_checkpoint(k3_spec(tmp / "m", GetParam()));
   auto model = load_model(tmp / "m", LoadOptions{.max_sequences = 1, .max_total_tokens = 64});
   const int64_t V = model->info().vocab_size;
@@ -64,7 +64,7 @@ TEST_P(K3MakeRandomFormat, LoadsAndGivesFiniteDistinctLogits) {
 // (`.weight` [out, in] instead of `.weight_packed` [out, in/2] + `.weight_scale`); f32 stores everything F32.
 TEST_P(K3MakeRandomFormat, SameLayoutAsGoldenCheckpoint) {
   const std::string format = GetParam();
-  ModelTempDir tmp;
+  TempDir tmp;
   write_random_checkpoint(k3_spec(tmp / "m", format));
   auto ours = Checkpoint::open(tmp / "m");
   auto ref = Checkpoint::open(golden_tiny());
@@ -97,7 +97,7 @@ TEST_P(K3MakeRandomFormat, SameLayoutAsGoldenCheckpoint) {
 // quantization_config of the unquantized formats; generation_config.json equals the golden's.
 TEST_P(K3MakeRandomFormat, SameConfigAsGoldenCheckpoint) {
   const std::string format = GetParam();
-  ModelTempDir tmp;
+  TempDir tmp;
   write_random_checkpoint(k3_spec(tmp / "m", format));
   json cfg = read_json_file(tmp / "m" / "config.json"), want = read_json_file(golden_tiny() / "config.json");
   if (format != "mxfp4") want.erase("quantization_config");
@@ -111,7 +111,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, K3MakeRandomFormat, ::testing::Values("mxfp4",
                          [](const auto& param_info) { return param_info.param; });
 
 TEST(K3MakeRandom, SameSeedIsByteIdenticalAndSeedsDiffer) {
-  ModelTempDir tmp;
+  TempDir tmp;
   for (const char* format : {"mxfp4", "bf16", "f32"}) {
     const std::string f = format;
     write_random_checkpoint(k3_spec(tmp / ("a_" + f), f, 11));
@@ -129,7 +129,7 @@ TEST(K3MakeRandom, SameSeedIsByteIdenticalAndSeedsDiffer) {
 }
 
 TEST(K3MakeRandom, DefaultFormatIsMxfp4AndTotalBytesMatchTheIndex) {
-  ModelTempDir tmp;
+  TempDir tmp;
   RandomCheckpointSpec s = k3_spec(tmp / "m", "");
   write_random_checkpoint(s);
   json cfg = read_json_file(tmp / "m" / "config.json");
@@ -143,7 +143,7 @@ TEST(K3MakeRandom, DefaultFormatIsMxfp4AndTotalBytesMatchTheIndex) {
 }
 
 TEST(K3MakeRandom, BadSpecsAreClearErrors) {
-  ModelTempDir tmp;
+  TempDir tmp;
   auto err = [&](auto mutate) {
     auto s = k3_spec(tmp / "m", "mxfp4");
     mutate(s);

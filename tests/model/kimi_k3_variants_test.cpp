@@ -208,7 +208,7 @@ class KimiK3Variants : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(KimiK3Variants, EngineMatchesIndependentReference) {
   const Variant& v = GetParam();
-  ModelTempDir tmp;
+  TempDir tmp;
   RandomCheckpointSpec spec = variant_spec(v, tmp / "model");
   write_random_checkpoint(spec);
   auto model = load_model(spec.out_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = 128});
@@ -257,7 +257,7 @@ TEST(KimiK3Reference, MatchesOfficialGoldenLogits) {
 // The tiny preset's init scales exercise what the golden README asks for: both tanh clamps of SiTU, KDA gates near
 // the lower bound, q_a/kv_a latents small enough that the eps 1e-6 of their norms matters.
 TEST(KimiK3Reference, TinyPresetInitExercisesEveryPath) {
-  ModelTempDir tmp;
+  TempDir tmp;
   RandomCheckpointSpec spec = variant_spec({"init", "mxfp4", json::object(), {}}, tmp / "model");
   write_random_checkpoint(spec);
   KimiK3Reference ref(spec.out_dir);

@@ -14,39 +14,11 @@
 #include <vector>
 
 #include "core/error.h"
+#include "temp_dir.h"
 #include "golden/golden_util.h"
 #include "model/model.h"
 
 namespace bg::testing {
-
-// A fresh directory under the system temp dir, removed with everything in it when the object dies.
-class ModelTempDir {
- public:
-  ModelTempDir() {
-    static int counter = 0;
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string test = info != nullptr ? std::string(info->name()) : std::string("none");
-    for (char& ch : test) {
-      if (ch == '/') ch = '_';
-    }
-    path_ = std::filesystem::temp_directory_path() /
-            ("bg_model_" + test + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~ModelTempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  ModelTempDir(const ModelTempDir&) = delete;
-  ModelTempDir& operator=(const ModelTempDir&) = delete;
-
-  const std::filesystem::path& path() const { return path_; }
-  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  std::filesystem::path path_;
-};
 
 inline std::string file_bytes(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);

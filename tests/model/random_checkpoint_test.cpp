@@ -37,7 +37,7 @@ std::map<std::string, std::string> dir_files(const std::filesystem::path& dir) {
 class MakeRandomFormat : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MakeRandomFormat, LoadsAndGivesFiniteDistinctLogits) {
-  ModelTempDir tmp;
+  TempDir tmp;
   write_random_checkpoint(tiny_spec(tmp / "m", GetParam()));
   auto model = load_model(tmp / "m");
   const int64_t V = model->info().vocab_size;
@@ -64,7 +64,7 @@ std::string golden_case_of(const std::string& format) {
 
 TEST_P(MakeRandomFormat, SameLayoutAsGoldenCheckpoint) {
   const std::string format = GetParam();
-  ModelTempDir tmp;
+  TempDir tmp;
   write_random_checkpoint(tiny_spec(tmp / "m", format));
   const auto golden_model = golden_dir() / "deepseek_v3" / golden_case_of(format) / "model";
   auto ours = Checkpoint::open(tmp / "m");
@@ -94,7 +94,7 @@ TEST_P(MakeRandomFormat, SameLayoutAsGoldenCheckpoint) {
 }
 
 TEST_P(MakeRandomFormat, IndexListsEveryTensorOfItsShard) {
-  ModelTempDir tmp;
+  TempDir tmp;
   write_random_checkpoint(tiny_spec(tmp / "m", GetParam()));
   json index = read_json_file(tmp / "m" / "model.safetensors.index.json");
   const json& map = index.at("weight_map");
@@ -118,7 +118,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, MakeRandomFormat, ::testing::Values("f32", "bf
                          [](const auto& param_info) { return param_info.param; });
 
 TEST(MakeRandom, SameSeedIsByteIdentical) {
-  ModelTempDir tmp;
+  TempDir tmp;
   for (const char* format : {"f32", "bf16", "fp8", "mxfp4"}) {
     write_random_checkpoint(tiny_spec(tmp / (std::string("a_") + format), format, 11));
     write_random_checkpoint(tiny_spec(tmp / (std::string("b_") + format), format, 11));
@@ -129,7 +129,7 @@ TEST(MakeRandom, SameSeedIsByteIdentical) {
 }
 
 TEST(MakeRandom, DifferentSeedsDiffer) {
-  ModelTempDir tmp;
+  TempDir tmp;
   write_random_checkpoint(tiny_spec(tmp / "a", "bf16", 1));
   write_random_checkpoint(tiny_spec(tmp / "b", "bf16", 2));
   auto a = dir_files(tmp / "a"), b = dir_files(tmp / "b");
@@ -144,7 +144,7 @@ TEST(MakeRandom, DifferentSeedsDiffer) {
 }
 
 TEST(MakeRandom, RefusesNonEmptyDirUnlessForced) {
-  ModelTempDir tmp;
+  TempDir tmp;
   auto spec = tiny_spec(tmp / "m", "bf16", 1);
   write_random_checkpoint(spec);
   std::filesystem::remove(tmp / "m" / "model-00002-of-00002.safetensors");
@@ -163,7 +163,7 @@ TEST(MakeRandom, RefusesNonEmptyDirUnlessForced) {
 }
 
 TEST(MakeRandom, BadSpecsAreClearErrors) {
-  ModelTempDir tmp;
+  TempDir tmp;
   auto err = [&](auto mutate) {
     auto s = tiny_spec(tmp / "m", "bf16");
     mutate(s);
@@ -218,7 +218,7 @@ TEST(MakeRandom, ConfigPatchMergesAndDerivedFieldsFollow) {
 }
 
 TEST(MakeRandom, SmallPresetHasGroupedRoutingAndLoads) {
-  ModelTempDir tmp;
+  TempDir tmp;
   RandomCheckpointSpec s = tiny_spec(tmp / "m", "mxfp4", 5);
   s.preset = "small";
   s.n_shards = 3;
