@@ -5,14 +5,22 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake ninja-build
+  build-essential cmake ninja-build pkg-config
   clang libclang-rt-14-dev          # libFuzzer + sanitizer runtimes for the fuzz build
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev libxxhash-dev
-  git python3
+  libcpp-httplib-dev                # HTTP server (frontend)
+  libpcre2-dev                      # tokenizer pre-tokenizer regex
+  libzmq3-dev cppzmq-dev            # frontend <-> worker IPC
+  curl git python3
 )
 
 missing=()
+# Node.js + npm run the end-to-end API tests with the official openai npm client. A machine that already has node and
+# npm (often from NodeSource, whose nodejs conflicts with Debian's npm package) keeps them.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  PACKAGES+=(nodejs npm)
+fi
 for pkg in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$pkg")

@@ -27,6 +27,7 @@ class KdaStatePool {
   KdaStatePool(Backend& backend, const KdaStateGeometry& geometry, int64_t n_slots);
 
   const KdaStateGeometry& geometry() const { return geometry_; }
+  int64_t n_slots() const { return n_slots_; }
   int64_t n_free_slots() const { return static_cast<int64_t>(free_.size()); }
   int64_t bytes() const { return static_cast<int64_t>(storage_.nbytes()); }
   // Allocates a zeroed slot; throws when none is free.

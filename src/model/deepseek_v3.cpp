@@ -30,6 +30,9 @@ class DeepseekV3Model final : public Model {
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<Sequence>(&kv_pool_, nullptr); }
   void forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) override;
+  MemoryUsage memory_usage() const override {
+    return {kv_pool_.block_size(), kv_pool_.n_blocks(), kv_pool_.n_free_blocks(), kv_pool_.bytes(), 0, 0, 0};
+  }
 
  private:
   void ffn(int64_t layer, const Tensor& x, Tensor& out);

@@ -35,6 +35,10 @@ class KimiK3Model final : public Model {
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<Sequence>(&kv_pool_, &kda_pool_); }
   void forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) override;
+  MemoryUsage memory_usage() const override {
+    return {kv_pool_.block_size(), kv_pool_.n_blocks(), kv_pool_.n_free_blocks(), kv_pool_.bytes(),
+            kda_pool_.n_slots(), kda_pool_.n_free_slots(), kda_pool_.bytes()};
+  }
 
  private:
   void load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda);

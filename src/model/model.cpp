@@ -1,6 +1,9 @@
 // load_model: architecture dispatch on config.json.
 #include "model/model.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "core/error.h"
 #include "formats/json_fields.h"
 #include "formats/model_config.h"
@@ -9,6 +12,18 @@
 #include "model/kimi_k3.h"
 
 namespace bg {
+
+void Model::forward_batch(std::span<const BatchEntry> batch, float* last_logits) {
+  const auto vocab = static_cast<size_t>(info().vocab_size);
+  std::vector<float> rows;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BatchEntry& e = batch[i];
+    BG_CHECK(e.seq != nullptr && !e.tokens.empty(), "forward_batch: entry {} has no sequence or no tokens", i);
+    rows.resize(e.tokens.size() * vocab);
+    forward(*e.seq, e.tokens, rows.data());
+    std::copy(rows.end() - static_cast<std::ptrdiff_t>(vocab), rows.end(), last_logits + i * vocab);
+  }
+}
 
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
   BG_CHECK(std::filesystem::is_directory(dir), "model directory '{}' does not exist", dir.string());

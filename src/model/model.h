@@ -35,6 +35,24 @@ struct LoadOptions {
   std::string device = "cpu";     // "cpu" | "cuda"
 };
 
+// One sequence's part of a batched step: `tokens` run after what `seq` already holds (a prefill chunk or one decode
+// token). Sequences in one batch are distinct.
+struct BatchEntry {
+  Sequence* seq = nullptr;
+  std::span<const int32_t> tokens;
+};
+
+// What the sequence pools hold now (for admission, preemption and /metrics).
+struct MemoryUsage {
+  int64_t kv_block_tokens = 0;   // tokens per MLA KV block
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_free = 0;
+  int64_t kv_bytes = 0;          // whole KV pool
+  int64_t state_slots_total = 0; // KDA state slots (0 without KDA layers)
+  int64_t state_slots_free = 0;
+  int64_t state_bytes = 0;       // whole state pool
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -44,6 +62,10 @@ class Model {
   // Runs `tokens` after what `seq` already holds (prefill of any length, or one decode step) and writes logits
   // [tokens.size(), vocab] (every row). Throws on invalid ids or when the context would exceed the model's limit.
   virtual void forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap = nullptr) = 0;
+  // One step over several sequences; writes only each entry's last-token logits: [batch.size(), vocab]. Results equal
+  // running each entry alone through forward(). Entries with empty tokens are not allowed.
+  virtual void forward_batch(std::span<const BatchEntry> batch, float* last_logits);
+  virtual MemoryUsage memory_usage() const = 0;
 };
 
 // Reads config.json, picks the architecture, binds and validates every tensor.
