@@ -75,6 +75,8 @@ class Backend {
   // Backend tensor (F32 or BF16) -> host fp32. Synchronises.
   virtual void download_f32(const Tensor& t, float* host) = 0;
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
+  // Host bytes -> an existing tensor of exactly that size (any dtype). Synchronises.
+  virtual void write_bytes(Tensor& dst, std::span<const std::byte> src) = 0;
   virtual void synchronize() = 0;
 
   // ---- weights ------------------------------------------------------------------------------------------------

@@ -153,6 +153,7 @@ void DeepseekV3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
   ops::RouterParams rp{n, E, k, c_.n_group, c_.topk_group, c_.norm_topk_prob,
                        static_cast<float>(c_.routed_scaling_factor)};
   be.route(rp, router_logits, L.router_bias, ids, weights);
+  apply_route_hook(be, route_hook_, layer, ids, weights);
   // Shared experts on every token, then the routed experts accumulated on top.
   if (c_.n_shared_experts > 0) {
     mlp(T::kSharedGate, T::kSharedUp, T::kSharedDown, c_.moe_intermediate_size * c_.n_shared_experts);

@@ -23,6 +23,21 @@ std::vector<int64_t> begin_forward(Sequence& seq, std::span<const int32_t> token
   return positions;
 }
 
+void apply_route_hook(Backend& backend, const RouteHook& hook, int64_t layer, Tensor& ids, Tensor& weights) {
+  if (!hook) return;
+  const int64_t n = ids.rows(), k = ids.cols();
+  std::vector<float> ids_f(static_cast<size_t>(n * k));
+  std::vector<float> w(static_cast<size_t>(n * k));
+  backend.download_f32(ids, ids_f.data());
+  backend.download_f32(weights, w.data());
+  std::vector<int32_t> id(ids_f.begin(), ids_f.end());
+  if (!hook(layer, n, k, id, w)) return;
+  BG_CHECK(static_cast<int64_t>(id.size()) == n * k && static_cast<int64_t>(w.size()) == n * k,
+           "route hook: layer {} returned {} ids / {} weights for [{}, {}]", layer, id.size(), w.size(), n, k);
+  backend.write_bytes(ids, std::as_bytes(std::span<const int32_t>(id)));
+  backend.write_bytes(weights, std::as_bytes(std::span<const float>(w)));
+}
+
 void tap_tensor(Backend& backend, const TapFn* tap, std::string_view name, int64_t layer, const Tensor& t) {
   if (tap == nullptr) return;
   std::vector<float> host(static_cast<size_t>(t.numel()));

@@ -271,6 +271,7 @@ void KimiK3Model::latent_moe(int64_t layer, const Tensor& x, Tensor& out) {
   ops::RouterParams rp{n, E, k, c_.n_group, c_.topk_group, c_.renormalize,
                        static_cast<float>(c_.routed_scaling_factor)};
   be.route(rp, router_logits, L.router_bias, ids, weights);
+  apply_route_hook(be, route_hook_, layer, ids, weights);
   // Routed path in the latent: z = down(x) [n, D]; y = sum_i w_i E_i(z) [n, D]; y = norm(y); up(y) [n, H].
   Tensor z = be.act(n, D), y = be.zeros({n, D}, be.act_dtype());
   be.linear(lin_.get(int(T::kLatentDown), layer), x, z);

@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kv/sequence.h"
 
@@ -53,6 +54,13 @@ struct MemoryUsage {
   int64_t state_bytes = 0;       // whole state pool
 };
 
+// Diagnostic hook on every MoE layer's routing: sees the router's ids [n_tokens, top_k] and weights [n_tokens, top_k]
+// and may replace them (return true to apply the changed values). Used to compare the bf16 GPU path with the fp32
+// reference under the same expert choices, which near-tied routers would otherwise flip. Synchronises once per MoE
+// layer; never set while serving.
+using RouteHook = std::function<bool(int64_t layer, int64_t n_tokens, int64_t top_k, std::vector<int32_t>& ids,
+                                     std::vector<float>& weights)>;
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -66,6 +74,10 @@ class Model {
   // running each entry alone through forward(). Entries with empty tokens are not allowed.
   virtual void forward_batch(std::span<const BatchEntry> batch, float* last_logits);
   virtual MemoryUsage memory_usage() const = 0;
+  void set_route_hook(RouteHook hook) { route_hook_ = std::move(hook); }
+
+ protected:
+  RouteHook route_hook_;
 };
 
 // Reads config.json, picks the architecture, binds and validates every tensor.

@@ -81,6 +81,10 @@ class CpuBackend final : public Backend {
     BG_CHECK(src.nbytes() == dst.nbytes(), "copy of {} bytes into {}", src.nbytes(), dst.nbytes());
     std::memmove(dst.data, src.data, src.nbytes());
   }
+  void write_bytes(Tensor& dst, std::span<const std::byte> src) override {
+    BG_CHECK(src.size() == dst.nbytes(), "write_bytes: {} bytes into a tensor of {}", src.size(), dst.nbytes());
+    std::memcpy(dst.data, src.data(), src.size());
+  }
   void synchronize() override {}
 
   std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) override {

@@ -124,6 +124,10 @@ class CudaBackend final : public Backend {
     BG_CHECK(src.nbytes() == dst.nbytes(), "copy of {} bytes into {}", src.nbytes(), dst.nbytes());
     BG_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, stream_));
   }
+  void write_bytes(Tensor& dst, std::span<const std::byte> src) override {
+    BG_CHECK(src.size() == dst.nbytes(), "write_bytes: {} bytes into a tensor of {}", src.size(), dst.nbytes());
+    copy_in(dst.data, src.data(), src.size());
+  }
   void synchronize() override { BG_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) override {
