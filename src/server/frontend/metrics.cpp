@@ -1,0 +1,127 @@
+// Prometheus text exposition (format 0.0.4) of the frontend counters and the workers' status gauges.
+#include "server/frontend/metrics.h"
+
+#include <fmt/format.h>
+
+namespace bg::frontend {
+
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double value) {
+  std::lock_guard lock(mu_);
+  size_t i = 0;
+  while (i < bounds_.size() && value > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += value;
+  ++count_;
+}
+
+std::string Histogram::render(const std::string& name, const std::string& help) const {
+  std::lock_guard lock(mu_);
+  std::string out = fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cumulative);
+  }
+  cumulative += counts_.back();
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, cumulative, name, sum_, name,
+                     count_);
+  return out;
+}
+
+Metrics::Metrics()
+    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+             40.0, 80.0}),
+      itl_({0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+            1.0, 2.5}),
+      e2e_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+            480.0}) {}
+
+void Metrics::count_request(const std::string& endpoint, int status) {
+  std::lock_guard lock(mu_);
+  ++requests_[{endpoint, status}];
+}
+
+void Metrics::count_finish(const std::string& reason) {
+  std::lock_guard lock(mu_);
+  ++finished_[reason];
+}
+
+void Metrics::count_cancel_by_client() { ++cancelled_by_client_; }
+
+void Metrics::add_tokens(int64_t prompt, int64_t generated) {
+  prompt_tokens_ += prompt;
+  generation_tokens_ += generated;
+}
+
+namespace {
+
+void gauge_header(std::string& out, const char* name, const char* help, const char* type = "gauge") {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+// One gauge per rank: name{rank="r"} value.
+template <typename F>
+void per_rank(std::string& out, const char* name, const char* help, const std::vector<proto::WorkerStatus>& ws,
+              F value) {
+  gauge_header(out, name, help);
+  for (const proto::WorkerStatus& w : ws) out += fmt::format("{}{{rank=\"{}\"}} {}\n", name, w.rank, value(w));
+}
+
+void render_workers(std::string& out, const std::vector<proto::WorkerStatus>& ws) {
+  using W = proto::WorkerStatus;
+  per_rank(out, "batchgen_worker_ready", "1 when the rank is loaded and serving", ws,
+           [](const W& w) { return w.phase == "ready" ? 1 : 0; });
+  per_rank(out, "batchgen_num_requests_running", "Sequences in the worker's running batch", ws,
+           [](const W& w) { return w.running; });
+  per_rank(out, "batchgen_num_requests_waiting", "Requests queued at the worker (queue depth)", ws,
+           [](const W& w) { return w.waiting; });
+  per_rank(out, "batchgen_batch_size", "Sequences in the last step", ws, [](const W& w) { return w.last_batch_size; });
+  per_rank(out, "batchgen_batch_tokens", "Tokens in the last step", ws, [](const W& w) { return w.last_batch_tokens; });
+  per_rank(out, "batchgen_kv_blocks_used", "MLA KV blocks in use", ws,
+           [](const W& w) { return w.kv_blocks_total - w.kv_blocks_free; });
+  per_rank(out, "batchgen_kv_blocks_total", "MLA KV blocks in the pool", ws,
+           [](const W& w) { return w.kv_blocks_total; });
+  per_rank(out, "batchgen_state_slots_used", "Recurrent (KDA) state slots in use", ws,
+           [](const W& w) { return w.state_slots_total - w.state_slots_free; });
+  per_rank(out, "batchgen_state_slots_total", "Recurrent (KDA) state slots in the pool", ws,
+           [](const W& w) { return w.state_slots_total; });
+  per_rank(out, "batchgen_worker_preemptions_total", "Preemptions since the worker started", ws,
+           [](const W& w) { return w.preemptions_total; });
+  per_rank(out, "batchgen_worker_steps_total", "Engine steps since the worker started", ws,
+           [](const W& w) { return w.steps_total; });
+}
+
+}  // namespace
+
+std::string Metrics::render(const std::vector<proto::WorkerStatus>& workers) const {
+  std::string out;
+  {
+    std::lock_guard lock(mu_);
+    gauge_header(out, "batchgen_requests_total", "HTTP requests by endpoint and status code", "counter");
+    for (const auto& [key, n] : requests_) {
+      out += fmt::format("batchgen_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", key.first, key.second, n);
+    }
+    gauge_header(out, "batchgen_requests_finished_total", "Generations finished, by finish reason", "counter");
+    for (const auto& [reason, n] : finished_) {
+      out += fmt::format("batchgen_requests_finished_total{{reason=\"{}\"}} {}\n", reason, n);
+    }
+  }
+  gauge_header(out, "batchgen_requests_cancelled_total", "Generations cancelled because the client went away",
+               "counter");
+  out += fmt::format("batchgen_requests_cancelled_total {}\n", cancelled_by_client_.load());
+  gauge_header(out, "batchgen_prompt_tokens_total", "Prompt tokens of finished generations", "counter");
+  out += fmt::format("batchgen_prompt_tokens_total {}\n", prompt_tokens_.load());
+  gauge_header(out, "batchgen_generation_tokens_total", "Generated tokens of finished generations", "counter");
+  out += fmt::format("batchgen_generation_tokens_total {}\n", generation_tokens_.load());
+  gauge_header(out, "batchgen_requests_in_flight", "Generations the frontend is waiting on");
+  out += fmt::format("batchgen_requests_in_flight {}\n", in_flight_.load());
+  out += ttft_.render("batchgen_time_to_first_token_seconds", "Time from request to first generated token");
+  out += itl_.render("batchgen_inter_token_latency_seconds", "Time between consecutive generated tokens");
+  out += e2e_.render("batchgen_request_latency_seconds", "Time from request to the last token");
+  render_workers(out, workers);
+  return out;
+}
+
+}  // namespace bg::frontend

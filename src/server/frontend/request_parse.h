@@ -1,0 +1,50 @@
+// Parsing and validation of OpenAI request bodies (chat completions, completions) into typed requests.
+// Every bad field is an ApiError(400) naming the parameter; nothing unsupported is silently ignored.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/frontend/text_model.h"
+#include "server/protocol.h"
+
+namespace bg::frontend {
+
+// Fields shared by both endpoints.
+struct CommonRequest {
+  std::string model;                       // "" when absent (the served model is used)
+  bool stream = false;
+  bool include_usage = false;              // stream_options.include_usage
+  std::optional<int64_t> max_tokens;       // max_completion_tokens, else max_tokens; absent: endpoint default
+  std::vector<std::string> stop;           // stop strings (non-empty each)
+  proto::SamplingParams sampling;          // max_tokens is filled in later, against the context length
+  bool logprobs = false;                   // report logprobs of sampled tokens
+  int32_t top_logprobs = 0;                // how many alternatives per token
+};
+
+struct ChatRequest {
+  CommonRequest common;
+  nlohmann::json messages;                 // non-empty array of objects with a string role
+  nlohmann::json tools;                    // array (possibly empty) of {"type": "function", "function": {...}}
+  ChatParams chat;
+};
+
+struct CompletionRequest {
+  CommonRequest common;
+  std::string prompt_text;                 // when the prompt is a string
+  std::vector<int32_t> prompt_ids;         // when the prompt is token ids
+  bool prompt_is_ids = false;
+};
+
+// Body text -> JSON object; 400 on malformed JSON, invalid UTF-8 or a non-object.
+nlohmann::json parse_body(std::string_view body);
+
+ChatRequest parse_chat_request(const nlohmann::json& body);
+CompletionRequest parse_completion_request(const nlohmann::json& body);
+
+}  // namespace bg::frontend

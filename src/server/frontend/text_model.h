@@ -1,0 +1,70 @@
+// The frontend's narrow view of the tokenizer and chat format: text <-> token ids, chat rendering and output parsing.
+// load_text_model() wraps the real Tokenizer + ChatFormat; tests substitute a fake.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace bg::frontend {
+
+struct ToolCallPiece {
+  int index = 0;
+  std::string id;          // set on the first piece of a call
+  std::string name;        // set on the first piece of a call
+  std::string arguments;   // a fragment of the JSON arguments text
+};
+
+// One step of parsed chat output.
+struct ChatPiece {
+  std::string reasoning;
+  std::string content;
+  std::vector<ToolCallPiece> tool_calls;
+  bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
+};
+
+struct ChatParams {
+  bool thinking = true;
+  std::string reasoning_effort;  // "" (model default) | "low" | "medium" | "high"
+};
+
+// Token ids -> text, never emitting broken UTF-8 in the middle of a stream.
+class TextStream {
+ public:
+  virtual ~TextStream() = default;
+  virtual std::string push(int32_t token) = 0;
+  virtual std::string flush() = 0;
+};
+
+// Token ids -> reasoning / content / tool-call pieces.
+class ChatStreamParser {
+ public:
+  virtual ~ChatStreamParser() = default;
+  virtual ChatPiece push(int32_t token) = 0;
+  virtual ChatPiece finish() = 0;
+};
+
+class TextModel {
+ public:
+  virtual ~TextModel() = default;
+  // Plain text -> ids (special-token text is not interpreted).
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  virtual std::unique_ptr<TextStream> detokenizer() const = 0;
+  // The raw bytes of one token (may be a partial UTF-8 sequence); "" for special tokens.
+  virtual std::string token_bytes(int32_t token) const = 0;
+  // messages/tools are the request's JSON; throws bg::Error (-> 400) on a message the format cannot render.
+  virtual std::vector<int32_t> render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
+                                           const ChatParams& params) const = 0;
+  virtual std::vector<int32_t> chat_stop_ids() const = 0;
+  virtual std::unique_ptr<ChatStreamParser> chat_parser(const ChatParams& params) const = 0;
+  virtual int64_t vocab_size() const = 0;
+};
+
+// The model directory's tokenizer (tiktoken.model + tokenizer_config.json) and chat format.
+std::unique_ptr<TextModel> load_text_model(const std::string& model_dir);
+
+}  // namespace bg::frontend

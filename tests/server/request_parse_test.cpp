@@ -1,0 +1,132 @@
+// Request validation: accepted shapes, and a 400 naming the parameter for each bad one.
+#include <gtest/gtest.h>
+
+#include "server/frontend/api_error.h"
+#include "server/frontend/request_parse.h"
+
+namespace bg::frontend {
+namespace {
+
+using nlohmann::json;
+
+json chat_body(json extra = json::object()) {
+  json b = {{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
+  b.update(extra);
+  return b;
+}
+
+// Expects parse to fail with a 400 whose param is `param`.
+template <typename F>
+void expect_400(F&& parse, const std::string& param) {
+  try {
+    parse();
+    FAIL() << "expected a 400 for " << param;
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400) << e.what();
+    EXPECT_EQ(e.param(), param) << e.what();
+    EXPECT_EQ(e.body()["error"]["type"], "invalid_request_error");
+  }
+}
+
+TEST(RequestParse, BodyMustBeJsonObjectInUtf8) {
+  EXPECT_THROW(parse_body("{not json"), ApiError);
+  EXPECT_THROW(parse_body("[1, 2]"), ApiError);
+  EXPECT_THROW(parse_body("{\"a\": \"\xff\xfe\"}"), ApiError);
+  EXPECT_THROW(parse_body(""), ApiError);
+  EXPECT_TRUE(parse_body("{\"a\": \"caf\xc3\xa9\"}").is_object());
+}
+
+TEST(RequestParse, ChatDefaultsAndFields) {
+  ChatRequest r = parse_chat_request(chat_body({{"temperature", 0},
+                                                {"top_p", 0.5},
+                                                {"top_k", 5},
+                                                {"seed", 7},
+                                                {"max_completion_tokens", 9},
+                                                {"max_tokens", 3},
+                                                {"stop", "END"},
+                                                {"stream", true},
+                                                {"stream_options", {{"include_usage", true}}},
+                                                {"logprobs", true},
+                                                {"top_logprobs", 2},
+                                                {"stop_token_ids", {1, 2}},
+                                                {"chat_template_kwargs", {{"thinking", false}}}}));
+  EXPECT_EQ(r.common.model, "m");
+  EXPECT_EQ(r.common.sampling.temperature, 0.0f);
+  EXPECT_EQ(r.common.sampling.top_p, 0.5f);
+  EXPECT_EQ(r.common.sampling.top_k, 5);
+  EXPECT_EQ(r.common.sampling.seed, 7u);
+  EXPECT_EQ(r.common.max_tokens, 9);  // max_completion_tokens wins
+  EXPECT_EQ(r.common.stop, std::vector<std::string>{"END"});
+  EXPECT_TRUE(r.common.stream);
+  EXPECT_TRUE(r.common.include_usage);
+  EXPECT_TRUE(r.common.logprobs);
+  EXPECT_EQ(r.common.top_logprobs, 2);
+  EXPECT_EQ(r.common.sampling.stop_token_ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_FALSE(r.chat.thinking);
+  EXPECT_TRUE(r.tools.is_array());
+
+  ChatRequest d = parse_chat_request(chat_body());
+  EXPECT_FALSE(d.common.max_tokens.has_value());
+  EXPECT_TRUE(d.chat.thinking);
+  EXPECT_EQ(parse_chat_request(chat_body({{"reasoning_effort", "none"}})).chat.thinking, false);
+  EXPECT_EQ(parse_chat_request(chat_body({{"reasoning_effort", "high"}})).chat.reasoning_effort, "high");
+}
+
+TEST(RequestParse, ChatRejectsBadFields) {
+  auto chat = [](json extra) { return [extra] { parse_chat_request(chat_body(extra)); }; };
+  expect_400(chat({{"messages", json::array()}}), "messages");
+  expect_400(chat({{"messages", "hello"}}), "messages");
+  expect_400(chat({{"messages", {{{"content", "x"}}}}}), "messages[0].role");
+  expect_400(chat({{"messages", {{{"role", "wizard"}, {"content", "x"}}}}}), "messages[0].role");
+  expect_400(chat({{"messages", {{{"role", "user"}, {"content", 5}}}}}), "messages[0].content");
+  expect_400(chat({{"temperature", "hot"}}), "temperature");
+  expect_400(chat({{"temperature", 3}}), "temperature");
+  expect_400(chat({{"top_p", 0}}), "top_p");
+  expect_400(chat({{"max_tokens", 0}}), "max_tokens");
+  expect_400(chat({{"max_tokens", -5}}), "max_tokens");
+  expect_400(chat({{"max_tokens", "ten"}}), "max_tokens");
+  expect_400(chat({{"max_completion_tokens", 0}}), "max_completion_tokens");
+  expect_400(chat({{"n", 2}}), "n");
+  expect_400(chat({{"stop", 5}}), "stop");
+  expect_400(chat({{"stop", {"a", 1}}}), "stop");
+  expect_400(chat({{"stop", ""}}), "stop");
+  expect_400(chat({{"stream", "yes"}}), "stream");
+  expect_400(chat({{"stream_options", {{"include_usage", true}}}}), "stream_options");
+  expect_400(chat({{"top_logprobs", 3}}), "top_logprobs");  // without logprobs
+  expect_400(chat({{"logprobs", true}, {"top_logprobs", 21}}), "top_logprobs");
+  expect_400(chat({{"tools", {{{"type", "function"}}}}}), "tools[0].function");
+  expect_400(chat({{"tools", "x"}}), "tools");
+  expect_400(chat({{"tool_choice", "required"}}), "tool_choice");
+  expect_400(chat({{"presence_penalty", 0.5}}), "presence_penalty");
+  expect_400(chat({{"reasoning_effort", "max"}}), "reasoning_effort");
+  expect_400(chat({{"chat_template_kwargs", {{"thinking", "no"}}}}), "thinking");
+  expect_400(chat({{"model", 5}}), "model");
+  expect_400(chat({{"stop_token_ids", {-1}}}), "stop_token_ids");
+  expect_400([] { parse_chat_request(json{{"model", "m"}}); }, "messages");
+}
+
+TEST(RequestParse, CompletionPrompts) {
+  CompletionRequest s = parse_completion_request(json{{"prompt", "hello"}});
+  EXPECT_FALSE(s.prompt_is_ids);
+  EXPECT_EQ(s.prompt_text, "hello");
+  CompletionRequest ids = parse_completion_request(json{{"prompt", {1, 2, 3}}, {"logprobs", 2}});
+  EXPECT_TRUE(ids.prompt_is_ids);
+  EXPECT_EQ(ids.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(ids.common.logprobs);
+  EXPECT_EQ(ids.common.top_logprobs, 2);
+  EXPECT_EQ(parse_completion_request(json{{"prompt", {"one"}}}).prompt_text, "one");
+  EXPECT_EQ(parse_completion_request(json{{"prompt", {{4, 5}}}}).prompt_ids, (std::vector<int32_t>{4, 5}));
+
+  auto comp = [](json body) { return [body] { parse_completion_request(body); }; };
+  expect_400(comp(json::object()), "prompt");
+  expect_400(comp(json{{"prompt", ""}}), "prompt");
+  expect_400(comp(json{{"prompt", json::array()}}), "prompt");
+  expect_400(comp(json{{"prompt", {"a", "b"}}}), "prompt");
+  expect_400(comp(json{{"prompt", {1, "x"}}}), "prompt");
+  expect_400(comp(json{{"prompt", 5}}), "prompt");
+  expect_400(comp(json{{"prompt", "x"}, {"echo", true}}), "echo");
+  expect_400(comp(json{{"prompt", "x"}, {"logprobs", true}}), "logprobs");
+}
+
+}  // namespace
+}  // namespace bg::frontend
