@@ -1,0 +1,207 @@
+// Engine: request intake, the step (schedule -> execute -> sample -> postprocess), failure isolation, events.
+#include "engine/engine.h"
+
+#include <random>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace bg::engine {
+
+proto::TokenEvent error_event(const std::string& id, int32_t code, const std::string& message, int64_t prompt_tokens,
+                              int64_t completion_tokens) {
+  proto::TokenEvent ev;
+  ev.id = id;
+  ev.finish_reason = "error";
+  ev.error = message;
+  ev.error_code = code;
+  ev.prompt_tokens = prompt_tokens;
+  ev.completion_tokens = completion_tokens;
+  return ev;
+}
+
+Engine::Engine(std::unique_ptr<Model> model, const sched::SchedulerConfig& config)
+    : model_(std::move(model)), scheduler_(*model_, config) {
+  BG_CHECK(config.max_model_len <= model_->info().max_position_embeddings,
+           "--max-model-len {} exceeds the model's context (max_position_embeddings {})", config.max_model_len,
+           model_->info().max_position_embeddings);
+}
+
+bool Engine::step() {
+  sched::StepPlan plan = scheduler_.schedule();  // decode tokens first, then prefill chunks within the budget
+  if (plan.empty()) return false;
+  std::vector<Outcome> outcomes = execute(plan);  // one forward_batch over the whole step
+  sample(plan, outcomes);                         // a token for each chunk that ends its request's input
+  postprocess(plan, outcomes);                    // events; finished and failed requests free their sequences
+  ++stats_.steps_total;
+  stats_.last_batch_size = static_cast<int64_t>(plan.chunks.size());
+  stats_.last_batch_tokens = plan.n_tokens;
+  return true;
+}
+
+std::vector<Engine::Outcome> Engine::execute(const sched::StepPlan& plan) {
+  const auto vocab = static_cast<size_t>(model_->info().vocab_size);
+  std::vector<Outcome> outcomes(plan.chunks.size());
+  std::vector<BatchEntry> batch;
+  batch.reserve(plan.chunks.size());
+  for (const sched::Chunk& c : plan.chunks) batch.push_back({c.req->seq.get(), c.req->span(c.start, c.n_tokens)});
+  logits_.resize(batch.size() * vocab);
+  try {
+    model_->forward_batch(batch, logits_.data());
+  } catch (const std::exception& e) {
+    isolate_failure(plan, e.what(), outcomes);
+  }
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    if (outcomes[i].error.empty()) sched::Scheduler::complete(plan.chunks[i]);
+  }
+  return outcomes;
+}
+
+// The batch threw: which sequences advanced is unknown, so each request recomputes its tokens up to the end of its
+// chunk alone on a fresh sequence; those that fail alone are the culprits and get finish_reason "error".
+void Engine::isolate_failure(const sched::StepPlan& plan, const std::string& what, std::vector<Outcome>& outcomes) {
+  const auto vocab = static_cast<size_t>(model_->info().vocab_size);
+  if (plan.chunks.size() == 1) {
+    outcomes[0].error = what;
+    return;
+  }
+  log::warn("engine: a batch of {} requests failed ({}); rerunning each alone", plan.chunks.size(), what);
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const sched::Chunk& c = plan.chunks[i];
+    try {
+      scheduler_.reset_sequence(*c.req);
+      c.req->seq->reserve_kv(c.start + c.n_tokens);
+      const BatchEntry alone{c.req->seq.get(), c.req->span(0, c.start + c.n_tokens)};
+      model_->forward_batch(std::span<const BatchEntry>(&alone, 1), logits_.data() + i * vocab);
+      c.req->n_computed = c.start;  // complete() adds the chunk
+    } catch (const std::exception& e) {
+      outcomes[i].error = e.what();
+    }
+  }
+}
+
+void Engine::sample(const sched::StepPlan& plan, std::vector<Outcome>& outcomes) {
+  const int64_t vocab = model_->info().vocab_size;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const sched::Chunk& c = plan.chunks[i];
+    Outcome& o = outcomes[i];
+    if (!o.error.empty() || !c.samples) continue;
+    sched::Request& r = *c.req;
+    try {
+      o.sampled = sample_next(r.params, logits_.data() + i * static_cast<size_t>(vocab), vocab, r.rng);
+    } catch (const std::exception& e) {
+      o.error = e.what();
+      continue;
+    }
+    r.tokens.push_back(o.sampled->token);
+    ++stats_.generation_tokens_total;
+    o.finish_reason = finish_reason_after(r.params, model_->info().eos_token_id, o.sampled->token, r.n_generated(),
+                                          r.max_new_tokens);
+  }
+}
+
+void Engine::postprocess(const sched::StepPlan& plan, std::vector<Outcome>& outcomes) {
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const sched::Request* r = plan.chunks[i].req;
+    Outcome& o = outcomes[i];
+    if (o.error.empty() && !o.sampled) continue;  // a prefill chunk that did not finish the prompt
+    proto::TokenEvent ev;
+    if (!o.error.empty()) {
+      log::error("engine: request {} failed: {}", r->id, o.error);
+      ev = error_event(r->id, 500, o.error, r->n_prompt, r->n_generated());
+    } else {
+      ev.id = r->id;
+      ev.prompt_tokens = r->n_prompt;
+      ev.completion_tokens = r->n_generated();
+      ev.tokens.push_back(o.sampled->token);
+      if (o.sampled->logprob) ev.logprobs.push_back(std::move(*o.sampled->logprob));
+      ev.finish_reason = o.finish_reason;
+    }
+    outbox_.push_back(std::move(ev));
+    if (!outbox_.back().finish_reason.empty()) scheduler_.finish(r);
+  }
+}
+
+std::string Engine::validate(const proto::GenerateRequest& request) const {
+  if (request.id.empty()) return "request id must not be empty";
+  if (scheduler_.find(request.id) != nullptr) return fmt::format("request id '{}' is already in use", request.id);
+  if (request.prompt.empty()) return "prompt must not be empty";
+  const int64_t vocab = model_->info().vocab_size;
+  for (int32_t id : request.prompt) {
+    if (id < 0 || id >= vocab) return fmt::format("prompt token id {} is outside [0, {})", id, vocab);
+  }
+  return validate_sampling(request.params, vocab);
+}
+
+void Engine::submit(proto::GenerateRequest request) {
+  if (std::string error = validate(request); !error.empty()) return reject(request, 400, error);
+  auto r = std::make_unique<sched::Request>();
+  r->id = request.id;
+  r->n_prompt = static_cast<int64_t>(request.prompt.size());
+  r->tokens = std::move(request.prompt);
+  r->params = std::move(request.params);
+  r->rng.seed(r->params.seed ? *r->params.seed : std::random_device{}());
+  r->arrival = n_arrived_++;
+  const int64_t n_prompt = r->n_prompt;
+  if (auto rejection = scheduler_.add(std::move(r))) return reject(request, rejection->code, rejection->message);
+  stats_.prompt_tokens_total += n_prompt;
+}
+
+void Engine::reject(const proto::GenerateRequest& request, int32_t code, const std::string& message) {
+  log::info("engine: rejected request '{}' ({}): {}", request.id, code, message);
+  outbox_.push_back(error_event(request.id, code, message, static_cast<int64_t>(request.prompt.size())));
+}
+
+void Engine::cancel(const std::string& id) {
+  std::unique_ptr<sched::Request> r = scheduler_.cancel(id);
+  if (!r) {
+    log::debug("engine: cancel of unknown request '{}' ignored", id);
+    return;
+  }
+  proto::TokenEvent ev;
+  ev.id = r->id;
+  ev.finish_reason = "abort";
+  ev.prompt_tokens = r->n_prompt;
+  ev.completion_tokens = r->n_generated();
+  outbox_.push_back(std::move(ev));
+}
+
+void Engine::fail_all(const std::string& message) {
+  for (const std::string& id : scheduler_.ids()) {
+    std::unique_ptr<sched::Request> r = scheduler_.cancel(id);
+    outbox_.push_back(error_event(r->id, 500, message, r->n_prompt, r->n_generated()));
+  }
+}
+
+std::vector<proto::TokenEvent> Engine::take_events() {
+  std::vector<proto::TokenEvent> out;
+  out.swap(outbox_);
+  return out;
+}
+
+void Engine::fill_status(proto::WorkerStatus& s) const {
+  const ModelInfo& info = model_->info();
+  const MemoryUsage m = model_->memory_usage();
+  s.arch = info.arch;
+  s.vocab_size = info.vocab_size;
+  s.max_model_len = scheduler_.config().max_model_len;
+  s.eos_token_id = info.eos_token_id;
+  s.max_num_seqs = scheduler_.config().max_num_seqs;
+  s.running = scheduler_.n_running();
+  s.waiting = scheduler_.n_waiting();
+  s.last_batch_size = stats_.last_batch_size;
+  s.last_batch_tokens = stats_.last_batch_tokens;
+  s.kv_blocks_total = m.kv_blocks_total;
+  s.kv_blocks_free = m.kv_blocks_free;
+  s.kv_block_tokens = m.kv_block_tokens;
+  s.kv_bytes = m.kv_bytes;
+  s.state_slots_total = m.state_slots_total;
+  s.state_slots_free = m.state_slots_free;
+  s.state_bytes = m.state_bytes;
+  s.prompt_tokens_total = stats_.prompt_tokens_total;
+  s.generation_tokens_total = stats_.generation_tokens_total;
+  s.preemptions_total = scheduler_.preemptions_total();
+  s.steps_total = stats_.steps_total;
+}
+
+}  // namespace bg::engine

@@ -1,0 +1,76 @@
+// One rank's engine: owns the model and the scheduler, turns frontend requests into scheduled work and each step's
+// results into token events. Transport-free (the ZeroMQ loop is worker.h); single-threaded: every call comes from
+// the worker's loop thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "model/model.h"
+#include "sched/scheduler.h"
+#include "server/protocol.h"
+
+namespace bg::engine {
+
+struct EngineStats {
+  int64_t steps_total = 0;
+  int64_t prompt_tokens_total = 0;      // prompts of accepted requests
+  int64_t generation_tokens_total = 0;  // sampled tokens
+  int64_t last_batch_size = 0;          // sequences in the last step
+  int64_t last_batch_tokens = 0;        // tokens in the last step
+};
+
+// A final event with finish_reason "error" (rejections: code 400/503; failures: 500).
+proto::TokenEvent error_event(const std::string& id, int32_t code, const std::string& message,
+                              int64_t prompt_tokens = 0, int64_t completion_tokens = 0);
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<Model> model, const sched::SchedulerConfig& config);
+
+  // Validates and queues a request; a rejection (400 bad input / too long, 503 queue full) becomes its final event.
+  void submit(proto::GenerateRequest request);
+  // Cancels a waiting or running request at once (its blocks and slot are freed; final event "abort"). Unknown ids
+  // are ignored: the request may have finished already.
+  void cancel(const std::string& id);
+  // Ends every waiting and running request with finish_reason "error" (after an unexpected failure of a step).
+  void fail_all(const std::string& message);
+  bool has_work() const { return scheduler_.has_work(); }
+  // schedule -> execute (one forward_batch) -> sample -> postprocess; the step's events go to the outbox. False when
+  // nothing could be scheduled.
+  bool step();
+  // The events produced since the last call, at most one per request per step, in order.
+  std::vector<proto::TokenEvent> take_events();
+  // Fills the model, scheduler, memory and counter fields of a status.
+  void fill_status(proto::WorkerStatus& status) const;
+
+  Model& model() { return *model_; }
+  const sched::Scheduler& scheduler() const { return scheduler_; }
+  const EngineStats& stats() const { return stats_; }
+
+ private:
+  struct Outcome {
+    std::string error;               // the request failed in this step
+    std::optional<Sampled> sampled;  // the chunk ended the request's input
+    std::string finish_reason;
+  };
+  std::vector<Outcome> execute(const sched::StepPlan& plan);
+  void isolate_failure(const sched::StepPlan& plan, const std::string& what, std::vector<Outcome>& outcomes);
+  void sample(const sched::StepPlan& plan, std::vector<Outcome>& outcomes);
+  void postprocess(const sched::StepPlan& plan, std::vector<Outcome>& outcomes);
+  void reject(const proto::GenerateRequest& request, int32_t code, const std::string& message);
+  std::string validate(const proto::GenerateRequest& request) const;
+
+  std::unique_ptr<Model> model_;
+  sched::Scheduler scheduler_;
+  std::vector<float> logits_;  // [batch, vocab] of the current step
+  std::vector<proto::TokenEvent> outbox_;
+  EngineStats stats_;
+  uint64_t n_arrived_ = 0;
+};
+
+}  // namespace bg::engine

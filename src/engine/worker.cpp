@@ -1,0 +1,266 @@
+// Worker loop: the DEALER socket, the loading phase on a helper thread, message handling, engine steps, events and
+// periodic status. The socket and the engine belong to the thread that calls run_worker.
+#include "engine/worker.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <optional>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "sched/planner.h"
+
+namespace bg::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class Worker {
+ public:
+  explicit Worker(const WorkerOptions& options);
+  ~Worker();
+  int run();
+
+ private:
+  bool wait_for_engine(std::future<std::unique_ptr<Engine>>& loading);
+  void serve();
+  void poll_messages(int64_t timeout_ms);
+  void handle(const zmq::message_t& frame);
+  void on_generate(const proto::Message& m);
+  void send(const std::string& frame);
+  void send_event(const proto::TokenEvent& ev) { send(proto::encode("tokens", ev)); }
+  void send_status();
+  void flush_events();
+  int64_t ms_until_status() const;
+  bool parent_gone();
+
+  const WorkerOptions& o_;
+  std::optional<zmq::context_t> own_ctx_;
+  zmq::socket_t sock_;
+  proto::WorkerStatus status_;
+  std::unique_ptr<Engine> engine_;
+  Clock::time_point last_status_;
+  bool stop_ = false;
+  bool parent_is_ppid_ = false;  // the frontend is our direct parent (then a changed getppid() also means it died)
+  bool parent_dead_ = false;
+};
+
+Worker::Worker(const WorkerOptions& options) : o_(options) {
+  zmq::context_t* ctx = o_.context;
+  if (ctx == nullptr) ctx = &own_ctx_.emplace(1);
+  sock_ = zmq::socket_t(*ctx, zmq::socket_type::dealer);
+  sock_.set(zmq::sockopt::routing_id, "rank-" + std::to_string(o_.rank));
+  sock_.set(zmq::sockopt::sndhwm, 0);  // never drop or block on events; a dead frontend is noticed by --parent-pid
+  sock_.set(zmq::sockopt::rcvhwm, 0);
+  sock_.set(zmq::sockopt::linger, 2000);  // deliver the last events and status on exit
+  BG_CHECK(!o_.endpoint.empty(), "--endpoint is required (the frontend's ROUTER, e.g. ipc:///tmp/bg/router.sock)");
+  try {
+    sock_.connect(o_.endpoint);
+  } catch (const zmq::error_t& e) {
+    fail("worker: cannot connect to --endpoint '{}': {}", o_.endpoint, e.what());
+  }
+  status_.rank = o_.rank;
+  parent_is_ppid_ = o_.parent_pid > 0 && getppid() == static_cast<pid_t>(o_.parent_pid);
+}
+
+Worker::~Worker() {
+  if (parent_dead_) sock_.set(zmq::sockopt::linger, 0);  // nobody is left to read what is queued
+  sock_.close();
+}
+
+int Worker::run() {
+  status_.phase = "loading";
+  send_status();
+  log::info("worker rank {}: loading {}", o_.rank, o_.model_dir.string());
+  auto loading = std::async(std::launch::async, [this] { return load_engine(o_); });
+  if (!wait_for_engine(loading)) return status_.phase == "failed" ? 1 : 0;
+  status_.phase = "ready";
+  send_status();
+  log::info("worker rank {}: ready", o_.rank);
+  serve();
+  log::info("worker rank {}: stopping ({})", o_.rank, parent_dead_ ? "the frontend process is gone" : "shutdown");
+  return 0;
+}
+
+// Keeps answering (status, shutdown; generate is rejected with 503) while the model loads. False: do not serve.
+bool Worker::wait_for_engine(std::future<std::unique_ptr<Engine>>& loading) {
+  while (loading.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready) {
+    poll_messages(std::min<int64_t>(o_.idle_poll_ms, ms_until_status()));
+    const bool gone = parent_gone();
+    if ((stop_ || gone) && o_.exit_process_on_stop_while_loading) {
+      log::info("worker rank {}: {} while loading; exiting", o_.rank, stop_ ? "shutdown" : "frontend gone");
+      std::_Exit(0);
+    }
+    if (gone) stop_ = true;
+    if (ms_until_status() <= 0) send_status();
+  }
+  try {
+    engine_ = loading.get();
+  } catch (const std::exception& e) {
+    log::error("worker rank {}: loading failed: {}", o_.rank, e.what());
+    status_.phase = "failed";
+    status_.error = e.what();
+    send_status();
+    return false;
+  }
+  return !stop_;
+}
+
+void Worker::serve() {
+  bool progressed = false;
+  while (!stop_) {
+    // Never wait while there is work; when idle (or stuck waiting for memory), wait for a message but wake for the
+    // next status.
+    const bool busy = progressed && engine_->has_work();
+    poll_messages(busy ? 0 : std::min<int64_t>(o_.idle_poll_ms, ms_until_status()));
+    if (stop_) break;
+    if (parent_gone()) return;
+    progressed = false;
+    if (engine_->has_work()) {
+      try {
+        progressed = engine_->step();
+      } catch (const std::exception& e) {
+        log::error("worker rank {}: step failed: {}; failing the running requests", o_.rank, e.what());
+        engine_->fail_all(fmt::format("internal error in the worker step: {}", e.what()));
+      }
+    }
+    flush_events();
+    if (ms_until_status() <= 0) send_status();
+  }
+  flush_events();
+}
+
+void Worker::poll_messages(int64_t timeout_ms) {
+  zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
+  zmq::poll(&item, 1, std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0)));
+  if ((item.revents & ZMQ_POLLIN) == 0) return;
+  zmq::message_t frame;
+  while (!stop_ && sock_.recv(frame, zmq::recv_flags::dontwait)) handle(frame);
+}
+
+void Worker::handle(const zmq::message_t& frame) {
+  if (frame.size() == 0) return;  // an empty delimiter frame, if a peer sends one
+  proto::Message m;
+  try {
+    m = proto::decode(std::span<const std::byte>(static_cast<const std::byte*>(frame.data()), frame.size()));
+  } catch (const std::exception& e) {
+    log::warn("worker rank {}: dropped a malformed message: {}", o_.rank, e.what());
+    return;
+  }
+  if (m.type == "generate") {
+    on_generate(m);
+  } else if (m.type == "cancel") {
+    try {
+      const auto c = proto::body_as<proto::Cancel>(m);
+      if (engine_) engine_->cancel(c.id);
+    } catch (const std::exception& e) {
+      log::warn("worker rank {}: bad cancel: {}", o_.rank, e.what());
+    }
+  } else if (m.type == "status_request") {
+    send_status();
+  } else if (m.type == "shutdown") {
+    stop_ = true;
+  } else {
+    log::warn("worker rank {}: ignored a message of unknown type '{}'", o_.rank, m.type);
+  }
+}
+
+void Worker::on_generate(const proto::Message& m) {
+  proto::GenerateRequest g;
+  try {
+    g = proto::body_as<proto::GenerateRequest>(m);
+  } catch (const std::exception& e) {
+    auto it = m.body.find("id");
+    if (it == m.body.end() || !it->is_string()) {
+      log::warn("worker rank {}: dropped a generate without an id: {}", o_.rank, e.what());
+      return;
+    }
+    send_event(error_event(it->get<std::string>(), 400, e.what()));
+    return;
+  }
+  if (!engine_) {
+    send_event(error_event(g.id, 503, fmt::format("worker rank {} is still loading the model", o_.rank)));
+    return;
+  }
+  engine_->submit(std::move(g));
+}
+
+void Worker::send(const std::string& frame) { sock_.send(zmq::buffer(frame), zmq::send_flags::none); }
+
+void Worker::send_status() {
+  if (engine_) engine_->fill_status(status_);
+  send(proto::encode("status", status_));
+  last_status_ = Clock::now();
+}
+
+void Worker::flush_events() {
+  if (!engine_) return;
+  for (const proto::TokenEvent& ev : engine_->take_events()) send_event(ev);
+}
+
+int64_t Worker::ms_until_status() const {
+  const auto since = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_status_).count();
+  return o_.status_interval_ms - since;
+}
+
+bool Worker::parent_gone() {
+  if (o_.parent_pid <= 0) return false;
+  const auto pid = static_cast<pid_t>(o_.parent_pid);
+  parent_dead_ = (parent_is_ppid_ && getppid() != pid) || (kill(pid, 0) != 0 && errno == ESRCH);
+  return parent_dead_;
+}
+
+}  // namespace
+
+void validate_worker_options(const WorkerOptions& o) {
+  BG_CHECK(!o.model_dir.empty(), "--model is required");
+  BG_CHECK(!o.endpoint.empty(), "--endpoint is required");
+  BG_CHECK(o.rank >= 0, "--rank {} must be >= 0", o.rank);
+  BG_CHECK(o.device == "cpu" || o.device == "cuda", "--device '{}' must be cpu or cuda", o.device);
+  BG_CHECK(o.max_num_seqs >= 0, "--max-num-seqs {} must be >= 1", o.max_num_seqs);
+  BG_CHECK(o.max_model_len == 0 || o.max_model_len >= 2, "--max-model-len {} must be >= 2", o.max_model_len);
+  BG_CHECK(o.chunked_prefill_size >= 1, "--chunked-prefill-size {} must be >= 1", o.chunked_prefill_size);
+  BG_CHECK(o.max_queue >= 0, "--max-queue {} must be >= 0", o.max_queue);
+  BG_CHECK(o.kv_block_size >= 1 && o.kv_block_size <= 4096, "--kv-block-size {} must be in [1, 4096]",
+           o.kv_block_size);
+  BG_CHECK(o.kv_cache_memory_bytes >= 0, "--kv-cache-memory-bytes {} must be > 0", o.kv_cache_memory_bytes);
+  BG_CHECK(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0,
+           "--gpu-memory-utilization {} must be in (0, 1]", o.gpu_memory_utilization);
+  BG_CHECK(o.parent_pid >= 0, "--parent-pid {} must be >= 0", o.parent_pid);
+  BG_CHECK(o.status_interval_ms >= 1 && o.idle_poll_ms >= 1, "status interval {} ms and idle poll {} ms must be >= 1",
+           o.status_interval_ms, o.idle_poll_ms);
+}
+
+std::unique_ptr<Engine> load_engine(const WorkerOptions& o) {
+  validate_worker_options(o);
+  const sched::ModelGeometry geo = sched::read_model_geometry(o.model_dir);
+  sched::PlannerInput in;
+  in.device = o.device;
+  in.kv_block_size = o.kv_block_size;
+  in.max_num_seqs = o.max_num_seqs;
+  in.max_model_len = o.max_model_len;
+  in.kv_cache_memory_bytes = o.kv_cache_memory_bytes;
+  in.gpu_memory_utilization = o.gpu_memory_utilization;
+  const sched::Plan plan = sched::make_plan(geo, in);
+  log::info("worker rank {}: {}", o.rank, plan.describe());
+  BG_CHECK(o.chunked_prefill_size >= plan.max_num_seqs, "--chunked-prefill-size {} must be >= --max-num-seqs {} "
+           "(every running sequence decodes one token per step)", o.chunked_prefill_size, plan.max_num_seqs);
+  sched::SchedulerConfig sc;
+  sc.max_num_seqs = plan.max_num_seqs;
+  sc.max_model_len = plan.max_model_len;
+  sc.chunked_prefill_size = o.chunked_prefill_size;
+  sc.max_queue = o.max_queue;
+  return std::make_unique<Engine>(load_model(o.model_dir, plan.load_options()), sc);
+}
+
+int run_worker(const WorkerOptions& options) {
+  Worker worker(options);
+  return worker.run();
+}
+
+}  // namespace bg::engine

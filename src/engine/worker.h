@@ -1,0 +1,45 @@
+// The worker process of one rank: connects a ZeroMQ DEALER ("rank-<r>") to the frontend's ROUTER, reports
+// "loading", plans memory and loads the model on a helper thread, reports "ready" (or "failed"), then alternates
+// polling messages and engine steps until "shutdown" or the frontend process dies. Protocol: server/protocol.h.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include <zmq.hpp>
+
+#include "engine/engine.h"
+
+namespace bg::engine {
+
+struct WorkerOptions {
+  std::filesystem::path model_dir;        // --model
+  std::string endpoint;                   // --endpoint: the frontend's ROUTER (ipc://..., tcp://..., inproc://...)
+  int32_t rank = 0;                       // --rank
+  std::string device = "cpu";             // --device cpu|cuda
+  int64_t max_num_seqs = 0;               // --max-num-seqs (0: planner default, 16 on cpu, 256 on cuda)
+  int64_t max_model_len = 0;              // --max-model-len (0: the model's context capped by memory)
+  int64_t chunked_prefill_size = 512;     // --chunked-prefill-size: tokens per step
+  int64_t max_queue = 1024;               // --max-queue: waiting requests (beyond free running places) before 503
+  int64_t kv_block_size = 64;             // --kv-block-size: tokens per KV block
+  int64_t kv_cache_memory_bytes = 0;      // --kv-cache-memory-bytes (0: from the device's memory)
+  double gpu_memory_utilization = 0.9;    // --gpu-memory-utilization
+  int64_t parent_pid = 0;                 // --parent-pid: exit when this process is gone (0: never)
+  int64_t status_interval_ms = 1000;      // a status at least this often
+  int64_t idle_poll_ms = 100;             // longest wait for a message while idle
+  zmq::context_t* context = nullptr;      // inproc endpoints need the frontend's context (tests); null: own
+  bool exit_process_on_stop_while_loading = false;  // the CLI: _exit at once instead of waiting for the load
+};
+
+// Flag checks (the planner and scheduler check the rest); throws bg::Error naming the flag.
+void validate_worker_options(const WorkerOptions& options);
+
+// Plans memory, loads the model and builds the engine (what the loading thread runs). Throws bg::Error.
+std::unique_ptr<Engine> load_engine(const WorkerOptions& options);
+
+// Runs the worker to the end: 0 after "shutdown" or the parent's exit, 1 when loading failed (after reporting
+// phase "failed" with the error). Throws only when the endpoint cannot be connected.
+int run_worker(const WorkerOptions& options);
+
+}  // namespace bg::engine

@@ -1,0 +1,179 @@
+// Memory planner arithmetic (docs/SERVING_ENGINE.md "Planner"): bytes per KV token and per state slot, the budget,
+// and the split of the budget into state slots and KV blocks.
+#include "sched/planner.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "formats/json_fields.h"
+#include "formats/kimi_k3_config.h"
+#include "formats/model_config.h"
+
+#ifdef BG_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace bg::sched {
+namespace {
+
+int64_t checkpoint_bytes(const std::filesystem::path& dir) {
+  int64_t total = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") {
+      total += static_cast<int64_t>(entry.file_size());
+    }
+  }
+  return total;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+double gib(int64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30); }
+
+void validate_input(const PlannerInput& in) {
+  BG_CHECK(in.device == "cpu" || in.device == "cuda", "--device '{}' must be cpu or cuda", in.device);
+  BG_CHECK(in.kv_block_size >= 1, "KV block size {} must be >= 1", in.kv_block_size);
+  BG_CHECK(in.max_num_seqs >= 0, "--max-num-seqs {} must be >= 1", in.max_num_seqs);
+  BG_CHECK(in.max_model_len >= 0, "--max-model-len {} must be >= 1", in.max_model_len);
+  BG_CHECK(in.kv_cache_memory_bytes >= 0, "--kv-cache-memory-bytes {} must be > 0", in.kv_cache_memory_bytes);
+  BG_CHECK(in.gpu_memory_utilization > 0.0 && in.gpu_memory_utilization <= 1.0,
+           "--gpu-memory-utilization {} must be in (0, 1]", in.gpu_memory_utilization);
+  BG_CHECK(in.cpu_budget_bytes > 0, "cpu memory budget {} must be > 0", in.cpu_budget_bytes);
+}
+
+}  // namespace
+
+ModelGeometry read_model_geometry(const std::filesystem::path& dir) {
+  BG_CHECK(std::filesystem::is_directory(dir), "model directory '{}' does not exist", dir.string());
+  const auto path = dir / "config.json";
+  const auto config = read_json_file(path);
+  ModelGeometry g;
+  switch (detect_arch(config, path.string())) {
+    case Arch::kDeepseekV3: {
+      DeepseekV3Config c = parse_deepseek_v3_config(config, path.string());
+      g.arch = "deepseek_v3";
+      g.n_mla_layers = c.n_layers;
+      g.kv_entry_dim = c.kv_cache_dim();
+      g.max_position_embeddings = c.max_position_embeddings;
+      break;
+    }
+    case Arch::kKimiK3: {
+      KimiK3Config c = parse_kimi_k3_config(config, path.string());
+      g.arch = "kimi_k3";
+      g.n_mla_layers = std::count(c.layer_kinds.begin(), c.layer_kinds.end(), K3LayerKind::kMla);
+      g.kv_entry_dim = c.kv_cache_dim();
+      g.kda = {c.n_layers - g.n_mla_layers, c.kda_heads, c.kda_head_dim, c.kda_proj_dim(), c.conv_kernel};
+      g.max_position_embeddings = c.max_position_embeddings;
+      break;
+    }
+  }
+  g.weight_bytes = checkpoint_bytes(dir);
+  return g;
+}
+
+DeviceMemory probe_device_memory(const std::string& device) {
+  if (device == "cpu") {
+    const int64_t page = sysconf(_SC_PAGESIZE);
+    return {sysconf(_SC_AVPHYS_PAGES) * page, sysconf(_SC_PHYS_PAGES) * page};
+  }
+  BG_CHECK(device == "cuda", "--device '{}' must be cpu or cuda", device);
+#ifdef BG_HAVE_CUDA
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaError_t err = cudaMemGetInfo(&free_bytes, &total_bytes);
+  BG_CHECK(err == cudaSuccess, "planner: cudaMemGetInfo failed: {}", cudaGetErrorString(err));
+  return {static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
+#else
+  fail("--device cuda: this batchgen was built without CUDA (configure with -DBG_CUDA=ON)");
+#endif
+}
+
+int64_t memory_budget_bytes(const ModelGeometry& geo, const PlannerInput& in, const DeviceMemory& mem) {
+  if (in.kv_cache_memory_bytes > 0) return in.kv_cache_memory_bytes;
+  if (in.device == "cpu") {
+    // Weights are mmap'd (page cache), so the budget only covers the pools: a fixed cap, at most a quarter of RAM.
+    const int64_t budget = std::min(in.cpu_budget_bytes, mem.total_bytes / 4);
+    BG_CHECK(budget > 0, "planner: no host memory for the KV cache ({} bytes of RAM)", mem.total_bytes);
+    return budget;
+  }
+  const auto usable = static_cast<int64_t>(static_cast<double>(mem.free_bytes) * in.gpu_memory_utilization);
+  const int64_t budget = usable - geo.weight_bytes;
+  BG_CHECK(budget > 0, "planner: the weights ({:.2f} GiB) leave nothing of {:.2f} GiB ({} x {:.2f} GiB free) for the "
+           "KV cache; raise --gpu-memory-utilization or use more GPUs", gib(geo.weight_bytes), gib(usable),
+           in.gpu_memory_utilization, gib(mem.free_bytes));
+  return budget;
+}
+
+Plan make_plan(const ModelGeometry& geo, const PlannerInput& in, const MemoryProbe& probe) {
+  validate_input(in);
+  BG_CHECK(geo.n_mla_layers > 0 && geo.kv_entry_dim > 0, "planner: model has no MLA KV cache ({} layers x {})",
+           geo.n_mla_layers, geo.kv_entry_dim);
+  Plan p;
+  p.device = in.device;
+  p.act_bytes = in.device == "cpu" ? 4 : 2;
+  p.kv_bytes_per_token = geo.n_mla_layers * geo.kv_entry_dim * p.act_bytes;
+  p.state_bytes_per_seq = geo.kda.slot_floats() * 4;
+  p.kv_block_size = in.kv_block_size;
+  p.budget_bytes = memory_budget_bytes(geo, in, in.kv_cache_memory_bytes > 0 ? DeviceMemory{} : probe(in.device));
+  const int64_t block_bytes = in.kv_block_size * p.kv_bytes_per_token;
+
+  // max_model_len: as asked (within the model's context), else the context capped by what one sequence can hold.
+  if (in.max_model_len > 0) {
+    BG_CHECK(in.max_model_len <= geo.max_position_embeddings, "--max-model-len {} exceeds the model's context "
+             "(max_position_embeddings {})", in.max_model_len, geo.max_position_embeddings);
+    p.max_model_len = in.max_model_len;
+  } else {
+    const int64_t fit_blocks = (p.budget_bytes - p.pool_bytes(1, 0)) / block_bytes;
+    p.max_model_len = std::min(geo.max_position_embeddings, std::max<int64_t>(fit_blocks, 0) * in.kv_block_size);
+  }
+  const int64_t blocks_per_seq = ceil_div(std::max<int64_t>(p.max_model_len, 1), in.kv_block_size);
+  const int64_t one_seq_bytes = p.pool_bytes(1, blocks_per_seq);
+  BG_CHECK(p.max_model_len >= 1 && one_seq_bytes <= p.budget_bytes,
+           "planner: one sequence of {} tokens needs {:.3f} GiB ({} B state + {} B/token KV) but the KV budget is "
+           "{:.3f} GiB; lower --max-model-len or raise --kv-cache-memory-bytes / --gpu-memory-utilization",
+           std::max<int64_t>(p.max_model_len, in.kv_block_size), gib(one_seq_bytes), p.state_bytes_per_seq,
+           p.kv_bytes_per_token, gib(p.budget_bytes));
+
+  // Sequences: as many as asked while state slots still leave room for one full-length sequence's KV.
+  const int64_t asked = in.max_num_seqs > 0 ? in.max_num_seqs
+                                            : (in.device == "cpu" ? kDefaultMaxNumSeqsCpu : kDefaultMaxNumSeqsCuda);
+  p.max_num_seqs = asked;
+  if (p.state_bytes_per_seq > 0) {
+    const int64_t fit = (p.budget_bytes - p.pool_bytes(0, blocks_per_seq)) / p.state_bytes_per_seq - kPoolPadding;
+    p.max_num_seqs = std::min(asked, fit);
+    if (p.max_num_seqs < asked) {
+      log::warn("planner: state slots for only {} sequences fit in the KV budget; max-num-seqs lowered from {}",
+                p.max_num_seqs, asked);
+    }
+    p.state_slots = p.max_num_seqs;
+  }
+  // KV blocks: the rest of the budget, but never more than every sequence at full length needs.
+  p.kv_blocks = std::min((p.budget_bytes - p.state_bytes()) / block_bytes - kPoolPadding,
+                         p.max_num_seqs * blocks_per_seq);
+  return p;
+}
+
+int64_t Plan::pool_bytes(int64_t n_slots, int64_t n_blocks) const {
+  const int64_t slots = state_bytes_per_seq > 0 && n_slots > 0 ? n_slots + kPoolPadding : 0;
+  return slots * state_bytes_per_seq + (n_blocks + kPoolPadding) * kv_block_size * kv_bytes_per_token;
+}
+
+LoadOptions Plan::load_options() const {
+  LoadOptions o;
+  o.max_sequences = std::max<int64_t>(max_num_seqs, 1);
+  o.max_total_tokens = kv_blocks * kv_block_size;
+  o.kv_block_size = kv_block_size;
+  o.device = device;
+  return o;
+}
+
+std::string Plan::describe() const {
+  return fmt::format("planner ({}): budget {:.3f} GiB -> {} sequences (state {} B each), {} KV blocks x {} tokens "
+                     "({} B/token, {:.3f} GiB), max_model_len {}", device, gib(budget_bytes), max_num_seqs,
+                     state_bytes_per_seq, kv_blocks, kv_block_size, kv_bytes_per_token, gib(kv_bytes()),
+                     max_model_len);
+}
+
+}  // namespace bg::sched

@@ -1,0 +1,80 @@
+// Memory planner: from a checkpoint's config.json and a memory budget, how many sequences (KDA state slots), how many
+// MLA KV blocks and which max_model_len one worker runs with. Pure arithmetic over ModelGeometry + PlannerInput.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include "kv/kda_state_pool.h"
+#include "model/model.h"
+
+namespace bg::sched {
+
+// What the planner needs to know about a checkpoint (read from config.json and the shard sizes, no weights loaded).
+struct ModelGeometry {
+  std::string arch;                     // "deepseek_v3" | "kimi_k3"
+  int64_t n_mla_layers = 0;
+  int64_t kv_entry_dim = 0;             // kv_lora_rank + qk_rope_head_dim (576 for DeepSeek-V3 / Kimi)
+  KdaStateGeometry kda;                 // n_kda_layers 0 without KDA layers
+  int64_t max_position_embeddings = 0;
+  int64_t weight_bytes = 0;             // sum of the *.safetensors files (an estimate of resident weights)
+};
+
+// Reads `dir`/config.json (deepseek_v3 / kimi_k2 / kimi_k3) and sizes the shards. Throws bg::Error.
+ModelGeometry read_model_geometry(const std::filesystem::path& dir);
+
+// Device memory as seen before loading: bytes free and total (host RAM for "cpu").
+struct DeviceMemory {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+// Probes memory of a device ("cpu" | "cuda"). Replaceable in tests.
+using MemoryProbe = std::function<DeviceMemory(const std::string& device)>;
+// The real probe: sysconf for "cpu", cudaMemGetInfo for "cuda" (an error in a build without CUDA).
+DeviceMemory probe_device_memory(const std::string& device);
+
+struct PlannerInput {
+  std::string device = "cpu";            // "cpu" | "cuda"
+  int64_t kv_block_size = 64;            // tokens per KV block
+  int64_t max_num_seqs = 0;              // 0: 16 on cpu, 256 on cuda; an upper bound lowered to what fits
+  int64_t max_model_len = 0;             // 0: max_position_embeddings capped by memory
+  int64_t kv_cache_memory_bytes = 0;     // > 0: the KV + state budget, exactly (overrides the two below)
+  double gpu_memory_utilization = 0.9;   // cuda: fraction of free device memory for weights + KV + state
+  int64_t cpu_budget_bytes = int64_t{2} << 30;  // cpu: at most this, and at most a quarter of RAM
+};
+
+inline constexpr int64_t kDefaultMaxNumSeqsCpu = 16;
+// Each pool keeps this many units (a KV block, a state slot) that no sequence owns, for padding batch entries.
+inline constexpr int64_t kPoolPadding = 1;
+inline constexpr int64_t kDefaultMaxNumSeqsCuda = 256;
+
+struct Plan {
+  std::string device;
+  int64_t act_bytes = 4;                 // bytes per cached value: 4 (fp32) on cpu, 2 (bf16) on cuda
+  int64_t kv_bytes_per_token = 0;        // n_mla_layers x kv_entry_dim x act_bytes
+  int64_t state_bytes_per_seq = 0;       // KdaStateGeometry::slot_floats x 4 (fp32)
+  int64_t budget_bytes = 0;              // KV + state
+  int64_t max_num_seqs = 0;
+  int64_t max_model_len = 0;
+  int64_t kv_block_size = 0;
+  int64_t kv_blocks = 0;
+  int64_t state_slots = 0;               // = max_num_seqs with KDA layers, 0 without
+
+  // Bytes of pools holding n_slots state slots and n_blocks KV blocks for sequences, padding included.
+  int64_t pool_bytes(int64_t n_slots, int64_t n_blocks) const;
+  int64_t kv_bytes() const { return pool_bytes(0, kv_blocks); }
+  int64_t state_bytes() const { return pool_bytes(state_slots, 0) - pool_bytes(0, 0); }
+  LoadOptions load_options() const;
+  std::string describe() const;          // one log line
+};
+
+// The plan for `geo` within the budget; throws bg::Error when one sequence of max_model_len does not fit, when
+// --max-model-len exceeds the model's context, or when an input is out of range.
+Plan make_plan(const ModelGeometry& geo, const PlannerInput& in, const MemoryProbe& probe = probe_device_memory);
+
+// The KV + state budget for `in` on a device with `mem` (see PlannerInput); throws when nothing is left.
+int64_t memory_budget_bytes(const ModelGeometry& geo, const PlannerInput& in, const DeviceMemory& mem);
+
+}  // namespace bg::sched

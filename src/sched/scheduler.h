@@ -1,0 +1,91 @@
+// Continuous-batching scheduler of one worker: a bounded waiting queue and the running set; each step it picks
+// decode tokens first, then prefill chunks within the token budget, admits waiting requests when the pools allow,
+// and preempts (recompute) the newest request when a decode cannot get a KV block. Single-threaded (the engine's).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "sched/policies.h"
+#include "sched/request.h"
+
+namespace bg::sched {
+
+struct SchedulerConfig {
+  int64_t max_num_seqs = 16;           // running at once
+  int64_t max_model_len = 0;           // prompt + completion
+  int64_t chunked_prefill_size = 512;  // tokens per step (decodes + prefill chunks); >= max_num_seqs
+  int64_t max_queue = 1024;            // waiting requests beyond free running places; more are rejected (503)
+  double kv_watermark = 0.01;          // fraction of KV blocks admission leaves free for running sequences
+};
+
+// Why a request was not accepted: an HTTP-like code (400 too long, 503 queue full) and a message for the client.
+struct Rejection {
+  int32_t code = 0;
+  std::string message;
+};
+
+// One request's part of a step: tokens [start, start + n_tokens) of its buffer.
+struct Chunk {
+  Request* req = nullptr;
+  int64_t start = 0;
+  int64_t n_tokens = 0;
+  bool samples = false;  // the chunk reaches the end of the request's tokens: a token is sampled from its logits
+};
+
+struct StepPlan {
+  std::vector<Chunk> chunks;  // decodes first (admission order), then prefill chunks
+  int64_t n_tokens = 0;
+  bool empty() const { return chunks.empty(); }
+};
+
+class Scheduler {
+ public:
+  // Throws bg::Error naming the flag when the config is out of range.
+  Scheduler(Model& model, const SchedulerConfig& config);
+
+  const SchedulerConfig& config() const { return config_; }
+  // Queues a request whose id, prompt and params were validated by the caller. On a rejection (prompt too long: 400,
+  // queue full: 503) the request is dropped. Caps request->max_new_tokens by max_model_len.
+  std::optional<Rejection> add(std::unique_ptr<Request> request);
+  // Removes a waiting or running request at once, freeing its sequence; nullptr for an unknown id.
+  std::unique_ptr<Request> cancel(const std::string& id);
+  // This step's work. Reserves the KV blocks every chunk needs, preempting when decodes run out of blocks.
+  StepPlan schedule();
+  // After the forward: the chunk's tokens are in the sequence.
+  static void complete(const Chunk& chunk) { chunk.req->n_computed += chunk.n_tokens; }
+  // Removes a running request (finished or failed) and frees its sequence.
+  std::unique_ptr<Request> finish(const Request* request);
+  // Replaces a running request's sequence by an empty one (its tokens must then be recomputed from 0).
+  void reset_sequence(Request& request);
+
+  const Request* find(const std::string& id) const;
+  std::vector<std::string> ids() const;  // running, then waiting
+  bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  int64_t n_running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t n_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t preemptions_total() const { return preemptions_total_; }
+
+ private:
+  void schedule_decodes(StepPlan& plan, TokenBudget& budget);
+  void schedule_prefills(StepPlan& plan, TokenBudget& budget);
+  void admit_waiting(StepPlan& plan, TokenBudget& budget);
+  bool reserve_decode_kv(size_t running_idx);
+  void preempt(size_t running_idx);
+  static void add_chunk(StepPlan& plan, Request& r, int64_t n_tokens);
+
+  Model& model_;
+  SchedulerConfig config_;
+  AdmissionPolicy admission_;
+  PreemptionPolicy preemption_;
+  std::deque<std::unique_ptr<Request>> waiting_;
+  std::vector<std::unique_ptr<Request>> running_;  // admission order: the back is the newest
+  int64_t preemptions_total_ = 0;
+};
+
+}  // namespace bg::sched

@@ -1,0 +1,185 @@
+// Planner arithmetic with numbers: bytes per KV token and per state slot of the tiny Kimi-K3, the split of a budget
+// into slots and blocks, the max_model_len cap, the errors, the cuda budget from a stubbed probe, and agreement of
+// the plan with the pools the loaded model actually allocates.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "core/error.h"
+#include "model/random_checkpoint.h"
+#include "sched/planner.h"
+#include "temp_dir.h"
+
+namespace bg::sched {
+namespace {
+
+using bg::testing::TempDir;
+
+RandomCheckpointSpec tiny_k3(const std::filesystem::path& dir) {
+  RandomCheckpointSpec spec;
+  spec.arch = "kimi_k3";
+  spec.preset = "tiny";
+  spec.out_dir = dir;
+  return spec;
+}
+
+// config.json only (no shards): the planner reads nothing else.
+ModelGeometry tiny_k3_geometry(const TempDir& tmp) {
+  std::ofstream(tmp / "config.json") << random_checkpoint_config(tiny_k3(tmp.path())).dump();
+  return read_model_geometry(tmp.path());
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Planner, TinyKimiK3Geometry) {
+  TempDir tmp;
+  ModelGeometry g = tiny_k3_geometry(tmp);
+  EXPECT_EQ(g.arch, "kimi_k3");
+  EXPECT_EQ(g.n_mla_layers, 4);    // full_attn_layers 3, 6, 9, 10
+  EXPECT_EQ(g.kv_entry_dim, 48);   // kv_lora_rank 32 + rope 16
+  EXPECT_EQ(g.kda.n_kda_layers, 6);
+  EXPECT_EQ(g.kda.slot_floats(), 6 * (4 * 32 * 32 + 3 * 128 * 3));  // recurrent [4,32,32] + conv 3 x [128, 3]
+  EXPECT_EQ(g.max_position_embeddings, 4096);
+  EXPECT_EQ(g.weight_bytes, 0);
+}
+
+TEST(Planner, SplitsABudgetIntoSlotsAndBlocks) {
+  TempDir tmp;
+  ModelGeometry g = tiny_k3_geometry(tmp);
+  PlannerInput in;
+  in.kv_cache_memory_bytes = 10 << 20;  // 10485760
+  Plan p = make_plan(g, in);
+  EXPECT_EQ(p.act_bytes, 4);
+  EXPECT_EQ(p.kv_bytes_per_token, 4 * 48 * 4);         // 768
+  EXPECT_EQ(p.state_bytes_per_seq, 31488 * 4);         // 125952
+  // Every pool also holds one padding unit (a block, a slot) that no sequence owns.
+  EXPECT_EQ(p.max_model_len, 4096);  // the context fits: (64 + 1) blocks x 64 x 768 + 2 x 125952 < 10 MiB
+  EXPECT_EQ(p.max_num_seqs, 16);     // the cpu default; (10485760 - 65 x 49152) / 125952 - 1 = 56 would fit
+  EXPECT_EQ(p.state_slots, 16);
+  EXPECT_EQ(p.kv_blocks, (10485760 - 17 * 125952) / (64 * 768) - 1);  // 168
+  EXPECT_EQ(p.kv_bytes(), 169 * 49152);
+  EXPECT_EQ(p.state_bytes(), 17 * 125952);
+  EXPECT_LE(p.kv_bytes() + p.state_bytes(), in.kv_cache_memory_bytes);
+  LoadOptions lo = p.load_options();
+  EXPECT_EQ(lo.max_sequences, 16);
+  EXPECT_EQ(lo.max_total_tokens, 168 * 64);
+}
+
+TEST(Planner, LowersMaxNumSeqsToWhatStateSlotsFit) {
+  TempDir tmp;
+  ModelGeometry g = tiny_k3_geometry(tmp);
+  PlannerInput in;
+  in.kv_cache_memory_bytes = 4 << 20;  // (4194304 - 65 x 49152) / 125952 = 7.9 slots, one of them padding
+  in.max_num_seqs = 32;
+  Plan p = make_plan(g, in);
+  EXPECT_EQ(p.max_num_seqs, 6);
+  EXPECT_EQ(p.kv_blocks, (4194304 - 7 * 125952) / 49152 - 1);  // 66: still one full-length sequence
+  EXPECT_GE(p.kv_blocks, 64);
+}
+
+TEST(Planner, CapsMaxModelLenByMemoryAndKvBlocksByNeed) {
+  TempDir tmp;
+  ModelGeometry g = tiny_k3_geometry(tmp);
+  PlannerInput in;
+  in.kv_cache_memory_bytes = 1 << 20;  // (1048576 - 2 x 125952 - 49152) / 49152 = 15 blocks -> 960 tokens
+  Plan p = make_plan(g, in);
+  EXPECT_EQ(p.max_model_len, 15 * 64);
+  EXPECT_EQ(p.max_num_seqs, 1);  // (1048576 - 16 x 49152) / 125952 - 1 = 1.08
+  EXPECT_EQ(p.kv_blocks, 15);
+  // A short max_model_len with plenty of memory: blocks = max_num_seqs full sequences, not the whole budget.
+  in.kv_cache_memory_bytes = 64 << 20;
+  in.max_model_len = 100;
+  in.max_num_seqs = 4;
+  p = make_plan(g, in);
+  EXPECT_EQ(p.max_model_len, 100);
+  EXPECT_EQ(p.kv_blocks, 4 * 2);
+}
+
+TEST(Planner, ClearErrors) {
+  TempDir tmp;
+  ModelGeometry g = tiny_k3_geometry(tmp);
+  PlannerInput in;
+  in.kv_cache_memory_bytes = 100000;  // less than one state slot + one block
+  EXPECT_NE(error_of([&] { make_plan(g, in); }).find("planner: one sequence of"), std::string::npos)
+      << error_of([&] { make_plan(g, in); });
+  in.kv_cache_memory_bytes = 1 << 20;
+  in.max_model_len = 4096;  // 64 blocks = 3 MiB > 1 MiB
+  EXPECT_NE(error_of([&] { make_plan(g, in); }).find("one sequence of 4096 tokens needs"), std::string::npos);
+  in.max_model_len = 5000;
+  EXPECT_NE(error_of([&] { make_plan(g, in); }).find("--max-model-len 5000 exceeds the model's context"),
+            std::string::npos);
+  in.max_model_len = 0;
+  in.gpu_memory_utilization = 1.5;
+  EXPECT_NE(error_of([&] { make_plan(g, in); }).find("--gpu-memory-utilization 1.5"), std::string::npos);
+  in.gpu_memory_utilization = 0.9;
+  in.device = "tpu";
+  EXPECT_NE(error_of([&] { make_plan(g, in); }).find("--device 'tpu'"), std::string::npos);
+}
+
+TEST(Planner, CudaBudgetIsAFractionOfFreeMemoryMinusWeights) {
+  ModelGeometry g;
+  g.arch = "deepseek_v3";
+  g.n_mla_layers = 61;
+  g.kv_entry_dim = 576;
+  g.max_position_embeddings = 163840;
+  g.weight_bytes = int64_t{10} << 30;
+  PlannerInput in;
+  in.device = "cuda";
+  in.gpu_memory_utilization = 0.5;
+  const MemoryProbe probe = [](const std::string& device) {
+    EXPECT_EQ(device, "cuda");
+    return DeviceMemory{int64_t{80} << 30, int64_t{141} << 30};
+  };
+  Plan p = make_plan(g, in, probe);
+  EXPECT_EQ(p.budget_bytes, int64_t{30} << 30);  // 0.5 x 80 GiB - 10 GiB
+  EXPECT_EQ(p.act_bytes, 2);
+  EXPECT_EQ(p.kv_bytes_per_token, 61 * 576 * 2);  // 70272 B: bf16 latents
+  EXPECT_EQ(p.state_bytes_per_seq, 0);            // no KDA layers: no state slots
+  EXPECT_EQ(p.state_slots, 0);
+  EXPECT_EQ(p.max_num_seqs, 256);
+  EXPECT_EQ(p.max_model_len, 163840);  // 30 GiB / 70272 B = 458k tokens
+  EXPECT_EQ(p.kv_blocks, (int64_t{30} << 30) / (64 * 70272) - 1);
+  g.weight_bytes = int64_t{50} << 30;  // more than 0.5 x 80 GiB
+  EXPECT_NE(error_of([&] { make_plan(g, in, probe); }).find("leave nothing"), std::string::npos);
+}
+
+TEST(Planner, CpuDefaultBudgetIsCappedByRam) {
+  TempDir tmp;
+  ModelGeometry g = tiny_k3_geometry(tmp);
+  PlannerInput in;
+  const MemoryProbe small = [](const std::string&) { return DeviceMemory{1 << 30, int64_t{4} << 30}; };
+  EXPECT_EQ(make_plan(g, in, small).budget_bytes, int64_t{1} << 30);  // RAM / 4
+  const MemoryProbe big = [](const std::string&) { return DeviceMemory{int64_t{64} << 30, int64_t{256} << 30}; };
+  EXPECT_EQ(make_plan(g, in, big).budget_bytes, int64_t{2} << 30);  // the fixed cap
+}
+
+TEST(Planner, PlanMatchesThePoolsTheModelAllocates) {
+  TempDir tmp;
+  write_random_checkpoint(tiny_k3(tmp / "model"));
+  ModelGeometry g = read_model_geometry(tmp / "model");
+  EXPECT_GT(g.weight_bytes, 0);
+  PlannerInput in;
+  in.kv_cache_memory_bytes = 4 << 20;
+  in.max_model_len = 256;
+  in.max_num_seqs = 3;
+  Plan p = make_plan(g, in);
+  auto model = load_model(tmp / "model", p.load_options());
+  MemoryUsage m = model->memory_usage();
+  EXPECT_EQ(m.kv_blocks_total, p.kv_blocks);
+  EXPECT_EQ(m.state_slots_total, p.state_slots);
+  // The planner counts one padding block and slot per pool; a pool without padding allocates one unit less.
+  const int64_t block_bytes = p.kv_block_size * p.kv_bytes_per_token;
+  EXPECT_TRUE(m.kv_bytes == p.kv_bytes() || m.kv_bytes == p.kv_bytes() - block_bytes) << m.kv_bytes;
+  EXPECT_TRUE(m.state_bytes == p.state_bytes() || m.state_bytes == p.state_bytes() - p.state_bytes_per_seq)
+      << m.state_bytes;
+}
+
+}  // namespace
+}  // namespace bg::sched

@@ -1,0 +1,42 @@
+// `batchgen worker`: one rank's engine process, started by the frontend (fork/exec) and driven over ZeroMQ
+// (src/server/protocol.h). Flags follow vLLM/SGLang names; docs/SERVING_ENGINE.md describes them.
+#include <cstdlib>
+
+#include "core/error.h"
+#include "engine/worker.h"
+#include "tools/commands.h"
+
+namespace bg::tools {
+
+void register_worker(CLI::App& app) {
+  auto o = std::make_shared<engine::WorkerOptions>();
+  o->exit_process_on_stop_while_loading = true;
+  auto* cmd = app.add_subcommand("worker", "Run one rank's engine for a frontend (normally started by `serve`)");
+  cmd->add_option("--model", o->model_dir, "Checkpoint directory")->required();
+  cmd->add_option("--endpoint", o->endpoint, "The frontend's ZeroMQ ROUTER endpoint (ipc://..., tcp://...)")
+      ->required();
+  cmd->add_option("--rank", o->rank, "This worker's rank; its routing id is rank-<r> (default 0)");
+  cmd->add_option("--device", o->device, "Backend: cpu (fp32 reference) or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--max-num-seqs", o->max_num_seqs,
+                  "Most sequences running at once (default 16 on cpu, 256 on cuda; lowered to what memory holds)");
+  cmd->add_option("--max-model-len", o->max_model_len,
+                  "Prompt + completion tokens per request (default: the model's context capped by memory)");
+  cmd->add_option("--chunked-prefill-size", o->chunked_prefill_size,
+                  "Tokens per step: decodes first, then prefill chunks (default 512)");
+  cmd->add_option("--max-queue", o->max_queue, "Requests waiting beyond the free running places before new ones are "
+                  "rejected with 503 (default 1024; 0: only what can start now)");
+  cmd->add_option("--kv-block-size", o->kv_block_size, "Tokens per KV cache block (default 64)");
+  cmd->add_option("--kv-cache-memory-bytes", o->kv_cache_memory_bytes,
+                  "Bytes for the KV cache + sequence state (default: cpu min(2 GiB, RAM/4); cuda from "
+                  "--gpu-memory-utilization)");
+  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                  "cuda: fraction of free GPU memory for weights + KV cache + state (default 0.9)");
+  cmd->add_option("--parent-pid", o->parent_pid, "Exit when this process (the frontend) is gone (default: never)");
+  cmd->callback([o] {
+    const int code = engine::run_worker(*o);
+    if (code != 0) std::exit(code);
+  });
+}
+
+}  // namespace bg::tools
