@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -42,6 +43,32 @@ struct MlaCacheRef {
   int64_t layer = 0;
 };
 
+// One forward step over several sequences, each a contiguous range of the step's tokens. The model lays it out on
+// the host and hands it to Backend::begin_step before the step's ops; the ops that need token ids, positions, block
+// tables or state slots read them from the current step (on CUDA from device copies uploaded once per step).
+struct StepLayout {
+  std::vector<int32_t> token_ids;     // [n_tokens]
+  std::vector<int64_t> positions;     // [n_tokens] position of each token in its sequence
+  std::vector<int32_t> token_seq;     // [n_tokens] index of the token's sequence in this step
+  std::vector<int64_t> seq_begin;     // [n_seqs + 1] token ranges
+  std::vector<int32_t> block_tables;  // [n_seqs, max_blocks] physical MLA cache blocks (unused entries: any valid block)
+  int64_t max_blocks = 0;
+  std::vector<int32_t> state_slots;   // [n_seqs] KDA state slots (empty without KDA layers)
+  std::vector<int32_t> last_rows;     // [n_seqs] row of each sequence's last token
+
+  int64_t n_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+  int64_t n_seqs() const { return static_cast<int64_t>(seq_begin.size()) - 1; }
+  bool all_single_token() const { return n_tokens() == n_seqs(); }
+};
+
+// One layer's per-sequence state in a pool (KDA recurrent or conv state): the state of slot s starts at float
+// offset + s * slot_stride of `storage`.
+struct StateRef {
+  Tensor storage;
+  int64_t offset = 0;
+  int64_t slot_stride = 0;
+};
+
 enum class GluKind : uint8_t { kSwiGlu, kSitu };
 
 struct GluSpec {
@@ -79,12 +106,33 @@ class Backend {
   virtual void write_bytes(Tensor& dst, std::span<const std::byte> src) = 0;
   virtual void synchronize() = 0;
 
+  // ---- steps --------------------------------------------------------------------------------------------------
+  // Makes `step` the current step (CUDA: one stream-ordered upload of its metadata, no host synchronisation).
+  void begin_step(StepLayout step) {
+    step_ = std::move(step);
+    upload_step();
+  }
+  const StepLayout& step() const { return step_; }
+  // Runs `body` (the ops of one step, returning its output tensor). CUDA with graphs on: the first call for `key`
+  // captures body's ops into a CUDA graph (nothing runs during capture), then every call replays it; `body` must
+  // issue the same ops for the same key, read per-step values only through step(), and never synchronise. The
+  // returned tensor is owned by the graph and overwritten by its next replay. CPU (or graphs off): body().
+  virtual Tensor run_graph(int64_t key, const std::function<Tensor()>& body) {
+    (void)key;
+    return body();
+  }
+  // Graph keys captured so far (for tests and logs).
+  virtual int64_t n_graphs() const { return 0; }
+
   // ---- weights ------------------------------------------------------------------------------------------------
   virtual std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) = 0;
   RopeHandle prepare_rope(const ops::RopeTable& table);
 
   // ---- ops (shapes [rows, cols]; `out` tensors are allocated by the caller) -----------------------------------
-  virtual void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) = 0;
+  // out[t] = table[step().token_ids[t]].
+  virtual void embedding(const Tensor& table, Tensor& out) = 0;
+  // out[s] = x[step().last_rows[s]] (x [n_tokens, d] act dtype -> out [n_seqs, d]).
+  virtual void gather_last_rows(const Tensor& x, Tensor& out) = 0;
   // RMSNorm of the first w.numel() values of each row of x (row stride x.cols()) into y (same layout).
   virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
   // y[n, out] = x[n, in] W^T; y may be act dtype or F32.
@@ -92,14 +140,13 @@ class Backend {
   virtual void add(Tensor& y, const Tensor& x) = 0;                            // y += x
   virtual void glu(const GluSpec& p, const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   virtual void sigmoid_mul(Tensor& x, const Tensor& gate) = 0;                 // x *= sigmoid(gate)
-  virtual void rope(const ops::RopeParams& p, const RopeHandle& table, std::span<const int64_t> positions,
-                    Tensor& x) = 0;
-  // Latent entries [n, entry_dim] -> the cache at `positions` through the sequence's block table.
-  virtual void mla_write(const MlaCacheRef& cache, std::span<const int32_t> block_table,
-                         std::span<const int64_t> positions, const Tensor& latent) = 0;
+  // RoPE at the step's positions.
+  virtual void rope(const ops::RopeParams& p, const RopeHandle& table, Tensor& x) = 0;
+  // Latent entries [n_tokens, entry_dim] -> the cache at the step's positions through each token's block table.
+  virtual void mla_write(const MlaCacheRef& cache, const Tensor& latent) = 0;
+  // Each token attends to its own sequence's cache up to its position.
   virtual void mla_attention(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
-                             const MlaCacheRef& cache, std::span<const int32_t> block_table,
-                             std::span<const int64_t> positions, Tensor& out) = 0;
+                             const MlaCacheRef& cache, Tensor& out) = 0;
   // Router: F32 logits [n, E] -> ids I32 [n, k] and weights F32 [n, k] (backend memory).
   virtual void route(const ops::RouterParams& p, const Tensor& logits, const Tensor& bias, Tensor& ids,
                      Tensor& weights) = 0;
@@ -107,19 +154,27 @@ class Backend {
   virtual void routed_experts(const ExpertWeights& experts, const GluSpec& glu, const Tensor& x, const Tensor& ids,
                               const Tensor& weights, Tensor& out) = 0;
   // ---- Kimi-K3 ------------------------------------------------------------------------------------------------
-  virtual void short_conv(const Tensor& x, const Tensor& weight, Tensor& state, Tensor& out) = 0;
+  // Causal short conv + SiLU of each sequence's tokens continuing its conv state (slot step().state_slots[s]).
+  virtual void short_conv(const Tensor& x, const Tensor& weight, const StateRef& state, Tensor& out) = 0;
   virtual void kda_l2norm(int64_t head_dim, float scale, Tensor& x) = 0;
   virtual void kda_gate(const Tensor& g_raw, const Tensor& a_log, const Tensor& dt_bias, int64_t n_heads,
                         float lower_bound, Tensor& g) = 0;
   virtual void kda_beta(const Tensor& b, Tensor& beta) = 0;
-  // Gated delta rule for one sequence: chunked when n > 1 tokens, recurrent for one.
+  // Gated delta rule of each sequence over its state (slot step().state_slots[s]): chunked for a sequence with
+  // several tokens, recurrent for one (all single-token sequences of a step in one batched launch). p.n_tokens is
+  // the step's token count.
   virtual void kda(const ops::KdaParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                   const Tensor& beta, Tensor& state, Tensor& out) = 0;
+                   const Tensor& beta, const StateRef& state, Tensor& out) = 0;
   virtual void gated_rmsnorm(int64_t n_heads, float eps, const Tensor& x, const Tensor& gate, const Tensor& weight,
                              Tensor& y) = 0;
   // out = softmax-weighted mix of candidates[0..n_candidates) of a packed [max_candidates, n, D] bank.
   virtual void attn_res_mix(const Tensor& bank, int64_t n_candidates, const Tensor& norm, const Tensor& proj,
                             float eps, Tensor& out) = 0;
+
+ protected:
+  // Called by begin_step after step_ changed (CUDA uploads the metadata).
+  virtual void upload_step() {}
+  StepLayout step_;
 };
 
 // "cpu" or "cuda" (CUDA only when built with it and a GPU is present); throws naming what is missing.

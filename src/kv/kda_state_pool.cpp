@@ -8,7 +8,7 @@ namespace bg {
 KdaStatePool::KdaStatePool(Backend& backend, const KdaStateGeometry& geometry, int64_t n_slots)
     : backend_(backend), geometry_(geometry), n_slots_(n_slots) {
   BG_CHECK(n_slots >= 0 && geometry.conv_width >= 1, "KdaStatePool: bad geometry");
-  if (n_slots > 0 && geometry.slot_floats() > 0) storage_ = backend.alloc({n_slots, geometry.slot_floats()}, DType::kF32);
+  if (n_slots > 0 && geometry.slot_floats() > 0) storage_ = backend.zeros({n_slots + 1, geometry.slot_floats()}, DType::kF32);
   in_use_.assign(static_cast<size_t>(n_slots), 0);
   for (int64_t s = n_slots - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
 }
@@ -36,6 +36,16 @@ Tensor KdaStatePool::layer_view(int32_t slot, int64_t kda_layer) const {
   const KdaStateGeometry& g = geometry_;
   Tensor t = storage_.rows_view(slot, 1).reshaped({g.n_kda_layers, g.layer_floats()}).rows_view(kda_layer, 1);
   return t.reshaped({g.layer_floats()});
+}
+
+StateRef KdaStatePool::recurrent_ref(int64_t kda_layer) const {
+  return {storage_, kda_layer * geometry_.layer_floats(), geometry_.slot_floats()};
+}
+
+StateRef KdaStatePool::conv_ref(int64_t kda_layer, int which) const {
+  const KdaStateGeometry& g = geometry_;
+  return {storage_, kda_layer * g.layer_floats() + g.recurrent_floats() + which * g.conv_channels * (g.conv_width - 1),
+          g.slot_floats()};
 }
 
 Tensor KdaStatePool::recurrent(int32_t slot, int64_t kda_layer) const {

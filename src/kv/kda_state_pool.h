@@ -30,6 +30,12 @@ class KdaStatePool {
   int64_t n_slots() const { return n_slots_; }
   int64_t n_free_slots() const { return static_cast<int64_t>(free_.size()); }
   int64_t bytes() const { return static_cast<int64_t>(storage_.nbytes()); }
+  // A slot that no sequence owns, for the padding entries of a bucketed (CUDA graph) decode batch.
+  int32_t pad_slot() const { return static_cast<int32_t>(n_slots_); }
+  // Layer kda_layer's recurrent state [heads, K, V] / conv state `which` (0 q, 1 k, 2 v) [channels, width - 1] of
+  // every slot, as one StateRef.
+  StateRef recurrent_ref(int64_t kda_layer) const;
+  StateRef conv_ref(int64_t kda_layer, int which) const;
   // Allocates a zeroed slot; throws when none is free.
   int32_t alloc_slot();
   void free_slot(int32_t slot);
@@ -41,7 +47,7 @@ class KdaStatePool {
   Backend& backend_;
   KdaStateGeometry geometry_;
   int64_t n_slots_;
-  Tensor storage_;  // [n_slots, slot_floats]
+  Tensor storage_;  // [n_slots + 1, slot_floats]: the last slot is the padding slot
   std::vector<int32_t> free_;
   std::vector<uint8_t> in_use_;
 };

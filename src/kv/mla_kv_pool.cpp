@@ -17,7 +17,7 @@ MlaKvPool::MlaKvPool(Backend& backend, int64_t n_layers, int64_t kv_lora_rank, i
            "MlaKvPool: bad geometry (layers {}, entry {}, block {}, blocks {})", n_layers, entry_dim, block_size,
            n_blocks);
   if (n_layers > 0 && n_blocks > 0) {
-    storage_ = backend.zeros({n_blocks, n_layers, block_size, entry_dim}, backend.act_dtype());
+    storage_ = backend.zeros({n_blocks + 1, n_layers, block_size, entry_dim}, backend.act_dtype());
   }
   in_use_.assign(static_cast<size_t>(n_blocks), 0);
   for (int64_t b = n_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));

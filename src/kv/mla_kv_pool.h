@@ -22,6 +22,8 @@ class MlaKvPool {
   int64_t n_free_blocks() const { return static_cast<int64_t>(free_.size()); }
   int64_t bytes() const { return static_cast<int64_t>(storage_.nbytes()); }
 
+  // A block that no sequence owns, for the padding entries of a bucketed decode batch and unused block-table entries.
+  int32_t pad_block() const { return static_cast<int32_t>(n_blocks_); }
   // Throws bg::Error when the pool is exhausted.
   int32_t alloc_block();
   void free_block(int32_t block);
@@ -30,7 +32,7 @@ class MlaKvPool {
 
  private:
   int64_t n_layers_, kv_lora_rank_, entry_dim_, block_size_, n_blocks_;
-  Tensor storage_;  // [n_blocks, n_layers, block_size, entry_dim]
+  Tensor storage_;  // [n_blocks + 1, n_layers, block_size, entry_dim]: the last block is the padding block
   std::vector<int32_t> free_;
   std::vector<uint8_t> in_use_;
 };

@@ -11,6 +11,7 @@
 #include "model/backend_weights.h"
 #include "model/forward_common.h"
 #include "model/mla_block.h"
+#include "model/step_model.h"
 
 namespace bg {
 namespace {
@@ -23,18 +24,20 @@ struct DsLayer {
   ExpertWeights experts;                      // MoE layers
 };
 
-class DeepseekV3Model final : public Model {
+class DeepseekV3Model final : public StepModel {
  public:
   DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, std::unique_ptr<Backend> backend,
                   const LoadOptions& options);
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<Sequence>(&kv_pool_, nullptr); }
-  void forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) override;
   MemoryUsage memory_usage() const override {
     return {kv_pool_.block_size(), kv_pool_.n_blocks(), kv_pool_.n_free_blocks(), kv_pool_.bytes(), 0, 0, 0};
   }
 
  private:
+  Tensor step_body(bool all_rows, const TapFn* tap) override;
+  Backend& backend() const override { return *be_; }
+  StepPadding padding() const override { return {kv_pool_.pad_block(), -1}; }
   void ffn(int64_t layer, const Tensor& x, Tensor& out);
 
   DeepseekV3Config c_;
@@ -52,7 +55,8 @@ class DeepseekV3Model final : public Model {
 
 DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, std::unique_ptr<Backend> backend,
                                  const LoadOptions& options)
-    : c_(std::move(config)),
+    : StepModel(options),
+      c_(std::move(config)),
       w_(std::move(weights)),
       be_(std::move(backend)),
       lin_(*be_, w_),
@@ -101,32 +105,28 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
   }
 }
 
-void DeepseekV3Model::forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) {
+Tensor DeepseekV3Model::step_body(bool all_rows, const TapFn* tap) {
   Backend& be = *be_;
-  const int64_t n = static_cast<int64_t>(tokens.size()), H = c_.hidden_size;
-  if (n == 0) return;
-  const std::vector<int64_t> positions = begin_forward(seq, tokens, info_);
-
+  const int64_t n = be.step().n_tokens(), H = c_.hidden_size;
   Tensor h = be.act(n, H), x = be.act(n, H), y = be.act(n, H);  // [n, H]
-  be.embedding(embed_, tokens, h);
+  be.embedding(embed_, h);
   tap_tensor(*be_, tap, "embed", 0, h);
   const float eps = static_cast<float>(c_.rms_norm_eps);
   for (int64_t l = 0; l < c_.n_layers; ++l) {
     const DsLayer& L = layers_[static_cast<size_t>(l)];
     be.rmsnorm(h, L.input_norm, eps, x);
-    mla_block_forward(be, mla_dims_, L.mla, kv_pool_.layer_ref(l), seq, x, positions, y);
+    mla_block_forward(be, mla_dims_, L.mla, kv_pool_.layer_ref(l), x, y);
+    tap_tensor(be, tap, "attn", l + 1, y);
     be.add(h, y);
     be.rmsnorm(h, L.post_norm, eps, x);
     ffn(l, x, y);
+    tap_tensor(be, tap, "ffn", l + 1, y);
     be.add(h, y);
     tap_tensor(*be_, tap, "layer", l + 1, h);
   }
   be.rmsnorm(h, final_norm_, eps, x);
   tap_tensor(*be_, tap, "final_norm", c_.n_layers, x);
-  Tensor out = be.alloc({n, c_.vocab_size}, DType::kF32);  // [n, vocab]
-  be.linear(tied_lm_head_ ? *tied_lm_head_ : lin_.get(int(T::kLmHead)), x, out);
-  be.download_f32(out, logits);
-  seq.advance(n);
+  return lm_head_logits(be, tied_lm_head_ ? *tied_lm_head_ : lin_.get(int(T::kLmHead)), x, all_rows);
 }
 
 void DeepseekV3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {

@@ -1,6 +1,10 @@
 // Shared forward steps.
 #include "model/forward_common.h"
 
+#include <algorithm>
+#include <bit>
+#include <unordered_set>
+
 #include "core/error.h"
 
 namespace bg {
@@ -10,17 +14,70 @@ int64_t kv_blocks_for(int64_t max_position_embeddings, const LoadOptions& o) {
   return (tokens + o.kv_block_size - 1) / o.kv_block_size;
 }
 
-std::vector<int64_t> begin_forward(Sequence& seq, std::span<const int32_t> tokens, const ModelInfo& info) {
-  const int64_t n = static_cast<int64_t>(tokens.size()), start = seq.n_past();
-  BG_CHECK(start + n <= info.max_position_embeddings, "context of {} tokens exceeds max_position_embeddings {}",
-           start + n, info.max_position_embeddings);
-  for (int32_t id : tokens) {
-    BG_CHECK(id >= 0 && id < info.vocab_size, "token id {} is outside [0, {})", id, info.vocab_size);
+StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info, const StepPadding& pad) {
+  BG_CHECK(!batch.empty(), "forward: a step needs at least one sequence");
+  std::unordered_set<const Sequence*> seen;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BatchEntry& e = batch[i];
+    BG_CHECK(e.seq != nullptr && !e.tokens.empty(), "forward: entry {} has no sequence or no tokens", i);
+    BG_CHECK(seen.insert(e.seq).second, "forward: entry {} repeats a sequence of this step", i);
+    const int64_t end = e.seq->n_past() + static_cast<int64_t>(e.tokens.size());
+    BG_CHECK(end <= info.max_position_embeddings, "context of {} tokens exceeds max_position_embeddings {}", end,
+             info.max_position_embeddings);
+    for (int32_t id : e.tokens) {
+      BG_CHECK(id >= 0 && id < info.vocab_size, "token id {} is outside [0, {})", id, info.vocab_size);
+    }
   }
-  seq.reserve_kv(start + n);
-  std::vector<int64_t> positions(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) positions[static_cast<size_t>(t)] = start + t;
-  return positions;
+  StepLayout s;
+  s.seq_begin.push_back(0);
+  size_t widest = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BatchEntry& e = batch[i];
+    const int64_t start = e.seq->n_past(), n = static_cast<int64_t>(e.tokens.size());
+    e.seq->reserve_kv(start + n);
+    widest = std::max(widest, e.seq->kv_blocks().size());
+    for (int64_t t = 0; t < n; ++t) {
+      s.token_ids.push_back(e.tokens[static_cast<size_t>(t)]);
+      s.positions.push_back(start + t);
+      s.token_seq.push_back(static_cast<int32_t>(i));
+    }
+    s.seq_begin.push_back(s.n_tokens());
+    s.last_rows.push_back(static_cast<int32_t>(s.n_tokens() - 1));
+    if (e.seq->kda_slot() >= 0) s.state_slots.push_back(e.seq->kda_slot());
+  }
+  BG_CHECK(s.state_slots.empty() || s.state_slots.size() == batch.size(), "forward: sequences of one step must all "
+           "have KDA state slots or none");
+  s.max_blocks = static_cast<int64_t>(std::bit_ceil(std::max<size_t>(widest, 1)));
+  s.block_tables.assign(batch.size() * static_cast<size_t>(s.max_blocks), pad.block);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const std::vector<int32_t>& blocks = batch[i].seq->kv_blocks();
+    std::copy(blocks.begin(), blocks.end(), s.block_tables.begin() + static_cast<std::ptrdiff_t>(i * s.max_blocks));
+  }
+  return s;
+}
+
+void pad_decode_step(StepLayout& s, int64_t n_seqs, const StepPadding& pad) {
+  BG_CHECK(s.all_single_token() && n_seqs >= s.n_seqs(), "pad_decode_step: {} sequences of {} tokens cannot be padded "
+           "to {}", s.n_seqs(), s.n_tokens(), n_seqs);
+  const bool with_state = !s.state_slots.empty();
+  while (s.n_seqs() < n_seqs) {
+    s.token_ids.push_back(0);
+    s.positions.push_back(0);
+    s.token_seq.push_back(static_cast<int32_t>(s.n_seqs()));
+    s.last_rows.push_back(static_cast<int32_t>(s.n_tokens() - 1));
+    s.seq_begin.push_back(s.n_tokens());
+    if (with_state) s.state_slots.push_back(pad.slot);
+    s.block_tables.insert(s.block_tables.end(), static_cast<size_t>(s.max_blocks), pad.block);
+  }
+}
+
+int64_t graph_bucket(int64_t n_seqs, int64_t max_batch) {
+  if (n_seqs <= 0 || n_seqs > max_batch) return 0;
+  return static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(n_seqs)));
+}
+
+void finish_step(std::span<const BatchEntry> batch) {
+  for (const BatchEntry& e : batch) e.seq->advance(static_cast<int64_t>(e.tokens.size()));
 }
 
 void apply_route_hook(Backend& backend, const RouteHook& hook, int64_t layer, Tensor& ids, Tensor& weights) {

@@ -16,9 +16,25 @@ namespace bg {
 // MLA cache blocks for the options: max_total_tokens, or max_sequences full contexts.
 int64_t kv_blocks_for(int64_t max_position_embeddings, const LoadOptions& options);
 
-// Checks the ids and the context limit, reserves the sequence's KV blocks and returns the tokens' positions
-// (seq.n_past() + t). Throws bg::Error before touching any state.
-std::vector<int64_t> begin_forward(Sequence& seq, std::span<const int32_t> tokens, const ModelInfo& info);
+// Where padding goes: the pools' padding block and slot (-1 without KDA).
+struct StepPadding {
+  int32_t block = 0;
+  int32_t slot = -1;
+};
+
+// Checks every entry (a sequence, tokens, ids in range, the context limit, no sequence twice), reserves the KV blocks
+// the step writes, and lays the step out (block tables max_blocks wide: the step's longest table rounded up to a power
+// of two, the rest filled with the padding block). Throws bg::Error before any sequence changes.
+StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info, const StepPadding& pad);
+
+// Appends single-token padding sequences (token 0 at position 0, the padding block and slot) up to n_seqs.
+void pad_decode_step(StepLayout& step, int64_t n_seqs, const StepPadding& pad);
+
+// The CUDA-graph batch size for a decode step of n sequences: the next power of two, or 0 when n exceeds max_batch.
+int64_t graph_bucket(int64_t n_seqs, int64_t max_batch);
+
+// Advances every entry's sequence by its token count (after a step ran).
+void finish_step(std::span<const BatchEntry> batch);
 
 // Runs the model's route hook (if any) on one MoE layer's routing and writes back what it changed.
 void apply_route_hook(Backend& backend, const RouteHook& hook, int64_t layer, Tensor& ids, Tensor& weights);

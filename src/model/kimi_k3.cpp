@@ -11,6 +11,7 @@
 #include "model/backend_weights.h"
 #include "model/forward_common.h"
 #include "model/mla_block.h"
+#include "model/step_model.h"
 
 namespace bg {
 namespace {
@@ -28,21 +29,23 @@ struct K3Layer {
   MlaLayerWeights mla;
 };
 
-class KimiK3Model final : public Model {
+class KimiK3Model final : public StepModel {
  public:
   KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_ptr<Backend> backend,
               const LoadOptions& options);
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<Sequence>(&kv_pool_, &kda_pool_); }
-  void forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) override;
   MemoryUsage memory_usage() const override {
     return {kv_pool_.block_size(), kv_pool_.n_blocks(), kv_pool_.n_free_blocks(), kv_pool_.bytes(),
             kda_pool_.n_slots(), kda_pool_.n_free_slots(), kda_pool_.bytes()};
   }
 
  private:
+  Tensor step_body(bool all_rows, const TapFn* tap) override;
+  Backend& backend() const override { return *be_; }
+  StepPadding padding() const override { return {kv_pool_.pad_block(), kda_pool_.pad_slot()}; }
   void load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda);
-  void kda(int64_t layer, Sequence& seq, const Tensor& x, Tensor& out);
+  void kda(int64_t layer, const Tensor& x, Tensor& out);
   void ffn(int64_t layer, const Tensor& x, Tensor& out);
   void situ_mlp(T gate, T up, T down, int64_t layer, int64_t inter, const Tensor& x, Tensor& out);
   void latent_moe(int64_t layer, const Tensor& x, Tensor& out);
@@ -67,7 +70,8 @@ int64_t count_mla(const KimiK3Config& c) {
 
 KimiK3Model::KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_ptr<Backend> backend,
                          const LoadOptions& options)
-    : c_(std::move(config)),
+    : StepModel(options),
+      c_(std::move(config)),
       w_(std::move(weights)),
       be_(std::move(backend)),
       lin_(*be_, w_),
@@ -150,11 +154,9 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
   layers_.push_back(std::move(L));
 }
 
-void KimiK3Model::forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) {
+Tensor KimiK3Model::step_body(bool all_rows, const TapFn* tap) {
   Backend& be = *be_;
-  const int64_t n = static_cast<int64_t>(tokens.size()), H = c_.hidden_size, B = c_.attn_res_block_size;
-  if (n == 0) return;
-  const std::vector<int64_t> positions = begin_forward(seq, tokens, info_);
+  const int64_t n = be.step().n_tokens(), H = c_.hidden_size, B = c_.attn_res_block_size;
 
   // Attention Residuals: bank slots 0..n_banked-1 hold the raw inputs of layers 0, B, 2B, ...; slot n_banked is the
   // running partial sum of the current block. Banking just moves the boundary.
@@ -165,7 +167,7 @@ void KimiK3Model::forward(Sequence& seq, std::span<const int32_t> tokens, float*
   auto partial = [&] { return bank.rows_view(n_banked, 1).reshaped({n, H}); };
   Tensor h = be.act(n, H), x = be.act(n, H), y = be.act(n, H);  // [n, H]
   Tensor p0 = partial();
-  be.embedding(embed_, tokens, p0);
+  be.embedding(embed_, p0);
   tap_tensor(*be_, tap, "embed", 0, p0);
   const float eps = static_cast<float>(c_.rms_norm_eps);
   for (int64_t l = 0; l < c_.n_layers; ++l) {
@@ -181,10 +183,11 @@ void KimiK3Model::forward(Sequence& seq, std::span<const int32_t> tokens, float*
     }
     be.rmsnorm(h, L.input_norm, eps, x);
     if (c_.is_mla(l)) {
-      mla_block_forward(be, mla_dims_, L.mla, kv_pool_.layer_ref(L.sub_index), seq, x, positions, y);
+      mla_block_forward(be, mla_dims_, L.mla, kv_pool_.layer_ref(L.sub_index), x, y);
     } else {
-      kda(l, seq, x, y);
+      kda(l, x, y);
     }
+    tap_tensor(be, tap, "attn", l + 1, y);
     Tensor p = partial();
     if (partial_empty) {
       be.copy(y, p);
@@ -195,6 +198,7 @@ void KimiK3Model::forward(Sequence& seq, std::span<const int32_t> tokens, float*
     be.attn_res_mix(bank, n_banked + 1, L.mlp_res_norm, L.mlp_res_proj, eps, h);
     be.rmsnorm(h, L.post_norm, eps, x);
     ffn(l, x, y);
+    tap_tensor(be, tap, "ffn", l + 1, y);
     be.add(p, y);
     tap_tensor(*be_, tap, "layer", l + 1, p);
   }
@@ -202,27 +206,22 @@ void KimiK3Model::forward(Sequence& seq, std::span<const int32_t> tokens, float*
   tap_tensor(*be_, tap, "attnres_out", c_.n_layers, h);
   be.rmsnorm(h, final_norm_, eps, x);
   tap_tensor(*be_, tap, "final_norm", c_.n_layers, x);
-  Tensor out = be.alloc({n, c_.vocab_size}, DType::kF32);  // [n, vocab]
-  be.linear(tied_lm_head_ ? *tied_lm_head_ : lin_.get(int(T::kLmHead)), x, out);
-  be.download_f32(out, logits);
-  seq.advance(n);
+  return lm_head_logits(be, tied_lm_head_ ? *tied_lm_head_ : lin_.get(int(T::kLmHead)), x, all_rows);
 }
 
-void KimiK3Model::kda(int64_t layer, Sequence& seq, const Tensor& x, Tensor& out) {
+void KimiK3Model::kda(int64_t layer, const Tensor& x, Tensor& out) {
   Backend& be = *be_;
   const int64_t n = x.rows(), P = c_.kda_proj_dim(), nh = c_.kda_heads, K = c_.kda_head_dim;
   const K3Layer& L = layers_[static_cast<size_t>(layer)];
   const int64_t idx = L.sub_index;
-  const int32_t slot = seq.kda_slot();
   // Projections, then causal short conv + SiLU continuing the sequence's conv state: each [n, P] = [n, nh, K].
   Tensor raw = be.act(n, P), q = be.act(n, P), k = be.act(n, P), v = be.act(n, P);
-  Tensor conv_q = kda_pool_.conv(slot, idx, 0), conv_k = kda_pool_.conv(slot, idx, 1), conv_v = kda_pool_.conv(slot, idx, 2);
   be.linear(lin_.get(int(T::kKdaQ), layer), x, raw);
-  be.short_conv(raw, L.q_conv, conv_q, q);
+  be.short_conv(raw, L.q_conv, kda_pool_.conv_ref(idx, 0), q);
   be.linear(lin_.get(int(T::kKdaK), layer), x, raw);
-  be.short_conv(raw, L.k_conv, conv_k, k);
+  be.short_conv(raw, L.k_conv, kda_pool_.conv_ref(idx, 1), k);
   be.linear(lin_.get(int(T::kKdaV), layer), x, raw);
-  be.short_conv(raw, L.v_conv, conv_v, v);
+  be.short_conv(raw, L.v_conv, kda_pool_.conv_ref(idx, 2), v);
   // Per-head L2 norm (eps inside the sqrt), q scaled by K^-0.5.
   be.kda_l2norm(K, static_cast<float>(1.0 / std::sqrt(static_cast<double>(K))), q);
   be.kda_l2norm(K, 1.0f, k);
@@ -234,9 +233,9 @@ void KimiK3Model::kda(int64_t layer, Sequence& seq, const Tensor& x, Tensor& out
   Tensor b = be.act(n, nh), beta = be.alloc({n, nh}, DType::kF32);
   be.linear(lin_.get(int(T::kKdaB), layer), x, b);
   be.kda_beta(b, beta);
-  // Gated delta rule over the sequence's recurrent state (chunked for a prefill, recurrent for one token).
-  Tensor o = be.act(n, P), state = kda_pool_.recurrent(slot, idx);
-  be.kda({n, nh, K, K}, q, k, v, g, beta, state, o);
+  // Gated delta rule over each sequence's recurrent state (chunked for a prefill, recurrent for one token).
+  Tensor o = be.act(n, P);
+  be.kda({n, nh, K, K}, q, k, v, g, beta, kda_pool_.recurrent_ref(idx), o);
   // Output: per-head RMSNorm x sigmoid(g_proj x), then o_proj.
   be.linear(lin_.get(int(T::kKdaG), layer), x, raw);
   be.gated_rmsnorm(nh, static_cast<float>(c_.rms_norm_eps), o, raw, L.o_norm, o);

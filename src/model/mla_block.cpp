@@ -25,8 +25,8 @@ void MlaLayerWeights::set_kv_b(Backend& be, const QuantWeight& kv_b, const MlaDi
 }
 
 void mla_block_forward(Backend& be, const MlaDims& d, const MlaLayerWeights& w, const MlaCacheRef& cache,
-                       const Sequence& seq, const Tensor& x, std::span<const int64_t> positions, Tensor& out) {
-  const int64_t n = static_cast<int64_t>(positions.size()), nh = d.n_heads;
+                       const Tensor& x, Tensor& out) {
+  const int64_t n = x.rows(), nh = d.n_heads;
   const int64_t qk = d.qk_nope + d.qk_rope, r = d.kv_lora_rank, entry = r + d.qk_rope;
   Tensor q = be.act(n, nh * qk);  // [n, nh, nope + rope]
   if (d.q_lora_rank > 0) {
@@ -41,13 +41,13 @@ void mla_block_forward(Backend& be, const MlaDims& d, const MlaLayerWeights& w, 
   be.linear(*w.kv_a, x, kv);
   be.rmsnorm(kv, w.kv_a_norm, kLatentNormEps, kv);
   if (d.rope != nullptr && d.qk_rope > 0) {
-    be.rope({n, nh, qk, nh * qk, d.qk_nope, d.qk_rope, d.rope_interleaved}, *d.rope, positions, q);
-    be.rope({n, 1, entry, entry, r, d.qk_rope, d.rope_interleaved}, *d.rope, positions, kv);
+    be.rope({n, nh, qk, nh * qk, d.qk_nope, d.qk_rope, d.rope_interleaved}, *d.rope, q);
+    be.rope({n, 1, entry, entry, r, d.qk_rope, d.rope_interleaved}, *d.rope, kv);
   }
-  be.mla_write(cache, seq.kv_blocks(), positions, kv);
+  be.mla_write(cache, kv);
   Tensor attn = be.act(n, nh * d.v_head);  // [n, nh, v]
   ops::MlaParams p{n, nh, r, d.qk_nope, d.qk_rope, d.v_head, cache.block_size, d.softmax_scale};
-  be.mla_attention(p, q, w.w_uk, w.w_uv, cache, seq.kv_blocks(), positions, attn);
+  be.mla_attention(p, q, w.w_uk, w.w_uv, cache, attn);
   if (w.gate) {
     Tensor g = be.act(n, nh * d.v_head);
     be.linear(*w.gate, x, g);

@@ -40,8 +40,9 @@ struct MlaLayerWeights {
   void set_kv_b(Backend& be, const QuantWeight& kv_b, const MlaDims& d);
 };
 
-// x: [n, hidden] (normed input) at `positions`; writes out [n, hidden]. `cache` is this layer's view of the pool.
+// x: [n_tokens, hidden] (normed input) of the backend's current step; writes out [n_tokens, hidden]. `cache` is this
+// layer's view of the pool.
 void mla_block_forward(Backend& be, const MlaDims& d, const MlaLayerWeights& w, const MlaCacheRef& cache,
-                       const Sequence& seq, const Tensor& x, std::span<const int64_t> positions, Tensor& out);
+                       const Tensor& x, Tensor& out);
 
 }  // namespace bg

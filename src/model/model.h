@@ -34,6 +34,8 @@ struct LoadOptions {
   int64_t max_total_tokens = 0;   // KV capacity in tokens over all sequences (0: max_sequences x max positions)
   int64_t kv_block_size = 64;     // tokens per MLA cache block
   std::string device = "cpu";     // "cpu" | "cuda"
+  bool cuda_graphs = true;        // CUDA: replay decode steps (forward_batch, one token per sequence) as graphs
+  int64_t max_graph_batch = 64;   // largest decode batch run as a graph (a power of two; larger runs eagerly)
 };
 
 // One sequence's part of a batched step: `tokens` run after what `seq` already holds (a prefill chunk or one decode
@@ -75,6 +77,8 @@ class Model {
   virtual void forward_batch(std::span<const BatchEntry> batch, float* last_logits);
   virtual MemoryUsage memory_usage() const = 0;
   void set_route_hook(RouteHook hook) { route_hook_ = std::move(hook); }
+  // CUDA graphs captured for decode steps so far (0 on the CPU or with graphs off).
+  virtual int64_t n_graphs_captured() const { return 0; }
 
  protected:
   RouteHook route_hook_;

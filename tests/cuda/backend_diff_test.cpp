@@ -1,5 +1,6 @@
 // Layer-by-layer diff of the CUDA backend against the CPU backend on the same checkpoint and tokens (prefill, then
-// decode steps): a diagnostic that names the first layer where the GPU leaves the bf16 envelope.
+// decode steps), with the GPU forced onto the CPU's expert choices (near-tied routers of the tiny models would
+// otherwise flip): a diagnostic that names the first layer where the GPU leaves the bf16 envelope.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -23,35 +24,51 @@ Taps run(Model& model, Sequence& seq, std::span<const int32_t> tokens, std::vect
   return taps;
 }
 
+// The per-architecture bf16 bounds of the GPU golden test (golden_gpu_test.cpp, docs/GPU.md).
 void diff_case(const std::string& arch, const std::string& name, int64_t prefill, int64_t decode_steps) {
+  const double bound = arch == "kimi_k3" ? 0.35 : 3e-2;
   GoldenCase gc(golden_dir() / arch / name);
   GoldenPrompt g = gc.prompt(gc.n_prompts() - 1);
   auto cpu = load_model(gc.model_dir(), LoadOptions{.max_sequences = 1, .max_total_tokens = 1024, .device = "cpu"});
   auto gpu = load_model(gc.model_dir(), LoadOptions{.max_sequences = 1, .max_total_tokens = 1024, .device = "cuda"});
   auto sc = cpu->new_sequence();
   auto sg = gpu->new_sequence();
+  std::vector<std::pair<std::vector<int32_t>, std::vector<float>>> routing;  // the CPU's, per MoE layer of a step
+  size_t next = 0;
+  cpu->set_route_hook([&](int64_t, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>& w) {
+    routing.emplace_back(ids, w);
+    return false;
+  });
+  gpu->set_route_hook([&](int64_t, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>& w) {
+    ids = routing.at(next).first;
+    w = routing.at(next).second;
+    ++next;
+    return true;
+  });
   std::span<const int32_t> all(g.tokens);
   double worst = 0.0;
   for (int64_t step = 0; step <= decode_steps; ++step) {
     auto piece = step == 0 ? all.subspan(0, static_cast<size_t>(prefill))
                            : all.subspan(static_cast<size_t>(prefill + step - 1), 1);
     std::vector<float> lc, lg;
+    routing.clear();
+    next = 0;
     Taps tc = run(*cpu, *sc, piece, lc), tg = run(*gpu, *sg, piece, lg);
     std::string first_bad;
     for (const auto& [key, ref] : tc) {
       double e = max_rel_error(tg[key], ref);
-      if (e > 3e-2 && first_bad.empty()) first_bad = key;
+      if (e > bound && first_bad.empty()) first_bad = key;
     }
     double le = max_rel_error(lg, lc);
     worst = std::max(worst, le);
-    std::printf("[diff] %s %s step %ld (%zu tokens): logits %.3e, first tap above 3e-2: %s\n", arch.c_str(),
-                name.c_str(), static_cast<long>(step), piece.size(), le, first_bad.empty() ? "-" : first_bad.c_str());
+    std::printf("[diff] %s %s step %ld (%zu tokens): logits %.3e, first tap above %.0e: %s\n", arch.c_str(),
+                name.c_str(), static_cast<long>(step), piece.size(), le, bound, first_bad.empty() ? "-" : first_bad.c_str());
     if (!first_bad.empty()) {
       for (const auto& [key, ref] : tc) std::printf("    %-16s %.3e\n", key.c_str(), max_rel_error(tg[key], ref));
       // Per-token errors of the first layer tap above the threshold: one or two bad tokens point at routing flips,
       // every token bad at a computation bug.
       for (const auto& [key, ref] : tc) {
-        if (key.rfind("layer.", 0) != 0 || max_rel_error(tg[key], ref) <= 3e-2) continue;
+        if (key.rfind("layer.", 0) != 0 || max_rel_error(tg[key], ref) <= bound) continue;
         const size_t n = piece.size(), d = ref.size() / n;
         std::printf("    per-token %s:", key.c_str());
         for (size_t t = 0; t < n; ++t) {
@@ -64,7 +81,7 @@ void diff_case(const std::string& arch, const std::string& name, int64_t prefill
       }
     }
   }
-  EXPECT_LE(worst, 3e-2) << arch << "/" << name;
+  EXPECT_LE(worst, bound) << arch << "/" << name;
 }
 
 TEST(BackendDiff, DeepseekPrefillThenDecode) {
@@ -87,6 +104,12 @@ namespace {
 TEST(BackendDiff, KimiK3DecodeOnly) {
   BG_REQUIRE_GPU();
   diff_case("kimi_k3", "k3-tiny", 1, 8);
+}
+
+// A long prefill (four KDA chunks) of the long K3 case.
+TEST(BackendDiff, KimiK3LongPrefill) {
+  BG_REQUIRE_GPU();
+  diff_case("kimi_k3", "k3-tiny-long", 250, 2);
 }
 
 TEST(BackendDiff, DeepseekDecodeOnly) {

@@ -91,9 +91,16 @@ class CpuBackend final : public Backend {
     return std::make_unique<CpuLinear>(w);
   }
 
-  void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) override {
+  void embedding(const Tensor& table, Tensor& out) override {
     TensorView view{table.dtype, table.shape, static_cast<const std::byte*>(table.data), table.nbytes(), "embedding"};
-    ops::embedding_cpu(view, ids.data(), static_cast<int64_t>(ids.size()), out.as<float>());
+    ops::embedding_cpu(view, step_.token_ids.data(), step_.n_tokens(), out.as<float>());
+  }
+  void gather_last_rows(const Tensor& x, Tensor& out) override {
+    const int64_t d = x.cols();
+    for (int64_t s = 0; s < step_.n_seqs(); ++s) {
+      std::memcpy(out.as<float>() + s * d, x.as<float>() + step_.last_rows[static_cast<size_t>(s)] * d,
+                  static_cast<size_t>(d) * sizeof(float));
+    }
   }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override {
     const int64_t dim = w.numel(), stride = x.cols();
@@ -128,24 +135,29 @@ class CpuBackend final : public Backend {
     const float* g = gate.as<float>();
     for (int64_t i = 0; i < x.numel(); ++i) a[i] *= 1.0f / (1.0f + std::exp(-g[i]));
   }
-  void rope(const ops::RopeParams& p, const RopeHandle& table, std::span<const int64_t> positions,
-            Tensor& x) override {
-    ops::apply_rope_cpu(p, table.table, positions.data(), x.as<float>());
+  void rope(const ops::RopeParams& p, const RopeHandle& table, Tensor& x) override {
+    ops::apply_rope_cpu(p, table.table, step_.positions.data(), x.as<float>());
   }
-  void mla_write(const MlaCacheRef& c, std::span<const int32_t> block_table, std::span<const int64_t> positions,
-                 const Tensor& latent) override {
-    for (size_t t = 0; t < positions.size(); ++t) {
-      std::memcpy(entry(c, block_table, positions[t]), latent.as<float>() + static_cast<int64_t>(t) * c.entry_dim,
+  void mla_write(const MlaCacheRef& c, const Tensor& latent) override {
+    for (int64_t t = 0; t < step_.n_tokens(); ++t) {
+      const auto i = static_cast<size_t>(t);
+      std::memcpy(entry(c, block_table(step_.token_seq[i]), step_.positions[i]), latent.as<float>() + t * c.entry_dim,
                   static_cast<size_t>(c.entry_dim) * sizeof(float));
     }
   }
+  // Per sequence: its tokens' rows of q / out against its blocks.
   void mla_attention(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
-                     const MlaCacheRef& c, std::span<const int32_t> block_table, std::span<const int64_t> positions,
-                     Tensor& out) override {
-    std::vector<const float*> blocks;
-    for (int32_t b : block_table) blocks.push_back(block_base(c, b));
-    ops::mla_attention_cpu(p, q.as<float>(), w_uk.as<float>(), w_uv.as<float>(), blocks.data(), positions.data(),
-                           out.as<float>());
+                     const MlaCacheRef& c, Tensor& out) override {
+    const int64_t q_cols = q.cols(), out_cols = out.cols();
+    for (int64_t s = 0; s < step_.n_seqs(); ++s) {
+      const int64_t b = step_.seq_begin[static_cast<size_t>(s)], e = step_.seq_begin[static_cast<size_t>(s) + 1];
+      std::vector<const float*> blocks;
+      for (int32_t blk : block_table(static_cast<int32_t>(s))) blocks.push_back(block_base(c, blk));
+      ops::MlaParams ps = p;
+      ps.n_tokens = e - b;
+      ops::mla_attention_cpu(ps, q.as<float>() + b * q_cols, w_uk.as<float>(), w_uv.as<float>(), blocks.data(),
+                             step_.positions.data() + b, out.as<float>() + b * out_cols);
+    }
   }
   void route(const ops::RouterParams& p, const Tensor& logits, const Tensor& bias, Tensor& ids,
              Tensor& weights) override {
@@ -154,9 +166,13 @@ class CpuBackend final : public Backend {
   }
   void routed_experts(const ExpertWeights& experts, const GluSpec& glu_p, const Tensor& x, const Tensor& ids,
                       const Tensor& weights, Tensor& out) override;
-  void short_conv(const Tensor& x, const Tensor& weight, Tensor& state, Tensor& out) override {
-    ops::short_conv_cpu({x.rows(), x.cols(), weight.cols()}, x.as<float>(), weight.as<float>(), state.as<float>(),
-                        out.as<float>());
+  void short_conv(const Tensor& x, const Tensor& weight, const StateRef& state, Tensor& out) override {
+    const int64_t c = x.cols();
+    for (int64_t s = 0; s < step_.n_seqs(); ++s) {
+      const int64_t b = step_.seq_begin[static_cast<size_t>(s)], e = step_.seq_begin[static_cast<size_t>(s) + 1];
+      ops::short_conv_cpu({e - b, c, weight.cols()}, x.as<float>() + b * c, weight.as<float>(), slot_state(state, s),
+                          out.as<float>() + b * c);
+    }
   }
   void kda_l2norm(int64_t head_dim, float scale, Tensor& x) override {
     ops::kda_l2norm_cpu({x.numel() / head_dim, head_dim, scale, 1e-6f}, x.as<float>(), x.as<float>());
@@ -168,13 +184,19 @@ class CpuBackend final : public Backend {
   }
   void kda_beta(const Tensor& b, Tensor& beta) override { ops::kda_beta_cpu(b.numel(), b.as<float>(), beta.as<float>()); }
   void kda(const ops::KdaParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-           const Tensor& beta, Tensor& state, Tensor& out) override {
-    if (p.n_tokens == 1) {
-      ops::kda_recurrent_cpu(p, q.as<float>(), k.as<float>(), v.as<float>(), g.as<float>(), beta.as<float>(),
-                             state.as<float>(), out.as<float>());
-    } else {
-      ops::kda_chunked_cpu(p, q.as<float>(), k.as<float>(), v.as<float>(), g.as<float>(), beta.as<float>(),
-                           state.as<float>(), out.as<float>());
+           const Tensor& beta, const StateRef& state, Tensor& out) override {
+    const int64_t qk = p.n_heads * p.head_dim_k, vd = p.n_heads * p.head_dim_v;
+    for (int64_t s = 0; s < step_.n_seqs(); ++s) {
+      const int64_t b = step_.seq_begin[static_cast<size_t>(s)], e = step_.seq_begin[static_cast<size_t>(s) + 1];
+      ops::KdaParams ps = p;
+      ps.n_tokens = e - b;
+      const float *qs = q.as<float>() + b * qk, *ks = k.as<float>() + b * qk, *vs = v.as<float>() + b * vd;
+      const float *gs = g.as<float>() + b * qk, *betas = beta.as<float>() + b * p.n_heads;
+      if (ps.n_tokens == 1) {
+        ops::kda_recurrent_cpu(ps, qs, ks, vs, gs, betas, slot_state(state, s), out.as<float>() + b * vd);
+      } else {
+        ops::kda_chunked_cpu(ps, qs, ks, vs, gs, betas, slot_state(state, s), out.as<float>() + b * vd);
+      }
     }
   }
   void gated_rmsnorm(int64_t n_heads, float eps, const Tensor& x, const Tensor& gate, const Tensor& weight,
@@ -192,6 +214,13 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  std::span<const int32_t> block_table(int32_t seq) const {
+    return std::span<const int32_t>(step_.block_tables).subspan(static_cast<size_t>(seq * step_.max_blocks),
+                                                                static_cast<size_t>(step_.max_blocks));
+  }
+  float* slot_state(const StateRef& st, int64_t seq) const {
+    return st.storage.as<float>() + st.offset + step_.state_slots.at(static_cast<size_t>(seq)) * st.slot_stride;
+  }
   static float* block_base(const MlaCacheRef& c, int32_t block) {
     return c.storage.as<float>() + ((block * c.n_layers + c.layer) * c.block_size) * c.entry_dim;
   }

@@ -50,13 +50,21 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
     in_use_ += size;
   }
   std::weak_ptr<CachingAllocator> self = weak_from_this();
-  return std::shared_ptr<void>(ptr, [self, size](void* p) {
+  std::shared_ptr<void> block(ptr, [self, size](void* p) {
     if (auto alloc = self.lock()) {
       alloc->give_back(p, size);
     } else {
       cudaFree(p);
     }
   });
+  std::lock_guard lock(mutex_);
+  if (sink_ != nullptr) sink_->push_back(block);
+  return block;
+}
+
+void CachingAllocator::set_capture_sink(std::vector<std::shared_ptr<void>>* sink) {
+  std::lock_guard lock(mutex_);
+  sink_ = sink;
 }
 
 void CachingAllocator::give_back(void* ptr, size_t size) {

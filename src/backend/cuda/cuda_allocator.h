@@ -24,6 +24,9 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   size_t budget_bytes() const { return budget_; }
   // Returns every cached block to the driver.
   void release_cache();
+  // While a sink is set (CUDA graph capture), every block handed out is also kept in it, so the memory a captured
+  // graph uses is never reused by anything else while the graph lives. nullptr ends it.
+  void set_capture_sink(std::vector<std::shared_ptr<void>>* sink);
 
  private:
   static size_t round_size(size_t bytes);
@@ -34,6 +37,7 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   size_t in_use_ = 0;
   size_t cached_ = 0;
   std::multimap<size_t, void*> free_;  // size -> block
+  std::vector<std::shared_ptr<void>>* sink_ = nullptr;
 };
 
 }  // namespace bg::cuda

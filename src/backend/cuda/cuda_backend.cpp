@@ -1,11 +1,14 @@
-// CudaBackend: maps the backend op API onto the CUDA launchers. Per-call metadata (ids, positions, block tables) is
-// staged through the caching allocator; everything runs on one stream in order.
+// CudaBackend: maps the backend op API onto the CUDA launchers. A step's metadata (ids, positions, block tables,
+// state slots) is packed into pinned host memory and uploaded once per step into a persistent device buffer, so the
+// ops of a step never synchronise and decode steps can be captured and replayed as CUDA graphs. Everything runs on one
+// stream in order.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_bf16.h>
 
 #include <cstring>
 #include <map>
+#include <type_traits>
 
 #include "backend/cuda/cuda_allocator.h"
 #include "backend/cuda/cuda_check.h"
@@ -68,6 +71,10 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
+    graphs_.clear();
+    if (step_host_ != nullptr) cudaFreeHost(step_host_);
+    if (step_uploaded_ != nullptr) cudaEventDestroy(step_uploaded_);
     cublas_ws_.reset();
     cublasDestroy(cublas_);
     cudaStreamDestroy(stream_);
@@ -134,15 +141,20 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaLinear>(ops::upload_weight(w));
   }
 
-  void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) override {
+  void embedding(const Tensor& table, Tensor& out) override {
     expect(out, DType::kBF16, "embedding output");
-    const int32_t* d_ids = stage(ids);
-    ops::EmbeddingParams p{static_cast<int64_t>(ids.size()), table.shape.at(0), table.shape.at(1)};
+    ops::EmbeddingParams p{step_.n_tokens(), table.shape.at(0), table.shape.at(1)};
     if (table.dtype == DType::kBF16) {
-      ops::embedding_cuda(p, table.as<bf16>(), d_ids, out.as<bf16>(), nullptr, stream_);
+      ops::embedding_cuda(p, table.as<bf16>(), dev_.token_ids, out.as<bf16>(), nullptr, stream_);
     } else {
-      ops::embedding_cuda(p, table.as<float>(), d_ids, out.as<bf16>(), nullptr, stream_);
+      ops::embedding_cuda(p, table.as<float>(), dev_.token_ids, out.as<bf16>(), nullptr, stream_);
     }
+  }
+  // The embedding kernel is a row gather: x is the table, the last rows the ids.
+  void gather_last_rows(const Tensor& x, Tensor& out) override {
+    expect(x, DType::kBF16, "gather_last_rows input");
+    ops::EmbeddingParams p{step_.n_seqs(), x.rows(), x.cols()};
+    ops::embedding_cuda(p, x.as<bf16>(), dev_.last_rows, out.as<bf16>(), nullptr, stream_);
   }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override {
     expect(x, DType::kBF16, "rmsnorm input");
@@ -171,25 +183,21 @@ class CudaBackend final : public Backend {
   void sigmoid_mul(Tensor& x, const Tensor& gate) override {
     ops::sigmoid_gate_cuda(x.numel(), gate.as<bf16>(), x.as<bf16>(), stream_);
   }
-  void rope(const ops::RopeParams& p, const RopeHandle& table, std::span<const int64_t> positions,
-            Tensor& x) override {
-    ops::apply_rope_cuda(p, stage(positions), table.inv_freq.as<float>(), table.table.attention_factor, x.as<bf16>(),
+  void rope(const ops::RopeParams& p, const RopeHandle& table, Tensor& x) override {
+    ops::apply_rope_cuda(p, dev_.positions, table.inv_freq.as<float>(), table.table.attention_factor, x.as<bf16>(),
                          stream_);
   }
-  void mla_write(const MlaCacheRef& c, std::span<const int32_t> block_table, std::span<const int64_t> positions,
-                 const Tensor& latent) override {
+  void mla_write(const MlaCacheRef& c, const Tensor& latent) override {
     ops::MlaParams p{};
-    p.n_tokens = static_cast<int64_t>(positions.size());
+    p.n_tokens = step_.n_tokens();
     p.kv_lora_rank = c.kv_lora_rank;
     p.qk_rope_dim = c.entry_dim - c.kv_lora_rank;
     p.block_size = c.block_size;
-    ops::mla_cache_write_cuda(p, latent.as<bf16>(), paged(c, block_table, positions), stream_);
+    ops::mla_cache_write_cuda(p, latent.as<bf16>(), paged(c), stream_);
   }
   void mla_attention(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
-                     const MlaCacheRef& c, std::span<const int32_t> block_table, std::span<const int64_t> positions,
-                     Tensor& out) override {
-    ops::mla_attention_cuda(p, q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), paged(c, block_table, positions),
-                            out.as<bf16>(), stream_);
+                     const MlaCacheRef& c, Tensor& out) override {
+    ops::mla_attention_cuda(p, q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), paged(c), out.as<bf16>(), stream_);
   }
   void route(const ops::RouterParams& p, const Tensor& logits, const Tensor& bias, Tensor& ids,
              Tensor& weights) override {
@@ -198,9 +206,20 @@ class CudaBackend final : public Backend {
   }
   void routed_experts(const ExpertWeights& experts, const GluSpec& glu_p, const Tensor& x, const Tensor& ids,
                       const Tensor& weights, Tensor& out) override;
-  void short_conv(const Tensor& x, const Tensor& weight, Tensor& state, Tensor& out) override {
-    ops::short_conv_cuda({x.rows(), x.cols(), weight.cols()}, x.as<bf16>(), weight.as<float>(), state.as<float>(),
-                         out.as<bf16>(), stream_);
+  // Decode steps: one batched launch over the sequences' slots; otherwise one launch per sequence.
+  void short_conv(const Tensor& x, const Tensor& weight, const StateRef& state, Tensor& out) override {
+    const int64_t c = x.cols();
+    if (step_.all_single_token()) {
+      ops::ConvStateSlots slots{state.storage.as<float>() + state.offset, dev_.state_slots, state.slot_stride};
+      ops::short_conv_decode_cuda({step_.n_seqs(), c, weight.cols()}, x.as<bf16>(), weight.as<float>(), slots,
+                                  out.as<bf16>(), stream_);
+      return;
+    }
+    for (int64_t s = 0; s < step_.n_seqs(); ++s) {
+      const int64_t b = step_.seq_begin[static_cast<size_t>(s)], e = step_.seq_begin[static_cast<size_t>(s) + 1];
+      ops::short_conv_cuda({e - b, c, weight.cols()}, x.as<bf16>() + b * c, weight.as<float>(), slot_state(state, s),
+                           out.as<bf16>() + b * c, stream_);
+    }
   }
   void kda_l2norm(int64_t head_dim, float scale, Tensor& x) override {
     ops::kda_l2norm_cuda({x.numel() / head_dim, head_dim, scale, 1e-6f}, x.as<bf16>(), x.as<bf16>(), stream_);
@@ -213,15 +232,29 @@ class CudaBackend final : public Backend {
   void kda_beta(const Tensor& b, Tensor& beta) override {
     ops::kda_beta_cuda(b.numel(), b.as<bf16>(), beta.as<float>(), stream_);
   }
+  // Decode steps: one recurrent launch over all sequences' slots; otherwise per sequence, recurrent for a single
+  // token and chunked for more.
   void kda(const ops::KdaParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-           const Tensor& beta, Tensor& state, Tensor& out) override {
-    ops::KdaCudaInputs in{q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), g.as<float>(), beta.as<float>()};
-    if (p.n_tokens == 1) {
-      const int32_t zero = 0;
-      ops::KdaStateSlots slots{state.as<float>(), stage(std::span<const int32_t>(&zero, 1)), state.numel()};
-      ops::kda_recurrent_cuda(p, in, slots, out.as<bf16>(), stream_);
-    } else {
-      ops::kda_chunked_cuda(p, in, state.as<float>(), out.as<bf16>(), stream_);
+           const Tensor& beta, const StateRef& state, Tensor& out) override {
+    float* base = state.storage.as<float>() + state.offset;
+    if (step_.all_single_token()) {
+      ops::KdaCudaInputs in{q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), g.as<float>(), beta.as<float>()};
+      ops::kda_recurrent_cuda(p, in, {base, dev_.state_slots, state.slot_stride}, out.as<bf16>(), stream_);
+      return;
+    }
+    const int64_t qk = p.n_heads * p.head_dim_k, vd = p.n_heads * p.head_dim_v;
+    for (int64_t s = 0; s < step_.n_seqs(); ++s) {
+      const int64_t b = step_.seq_begin[static_cast<size_t>(s)], e = step_.seq_begin[static_cast<size_t>(s) + 1];
+      ops::KdaParams ps = p;
+      ps.n_tokens = e - b;
+      ops::KdaCudaInputs in{q.as<bf16>() + b * qk, k.as<bf16>() + b * qk, v.as<bf16>() + b * vd,
+                            g.as<float>() + b * qk, beta.as<float>() + b * p.n_heads};
+      if (ps.n_tokens == 1) {
+        ops::kda_recurrent_cuda(ps, in, {base, dev_.state_slots + s, state.slot_stride}, out.as<bf16>() + b * vd,
+                                stream_);
+      } else {
+        ops::kda_chunked_cuda(ps, in, slot_state(state, s), out.as<bf16>() + b * vd, stream_);
+      }
     }
   }
   void gated_rmsnorm(int64_t n_heads, float eps, const Tensor& x, const Tensor& gate, const Tensor& weight,
@@ -235,7 +268,29 @@ class CudaBackend final : public Backend {
                            proj.as<float>(), out.as<bf16>(), stream_);
   }
 
+  Tensor run_graph(int64_t key, const std::function<Tensor()>& body) override;
+  int64_t n_graphs() const override { return static_cast<int64_t>(graphs_.size()); }
+
  private:
+  // Device copies of the current step's metadata (one buffer, see upload_step).
+  struct StepDevice {
+    const int32_t* token_ids = nullptr;
+    const int64_t* positions = nullptr;
+    const int32_t* token_seq = nullptr;
+    const int32_t* block_tables = nullptr;
+    const int32_t* state_slots = nullptr;
+    const int32_t* last_rows = nullptr;
+  };
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    Tensor out;
+    std::vector<std::shared_ptr<void>> memory;  // every block the captured ops use
+  };
+
+  void upload_step() override;
+  float* slot_state(const StateRef& st, int64_t seq) const {
+    return st.storage.as<float>() + st.offset + step_.state_slots.at(static_cast<size_t>(seq)) * st.slot_stride;
+  }
   void copy_in(void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return;
     BG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
@@ -246,28 +301,14 @@ class CudaBackend final : public Backend {
     BG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
-  // Copies small host metadata to device memory that stays valid until the next staging of the same call site
-  // (stream order keeps reuse safe).
-  template <typename T>
-  const T* stage(std::span<const T> host) {
-    auto block = alloc_->allocate(std::max<size_t>(host.size_bytes(), 1));
-    copy_in(block.get(), host.data(), host.size_bytes());
-    staged_.push_back(block);
-    if (staged_.size() > 64) staged_.erase(staged_.begin(), staged_.begin() + 32);
-    return static_cast<const T*>(block.get());
-  }
-  template <typename T>
-  const T* stage(const std::vector<T>& host) { return stage(std::span<const T>(host)); }
-  ops::MlaPagedCache paged(const MlaCacheRef& c, std::span<const int32_t> block_table,
-                           std::span<const int64_t> positions) {
-    std::vector<int32_t> seq_idx(positions.size(), 0);
+  ops::MlaPagedCache paged(const MlaCacheRef& c) const {
     ops::MlaPagedCache pc;
     pc.base = c.storage.as<bf16>() + c.layer * c.block_size * c.entry_dim;
     pc.block_stride = c.n_layers * c.block_size * c.entry_dim;
-    pc.block_tables = stage(block_table);
-    pc.max_blocks_per_seq = static_cast<int64_t>(block_table.size());
-    pc.seq_idx = stage(seq_idx);
-    pc.positions = stage(positions);
+    pc.block_tables = dev_.block_tables;
+    pc.max_blocks_per_seq = step_.max_blocks;
+    pc.seq_idx = dev_.token_seq;
+    pc.positions = dev_.positions;
     return pc;
   }
 
@@ -275,7 +316,15 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<cuda::CachingAllocator> alloc_;
   std::shared_ptr<void> cublas_ws_;
-  std::vector<std::shared_ptr<void>> staged_;
+  // Step metadata: pinned host staging and its device copy (grown on demand; growing drops the captured graphs,
+  // whose kernels point into the old buffer).
+  std::byte* step_host_ = nullptr;
+  std::shared_ptr<void> step_dev_;
+  size_t step_capacity_ = 0;
+  cudaEvent_t step_uploaded_ = nullptr;  // the last upload finished reading step_host_
+  StepDevice dev_;
+  std::map<int64_t, Graph> graphs_;
+  bool capturing_ = false;
   std::map<const LinearHandle*, cuda::DeviceBuffer> expert_tables_;  // first gate handle -> device descriptors
 };
 
@@ -285,6 +334,7 @@ void CudaBackend::routed_experts(const ExpertWeights& experts, const GluSpec& gl
   BG_CHECK(n_experts > 0, "routed_experts: no experts");
   auto it = expert_tables_.find(experts.gate[0]);
   if (it == expert_tables_.end()) {
+    BG_CHECK(!capturing_, "routed_experts: expert tables must be uploaded by an eager step before graph capture");
     std::vector<ExpertWeightsCuda> table(static_cast<size_t>(n_experts));
     for (int64_t e = 0; e < n_experts; ++e) {
       auto i = static_cast<size_t>(e);
@@ -308,6 +358,77 @@ void CudaBackend::routed_experts(const ExpertWeights& experts, const GluSpec& gl
   MoeWorkspace ws = moe_workspace_layout(p, ws_mem.get());
   MoeCudaArgs a{ids.as<int32_t>(), weights.as<float>(), x.as<bf16>(), it->second.as<ExpertWeightsCuda>(), out.data};
   moe_routed_experts_cuda(p, a, ws, stream_);
+}
+
+// Packs the step's arrays (8-byte aligned) into pinned memory and copies them to the device buffer in one transfer.
+void CudaBackend::upload_step() {
+  const StepLayout& s = step_;
+  auto bytes_of = [](const auto& v) { return (v.size() * sizeof(v[0]) + 7) / 8 * 8; };
+  const size_t total = bytes_of(s.token_ids) + bytes_of(s.positions) + bytes_of(s.token_seq) +
+                       bytes_of(s.block_tables) + bytes_of(s.state_slots) + bytes_of(s.last_rows);
+  if (step_uploaded_ == nullptr) BG_CUDA_CHECK(cudaEventCreateWithFlags(&step_uploaded_, cudaEventDisableTiming));
+  BG_CUDA_CHECK(cudaEventSynchronize(step_uploaded_));  // the previous upload has read the staging memory
+  if (total > step_capacity_) {
+    BG_CHECK(!capturing_, "cuda backend: step metadata grew during graph capture");
+    BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
+    graphs_.clear();
+    if (step_host_ != nullptr) BG_CUDA_CHECK(cudaFreeHost(step_host_));
+    step_capacity_ = std::max<size_t>(total * 2, 4096);
+    void* host = nullptr;
+    BG_CUDA_CHECK(cudaMallocHost(&host, step_capacity_));
+    step_host_ = static_cast<std::byte*>(host);
+    step_dev_ = alloc_->allocate(step_capacity_);
+  }
+  size_t offset = 0;
+  auto place = [&](const auto& v, auto*& dev_ptr) {
+    std::memcpy(step_host_ + offset, v.data(), v.size() * sizeof(v[0]));
+    dev_ptr = reinterpret_cast<std::remove_reference_t<decltype(dev_ptr)>>(static_cast<std::byte*>(step_dev_.get()) +
+                                                                           offset);
+    offset += bytes_of(v);
+  };
+  place(s.token_ids, dev_.token_ids);
+  place(s.positions, dev_.positions);
+  place(s.token_seq, dev_.token_seq);
+  place(s.block_tables, dev_.block_tables);
+  place(s.state_slots, dev_.state_slots);
+  place(s.last_rows, dev_.last_rows);
+  if (offset > 0) {
+    BG_CUDA_CHECK(cudaMemcpyAsync(step_dev_.get(), step_host_, offset, cudaMemcpyHostToDevice, stream_));
+  }
+  BG_CUDA_CHECK(cudaEventRecord(step_uploaded_, stream_));
+}
+
+// Capture once per key (the caller guarantees the same ops and shapes for a key; per-step values come from the
+// step buffer, whose address stays fixed while graphs exist), then launch.
+Tensor CudaBackend::run_graph(int64_t key, const std::function<Tensor()>& body) {
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    Graph g;
+    cudaGraph_t graph = nullptr;
+    alloc_->set_capture_sink(&g.memory);
+    capturing_ = true;
+    BG_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    try {
+      g.out = body();
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      capturing_ = false;
+      alloc_->set_capture_sink(nullptr);
+      throw;
+    }
+    BG_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    capturing_ = false;
+    alloc_->set_capture_sink(nullptr);
+    const cudaError_t err = cudaGraphInstantiate(&g.exec, graph, 0);
+    cudaGraphDestroy(graph);
+    BG_CUDA_CHECK(err);
+    it = graphs_.emplace(key, std::move(g)).first;
+    log::debug("cuda backend: captured graph {:#x} ({} graphs)", key, graphs_.size());
+  }
+  BG_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
+  return it->second.out;
 }
 
 }  // namespace

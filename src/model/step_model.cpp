@@ -1,0 +1,62 @@
+// StepModel: eager and CUDA-graph steps over the architecture's step body.
+#include "model/step_model.h"
+
+#include <bit>
+
+#include "core/error.h"
+
+namespace bg {
+
+StepModel::StepModel(const LoadOptions& options)
+    : graphs_(options.cuda_graphs), max_graph_batch_(options.max_graph_batch) {
+  BG_CHECK(max_graph_batch_ >= 1 && std::has_single_bit(static_cast<uint64_t>(max_graph_batch_)),
+           "max_graph_batch must be a power of two >= 1, got {}", max_graph_batch_);
+}
+
+void StepModel::forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) {
+  if (tokens.empty()) return;
+  const BatchEntry entry{&seq, tokens};
+  Backend& be = backend();
+  be.begin_step(layout_step({&entry, 1}, info(), padding()));
+  Tensor out = step_body(true, tap);
+  be.download_f32(out, logits);
+  finish_step({&entry, 1});
+}
+
+void StepModel::forward_batch(std::span<const BatchEntry> batch, float* last_logits) {
+  Backend& be = backend();
+  StepLayout step = layout_step(batch, info(), padding());
+  const int64_t n = step.n_seqs();
+  // Decode steps on CUDA replay a graph of the next power-of-two batch (padding sequences write only the pools'
+  // padding block and slot). A route hook synchronises, so it forces eager steps.
+  const bool graph_ok = graphs_ && !route_hook_ && be.device() == DeviceKind::kCuda && step.all_single_token();
+  const int64_t bucket = graph_ok ? graph_bucket(n, max_graph_batch_) : 0;
+  Tensor out;
+  if (bucket > 0) {
+    pad_decode_step(step, bucket, padding());
+    const int64_t key = (bucket << 32) | step.max_blocks;
+    be.begin_step(std::move(step));
+    out = be.run_graph(key, [this] { return step_body(false, nullptr); }).rows_view(0, n);
+  } else {
+    be.begin_step(std::move(step));
+    out = step_body(false, nullptr);
+  }
+  be.download_f32(out, last_logits);
+  finish_step(batch);
+}
+
+Tensor lm_head_logits(Backend& be, const LinearHandle& lm_head, const Tensor& x, bool all_rows) {
+  const StepLayout& s = be.step();
+  if (all_rows || s.all_single_token()) {
+    Tensor out = be.alloc({x.rows(), lm_head.n_out()}, DType::kF32);  // [n_tokens, vocab]
+    be.linear(lm_head, x, out);
+    return out;
+  }
+  Tensor last = be.act(s.n_seqs(), x.cols());  // [n_seqs, hidden]
+  be.gather_last_rows(x, last);
+  Tensor out = be.alloc({s.n_seqs(), lm_head.n_out()}, DType::kF32);  // [n_seqs, vocab]
+  be.linear(lm_head, last, out);
+  return out;
+}
+
+}  // namespace bg

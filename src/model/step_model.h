@@ -1,0 +1,36 @@
+// StepModel: the step driver both architectures share. It lays a batch out (forward_common), runs the architecture's
+// step body on the backend's current step — eagerly, or for decode steps on CUDA as a graph captured once per
+// (bucketed batch size, block-table width) and replayed — then downloads the logits and advances the sequences.
+#pragma once
+
+#include <span>
+
+#include "backend/backend.h"
+#include "model/forward_common.h"
+#include "model/model.h"
+
+namespace bg {
+
+class StepModel : public Model {
+ public:
+  void forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) final;
+  void forward_batch(std::span<const BatchEntry> batch, float* last_logits) final;
+  int64_t n_graphs_captured() const final { return backend().n_graphs(); }
+
+ protected:
+  explicit StepModel(const LoadOptions& options);
+  // The architecture's ops over backend().step(): logits F32, one row per token when all_rows, else one row per
+  // sequence (its last token). Must not synchronise when tap is null and no route hook is set (graph capture).
+  virtual Tensor step_body(bool all_rows, const TapFn* tap) = 0;
+  virtual Backend& backend() const = 0;
+  virtual StepPadding padding() const = 0;
+
+ private:
+  bool graphs_;
+  int64_t max_graph_batch_;
+};
+
+// The final projection of a step: x [n_tokens, hidden] (normed) -> logits F32 [n_tokens or n_seqs, vocab].
+Tensor lm_head_logits(Backend& be, const LinearHandle& lm_head, const Tensor& x, bool all_rows);
+
+}  // namespace bg
