@@ -98,7 +98,7 @@ TEST(RequestParse, ChatRejectsBadFields) {
   expect_400(chat({{"tools", "x"}}), "tools");
   expect_400(chat({{"tool_choice", "required"}}), "tool_choice");
   expect_400(chat({{"presence_penalty", 0.5}}), "presence_penalty");
-  expect_400(chat({{"reasoning_effort", "max"}}), "reasoning_effort");
+  expect_400(chat({{"reasoning_effort", "extreme"}}), "reasoning_effort");
   expect_400(chat({{"chat_template_kwargs", {{"thinking", "no"}}}}), "thinking");
   expect_400(chat({{"model", 5}}), "model");
   expect_400(chat({{"stop_token_ids", {-1}}}), "stop_token_ids");

@@ -203,10 +203,10 @@ ChatParams parse_chat_params(const Fields& f) {
   if (auto effort = f.string("reasoning_effort")) {
     if (*effort == "none") {
       p.thinking = false;
-    } else if (*effort == "low" || *effort == "medium" || *effort == "high") {
-      p.reasoning_effort = *effort;
+    } else if (*effort == "low" || *effort == "medium" || *effort == "high" || *effort == "max") {
+      p.reasoning_effort = *effort;  // the chat format rejects a level its model does not have (400)
     } else {
-      bad("reasoning_effort", fmt::format("'reasoning_effort' '{}' must be none, low, medium or high", *effort));
+      bad("reasoning_effort", fmt::format("'reasoning_effort' '{}' must be none, low, medium, high or max", *effort));
     }
   }
   return p;

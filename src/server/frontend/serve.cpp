@@ -133,7 +133,7 @@ class SignalWatcher {
       const int sig = sigtimedwait(&set, nullptr, &tick);
       if (sig <= 0) continue;
       log::info("serve: {} received; shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
-      workers.signal_all(sig);
+      workers.forward_shutdown_signal(sig);
       server.stop();
     }
   }

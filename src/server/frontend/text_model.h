@@ -29,7 +29,7 @@ struct ChatPiece {
 
 struct ChatParams {
   bool thinking = true;
-  std::string reasoning_effort;  // "" (model default) | "low" | "medium" | "high"
+  std::string reasoning_effort;  // "": the format's default; else a level the format knows (low, high, max, ...)
 };
 
 // Token ids -> text, never emitting broken UTF-8 in the middle of a stream.

@@ -83,6 +83,11 @@ void WorkerManager::signal_all(int sig) {
   }
 }
 
+void WorkerManager::forward_shutdown_signal(int sig) {
+  stopping_ = true;
+  signal_all(sig);
+}
+
 bool WorkerManager::any_alive() const {
   std::lock_guard lock(mu_);
   for (const auto& c : children_) {

@@ -29,6 +29,8 @@ class WorkerManager {
   void spawn(int32_t rank, const std::vector<std::string>& argv);
   // Forwards a signal to every live child.
   void signal_all(int sig);
+  // A shutdown signal: from now on exits are expected (logged as info), then the signal goes to every child.
+  void forward_shutdown_signal(int sig);
   // SIGTERM to every live child, up to `grace` for them to exit, then SIGKILL; joins the reapers.
   void stop(std::chrono::milliseconds grace);
   bool any_alive() const;
