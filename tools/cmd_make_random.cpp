@@ -1,8 +1,9 @@
 // `batchgen make-random`: writes a random-weight checkpoint in the published layout (config.json, safetensors shards,
-// index) for an architecture preset and weight format; see model/random_checkpoint.h.
+// index, tokenizer files) for an architecture preset and weight format; see model/random_checkpoint.h.
 #include "core/error.h"
 #include "formats/json_fields.h"
 #include "model/random_checkpoint.h"
+#include "server/tokenizer/tokenizer_writer.h"
 #include "tools/commands.h"
 
 namespace bg::tools {
@@ -21,6 +22,9 @@ void run_make_random(MakeRandomArgs a) {
     a.spec.config_patch = std::move(patch);
   }
   write_random_checkpoint(a.spec);
+  // The tokenizer files (tiktoken.model + tokenizer_config.json) matching the final config's vocabulary, so the
+  // checkpoint can be served with chat formatting.
+  write_random_tokenizer(a.spec.arch, random_checkpoint_config(a.spec), a.spec.out_dir);
 }
 
 }  // namespace

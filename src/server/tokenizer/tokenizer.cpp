@@ -226,16 +226,16 @@ int32_t Tokenizer::pad_id() const { return impl_->pad; }
 const std::string& Tokenizer::pattern() const { return impl_->pattern; }
 
 IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tok, bool skip_special)
-    : tok_(&tok), skip_special_(skip_special) {}
+    : tok_(tok), skip_special_(skip_special) {}
 
 std::string IncrementalDetokenizer::push(int32_t id) {
-  if (!tok_->is_known(id)) {
+  if (!tok_.is_known(id)) {
     std::string out = utf8_.flush();  // the pending bytes can no longer complete
     out.append(kReplacementChar);
     return out;
   }
-  if (skip_special_ && tok_->is_special(id)) return {};
-  return utf8_.push(tok_->token_bytes(id));
+  if (skip_special_ && tok_.is_special(id)) return {};
+  return utf8_.push(tok_.token_bytes(id));
 }
 
 std::string IncrementalDetokenizer::flush() { return utf8_.flush(); }

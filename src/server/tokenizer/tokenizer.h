@@ -97,7 +97,7 @@ class IncrementalDetokenizer {
   std::string flush();            // what is left at the end; invalid bytes become U+FFFD
 
  private:
-  const Tokenizer* tok_;
+  Tokenizer tok_;  // a copy (shared immutable data): the caller's object may move or go away
   bool skip_special_;
   Utf8Assembler utf8_;
 };

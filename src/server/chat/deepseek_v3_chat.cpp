@@ -1,0 +1,251 @@
+// DeepSeek-V3.1 style chat format (used for model_type deepseek_v3 and kimi_k2): the rendering of DeepSeek-V3.1's
+// chat template (<｜User｜>/<｜Assistant｜> turns, <think>/</think>, tool calls as name<｜tool▁sep｜>JSON arguments,
+// tool outputs) with the markers as special ids and all message text encoded as plain text, and its output parser.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "server/chat/chat_format.h"
+#include "server/chat/chat_messages.h"
+#include "server/chat/delta_sink.h"
+
+namespace bg {
+namespace {
+
+using nlohmann::json;
+
+struct DsMarkers {
+  int32_t bos, eos, user, assistant, think, end_think;
+  int32_t calls_begin, calls_end, call_begin, call_end, tool_sep, output_begin, output_end;
+
+  static DsMarkers from(const Tokenizer& tok) {
+    auto need = [&](std::string_view name) {
+      std::optional<int32_t> id = tok.special_id(name);
+      BG_CHECK(id.has_value(), "DeepSeek-V3 chat format: the tokenizer has no special token '{}'", name);
+      return *id;
+    };
+    return {need("<｜begin▁of▁sentence｜>"), need("<｜end▁of▁sentence｜>"), need("<｜User｜>"),
+            need("<｜Assistant｜>"), need("<think>"), need("</think>"), need("<｜tool▁calls▁begin｜>"),
+            need("<｜tool▁calls▁end｜>"), need("<｜tool▁call▁begin｜>"), need("<｜tool▁call▁end｜>"),
+            need("<｜tool▁sep｜>"), need("<｜tool▁output▁begin｜>"), need("<｜tool▁output▁end｜>")};
+  }
+};
+
+// Prompt builder: markers are ids; text between two markers is one run, encoded as plain text in one piece (as a
+// template string between special tokens would be).
+class DsWriter {
+ public:
+  explicit DsWriter(const Tokenizer& tok) : tok_(tok) {}
+  void control(int32_t id) {
+    flush();
+    ids_.push_back(id);
+  }
+  void text(std::string_view s) { run_ += s; }
+  std::vector<int32_t> take() {
+    flush();
+    return std::move(ids_);
+  }
+
+ private:
+  void flush() {
+    if (run_.empty()) return;
+    const std::vector<int32_t> e = tok_.encode(run_);
+    ids_.insert(ids_.end(), e.begin(), e.end());
+    run_.clear();
+  }
+  Tokenizer tok_;  // a copy shares the immutable vocabulary: no lifetime coupling to the caller's object
+  std::string run_;
+  std::vector<int32_t> ids_;
+};
+
+// The tool section of the system prompt (DeepSeek-V3.1 model card; its template itself does not render `tools`).
+void write_tools_section(DsWriter& w, const json& tools, const DsMarkers& m) {
+  w.text("## Tools\nYou have access to the following tools:\n\n");
+  for (const auto& t : tools) {
+    const json& fn = t["function"];
+    const json description = fn.value("description", json(""));
+    w.text(fmt::format("### {}\nDescription: {}\n\nParameters: {}\n\n", fn["name"].get<std::string>(),
+                       description.is_string() ? description.get<std::string>() : std::string(),
+                       fn.value("parameters", json::object()).dump()));
+  }
+  w.text("IMPORTANT: ALWAYS adhere to this exact format for tool use:\n");
+  w.control(m.calls_begin);
+  w.control(m.call_begin);
+  w.text("tool_call_name");
+  w.control(m.tool_sep);
+  w.text("tool_call_arguments");
+  w.control(m.call_end);
+  w.text("{{additional_tool_calls}}");
+  w.control(m.calls_end);
+  w.text("\n\nWhere:\n\n- `tool_call_name` must be an exact match to one of the available tools\n"
+         "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n"
+         "- For multiple tool calls, chain them directly without separators or spaces\n");
+}
+
+class DeepSeekV3ChatFormat : public ChatFormat {
+ public:
+  explicit DeepSeekV3ChatFormat(const Tokenizer& tok) : tok_(tok), m_(DsMarkers::from(tok)) {}
+
+  std::vector<int32_t> render(const json& messages, const json& tools, const ChatOptions& options) const override {
+    const std::vector<ChatMessage> msgs = parse_chat_messages(messages);
+    validate_chat_tools(tools);
+    DsWriter w(tok_);
+    w.control(m_.bos);
+    std::string system;
+    for (const auto& msg : msgs) {
+      if (msg.role != "system" && msg.role != "developer") continue;
+      system += (system.empty() ? "" : "\n\n") + msg.text();
+    }
+    w.text(system);
+    if (tools.is_array() && !tools.empty()) {
+      if (!system.empty()) w.text("\n\n");
+      write_tools_section(w, tools, m_);
+    }
+    bool last_user = false, in_tool = false;
+    for (const auto& msg : msgs) {
+      if (msg.role == "user") {
+        w.control(m_.user);
+        w.text(msg.text());
+        last_user = true;
+        in_tool = false;
+      } else if (msg.role == "assistant") {
+        if (last_user) {
+          w.control(m_.assistant);
+          w.control(m_.end_think);  // past turns are rendered without their reasoning
+        }
+        std::string content = msg.text();
+        if (const size_t p = content.find("</think>"); p != std::string::npos && !in_tool) content.erase(0, p + 8);
+        w.text(content);
+        if (!msg.tool_calls.empty()) {
+          w.control(m_.calls_begin);
+          for (const auto& call : msg.tool_calls) {
+            w.control(m_.call_begin);
+            w.text(call.name);
+            w.control(m_.tool_sep);
+            w.text(call.arguments);
+            w.control(m_.call_end);
+          }
+          w.control(m_.calls_end);
+        }
+        w.control(m_.eos);
+        last_user = in_tool = false;
+      } else if (msg.role == "tool") {
+        w.control(m_.output_begin);
+        w.text(msg.text());
+        w.control(m_.output_end);
+        last_user = false;
+        in_tool = true;
+      }
+    }
+    // After tool outputs the template adds nothing: the model continues the assistant turn directly.
+    if (options.add_generation_prompt && last_user) {
+      w.control(m_.assistant);
+      w.control(options.thinking ? m_.think : m_.end_think);
+    }
+    return w.take();
+  }
+
+  std::vector<int32_t> stop_token_ids() const override { return {m_.eos}; }
+  std::unique_ptr<ChatOutputParser> make_parser(const ChatOptions& options) const override;
+
+ private:
+  Tokenizer tok_;  // a copy shares the immutable vocabulary: no lifetime coupling to the caller's object
+  DsMarkers m_;
+};
+
+// Output: [reasoning </think>] content [<｜tool▁calls▁begin｜> (<｜tool▁call▁begin｜> name <｜tool▁sep｜> arguments
+// <｜tool▁call▁end｜>)* <｜tool▁calls▁end｜>] <｜end▁of▁sentence｜>. Arguments stream as the model writes them.
+class DeepSeekV3Parser : public ChatOutputParser {
+ public:
+  DeepSeekV3Parser(const Tokenizer& tok, const DsMarkers& m, bool thinking)
+      : tok_(tok), m_(m), region_(thinking ? Region::kThink : Region::kContent) {}
+
+  ChatDelta push(int32_t token) override {
+    if (!tok_.is_known(token)) {
+      text(kReplacementChar);
+    } else if (!tok_.is_special(token)) {
+      text(tok_.token_bytes(token));
+    } else {
+      sink_.flush_text();
+      on_marker(token);
+    }
+    return sink_.take();
+  }
+
+  ChatDelta finish() override {
+    end_call();
+    sink_.flush_text();
+    return sink_.take();
+  }
+
+ private:
+  enum class Region { kThink, kContent, kCalls, kCallName, kCallArgs };
+
+  void text(std::string_view bytes) {
+    switch (region_) {
+      case Region::kThink: sink_.reasoning(bytes); return;
+      case Region::kCallName:
+        if (name_.size() < 256) name_ += bytes;
+        return;
+      case Region::kCallArgs:
+        args_any_ = true;
+        sink_.tool_arguments(call_index_, args_utf8_.push(bytes));
+        return;
+      default: sink_.content(bytes); return;
+    }
+  }
+
+  void on_marker(int32_t t) {
+    if (t == m_.end_think && region_ == Region::kThink) {
+      region_ = Region::kContent;
+    } else if (t == m_.calls_begin && (region_ == Region::kThink || region_ == Region::kContent)) {
+      region_ = Region::kCalls;
+    } else if (t == m_.call_begin && region_ == Region::kCalls) {
+      name_.clear();
+      region_ = Region::kCallName;
+    } else if (t == m_.tool_sep && region_ == Region::kCallName) {
+      std::string name = sanitize_utf8(name_);
+      name.erase(0, name.find_first_not_of(" \n"));
+      name.erase(name.find_last_not_of(" \n") + 1);
+      call_index_ = n_calls_++;
+      sink_.tool_start(call_index_, fmt::format("call_{}", call_index_), name);
+      args_any_ = false;
+      region_ = Region::kCallArgs;
+    } else if (t == m_.call_end) {
+      end_call();
+    } else if (t == m_.calls_end || t == m_.eos) {
+      end_call();
+      region_ = Region::kContent;
+    }  // anything else (a stray marker, another special token) carries no text: skipped
+  }
+
+  void end_call() {
+    if (region_ == Region::kCallArgs) {
+      sink_.tool_arguments(call_index_, args_utf8_.flush());
+      if (!args_any_) sink_.tool_arguments(call_index_, "{}");
+    }
+    if (region_ == Region::kCallArgs || region_ == Region::kCallName) region_ = Region::kCalls;
+  }
+
+  Tokenizer tok_;  // a copy shares the immutable vocabulary: no lifetime coupling to the caller's object
+  DsMarkers m_;
+  Region region_;
+  DeltaSink sink_;
+  std::string name_;
+  Utf8Assembler args_utf8_;
+  int n_calls_ = 0, call_index_ = 0;
+  bool args_any_ = false;
+};
+
+std::unique_ptr<ChatOutputParser> DeepSeekV3ChatFormat::make_parser(const ChatOptions& options) const {
+  return std::make_unique<DeepSeekV3Parser>(tok_, m_, options.thinking);
+}
+
+}  // namespace
+
+std::unique_ptr<ChatFormat> make_deepseek_v3_chat_format(const Tokenizer& tok) {
+  return std::make_unique<DeepSeekV3ChatFormat>(tok);
+}
+
+}  // namespace bg
