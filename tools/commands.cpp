@@ -7,6 +7,7 @@ void register_commands(CLI::App& app) {
   register_score(app);
   register_generate(app);
   register_make_random(app);
+  register_serve(app);
   register_worker(app);
 }
 

@@ -10,6 +10,7 @@ void register_commands(CLI::App& app);
 void register_score(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_make_random(CLI::App& app);
+void register_serve(CLI::App& app);
 void register_worker(CLI::App& app);
 
 }  // namespace bg::tools

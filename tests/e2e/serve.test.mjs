@@ -1,0 +1,291 @@
+// End-to-end tests of `batchgen serve` with the official `openai` npm client: a tiny random Kimi-K3 checkpoint
+// (make-random) served on a free port; chat/completions (streamed and not), stop strings, tool-call round trips,
+// concurrency, client aborts and bad input. Run by CTest (tests/CMakeLists.txt) or: BATCHGEN=<path> npm test
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import OpenAI from 'openai';
+
+const BIN = process.env.BATCHGEN ?? path.resolve('../../build/batchgen');
+const MODEL = 'tiny-k3';
+const MAX_MODEL_LEN = 1024;
+
+let dir;
+let server;        // the child process
+let logs = '';
+let baseURL;
+let workerPid;
+let client;
+
+async function waitFor(what, fn, timeoutMs) {
+  const start = Date.now();
+  for (;;) {
+    const v = await fn().catch(() => undefined);
+    if (v) return v;
+    if (Date.now() - start > timeoutMs) throw new Error(`timed out waiting for ${what}\n--- server log ---\n${logs}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+async function metrics() {
+  return (await fetch(`${baseURL}/metrics`)).text();
+}
+
+function metric(text, name) {
+  const line = text.split('\n').find((l) => l.startsWith(name + ' '));
+  return line === undefined ? undefined : Number(line.slice(name.length + 1));
+}
+
+before(async () => {
+  dir = mkdtempSync(path.join(tmpdir(), 'bg-e2e-'));
+  const modelDir = path.join(dir, MODEL);
+  execFileSync(BIN, ['make-random', '--arch', 'kimi_k3', '--preset', 'tiny', '--out', modelDir], { stdio: 'inherit' });
+  server = spawn(BIN, ['serve', modelDir, '--port', '0', '--max-model-len', String(MAX_MODEL_LEN),
+    '--max-num-seqs', '16'], { stdio: ['ignore', 'inherit', 'pipe'] });
+  server.stderr.on('data', (d) => { logs += d; process.stderr.write(d); });
+  const port = await waitFor('the listening line', async () => logs.match(/listening on http:\/\/[\d.]+:(\d+)/)?.[1],
+    30_000);
+  workerPid = Number(logs.match(/started rank 0 \(pid (\d+)\)/)[1]);
+  baseURL = `http://127.0.0.1:${port}`;
+  await waitFor('/ready', async () => (await fetch(`${baseURL}/ready`)).status === 200, 120_000);
+  client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
+});
+
+after(async () => {
+  if (server && server.exitCode === null) {
+    const exited = new Promise((r) => server.once('exit', (code, signal) => r({ code, signal })));
+    server.kill('SIGTERM');
+    const { code } = await exited;
+    assert.equal(code, 0, 'serve exits cleanly on SIGTERM');
+    // The worker is reaped, not orphaned.
+    assert.throws(() => process.kill(workerPid, 0), /ESRCH/);
+  }
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+function serveFails(args) {
+  try {
+    execFileSync(BIN, ['serve', path.join(dir, MODEL), '--port', '0', ...args], { stdio: 'pipe' });
+  } catch (e) {
+    return { status: e.status, stderr: e.stderr.toString() };
+  }
+  return { status: 0, stderr: '' };
+}
+
+const user = (content) => [{ role: 'user', content }];
+
+test('models, health, ready', async () => {
+  const models = await client.models.list();
+  assert.deepEqual(models.data.map((m) => m.id), [MODEL]);
+  assert.equal((await fetch(`${baseURL}/health`)).status, 200);
+  const ready = await (await fetch(`${baseURL}/ready`)).json();
+  assert.equal(ready.ready, true);
+});
+
+test('flags for features that do not exist yet fail at startup with a clear message', () => {
+  let r = serveFails(['--k3-moe-exchange', 'll']);
+  assert.equal(r.status, 1);
+  assert.match(r.stderr, /--k3-moe-exchange ll is not available yet/);
+  r = serveFails(['--distributed-weight-config', path.join(dir, 'missing.json')]);
+  assert.equal(r.status, 1);
+  assert.match(r.stderr, /missing\.json: no such file/);
+  r = serveFails(['--distributed-weight-config', path.join(dir, MODEL, 'config.json')]);
+  assert.equal(r.status, 1);
+  assert.match(r.stderr, /distributed weights are not available yet/);
+});
+
+test('chat: non-streamed and streamed agree (greedy)', async () => {
+  const req = { model: MODEL, messages: user('Hello there'), max_tokens: 12, temperature: 0 };
+  const full = await client.chat.completions.create(req);
+  const choice = full.choices[0];
+  assert.equal(full.object, 'chat.completion');
+  assert.equal(choice.message.role, 'assistant');
+  assert.ok(['stop', 'length'].includes(choice.finish_reason));
+  assert.ok(full.usage.prompt_tokens > 0);
+  assert.ok(full.usage.completion_tokens > 0 && full.usage.completion_tokens <= 12);
+
+  const stream = await client.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+  let content = '';
+  let reasoning = '';
+  let finish = null;
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      content += c.delta.content ?? '';
+      reasoning += c.delta.reasoning_content ?? '';
+      finish = c.finish_reason ?? finish;
+    }
+  }
+  assert.equal(content, choice.message.content ?? '');
+  assert.equal(reasoning, choice.message.reasoning_content ?? '');
+  assert.equal(finish, choice.finish_reason);
+  assert.deepEqual(usage, full.usage);
+});
+
+test('chat: thinking off, logprobs', async () => {
+  const r = await client.chat.completions.create({
+    model: MODEL, messages: user('Hi'), max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 3,
+    chat_template_kwargs: { thinking: false },
+  });
+  const lp = r.choices[0].logprobs.content;
+  assert.equal(lp.length, r.usage.completion_tokens);
+  for (const t of lp) {
+    assert.equal(typeof t.token, 'string');
+    assert.ok(t.logprob <= 0);
+    assert.ok(Array.isArray(t.bytes));
+    assert.equal(t.top_logprobs.length, 3);
+  }
+});
+
+test('completions: string and token-id prompts, streamed and not', async () => {
+  const a = await client.completions.create({ model: MODEL, prompt: 'Once upon a time', max_tokens: 10,
+    temperature: 0, ignore_eos: true, logprobs: 2 });
+  assert.equal(a.object, 'text_completion');
+  assert.equal(a.choices[0].finish_reason, 'length');
+  assert.equal(a.usage.completion_tokens, 10);
+  assert.equal(a.choices[0].logprobs.tokens.length, 10);
+
+  const ids = await client.completions.create({ model: MODEL, prompt: [5, 17, 42, 99], max_tokens: 6,
+    temperature: 0, ignore_eos: true });
+  assert.equal(ids.usage.prompt_tokens, 4);
+
+  const stream = await client.completions.create({ model: MODEL, prompt: 'Once upon a time', max_tokens: 10,
+    temperature: 0, ignore_eos: true, stream: true });
+  let text = '';
+  for await (const chunk of stream) text += chunk.choices[0]?.text ?? '';
+  assert.equal(text, a.choices[0].text);
+});
+
+test('stop sequences are trimmed and end the request', async () => {
+  const base = { model: MODEL, prompt: 'The quick brown fox', max_tokens: 24, temperature: 0, ignore_eos: true };
+  const full = (await client.completions.create(base)).choices[0].text;
+  const chars = [...full];
+  assert.ok(chars.length >= 4, `need some text to cut: ${JSON.stringify(full)}`);
+  const stop = chars.slice(Math.floor(chars.length / 2), Math.floor(chars.length / 2) + 2).join('');
+  const expected = full.slice(0, full.indexOf(stop));
+  const r = await client.completions.create({ ...base, stop: [stop] });
+  assert.equal(r.choices[0].text, expected);
+  assert.equal(r.choices[0].finish_reason, 'stop');
+
+  const s = await client.completions.create({ ...base, stop, stream: true });
+  let text = '';
+  let finish = null;
+  for await (const chunk of s) {
+    text += chunk.choices[0]?.text ?? '';
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(text, expected);
+  assert.equal(finish, 'stop');
+});
+
+test('tool calls: declared tools, an assistant tool_calls turn and a tool result round trip', async () => {
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather for a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const messages = [
+    { role: 'system', content: 'You can call tools.' },
+    { role: 'user', content: 'Weather in Paris?' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'call_0', type: 'function',
+      function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+    { role: 'tool', tool_call_id: 'call_0', content: '{"temperature_c": 21}' },
+  ];
+  const bare = await client.chat.completions.create({ model: MODEL, messages: messages.slice(0, 2), max_tokens: 1 });
+  const r = await client.chat.completions.create({ model: MODEL, messages, tools, max_tokens: 8, temperature: 0 });
+  assert.ok(r.usage.prompt_tokens > bare.usage.prompt_tokens + 10, 'tools and tool turns are rendered');
+  const c = r.choices[0];
+  assert.ok(['stop', 'length', 'tool_calls'].includes(c.finish_reason));
+  for (const call of c.message.tool_calls ?? []) {
+    assert.equal(call.type, 'function');
+    assert.equal(typeof call.function.name, 'string');
+  }
+  const s = await client.chat.completions.create({ model: MODEL, messages, tools, max_tokens: 8, temperature: 0,
+    stream: true });
+  let content = '';
+  for await (const chunk of s) content += chunk.choices[0]?.delta?.content ?? '';
+  assert.equal(content, c.message.content ?? '');
+});
+
+test('16 concurrent greedy requests equal the same requests run one at a time', async () => {
+  const reqs = Array.from({ length: 16 }, (_, i) => ({ model: MODEL, prompt: `Request number ${i}: ${'ab'.repeat(i)}`,
+    max_tokens: 8, temperature: 0, ignore_eos: true }));
+  const sequential = [];
+  for (const r of reqs) sequential.push((await client.completions.create(r)).choices[0].text);
+  const concurrent = await Promise.all(reqs.map(async (r) => (await client.completions.create(r)).choices[0].text));
+  assert.deepEqual(concurrent, sequential);
+});
+
+test('a client that aborts mid-stream cancels the request and frees its KV blocks', async () => {
+  const before = metric(await metrics(), 'batchgen_requests_cancelled_total');
+  const stream = await client.completions.create({ model: MODEL, prompt: 'Tell me a long story', max_tokens: 400,
+    temperature: 0, ignore_eos: true, stream: true });
+  let n = 0;
+  for await (const _ of stream) {
+    if (++n === 3) break;  // leaving the loop aborts the HTTP request
+  }
+  await waitFor('the cancel in /metrics', async () => {
+    const m = await metrics();
+    return metric(m, 'batchgen_requests_cancelled_total') === before + 1 &&
+      metric(m, 'batchgen_requests_in_flight') === 0 &&
+      metric(m, 'batchgen_kv_blocks_used{rank="0"}') === 0 &&
+      metric(m, 'batchgen_num_requests_running{rank="0"}') === 0;
+  }, 20_000);
+});
+
+async function post(pathname, body, headers = { 'Content-Type': 'application/json' }) {
+  const res = await fetch(`${baseURL}${pathname}`, { method: 'POST', headers, body });
+  const text = await res.text();
+  return { status: res.status, body: text.length ? JSON.parse(text) : null };
+}
+
+function assertOpenAiError(r, status, what) {
+  assert.equal(r.status, status, `${what}: ${JSON.stringify(r.body)}`);
+  assert.equal(typeof r.body.error.message, 'string', what);
+  assert.equal(typeof r.body.error.type, 'string', what);
+}
+
+test('bad input gets the right error and the server keeps serving', async () => {
+  const chat = '/v1/chat/completions';
+  assertOpenAiError(await post(chat, '{"model": "tiny-k3", "messages": ['), 400, 'malformed JSON');
+  assertOpenAiError(await post(chat, Buffer.concat([Buffer.from('{"messages": [{"role": "user", "content": "'),
+    Buffer.from([0xff, 0xfe, 0xc3]), Buffer.from('"}]}')])), 400, 'invalid UTF-8');
+  const big = Buffer.alloc(50 * 1024 * 1024, 'a');
+  assertOpenAiError(await post(chat, big), 413, '50 MB body');
+  assertOpenAiError(await post('/v1/nowhere', '{}'), 404, 'unknown route');
+
+  const expectStatus = async (status, what, p) => {
+    await assert.rejects(p, (e) => {
+      assert.equal(e.status, status, `${what}: ${e.message}`);
+      assert.equal(typeof e.error?.message, 'string', what);
+      return true;
+    }, what);
+  };
+  await expectStatus(400, 'messages of the wrong type',
+    client.chat.completions.create({ model: MODEL, messages: 'hello' }));
+  await expectStatus(400, 'temperature of the wrong type',
+    client.chat.completions.create({ model: MODEL, messages: user('x'), temperature: 'hot' }));
+  await expectStatus(404, 'unknown model', client.chat.completions.create({ model: 'gpt-9', messages: user('x') }));
+  await expectStatus(400, 'empty messages', client.chat.completions.create({ model: MODEL, messages: [] }));
+  await expectStatus(400, 'prompt longer than the context', client.completions.create({ model: MODEL,
+    prompt: Array.from({ length: MAX_MODEL_LEN + 10 }, (_, i) => 10 + (i % 50)) }));
+  await expectStatus(400, 'max_tokens 0', client.chat.completions.create({ model: MODEL, messages: user('x'),
+    max_tokens: 0 }));
+  await expectStatus(400, 'max_tokens negative', client.completions.create({ model: MODEL, prompt: 'x',
+    max_tokens: -3 }));
+  await expectStatus(400, 'n = 2', client.chat.completions.create({ model: MODEL, messages: user('x'), n: 2 }));
+
+  const ok = await client.chat.completions.create({ model: MODEL, messages: user('still there?'), max_tokens: 2 });
+  assert.ok(ok.choices.length === 1);
+});
+
+test('a worker that dies is reported by /ready and /health, and requests fail with 503', async () => {
+  process.kill(workerPid, 'SIGKILL');
+  await waitFor('/ready 503', async () => (await fetch(`${baseURL}/ready`)).status === 503, 10_000);
+  const ready = await (await fetch(`${baseURL}/ready`)).json();
+  assert.match(ready.reason, /rank 0 .*killed by signal 9/);
+  assert.equal((await fetch(`${baseURL}/health`)).status, 503);
+  await assert.rejects(client.chat.completions.create({ model: MODEL, messages: user('x'), max_tokens: 2 }),
+    (e) => e.status === 503);
+});

@@ -1,0 +1,88 @@
+// `batchgen serve` option validation: features that do not exist yet are startup errors, bad paths are named,
+// defaults are filled in, and the worker command line carries exactly the flags that were given.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "core/error.h"
+#include "server/frontend/serve.h"
+#include "temp_dir.h"
+
+namespace bg::frontend {
+namespace {
+
+// Runs validation; returns the error message ("" when valid).
+std::string validation_error(ServeOptions opt) {
+  try {
+    validate_serve_options(opt);
+    return "";
+  } catch (const bg::Error& e) {
+    return e.what();
+  }
+}
+
+TEST(ServeOptions, DefaultsAndModelName) {
+  bg::testing::TempDir tmp;
+  std::filesystem::create_directories(tmp / "my-model");
+  ServeOptions opt;
+  opt.model_dir = (tmp / "my-model").string() + "/";
+  validate_serve_options(opt);
+  EXPECT_EQ(opt.served_model_name, "my-model");
+  EXPECT_EQ(opt.host, "127.0.0.1");
+  EXPECT_EQ(opt.port, 8000);
+  opt.served_model_name = "custom";
+  validate_serve_options(opt);
+  EXPECT_EQ(opt.served_model_name, "custom");
+}
+
+TEST(ServeOptions, UnavailableFeaturesAndBadValuesAreErrors) {
+  bg::testing::TempDir tmp;
+  ServeOptions base;
+  base.model_dir = tmp.path().string();
+  EXPECT_EQ(validation_error(base), "");
+
+  ServeOptions o = base;
+  o.k3_moe_exchange = "ll";
+  EXPECT_NE(validation_error(o).find("not available yet"), std::string::npos) << validation_error(o);
+  o.k3_moe_exchange = "mpi";
+  EXPECT_NE(validation_error(o).find("must be nccl or ll"), std::string::npos);
+
+  o = base;
+  o.distributed_weight_config = (tmp / "missing.json").string();
+  EXPECT_NE(validation_error(o).find("no such file"), std::string::npos) << validation_error(o);
+  std::ofstream(tmp / "bad.json") << "{not json";
+  o.distributed_weight_config = (tmp / "bad.json").string();
+  EXPECT_NE(validation_error(o).find("not valid JSON"), std::string::npos) << validation_error(o);
+  std::ofstream(tmp / "ok.json") << R"({"nodes": []})";
+  o.distributed_weight_config = (tmp / "ok.json").string();
+  EXPECT_NE(validation_error(o).find("not available yet"), std::string::npos) << validation_error(o);
+
+  o = base;
+  o.model_dir = (tmp / "nope").string();
+  EXPECT_NE(validation_error(o).find("does not exist"), std::string::npos);
+  o = base;
+  o.port = 70000;
+  EXPECT_NE(validation_error(o).find("--port"), std::string::npos);
+  o = base;
+  o.max_num_seqs = 0;
+  EXPECT_NE(validation_error(o).find("--max-num-seqs"), std::string::npos);
+  o = base;
+  o.device = "tpu";
+  EXPECT_NE(validation_error(o).find("--device"), std::string::npos);
+}
+
+TEST(ServeOptions, WorkerCommandLine) {
+  ServeOptions opt;
+  opt.model_dir = "/m";
+  opt.max_model_len = 512;
+  auto argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 0);
+  const std::vector<std::string> head = {"/bin/batchgen", "worker", "--model", "/m", "--endpoint",
+                                         "ipc:///tmp/x/workers.sock", "--rank", "0", "--parent-pid"};
+  ASSERT_GE(argv.size(), head.size());
+  EXPECT_EQ(std::vector<std::string>(argv.begin(), argv.begin() + static_cast<long>(head.size())), head);
+  const std::vector<std::string> tail = {"--device", "cpu", "--max-model-len", "512"};
+  EXPECT_EQ(std::vector<std::string>(argv.end() - static_cast<long>(tail.size()), argv.end()), tail);
+}
+
+}  // namespace
+}  // namespace bg::frontend
