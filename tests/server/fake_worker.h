@@ -23,8 +23,9 @@ class FakeWorker {
  public:
   using Script = std::function<std::vector<int32_t>(const proto::GenerateRequest&)>;
 
-  FakeWorker(zmq::context_t& ctx, const std::string& endpoint, Script script)
-      : sock_(ctx, zmq::socket_type::dealer), script_(std::move(script)) {
+  FakeWorker(zmq::context_t& ctx, const std::string& endpoint, Script script, int64_t max_len = 64,
+             int64_t vocab = 261)
+      : max_model_len(max_len), vocab_size(vocab), sock_(ctx, zmq::socket_type::dealer), script_(std::move(script)) {
     sock_.set(zmq::sockopt::routing_id, "rank-0");
     sock_.set(zmq::sockopt::linger, 0);
     sock_.connect(endpoint);
@@ -37,7 +38,8 @@ class FakeWorker {
 
   std::atomic<int32_t> reject_code{0};          // non-zero: reject every generate with this code
   std::atomic<int64_t> token_delay_ms{2};
-  std::atomic<int64_t> max_model_len{64};
+  std::atomic<int64_t> max_model_len;
+  const int64_t vocab_size;
 
   std::vector<std::string> cancelled() {
     std::lock_guard lock(mu_);
@@ -67,7 +69,7 @@ class FakeWorker {
     proto::WorkerStatus st;
     st.phase = "ready";
     st.arch = "fake";
-    st.vocab_size = 261;
+    st.vocab_size = vocab_size;
     st.max_model_len = max_model_len;
     st.kv_blocks_total = 100;
     st.state_slots_total = 8;
