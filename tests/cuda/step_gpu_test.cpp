@@ -9,6 +9,7 @@
 #include "cuda/cuda_testing.h"
 #include "golden/golden_util.h"
 #include "model/model.h"
+#include "step_testing.h"
 
 namespace bg::testing {
 namespace {
@@ -87,37 +88,8 @@ TEST_P(StepGpu, GraphDecodeEqualsEagerDecode) {
 TEST_P(StepGpu, MixedBatchEqualsEachSequenceAlone) {
   BG_REQUIRE_GPU();
   GoldenCase gc(golden_dir() / GetParam());
-  const std::vector<int32_t> p = gc.prompt(0).tokens;
   auto m = load(GetParam(), true);
-  const int64_t V = m->info().vocab_size;
-  const std::vector<int32_t> head(p.begin(), p.begin() + 3), tail(p.begin() + 3, p.end()), one(1, p[0]);
-  const std::vector<std::vector<int32_t>> first{std::vector<int32_t>{}, head, p};
-  const std::vector<std::vector<int32_t>> step{p, tail, one};
-  auto run = [&](bool batched) {
-    std::vector<std::unique_ptr<Sequence>> seqs;
-    std::vector<float> scratch;
-    for (const auto& f : first) {
-      seqs.push_back(m->new_sequence());
-      if (!f.empty()) {
-        scratch.resize(f.size() * static_cast<size_t>(V));
-        m->forward(*seqs.back(), f, scratch.data());
-      }
-    }
-    std::vector<float> last(step.size() * static_cast<size_t>(V));
-    if (batched) {
-      std::vector<BatchEntry> batch;
-      for (size_t i = 0; i < step.size(); ++i) batch.push_back({seqs[i].get(), step[i]});
-      m->forward_batch(batch, last.data());
-    } else {
-      for (size_t i = 0; i < step.size(); ++i) {
-        scratch.resize(step[i].size() * static_cast<size_t>(V));
-        m->forward(*seqs[i], step[i], scratch.data());
-        std::copy(scratch.end() - V, scratch.end(), last.begin() + static_cast<std::ptrdiff_t>(i * V));
-      }
-    }
-    return last;
-  };
-  const double err = max_row_error(run(true), run(false), V);
+  const double err = mixed_step_vs_alone(*m, gc.prompt(0).tokens);
   EXPECT_LE(err, kBatchBound);
   std::printf("[batch] %s mixed step vs alone: max rel err %.3e\n", GetParam().c_str(), err);
 }

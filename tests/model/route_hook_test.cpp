@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "model_testing.h"
+#include "step_testing.h"
 
 namespace bg::testing {
 namespace {
@@ -76,43 +77,8 @@ TEST_P(ModelSeams, ForcingTheRecordedRoutingReproducesTheRunAndOtherRoutingChang
 TEST_P(ModelSeams, ForwardBatchEqualsEachSequenceAlone) {
   auto model = load();
   const std::vector<int32_t> p = prompt();
-  const int64_t V = model->info().vocab_size;
-  // Three sequences at different depths: a fresh prompt, a second prefill chunk, and a decode step.
   ASSERT_GT(p.size(), 4u);
-  const std::vector<int32_t> head(p.begin(), p.begin() + 3), tail(p.begin() + 3, p.end()), one(1, p[0]);
-  const std::vector<std::vector<int32_t>> first{std::vector<int32_t>{}, head, p};
-  const std::vector<std::vector<int32_t>> step{p, tail, one};
-  auto run = [&](bool batched) {
-    std::vector<std::unique_ptr<Sequence>> seqs;
-    std::vector<float> scratch;
-    for (const auto& f : first) {
-      seqs.push_back(model->new_sequence());
-      if (!f.empty()) {
-        scratch.resize(f.size() * static_cast<size_t>(V));
-        model->forward(*seqs.back(), f, scratch.data());
-      }
-    }
-    std::vector<float> last(step.size() * static_cast<size_t>(V));
-    if (batched) {
-      std::vector<BatchEntry> batch;
-      for (size_t i = 0; i < step.size(); ++i) batch.push_back({seqs[i].get(), step[i]});
-      model->forward_batch(batch, last.data());
-    } else {
-      for (size_t i = 0; i < step.size(); ++i) {
-        scratch.resize(step[i].size() * static_cast<size_t>(V));
-        model->forward(*seqs[i], step[i], scratch.data());
-        std::copy(scratch.end() - V, scratch.end(), last.begin() + static_cast<std::ptrdiff_t>(i * V));
-      }
-    }
-    for (size_t i = 0; i < step.size(); ++i) {
-      EXPECT_EQ(seqs[i]->n_past(), static_cast<int64_t>(first[i].size() + step[i].size()));
-    }
-    return last;
-  };
-  std::vector<float> alone = run(false), together = run(true);
-  for (size_t i = 0; i < step.size(); ++i) {
-    EXPECT_LE(row_rel_error(together.data() + i * V, alone.data() + i * V, V), 1e-5) << "entry " << i;
-  }
+  EXPECT_LE(mixed_step_vs_alone(*model, p), 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ModelSeams, ::testing::Values("deepseek_v3/tiny-fp32", "kimi_k3/k3-tiny"),

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# GPU check of the serving path, run on the GPU machine from a carried bundle (scripts/gpu-bundle.sh): makes the tiny
+# random K3 model (with tokenizer), serves it with --device cuda, and checks with curl that chat (plain and streamed)
+# works and that 16 concurrent greedy requests return exactly what the same requests return one at a time
+# (continuous batching and CUDA-graph decode must not change results). Logs go to $OUT (or ./gpu-out).
+set -u
+BUNDLE=${1:-.gpu}
+OUT=${OUT:-$PWD/gpu-out}
+PORT=${BG_PORT:-8400}
+DEVICE=${BG_DEVICE:-cuda}
+mkdir -p "$OUT"
+SP=/opt/torch/.venv/lib/python3.12/site-packages
+export LD_LIBRARY_PATH="$BUNDLE/lib:$SP/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
+model=$(mktemp -d)/k3-tiny
+"$BUNDLE/batchgen" make-random --arch kimi_k3 --preset tiny --seed 1 --out "$model" 2> "$OUT/make-random.log"
+"$BUNDLE/batchgen" serve "$model" --device "$DEVICE" --port "$PORT" --served-model-name k3 > "$OUT/serve.log" 2>&1 &
+server=$!
+for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null && break; sleep 0.5; done
+curl -s "http://127.0.0.1:$PORT/ready" | tee "$OUT/ready.json"; echo
+url="http://127.0.0.1:$PORT/v1/chat/completions"
+body() { printf '{"model":"k3","messages":[{"role":"user","content":"request %s: tell me a story"}],"max_tokens":24,"temperature":0,"chat_template_kwargs":{"thinking":false}}' "$1"; }
+curl -s "$url" -H 'Content-Type: application/json' -d "$(body 0)" | tee "$OUT/chat.json"; echo
+curl -sN "$url" -H 'Content-Type: application/json' \
+  -d '{"model":"k3","messages":[{"role":"user","content":"hi"}],"max_tokens":8,"stream":true,"stream_options":{"include_usage":true}}' \
+  > "$OUT/stream.txt"
+echo "stream events: $(grep -c '^data:' "$OUT/stream.txt"), done: $(grep -c 'data: \[DONE\]' "$OUT/stream.txt")"
+mkdir -p "$OUT/seq" "$OUT/conc"
+for i in $(seq 1 16); do curl -s "$url" -H 'Content-Type: application/json' -d "$(body "$i")" > "$OUT/seq/$i.json"; done
+for i in $(seq 1 16); do curl -s "$url" -H 'Content-Type: application/json' -d "$(body "$i")" > "$OUT/conc/$i.json" & done
+wait $(jobs -p | grep -v "^$server$") 2> /dev/null
+same=0
+for i in $(seq 1 16); do
+  a=$(sed -E 's/"(id|created)":[^,]*,//g' "$OUT/seq/$i.json"); b=$(sed -E 's/"(id|created)":[^,]*,//g' "$OUT/conc/$i.json")
+  [[ "$a" == *'"choices"'* && "$a" == "$b" ]] && same=$((same + 1))
+done
+echo "concurrent == sequential: $same of 16" | tee "$OUT/serve-summary.txt"
+curl -s "http://127.0.0.1:$PORT/metrics" | grep -E "^batchgen_(batch_size|kv_blocks|worker_steps|requests_total)" >> "$OUT/serve-summary.txt"
+kill "$server"; wait "$server"
+echo "serve exit: $?" >> "$OUT/serve-summary.txt"
+cat "$OUT/serve-summary.txt"
