@@ -227,6 +227,30 @@ TEST_F(FrontendTest, ClientDisconnectCancelsAtWorker) {
   })) << get("/metrics")->body;
 }
 
+// A non-streamed request that runs longer than the keep-alive interval: the body (after leading whitespace) is the
+// usual JSON; a client that gives up while waiting is noticed by the whitespace probe and cancelled at the worker.
+TEST_F(FrontendTest, LongNonStreamedRequestAnswersAndDisconnectCancels) {
+  start([](const proto::GenerateRequest&) { return std::vector<int32_t>(5000, 'a'); });
+  worker_->max_model_len = 100000;
+  worker_->token_delay_ms = 5;
+  ASSERT_TRUE(eventually([&] { return link_->max_model_len() == 100000; }));
+  auto res = post("/v1/completions", R"({"prompt": "hi", "max_tokens": 300})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json r = json::parse(res->body);
+  EXPECT_EQ(r["choices"][0]["text"].get<std::string>(), std::string(300, 'a'));
+  EXPECT_EQ(r["usage"]["completion_tokens"], 300);
+
+  httplib::Client cli("127.0.0.1", port_);
+  cli.set_read_timeout(0, 500000);  // gives up after 0.5 s of a generation that takes seconds
+  auto gone = cli.Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 4000})", "application/json");
+  cli.stop();
+  EXPECT_TRUE(eventually([&] { return worker_->cancelled().size() == 1 && worker_->active() == 0; }));
+  EXPECT_TRUE(eventually([&] {
+    return get("/metrics")->body.find("batchgen_requests_cancelled_total 1\n") != std::string::npos;
+  })) << get("/metrics")->body;
+}
+
 TEST_F(FrontendTest, WorkerQueueFullIs429) {
   start(hello_script);
   worker_->reject_code = 429;

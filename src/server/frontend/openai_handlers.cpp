@@ -80,16 +80,50 @@ struct StreamState {
 
 void respond_json(httplib::Response& res, const json& body) { res.set_content(dump_json(body), "application/json"); }
 
-void respond_full(Generation& gen, const ResponseMeta& meta, ApiKind kind, httplib::Response& res) {
-  FullOutput full;
-  while (!gen.done()) {
-    if (auto d = gen.next(kKeepAlive)) full.add(*d);
-  }
+// The finished non-streamed body (an error finish is an ApiError for the caller to answer).
+json full_body(Generation& gen, const FullOutput& full, const ResponseMeta& meta, ApiKind kind) {
   const OutputAssembler& out = gen.output();
   if (out.finish_reason() == "error") throw ApiError(out.error_code(), out.error());
-  respond_json(res, kind == ApiKind::chat
-                        ? chat_response(meta, full, gen.logprobs(), out.finish_reason(), gen.usage())
-                        : completion_response(meta, full, gen.logprobs(), out.finish_reason(), gen.usage()));
+  return kind == ApiKind::chat ? chat_response(meta, full, gen.logprobs(), out.finish_reason(), gen.usage())
+                               : completion_response(meta, full, gen.logprobs(), out.finish_reason(), gen.usage());
+}
+
+// A non-streamed response. Short generations answer as one JSON body with the right status. One still running after
+// kKeepAlive commits 200 and sends a space each kKeepAlive while it waits (JSON allows leading whitespace): that write
+// is how a client that went away is noticed (cpp-httplib 0.11 exposes no socket state), and the generation is then
+// cancelled at once, freeing its KV blocks and state slot. A failure after that point arrives as an OpenAI error
+// body under the committed 200.
+void respond_full(std::unique_ptr<Generation> gen, const ResponseMeta& meta, ApiKind kind, httplib::Response& res) {
+  auto full = std::make_shared<FullOutput>();
+  const auto deadline = Clock::now() + kKeepAlive;
+  while (!gen->done() && Clock::now() < deadline) {
+    if (auto d = gen->next(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()))) {
+      full->add(*d);
+    }
+  }
+  if (gen->done()) {
+    respond_json(res, full_body(*gen, *full, meta, kind));
+    return;
+  }
+  std::shared_ptr<Generation> g(std::move(gen));
+  res.set_chunked_content_provider(
+      "application/json",
+      [g, full, meta, kind](size_t, httplib::DataSink& sink) {
+        if (auto d = g->next(kKeepAlive)) full->add(*d);
+        if (!g->done()) return sink.write(" ", 1);
+        std::string body;
+        try {
+          body = dump_json(full_body(*g, *full, meta, kind));
+        } catch (const ApiError& e) {
+          body = dump_json(e.body());
+        }
+        if (!sink.write(body.data(), body.size())) return false;
+        sink.done();
+        return true;
+      },
+      [g](bool success) {
+        if (!success) g->cancel_by_client();
+      });
 }
 
 void respond_stream(std::unique_ptr<Generation> gen, const ResponseMeta& meta, ApiKind kind, bool include_usage,
@@ -123,7 +157,7 @@ void run(ServingContext& ctx, GenerationInput in, const char* id_prefix, Clock::
   if (stream) {
     respond_stream(std::move(gen), meta, kind, include_usage, res);
   } else {
-    respond_full(*gen, meta, kind, res);
+    respond_full(std::move(gen), meta, kind, res);
   }
 }
 
