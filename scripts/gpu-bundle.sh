@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine needs into .gpu/ (ignored by git): the CUDA test binary and CLI from a CUDA build, the
-# Debian-only shared libraries they link (spdlog, fmt), and a copy of the golden cases.
+# shared libraries they link (all but the C runtime and CUDA's), and a copy of the golden cases.
 set -euo pipefail
 BUILD=${1:-build}
 rm -rf .gpu && mkdir -p .gpu/lib
 cp "$BUILD/tests/test_cuda" "$BUILD/batchgen" .gpu/
-for lib in $(ldd "$BUILD/batchgen" "$BUILD/tests/test_cuda" | awk '/spdlog|fmt/ {print $3}' | sort -u); do
-  cp -L "$lib" .gpu/lib/
+# Every shared library they link except the C runtime (which the GPU machine has) and CUDA's (from its toolkit).
+for lib in $(ldd "$BUILD/batchgen" "$BUILD/tests/test_cuda" | awk '$3 ~ /^\// {print $3}' | sort -u); do
+  case "$(basename "$lib")" in
+    libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|libresolv.so*|ld-linux*|libstdc++*|libgcc_s*|libcublas*|libcudart*) ;;
+    *) cp -L "$lib" .gpu/lib/ ;;
+  esac
 done
 cp -r ../shared/golden .gpu/golden
 chmod -R u+w .gpu
