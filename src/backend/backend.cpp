@@ -27,6 +27,7 @@ RopeHandle Backend::prepare_rope(const ops::RopeTable& table) {
 
 std::unique_ptr<Backend> make_backend(std::string_view device) {
   if (device == "cpu") return make_cpu_backend();
+  if (device == "cpu-bf16") return make_cpu_backend(true);
   if (device == "cuda") {
 #ifdef BG_HAVE_CUDA
     return make_cuda_backend();
@@ -35,7 +36,7 @@ std::unique_ptr<Backend> make_backend(std::string_view device) {
          "-DBG_CUDA=ON)");
 #endif
   }
-  fail("unknown device '{}' (cpu, cuda)", device);
+  fail("unknown device '{}' (cpu, cuda, cpu-bf16)", device);
 }
 
 }  // namespace bg

@@ -26,7 +26,7 @@ Taps run(Model& model, Sequence& seq, std::span<const int32_t> tokens, std::vect
 
 // The per-architecture bf16 bounds of the GPU golden test (golden_gpu_test.cpp, docs/GPU.md).
 void diff_case(const std::string& arch, const std::string& name, int64_t prefill, int64_t decode_steps) {
-  const double bound = arch == "kimi_k3" ? 0.35 : 3e-2;
+  const double bound = arch == "kimi_k3" ? 0.5 : 3e-2;
   GoldenCase gc(golden_dir() / arch / name);
   GoldenPrompt g = gc.prompt(gc.n_prompts() - 1);
   auto cpu = load_model(gc.model_dir(), LoadOptions{.max_sequences = 1, .max_total_tokens = 1024, .device = "cpu"});

@@ -9,10 +9,11 @@
 //    the reference's must satisfy the same bound; rows after it are reported, not asserted, and so is free-running
 //    greedy generation (on these tiny random models the first flip comes within a step or two, after which the
 //    continuation legitimately differs; docs/GPU.md records the numbers).
-// The bounds are per architecture, measured on the H200 (2026-11-29) and stated in docs/GPU.md: the tiny DeepSeek-V3
-// cases stay within 2.3e-2, the tiny Kimi-K3 cases within 0.30 (its ten layers of Attention-Residual mixing amplify
-// the bf16 rounding of each sublayer, about 1e-2, smoothly layer by layer: tests/cuda/backend_diff_test.cpp shows no
-// layer jumps).
+// The bound is what bf16 itself costs these models: the CPU backend with bf16 emulation ("cpu-bf16", rounding where
+// the GPU stores bf16, same forced routing) lands 1.6e-2…2.1e-2 from the goldens on DeepSeek-V3 and 0.09…0.38 on
+// Kimi-K3, whose ten layers of Attention-Residual mixing amplify each sublayer's ~1e-2 rounding. Each prompt's GPU
+// error must stay within 1.5 x the emulation's + 5e-3, and within the architecture's absolute bound (3e-2 DeepSeek-V3,
+// 0.5 Kimi-K3; docs/GPU.md).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -25,7 +26,10 @@ namespace bg::testing {
 namespace {
 
 // Max relative error per logit row (||d||_inf / ||ref||_inf) of the bf16 GPU path under the reference's routing.
-double gpu_logit_bound(const std::string& arch) { return arch == "kimi_k3" ? 0.35 : 3e-2; }
+double gpu_logit_bound(const std::string& arch) { return arch == "kimi_k3" ? 0.5 : 3e-2; }
+// The GPU's error relative to what bf16 rounding alone costs (the emulation's error on the same prompt).
+constexpr double kVsEmulationFactor = 1.5;
+constexpr double kVsEmulationSlack = 5e-3;
 
 struct GpuCase {
   std::string arch;
@@ -113,6 +117,20 @@ RowCheck check_rows(const GoldenPrompt& g, const std::vector<float>& got, int64_
   return rc;
 }
 
+// A route hook that replays recorded routing in call order (next: the index of the next record).
+RouteHook replay_routing(const std::vector<Routing>& recs, size_t& next) {
+  return [&recs, &next](int64_t layer, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>& w) {
+    EXPECT_LT(next, recs.size());
+    if (next >= recs.size()) return false;
+    const Routing& r = recs[next++];
+    EXPECT_EQ(r.layer, layer);
+    EXPECT_EQ(r.ids.size(), ids.size());
+    ids = r.ids;
+    w = r.weights;
+    return true;
+  };
+}
+
 class GoldenGpu : public ::testing::TestWithParam<GpuCase> {};
 
 TEST_P(GoldenGpu, WithinBf16BoundUnderReferenceRouting) {
@@ -123,6 +141,9 @@ TEST_P(GoldenGpu, WithinBf16BoundUnderReferenceRouting) {
   gpu_opts.device = "cuda";
   auto cpu = load_model(gc.model_dir(), cpu_opts);
   auto gpu = load_model(gc.model_dir(), gpu_opts);
+  LoadOptions emu_opts = cpu_opts;
+  emu_opts.device = "cpu-bf16";
+  auto emu = load_model(gc.model_dir(), emu_opts);
   const int64_t V = gpu->info().vocab_size;
   const double bound = gpu_logit_bound(GetParam().arch);
   for (int64_t i = 0; i < gc.n_prompts(); ++i) {
@@ -142,20 +163,23 @@ TEST_P(GoldenGpu, WithinBf16BoundUnderReferenceRouting) {
 
     // GPU with the reference's routing.
     size_t next = 0;
-    gpu->set_route_hook([&](int64_t layer, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>& w) {
-      EXPECT_LT(next, ref_routing.size());
-      if (next >= ref_routing.size()) return false;
-      const Routing& r = ref_routing[next++];
-      EXPECT_EQ(r.layer, layer);
-      EXPECT_EQ(r.ids.size(), ids.size());
-      ids = r.ids;
-      w = r.weights;
-      return true;
-    });
+    gpu->set_route_hook(replay_routing(ref_routing, next));
     std::vector<float> forced;
     run_case(*gpu, g, forced);
     EXPECT_EQ(next, ref_routing.size());
     RowCheck f = check_rows(g, forced, V, total, bound, what + " (routing forced)");
+    // The same forced routing on the bf16-emulating CPU backend: the error bf16 rounding alone costs this prompt.
+    next = 0;
+    emu->set_route_hook(replay_routing(ref_routing, next));
+    std::vector<float> emulated;
+    run_case(*emu, g, emulated);
+    emu->set_route_hook(nullptr);
+    double emu_worst = 0.0;
+    for (int64_t t = 0; t < total; ++t) {
+      emu_worst = std::max(emu_worst, row_rel_error(emulated.data() + t * V, g.logits.data() + t * V, V));
+    }
+    EXPECT_LE(f.worst, kVsEmulationFactor * emu_worst + kVsEmulationSlack)
+        << what << ": the GPU is further from the golden than bf16 rounding explains (emulation " << emu_worst << ")";
     std::printf("[gpu golden] %s/%s prompt %ld forced, error by row:", GetParam().arch.c_str(), GetParam().name.c_str(),
                 static_cast<long>(i));
     for (int64_t t = 0; t < total; t += std::max<int64_t>(1, total / 16)) {
@@ -190,10 +214,10 @@ TEST_P(GoldenGpu, WithinBf16BoundUnderReferenceRouting) {
     for (int64_t t = 0; t < total; ++t) {
       free_worst = std::max(free_worst, row_rel_error(free_run.data() + t * V, g.logits.data() + t * V, V));
     }
-    std::printf("[gpu golden] %s/%s prompt %ld: routing forced max rel err %.3e rms %.3e (bound %.0e, greedy checked "
-                "on %ld of %ld rows); own routing: first flip at step %ld, %ld clean rows max %.3e, all rows max %.3e; "
+    std::printf("[gpu golden] %s/%s prompt %ld: routing forced max rel err %.3e rms %.3e, bf16 emulation %.3e (bound "
+                "%.0e, greedy checked on %ld of %ld rows); own routing: first flip at step %ld, %ld clean rows max %.3e, all rows max %.3e; "
                 "free-running greedy agrees on the first %ld of %ld tokens\n",
-                GetParam().arch.c_str(), GetParam().name.c_str(), static_cast<long>(i), f.worst, f.worst_rms,
+                GetParam().arch.c_str(), GetParam().name.c_str(), static_cast<long>(i), f.worst, f.worst_rms, emu_worst,
                 bound, static_cast<long>(f.greedy_checked), static_cast<long>(total),
                 static_cast<long>(first_flip_step), static_cast<long>(clean_rows), fr.worst, free_worst,
                 static_cast<long>(free_checked), static_cast<long>(total - static_cast<int64_t>(g.prompt.size())));

@@ -20,15 +20,34 @@
 namespace bg {
 namespace {
 
+// The deleter of allocations that hold bf16 values in bf16 emulation (fp32 storage, every value bf16-representable):
+// a tensor is "bf16" when its owner carries this deleter (views share it).
+struct Bf16Storage {
+  void operator()(void* p) const { std::free(p); }
+};
+
+bool holds_bf16(const Tensor& t) { return t.owner && std::get_deleter<Bf16Storage>(t.owner) != nullptr; }
+
+void round_to_bf16(float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) v[i] = bf16_to_f32(f32_to_bf16(v[i]));
+}
+
 class CpuLinear final : public LinearHandle {
  public:
   explicit CpuLinear(QuantWeight w) : w_(std::move(w)) {}
+  // bf16 emulation of a dense F32/F16 weight: a bf16 copy (the CUDA backend uploads such weights as bf16).
+  CpuLinear(QuantWeight w, std::vector<uint16_t> bf16) : w_(std::move(w)), bf16_(std::move(bf16)) {
+    w_.data.dtype = DType::kBF16;
+    w_.data.data = reinterpret_cast<const std::byte*>(bf16_.data());
+    w_.data.nbytes = bf16_.size() * sizeof(uint16_t);
+  }
   int64_t n_out() const override { return w_.n_out; }
   int64_t n_in() const override { return w_.n_in; }
   const QuantWeight& weight() const { return w_; }
 
  private:
   QuantWeight w_;
+  std::vector<uint16_t> bf16_;
 };
 
 const QuantWeight& quant(const LinearHandle& h) { return static_cast<const CpuLinear&>(h).weight(); }
@@ -39,18 +58,21 @@ void expect_f32(const Tensor& t, const char* what) {
 
 class CpuBackend final : public Backend {
  public:
-  std::string_view name() const override { return "cpu"; }
+  explicit CpuBackend(bool emulate_bf16) : emulate_(emulate_bf16) {}
+  std::string_view name() const override { return emulate_ ? "cpu-bf16" : "cpu"; }
   DeviceKind device() const override { return DeviceKind::kCpu; }
-  DType act_dtype() const override { return DType::kF32; }
+  // bf16 emulation asks the model for "BF16" activations and hands out fp32 tensors tagged as bf16 (see alloc).
+  DType act_dtype() const override { return emulate_ ? DType::kBF16 : DType::kF32; }
 
   Tensor alloc(Shape shape, DType dtype) override {
+    const bool bf16 = emulate_ && dtype == DType::kBF16;
     Tensor t;
-    t.dtype = dtype;
+    t.dtype = bf16 ? DType::kF32 : dtype;
     t.shape = std::move(shape);
     size_t bytes = std::max<size_t>(t.nbytes(), 1);
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
     BG_CHECK(p != nullptr, "cpu backend: out of host memory allocating {} bytes", bytes);
-    t.owner = std::shared_ptr<void>(p, std::free);
+    t.owner = bf16 ? std::shared_ptr<void>(p, Bf16Storage{}) : std::shared_ptr<void>(p, std::free);
     t.data = p;
     return t;
   }
@@ -59,8 +81,9 @@ class CpuBackend final : public Backend {
     Tensor t = alloc(std::move(shape), dtype);
     BG_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "upload_f32: {} values for shape {}", values.size(),
              shape_str(t.shape));
-    if (dtype == DType::kF32) {
+    if (t.dtype == DType::kF32) {
       std::memcpy(t.data, values.data(), t.nbytes());
+      round(t);
     } else {
       BG_CHECK(dtype == DType::kBF16, "upload_f32: unsupported target dtype {}", dtype_name(dtype));
       for (size_t i = 0; i < values.size(); ++i) t.as<uint16_t>()[i] = f32_to_bf16(values[i]);
@@ -88,12 +111,18 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
 
   std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) override {
+    if (emulate_ && w.format == WeightFormat::kDense && w.data.dtype != DType::kBF16) {
+      std::vector<uint16_t> bits(static_cast<size_t>(w.n_out * w.n_in));
+      for (size_t i = 0; i < bits.size(); ++i) bits[i] = f32_to_bf16(w.data.get_f32(static_cast<int64_t>(i)));
+      return std::make_unique<CpuLinear>(w, std::move(bits));
+    }
     return std::make_unique<CpuLinear>(w);
   }
 
   void embedding(const Tensor& table, Tensor& out) override {
     TensorView view{table.dtype, table.shape, static_cast<const std::byte*>(table.data), table.nbytes(), "embedding"};
     ops::embedding_cpu(view, step_.token_ids.data(), step_.n_tokens(), out.as<float>());
+    round(out);
   }
   void gather_last_rows(const Tensor& x, Tensor& out) override {
     const int64_t d = x.cols();
@@ -106,21 +135,24 @@ class CpuBackend final : public Backend {
     const int64_t dim = w.numel(), stride = x.cols();
     if (dim == stride) {
       ops::rmsnorm_cpu({x.rows(), dim, eps}, x.as<float>(), w.as<float>(), y.as<float>());
-      return;
+    } else {
+      for (int64_t r = 0; r < x.rows(); ++r) {
+        ops::rmsnorm_cpu({1, dim, eps}, x.as<float>() + r * stride, w.as<float>(), y.as<float>() + r * stride);
+      }
     }
-    for (int64_t r = 0; r < x.rows(); ++r) {
-      ops::rmsnorm_cpu({1, dim, eps}, x.as<float>() + r * stride, w.as<float>(), y.as<float>() + r * stride);
-    }
+    round(y);
   }
   void linear(const LinearHandle& w, const Tensor& x, Tensor& y) override {
     expect_f32(x, "linear input");
     expect_f32(y, "linear output");
     ops::linear_cpu(quant(w), x.as<float>(), x.rows(), y.as<float>());
+    round(y);
   }
   void add(Tensor& y, const Tensor& x) override {
     float* a = y.as<float>();
     const float* b = x.as<float>();
     for (int64_t i = 0; i < y.numel(); ++i) a[i] += b[i];
+    round(y);
   }
   void glu(const GluSpec& p, const Tensor& gate, const Tensor& up, Tensor& out) override {
     if (p.kind == GluKind::kSwiGlu) {
@@ -129,14 +161,17 @@ class CpuBackend final : public Backend {
       ops::situ_cpu({gate.rows(), gate.cols(), p.situ_beta, p.situ_linear_beta}, gate.as<float>(), up.as<float>(),
                     out.as<float>());
     }
+    round(out);
   }
   void sigmoid_mul(Tensor& x, const Tensor& gate) override {
     float* a = x.as<float>();
     const float* g = gate.as<float>();
     for (int64_t i = 0; i < x.numel(); ++i) a[i] *= 1.0f / (1.0f + std::exp(-g[i]));
+    round(x);
   }
   void rope(const ops::RopeParams& p, const RopeHandle& table, Tensor& x) override {
     ops::apply_rope_cpu(p, table.table, step_.positions.data(), x.as<float>());
+    round(x);
   }
   void mla_write(const MlaCacheRef& c, const Tensor& latent) override {
     for (int64_t t = 0; t < step_.n_tokens(); ++t) {
@@ -158,6 +193,7 @@ class CpuBackend final : public Backend {
       ops::mla_attention_cpu(ps, q.as<float>() + b * q_cols, w_uk.as<float>(), w_uv.as<float>(), blocks.data(),
                              step_.positions.data() + b, out.as<float>() + b * out_cols);
     }
+    round(out);
   }
   void route(const ops::RouterParams& p, const Tensor& logits, const Tensor& bias, Tensor& ids,
              Tensor& weights) override {
@@ -173,9 +209,11 @@ class CpuBackend final : public Backend {
       ops::short_conv_cpu({e - b, c, weight.cols()}, x.as<float>() + b * c, weight.as<float>(), slot_state(state, s),
                           out.as<float>() + b * c);
     }
+    round(out);
   }
   void kda_l2norm(int64_t head_dim, float scale, Tensor& x) override {
     ops::kda_l2norm_cpu({x.numel() / head_dim, head_dim, scale, 1e-6f}, x.as<float>(), x.as<float>());
+    round(x);
   }
   void kda_gate(const Tensor& g_raw, const Tensor& a_log, const Tensor& dt_bias, int64_t n_heads, float lower_bound,
                 Tensor& g) override {
@@ -198,11 +236,13 @@ class CpuBackend final : public Backend {
         ops::kda_chunked_cpu(ps, qs, ks, vs, gs, betas, slot_state(state, s), out.as<float>() + b * vd);
       }
     }
+    round(out);
   }
   void gated_rmsnorm(int64_t n_heads, float eps, const Tensor& x, const Tensor& gate, const Tensor& weight,
                      Tensor& y) override {
     ops::gated_rmsnorm_cpu({x.rows(), n_heads, weight.numel(), eps}, x.as<float>(), gate.as<float>(),
                            weight.as<float>(), y.as<float>());
+    round(y);
   }
   void attn_res_mix(const Tensor& bank, int64_t n_candidates, const Tensor& norm, const Tensor& proj, float eps,
                     Tensor& out) override {
@@ -211,9 +251,14 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n_candidates; ++i) values.push_back(bank.as<float>() + i * n * d);
     ops::attn_res_mix_cpu({n_candidates, n, d, eps}, values.data(), norm.as<float>(), proj.as<float>(),
                           out.as<float>());
+    round(out);
   }
 
  private:
+  // bf16 emulation: rounds a tensor that holds bf16 values (its allocation is tagged) after an op wrote it.
+  void round(Tensor& t) const {
+    if (emulate_ && holds_bf16(t)) round_to_bf16(t.as<float>(), t.numel());
+  }
   std::span<const int32_t> block_table(int32_t seq) const {
     return std::span<const int32_t>(step_.block_tables).subspan(static_cast<size_t>(seq * step_.max_blocks),
                                                                 static_cast<size_t>(step_.max_blocks));
@@ -229,6 +274,8 @@ class CpuBackend final : public Backend {
              "reserved blocks", pos, table.size());
     return block_base(c, table[static_cast<size_t>(pos / c.block_size)]) + (pos % c.block_size) * c.entry_dim;
   }
+
+  bool emulate_;
 };
 
 void CpuBackend::routed_experts(const ExpertWeights& experts, const GluSpec& glu_p, const Tensor& x,
@@ -247,12 +294,14 @@ void CpuBackend::routed_experts(const ExpertWeights& experts, const GluSpec& glu
     } else {
       ops::situ_cpu({rows, gw.n_out, glu_p.situ_beta, glu_p.situ_linear_beta}, g.data(), u.data(), g.data());
     }
+    if (emulate_) round_to_bf16(g.data(), static_cast<int64_t>(g.size()));
     ops::linear_cpu(quant(*experts.down[static_cast<size_t>(e)]), g.data(), rows, y);
   }, out.as<float>());
+  round(out);
 }
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(bool emulate_bf16) { return std::make_unique<CpuBackend>(emulate_bf16); }
 
 }  // namespace bg

@@ -1,0 +1,76 @@
+// The golden models' own bf16 sensitivity, measured without a GPU: the CPU backend with bf16 emulation ("cpu-bf16":
+// rounding to bf16 exactly where the CUDA backend stores bf16) under the fp32 reference's expert choices. Its
+// distance from the float64 goldens is what any correct bf16 engine must be allowed, and it is what the GPU golden
+// test's per-architecture bounds are checked against (tests/cuda/golden_gpu_test.cpp, docs/GPU.md).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "golden/golden_util.h"
+#include "model/model.h"
+
+namespace bg::testing {
+namespace {
+
+struct Case {
+  std::string arch, name;
+  double gpu_bound;  // the GPU golden test's bound for the architecture
+};
+
+class Bf16Emulation : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Bf16Emulation, WithinTheGpuBoundUnderReferenceRouting) {
+  const Case& c = GetParam();
+  GoldenCase gc(golden_dir() / c.arch / c.name);
+  LoadOptions o{.max_sequences = 1, .max_total_tokens = 4096};
+  auto ref = load_model(gc.model_dir(), o);
+  o.device = "cpu-bf16";
+  auto emu = load_model(gc.model_dir(), o);
+  const int64_t V = ref->info().vocab_size;
+  double worst_all = 0.0;
+  for (int64_t i = 0; i < gc.n_prompts(); ++i) {
+    GoldenPrompt g = gc.prompt(i);
+    std::vector<std::pair<std::vector<int32_t>, std::vector<float>>> routing;
+    ref->set_route_hook([&](int64_t, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>& w) {
+      routing.emplace_back(ids, w);
+      return false;
+    });
+    size_t next = 0;
+    emu->set_route_hook([&](int64_t, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>& w) {
+      ids = routing.at(next).first;
+      w = routing.at(next).second;
+      ++next;
+      return true;
+    });
+    // One prefill of the whole golden sequence on each (the rows are the golden's teacher-forced rows).
+    std::vector<float> a(g.tokens.size() * static_cast<size_t>(V)), b(a.size());
+    auto sa = ref->new_sequence();
+    ref->forward(*sa, g.tokens, a.data());
+    auto sb = emu->new_sequence();
+    emu->forward(*sb, g.tokens, b.data());
+    EXPECT_EQ(next, routing.size());
+    double worst = 0.0, worst_ref = 0.0;
+    for (size_t t = 0; t < g.tokens.size(); ++t) {
+      worst = std::max(worst, row_rel_error(b.data() + t * V, g.logits.data() + t * V, V));
+      worst_ref = std::max(worst_ref, row_rel_error(a.data() + t * V, g.logits.data() + t * V, V));
+    }
+    EXPECT_LE(worst_ref, 1e-4) << "the fp32 reference itself";
+    EXPECT_LE(worst, c.gpu_bound) << c.name << " prompt " << i;
+    worst_all = std::max(worst_all, worst);
+    std::printf("[bf16 emulation] %s/%s prompt %ld: max rel err %.3e vs golden (fp32 reference %.1e)\n",
+                c.arch.c_str(), c.name.c_str(), static_cast<long>(i), worst, worst_ref);
+  }
+  EXPECT_GT(worst_all, 1e-3) << "bf16 emulation left the model at fp32 accuracy: it rounds nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Bf16Emulation,
+                         ::testing::Values(Case{"deepseek_v3", "tiny-fp32", 3e-2}, Case{"deepseek_v3", "tiny-mxfp4", 3e-2},
+                                           Case{"kimi_k3", "k3-tiny", 0.5}, Case{"kimi_k3", "k3-tiny-long", 0.5}),
+                         [](const auto& p) {
+                           std::string s = p.param.name;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+}  // namespace
+}  // namespace bg::testing
