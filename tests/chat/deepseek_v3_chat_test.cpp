@@ -17,6 +17,10 @@ std::string render_text(const json& messages, const json& tools = nullptr, ChatO
   return tok.decode(make_deepseek_v3_chat_format(tok)->render(messages, tools, options));
 }
 
+TEST(DeepSeekV3Chat, ThinkingIsOffUnlessAsked) {
+  EXPECT_FALSE(make_deepseek_v3_chat_format(testing::ds_tokenizer())->default_thinking());
+}
+
 TEST(DeepSeekV3Chat, RenderTurns) {
   json m = json::parse(R"([{"role": "system", "content": "Be nice."}, {"role": "user", "content": "Hi"},
     {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}])");

@@ -20,6 +20,10 @@ const std::string kEffortMax =
     "in your thinking channel (not including the response channel), supported values include `low`, `medium`, "
     "`high`, and `max`.\nNow the system is invoked with `thinking_effort=max`.<|close|>message<|sep|><|end_of_msg|>";
 
+TEST(KimiK3Render, ThinkingIsOnUnlessTurnedOff) {
+  EXPECT_TRUE(make_kimi_k3_chat_format(testing::k3_tokenizer())->default_thinking());
+}
+
 TEST(KimiK3Render, SingleTurnWithSystemThinking) {
   json m = json::parse(R"([{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hi"}])");
   EXPECT_EQ(render_text(m),

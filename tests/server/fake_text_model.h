@@ -84,12 +84,12 @@ class FakeTextModel : public frontend::TextModel {
       text += m["role"].get<std::string>() + ": " + m["content"].get<std::string>() + "\n";
     }
     if (!tools.empty()) text += "tools: " + std::to_string(tools.size()) + "\n";
-    if (!params.thinking) text += "nothink\n";
+    if (!params.thinking.value_or(true)) text += "nothink\n";
     return bytes_to_ids(text);
   }
   std::vector<int32_t> chat_stop_ids() const override { return {kEos}; }
   std::unique_ptr<frontend::ChatStreamParser> chat_parser(const frontend::ChatParams& p) const override {
-    return std::make_unique<FakeChatParser>(p.thinking);
+    return std::make_unique<FakeChatParser>(p.thinking.value_or(true));
   }
   int64_t vocab_size() const override { return 261; }
 };

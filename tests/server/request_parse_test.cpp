@@ -62,12 +62,12 @@ TEST(RequestParse, ChatDefaultsAndFields) {
   EXPECT_TRUE(r.common.logprobs);
   EXPECT_EQ(r.common.top_logprobs, 2);
   EXPECT_EQ(r.common.sampling.stop_token_ids, (std::vector<int32_t>{1, 2}));
-  EXPECT_FALSE(r.chat.thinking);
+  EXPECT_EQ(r.chat.thinking, false);
   EXPECT_TRUE(r.tools.is_array());
 
   ChatRequest d = parse_chat_request(chat_body());
   EXPECT_FALSE(d.common.max_tokens.has_value());
-  EXPECT_TRUE(d.chat.thinking);
+  EXPECT_FALSE(d.chat.thinking.has_value()) << "unset: the chat format decides";
   EXPECT_EQ(parse_chat_request(chat_body({{"reasoning_effort", "none"}})).chat.thinking, false);
   EXPECT_EQ(parse_chat_request(chat_body({{"reasoning_effort", "high"}})).chat.reasoning_effort, "high");
 }

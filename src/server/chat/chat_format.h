@@ -54,7 +54,10 @@ class ChatFormat {
   // message fit for an HTTP 400 naming the bad field (e.g. "messages[2].role: unknown role 'foo'").
   virtual std::vector<int32_t> render(const nlohmann::json& messages, const nlohmann::json& tools,
                                       const ChatOptions& options) const = 0;
-  virtual std::vector<int32_t> stop_token_ids() const = 0;  // K3: <|end_of_msg|> (by name from the tokenizer)
+  virtual std::vector<int32_t> stop_token_ids() const = 0;
+  // Thinking when the request does not say: on for Kimi-K3 (a reasoning model), off for DeepSeek-V3 (V3.1's template
+  // default; V3 itself has no thinking mode).
+  virtual bool default_thinking() const { return true; }  // K3: <|end_of_msg|> (by name from the tokenizer)
   virtual std::unique_ptr<ChatOutputParser> make_parser(const ChatOptions& options) const = 0;
 };
 

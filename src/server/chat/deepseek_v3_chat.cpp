@@ -85,6 +85,7 @@ void write_tools_section(DsWriter& w, const json& tools, const DsMarkers& m) {
 
 class DeepSeekV3ChatFormat : public ChatFormat {
  public:
+  bool default_thinking() const override { return false; }
   explicit DeepSeekV3ChatFormat(const Tokenizer& tok) : tok_(tok), m_(DsMarkers::from(tok)) {}
 
   std::vector<int32_t> render(const json& messages, const json& tools, const ChatOptions& options) const override {

@@ -51,7 +51,7 @@ class ModelDirTextModel : public TextModel {
   std::vector<int32_t> render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
                                    const ChatParams& params) const override {
     ChatOptions opt;
-    opt.thinking = params.thinking;
+    opt.thinking = params.thinking.value_or(chat_->default_thinking());
     opt.reasoning_effort = params.reasoning_effort;
     opt.add_generation_prompt = true;
     return chat_->render(messages, tools, opt);
@@ -59,7 +59,7 @@ class ModelDirTextModel : public TextModel {
   std::vector<int32_t> chat_stop_ids() const override { return chat_->stop_token_ids(); }
   std::unique_ptr<ChatStreamParser> chat_parser(const ChatParams& params) const override {
     ChatOptions opt;
-    opt.thinking = params.thinking;
+    opt.thinking = params.thinking.value_or(chat_->default_thinking());
     opt.reasoning_effort = params.reasoning_effort;
     return std::make_unique<ParserStream>(chat_->make_parser(opt));
   }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,7 +29,7 @@ struct ChatPiece {
 };
 
 struct ChatParams {
-  bool thinking = true;
+  std::optional<bool> thinking;  // unset: the chat format's default (Kimi-K3 on, DeepSeek-V3 off)
   std::string reasoning_effort;  // "": the format's default; else a level the format knows (low, high, max, ...)
 };
 
