@@ -24,27 +24,16 @@ Taps run(Model& model, Sequence& seq, std::span<const int32_t> tokens, std::vect
   return taps;
 }
 
-// The per-architecture bf16 bounds of the GPU golden test (golden_gpu_test.cpp, docs/GPU.md).
 void diff_case(const std::string& arch, const std::string& name, int64_t prefill, int64_t decode_steps) {
-  const double bound = arch == "kimi_k3" ? 0.5 : 3e-2;
+  const double bound = bf16_logit_bound(arch);
   GoldenCase gc(golden_dir() / arch / name);
   GoldenPrompt g = gc.prompt(gc.n_prompts() - 1);
   auto cpu = load_model(gc.model_dir(), LoadOptions{.max_sequences = 1, .max_total_tokens = 1024, .device = "cpu"});
   auto gpu = load_model(gc.model_dir(), LoadOptions{.max_sequences = 1, .max_total_tokens = 1024, .device = "cuda"});
   auto sc = cpu->new_sequence();
   auto sg = gpu->new_sequence();
-  std::vector<std::pair<std::vector<int32_t>, std::vector<float>>> routing;  // the CPU's, per MoE layer of a step
-  size_t next = 0;
-  cpu->set_route_hook([&](int64_t, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>& w) {
-    routing.emplace_back(ids, w);
-    return false;
-  });
-  gpu->set_route_hook([&](int64_t, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>& w) {
-    ids = routing.at(next).first;
-    w = routing.at(next).second;
-    ++next;
-    return true;
-  });
+  RoutingTape routing;  // the CPU's, per MoE layer of a step
+  cpu->set_route_hook(routing.recorder());
   std::span<const int32_t> all(g.tokens);
   double worst = 0.0;
   for (int64_t step = 0; step <= decode_steps; ++step) {
@@ -52,8 +41,9 @@ void diff_case(const std::string& arch, const std::string& name, int64_t prefill
                            : all.subspan(static_cast<size_t>(prefill + step - 1), 1);
     std::vector<float> lc, lg;
     routing.clear();
-    next = 0;
-    Taps tc = run(*cpu, *sc, piece, lc), tg = run(*gpu, *sg, piece, lg);
+    Taps tc = run(*cpu, *sc, piece, lc);
+    gpu->set_route_hook(routing.replayer());
+    Taps tg = run(*gpu, *sg, piece, lg);
     std::string first_bad;
     for (const auto& [key, ref] : tc) {
       double e = max_rel_error(tg[key], ref);
@@ -94,13 +84,7 @@ TEST(BackendDiff, KimiK3PrefillThenDecode) {
   diff_case("kimi_k3", "k3-tiny", 7, 3);
 }
 
-}  // namespace
-}  // namespace bg::testing
-
-namespace bg::testing {
-namespace {
-
-// Decode only (a one-token prompt), so no prefill token can have flipped a routing choice before the steps run.
+// Decode only (a one-token prompt): the layer errors of single-token steps.
 TEST(BackendDiff, KimiK3DecodeOnly) {
   BG_REQUIRE_GPU();
   diff_case("kimi_k3", "k3-tiny", 1, 8);

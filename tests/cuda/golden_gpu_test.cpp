@@ -26,7 +26,6 @@ namespace bg::testing {
 namespace {
 
 // Max relative error per logit row (||d||_inf / ||ref||_inf) of the bf16 GPU path under the reference's routing.
-double gpu_logit_bound(const std::string& arch) { return arch == "kimi_k3" ? 0.5 : 3e-2; }
 // The GPU's error relative to what bf16 rounding alone costs (the emulation's error on the same prompt).
 constexpr double kVsEmulationFactor = 1.5;
 constexpr double kVsEmulationSlack = 5e-3;
@@ -34,12 +33,6 @@ constexpr double kVsEmulationSlack = 5e-3;
 struct GpuCase {
   std::string arch;
   std::string name;
-};
-
-struct Routing {
-  int64_t layer;
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
 };
 
 // Runs prefill + teacher-forced decode over g.tokens; fills logits [total, V].
@@ -55,7 +48,7 @@ void run_case(Model& model, const GoldenPrompt& g, std::vector<float>& logits) {
 }
 
 // The forward step (0 = prefill, then one per decode token) of every routing record, in call order.
-std::vector<int64_t> step_of_records(const std::vector<Routing>& recs, int64_t n_moe_layers) {
+std::vector<int64_t> step_of_records(const std::vector<RoutingTape::Record>& recs, int64_t n_moe_layers) {
   std::vector<int64_t> steps(recs.size());
   for (size_t i = 0; i < recs.size(); ++i) steps[i] = static_cast<int64_t>(i) / n_moe_layers;
   return steps;
@@ -117,20 +110,6 @@ RowCheck check_rows(const GoldenPrompt& g, const std::vector<float>& got, int64_
   return rc;
 }
 
-// A route hook that replays recorded routing in call order (next: the index of the next record).
-RouteHook replay_routing(const std::vector<Routing>& recs, size_t& next) {
-  return [&recs, &next](int64_t layer, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>& w) {
-    EXPECT_LT(next, recs.size());
-    if (next >= recs.size()) return false;
-    const Routing& r = recs[next++];
-    EXPECT_EQ(r.layer, layer);
-    EXPECT_EQ(r.ids.size(), ids.size());
-    ids = r.ids;
-    w = r.weights;
-    return true;
-  };
-}
-
 class GoldenGpu : public ::testing::TestWithParam<GpuCase> {};
 
 TEST_P(GoldenGpu, WithinBf16BoundUnderReferenceRouting) {
@@ -145,32 +124,28 @@ TEST_P(GoldenGpu, WithinBf16BoundUnderReferenceRouting) {
   emu_opts.device = "cpu-bf16";
   auto emu = load_model(gc.model_dir(), emu_opts);
   const int64_t V = gpu->info().vocab_size;
-  const double bound = gpu_logit_bound(GetParam().arch);
+  const double bound = bf16_logit_bound(GetParam().arch);
   for (int64_t i = 0; i < gc.n_prompts(); ++i) {
     GoldenPrompt g = gc.prompt(i);
     const int64_t total = static_cast<int64_t>(g.tokens.size());
     const std::string what = GetParam().name + " prompt " + std::to_string(i);
 
     // The CPU reference's routing, recorded in call order.
-    std::vector<Routing> ref_routing;
-    cpu->set_route_hook([&](int64_t layer, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>& w) {
-      ref_routing.push_back({layer, ids, w});
-      return false;
-    });
+    RoutingTape tape;
+    cpu->set_route_hook(tape.recorder());
     std::vector<float> cpu_logits;
     run_case(*cpu, g, cpu_logits);
+    const std::vector<RoutingTape::Record>& ref_routing = tape.records;
     ASSERT_FALSE(ref_routing.empty()) << "the model has no MoE layer: nothing to force";
 
     // GPU with the reference's routing.
-    size_t next = 0;
-    gpu->set_route_hook(replay_routing(ref_routing, next));
+    gpu->set_route_hook(tape.replayer());
     std::vector<float> forced;
     run_case(*gpu, g, forced);
-    EXPECT_EQ(next, ref_routing.size());
+    EXPECT_EQ(tape.next, ref_routing.size());
     RowCheck f = check_rows(g, forced, V, total, bound, what + " (routing forced)");
     // The same forced routing on the bf16-emulating CPU backend: the error bf16 rounding alone costs this prompt.
-    next = 0;
-    emu->set_route_hook(replay_routing(ref_routing, next));
+    emu->set_route_hook(tape.replayer());
     std::vector<float> emulated;
     run_case(*emu, g, emulated);
     emu->set_route_hook(nullptr);
@@ -191,9 +166,9 @@ TEST_P(GoldenGpu, WithinBf16BoundUnderReferenceRouting) {
     const int64_t n_moe = static_cast<int64_t>(ref_routing.size()) / (total - static_cast<int64_t>(g.prompt.size()) + 1);
     const std::vector<int64_t> steps = step_of_records(ref_routing, n_moe);
     int64_t first_flip_step = -1;
-    next = 0;
+    size_t next = 0;
     gpu->set_route_hook([&](int64_t, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>&) {
-      const Routing& r = ref_routing.at(next);
+      const RoutingTape::Record& r = ref_routing.at(next);
       std::vector<int32_t> a = ids, b = r.ids;
       std::sort(a.begin(), a.end());
       std::sort(b.begin(), b.end());

@@ -71,4 +71,45 @@ inline int32_t argmax_row(const float* row, int64_t n) {
   return static_cast<int32_t>(std::max_element(row, row + n) - row);
 }
 
+// Max relative logit error per row that a bf16 engine is held to on the golden models under the reference's routing
+// (the GPU golden test, the layer diffs and the bf16 emulation; docs/GPU.md says where the numbers come from).
+inline double bf16_logit_bound(const std::string& arch) { return arch == "kimi_k3" ? 0.5 : 3e-2; }
+
+// One model's expert choices in call order (Model::set_route_hook), recorded to force another model onto them.
+struct RoutingTape {
+  struct Record {
+    int64_t layer = 0;
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+  };
+  std::vector<Record> records;
+  size_t next = 0;  // replay position
+
+  // Appends every MoE layer's routing, changing nothing.
+  RouteHook recorder() {
+    return [this](int64_t layer, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>& w) {
+      records.push_back({layer, ids, w});
+      return false;
+    };
+  }
+  // Replaces each MoE layer's routing by the next record (expected to be of the same layer and size).
+  RouteHook replayer() {
+    next = 0;
+    return [this](int64_t layer, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>& w) {
+      EXPECT_LT(next, records.size()) << "more routing calls than recorded";
+      if (next >= records.size()) return false;
+      const Record& r = records[next++];
+      EXPECT_EQ(r.layer, layer);
+      EXPECT_EQ(r.ids.size(), ids.size());
+      ids = r.ids;
+      w = r.weights;
+      return true;
+    };
+  }
+  void clear() {
+    records.clear();
+    next = 0;
+  }
+};
+
 }  // namespace bg::testing

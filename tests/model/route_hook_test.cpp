@@ -8,12 +8,6 @@
 namespace bg::testing {
 namespace {
 
-struct Recorded {
-  int64_t layer;
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
-};
-
 class ModelSeams : public ::testing::TestWithParam<std::string> {
  protected:
   std::unique_ptr<Model> load() {
@@ -28,24 +22,15 @@ class ModelSeams : public ::testing::TestWithParam<std::string> {
 TEST_P(ModelSeams, ForcingTheRecordedRoutingReproducesTheRunAndOtherRoutingChangesIt) {
   auto model = load();
   const std::vector<int32_t> p = prompt();
-  std::vector<Recorded> recs;
-  model->set_route_hook([&](int64_t layer, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>& w) {
-    recs.push_back({layer, ids, w});
-    return false;
-  });
+  RoutingTape tape;
+  model->set_route_hook(tape.recorder());
   EngineRun plain = run_prefill_then_decode(*model, p, 3);
+  const std::vector<RoutingTape::Record>& recs = tape.records;
   ASSERT_FALSE(recs.empty());
 
-  size_t next = 0;
-  model->set_route_hook([&](int64_t layer, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>& w) {
-    EXPECT_EQ(recs.at(next).layer, layer);
-    ids = recs.at(next).ids;
-    w = recs.at(next).weights;
-    ++next;
-    return true;
-  });
+  model->set_route_hook(tape.replayer());
   EngineRun forced = run_prefill_then_decode(*model, p, 3);
-  EXPECT_EQ(next, recs.size());
+  EXPECT_EQ(tape.next, recs.size());
   EXPECT_EQ(forced.tokens, plain.tokens);
   EXPECT_EQ(forced.logits, plain.logits);
 
