@@ -21,7 +21,11 @@ struct MlaPagedCache {
   int64_t max_blocks_per_seq = 0;
   const int32_t* seq_idx = nullptr;    // [n_tokens] row of block_tables each token belongs to
   const int64_t* positions = nullptr;  // [n_tokens] each token's position in its sequence
+  int32_t* error_flags = nullptr;      // optional device int32: kMlaErrorBadPosition is raised there
 };
+
+// A token whose position lies past its block table writes nothing and raises this bit (error_flags above).
+inline constexpr int32_t kMlaErrorBadPosition = 4;
 
 // Heads handled by one CTA of the attention kernel (they share the streamed cache tile).
 inline constexpr int64_t kMlaCudaHeadsPerCta = 8;
