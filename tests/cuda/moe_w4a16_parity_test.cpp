@@ -172,7 +172,26 @@ struct Stream {
   ~Stream() { cudaStreamDestroy(s); }
 };
 
-// Parity with the CPU reference, then bitwise: a second eager run and a graph replay.
+// Captures one launch into a graph and replays it twice; each replay must give `want` bit for bit.
+void expect_graph_replay_equals(const Launch& L, cudaStream_t stream, const std::vector<uint8_t>& want,
+                                const std::string& what) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  BG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  L.run(stream);
+  BG_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  BG_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    L.reset_out();
+    BG_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    BG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    EXPECT_TRUE(L.download_bits() == want) << what << ": graph replay " << replay << " differs from eager";
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+// Parity with the CPU reference, then bitwise: eager reruns and graph replays, with and without PDL.
 void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t inter, int64_t top_k,
                 MoeW4a16Act act, const RunSpec& spec, uint64_t seed) {
   const int64_t E = static_cast<int64_t>(set.views.size());
@@ -192,26 +211,15 @@ void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t 
   moe_w4a16_cpu(L.p, set.views, L.x.data(), r.ids.data(), r.weights.data(), ref.data());
   testing::expect_parity(got, ref, testing::kTolBf16Out, what);
 
-  L.reset_out();
-  L.run(st.s);
-  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
-  EXPECT_TRUE(L.download_bits() == bits1) << what << ": a second run gave different bits";
-
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  L.reset_out();
-  BG_CUDA_CHECK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
-  L.run(st.s);
-  BG_CUDA_CHECK(cudaStreamEndCapture(st.s, &graph));
-  BG_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 2; ++replay) {
+  // Bitwise: again eagerly, then from a CUDA graph, then with the down kernel as a programmatic dependent launch.
+  for (bool pdl : {false, true}) {
+    L.p.pdl = pdl;
     L.reset_out();
-    BG_CUDA_CHECK(cudaGraphLaunch(exec, st.s));
+    L.run(st.s);
     BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
-    EXPECT_TRUE(L.download_bits() == bits1) << what << ": graph replay " << replay << " differs from eager";
+    EXPECT_TRUE(L.download_bits() == bits1) << what << " pdl=" << pdl << ": an eager rerun gave different bits";
+    expect_graph_replay_equals(L, st.s, bits1, fmt::format("{} pdl={}", what, pdl));
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 TEST(MoeW4a16Parity, SmallOddShapes) {

@@ -88,6 +88,9 @@ struct MoeW4a16Params {
   // 0: split-K factor chosen on the device from the number of touched experts (fills the SMs); > 0: this factor
   // (capped at the k-stages), so a row's result does not depend on what else is in the batch (batch invariance).
   int32_t fixed_splits = 0;
+  // CUDA only: launch the down kernel as a programmatic dependent of gate/up (its first weights stream while gate/up
+  // finishes). Same results bit for bit; off until measured on the H200.
+  bool pdl = false;
 };
 
 // Throws naming the bad field.

@@ -94,8 +94,8 @@ double read_ceiling_gbps(const void* data, int64_t bytes, cudaStream_t stream) {
 }
 
 // One row count: dispatches for `copies` rotated expert sets, then the timed graph of `copies` launches.
-MoeW4a16BenchRow bench_rows(const MoeW4a16BenchConfig& cfg, const MoeW4a16Weights& w, int rows, double ceiling,
-                            cudaStream_t stream) {
+MoeW4a16BenchRow bench_rows(const MoeW4a16BenchConfig& cfg, const MoeW4a16Weights& w, int rows, bool pdl,
+                            double ceiling, cudaStream_t stream) {
   MoeCudaParams mp;
   mp.n_tokens = rows;
   mp.top_k = cfg.touched;
@@ -104,7 +104,8 @@ MoeW4a16BenchRow bench_rows(const MoeW4a16BenchConfig& cfg, const MoeW4a16Weight
   mp.inter = cfg.inter;
   mp.expert_format = WeightFormat::kMxfp4;
   mp.act = {GluActivation::kSiTU, 4.0f, 25.0f};
-  const MoeW4a16Params p = moe_w4a16_params(mp);
+  MoeW4a16Params p = moe_w4a16_params(mp);
+  p.pdl = pdl;
   std::vector<uint16_t> x_bits(static_cast<size_t>(rows * cfg.hidden));
   for (size_t i = 0; i < x_bits.size(); ++i) x_bits[i] = f32_to_bf16(static_cast<float>((i * 37) % 101) / 101.0f - 0.5f);
   const cuda::DeviceBuffer x = cuda::upload(x_bits);
@@ -145,6 +146,7 @@ MoeW4a16BenchRow bench_rows(const MoeW4a16BenchConfig& cfg, const MoeW4a16Weight
 
   MoeW4a16BenchRow row;
   row.rows_per_expert = rows;
+  row.pdl = pdl;
   int sms = 0, dev = 0;
   BG_CUDA_CHECK(cudaGetDevice(&dev));
   BG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -185,7 +187,9 @@ MoeW4a16BenchResult moe_w4a16_bench_k3(const MoeW4a16BenchConfig& cfg) {
   }
   r.read_ceiling_gbps = read_ceiling_gbps(storage.data(), w.info.total_bytes / 16 * 16, stream);
   r.bytes_per_launch = static_cast<double>(cfg.touched) * (w.info.gate_up.slot_bytes + w.info.down.slot_bytes);
-  for (int rows : cfg.rows_per_expert) r.rows.push_back(bench_rows(cfg, w, rows, r.read_ceiling_gbps, stream));
+  for (int rows : cfg.rows_per_expert) {
+    for (bool pdl : {false, true}) r.rows.push_back(bench_rows(cfg, w, rows, pdl, r.read_ceiling_gbps, stream));
+  }
   BG_CUDA_CHECK(cudaStreamSynchronize(stream));
   cudaStreamDestroy(stream);
   return r;
@@ -194,10 +198,10 @@ MoeW4a16BenchResult moe_w4a16_bench_k3(const MoeW4a16BenchConfig& cfg) {
 std::string moe_w4a16_bench_table(const MoeW4a16BenchResult& r) {
   std::string s = fmt::format("moe_decode_w4a16 on {}: read ceiling {:.0f} GB/s, {:.1f} MB packed weights per launch\n",
                               r.device, r.read_ceiling_gbps, r.bytes_per_launch / 1e6);
-  s += "rows/expert  splits(gu,dn)      us     GB/s  fraction\n";
+  s += "rows/expert  pdl  splits(gu,dn)      us     GB/s  fraction\n";
   for (const MoeW4a16BenchRow& row : r.rows) {
-    s += fmt::format("{:>11}  {:>6},{:<6}  {:>8.1f}  {:>7.0f}  {:>8.3f}\n", row.rows_per_expert, row.splits_gate_up,
-                     row.splits_down, row.us, row.gbps, row.fraction);
+    s += fmt::format("{:>11}  {:>3}  {:>6},{:<6}  {:>8.1f}  {:>7.0f}  {:>8.3f}\n", row.rows_per_expert,
+                     row.pdl ? "on" : "off", row.splits_gate_up, row.splits_down, row.us, row.gbps, row.fraction);
   }
   return s;
 }

@@ -17,6 +17,15 @@ float glu(const MoeW4a16Params& p, float g, float u) {
   return p.beta * std::tanh(g / p.beta) / (1.0f + std::exp(-g)) * (p.beta_lin * std::tanh(u / p.beta_lin));
 }
 
+// QuantWeight::decode_all, parallel over rows (Kimi-K3 experts are 11M weights per matrix).
+std::vector<float> decode(const QuantWeight& w) {
+  std::vector<float> out(static_cast<size_t>(w.n_out * w.n_in));
+  parallel_for(w.n_out, 64, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) w.decode_row(r, out.data() + r * w.n_in);
+  });
+  return out;
+}
+
 double dot(const float* w, const float* x, int64_t n) {
   double acc = 0.0;
   for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(w[i]) * x[i];
@@ -61,19 +70,25 @@ void moe_w4a16_cpu(const MoeW4a16Params& p, std::span<const MoeW4a16ExpertView> 
     if (mine.empty()) continue;
     const MoeW4a16ExpertView& ex = experts[static_cast<size_t>(e)];
     BG_CHECK(ex.gate && ex.up && ex.down, "moe_w4a16_cpu: expert {} is missing a weight", e);
-    const std::vector<float> gate = ex.gate->decode_all(), up = ex.up->decode_all(), down = ex.down->decode_all();
-    parallel_for(static_cast<int64_t>(mine.size()), 1, [&](int64_t b, int64_t end) {
-      std::vector<float> h(static_cast<size_t>(I));
-      for (int64_t r = b; r < end; ++r) {
-        const int64_t slot = mine[static_cast<size_t>(r)];
-        const float* xt = x + (slot / p.top_k) * H;
-        for (int64_t i = 0; i < I; ++i) {
+    const std::vector<float> gate = decode(*ex.gate), up = decode(*ex.up), down = decode(*ex.down);
+    // Parallel over output features (any row count keeps every core busy): h [rows, I], then y rows.
+    const auto n_rows = static_cast<int64_t>(mine.size());
+    std::vector<float> h(static_cast<size_t>(n_rows * I));
+    parallel_for(I, 16, [&](int64_t b, int64_t end) {
+      for (int64_t i = b; i < end; ++i) {
+        for (int64_t r = 0; r < n_rows; ++r) {
+          const float* xt = x + (mine[static_cast<size_t>(r)] / p.top_k) * H;
           const auto g = static_cast<float>(dot(gate.data() + i * H, xt, H));
           const auto u = static_cast<float>(dot(up.data() + i * H, xt, H));
-          h[static_cast<size_t>(i)] = bf16_to_f32(f32_to_bf16(glu(p, g, u)));
+          h[static_cast<size_t>(r * I + i)] = bf16_to_f32(f32_to_bf16(glu(p, g, u)));
         }
-        for (int64_t o = 0; o < H; ++o) {
-          y[static_cast<size_t>(slot * H + o)] = static_cast<float>(dot(down.data() + o * I, h.data(), I));
+      }
+    });
+    parallel_for(H, 16, [&](int64_t b, int64_t end) {
+      for (int64_t o = b; o < end; ++o) {
+        for (int64_t r = 0; r < n_rows; ++r) {
+          const int64_t slot = mine[static_cast<size_t>(r)];
+          y[static_cast<size_t>(slot * H + o)] = static_cast<float>(dot(down.data() + o * I, h.data() + r * I, I));
         }
       }
     });

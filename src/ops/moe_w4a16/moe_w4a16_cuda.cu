@@ -172,9 +172,8 @@ struct ActSource {
   const __nv_bfloat16* row = nullptr;  // null: zero-fill
 };
 
-template <bool kGateUp>
-__device__ __forceinline__ void issue_stage(const Cursor& c, const KernelArgs& a, ActSource& src, uint8_t* buf,
-                                            uint64_t policy) {
+// The stage's weight block: one contiguous 17408-byte copy (4.25 x 16 B per thread), L2 evict-first.
+__device__ __forceinline__ void issue_weights(const Cursor& c, const KernelArgs& a, uint8_t* buf, uint64_t policy) {
   const int tid = static_cast<int>(threadIdx.x);
   const uint8_t* wsrc = a.weights + static_cast<int64_t>(c.e) * a.slot_bytes +
                         (static_cast<int64_t>(c.m) * a.n_kstages + c.ks) * kStageBytes;
@@ -185,7 +184,13 @@ __device__ __forceinline__ void issue_stage(const Cursor& c, const KernelArgs& a
     cp_async16_hint(wdst + off, wsrc + off, policy);
   }
   if (tid < kScaleBytes / 16) cp_async16_hint(wdst + kCodeBytes + tid * 16, wsrc + kCodeBytes + tid * 16, policy);
+}
 
+// The stage's activation tile: thread tid copies 16-byte chunk (tid & 7) of row (tid >> 3); gate/up rows come
+// straight from x through row_token (the gather is fused here), down rows from h.
+template <bool kGateUp>
+__device__ __forceinline__ void issue_acts(const Cursor& c, const KernelArgs& a, ActSource& src, uint8_t* buf) {
+  const int tid = static_cast<int>(threadIdx.x);
   const int row = tid >> 3, q = tid & 7;
   if (row >= c.nb * 8) return;  // rows the consumer does not read this pass
   if (src.item != c.item || src.chunk != c.chunk) {
@@ -363,10 +368,22 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs
   load_item(prod, a, pl);
   load_item(cons, a, pl);
   ActSource src;
+  // Prologue: the first stages' weights do not depend on the previous kernel, so they are requested before
+  // griddepcontrol.wait (a no-op unless this grid was launched as a programmatic dependent, see a.pdl); the
+  // activations (h, for down) only after it. Stage 0's group holds all those weights: waits stay in order.
+  {
+    Cursor w = prod;
+#pragma unroll 1
+    for (int i = 0; i < kStages - 1 && w.valid; ++i) {
+      issue_weights(w, a, smem + i * kBufBytes, policy);
+      advance(w, a, pl);
+    }
+  }
+  grid_dependency_wait();
 #pragma unroll 1
   for (int i = 0; i < kStages - 1; ++i) {
     if (prod.valid) {
-      issue_stage<kGateUp>(prod, a, src, smem + i * kBufBytes, policy);
+      issue_acts<kGateUp>(prod, a, src, smem + i * kBufBytes);
       advance(prod, a, pl);
     }
     cp_async_commit();
@@ -375,14 +392,20 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs
   Acc acc;
   zero_acc(acc);
   int buf = 0;
+  bool triggered = false;
 #pragma unroll 1
   while (cons.valid) {
     cp_async_wait<kStages - 2>();  // this thread's copies of stage `buf` landed
     __syncthreads();               // everyone's did, and everyone finished the stage before (its buffer is refilled now)
     const int pbuf = buf == 0 ? kStages - 1 : buf - 1;
     if (prod.valid) {
-      issue_stage<kGateUp>(prod, a, src, smem + pbuf * kBufBytes, policy);
+      issue_weights(prod, a, smem + pbuf * kBufBytes, policy);
+      issue_acts<kGateUp>(prod, a, src, smem + pbuf * kBufBytes);
       advance(prod, a, pl);
+    } else if (!triggered) {
+      // Nothing left to request: let the dependent grid (down, with a.pdl) start on SMs as they free up.
+      launch_dependents();
+      triggered = true;
     }
     cp_async_commit();
 
@@ -417,13 +440,18 @@ int sm_count() {
   return n;
 }
 
+// The dynamic shared-memory opt-in is per device: set it once on each device a launch runs on.
 template <bool kGateUp>
 void set_smem_attribute() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    BG_CUDA_CHECK(cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kSmemBytes));
-  });
+  static std::mutex mu;
+  static uint64_t done = 0;  // bit d: set on device d
+  int dev = 0;
+  BG_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (dev < 64 && ((done >> dev) & 1u)) return;
+  BG_CUDA_CHECK(cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     kSmemBytes));
+  if (dev < 64) done |= uint64_t{1} << dev;
 }
 
 // Workspace geometry for p on `grid` CTAs.
@@ -571,8 +599,24 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
   moe_w4a16_kernel<true><<<ws.grid, kThreads, kSmemBytes, stream>>>(gu);
   BG_CUDA_CHECK_LAUNCH();
   const KernelArgs dn = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kDown);
-  moe_w4a16_kernel<false><<<ws.grid, kThreads, kSmemBytes, stream>>>(dn);
-  BG_CUDA_CHECK_LAUNCH();
+  if (!p.pdl) {
+    moe_w4a16_kernel<false><<<ws.grid, kThreads, kSmemBytes, stream>>>(dn);
+    BG_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  // Programmatic dependent launch: down's CTAs may start (and stream their first weights) while gate/up finishes;
+  // they read h only after griddepcontrol.wait, which waits for gate/up to complete and flush.
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(ws.grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  BG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_w4a16_kernel<false>, dn));
 }
 
 MoeW4a16Params moe_w4a16_params(const MoeCudaParams& p, int32_t fixed_splits) {

@@ -40,6 +40,11 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// Programmatic dependent launch: wait for the preceding grid to complete and flush (returns at once when this grid
+// was not launched as a programmatic dependent), and allow the dependent grid to be scheduled.
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 // Round-to-nearest bf16x2 product; subnormal inputs are supported (PTX: no .ftz for bf16), which the E = 0 code needs.
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   uint32_t d;
