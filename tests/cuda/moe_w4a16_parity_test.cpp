@@ -3,7 +3,7 @@
 // counts, Kimi-K3 latent (3584 <-> 3072, top-16, SiTU) and DeepSeek-V3 (7168 <-> 2048, top-8, SwiGLU) experts and
 // small odd shapes, bf16 / fp32 / accumulating outputs, poisoned outputs and scratch (NaN never passes). Then bitwise:
 // two runs, a CUDA-graph replay against eager, and a fixed split factor giving the same rows whatever the batch.
-// The K3 micro-benchmark at the end is DISABLED_ (run it on the H200, see docs/PERF.md).
+// The K3 micro-benchmark at the end is DISABLED_ (run it on the H200, see docs/MOE_W4A16.md).
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 

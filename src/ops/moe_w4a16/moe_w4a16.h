@@ -96,6 +96,18 @@ struct MoeW4a16Params {
 // Throws naming the bad field.
 void moe_w4a16_check_params(const MoeW4a16Params& p);
 
+// Sizes of the kernel's workspace for p on `grid` persistent CTAs (the CUDA launcher lays the buffer out from it).
+struct MoeW4a16WorkspaceGeometry {
+  int32_t nb_cap = 1;           // n8 token blocks per pass: min(4, ceil(n_tokens / 8))
+  int64_t tile_counters = 0;    // split-K arrival counters: touched experts x items
+  int64_t token_counters = 0;   // combine counters: n_tokens x down items
+  int64_t partial_slots = 0;    // split-K partial sums: the most any touched-expert count asks for, + per-CTA slots
+  int64_t seq_slot_base = 0;    // first per-CTA running-sum slot (fixed splits with > 32 tokens)
+  int64_t slot_floats = 0;      // 4 tiles x nb_cap x 256 threads x 4
+  int64_t rows = 0;             // n_tokens x top_k permuted rows (h, y)
+};
+MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, int grid);
+
 // CPU reference: out[t] = (accumulate ? out[t] : 0) + sum_k w[t,k] * down_e(h), h = bf16(GLU(gate_e x_t, up_e x_t)),
 // e = ids[t,k], in slot order; dot products in double over the decoded weights (QuantWeight::decode_row), GLU in
 // fp32, h rounded to bf16 exactly where the kernel stores it. x [n_tokens, hidden] (fp32 holding the bf16 inputs),

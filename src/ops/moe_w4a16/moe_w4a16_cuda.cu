@@ -36,7 +36,8 @@
 //   ~0.7 sustained by mma.sync on Hopper; 32 rows per expert is the tight case (wgmma would lift it).
 // - Fixed costs per kernel: pipeline fill (~1.5 us), the last wave's tail and the final reductions (~1-2 us).
 // - Predicted: >= 0.85 of read at 1-16 rows per expert (16 of 56 K3 experts: ~72 us for 281 MB), ~0.75-0.8 at 32.
-// Resources (nvcc 13.0 -Xptxas -v, sm_90a): see docs/notes in the op's README section of docs/ and the report.
+// Resources (nvcc 13.0 -Xptxas -v, sm_90a): 226 / 210 registers (down / gate-up), no stack, no spills; 129 KiB of
+// dynamic shared memory, 1 CTA of 256 threads per SM. Full report and measurements: docs/MOE_W4A16.md.
 #include <algorithm>
 #include <mutex>
 #include <vector>
@@ -45,6 +46,7 @@
 #include "core/error.h"
 #include "ops/moe_w4a16/moe_w4a16_cuda.h"
 #include "ops/moe_w4a16/moe_w4a16_device.cuh"
+#include "ops/moe_w4a16/moe_w4a16_schedule.h"
 
 namespace bg::ops {
 namespace {
@@ -59,111 +61,19 @@ constexpr int kSmemBytes = kStages * kBufBytes;  // 132096
 struct KernelArgs {
   const uint8_t* weights = nullptr;  // this projection: layer base + offset
   int64_t slot_bytes = 0;
-  int n_items = 0, n_kstages = 0;
+  ScheduleParams sched;              // items, k-stages, nb_cap, splits policy, dispatch active / offsets
   int64_t n_in = 0, n_out = 0;       // activation width; output width (gate/up: inter; down: hidden)
   float out_scale = 1.0f;            // 2^scale_shift
   const __nv_bfloat16* act = nullptr;  // gate/up: x [n_tokens, hidden]; down: h [rows, inter]
   MoeWorkspace d;                    // the dispatch (offsets, active, n_active, row_token, row_weight, slot_row)
   int top_k = 0;
   int n_items_down = 0;              // combine counters per token
-  bool parallel_splits = false;      // n_tokens <= 32: splits run on different CTAs
-  int fixed_splits = 0;
-  int nb_cap = 1;                    // n8 blocks per pass: chunk rows = 8 nb_cap
   MoeW4a16Workspace ws;
   void* out = nullptr;
   bool out_f32 = false, accumulate = false;
   MoeW4a16Act act_kind = MoeW4a16Act::kSwiGLU;
   float beta = 4.0f, beta_lin = 25.0f;
 };
-
-// The work decomposition every CTA derives identically from n_active.
-struct Plan {
-  int splits = 1;
-  bool parallel = false;  // splits on different CTAs (else one CTA runs them in order)
-  int64_t n_items = 0;
-  int chunk_rows = 32;
-};
-
-__device__ Plan make_plan(const KernelArgs& a) {
-  Plan pl;
-  const int64_t base = static_cast<int64_t>(*a.d.n_active) * a.n_items;
-  pl.chunk_rows = 8 * a.nb_cap;
-  if (a.parallel_splits) {
-    pl.splits = choose_splits(base, a.n_kstages, static_cast<int>(gridDim.x), a.fixed_splits, a.nb_cap);
-    pl.parallel = true;
-    pl.n_items = base * pl.splits;
-  } else {
-    pl.splits = a.fixed_splits > 0 ? choose_splits(base, a.n_kstages, 1, a.fixed_splits, a.nb_cap) : 1;
-    pl.n_items = base;
-  }
-  return pl;
-}
-
-// Position in a CTA's stream of stages: item -> (chunk of rows) -> (split) -> k-stage.
-struct Cursor {
-  int64_t item = 0;
-  bool valid = false;
-  int tile = 0, m = 0, e = 0;      // tile = j * n_items + m; m = item within the projection; e = expert slot
-  int row0 = 0, rows = 0;          // the expert's permuted rows
-  int s = 0, s_begin = 0, s_end = 1;
-  int chunk = 0, n_chunks = 0;
-  int chunk_row0 = 0, chunk_rows = 0, nb = 0;
-  int kb = 0, ke = 0, ks = 0;
-};
-
-__device__ __forceinline__ void set_split(Cursor& c, const KernelArgs& a, const Plan& pl) {
-  c.kb = split_begin(a.n_kstages, pl.splits, c.s);
-  c.ke = split_begin(a.n_kstages, pl.splits, c.s + 1);
-  c.ks = c.kb;
-}
-
-__device__ __forceinline__ void set_chunk(Cursor& c, const Plan& pl) {
-  c.chunk_row0 = c.row0 + c.chunk * pl.chunk_rows;
-  c.chunk_rows = min(pl.chunk_rows, c.rows - c.chunk * pl.chunk_rows);
-  c.nb = (c.chunk_rows + 7) / 8;
-}
-
-// Loads item c.item (or the next non-empty one); valid = false past the end.
-__device__ void load_item(Cursor& c, const KernelArgs& a, const Plan& pl) {
-  for (; c.item < pl.n_items; c.item += gridDim.x) {
-    const int64_t tile = pl.parallel ? c.item / pl.splits : c.item;
-    c.tile = static_cast<int>(tile);
-    c.m = static_cast<int>(tile % a.n_items);
-    c.e = a.d.active[tile / a.n_items];
-    c.row0 = a.d.offsets[c.e];
-    c.rows = a.d.offsets[c.e + 1] - c.row0;
-    if (c.rows <= 0) continue;
-    c.n_chunks = (c.rows + pl.chunk_rows - 1) / pl.chunk_rows;
-    // Parallel splits share one slot per (tile, split): only one pass of rows. rows <= n_tokens <= 8 nb_cap holds
-    // unless a token sent two rows to one expert (ids of a token must be distinct).
-    if (pl.parallel && pl.splits > 1 && c.n_chunks > 1) __trap();
-    c.s_begin = pl.parallel ? static_cast<int>(c.item % pl.splits) : 0;
-    c.s_end = pl.parallel ? c.s_begin + 1 : pl.splits;
-    c.s = c.s_begin;
-    c.chunk = 0;
-    set_chunk(c, pl);
-    set_split(c, a, pl);
-    c.valid = true;
-    return;
-  }
-  c.valid = false;
-}
-
-__device__ __forceinline__ void advance(Cursor& c, const KernelArgs& a, const Plan& pl) {
-  if (++c.ks < c.ke) return;
-  if (++c.s < c.s_end) {
-    set_split(c, a, pl);
-    return;
-  }
-  c.s = c.s_begin;
-  set_split(c, a, pl);
-  if (++c.chunk < c.n_chunks) {
-    set_chunk(c, pl);
-    return;
-  }
-  c.item += gridDim.x;
-  load_item(c, a, pl);
-}
 
 // The producer's per-thread activation row: thread tid copies 16-byte chunk (tid & 7) of row (tid >> 3).
 struct ActSource {
@@ -176,7 +86,7 @@ struct ActSource {
 __device__ __forceinline__ void issue_weights(const Cursor& c, const KernelArgs& a, uint8_t* buf, uint64_t policy) {
   const int tid = static_cast<int>(threadIdx.x);
   const uint8_t* wsrc = a.weights + static_cast<int64_t>(c.e) * a.slot_bytes +
-                        (static_cast<int64_t>(c.m) * a.n_kstages + c.ks) * kStageBytes;
+                        (static_cast<int64_t>(c.m) * a.sched.n_kstages + c.ks) * kStageBytes;
   const uint32_t wdst = smem_addr(buf);
 #pragma unroll
   for (int i = 0; i < kCodeBytes / 16 / kThreads; ++i) {
@@ -219,13 +129,13 @@ __device__ __forceinline__ void zero_acc(Acc& acc) {
 
 // Fragment-order float4 index of (tile mt, n-block nb) for this thread inside a partial slot.
 __device__ __forceinline__ int64_t partial_index(const KernelArgs& a, int mt, int nb) {
-  return (static_cast<int64_t>(mt * a.nb_cap + nb) * kThreads + threadIdx.x) * 4;
+  return (static_cast<int64_t>(mt * a.sched.nb_cap + nb) * kThreads + threadIdx.x) * 4;
 }
 
 // Split-K bookkeeping at the end of a pass. Returns true when acc holds the full sum (this CTA finishes the tile).
 __device__ bool reduce_splits(Acc& acc, const Cursor& c, const KernelArgs& a, const Plan& pl, int* s_flag) {
   if (pl.splits == 1) return true;
-  const int64_t slot = pl.parallel ? static_cast<int64_t>(c.tile) * pl.splits + c.s : a.ws.seq_slot_base + blockIdx.x;
+  const int64_t slot = partial_slot(c, pl, a.ws.seq_slot_base, static_cast<int>(blockIdx.x));
   float* own = a.ws.partials + slot * a.ws.partial_slot_floats;
   if (!pl.parallel) {
     // Running sum ((p0 + p1) + p2) ... in this CTA's slot: the parallel path's additions, in its order.
@@ -360,13 +270,14 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs
   __shared__ int s_flag;
   __shared__ int s_done[kChunkRows];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const Plan pl = make_plan(a);
+  const int grid = static_cast<int>(gridDim.x);
+  const Plan pl = make_plan(a.sched, *a.d.n_active, grid);
   const uint64_t policy = evict_first_policy();
 
   Cursor prod, cons;
   prod.item = cons.item = blockIdx.x;
-  load_item(prod, a, pl);
-  load_item(cons, a, pl);
+  load_item(prod, a.sched, pl, grid);
+  load_item(cons, a.sched, pl, grid);
   ActSource src;
   // Prologue: the first stages' weights do not depend on the previous kernel, so they are requested before
   // griddepcontrol.wait (a no-op unless this grid was launched as a programmatic dependent, see a.pdl); the
@@ -376,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs
 #pragma unroll 1
     for (int i = 0; i < kStages - 1 && w.valid; ++i) {
       issue_weights(w, a, smem + i * kBufBytes, policy);
-      advance(w, a, pl);
+      advance(w, a.sched, pl, grid);
     }
   }
   grid_dependency_wait();
@@ -384,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs
   for (int i = 0; i < kStages - 1; ++i) {
     if (prod.valid) {
       issue_acts<kGateUp>(prod, a, src, smem + i * kBufBytes);
-      advance(prod, a, pl);
+      advance(prod, a.sched, pl, grid);
     }
     cp_async_commit();
   }
@@ -401,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs
     if (prod.valid) {
       issue_weights(prod, a, smem + pbuf * kBufBytes, policy);
       issue_acts<kGateUp>(prod, a, src, smem + pbuf * kBufBytes);
-      advance(prod, a, pl);
+      advance(prod, a.sched, pl, grid);
     } else if (!triggered) {
       // Nothing left to request: let the dependent grid (down, with a.pdl) start on SMs as they free up.
       launch_dependents();
@@ -409,6 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs
     }
     cp_async_commit();
 
+    if (cons.bad) __trap();  // a token sent two rows to one expert: its expert ids were not distinct
     const uint8_t* wbuf = smem + buf * kBufBytes;
     const uint8_t* abuf = wbuf + kStageBytes;
     switch (cons.nb) {
@@ -427,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs
       }
       zero_acc(acc);
     }
-    advance(cons, a, pl);
+    advance(cons, a.sched, pl, grid);
     buf = buf + 1 == kStages ? 0 : buf + 1;
   }
   cp_async_wait<0>();
@@ -454,44 +366,13 @@ void set_smem_attribute() {
   if (dev < 64) done |= uint64_t{1} << dev;
 }
 
-// Workspace geometry for p on `grid` CTAs.
-struct WsSizes {
-  int nb_cap = 1;
-  int64_t tile_counters = 0, token_counters = 0, partial_slots = 0, seq_slot_base = 0, slot_floats = 0;
-  int64_t rows = 0;
-};
-
-WsSizes ws_sizes(const MoeW4a16Params& p, int grid) {
-  WsSizes s;
-  const MoeW4a16LayoutInfo info = moe_w4a16_layout_info(p.n_experts, p.hidden, p.inter);
-  s.rows = p.n_tokens * p.top_k;
-  s.nb_cap = static_cast<int>(std::clamp<int64_t>((p.n_tokens + 7) / 8, 1, kMaxNb));
-  s.slot_floats = static_cast<int64_t>(kMTiles) * s.nb_cap * kThreads * 4;
-  const int64_t max_active = std::min(p.n_experts, std::max<int64_t>(s.rows, 1));
-  const MoeW4a16MatrixInfo* mats[2] = {&info.gate_up, &info.down};
-  s.tile_counters = max_active * std::max(info.gate_up.n_items, info.down.n_items);
-  s.token_counters = p.n_tokens * info.down.n_items;
-  if (p.n_tokens <= kChunkRows) {
-    // The most parallel-split slots any number of touched experts can ask for (the kernel's own rule).
-    for (const MoeW4a16MatrixInfo* m : mats) {
-      for (int64_t n = 1; n <= max_active; ++n) {
-        const int splits = choose_splits(n * m->n_items, m->n_kstages, grid, p.fixed_splits, s.nb_cap);
-        if (splits > 1) s.partial_slots = std::max(s.partial_slots, splits * n * m->n_items);
-      }
-    }
-  }
-  s.seq_slot_base = s.partial_slots;
-  if (p.n_tokens > kChunkRows && p.fixed_splits > 1) s.partial_slots += grid;
-  return s;
-}
-
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // Byte offsets of the workspace parts (counters first, so one memset clears them).
 struct WsOffsets {
   size_t counters = 0, partials = 0, h = 0, y = 0, total = 0;
 };
-WsOffsets ws_offsets(const MoeW4a16Params& p, const WsSizes& s) {
+WsOffsets ws_offsets(const MoeW4a16Params& p, const MoeW4a16WorkspaceGeometry& s) {
   WsOffsets o;
   o.partials = align256(static_cast<size_t>(s.tile_counters + s.token_counters) * sizeof(int32_t));
   o.h = o.partials + align256(static_cast<size_t>(s.partial_slots * s.slot_floats) * sizeof(float));
@@ -517,8 +398,13 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   const MoeW4a16MatrixInfo& m = proj == MoeW4a16Proj::kGateUp ? w.info.gate_up : w.info.down;
   k.weights = static_cast<const uint8_t*>(w.data) + m.offset_bytes;
   k.slot_bytes = m.slot_bytes;
-  k.n_items = m.n_items;
-  k.n_kstages = m.n_kstages;
+  k.sched.n_items = m.n_items;
+  k.sched.n_kstages = m.n_kstages;
+  k.sched.nb_cap = ws.nb_cap;
+  k.sched.fixed_splits = p.fixed_splits;
+  k.sched.parallel_splits = p.n_tokens <= kChunkRows;
+  k.sched.active = d.active;
+  k.sched.offsets = d.offsets;
   k.n_in = m.n_in;
   k.n_out = m.n_out;
   k.out_scale = std::ldexp(1.0f, m.scale_shift);
@@ -526,9 +412,6 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   k.d = d;
   k.top_k = static_cast<int>(p.top_k);
   k.n_items_down = w.info.down.n_items;
-  k.parallel_splits = p.n_tokens <= kChunkRows;
-  k.fixed_splits = p.fixed_splits;
-  k.nb_cap = ws.nb_cap;
   k.ws = ws;
   k.out = args.out;
   k.out_f32 = p.out_f32;
@@ -545,7 +428,7 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 size_t moe_w4a16_workspace_bytes(const MoeW4a16Params& p) {
   moe_w4a16_check_params(p);
-  return ws_offsets(p, ws_sizes(p, sm_count())).total;
+  return ws_offsets(p, moe_w4a16_workspace_geometry(p, sm_count())).total;
 }
 
 MoeW4a16Workspace moe_w4a16_workspace_layout(const MoeW4a16Params& p, void* base) {
@@ -553,7 +436,7 @@ MoeW4a16Workspace moe_w4a16_workspace_layout(const MoeW4a16Params& p, void* base
   BG_CHECK(base != nullptr && reinterpret_cast<uintptr_t>(base) % 256 == 0,
            "moe_w4a16_workspace_layout: base {} must be non-null and 256-byte aligned", base);
   const int grid = sm_count();
-  const WsSizes s = ws_sizes(p, grid);
+  const MoeW4a16WorkspaceGeometry s = moe_w4a16_workspace_geometry(p, grid);
   const WsOffsets o = ws_offsets(p, s);
   auto* b = static_cast<uint8_t*>(base);
   MoeW4a16Workspace ws;

@@ -194,6 +194,31 @@ MoeW4a16LayoutInfo moe_w4a16_pack(std::span<const MoeW4a16ExpertView> experts, i
   return info;
 }
 
+MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, int grid) {
+  moe_w4a16_check_params(p);
+  BG_CHECK(grid > 0, "moe_w4a16: grid of {} CTAs", grid);
+  MoeW4a16WorkspaceGeometry s;
+  const MoeW4a16LayoutInfo info = moe_w4a16_layout_info(p.n_experts, p.hidden, p.inter);
+  s.rows = p.n_tokens * p.top_k;
+  s.nb_cap = static_cast<int32_t>(std::clamp<int64_t>((p.n_tokens + 7) / 8, 1, w4::kMaxNb));
+  s.slot_floats = static_cast<int64_t>(w4::kMTiles) * s.nb_cap * w4::kThreads * 4;
+  const int64_t max_active = std::min(p.n_experts, std::max<int64_t>(s.rows, 1));
+  s.tile_counters = max_active * std::max(info.gate_up.n_items, info.down.n_items);
+  s.token_counters = p.n_tokens * info.down.n_items;
+  if (p.n_tokens <= w4::kChunkRows) {
+    // Parallel splits: the most slots any number of touched experts can ask for, by the kernel's own rule.
+    for (const MoeW4a16MatrixInfo* m : {&info.gate_up, &info.down}) {
+      for (int64_t n = 1; n <= max_active; ++n) {
+        const int splits = w4::choose_splits(n * m->n_items, m->n_kstages, grid, p.fixed_splits, s.nb_cap);
+        if (splits > 1) s.partial_slots = std::max(s.partial_slots, splits * n * m->n_items);
+      }
+    }
+  }
+  s.seq_slot_base = s.partial_slots;
+  if (p.n_tokens > w4::kChunkRows && p.fixed_splits > 1) s.partial_slots += grid;  // in-order splits: one per CTA
+  return s;
+}
+
 std::vector<float> moe_w4a16_unpack(const MoeW4a16LayoutInfo& info, std::span<const std::byte> layout, int64_t slot,
                                     MoeW4a16Proj proj, int which) {
   BG_CHECK(info.version == kMoeW4a16LayoutVersion, "moe_w4a16_unpack: layout version {} (this build reads {})",

@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
+#include <set>
 #include <random>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "core/error.h"
 #include "ops/moe_w4a16/moe_w4a16.h"
 #include "ops/moe_w4a16/moe_w4a16_layout.h"
+#include "ops/moe_w4a16/moe_w4a16_schedule.h"
 
 namespace bg::ops {
 namespace {
@@ -289,6 +292,99 @@ TEST(MoeW4a16Layout, SplitChoiceFillsTheMachine) {
       EXPECT_EQ(w4::split_begin(n, s, s), n);
     }
   }
+}
+
+// ---- The work list, walked for every CTA ------------------------------------------------------------------------------
+struct WalkCase {
+  int64_t n_tokens, top_k, n_experts, n_used, hidden, inter;
+  int32_t fixed_splits;
+  int grid;
+};
+
+// Every (permuted row, item, k-stage) of both projections is computed exactly once across all CTAs' schedules, split
+// ranges tile the k-stages, and every slot and counter index stays inside the workspace geometry.
+void walk_schedules(const WalkCase& wc) {
+  const std::string what = fmt::format("n={} k={} E={} used={} {}x{} splits={} grid={}", wc.n_tokens, wc.top_k,
+                                       wc.n_experts, wc.n_used, wc.hidden, wc.inter, wc.fixed_splits, wc.grid);
+  MoeW4a16Params p;
+  p.n_tokens = wc.n_tokens;
+  p.top_k = wc.top_k;
+  p.n_experts = wc.n_experts;
+  p.hidden = wc.hidden;
+  p.inter = wc.inter;
+  p.fixed_splits = wc.fixed_splits;
+  const MoeW4a16WorkspaceGeometry geo = moe_w4a16_workspace_geometry(p, wc.grid);
+  const MoeW4a16LayoutInfo info = moe_w4a16_layout_info(wc.n_experts, wc.hidden, wc.inter);
+  // Routing (distinct experts per token) and its dispatch, as moe_dispatch_cuda computes it.
+  std::mt19937 rng(static_cast<uint32_t>(wc.n_tokens * 131 + wc.n_experts));
+  std::vector<int32_t> counts(static_cast<size_t>(wc.n_experts), 0);
+  for (int64_t t = 0; t < wc.n_tokens; ++t) {
+    std::vector<int32_t> pool(static_cast<size_t>(wc.n_used));
+    std::iota(pool.begin(), pool.end(), 0);
+    for (int64_t j = 0; j < wc.top_k; ++j) {
+      std::swap(pool[static_cast<size_t>(j)], pool[static_cast<size_t>(j + static_cast<int64_t>(rng() % static_cast<uint32_t>(wc.n_used - j)))]);
+      ++counts[static_cast<size_t>(pool[static_cast<size_t>(j)])];
+    }
+  }
+  std::vector<int32_t> offsets(1, 0), active;
+  for (int64_t e = 0; e < wc.n_experts; ++e) {
+    offsets.push_back(offsets.back() + counts[static_cast<size_t>(e)]);
+    if (counts[static_cast<size_t>(e)] > 0) active.push_back(static_cast<int32_t>(e));
+  }
+  const int64_t rows = offsets.back();
+  for (const MoeW4a16MatrixInfo* m : {&info.gate_up, &info.down}) {
+    w4::ScheduleParams sp;
+    sp.n_items = m->n_items;
+    sp.n_kstages = m->n_kstages;
+    sp.nb_cap = geo.nb_cap;
+    sp.fixed_splits = wc.fixed_splits;
+    sp.parallel_splits = wc.n_tokens <= w4::kChunkRows;
+    sp.active = active.data();
+    sp.offsets = offsets.data();
+    const w4::Plan pl = w4::make_plan(sp, static_cast<int>(active.size()), wc.grid);
+    std::vector<uint8_t> seen(static_cast<size_t>(rows * m->n_items * m->n_kstages), 0);
+    std::set<int64_t> parallel_slots;
+    for (int cta = 0; cta < wc.grid; ++cta) {
+      w4::Cursor c;
+      c.item = cta;
+      w4::load_item(c, sp, pl, wc.grid);
+      for (int guard = 0; c.valid; ++guard) {
+        ASSERT_LT(guard, 1 << 24) << what;
+        ASSERT_FALSE(c.bad) << what;
+        ASSERT_TRUE(c.nb >= 1 && c.nb <= geo.nb_cap && c.chunk_rows <= 8 * geo.nb_cap) << what;
+        ASSERT_TRUE(c.ks >= c.kb && c.ks < c.ke && c.ke <= m->n_kstages) << what;
+        for (int r = 0; r < c.chunk_rows; ++r) {
+          const int64_t row = c.chunk_row0 + r;
+          ASSERT_TRUE(row >= offsets[static_cast<size_t>(c.e)] && row < offsets[static_cast<size_t>(c.e) + 1]) << what;
+          ++seen[static_cast<size_t>((row * m->n_items + c.m) * m->n_kstages + c.ks)];
+        }
+        if (c.ks + 1 == c.ke && pl.splits > 1) {  // a pass ends: its partial slot and counter
+          const int64_t slot = w4::partial_slot(c, pl, geo.seq_slot_base, cta);
+          ASSERT_LT(slot, geo.partial_slots) << what;
+          if (pl.parallel) {
+            ASSERT_LT(c.tile, geo.tile_counters) << what;
+            ASSERT_TRUE(parallel_slots.insert(slot).second) << what << ": slot " << slot << " used twice";
+          } else {
+            ASSERT_GE(slot, geo.seq_slot_base) << what;
+          }
+        }
+        w4::advance(c, sp, pl, wc.grid);
+      }
+    }
+    for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], 1) << what << " (row, item, k-stage) " << i;
+  }
+}
+
+TEST(MoeW4a16Schedule, EveryStageOnceAndInsideTheWorkspace) {
+  walk_schedules({1, 16, 56, 56, 3584, 3072, 0, 132});    // Kimi-K3 batch 1: 2 parallel gate/up splits
+  walk_schedules({4, 16, 56, 56, 3584, 3072, 0, 132});
+  walk_schedules({32, 16, 56, 56, 3584, 3072, 0, 132});
+  walk_schedules({33, 16, 56, 56, 3584, 3072, 0, 132});   // > 32 tokens: several row chunks, no splits
+  walk_schedules({100, 8, 12, 12, 7168, 2048, 3, 132});   // in-order fixed splits
+  walk_schedules({20, 4, 16, 16, 512, 256, 4, 132});      // fixed parallel splits
+  walk_schedules({1, 1, 1, 1, 64, 64, 0, 132});           // one expert: splits capped by the k-stages
+  walk_schedules({5, 3, 10, 7, 96, 160, 0, 7});           // odd shapes, a small grid
+  walk_schedules({7, 2, 4, 4, 64, 96, 8, 3});
 }
 
 TEST(MoeW4a16Cpu, ReferenceMatchesDirectFormula) {
