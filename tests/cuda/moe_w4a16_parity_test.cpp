@@ -250,7 +250,7 @@ TEST(MoeW4a16Parity, DeepSeekV3Experts) {
   BG_REQUIRE_GPU();
   // 7168 -> 2048 -> 7168, SwiGLU, top-8 of 12 slots.
   const ExpertSet set = make_experts(12, 7168, 2048, 3);
-  for (int64_t n : {1, 5, 16, 32, 100}) {
+  for (int64_t n : {1, 2, 5, 16, 32, 100}) {
     check_case("deepseek-v3", set, 7168, 2048, 8, MoeW4a16Act::kSwiGLU, {n, Pattern::kSame}, 60 + n);
   }
   check_case("deepseek-v3", set, 7168, 2048, 8, MoeW4a16Act::kSwiGLU, {11, Pattern::kRandom, 10}, 70);

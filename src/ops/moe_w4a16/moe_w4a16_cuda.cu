@@ -167,12 +167,17 @@ __device__ bool reduce_splits(Acc& acc, const Cursor& c, const KernelArgs& a, co
                make_float4(acc[mt][nb][0], acc[mt][nb][1], acc[mt][nb][2], acc[mt][nb][3]));
       }
     }
-  __threadfence();  // release this split's partial before the arrival below
+  // Release (every thread's partial, then the arrival) and acquire (the arrival, then the other partials): the same
+  // fence / barrier / atomic / fence / barrier pattern as a grid-wide barrier.
+  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) *s_flag = atomicAdd(&a.ws.tile_counters[c.tile], 1) == pl.splits - 1;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    *s_flag = atomicAdd(&a.ws.tile_counters[c.tile], 1) == pl.splits - 1;
+    __threadfence();
+  }
   __syncthreads();
   if (!*s_flag) return false;
-  __threadfence();  // acquire the other splits' partials
   const float* first = a.ws.partials + static_cast<int64_t>(c.tile) * pl.splits * a.ws.partial_slot_floats;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
@@ -223,11 +228,14 @@ __device__ void store_y_and_combine(const Acc& acc, const Cursor& c, const Kerne
         if (nb >= c.nb || n >= c.chunk_rows || col >= a.n_out) continue;
         __stcg(a.ws.y + static_cast<int64_t>(c.chunk_row0 + n) * a.n_out + col, acc[mt][nb][i] * a.out_scale);
       }
-  __threadfence();  // release y before counting the rows as done
+  // Release y, count the rows as done, acquire the other slots' y (pattern as in reduce_splits).
+  __threadfence();
   __syncthreads();
   if (tid < c.chunk_rows) {
     const int token = a.d.row_token[c.chunk_row0 + tid];
+    __threadfence();
     const int done = atomicAdd(&a.ws.token_counters[static_cast<int64_t>(token) * a.n_items_down + c.m], 1);
+    __threadfence();
     s_done[tid] = done == a.top_k - 1 ? token : -1;
   }
   __syncthreads();
@@ -235,7 +243,6 @@ __device__ void store_y_and_combine(const Acc& acc, const Cursor& c, const Kerne
   for (int r = 0; r < c.chunk_rows; ++r) {
     const int token = s_done[r];
     if (token < 0) continue;  // uniform across the CTA
-    __threadfence();          // acquire the other slots' y
     if (col < a.n_out) {      // n_out % 32 == 0: both columns valid
       const int64_t o = static_cast<int64_t>(token) * a.n_out + col;
       float2 acc2 = make_float2(0.0f, 0.0f);
