@@ -36,7 +36,7 @@
 //   ~0.7 sustained by mma.sync on Hopper; 32 rows per expert is the tight case (wgmma would lift it).
 // - Fixed costs per kernel: pipeline fill (~1.5 us), the last wave's tail and the final reductions (~1-2 us).
 // - Predicted: >= 0.85 of read at 1-16 rows per expert (16 of 56 K3 experts: ~72 us for 281 MB), ~0.75-0.8 at 32.
-// Resources (nvcc 13.0 -Xptxas -v, sm_90a): 226 / 210 registers (down / gate-up), no stack, no spills; 129 KiB of
+// Resources (nvcc 13.0 -Xptxas -v, sm_90a): 226 / 212 registers (down / gate-up), no stack, no spills; 129 KiB of
 // dynamic shared memory, 1 CTA of 256 threads per SM. Full report and measurements: docs/MOE_W4A16.md.
 #include <algorithm>
 #include <mutex>
