@@ -33,6 +33,9 @@ class Exchange {
   virtual std::string_view name() const = 0;
   virtual int64_t n_ranks() const = 0;
   virtual int64_t rank() const = 0;
+  // True when every expert is on this rank and no rows move (the loopback): the layer then runs gather, experts and
+  // combine as one backend op (Backend::moe_routed_local), which backends may fuse.
+  virtual bool local() const { return false; }
   // Starts the dispatch of `in` under `table` (this rank's slots); rows.x / rows.routing are valid after
   // finish_dispatch. rows.y is allocated for the experts to fill.
   virtual void begin_dispatch(Backend& be, const ExpertTable& table, const DispatchInput& in, ExpertRows& rows) = 0;

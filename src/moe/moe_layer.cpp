@@ -16,6 +16,15 @@ MoeChoice moe_route(Backend& be, const MoeLayerSpec& spec, const MoeLayerWeights
 
 void moe_routed(Backend& be, Exchange& exchange, const MoeLayerSpec& spec, const MoeLayerWeights& w,
                 const MoeChoice& choice, const Tensor& x_expert, Tensor& out, const std::function<void()>& overlap) {
+  if (exchange.local()) {  // one rank: no rows move; gather, experts and combine as one (fusable) backend op
+    const ops::MoeRoutingShape shape{x_expert.rows(), choice.ids.cols(), w.experts.n_experts(), w.experts.n_slots(),
+                                     /*all_local=*/true};
+    MoeRouting routing = be.moe_routing(shape);
+    be.moe_dispatch(w.experts.slot_map(), choice.ids, choice.weights, routing);
+    if (overlap) overlap();
+    be.moe_routed_local(w.experts.slots(), spec.glu, routing, x_expert, out);
+    return;
+  }
   ExpertRows rows;
   exchange.begin_dispatch(be, w.experts, {&choice.ids, &choice.weights, &x_expert}, rows);
   if (overlap) overlap();

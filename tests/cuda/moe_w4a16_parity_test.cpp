@@ -17,7 +17,7 @@
 
 #include "cuda/cuda_testing.h"
 #include "cuda/linear_moe_testing.h"
-#include "moe/moe_cuda.h"
+#include "ops/moe/moe_cuda.h"
 #include "ops/moe_w4a16/moe_w4a16_bench.h"
 #include "ops/moe_w4a16/moe_w4a16_cuda.h"
 

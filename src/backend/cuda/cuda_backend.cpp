@@ -12,6 +12,7 @@
 
 #include "backend/cuda/cuda_allocator.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/device_buffer.h"
 #include "core/log.h"
 #include "ops/attn_res/attn_res_cuda.h"
@@ -35,53 +36,9 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-class CudaLinear final : public LinearHandle {
- public:
-  explicit CudaLinear(ops::DeviceWeightStorage s) : s_(std::move(s)) {}
-  int64_t n_out() const override { return s_.desc.n_out; }
-  int64_t n_in() const override { return s_.desc.n_in; }
-  const ops::DeviceWeight& desc() const { return s_.desc; }
+using cuda::CudaExpertSlots;
 
- private:
-  ops::DeviceWeightStorage s_;
-};
-
-const ops::DeviceWeight& desc(const LinearHandle& h) { return static_cast<const CudaLinear&>(h).desc(); }
-
-// Expert weights by slot: a device array of descriptors (uploaded when prepared, so graph capture never uploads) and
-// its host mirror. All slots share the first slot's format and shape.
-class CudaExpertSlots final : public ExpertSlots {
- public:
-  explicit CudaExpertSlots(std::vector<ops::ExpertWeightsCuda> host) : host_(std::move(host)) {
-    BG_CHECK(!host_.empty(), "prepare_experts: no experts");
-    dev_ = cuda::upload(host_);
-  }
-  int64_t n_slots() const override { return static_cast<int64_t>(host_.size()); }
-  const ops::ExpertWeightsCuda* device() const { return dev_.as<ops::ExpertWeightsCuda>(); }
-  const ops::DeviceWeight& gate0() const { return host_[0].gate; }
-  // Rewrites one descriptor in stream order (the host mirror is the copy's source: pageable memory is staged before
-  // cudaMemcpyAsync returns).
-  void set(int64_t slot, const ops::ExpertWeightsCuda& w, cudaStream_t stream) {
-    BG_CHECK(slot >= 0 && slot < n_slots(), "set_expert_slot: slot {} of {}", slot, n_slots());
-    const ops::DeviceWeight& g = gate0();
-    BG_CHECK(w.gate.format == g.format && w.gate.n_out == g.n_out && w.gate.n_in == g.n_in &&
-                 w.down.n_out == host_[0].down.n_out && w.down.n_in == host_[0].down.n_in,
-             "set_expert_slot: slot {} gets a [{}, {}] {} expert; the layer's experts are [{}, {}] {}", slot,
-             w.gate.n_out, w.gate.n_in, weight_format_name(w.gate.format), g.n_out, g.n_in,
-             weight_format_name(g.format));
-    host_[static_cast<size_t>(slot)] = w;
-    BG_CUDA_CHECK(cudaMemcpyAsync(dev_.as<ops::ExpertWeightsCuda>() + slot, &host_[static_cast<size_t>(slot)],
-                                  sizeof(w), cudaMemcpyHostToDevice, stream));
-  }
-
- private:
-  std::vector<ops::ExpertWeightsCuda> host_;
-  cuda::DeviceBuffer dev_;
-};
-
-ops::ExpertWeightsCuda expert_desc(const LinearHandle& gate, const LinearHandle& up, const LinearHandle& down) {
-  return {desc(gate), desc(up), desc(down)};
-}
+const ops::DeviceWeight& desc(const LinearHandle& h) { return cuda::cuda_linear(h).desc(); }
 
 void expect(const Tensor& t, DType dtype, const char* what) {
   BG_CHECK(t.device == DeviceKind::kCuda, "cuda backend: {} is not in device memory", what);
@@ -180,7 +137,7 @@ class CudaBackend final : public Backend {
   }
 
   std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) override {
-    return std::make_unique<CudaLinear>(ops::upload_weight(w));
+    return std::make_unique<cuda::CudaLinear>(ops::upload_weight(w), w);
   }
 
   void embedding(const Tensor& table, Tensor& out) override {
@@ -247,57 +204,28 @@ class CudaBackend final : public Backend {
                          weights.as<float>(), stream_);
   }
   std::unique_ptr<ExpertSlots> prepare_experts(const ExpertWeights& by_slot) override {
-    std::vector<ops::ExpertWeightsCuda> host;
-    for (int64_t e = 0; e < by_slot.size(); ++e) {
-      auto i = static_cast<size_t>(e);
-      host.push_back(expert_desc(*by_slot.gate[i], *by_slot.up[i], *by_slot.down[i]));
-    }
-    return std::make_unique<CudaExpertSlots>(std::move(host));
+    return std::make_unique<CudaExpertSlots>(by_slot);
   }
   void set_expert_slot(ExpertSlots& slots, int64_t slot, const LinearHandle& gate, const LinearHandle& up,
                        const LinearHandle& down) override {
-    static_cast<CudaExpertSlots&>(slots).set(slot, expert_desc(gate, up, down), stream_);
+    static_cast<CudaExpertSlots&>(slots).set(slot, gate, up, down, stream_);
   }
   void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r) override {
-    BG_CHECK(slot_map.numel() == r.shape.n_experts && ids.numel() == r.shape.n_pairs() &&
-                 weights.numel() == r.shape.n_pairs(), "moe_dispatch: slot map of {} for {} experts, {} ids and {} "
-             "weights for {} pairs", slot_map.numel(), r.shape.n_experts, ids.numel(), weights.numel(),
-             r.shape.n_pairs());
-    ops::MoeWorkspace ws = workspace(r);
-    ws.slot_map = slot_map.as<int32_t>();
-    ops::moe_dispatch_cuda(moe_params(r, 1, 1), ids.as<int32_t>(), weights.as<float>(), ws, stream_);
+    cuda::moe_dispatch(moe_ctx(), slot_map, ids, weights, r);
   }
   void moe_gather(const MoeRouting& r, const Tensor& x, Tensor& rows) override {
-    expect(x, DType::kBF16, "moe_gather input");
-    ops::MoeWorkspace ws = workspace(r);
-    ws.x_perm = rows.as<bf16>();
-    ops::moe_gather_cuda(moe_params(r, x.cols(), 1), x.as<bf16>(), ws, stream_);
+    cuda::moe_gather(moe_ctx(), r, x, rows);
   }
   void moe_experts(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& rows,
                    Tensor& y_rows) override {
-    expect(rows, DType::kBF16, "moe_experts input");
-    const auto& slots = static_cast<const CudaExpertSlots&>(experts);
-    BG_CHECK(slots.n_slots() == r.shape.n_slots, "moe_experts: {} prepared slots for a routing over {}",
-             slots.n_slots(), r.shape.n_slots);
-    const ops::DeviceWeight& g0 = slots.gate0();
-    ops::MoeCudaParams p = moe_params(r, rows.cols(), g0.n_out);
-    p.expert_format = g0.format;
-    p.act = {glu.kind == GluKind::kSwiGlu ? ops::MoeGlu::kSwiGlu : ops::MoeGlu::kSitu, glu.situ_beta,
-             glu.situ_linear_beta};
-    Tensor h = alloc({r.shape.n_pairs(), g0.n_out}, DType::kBF16);  // [n_pairs, inter] GLU outputs
-    ops::MoeWorkspace ws = workspace(r);
-    ws.x_perm = rows.as<bf16>();
-    ws.h = h.as<bf16>();
-    ws.y_perm = y_rows.as<bf16>();
-    ops::moe_expert_ffn_cuda(p, slots.device(), ws, stream_);
+    cuda::moe_experts(moe_ctx(), static_cast<const CudaExpertSlots&>(experts), glu, r, rows, y_rows);
   }
   void moe_combine(const MoeRouting& r, const Tensor& y_rows, Tensor& out) override {
-    ops::MoeCudaParams p = moe_params(r, out.cols(), 1);
-    p.out_type = out.dtype == DType::kF32 ? ops::MoeOutType::kF32 : ops::MoeOutType::kBf16;
-    p.accumulate = true;
-    ops::MoeWorkspace ws = workspace(r);
-    ws.y_perm = y_rows.as<bf16>();
-    ops::moe_combine_cuda(p, ws, out.data, stream_);
+    cuda::moe_combine(moe_ctx(), r, y_rows, out);
+  }
+  void moe_routed_local(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& x,
+                        Tensor& out) override {
+    cuda::moe_routed_local(moe_ctx(), static_cast<const CudaExpertSlots&>(experts), glu, r, x, out);
   }
   // Decode steps: one batched launch over the sequences' slots; otherwise one launch per sequence.
   void short_conv(const Tensor& x, const Tensor& weight, const StateRef& state, Tensor& out) override {
@@ -381,20 +309,7 @@ class CudaBackend final : public Backend {
   };
 
   void upload_step() override;
-  ops::MoeWorkspace workspace(const MoeRouting& r) const {
-    ops::MoeWorkspace ws;
-    static_cast<ops::MoeRoutingArrays&>(ws) = ops::moe_routing_layout(r.shape, r.buffer.data);
-    ws.error_flags = errors_.as<int32_t>();
-    return ws;
-  }
-  static ops::MoeCudaParams moe_params(const MoeRouting& r, int64_t hidden, int64_t inter) {
-    ops::MoeCudaParams p;
-    p.shape = r.shape;
-    p.hidden = hidden;
-    p.inter = inter;
-    p.expert_format = WeightFormat::kDense;
-    return p;
-  }
+  cuda::MoeContext moe_ctx() const { return {alloc_.get(), errors_.as<int32_t>(), stream_, false}; }
   // Device error flags (MoE / MLA kernels raise bits instead of trapping): read after each synchronisation; a raised
   // flag is reset and reported as an error of this step (the context stays usable).
   void check_device_errors() {
@@ -402,10 +317,11 @@ class CudaBackend final : public Backend {
     const int32_t flags = *errors_host_;
     if (flags == 0) return;
     BG_CUDA_CHECK(cudaMemset(errors_.data(), 0, sizeof(int32_t)));
-    fail("cuda backend: a kernel of this step reported{}{}{}{} (flags {:#x}); the step's outputs are discarded",
+    fail("cuda backend: a kernel of this step reported{}{}{}{}{} (flags {:#x}); the step's outputs are discarded",
          (flags & ops::kMoeErrorBadExpertId) ? " a routed expert id outside the layer's experts" : "",
          (flags & ops::kMoeErrorBadDescriptor) ? " an expert slot whose weights disagree with the layer" : "",
          (flags & ops::kMoeErrorNoSlot) ? " a routed expert without a slot on this rank" : "",
+         (flags & ops::kMoeErrorDuplicateExpert) ? " a token routed twice to one expert" : "",
          (flags & ops::kMlaErrorBadPosition) ? " a cache position past its sequence's block table" : "", flags);
   }
   float* slot_state(const StateRef& st, int64_t seq) const {
