@@ -11,6 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libxxhash-dev
   libcpp-httplib-dev                # HTTP server (frontend)
   libpcre2-dev                      # tokenizer pre-tokenizer regex
+  libicu-dev                        # tokenizer.json normalizers (NFC/NFKC, lower-casing)
   libzmq3-dev cppzmq-dev            # frontend <-> worker IPC
   curl git python3
 )
