@@ -30,6 +30,7 @@ done
 
 if [[ ${#missing[@]} -eq 0 && "${BG_APT_ALWAYS:-0}" != 1 ]]; then
   echo "install-deps: all ${#PACKAGES[@]} packages already installed"
+  "$(dirname "${BASH_SOURCE[0]}")/install-npm-test-deps.sh"  # tokenizer / chat-template reference tests
   exit 0
 fi
 
@@ -46,3 +47,5 @@ fi
 echo "install-deps: installing ${missing[*]:-${PACKAGES[*]}}"
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${PACKAGES[@]}"
+
+"$(dirname "${BASH_SOURCE[0]}")/install-npm-test-deps.sh"  # tokenizer / chat-template reference tests

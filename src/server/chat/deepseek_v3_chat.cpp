@@ -106,6 +106,10 @@ class DeepSeekV3ChatFormat : public ChatFormat {
   std::vector<int32_t> render(const json& messages, const json& tools, const ChatOptions& options) const override {
     const std::vector<ChatMessage> msgs = parse_chat_messages(messages);
     validate_chat_tools(tools);
+    BG_CHECK(options.reasoning_effort.empty() ||
+                 std::find(std::begin(kReasoningEfforts), std::end(kReasoningEfforts), options.reasoning_effort) !=
+                     std::end(kReasoningEfforts),
+             "reasoning_effort: unsupported value '{}' (low, medium, high, max)", options.reasoning_effort);
     DsWriter w(tok_);
     w.control(m_.bos);
     std::string system;

@@ -47,6 +47,14 @@ inline constexpr std::string_view kO200kPattern =
     R"(|\s+(?!\S))"
     R"(|\s+)";
 
+// DeepSeek-V3's tokenizer.json pre-tokenizer: three Isolated splits (digit groups of 1-3, CJK runs of the basic Han
+// block + Hiragana + Katakana, then this main pattern), as the published file writes them (literal CR/LF inside).
+inline constexpr std::string_view kDeepSeekV3DigitsPattern = "\\p{N}{1,3}";
+inline constexpr std::string_view kDeepSeekV3CjkPattern = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+";
+inline constexpr std::string_view kDeepSeekV3MainPattern =
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+    "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+";
+
 struct TokenizerSpec {  // what a model directory's tokenizer files say
   std::string pattern;  // pre-tokenizer regex (PCRE2 syntax, UTF mode)
   std::vector<std::pair<std::string, int32_t>> special_tokens;  // text -> id
