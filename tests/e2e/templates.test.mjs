@@ -32,13 +32,17 @@ async function waitFor(what, fn, timeoutMs) {
 
 before(async () => {
   const require = createRequire(path.join(REF_MODULES, 'x.js'));
-  ({ Template } = await import(require.resolve('@huggingface/jinja')));
-  ({ Tokenizer } = await import(require.resolve('@huggingface/tokenizers')));
+  // require.resolve picks the CommonJS builds: their exports sit on `default` when imported.
+  const jinja = await import(require.resolve('@huggingface/jinja'));
+  const tokenizers = await import(require.resolve('@huggingface/tokenizers'));
+  Template = jinja.Template ?? jinja.default.Template;
+  Tokenizer = tokenizers.Tokenizer ?? tokenizers.default.Tokenizer;
   dir = mkdtempSync(path.join(tmpdir(), 'bg-e2e-tpl-'));
   modelDir = path.join(dir, MODEL);
+  // A larger vocabulary and context than the tiny preset's 512: the tool section of the prompt fits.
   execFileSync(BIN, ['make-random', '--arch', 'deepseek_v3', '--preset', 'tiny', '--chat-template', 'deepseek_v3.1',
-    '--out', modelDir], { stdio: 'inherit' });
-  server = spawn(BIN, ['serve', modelDir, '--port', '0', '--max-model-len', '2048'], { stdio: ['ignore', 'inherit', 'pipe'] });
+    '--config-patch', '{"vocab_size": 2048, "max_position_embeddings": 4096}', '--out', modelDir], { stdio: 'inherit' });
+  server = spawn(BIN, ['serve', modelDir, '--port', '0'], { stdio: ['ignore', 'inherit', 'pipe'] });
   server.stderr.on('data', (d) => { logs += d; process.stderr.write(d); });
   const port = await waitFor('the listening line', async () => logs.match(/listening on http:\/\/[\d.]+:(\d+)/)?.[1],
     30_000);
