@@ -286,7 +286,7 @@ TEST_P(MlaDecode, ScheduleMatchesHostModel) {
   c.run();
   const MlaDecodeSchedule want = mla_decode_schedule_cpu(c.plan, c.positions.data());
   const int64_t n = c.n_tokens();
-  std::vector<int32_t> meta(static_cast<size_t>(MlaDecodeMeta::count(n)));
+  std::vector<int32_t> meta(static_cast<size_t>(MlaDecodeMeta::count(n, c.plan.n_partitions)));
   BG_CUDA_CHECK(cudaMemcpy(meta.data(), static_cast<uint8_t*>(c.d_ws.data()) + c.plan.ws.meta, meta.size() * 4,
                            cudaMemcpyDeviceToHost));
   EXPECT_EQ(meta[MlaDecodeMeta::kTotalTiles], want.total_tiles);
@@ -295,6 +295,10 @@ TEST_P(MlaDecode, ScheduleMatchesHostModel) {
   for (int64_t t = 0; t < n; ++t) {
     EXPECT_EQ(meta[MlaDecodeMeta::n_splits(n) + t], want.n_splits[t]) << t;
     EXPECT_EQ(meta[MlaDecodeMeta::slot_base(n) + t], want.slot_base[t]) << t;
+    EXPECT_EQ(meta[MlaDecodeMeta::first_partition(n) + t], want.first_partition[t]) << t;
+  }
+  for (int64_t g = 0; g <= c.plan.n_partitions; ++g) {
+    EXPECT_EQ(meta[MlaDecodeMeta::partition_begin(n) + g], want.partition_begin[g]) << g;
   }
 }
 

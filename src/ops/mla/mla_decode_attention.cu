@@ -59,15 +59,17 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const MlaPagedCache& cac
   const bf16* src = cache.base;
   uint32_t bytes = 0;
   if (pos < n_ctx) {
-    const int32_t block = table[pos / block_size];
-    if (block < 0) __trap();  // a block table entry the step never filled: a caller bug
-    src = cache.base + block * cache.block_stride + (pos % block_size) * kEntry;
+    // No 64-bit division (a branching subroutine) and no __trap here: either makes ptxas serialise every wgmma
+    // of the kernel (C7520). Positions < 2^28 and the table entries read were checked by the prep kernel.
+    const uint32_t p32 = static_cast<uint32_t>(pos), bs = static_cast<uint32_t>(block_size), blk = p32 / bs;
+    const int32_t block = table[blk];
+    src = cache.base + block * cache.block_stride + static_cast<int64_t>(p32 - blk * bs) * kEntry;
     bytes = 16;
   }
 #pragma unroll 1
   for (int i = 0; i < kChunks / 4; ++i) {
     const int c = part + 4 * i;
-    cp_async16(dst + (c / 8) * kTileSlabBytes + sw128(row, c % 8), src + (bytes != 0 ? c * 8 : 0), bytes);
+    cp_async16(dst + chunk_offset(row, c, kTileSlabBytes), src + (bytes != 0 ? c * 8 : 0), bytes);
   }
 }
 
@@ -78,7 +80,7 @@ __device__ __forceinline__ void load_q(uint32_t dst, const bf16* rows, int n_val
   for (int idx = threadIdx.x; idx < kHeads * kChunks; idx += kThreads) {
     const int row = idx / kChunks, c = idx % kChunks;
     const bool valid = row < n_valid;
-    cp_async16(dst + (c / 8) * Smem<kNT>::kQSlabBytes + sw128(row, c % 8), valid ? rows + row * kEntry + c * 8 : rows,
+    cp_async16(dst + chunk_offset(row, c, Smem<kNT>::kQSlabBytes), valid ? rows + row * kEntry + c * 8 : rows,
                valid ? 16u : 0u);
   }
 }
@@ -100,7 +102,7 @@ __device__ __forceinline__ void softmax_tile(uint8_t* smem, float (&s)[kNT * 4],
     xch[(wg * kOwn + i) * 128 + wtid] = wg == 0 ? s[kOwn + i] : s[i];
   }
   __syncthreads();
-  const int row0 = 16 * w + lane / 4;  // this thread's rows: row0 and row0 + 8
+  const int row0 = acc_row(lane, w, 0);  // this thread's rows: row0 and row0 + 8
   float* red = reinterpret_cast<float*>(smem + L::kRed) + wg * 4 * kHalfHeads;
 #pragma unroll
   for (int jj = 0; jj < kHalf; ++jj) {
@@ -117,7 +119,7 @@ __device__ __forceinline__ void softmax_tile(uint8_t* smem, float (&s)[kNT * 4],
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-      if (lane < 4) red[w * kHalfHeads + 8 * jj + 2 * lane + e] = m;
+      if (lane < 4) red[w * kHalfHeads + acc_col(lane, 4 * jj + e)] = m;
     }
   }
   warpgroup_barrier(wg);
@@ -127,7 +129,7 @@ __device__ __forceinline__ void softmax_tile(uint8_t* smem, float (&s)[kNT * 4],
   for (int jj = 0; jj < kHalf; ++jj) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int col = 8 * jj + 2 * (lane % 4) + e;  // head within this warpgroup's half
+      const int col = acc_col(lane, 4 * jj + e);  // head within this warpgroup's half
       const float tile_max = fmaxf(fmaxf(red[col], red[kHalfHeads + col]),
                                    fmaxf(red[2 * kHalfHeads + col], red[3 * kHalfHeads + col]));
       const float m_new = fmaxf(st.max[jj][e], tile_max);  // finite: row 0 of every tile is inside the context
@@ -139,7 +141,7 @@ __device__ __forceinline__ void softmax_tile(uint8_t* smem, float (&s)[kNT * 4],
         const float p = exp2f(own[4 * jj + 2 * r + e] - m_new);
         sum += p;
         const int head = wg * kHalfHeads + col, row = row0 + 8 * r;
-        *reinterpret_cast<bf16*>(p_s + sw128(head, row / 8) + (row % 8) * 2) = __float2bfloat16(p);
+        *reinterpret_cast<bf16*>(p_s + p_offset(head, row)) = __float2bfloat16(p);
       }
       st.sum[jj][e] = st.sum[jj][e] * alpha + sum;
       if (w == 0 && lane < 4) alpha_s[wg * kHalfHeads + col] = alpha;
@@ -165,8 +167,8 @@ __device__ __forceinline__ void attend_tile(uint8_t* smem, uint32_t tile, int n_
   float alpha[kNT][2];
 #pragma unroll
   for (int j = 0; j < kNT; ++j) {
-    alpha[j][0] = alpha_s[8 * j + 2 * (lane % 4)];
-    alpha[j][1] = alpha_s[8 * j + 2 * (lane % 4) + 1];
+    alpha[j][0] = alpha_s[acc_col(lane, 4 * j)];
+    alpha[j][1] = alpha_s[acc_col(lane, 4 * j + 1)];
   }
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
@@ -195,7 +197,7 @@ __device__ __forceinline__ void finish_segment(const AttentionArgs& a, uint8_t* 
       v += __shfl_xor_sync(0xffffffffu, v, 4);
       v += __shfl_xor_sync(0xffffffffu, v, 8);
       v += __shfl_xor_sync(0xffffffffu, v, 16);
-      if (lane < 4) red[w * kHalfHeads + 8 * jj + 2 * lane + e] = v;
+      if (lane < 4) red[w * kHalfHeads + acc_col(lane, 4 * jj + e)] = v;
     }
   }
   warpgroup_barrier(wg);
@@ -204,7 +206,7 @@ __device__ __forceinline__ void finish_segment(const AttentionArgs& a, uint8_t* 
     for (int jj = 0; jj < kHalf; ++jj) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int col = 8 * jj + 2 * lane + e;
+        const int col = acc_col(lane, 4 * jj + e);  // lane < 4
         sum_s[wg * kHalfHeads + col] =
             (red[col] + red[kHalfHeads + col]) + (red[2 * kHalfHeads + col] + red[3 * kHalfHeads + col]);
         max_s[wg * kHalfHeads + col] = st.max[jj][e];
@@ -215,41 +217,29 @@ __device__ __forceinline__ void finish_segment(const AttentionArgs& a, uint8_t* 
 
   const int32_t* meta = a.meta;
   const int h0 = hg * kHeads, n_valid = min(kHeads, a.n_heads - h0);
-  const int ch_base = kChannelsPerWg * wg + 16 * w + lane / 4;  // + 64c + 8r
   if (meta[MlaDecodeMeta::n_splits(a.n_tokens) + t] <= 1) {
     bf16* out = a.o_lat + (t * a.n_heads + h0) * kLora;
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) {
+    for (int i = 0; i < kNT * 4; ++i) {
+      const int h = acc_col(lane, i);
+      if (h >= n_valid) continue;
+      const float inv = 1.0f / sum_s[h];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int h = 8 * j + 2 * (lane % 4) + e;
-        if (h >= n_valid) continue;
-        const float inv = 1.0f / sum_s[h];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            out[h * kLora + ch_base + 64 * c + 8 * r] = __float2bfloat16(o[c][4 * j + 2 * r + e] * inv);
-          }
-        }
+      for (int c = 0; c < 4; ++c) {
+        out[h * kLora + pv_channel(wg, c, acc_row(lane, w, i))] = __float2bfloat16(o[c][i] * inv);
       }
     }
     return;
   }
-  const int32_t* prefix = meta + MlaDecodeMeta::kTilePrefix;
-  const int64_t total = meta[MlaDecodeMeta::kTotalTiles], n_used = meta[MlaDecodeMeta::kPartitionsUsed];
-  const int64_t slot = meta[MlaDecodeMeta::slot_base(a.n_tokens) + t] + (g - mla_partition_of(prefix[t], total, n_used));
+  const int64_t slot = meta[MlaDecodeMeta::slot_base(a.n_tokens) + t] +
+                       (g - meta[MlaDecodeMeta::first_partition(a.n_tokens) + t]);
   float* po = a.part_o + (slot * a.n_groups + hg) * kLora * kHeads;
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int ch = ch_base + 64 * c + 8 * r;
-        *reinterpret_cast<float2*>(po + ch * kHeads + 8 * j + 2 * (lane % 4)) =
-            make_float2(o[c][4 * j + 2 * r], o[c][4 * j + 2 * r + 1]);
-      }
+    for (int i = 0; i < kNT * 4; i += 2) {  // elements i, i + 1 are adjacent heads of one channel
+      *reinterpret_cast<float2*>(po + pv_channel(wg, c, acc_row(lane, w, i)) * kHeads + acc_col(lane, i)) =
+          make_float2(o[c][i], o[c][i + 1]);
     }
   }
   if (tid < kHeads) {
@@ -319,10 +309,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const AttentionA
   const int64_t g = blockIdx.x / a.n_groups;
   const int hg = static_cast<int>(blockIdx.x % a.n_groups);
   const int32_t* prefix = a.meta + MlaDecodeMeta::kTilePrefix;
-  const int64_t total = a.meta[MlaDecodeMeta::kTotalTiles], n_used = a.meta[MlaDecodeMeta::kPartitionsUsed];
-  if (g >= n_used) return;
-  const int64_t end = mla_partition_begin(g + 1, total, n_used);
-  int64_t tile = mla_partition_begin(g, total, n_used);
+  const int32_t* part_begin = a.meta + MlaDecodeMeta::partition_begin(a.n_tokens);
+  if (g >= a.meta[MlaDecodeMeta::kPartitionsUsed]) return;
+  const int64_t end = part_begin[g + 1];
+  int64_t tile = part_begin[g];
   for (int64_t t = token_of_tile(prefix, a.n_tokens, tile); tile < end; ++t) {
     const int64_t seg_end = min(end, static_cast<int64_t>(prefix[t + 1]));
     run_segment<kNT, Mma>(a, smem, t, static_cast<int>(tile - prefix[t]), static_cast<int>(seg_end - prefix[t]), g,

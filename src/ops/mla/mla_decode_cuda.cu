@@ -83,16 +83,23 @@ __device__ void write_schedule(const PrepArgs& a) {
   for (int first = 0; first < a.n_tokens; first += kPrepThreads) {
     const int t = first + static_cast<int>(threadIdx.x);
     int n_splits = 0;
+    int64_t first_part = 0;
     if (t < a.n_tokens) {
       const int64_t hi = t + 1 < a.n_tokens ? prefix[t + 1] : total;
-      n_splits = static_cast<int>(mla_partition_of(hi - 1, total, n_used) - mla_partition_of(prefix[t], total, n_used)) + 1;
+      first_part = mla_partition_of(prefix[t], total, n_used);
+      n_splits = static_cast<int>(mla_partition_of(hi - 1, total, n_used) - first_part) + 1;
     }
     const int excl = block_exclusive_scan(n_splits > 1 ? n_splits : 0, warp_sums, &chunk_total);
     if (t < a.n_tokens) {
       a.meta[MlaDecodeMeta::n_splits(a.n_tokens) + t] = n_splits;
       a.meta[MlaDecodeMeta::slot_base(a.n_tokens) + t] = carry + excl;
+      a.meta[MlaDecodeMeta::first_partition(a.n_tokens) + t] = static_cast<int32_t>(first_part);
     }
     carry += chunk_total;
+  }
+  int32_t* part_begin = a.meta + MlaDecodeMeta::partition_begin(a.n_tokens);
+  for (int g = static_cast<int>(threadIdx.x); g <= a.n_partitions; g += kPrepThreads) {
+    part_begin[g] = static_cast<int32_t>(g < n_used ? mla_partition_begin(g, total, n_used) : total);
   }
   if (threadIdx.x == 0) {
     prefix[a.n_tokens] = static_cast<int32_t>(total);
@@ -122,12 +129,26 @@ __device__ void copy_q_pe(const PrepArgs& a) {
   }
 }
 
+// CTAs 1..: every block-table entry the attention kernel will read must name a block (>= 0); a negative one is a
+// step laid out wrong (trap here: the attention kernel itself cannot trap without serialising its wgmma).
+__device__ void check_block_tables(const PrepArgs& a) {
+  for (int64_t t = blockIdx.x - 1; t < a.n_tokens; t += gridDim.x - 1) {
+    const int64_t pos = a.cache.positions[t];
+    if (pos < 0 || pos >= kMaxPosition || pos / a.block_size >= a.cache.max_blocks_per_seq) __trap();
+    const int32_t* table = a.cache.block_tables + static_cast<int64_t>(a.cache.seq_idx[t]) * a.cache.max_blocks_per_seq;
+    for (int64_t b = threadIdx.x; b <= pos / a.block_size; b += blockDim.x) {
+      if (table[b] < 0) __trap();
+    }
+  }
+}
+
 template <bool kVec>
 __global__ void __launch_bounds__(kPrepThreads) prep_kernel(const PrepArgs a) {
   if (blockIdx.x == 0) {
     write_schedule(a);
   } else {
     copy_q_pe<kVec>(a);
+    check_block_tables(a);
   }
 }
 

@@ -19,7 +19,11 @@
 
 #include <cstdint>
 
+#include "ops/mla/mla_decode_layout.h"
+
 namespace bg::ops::mla_decode {
+
+using namespace mla_layout;  // NOLINT: the layout formulas are this file's vocabulary
 
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int kTile = 64;      // cache positions per tile
@@ -27,11 +31,8 @@ constexpr int kEntry = 576;    // bf16 per cache entry / per q_full row
 constexpr int kLora = 512;     // latent channels (the P·V output)
 constexpr int kChunks = kEntry / 8;          // 72 16-byte chunks per row
 constexpr int kSlabs = kEntry / 64;          // 9 slabs of 64 columns
-constexpr int kTileSlabBytes = kTile * 128;  // 8192
-constexpr int kTileBytes = kSlabs * kTileSlabBytes;  // 73728
-constexpr int kKSteps = kEntry / 16;         // 36 k16 steps of Q·Kᵀ
-constexpr int kKStepsPerWg = kKSteps / 2;    // warpgroup g takes k-steps [18g, 18g + 18)
-constexpr int kChannelsPerWg = kLora / 2;    // warpgroup g owns channels [256g, 256g + 256) of P·V
+static_assert(kTileSlabBytes == kTile * 128 && kTileBytes == kSlabs * kTileSlabBytes, "tile layout");
+static_assert(kKStepsPerWg * 2 * 16 == kEntry && kChannelsPerWg * 2 == kLora, "warpgroup split");
 
 // Shared-memory layout of one CTA with kNT n8 head tiles (Hc = 8 kNT heads), byte offsets from a 1024-aligned base.
 template <int kNT>
@@ -51,11 +52,6 @@ struct Smem {
   static_assert(kQ % 1024 == 0 && kP % 1024 == 0 && kXch % 16 == 0, "SW128 atoms must be 1024-byte aligned");
   static_assert(kDynamicBytes <= 232448, "over the 227 KiB of shared memory a CTA may use");
 };
-
-// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` inside a 128-byte-swizzled slab.
-__device__ __forceinline__ uint32_t sw128(uint32_t row, uint32_t chunk) {
-  return row * 128u + ((chunk ^ (row & 7u)) << 4);
-}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -103,20 +99,14 @@ struct MmaSync {
   template <int kNT>
   static __device__ __forceinline__ void qk(uint32_t tile, uint32_t q, int k0, float (&s)[kNT * 4]) {
     const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4;
-    // ldmatrix x4 of A: matrix i = lane / 8 is (rows +8 if i odd, k +8 if i >= 2): a0..a3 of m16n8k16.
-    const int a_row = 16 * w + lane % 8 + ((lane / 8) % 2) * 8, a_khalf = lane / 16;
-    // ldmatrix x4 of B for n8 tiles (2jp, 2jp+1): matrix i is (head tile +1 if i >= 2, k +8 if i odd).
-    const int b_head = lane % 8 + (lane / 16) * 8, b_khalf = (lane / 8) % 2;
-    constexpr int kQSlab = Smem<kNT>::kQSlabBytes;
-#pragma unroll 2
+#pragma unroll 1
     for (int kk = k0; kk < k0 + kKStepsPerWg; ++kk) {
-      const int slab = kk / 4, chunk0 = (kk % 4) * 2;
       uint32_t a[4];
-      ldmatrix_x4(a, tile + slab * kTileSlabBytes + sw128(a_row, chunk0 + a_khalf));
+      ldmatrix_x4(a, tile + qk_a_lane(lane, w, kk));
 #pragma unroll
       for (int jp = 0; jp < kNT / 2; ++jp) {
         uint32_t b[4];
-        ldmatrix_x4(b, q + slab * kQSlab + sw128(16 * jp + b_head, chunk0 + b_khalf));
+        ldmatrix_x4(b, q + qk_b_lane(lane, jp, kk, Smem<kNT>::kQSlabBytes));
         mma_bf16(&s[8 * jp], a, b[0], b[1]);
         mma_bf16(&s[8 * jp + 4], a, b[2], b[3]);
       }
@@ -127,19 +117,15 @@ struct MmaSync {
   template <int kNT>
   static __device__ __forceinline__ void pv(uint32_t tile, uint32_t p, int wg, float (&o)[4][kNT * 4]) {
     const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4;
-    // ldmatrix x4.trans of Aᵀ stored [position][channel]: matrix i is (channels +8 if i odd, positions +8 if i >= 2).
-    const int a_pos = lane % 8 + (lane / 16) * 8, a_chalf = (lane / 8) % 2;
-    const int b_head = lane % 8 + (lane / 16) * 8, b_khalf = (lane / 8) % 2;
 #pragma unroll
     for (int ks = 0; ks < kTile / 16; ++ks) {
       uint32_t b[kNT / 2][4];
 #pragma unroll
-      for (int jp = 0; jp < kNT / 2; ++jp) ldmatrix_x4(b[jp], p + sw128(16 * jp + b_head, 2 * ks + b_khalf));
+      for (int jp = 0; jp < kNT / 2; ++jp) ldmatrix_x4(b[jp], p + pv_b_lane(lane, jp, ks));
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const int ch0 = kChannelsPerWg * wg + 64 * c + 16 * w;
         uint32_t a[4];
-        ldmatrix_x4_trans(a, tile + (ch0 / 64) * kTileSlabBytes + sw128(16 * ks + a_pos, (ch0 % 64) / 8 + a_chalf));
+        ldmatrix_x4_trans(a, tile + pv_a_lane(lane, w, wg, c, ks));
 #pragma unroll
         for (int jp = 0; jp < kNT / 2; ++jp) {
           mma_bf16(&o[c][8 * jp], a, b[jp][0], b[jp][1]);
@@ -152,16 +138,8 @@ struct MmaSync {
 
 // ---- wgmma policy (sm_90a) ---------------------------------------------------------------------------------------
 
-// Shared-memory matrix descriptor (PTX ISA 9.7.15.5.1.2.2): start >> 4 in bits 0-13, leading byte offset >> 4 in
-// 16-29, stride byte offset >> 4 in 32-45, base offset 0 (atoms are 1024-byte aligned), 128-byte swizzle (1 << 62).
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t start, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  return static_cast<uint64_t>((start & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(lbo_bytes >> 4) << 16) |
-         (static_cast<uint64_t>(sbo_bytes >> 4) << 32) | (1ull << 62);
-}
-// K-major SW128: the leading byte offset is unused (1 by convention), 8-row groups are 1024 B apart.
-__device__ __forceinline__ uint64_t desc_k_major(uint32_t start) { return sw128_desc(start, 16, 1024); }
-// M-major SW128: 64-element blocks along M are a slab (8192 B) apart (unused at M = 64), 8-row K groups 1024 B apart.
-__device__ __forceinline__ uint64_t desc_m_major(uint32_t start) { return sw128_desc(start, kTileSlabBytes, 1024); }
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t start) { return sw128_desc(start, kKMajorLbo, kKMajorSbo); }
+__device__ __forceinline__ uint64_t desc_m_major(uint32_t start) { return sw128_desc(start, kMMajorLbo, kMMajorSbo); }
 
 // Keeps the compiler from moving accesses of wgmma accumulators across the asynchronous MMA (no-op instruction).
 template <int kN>
@@ -250,9 +228,8 @@ struct Wgmma {
     // Not unrolled: the descriptors are recomputed per step instead of 36 of them being hoisted into registers.
 #pragma unroll 1
     for (int i = 0; i < kKStepsPerWg; ++i) {
-      const int kk = k0 + i, slab = kk / 4, k_bytes = (kk % 4) * 32;  // 16 bf16 = 32 B along K inside a 128 B row
-      wgmma_bf16<kNT, 0>(s, desc_k_major(tile + slab * kTileSlabBytes + k_bytes),
-                         desc_k_major(q + slab * kQSlab + k_bytes));
+      const int kk = k0 + i;
+      wgmma_bf16<kNT, 0>(s, desc_k_major(tile + qk_a_start(kk)), desc_k_major(q + qk_b_start(kk, kQSlab)));
     }
     wgmma_commit();
     wgmma_wait_all();
@@ -268,10 +245,9 @@ struct Wgmma {
     wgmma_fence();  // o was rescaled by ordinary register writes
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const uint32_t slab = tile + (4 * wg + c) * kTileSlabBytes;
 #pragma unroll
       for (int ks = 0; ks < kTile / 16; ++ks) {
-        wgmma_bf16<kNT, 1>(o[c], desc_m_major(slab + ks * 2048), desc_k_major(p + ks * 32));
+        wgmma_bf16<kNT, 1>(o[c], desc_m_major(tile + pv_a_start(wg, c, ks)), desc_k_major(p + pv_b_start(ks)));
       }
     }
     wgmma_commit();

@@ -66,7 +66,7 @@ MlaDecodePlan mla_decode_plan(const MlaParams& p, int64_t n_sms, const MlaDecode
   ws.o_lat = region(n * h * static_cast<size_t>(kMlaDecodeLora) * 2);
   ws.part_o = region(slots * groups * static_cast<size_t>(kMlaDecodeLora) * gh * 4);
   ws.part_ml = region(slots * groups * 2 * gh * 4);
-  ws.meta = region(static_cast<size_t>(MlaDecodeMeta::count(p.n_tokens)) * 4);
+  ws.meta = region(static_cast<size_t>(MlaDecodeMeta::count(p.n_tokens, plan.n_partitions)) * 4);
   ws.total_bytes = offset;
   return plan;
 }
@@ -77,6 +77,7 @@ MlaDecodeSchedule mla_decode_schedule_cpu(const MlaDecodePlan& plan, const int64
   s.tile_prefix.resize(static_cast<size_t>(n) + 1);
   s.n_splits.resize(static_cast<size_t>(n));
   s.slot_base.resize(static_cast<size_t>(n));
+  s.first_partition.resize(static_cast<size_t>(n));
   int64_t total = 0;
   for (int64_t t = 0; t < n; ++t) {
     BG_CHECK(positions[t] >= 0, "mla_decode_schedule_cpu: position {} of token {} is negative", positions[t], t);
@@ -92,8 +93,12 @@ MlaDecodeSchedule mla_decode_schedule_cpu(const MlaDecodePlan& plan, const int64
     const int64_t first = mla_partition_of(s.tile_prefix[i], total, s.n_used);
     const int64_t last = mla_partition_of(s.tile_prefix[i + 1] - 1, total, s.n_used);
     s.n_splits[i] = static_cast<int32_t>(last - first + 1);
+    s.first_partition[i] = static_cast<int32_t>(first);
     s.slot_base[i] = static_cast<int32_t>(slots);
     if (s.n_splits[i] > 1) slots += s.n_splits[i];
+  }
+  for (int64_t g = 0; g <= plan.n_partitions; ++g) {
+    s.partition_begin.push_back(static_cast<int32_t>(g < s.n_used ? mla_partition_begin(g, total, s.n_used) : total));
   }
   BG_CHECK(slots <= plan.max_slots, "mla_decode_schedule_cpu: {} partial slots exceed the plan's {}", slots,
            plan.max_slots);

@@ -51,19 +51,26 @@ struct MlaDecodeWorkspace {
   size_t o_lat = 0;    // bf16 [n_tokens, n_heads, 512]: softmax-weighted latent sum, normalised
   size_t part_o = 0;   // fp32 [max_slots, n_groups, 512, group_heads]: unnormalised partial sums of split tokens
   size_t part_ml = 0;  // fp32 [max_slots, n_groups, 2, group_heads]: partial max (log2 units) and sum
-  size_t meta = 0;     // int32 [2 + (n_tokens + 1) + 2 * n_tokens]: schedule (see MlaDecodeMeta)
+  size_t meta = 0;     // int32 [MlaDecodeMeta::count]: the schedule
   size_t total_bytes = 0;
 };
 
 // int32 offsets inside the meta region: [0] total tiles, [1] partitions used, then tile_prefix[n_tokens + 1],
-// n_splits[n_tokens] (partitions the token's tiles touch), slot_base[n_tokens] (first partial slot of a split token).
+// n_splits[n_tokens] (partitions the token's tiles touch), slot_base[n_tokens] (first partial slot of a split token),
+// first_partition[n_tokens] (partition of the token's first tile), partition_begin[n_partitions + 1] (first tile of
+// each partition; total past the partitions used). The attention kernel reads boundaries from here instead of
+// dividing: a 64-bit division is a branching subroutine, which makes ptxas serialise every wgmma of the kernel.
 struct MlaDecodeMeta {
   static constexpr int64_t kTotalTiles = 0;
   static constexpr int64_t kPartitionsUsed = 1;
   static constexpr int64_t kTilePrefix = 2;
   static BG_MLA_HD int64_t n_splits(int64_t n_tokens) { return kTilePrefix + n_tokens + 1; }
   static BG_MLA_HD int64_t slot_base(int64_t n_tokens) { return n_splits(n_tokens) + n_tokens; }
-  static BG_MLA_HD int64_t count(int64_t n_tokens) { return slot_base(n_tokens) + n_tokens; }
+  static BG_MLA_HD int64_t first_partition(int64_t n_tokens) { return slot_base(n_tokens) + n_tokens; }
+  static BG_MLA_HD int64_t partition_begin(int64_t n_tokens) { return first_partition(n_tokens) + n_tokens; }
+  static BG_MLA_HD int64_t count(int64_t n_tokens, int64_t n_partitions) {
+    return partition_begin(n_tokens) + n_partitions + 1;
+  }
 };
 
 // Everything a decode launch needs that depends only on the batch shape (never on positions): computed on the host
@@ -115,7 +122,9 @@ struct MlaDecodeSchedule {
   int64_t n_used = 0;
   std::vector<int32_t> tile_prefix;  // [n_tokens + 1]
   std::vector<int32_t> n_splits;     // [n_tokens]
-  std::vector<int32_t> slot_base;    // [n_tokens]; 0 for unsplit tokens
+  std::vector<int32_t> slot_base;    // [n_tokens]: split pieces before this token's
+  std::vector<int32_t> first_partition;  // [n_tokens]
+  std::vector<int32_t> partition_begin;  // [n_partitions + 1]; total past n_used
 };
 MlaDecodeSchedule mla_decode_schedule_cpu(const MlaDecodePlan& plan, const int64_t* positions);
 

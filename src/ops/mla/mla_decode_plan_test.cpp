@@ -40,11 +40,13 @@ TEST(MlaDecodePlan, WorkspaceRegionsAreAlignedAndDisjoint) {
       {ws.o_lat, 64 * 96 * 512 * 2},
       {ws.part_o, static_cast<size_t>(plan.max_slots * plan.n_groups * 512 * plan.group_heads * 4)},
       {ws.part_ml, static_cast<size_t>(plan.max_slots * plan.n_groups * 2 * plan.group_heads * 4)},
-      {ws.meta, static_cast<size_t>(MlaDecodeMeta::count(64) * 4)}};
+      {ws.meta, static_cast<size_t>(MlaDecodeMeta::count(64, plan.n_partitions) * 4)}};
   for (size_t i = 0; i < regions.size(); ++i) {
     EXPECT_EQ(regions[i].first % 256, 0u) << "region " << i;
     EXPECT_LE(regions[i].first + regions[i].second, ws.total_bytes) << "region " << i;
-    if (i + 1 < regions.size()) EXPECT_LE(regions[i].first + regions[i].second, regions[i + 1].first);
+    if (i + 1 < regions.size()) {
+      EXPECT_LE(regions[i].first + regions[i].second, regions[i + 1].first);
+    }
   }
 }
 
@@ -81,7 +83,6 @@ void check_schedule(const MlaDecodePlan& plan, const std::vector<int64_t>& posit
     const int64_t size =
         mla_partition_begin(g + 1, s.total_tiles, s.n_used) - mla_partition_begin(g, s.total_tiles, s.n_used);
     ASSERT_GE(size, 1);
-    if (s.n_used > 1) ASSERT_GE(size, std::min<int64_t>(plan.min_tiles_per_partition, s.total_tiles / s.n_used));
     lo = std::min(lo, size);
     hi = std::max(hi, size);
     for (int64_t x = mla_partition_begin(g, s.total_tiles, s.n_used);
@@ -90,6 +91,10 @@ void check_schedule(const MlaDecodePlan& plan, const std::vector<int64_t>& posit
     }
   }
   EXPECT_LE(hi - lo, 1) << "partitions differ by more than one tile";
+  ASSERT_EQ(s.partition_begin.size(), static_cast<size_t>(plan.n_partitions + 1));
+  for (int64_t g = 0; g <= plan.n_partitions; ++g) {
+    ASSERT_EQ(s.partition_begin[g], g < s.n_used ? mla_partition_begin(g, s.total_tiles, s.n_used) : s.total_tiles);
+  }
   // Split tokens: pieces in consecutive partitions, their slots disjoint and inside the plan's bound.
   std::set<int64_t> slots;
   for (int64_t t = 0; t < n; ++t) {
@@ -98,6 +103,7 @@ void check_schedule(const MlaDecodePlan& plan, const std::vector<int64_t>& posit
     const int64_t first = mla_partition_of(s.tile_prefix[i], s.total_tiles, s.n_used);
     const int64_t last = mla_partition_of(s.tile_prefix[i + 1] - 1, s.total_tiles, s.n_used);
     ASSERT_EQ(s.n_splits[i], last - first + 1);
+    ASSERT_EQ(s.first_partition[i], first);
     if (s.n_splits[i] <= 1) continue;
     for (int64_t g = first; g <= last; ++g) {
       const int64_t slot = s.slot_base[i] + (g - first);
