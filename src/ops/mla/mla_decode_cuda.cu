@@ -160,11 +160,13 @@ struct CombineArgs {
   int n_tokens, n_heads, n_groups, group_heads;
 };
 
-// grid (n_tokens, n_groups): merges the partials of a split token in partition order (unsplit tokens exit; the
-// attention kernel wrote them). Shared memory: weights [n_splits, Hc] fp32, then a [Hc, 64] bf16 staging block.
+// grid (n_tokens, n_groups, 8 blocks of 64 channels): merges the partials of a split token in partition order
+// (unsplit tokens exit; the attention kernel wrote them). Each CTA recomputes the token's weights (n_splits x Hc
+// exp2) so that one token's merge spreads over 8 x n_groups CTAs. Shared memory: weights [n_splits, Hc] fp32, then a
+// [Hc, 64] bf16 staging block for 16-byte stores.
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineArgs a) {
   const int64_t t = blockIdx.x;
-  const int hg = static_cast<int>(blockIdx.y), hc = a.group_heads;
+  const int hg = static_cast<int>(blockIdx.y), cb = static_cast<int>(blockIdx.z), hc = a.group_heads;
   const int n_splits = a.meta[MlaDecodeMeta::n_splits(a.n_tokens) + t];
   if (n_splits <= 1) return;
   const int64_t slot0 = a.meta[MlaDecodeMeta::slot_base(a.n_tokens) + t];
@@ -184,23 +186,20 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineA
     }
   }
   __syncthreads();
+  for (int e = threadIdx.x; e < 64 * hc; e += blockDim.x) {
+    const int ch = e / hc, h = e % hc;  // coalesced over heads, the partials' fastest dimension
+    float acc = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+      acc += weight[s * hc + h] * a.part_o[(((slot0 + s) * a.n_groups + hg) * 512 + cb * 64 + ch) * hc + h];
+    }
+    stage[h * 64 + ch] = __float2bfloat16(acc);
+  }
+  __syncthreads();
   const int h0 = hg * hc, n_valid = min(hc, a.n_heads - h0);
-  bf16* out = a.o_lat + (t * a.n_heads + h0) * 512;
-  for (int cb = 0; cb < 512 / 64; ++cb) {
-    for (int e = threadIdx.x; e < 64 * hc; e += blockDim.x) {
-      const int ch = e / hc, h = e % hc;  // coalesced over heads, the partials' fastest dimension
-      float acc = 0.0f;
-      for (int s = 0; s < n_splits; ++s) {
-        acc += weight[s * hc + h] * a.part_o[(((slot0 + s) * a.n_groups + hg) * 512 + cb * 64 + ch) * hc + h];
-      }
-      stage[h * 64 + ch] = __float2bfloat16(acc);
-    }
-    __syncthreads();
-    for (int v = threadIdx.x; v < n_valid * 8; v += blockDim.x) {
-      const int h = v / 8, q = v % 8;
-      *reinterpret_cast<uint4*>(out + h * 512 + cb * 64 + 8 * q) = *reinterpret_cast<const uint4*>(stage + h * 64 + 8 * q);
-    }
-    __syncthreads();
+  bf16* out = a.o_lat + (t * a.n_heads + h0) * 512 + cb * 64;
+  for (int v = threadIdx.x; v < n_valid * 8; v += blockDim.x) {
+    const int h = v / 8, q = v % 8;
+    *reinterpret_cast<uint4*>(out + h * 512 + 8 * q) = *reinterpret_cast<const uint4*>(stage + h * 64 + 8 * q);
   }
 }
 
@@ -306,8 +305,8 @@ void mla_decode_cuda(const MlaDecodePlan& plan, const MlaDecodeTensors& x, const
                            static_cast<size_t>(plan.group_heads) * 64 * 2;
   BG_CUDA_CHECK(cudaFuncSetAttribute(combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(comb_smem)));
-  combine_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(plan.n_groups)), kCombineThreads, comb_smem,
-                   stream>>>(comb);
+  combine_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(plan.n_groups), 512 / 64), kCombineThreads,
+                   comb_smem, stream>>>(comb);
   BG_CUDA_CHECK_LAUNCH();
 
   // 5. out[t, h, :] = o_lat[t, h] · W_UV[h]ᵀ: per head, C [v, n] = (W_UV[h] as stored [512, v])ᵀ · o_latᵀ.
