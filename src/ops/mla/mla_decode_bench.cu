@@ -14,6 +14,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
 #include "ops/mla/mla_decode_cuda.h"
+#include "ops/mla/mla_decode_internal.h"
 
 namespace bg::ops {
 namespace {
@@ -80,7 +81,7 @@ struct Copy {
   int64_t input_bytes() const {
     return static_cast<int64_t>(pool.bytes() + q.bytes() + w_uk.bytes() + w_uv.bytes());
   }
-  void launch(const MlaDecodePlan& plan, const MlaDecodeContext& ctx, int64_t blocks_per_seq, cudaStream_t s) const {
+  MlaPagedCache cache(const MlaDecodePlan& plan, int64_t blocks_per_seq) const {
     MlaPagedCache c;
     c.base = pool.as<bf16>();
     c.block_stride = plan.params.block_size * kMlaDecodeEntry;
@@ -88,16 +89,27 @@ struct Copy {
     c.max_blocks_per_seq = blocks_per_seq;
     c.seq_idx = seq_idx.as<int32_t>();
     c.positions = positions.as<int64_t>();
+    return c;
+  }
+  // The whole op (attention_only = false) or only the attention kernel over the q_full and schedule an earlier
+  // whole-op launch on this copy left in its workspace.
+  void launch(const MlaDecodePlan& plan, const MlaDecodeContext& ctx, int64_t blocks_per_seq, bool attention_only,
+              cudaStream_t s) const {
+    if (attention_only) {
+      mla_decode::launch_attention(plan, mla_decode::attention_args(plan, cache(plan, blocks_per_seq), ws.data()), s);
+      return;
+    }
     MlaDecodeContext x = ctx;
     x.workspace = ws.data();
     x.workspace_bytes = ws.bytes();
-    mla_decode_cuda(plan, {q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), out.as<bf16>()}, c, x, s);
+    mla_decode_cuda(plan, {q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), out.as<bf16>()},
+                    cache(plan, blocks_per_seq), x, s);
   }
 };
 
 // Median time of one launch: a graph of n launches over the copies, replayed.
 double time_launch_us(const MlaDecodePlan& plan, const std::vector<Copy>& copies, int64_t blocks_per_seq,
-                      int replays) {
+                      bool attention_only, int replays) {
   cublasHandle_t cublas = nullptr;
   BG_CUBLAS_CHECK(cublasCreate(&cublas));
   DeviceBuffer cublas_ws(size_t{32} << 20);
@@ -105,12 +117,14 @@ double time_launch_us(const MlaDecodePlan& plan, const std::vector<Copy>& copies
   cudaStream_t stream = nullptr;
   BG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int64_t n_launch = std::max<int64_t>(10, static_cast<int64_t>(copies.size()));
-  copies[0].launch(plan, ctx, blocks_per_seq, stream);  // eager once: errors surface before capture
+  for (const Copy& c : copies) c.launch(plan, ctx, blocks_per_seq, false, stream);  // eager: errors surface here
   BG_CUDA_CHECK(cudaStreamSynchronize(stream));
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   BG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  for (int64_t i = 0; i < n_launch; ++i) copies[static_cast<size_t>(i) % copies.size()].launch(plan, ctx, blocks_per_seq, stream);
+  for (int64_t i = 0; i < n_launch; ++i) {
+    copies[static_cast<size_t>(i) % copies.size()].launch(plan, ctx, blocks_per_seq, attention_only, stream);
+  }
   BG_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   BG_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   cudaEvent_t a = nullptr, b = nullptr;
@@ -168,8 +182,8 @@ std::vector<MlaDecodeBenchResult> mla_decode_bench(const MlaDecodeBenchOptions& 
   const double ceiling = mla_decode_bench_read_ceiling_tbps();
   std::printf("mla_decode: heads %lld, block %lld, read ceiling %.2f TB/s (uint4 read, 2 GiB), %d SMs\n",
               static_cast<long long>(o.n_heads), static_cast<long long>(o.block_size), ceiling, sms);
-  std::printf("%-9s %5s %7s | %10s %8s %8s %9s | %4s %7s %5s\n", "mma", "batch", "context", "us", "KV TB/s",
-              "TFLOP/s", "fraction", "regs", "smem", "spill");
+  std::printf("%-9s %5s %7s | %9s %8s %8s %8s | %9s %8s | %4s %7s %5s\n", "mma", "batch", "context", "op us",
+              "KV TB/s", "TFLOP/s", "fraction", "attn us", "fraction", "regs", "smem", "spill");
   std::vector<MlaDecodeBenchResult> results;
   for (const MlaDecodeBenchCase& c : o.cases) {
     for (MlaDecodeMma mma : o.mmas) {
@@ -186,7 +200,8 @@ std::vector<MlaDecodeBenchResult> mla_decode_bench(const MlaDecodeBenchOptions& 
       MlaDecodeBenchResult r;
       r.c = c;
       r.mma = mma;
-      r.us = time_launch_us(plan, copies, blocks_per_seq, o.replays);
+      r.us = time_launch_us(plan, copies, blocks_per_seq, false, o.replays);
+      r.attention_us = time_launch_us(plan, copies, blocks_per_seq, true, o.replays);
       const double kv_bytes = static_cast<double>(c.batch * c.context) * kMlaDecodeEntry * 2;
       const double flops = 2.0 * static_cast<double>(o.n_heads * c.batch) *
                            (static_cast<double>(c.context) * (kMlaDecodeEntry + kMlaDecodeLora) +
@@ -194,14 +209,15 @@ std::vector<MlaDecodeBenchResult> mla_decode_bench(const MlaDecodeBenchOptions& 
       r.kv_tbps = kv_bytes / (r.us * 1e-6) / 1e12;
       r.tflops = flops / (r.us * 1e-6) / 1e12;
       r.read_fraction = r.kv_tbps / ceiling;
+      r.attention_read_fraction = kv_bytes / (r.attention_us * 1e-6) / 1e12 / ceiling;
       const MlaDecodeKernelInfo info = mla_decode_attention_kernel_info(plan);
       r.registers = info.registers;
       r.smem_bytes = static_cast<int64_t>(info.smem_bytes);
       r.spill_bytes = static_cast<int64_t>(info.local_bytes);
-      std::printf("%-9s %5lld %7lld | %10.1f %8.3f %8.1f %9.3f | %4d %7lld %5lld\n", mla_decode_mma_name(mma),
-                  static_cast<long long>(c.batch), static_cast<long long>(c.context), r.us, r.kv_tbps, r.tflops,
-                  r.read_fraction, r.registers, static_cast<long long>(r.smem_bytes),
-                  static_cast<long long>(r.spill_bytes));
+      std::printf("%-9s %5lld %7lld | %9.1f %8.3f %8.1f %8.3f | %9.1f %8.3f | %4d %7lld %5lld\n",
+                  mla_decode_mma_name(mma), static_cast<long long>(c.batch), static_cast<long long>(c.context), r.us,
+                  r.kv_tbps, r.tflops, r.read_fraction, r.attention_us, r.attention_read_fraction, r.registers,
+                  static_cast<long long>(r.smem_bytes), static_cast<long long>(r.spill_bytes));
       std::fflush(stdout);
       results.push_back(r);
     }

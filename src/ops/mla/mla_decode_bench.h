@@ -26,10 +26,12 @@ struct MlaDecodeBenchOptions {
 struct MlaDecodeBenchResult {
   MlaDecodeBenchCase c;
   MlaDecodeMma mma = MlaDecodeMma::kMmaSync;
-  double us = 0;          // one launch (all five kernels), median of replays
+  double us = 0;          // one launch of the op (all five kernels), median of replays
   double kv_tbps = 0;     // cache bytes read per second
   double tflops = 0;      // attention + absorption FLOPs per second
-  double read_fraction = 0;  // kv_tbps / the measured read ceiling (the figure of merit)
+  double read_fraction = 0;  // kv_tbps / the measured read ceiling
+  double attention_us = 0;   // the attention kernel alone (no GEMMs, prep or combine)
+  double attention_read_fraction = 0;  // cache bytes / attention_us / ceiling: the kernel's figure of merit
   int registers = 0;
   int64_t smem_bytes = 0, spill_bytes = 0;
 };

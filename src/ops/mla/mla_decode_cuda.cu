@@ -285,17 +285,7 @@ void mla_decode_cuda(const MlaDecodePlan& plan, const MlaDecodeTensors& x, const
   BG_CUDA_CHECK_LAUNCH();
 
   // 3. Attention over the paged cache.
-  AttentionArgs attn{q_full,
-                     o_lat,
-                     reinterpret_cast<float*>(ws + plan.ws.part_o),
-                     reinterpret_cast<float*>(ws + plan.ws.part_ml),
-                     meta,
-                     cache,
-                     n,
-                     h,
-                     static_cast<int>(plan.n_groups),
-                     static_cast<int>(p.block_size),
-                     p.softmax_scale * kLog2e};
+  const AttentionArgs attn = mla_decode::attention_args(plan, cache, ctx.workspace);
   mla_decode::launch_attention(plan, attn, stream);
 
   // 4. Merge the split tokens' partials.
@@ -313,6 +303,26 @@ void mla_decode_cuda(const MlaDecodePlan& plan, const MlaDecodeTensors& x, const
   run_gemm(ctx, {CUBLAS_OP_T, v_dim, n, 512, x.w_uv, 512, int64_t{v_dim} * 512, o_lat, h * 512, 512, x.out, h * v_dim,
                  v_dim, h});
 }
+
+namespace mla_decode {
+
+AttentionArgs attention_args(const MlaDecodePlan& plan, const MlaPagedCache& cache, void* workspace) {
+  auto* ws = static_cast<uint8_t*>(workspace);
+  const MlaParams& p = plan.params;
+  return {reinterpret_cast<const bf16*>(ws + plan.ws.q_full),
+          reinterpret_cast<bf16*>(ws + plan.ws.o_lat),
+          reinterpret_cast<float*>(ws + plan.ws.part_o),
+          reinterpret_cast<float*>(ws + plan.ws.part_ml),
+          reinterpret_cast<const int32_t*>(ws + plan.ws.meta),
+          cache,
+          static_cast<int>(p.n_tokens),
+          static_cast<int>(p.n_heads),
+          static_cast<int>(plan.n_groups),
+          static_cast<int>(p.block_size),
+          p.softmax_scale * kLog2e};
+}
+
+}  // namespace mla_decode
 
 size_t mla_decode_attention_smem_bytes(const MlaDecodePlan& plan) { return mla_decode::attention_smem_bytes(plan); }
 

@@ -23,6 +23,10 @@ struct AttentionArgs {
   float scale_log2;  // softmax_scale * log2(e): scores live in log2 units (exp2)
 };
 
+// The attention kernel's arguments for a launch of mla_decode_cuda with this workspace (its q_full and schedule are
+// the ones that launch's absorb GEMM and prep kernel wrote).
+AttentionArgs attention_args(const MlaDecodePlan& plan, const MlaPagedCache& cache, void* workspace);
+
 // Grid n_partitions * n_groups, 256 threads, Smem<group_heads / 8>::kDynamicBytes of shared memory.
 void launch_attention(const MlaDecodePlan& plan, const AttentionArgs& args, cudaStream_t stream);
 size_t attention_smem_bytes(const MlaDecodePlan& plan);
