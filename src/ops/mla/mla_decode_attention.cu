@@ -8,15 +8,19 @@
 //      [g Hc/2, (g+1) Hc/2) (scale, mask past the context, 64-row max across its 4 warps, exp2, running sum) and
 //      writes their P (bf16, [head][position]) and rescale factors alpha.
 //   3. P·V: warpgroup g rescales and accumulates Oᵀ[channels 256g..256g+255, all Hc heads] (4 m64 chunks x 4 k16).
-// Cost model per tile and CTA (Hc = 48): 2 x 64 x 48 x (576 + 512) = 6.7 MFLOP on 73.7 KB of cache (each tile is
-// read by n_groups CTAs: K3 has 2 head groups, the second read comes from L2). Shared-memory traffic per tile:
+// Cost model per tile and CTA (Hc = 48): 2 x 64 x 48 x (576 + 512) = 6.68 MFLOP = 68 m64n48k16 = 1632 clocks at an
+// SM's dense bf16 peak (4096 FLOP/clk), on 73.7 KB of cache (each tile is read by the n_groups CTAs of its partition:
+// K3 has 2 head groups, the second read comes from L2). K3 does 181 FLOP per cache byte, above the ridge (~173), so
+// 0.7 of read needs ~585 TFLOP/s of useful MMA. Shared-memory traffic per tile:
 //   mma.sync: 8 warps x (A 9 KB + B 27 KB) for Q·Kᵀ + 8 x (8 + 6) KB for P·V + 24 KB exchange + 72 KB cp.async
-//             ≈ 500 KB -> 13 FLOP/B against ~32 FLOP/B the tensor cores need at 128 B/clk: ≤ 0.4 of the bf16 peak.
-//   wgmma:    36 x (2 + 1.5) KB + 32 x (2 + 1.5) KB ≈ 240 KB + 96 KB -> 20-28 FLOP/B: 0.6-0.85 of peak in the MMA
-//             phases; the serial softmax between them (4 CTA barriers per tile) is what remains (see
-//             docs/MLA_DECODE.md for the predicted fraction and the next steps).
-// Registers per thread: O 4 x 24 fp32 + S 24 fp32 + softmax state 12 + fragments.
-
+//             ≈ 500 KB -> 13 FLOP/B against the ~32 FLOP/B the tensor cores need at 128 B/clk: ≤ 0.4 of peak,
+//             predicted 0.2-0.3 of read. A correct baseline.
+//   wgmma:    68 x (2 + 1.5) KB operands ≈ 240 KB + 96 KB -> 28 FLOP/B: MMA phases ≤ 0.88 of peak (~1860 clk);
+//             the serial exchange + softmax + barriers add ~400-600 clk: tensor utilisation ~0.65-0.7, predicted
+//             0.55-0.7 of read at B >= 16, context >= 4k (docs/MLA_DECODE.md: cost model, next steps).
+// Resources (ptxas, sm_90a, Hc = 48): wgmma 240 registers, mma.sync 255, no spills; 223,552 B dynamic shared
+// memory -> 1 CTA (256 threads) per SM. Per thread: O 4 x 24 fp32, S 24 fp32, softmax state 12, fragments.
+// Never put a 64-bit division or a __trap in this kernel: ptxas then serialises every wgmma (C7520).
 #include <cmath>
 #include <type_traits>
 

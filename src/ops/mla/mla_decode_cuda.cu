@@ -268,7 +268,8 @@ void mla_decode_cuda(const MlaDecodePlan& plan, const MlaDecodeTensors& x, const
   // cublasSetStream resets the workspace to cuBLAS's own pool, so the caller's workspace is bound after it.
   BG_CUBLAS_CHECK(cublasSetStream(ctx.cublas, stream));
   BG_CUBLAS_CHECK(cublasSetWorkspace(ctx.cublas, ctx.cublas_workspace, ctx.cublas_workspace_bytes));
-  // 1. q_full[t, h, 0:512] = q_nope[t, h] · W_UK[h]: per head, C [512, n] = W_UK[h]ᵀ-as-stored [512, nope] · q_nopeᵀ.
+  // 1. q_full[t, h, 0:512] = q_nope[t, h] · W_UK[h]. Column-major per head: C [512, n] (rows of q_full, ld H·576) =
+  //    A [512, nope] (W_UK[h] [nope, 512] row-major, ld 512) · B [nope, n] (q_nope rows, ld H·qk).
   run_gemm(ctx, {CUBLAS_OP_N, 512, n, nope, x.w_uk, 512, int64_t{nope} * 512, x.q, h * qk, qk, q_full, h * 576, 576, h});
 
   // 2. Schedule (CTA 0) and q_pe -> q_full[:, :, 512:576] (the other CTAs).
@@ -299,7 +300,8 @@ void mla_decode_cuda(const MlaDecodePlan& plan, const MlaDecodeTensors& x, const
                    comb_smem, stream>>>(comb);
   BG_CUDA_CHECK_LAUNCH();
 
-  // 5. out[t, h, :] = o_lat[t, h] · W_UV[h]ᵀ: per head, C [v, n] = (W_UV[h] as stored [512, v])ᵀ · o_latᵀ.
+  // 5. out[t, h, :] = o_lat[t, h] · W_UV[h]ᵀ. Column-major per head: C [v, n] (ld H·v) = Aᵀ with A [512, v]
+  //    (W_UV[h] [v, 512] row-major, ld 512) · B [512, n] (o_lat rows, ld H·512).
   run_gemm(ctx, {CUBLAS_OP_T, v_dim, n, 512, x.w_uv, 512, int64_t{v_dim} * 512, o_lat, h * 512, 512, x.out, h * v_dim,
                  v_dim, h});
 }
