@@ -25,6 +25,13 @@ RopeHandle Backend::prepare_rope(const ops::RopeTable& table) {
   return h;
 }
 
+MoeRouting Backend::moe_routing(const ops::MoeRoutingShape& shape) {
+  MoeRouting r;
+  r.shape = shape;
+  r.buffer = alloc({static_cast<int64_t>(ops::moe_routing_bytes(shape))}, DType::kU8);
+  return r;
+}
+
 std::unique_ptr<Backend> make_backend(std::string_view device) {
   if (device == "cpu") return make_cpu_backend();
   if (device == "cpu-bf16") return make_cpu_backend(true);

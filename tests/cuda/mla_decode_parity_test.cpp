@@ -2,7 +2,8 @@
 // (suites MmaSync/... and Wgmma/...): K3 (96 heads) and DeepSeek (128 heads, padded head group) shapes, contexts 1 to
 // 32k, batches 1-64 with ragged contexts, shuffled paged blocks of several sizes in a poisoned two-layer pool,
 // forced partition counts (no split, many splits), the device schedule against its host model, bitwise equality of
-// two runs and of a graph replay (with new positions) against the eager launch, and rejected inputs.
+// two runs and of a graph replay (with new positions) against the eager launch, error flags for bad step layouts,
+// and rejected inputs.
 // Bound: relative L2 error per token <= 1e-2 (bf16 q_abs, P, o_lat and output roundings; fp32 accumulation), and
 // max |error| <= 2e-2 of max |ref|; NaN never passes (outputs and workspace are poisoned with 0xff first).
 #include <gtest/gtest.h>
@@ -105,6 +106,7 @@ struct DecodeCase {
   DeviceBuffer d_q, d_uk, d_uv, d_out, d_seq, d_pos, d_ws, d_cublas_ws;
   cublasHandle_t cublas = nullptr;
   MlaDecodePlan plan;
+  int32_t* error_flags = nullptr;  // device word handed to the launch (MlaPagedCache::error_flags), optional
 
   DecodeCase(const Shape& s, std::vector<int64_t> contexts, int64_t block_size, MlaDecodeOptions o, uint64_t sd)
       : shape(s), ctx(std::move(contexts)), block(block_size), options(o), seed(sd), pool(ctx, block_size, sd) {
@@ -143,8 +145,9 @@ struct DecodeCase {
   }
   void launch_only(cudaStream_t stream) {
     const MlaDecodeContext c{cublas, d_cublas_ws.data(), d_cublas_ws.bytes(), d_ws.data(), d_ws.bytes()};
-    mla_decode_cuda(plan, {d_q.as<bf16>(), d_uk.as<bf16>(), d_uv.as<bf16>(), d_out.as<bf16>()},
-                    pool.view(d_seq, d_pos), c, stream);
+    MlaPagedCache cache = pool.view(d_seq, d_pos);
+    cache.error_flags = error_flags;
+    mla_decode_cuda(plan, {d_q.as<bf16>(), d_uk.as<bf16>(), d_uv.as<bf16>(), d_out.as<bf16>()}, cache, c, stream);
   }
   std::vector<uint16_t> run() {
     launch(nullptr);
@@ -332,6 +335,25 @@ TEST_P(MlaDecode, DeterministicAndGraphReplayMatchesEager) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// Step-layout bugs are reported through the error word and leave the CUDA context usable.
+TEST_P(MlaDecode, BadPositionsAndBlockEntriesRaiseErrorFlags) {
+  BG_REQUIRE_GPU();
+  DecodeCase c(kK3, {100, 200}, 64, options(), 1101);  // tables 5 entries wide: seq 0 owns 2 blocks, seq 1 owns 4
+  DeviceBuffer flags = cuda::upload(std::vector<int32_t>{0});
+  c.error_flags = flags.as<int32_t>();
+  auto run_flags = [&](std::vector<int64_t> positions) {
+    c.set_positions(std::move(positions));
+    BG_CUDA_CHECK(cudaMemset(flags.data(), 0, 4));
+    c.run();
+    return cuda::download<int32_t>(flags, 1)[0];
+  };
+  EXPECT_EQ(run_flags({99, 5 * 64}), kMlaErrorBadPosition) << "position past the 5-entry table";
+  EXPECT_EQ(run_flags({-1, 199}), kMlaErrorBadPosition) << "negative position";
+  EXPECT_EQ(run_flags({150, 199}), kMlaErrorBadBlock) << "seq 0's third table entry is -1";
+  EXPECT_EQ(run_flags({99, 199}), 0);
+  c.check(c.download());  // the context still works and the good step is right
 }
 
 TEST_P(MlaDecode, RejectsBadInput) {

@@ -15,7 +15,6 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
 #include "core/log.h"
-#include "moe/moe_cuda.h"
 #include "ops/attn_res/attn_res_cuda.h"
 #include "ops/elementwise/elementwise_cuda.h"
 #include "ops/embedding/embedding_cuda.h"
@@ -25,6 +24,7 @@
 #include "ops/linear/linear_cuda.h"
 #include "ops/mla/mla_cuda.h"
 #include "ops/mla/mla_decode_cuda.h"
+#include "ops/moe/moe_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
 #include "ops/rope/rope_cuda.h"
 #include "ops/router/router_cuda.h"
@@ -50,6 +50,41 @@ class CudaLinear final : public LinearHandle {
 
 const ops::DeviceWeight& desc(const LinearHandle& h) { return static_cast<const CudaLinear&>(h).desc(); }
 
+// Expert weights by slot: a device array of descriptors (uploaded when prepared, so graph capture never uploads) and
+// its host mirror. All slots share the first slot's format and shape.
+class CudaExpertSlots final : public ExpertSlots {
+ public:
+  explicit CudaExpertSlots(std::vector<ops::ExpertWeightsCuda> host) : host_(std::move(host)) {
+    BG_CHECK(!host_.empty(), "prepare_experts: no experts");
+    dev_ = cuda::upload(host_);
+  }
+  int64_t n_slots() const override { return static_cast<int64_t>(host_.size()); }
+  const ops::ExpertWeightsCuda* device() const { return dev_.as<ops::ExpertWeightsCuda>(); }
+  const ops::DeviceWeight& gate0() const { return host_[0].gate; }
+  // Rewrites one descriptor in stream order (the host mirror is the copy's source: pageable memory is staged before
+  // cudaMemcpyAsync returns).
+  void set(int64_t slot, const ops::ExpertWeightsCuda& w, cudaStream_t stream) {
+    BG_CHECK(slot >= 0 && slot < n_slots(), "set_expert_slot: slot {} of {}", slot, n_slots());
+    const ops::DeviceWeight& g = gate0();
+    BG_CHECK(w.gate.format == g.format && w.gate.n_out == g.n_out && w.gate.n_in == g.n_in &&
+                 w.down.n_out == host_[0].down.n_out && w.down.n_in == host_[0].down.n_in,
+             "set_expert_slot: slot {} gets a [{}, {}] {} expert; the layer's experts are [{}, {}] {}", slot,
+             w.gate.n_out, w.gate.n_in, weight_format_name(w.gate.format), g.n_out, g.n_in,
+             weight_format_name(g.format));
+    host_[static_cast<size_t>(slot)] = w;
+    BG_CUDA_CHECK(cudaMemcpyAsync(dev_.as<ops::ExpertWeightsCuda>() + slot, &host_[static_cast<size_t>(slot)],
+                                  sizeof(w), cudaMemcpyHostToDevice, stream));
+  }
+
+ private:
+  std::vector<ops::ExpertWeightsCuda> host_;
+  cuda::DeviceBuffer dev_;
+};
+
+ops::ExpertWeightsCuda expert_desc(const LinearHandle& gate, const LinearHandle& up, const LinearHandle& down) {
+  return {desc(gate), desc(up), desc(down)};
+}
+
 void expect(const Tensor& t, DType dtype, const char* what) {
   BG_CHECK(t.device == DeviceKind::kCuda, "cuda backend: {} is not in device memory", what);
   BG_CHECK(t.dtype == dtype, "cuda backend: {} must be {}, got {}", what, dtype_name(dtype), dtype_name(t.dtype));
@@ -66,6 +101,9 @@ class CudaBackend final : public Backend {
     BG_CUBLAS_CHECK(cublasCreate(&cublas_));
     alloc_ = std::make_shared<cuda::CachingAllocator>(o.memory_budget_bytes);
     cublas_ws_ = alloc_->allocate(ops::kCublasWorkspaceBytes);
+    errors_ = cuda::DeviceBuffer(sizeof(int32_t));
+    BG_CUDA_CHECK(cudaMemset(errors_.data(), 0, sizeof(int32_t)));
+    BG_CUDA_CHECK(cudaMallocHost(&errors_host_, sizeof(int32_t)));
     cudaDeviceProp prop{};
     BG_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
     n_sms_ = prop.multiProcessorCount;
@@ -78,6 +116,7 @@ class CudaBackend final : public Backend {
     graphs_.clear();
     if (step_host_ != nullptr) cudaFreeHost(step_host_);
     if (step_uploaded_ != nullptr) cudaEventDestroy(step_uploaded_);
+    if (errors_host_ != nullptr) cudaFreeHost(errors_host_);
     cublas_ws_.reset();
     cublasDestroy(cublas_);
     cudaStreamDestroy(stream_);
@@ -138,7 +177,10 @@ class CudaBackend final : public Backend {
     BG_CHECK(src.size() == dst.nbytes(), "write_bytes: {} bytes into a tensor of {}", src.size(), dst.nbytes());
     copy_in(dst.data, src.data(), src.size());
   }
-  void synchronize() override { BG_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    check_device_errors();
+  }
 
   std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) override {
     return std::make_unique<CudaLinear>(ops::upload_weight(w));
@@ -214,8 +256,59 @@ class CudaBackend final : public Backend {
     ops::route_topk_cuda(p, logits.as<float>(), bias.empty() ? nullptr : bias.as<float>(), ids.as<int32_t>(),
                          weights.as<float>(), stream_);
   }
-  void routed_experts(const ExpertWeights& experts, const GluSpec& glu_p, const Tensor& x, const Tensor& ids,
-                      const Tensor& weights, Tensor& out) override;
+  std::unique_ptr<ExpertSlots> prepare_experts(const ExpertWeights& by_slot) override {
+    std::vector<ops::ExpertWeightsCuda> host;
+    for (int64_t e = 0; e < by_slot.size(); ++e) {
+      auto i = static_cast<size_t>(e);
+      host.push_back(expert_desc(*by_slot.gate[i], *by_slot.up[i], *by_slot.down[i]));
+    }
+    return std::make_unique<CudaExpertSlots>(std::move(host));
+  }
+  void set_expert_slot(ExpertSlots& slots, int64_t slot, const LinearHandle& gate, const LinearHandle& up,
+                       const LinearHandle& down) override {
+    static_cast<CudaExpertSlots&>(slots).set(slot, expert_desc(gate, up, down), stream_);
+  }
+  void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r) override {
+    BG_CHECK(slot_map.numel() == r.shape.n_experts && ids.numel() == r.shape.n_pairs() &&
+                 weights.numel() == r.shape.n_pairs(), "moe_dispatch: slot map of {} for {} experts, {} ids and {} "
+             "weights for {} pairs", slot_map.numel(), r.shape.n_experts, ids.numel(), weights.numel(),
+             r.shape.n_pairs());
+    ops::MoeWorkspace ws = workspace(r);
+    ws.slot_map = slot_map.as<int32_t>();
+    ops::moe_dispatch_cuda(moe_params(r, 1, 1), ids.as<int32_t>(), weights.as<float>(), ws, stream_);
+  }
+  void moe_gather(const MoeRouting& r, const Tensor& x, Tensor& rows) override {
+    expect(x, DType::kBF16, "moe_gather input");
+    ops::MoeWorkspace ws = workspace(r);
+    ws.x_perm = rows.as<bf16>();
+    ops::moe_gather_cuda(moe_params(r, x.cols(), 1), x.as<bf16>(), ws, stream_);
+  }
+  void moe_experts(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& rows,
+                   Tensor& y_rows) override {
+    expect(rows, DType::kBF16, "moe_experts input");
+    const auto& slots = static_cast<const CudaExpertSlots&>(experts);
+    BG_CHECK(slots.n_slots() == r.shape.n_slots, "moe_experts: {} prepared slots for a routing over {}",
+             slots.n_slots(), r.shape.n_slots);
+    const ops::DeviceWeight& g0 = slots.gate0();
+    ops::MoeCudaParams p = moe_params(r, rows.cols(), g0.n_out);
+    p.expert_format = g0.format;
+    p.act = {glu.kind == GluKind::kSwiGlu ? ops::MoeGlu::kSwiGlu : ops::MoeGlu::kSitu, glu.situ_beta,
+             glu.situ_linear_beta};
+    Tensor h = alloc({r.shape.n_pairs(), g0.n_out}, DType::kBF16);  // [n_pairs, inter] GLU outputs
+    ops::MoeWorkspace ws = workspace(r);
+    ws.x_perm = rows.as<bf16>();
+    ws.h = h.as<bf16>();
+    ws.y_perm = y_rows.as<bf16>();
+    ops::moe_expert_ffn_cuda(p, slots.device(), ws, stream_);
+  }
+  void moe_combine(const MoeRouting& r, const Tensor& y_rows, Tensor& out) override {
+    ops::MoeCudaParams p = moe_params(r, out.cols(), 1);
+    p.out_type = out.dtype == DType::kF32 ? ops::MoeOutType::kF32 : ops::MoeOutType::kBf16;
+    p.accumulate = true;
+    ops::MoeWorkspace ws = workspace(r);
+    ws.y_perm = y_rows.as<bf16>();
+    ops::moe_combine_cuda(p, ws, out.data, stream_);
+  }
   // Decode steps: one batched launch over the sequences' slots; otherwise one launch per sequence.
   void short_conv(const Tensor& x, const Tensor& weight, const StateRef& state, Tensor& out) override {
     const int64_t c = x.cols();
@@ -298,6 +391,34 @@ class CudaBackend final : public Backend {
   };
 
   void upload_step() override;
+  ops::MoeWorkspace workspace(const MoeRouting& r) const {
+    ops::MoeWorkspace ws;
+    static_cast<ops::MoeRoutingArrays&>(ws) = ops::moe_routing_layout(r.shape, r.buffer.data);
+    ws.error_flags = errors_.as<int32_t>();
+    return ws;
+  }
+  static ops::MoeCudaParams moe_params(const MoeRouting& r, int64_t hidden, int64_t inter) {
+    ops::MoeCudaParams p;
+    p.shape = r.shape;
+    p.hidden = hidden;
+    p.inter = inter;
+    p.expert_format = WeightFormat::kDense;
+    return p;
+  }
+  // Device error flags (MoE / MLA kernels raise bits instead of trapping): read after each synchronisation; a raised
+  // flag is reset and reported as an error of this step (the context stays usable).
+  void check_device_errors() {
+    BG_CUDA_CHECK(cudaMemcpy(errors_host_, errors_.data(), sizeof(int32_t), cudaMemcpyDeviceToHost));
+    const int32_t flags = *errors_host_;
+    if (flags == 0) return;
+    BG_CUDA_CHECK(cudaMemset(errors_.data(), 0, sizeof(int32_t)));
+    fail("cuda backend: a kernel of this step reported{}{}{}{}{} (flags {:#x}); the step's outputs are discarded",
+         (flags & ops::kMoeErrorBadExpertId) ? " a routed expert id outside the layer's experts" : "",
+         (flags & ops::kMoeErrorBadDescriptor) ? " an expert slot whose weights disagree with the layer" : "",
+         (flags & ops::kMoeErrorNoSlot) ? " a routed expert without a slot on this rank" : "",
+         (flags & ops::kMlaErrorBadPosition) ? " a cache position past its sequence's block table" : "",
+         (flags & ops::kMlaErrorBadBlock) ? " a negative MLA block-table entry" : "", flags);
+  }
   float* slot_state(const StateRef& st, int64_t seq) const {
     return st.storage.as<float>() + st.offset + step_.state_slots.at(static_cast<size_t>(seq)) * st.slot_stride;
   }
@@ -310,6 +431,7 @@ class CudaBackend final : public Backend {
     if (bytes == 0) return;
     BG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    check_device_errors();
   }
   // The decode workspace is shared by every MLA layer and every graph (they run one at a time on stream_). It only
   // grows; a replaced buffer is kept while the backend lives, since graphs captured earlier may point into it.
@@ -334,6 +456,7 @@ class CudaBackend final : public Backend {
     pc.max_blocks_per_seq = step_.max_blocks;
     pc.seq_idx = dev_.token_seq;
     pc.positions = dev_.positions;
+    pc.error_flags = errors_.as<int32_t>();
     return pc;
   }
 
@@ -350,44 +473,13 @@ class CudaBackend final : public Backend {
   StepDevice dev_;
   std::map<int64_t, Graph> graphs_;
   bool capturing_ = false;
-  std::map<const LinearHandle*, cuda::DeviceBuffer> expert_tables_;  // first gate handle -> device descriptors
+  cuda::DeviceBuffer errors_;         // int32 kernel error flags (see check_device_errors)
+  int32_t* errors_host_ = nullptr;    // pinned
   int64_t n_sms_ = 1;
   std::shared_ptr<void> mla_ws_;  // MLA decode workspace (see mla_decode)
   size_t mla_ws_bytes_ = 0;
   std::vector<std::shared_ptr<void>> mla_ws_retired_;
 };
-
-void CudaBackend::routed_experts(const ExpertWeights& experts, const GluSpec& glu_p, const Tensor& x,
-                                 const Tensor& ids, const Tensor& weights, Tensor& out) {
-  const int64_t n_experts = static_cast<int64_t>(experts.gate.size());
-  BG_CHECK(n_experts > 0, "routed_experts: no experts");
-  auto it = expert_tables_.find(experts.gate[0]);
-  if (it == expert_tables_.end()) {
-    BG_CHECK(!capturing_, "routed_experts: expert tables must be uploaded by an eager step before graph capture");
-    std::vector<ExpertWeightsCuda> table(static_cast<size_t>(n_experts));
-    for (int64_t e = 0; e < n_experts; ++e) {
-      auto i = static_cast<size_t>(e);
-      table[i] = {desc(*experts.gate[i]), desc(*experts.up[i]), desc(*experts.down[i])};
-    }
-    it = expert_tables_.emplace(experts.gate[0], cuda::upload(table)).first;
-  }
-  const ops::DeviceWeight& g0 = desc(*experts.gate[0]);
-  MoeCudaParams p;
-  p.n_tokens = x.rows();
-  p.top_k = ids.cols();
-  p.n_experts = n_experts;
-  p.hidden = x.cols();
-  p.inter = g0.n_out;
-  p.expert_format = g0.format;
-  p.act = {glu_p.kind == GluKind::kSwiGlu ? GluActivation::kSwiGLU : GluActivation::kSiTU, glu_p.situ_beta,
-           glu_p.situ_linear_beta};
-  p.out_type = out.dtype == DType::kF32 ? MoeOutType::kF32 : MoeOutType::kBf16;
-  p.accumulate = true;
-  auto ws_mem = alloc_->allocate(moe_workspace_bytes(p));
-  MoeWorkspace ws = moe_workspace_layout(p, ws_mem.get());
-  MoeCudaArgs a{ids.as<int32_t>(), weights.as<float>(), x.as<bf16>(), it->second.as<ExpertWeightsCuda>(), out.data};
-  moe_routed_experts_cuda(p, a, ws, stream_);
-}
 
 // Packs the step's arrays (8-byte aligned) into pinned memory and copies them to the device buffer in one transfer.
 void CudaBackend::upload_step() {

@@ -64,11 +64,13 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const MlaPagedCache& cac
   uint32_t bytes = 0;
   if (pos < n_ctx) {
     // No 64-bit division (a branching subroutine) and no __trap here: either makes ptxas serialise every wgmma
-    // of the kernel (C7520). Positions < 2^28 and the table entries read were checked by the prep kernel.
+    // of the kernel (C7520). Positions are < 2^28 and inside the block table (the prep kernel checked them).
+    // A negative entry (kMlaErrorBadBlock, raised by the prep kernel) reads as a zero row.
     const uint32_t p32 = static_cast<uint32_t>(pos), bs = static_cast<uint32_t>(block_size), blk = p32 / bs;
     const int32_t block = table[blk];
-    src = cache.base + block * cache.block_stride + static_cast<int64_t>(p32 - blk * bs) * kEntry;
-    bytes = 16;
+    src = block >= 0 ? cache.base + block * cache.block_stride + static_cast<int64_t>(p32 - blk * bs) * kEntry
+                     : cache.base;
+    bytes = block >= 0 ? 16u : 0u;
   }
 #pragma unroll 1
   for (int i = 0; i < kChunks / 4; ++i) {

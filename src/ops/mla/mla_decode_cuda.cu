@@ -58,10 +58,25 @@ __device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
   return before + incl - v;
 }
 
-// CTA 0: the split-KV schedule into meta (two scans over the tokens, in chunks of kPrepThreads). Positions outside a
-// sequence's block table trap: the caller laid the step out wrong, and reading on would touch other sequences.
+// Raises an error bit for the backend to report after the step (cache.error_flags), or traps when there is no flag
+// word. Only the prep kernel may trap: in the attention kernel it would serialise every wgmma.
+__device__ void raise_error(const MlaPagedCache& c, int32_t bit) {
+  if (c.error_flags == nullptr) __trap();
+  atomicOr(c.error_flags, bit);
+}
+
+__device__ bool bad_position(const PrepArgs& a, int64_t pos) {
+  return pos < 0 || pos >= kMaxPosition || pos / a.block_size >= a.cache.max_blocks_per_seq;
+}
+
+// CTA 0: the split-KV schedule into meta (two scans over the tokens, in chunks of kPrepThreads). A position outside
+// its sequence's block table (a step laid out wrong: reading on would touch other sequences) raises
+// kMlaErrorBadPosition and leaves a schedule with no partition, so the attention kernel reads nothing.
 __device__ void write_schedule(const PrepArgs& a) {
   __shared__ int warp_sums[32];
+  __shared__ int any_bad;
+  if (threadIdx.x == 0) any_bad = 0;
+  __syncthreads();
   int32_t* prefix = a.meta + MlaDecodeMeta::kTilePrefix;
   int carry = 0, chunk_total = 0;
   for (int first = 0; first < a.n_tokens; first += kPrepThreads) {
@@ -69,16 +84,33 @@ __device__ void write_schedule(const PrepArgs& a) {
     int tiles = 0;
     if (t < a.n_tokens) {
       const int64_t pos = a.cache.positions[t];
-      if (pos < 0 || pos >= kMaxPosition || pos / a.block_size >= a.cache.max_blocks_per_seq) __trap();
-      tiles = static_cast<int>(mla_tiles_of_context(pos + 1));
+      if (bad_position(a, pos)) any_bad = 1;
+      tiles = bad_position(a, pos) ? 1 : static_cast<int>(mla_tiles_of_context(pos + 1));
     }
     const int excl = block_exclusive_scan(tiles, warp_sums, &chunk_total);
     if (t < a.n_tokens) prefix[t] = carry + excl;
     carry += chunk_total;
   }
   const int64_t total = carry;
+  __syncthreads();  // prefix[] of every token is written (global memory, same CTA), any_bad is final
+  if (any_bad != 0) {
+    for (int t = static_cast<int>(threadIdx.x); t < a.n_tokens; t += kPrepThreads) {
+      a.meta[MlaDecodeMeta::n_splits(a.n_tokens) + t] = 1;
+      a.meta[MlaDecodeMeta::slot_base(a.n_tokens) + t] = 0;
+      a.meta[MlaDecodeMeta::first_partition(a.n_tokens) + t] = 0;
+    }
+    for (int g = static_cast<int>(threadIdx.x); g <= a.n_partitions; g += kPrepThreads) {
+      a.meta[MlaDecodeMeta::partition_begin(a.n_tokens) + g] = 0;
+    }
+    if (threadIdx.x == 0) {
+      prefix[a.n_tokens] = static_cast<int32_t>(total);
+      a.meta[MlaDecodeMeta::kTotalTiles] = static_cast<int32_t>(total);
+      a.meta[MlaDecodeMeta::kPartitionsUsed] = 0;
+      raise_error(a.cache, kMlaErrorBadPosition);
+    }
+    return;
+  }
   const int64_t n_used = mla_partitions_used(total, a.n_partitions, a.min_tiles);
-  __syncthreads();  // prefix[] of every token is written (global memory, same CTA)
   carry = 0;
   for (int first = 0; first < a.n_tokens; first += kPrepThreads) {
     const int t = first + static_cast<int>(threadIdx.x);
@@ -129,15 +161,15 @@ __device__ void copy_q_pe(const PrepArgs& a) {
   }
 }
 
-// CTAs 1..: every block-table entry the attention kernel will read must name a block (>= 0); a negative one is a
-// step laid out wrong (trap here: the attention kernel itself cannot trap without serialising its wgmma).
+// CTAs 1..: every block-table entry the attention kernel will read must name a block (>= 0); a negative one (a step
+// laid out wrong) raises kMlaErrorBadBlock (the attention kernel reads such rows as zero). Bad positions are CTA 0's.
 __device__ void check_block_tables(const PrepArgs& a) {
   for (int64_t t = blockIdx.x - 1; t < a.n_tokens; t += gridDim.x - 1) {
     const int64_t pos = a.cache.positions[t];
-    if (pos < 0 || pos >= kMaxPosition || pos / a.block_size >= a.cache.max_blocks_per_seq) __trap();
+    if (bad_position(a, pos)) continue;
     const int32_t* table = a.cache.block_tables + static_cast<int64_t>(a.cache.seq_idx[t]) * a.cache.max_blocks_per_seq;
     for (int64_t b = threadIdx.x; b <= pos / a.block_size; b += blockDim.x) {
-      if (table[b] < 0) __trap();
+      if (table[b] < 0) raise_error(a.cache, kMlaErrorBadBlock);
     }
   }
 }

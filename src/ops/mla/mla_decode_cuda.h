@@ -39,8 +39,10 @@ struct MlaDecodeContext {
 // One decode step of an MLA layer: token t (one per sequence) attends to positions 0..cache.positions[t] of sequence
 // cache.seq_idx[t], which must be written already. Requirements (bg::Error otherwise): the plan was made for these
 // params (mla_decode_plan), cache entries of 576 bf16 with a 16-byte aligned base and block stride, q 2-byte aligned.
-// Any block size works. Positions past a sequence's block table trap (a caller bug; the error surfaces at the next
-// synchronisation). Five launches: absorb GEMM, schedule + q_pe copy, attention, combine, W_UV GEMM.
+// Any block size works. Caller bugs in the step layout are reported through cache.error_flags (the backend fails
+// the step at its next synchronisation): a position past its block table raises kMlaErrorBadPosition and the launch
+// computes nothing; a negative block-table entry that would be read raises kMlaErrorBadBlock. Without error_flags
+// either traps. Five launches: absorb GEMM, schedule + q_pe copy, attention, combine, W_UV GEMM.
 void mla_decode_cuda(const MlaDecodePlan& plan, const MlaDecodeTensors& t, const MlaPagedCache& cache,
                      const MlaDecodeContext& ctx, cudaStream_t stream);
 
