@@ -182,8 +182,8 @@ std::vector<MlaDecodeBenchResult> mla_decode_bench(const MlaDecodeBenchOptions& 
   const double ceiling = mla_decode_bench_read_ceiling_tbps();
   std::printf("mla_decode: heads %lld, block %lld, read ceiling %.2f TB/s (uint4 read, 2 GiB), %d SMs\n",
               static_cast<long long>(o.n_heads), static_cast<long long>(o.block_size), ceiling, sms);
-  std::printf("%-9s %5s %7s | %9s %8s %8s %8s | %9s %8s | %4s %7s %5s\n", "mma", "batch", "context", "op us",
-              "KV TB/s", "TFLOP/s", "fraction", "attn us", "fraction", "regs", "smem", "spill");
+  std::printf("%-9s %5s %7s | %9s %8s %8s %8s %8s | %9s %8s | %4s %7s %5s\n", "mma", "batch", "context", "op us",
+              "KV TB/s", "TFLOP/s", "fraction", "all B", "attn us", "fraction", "regs", "smem", "spill");
   std::vector<MlaDecodeBenchResult> results;
   for (const MlaDecodeBenchCase& c : o.cases) {
     for (MlaDecodeMma mma : o.mmas) {
@@ -209,15 +209,20 @@ std::vector<MlaDecodeBenchResult> mla_decode_bench(const MlaDecodeBenchOptions& 
       r.kv_tbps = kv_bytes / (r.us * 1e-6) / 1e12;
       r.tflops = flops / (r.us * 1e-6) / 1e12;
       r.read_fraction = r.kv_tbps / ceiling;
+      const double other_bytes = 2.0 * static_cast<double>(o.n_heads) *
+                                 (static_cast<double>((o.qk_nope + o.v_head) * kMlaDecodeLora) +
+                                  static_cast<double>(c.batch * (o.qk_nope + kMlaDecodeRope + o.v_head)));
+      r.all_bytes_fraction = (kv_bytes + other_bytes) / (r.us * 1e-6) / 1e12 / ceiling;
       r.attention_read_fraction = kv_bytes / (r.attention_us * 1e-6) / 1e12 / ceiling;
       const MlaDecodeKernelInfo info = mla_decode_attention_kernel_info(plan);
       r.registers = info.registers;
       r.smem_bytes = static_cast<int64_t>(info.smem_bytes);
       r.spill_bytes = static_cast<int64_t>(info.local_bytes);
-      std::printf("%-9s %5lld %7lld | %9.1f %8.3f %8.1f %8.3f | %9.1f %8.3f | %4d %7lld %5lld\n",
+      std::printf("%-9s %5lld %7lld | %9.1f %8.3f %8.1f %8.3f %8.3f | %9.1f %8.3f | %4d %7lld %5lld\n",
                   mla_decode_mma_name(mma), static_cast<long long>(c.batch), static_cast<long long>(c.context), r.us,
-                  r.kv_tbps, r.tflops, r.read_fraction, r.attention_us, r.attention_read_fraction, r.registers,
-                  static_cast<long long>(r.smem_bytes), static_cast<long long>(r.spill_bytes));
+                  r.kv_tbps, r.tflops, r.read_fraction, r.all_bytes_fraction, r.attention_us,
+                  r.attention_read_fraction, r.registers, static_cast<long long>(r.smem_bytes),
+                  static_cast<long long>(r.spill_bytes));
       std::fflush(stdout);
       results.push_back(r);
     }

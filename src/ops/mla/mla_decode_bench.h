@@ -30,6 +30,7 @@ struct MlaDecodeBenchResult {
   double kv_tbps = 0;     // cache bytes read per second
   double tflops = 0;      // attention + absorption FLOPs per second
   double read_fraction = 0;  // kv_tbps / the measured read ceiling
+  double all_bytes_fraction = 0;  // (cache + W_UK + W_UV + q + out bytes) / us / ceiling: the op's roofline share
   double attention_us = 0;   // the attention kernel alone (no GEMMs, prep or combine)
   double attention_read_fraction = 0;  // cache bytes / attention_us / ceiling: the kernel's figure of merit
   int registers = 0;
