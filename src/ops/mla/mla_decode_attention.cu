@@ -18,7 +18,7 @@
 //   wgmma:    68 x (2 + 1.5) KB operands ≈ 240 KB + 96 KB -> 28 FLOP/B: MMA phases ≤ 0.88 of peak (~1860 clk);
 //             the serial exchange + softmax + barriers add ~400-600 clk: tensor utilisation ~0.65-0.7, predicted
 //             0.55-0.7 of read at B >= 16, context >= 4k (docs/MLA_DECODE.md: cost model, next steps).
-// Resources (ptxas, sm_90a, Hc = 48): wgmma 240 registers, mma.sync 255, no spills; 223,552 B dynamic shared
+// Resources (ptxas, sm_90a, Hc = 48): wgmma 255 registers, mma.sync 255, no spills; 223,552 B dynamic shared
 // memory -> 1 CTA (256 threads) per SM. Per thread: O 4 x 24 fp32, S 24 fp32, softmax state 12, fragments.
 // Never put a 64-bit division or a __trap in this kernel: ptxas then serialises every wgmma (C7520).
 #include <cmath>

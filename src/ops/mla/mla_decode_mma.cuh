@@ -225,8 +225,7 @@ struct Wgmma {
     constexpr int kQSlab = Smem<kNT>::kQSlabBytes;
     fence_operands(s);
     wgmma_fence();  // s was zeroed by ordinary register writes
-    // Not unrolled: the descriptors are recomputed per step instead of 36 of them being hoisted into registers.
-#pragma unroll 1
+#pragma unroll
     for (int i = 0; i < kKStepsPerWg; ++i) {
       const int kk = k0 + i;
       wgmma_bf16<kNT, 0>(s, desc_k_major(tile + qk_a_start(kk)), desc_k_major(q + qk_b_start(kk, kQSlab)));
