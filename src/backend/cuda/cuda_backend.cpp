@@ -6,6 +6,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <type_traits>
@@ -23,6 +24,7 @@
 #include "ops/kda_gate/kda_gate_cuda.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/mla/mla_cuda.h"
+#include "ops/mla/mla_decode_cuda.h"
 #include "ops/moe/moe_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
 #include "ops/rope/rope_cuda.h"
@@ -61,6 +63,7 @@ class CudaBackend final : public Backend {
     BG_CUDA_CHECK(cudaMallocHost(&errors_host_, sizeof(int32_t)));
     cudaDeviceProp prop{};
     BG_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
+    n_sms_ = prop.multiProcessorCount;
     log::info("cuda backend: {} (sm_{}{}), {:.1f} GiB budget", prop.name, prop.major, prop.minor,
               static_cast<double>(alloc_->budget_bytes()) / (1 << 30));
   }
@@ -194,8 +197,15 @@ class CudaBackend final : public Backend {
     p.block_size = c.block_size;
     ops::mla_cache_write_cuda(p, latent.as<bf16>(), paged(c), stream_);
   }
+  // Decode steps (one token per sequence) at the production latent shape (kv_lora 512, rope 64) run the split-KV
+  // tensor-core kernel (mla_decode_cuda.h); prefill and mixed steps, and the small latent shapes of test
+  // checkpoints, the general kernel (mla_cuda.h).
   void mla_attention(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
                      const MlaCacheRef& c, Tensor& out) override {
+    if (step_.all_single_token() && ops::mla_decode_takes(p)) {
+      mla_decode(p, q, w_uk, w_uv, c, out);
+      return;
+    }
     ops::mla_attention_cuda(p, q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), paged(c), out.as<bf16>(), stream_);
   }
   void route(const ops::RouterParams& p, const Tensor& logits, const Tensor& bias, Tensor& ids,
@@ -317,12 +327,13 @@ class CudaBackend final : public Backend {
     const int32_t flags = *errors_host_;
     if (flags == 0) return;
     BG_CUDA_CHECK(cudaMemset(errors_.data(), 0, sizeof(int32_t)));
-    fail("cuda backend: a kernel of this step reported{}{}{}{}{} (flags {:#x}); the step's outputs are discarded",
+    fail("cuda backend: a kernel of this step reported{}{}{}{}{}{} (flags {:#x}); the step's outputs are discarded",
          (flags & ops::kMoeErrorBadExpertId) ? " a routed expert id outside the layer's experts" : "",
          (flags & ops::kMoeErrorBadDescriptor) ? " an expert slot whose weights disagree with the layer" : "",
          (flags & ops::kMoeErrorNoSlot) ? " a routed expert without a slot on this rank" : "",
          (flags & ops::kMoeErrorDuplicateExpert) ? " a token routed twice to one expert" : "",
-         (flags & ops::kMlaErrorBadPosition) ? " a cache position past its sequence's block table" : "", flags);
+         (flags & ops::kMlaErrorBadPosition) ? " a cache position past its sequence's block table" : "",
+         (flags & ops::kMlaErrorBadBlock) ? " a negative MLA block-table entry" : "", flags);
   }
   float* slot_state(const StateRef& st, int64_t seq) const {
     return st.storage.as<float>() + st.offset + step_.state_slots.at(static_cast<size_t>(seq)) * st.slot_stride;
@@ -337,6 +348,21 @@ class CudaBackend final : public Backend {
     BG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
     check_device_errors();
+  }
+  // The decode workspace is shared by every MLA layer and every graph (they run one at a time on stream_). It only
+  // grows; a replaced buffer is kept while the backend lives, since graphs captured earlier may point into it.
+  void mla_decode(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
+                  const MlaCacheRef& c, Tensor& out) {
+    const ops::MlaDecodePlan plan = ops::mla_decode_plan(p, n_sms_);
+    if (plan.ws.total_bytes > mla_ws_bytes_) {
+      if (mla_ws_) mla_ws_retired_.push_back(std::move(mla_ws_));
+      mla_ws_bytes_ = std::max(plan.ws.total_bytes, 2 * mla_ws_bytes_);
+      mla_ws_ = alloc_->allocate(mla_ws_bytes_);  // during a capture the graph keeps it too (capture sink)
+    }
+    const ops::MlaDecodeContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, mla_ws_.get(),
+                                    mla_ws_bytes_};
+    ops::mla_decode_cuda(plan, {q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), out.as<bf16>()}, paged(c), ctx,
+                         stream_);
   }
   ops::MlaPagedCache paged(const MlaCacheRef& c) const {
     ops::MlaPagedCache pc;
@@ -365,6 +391,10 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   cuda::DeviceBuffer errors_;         // int32 kernel error flags (see check_device_errors)
   int32_t* errors_host_ = nullptr;    // pinned
+  int64_t n_sms_ = 1;
+  std::shared_ptr<void> mla_ws_;  // MLA decode workspace (see mla_decode)
+  size_t mla_ws_bytes_ = 0;
+  std::vector<std::shared_ptr<void>> mla_ws_retired_;
 };
 
 // Packs the step's arrays (8-byte aligned) into pinned memory and copies them to the device buffer in one transfer.
