@@ -3,6 +3,9 @@
 
 #include <cuda_bf16.h>
 
+#include <cstdlib>
+#include <string_view>
+
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -134,6 +137,19 @@ void moe_combine(const MoeContext& c, const MoeRouting& r, const Tensor& y_rows,
   ops::moe_combine_cuda(p, ws, out.data, c.stream);
 }
 
+namespace {
+
+// BG_MOE_W4A16=0 turns the fused decode kernel off (the stage kernels run instead): for triage on a GPU machine.
+bool w4a16_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("BG_MOE_W4A16");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+}  // namespace
+
 MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu,
                               const MoeRouting& r, const Tensor& x, Tensor& out) {
   const ops::MoeW4a16Weights* w = slots.w4a16();
@@ -142,7 +158,7 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
   p.act = glu_params(glu);
   p.out_type = out.dtype == DType::kF32 ? ops::MoeOutType::kF32 : ops::MoeOutType::kBf16;
   p.accumulate = true;
-  if (w == nullptr || !r.shape.all_local || !ops::moe_w4a16_preferred(p)) {
+  if (w == nullptr || !r.shape.all_local || !w4a16_enabled() || !ops::moe_w4a16_preferred(p)) {
     Tensor rows = Tensor{}, y = Tensor{};
     auto alloc_rows = [&] {
       Tensor t;
