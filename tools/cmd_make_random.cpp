@@ -48,6 +48,10 @@ void register_make_random(CLI::App& app) {
                   "(deepseek_v3) or '{\"text_config\":{\"num_experts\":32}}' (kimi_k3), or an RFC 6902 JSON Patch "
                   "array");
   cmd->add_flag("--force", s.force, "Replace the checkpoint files of a non-empty output directory");
+  cmd->add_option("--threads", s.n_threads,
+                  "Generation threads (default 0: all cores, or BG_NUM_THREADS); the output does not depend on it")
+      ->check(CLI::NonNegativeNumber);
+  s.show_progress = true;
   cmd->callback([args] { run_make_random(*args); });
 }
 
