@@ -24,7 +24,7 @@ constexpr int kInter = 3072;     // expert intermediate width
 constexpr int kGateUp = 2 * kInter;
 
 // One expert GEMM shape: y[rows, out] = x[rows, in] W^T, row-major; x rows are ldx elements apart.
-struct Shape {
+struct GemmShape {
   int out, in, ldx;
 };
 
@@ -34,7 +34,7 @@ struct Operands {
   DeviceBuffer ptrs;  // device pointer arrays for the grouped call: A1, B1, C1, A2, B2, C2 (56 each)
 };
 
-void grouped_call(const CudaEnv& env, const Shape& s, int rows, const void* const* a, const void* const* b,
+void grouped_call(const CudaEnv& env, const GemmShape& s, int rows, const void* const* a, const void* const* b,
                   void* const* c) {
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   const int m = s.out, n = rows, k = s.in, lda = s.in, ldb = s.ldx, ldc = s.out, group_size = kExperts;
@@ -44,7 +44,7 @@ void grouped_call(const CudaEnv& env, const Shape& s, int rows, const void* cons
                                              CUBLAS_COMPUTE_32F));
 }
 
-void strided_call(const CudaEnv& env, const Shape& s, int rows, const void* w, const void* x, int64_t x_stride,
+void strided_call(const CudaEnv& env, const GemmShape& s, int rows, const void* w, const void* x, int64_t x_stride,
                   void* y) {
   const float alpha = 1.0f, beta = 0.0f;
   BG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
@@ -54,7 +54,7 @@ void strided_call(const CudaEnv& env, const Shape& s, int rows, const void* w, c
 }
 
 GroupedGemmPoint measure_rows(const CudaEnv& env, const Operands& o, int rows, bool quick) {
-  const Shape gate_up{kGateUp, kLatent, kLatent}, down{kLatent, kInter, kGateUp};  // down reads h's first half
+  const GemmShape gate_up{kGateUp, kLatent, kLatent}, down{kLatent, kInter, kGateUp};  // down reads h's first half
   const auto r = static_cast<int64_t>(rows);
   // Pointer arrays for the grouped call, per expert e: gate|up (W1_e, x_e, h_e), down (W2_e, h_e, y_e).
   std::vector<const void*> host(6 * kExperts);

@@ -3,6 +3,7 @@
 // gated RMSNorm, GPU sampling). Each registration: name, shape, bytes of one input set, prepare.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"

@@ -122,10 +122,10 @@ int sets_for(const KernelCase& c, int64_t l2_bytes) {
 }
 
 // The compute rate a compute-bound case is held to.
-std::pair<double, std::string> compute_ref(const KernelCase& c, const Ceilings& ceil) {
-  if (c.compute_ref == ComputeRef::kGroupedGemm && !ceil.grouped_gemm_bf16.empty()) {
-    const GroupedGemmPoint* best = &ceil.grouped_gemm_bf16.front();
-    for (const GroupedGemmPoint& g : ceil.grouped_gemm_bf16) {
+std::pair<double, std::string> compute_ref(const KernelCase& c, const Ceilings& ceilings) {
+  if (c.compute_ref == ComputeRef::kGroupedGemm && !ceilings.grouped_gemm_bf16.empty()) {
+    const GroupedGemmPoint* best = &ceilings.grouped_gemm_bf16.front();
+    for (const GroupedGemmPoint& g : ceilings.grouped_gemm_bf16) {
       const auto dist = [&](const GroupedGemmPoint& p) {
         return std::abs(std::log(static_cast<double>(p.rows_per_expert)) -
                         std::log(static_cast<double>(std::max<int64_t>(c.rows_per_expert, 1))));
@@ -134,7 +134,7 @@ std::pair<double, std::string> compute_ref(const KernelCase& c, const Ceilings& 
     }
     return {best->tflops, "grouped_gemm_bf16"};
   }
-  return {ceil.compute_tflops(), "gemm_bf16"};
+  return {ceilings.compute_tflops(), "gemm_bf16"};
 }
 
 void fill_resources(KernelResult& r) {
@@ -148,7 +148,7 @@ void fill_resources(KernelResult& r) {
   r.occupancy = widest->blocks_per_sm;
 }
 
-KernelResult run_case(const CudaEnv& env, const KernelCase& c, const Ceilings& ceil, bool quick) {
+KernelResult run_case(const CudaEnv& env, const KernelCase& c, const Ceilings& ceilings, bool quick) {
   const int n_sets = sets_for(c, env.l2_bytes);
   CaseMemory mem(env.stream);
   const PreparedKernel k = c.prepare(env, mem, n_sets);
@@ -180,8 +180,8 @@ KernelResult run_case(const CudaEnv& env, const KernelCase& c, const Ceilings& c
   r.flops = k.cost.flops;
   r.gbps = r.bytes / (r.ms * 1e6);
   r.tflops = r.flops / (r.ms * 1e9);
-  const auto [tflops_ref, ref_name] = compute_ref(c, ceil);
-  const double read_ms = ceil.memory_gbps() > 0 ? r.bytes / (ceil.memory_gbps() * 1e6) : 0.0;
+  const auto [tflops_ref, ref_name] = compute_ref(c, ceilings);
+  const double read_ms = ceilings.memory_gbps() > 0 ? r.bytes / (ceilings.memory_gbps() * 1e6) : 0.0;
   const double compute_ms = tflops_ref > 0 ? r.flops / (tflops_ref * 1e9) : 0.0;
   r.bound = read_ms >= compute_ms ? "memory" : "compute";
   r.compute_ref = ref_name;
