@@ -54,7 +54,14 @@ void run(BenchArgs a) {
     std::ofstream probe(tmp_path, std::ios::trunc);
     BG_CHECK(probe.good(), "--json: cannot write '{}'", tmp_path.string());
   }
-  const bench::BenchReport report = bench::run_bench(a.options);
+  bench::BenchReport report;
+  try {
+    report = bench::run_bench(a.options);
+  } catch (...) {
+    std::error_code ec;  // keep the measurement's error, not a cleanup error
+    if (!a.json_path.empty()) std::filesystem::remove(tmp_path, ec);
+    throw;
+  }
   std::fputs(bench::format_table(report).c_str(), stdout);
   std::fflush(stdout);
   if (a.json_path.empty()) return;

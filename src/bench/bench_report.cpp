@@ -52,7 +52,7 @@ json kernel_json(const KernelResult& k) {
   return {{"name", k.name}, {"shape", k.shape}, {"ms", k.ms}, {"bytes", k.bytes}, {"flops", k.flops},
           {"gbps", k.gbps}, {"tflops", k.tflops}, {"fraction", k.fraction}, {"bound", k.bound},
           {"compute_ref", k.compute_ref}, {"copies", k.copies}, {"sets", k.sets}, {"registers", opt(k.registers)},
-          {"smem", opt(k.smem)}, {"occupancy", opt(k.occupancy)}, {"launches", launches}};
+          {"smem", opt(k.smem)}, {"occupancy", opt(k.occupancy)}, {"error", opt(k.error)}, {"launches", launches}};
 }
 
 json step_json(const StepResult& s) {
@@ -61,7 +61,7 @@ json step_json(const StepResult& s) {
   return {{"model", s.model}, {"batch", s.batch}, {"context", s.context}, {"graph", s.graph}, {"ms", s.ms},
           {"wall_ms", s.wall_ms}, {"roofline_ms", s.roofline_ms}, {"roofline_bytes", s.roofline_bytes},
           {"roofline_flops", s.roofline_flops}, {"ratio", s.ratio}, {"touched_experts", s.touched_experts},
-          {"replays", s.replays}, {"ops", ops}};
+          {"replays", s.replays}, {"n_ops", s.n_ops}, {"ops", ops}};
 }
 
 json prefill_json(const PrefillResult& p) {
@@ -125,6 +125,10 @@ std::string format_table(const BenchReport& r) {
     out += fmt::format("\n{:<34} {:<22} {:>10} {:>9} {:>8} {:>8} {:>8} {:>5} {:>5}\n", "kernel", "shape", "ms",
                        "GB/s", "TFLOP/s", "fraction", "bound", "regs", "occ");
     for (const auto& k : r.kernels) {
+      if (k.error) {
+        out += fmt::format("{:<34} {:<22} error: {}\n", k.name, k.shape, *k.error);
+        continue;
+      }
       out += fmt::format("{:<34} {:<22} {:>10.4f} {:>9.0f} {:>8.1f} {:>8.3f} {:>8} {:>5} {:>5}\n", k.name, k.shape,
                          k.ms, k.gbps, k.tflops, k.fraction, k.bound,
                          k.registers ? std::to_string(*k.registers) : "-",

@@ -63,6 +63,7 @@ struct KernelResult {
   std::string bound;    // "memory" | "compute"
   std::string compute_ref;  // "gemm_bf16" | "grouped_gemm_bf16" | "gemm_f32"
   int64_t copies = 0, sets = 0;  // launches per graph, distinct input sets rotated through
+  std::optional<std::string> error;  // the case could not run (an unsupported shape, say); its figures are 0
   // The launch with the most threads (grid x block) of the case; every launch is in `launches`.
   std::optional<int64_t> registers, smem, occupancy;  // occupancy: resident CTAs per SM
   std::vector<LaunchInfo> launches;
@@ -86,6 +87,7 @@ struct StepResult {
   double ratio = 0;        // ms / roofline_ms
   double touched_experts = 0;  // routed experts with rows, per MoE layer (mean over layers)
   int64_t replays = 0;
+  int64_t n_ops = 0;        // backend ops of one step (each one or more kernel launches)
   std::vector<OpTime> ops;  // eager, event-instrumented replay
 };
 

@@ -104,6 +104,7 @@ StepResult bench_one_step(Model& model, const StepBenchSpec& spec, int64_t batch
     ProfilerAttachment attach(model, profiler.get());
     model.forward_batch(batch, logits.data());
     r.ops = aggregate_ops(profiler->take());
+    for (const OpTime& o : r.ops) r.n_ops += o.calls;
   }
   warn_if_not_finite(logits, fmt::format("step B={} ctx={}", batch_size, context));
   r.ms = median(device_ms);

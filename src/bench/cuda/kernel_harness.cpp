@@ -198,7 +198,23 @@ std::vector<KernelResult> run_kernel_cases(const CudaEnv& env, const Ceilings& c
   std::vector<KernelResult> out;
   for (const KernelCase& k : registry.cases()) {
     if (!filter.empty() && k.name.find(filter) == std::string::npos) continue;
-    out.push_back(run_case(env, k, c, quick));
+    try {
+      out.push_back(run_case(env, k, c, quick));
+    } catch (const std::exception& e) {
+      // A case that cannot run (a launcher rejecting the shape) is recorded and the rest go on; a fault that broke
+      // the CUDA context ends the run, naming the case.
+      const cudaError_t sticky = cudaDeviceSynchronize();
+      BG_CHECK(sticky == cudaSuccess, "bench kernel {} [{}] broke the CUDA context ({}): {}", k.name, k.shape,
+               cudaGetErrorString(sticky), e.what());
+      cudaGetLastError();
+      log::error("bench kernel {} [{}] failed: {}", k.name, k.shape, e.what());
+      KernelResult failed;
+      failed.name = k.name;
+      failed.shape = k.shape;
+      failed.error = e.what();
+      out.push_back(std::move(failed));
+      continue;
+    }
     const KernelResult& r = out.back();
     log::info("bench kernel {} [{}]: {:.4f} ms, {:.0f} GB/s, {:.1f} TFLOP/s, {:.3f} of {} ({} copies, {} sets)",
               r.name, r.shape, r.ms, r.gbps, r.tflops, r.fraction, r.bound, r.copies, r.sets);
