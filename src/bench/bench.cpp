@@ -133,6 +133,15 @@ void bench_model(const fs::path& dir, bool first, const BenchOptions& o, const P
   log::info("bench: loading {} ({} sequences, {} KV tokens)", dir.string(), lo.max_sequences, lo.max_total_tokens);
   std::unique_ptr<Model> model = load_model(dir, lo);
   check_fits(*model, p, name);
+  // One eager multi-token step first: the CUDA backend uploads each MoE layer's expert table on first use, which a
+  // graph capture (the first decode step) must not be the one to do.
+  {
+    std::unique_ptr<Sequence> seq = model->new_sequence();
+    const std::vector<int32_t> tokens = {1, 2};
+    const BatchEntry entry{seq.get(), tokens};
+    std::vector<float> logits(static_cast<size_t>(model->info().vocab_size));
+    model->forward_batch(std::span<const BatchEntry>(&entry, 1), logits.data());
+  }
   const StepCostModel cost = StepCostModel::load(dir, device.act_bytes());
   if (p.steps) {
     const int64_t graphs = o.device == "cuda" ? lo.max_graph_batch : 0;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,11 @@ void assign_shards(std::vector<PlannedTensor>& tensors, int64_t n_shards);
 std::vector<StoredPart> stored_parts(const PlannedTensor& t);
 
 std::string shard_file_name(int64_t k, int64_t n);
+
+// Elements [first, first + out.size()) of tensor `name`'s Normal(mean, std) values under `seed` (truncated at
+// +-4.33 std), exactly as the writer draws them (random_checkpoint_writer.cpp).
+void draw_random_normal(uint64_t seed, const std::string& name, int64_t first, std::span<float> out, double mean,
+                        double std);
 
 // Writes a whole text file; throws naming the path on failure.
 void write_text_file(const std::filesystem::path& path, const std::string& text);

@@ -56,7 +56,7 @@ TEST(OpRecords, SpanAndAggregation) {
       {"upload_step", 0, 0.0, 1.0}, {"linear", 0, 1.0, 3.0}, {"rmsnorm", 0, 3.0, 3.5},
       {"linear", 0, 4.0, 5.0},      {"inner", 1, 4.2, 4.4},  {"download_f32", 0, 5.0, 9.0}};
   EXPECT_DOUBLE_EQ(bench::step_span_ms(records), 4.0);  // linear 1.0 .. linear 5.0; host-side ops left out
-  const std::vector<OpTime> ops = bench::aggregate_ops(records);
+  const std::vector<bench::OpTime> ops = bench::aggregate_ops(records);
   ASSERT_EQ(ops.size(), 4u);
   EXPECT_EQ(ops[0].name, "download_f32");
   EXPECT_EQ(ops[1].name, "linear");
@@ -71,7 +71,7 @@ TEST(FabricateContext, FillsBlocksAndStateAndDecodesOn) {
   TempDir tmp;
   for (const char* arch : {"kimi_k3", "deepseek_v3"}) {
     LoadOptions lo;
-    lo.max_sequences = 2;
+    lo.max_sequences = 3;
     lo.max_total_tokens = 512;
     auto model = load_model(tiny(tmp, arch), lo);
     auto seq = model->new_sequence();
