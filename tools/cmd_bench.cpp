@@ -64,7 +64,10 @@ void run(BenchArgs a) {
   }
   std::fputs(bench::format_table(report).c_str(), stdout);
   std::fflush(stdout);
-  if (a.json_path.empty()) return;
+  if (a.json_path.empty()) {
+    BG_CHECK(report.errors.empty(), "bench: {} part(s) failed: {}", report.errors.size(), report.errors.front());
+    return;
+  }
   {
     std::ofstream out(tmp_path, std::ios::trunc);
     out << bench::to_json(report).dump(2) << "\n";
@@ -72,6 +75,8 @@ void run(BenchArgs a) {
     BG_CHECK(out.good(), "--json: writing '{}' failed", tmp_path.string());
   }
   std::filesystem::rename(tmp_path, json_path);
+  BG_CHECK(report.errors.empty(), "bench: {} part(s) failed (the report has everything else): {}",
+           report.errors.size(), report.errors.front());
 }
 
 }  // namespace

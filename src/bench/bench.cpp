@@ -8,6 +8,7 @@
 #include <bit>
 #include <chrono>
 #include <ctime>
+#include <functional>
 
 #include "bench/device_bench.h"
 #include "bench/model_bench.h"
@@ -126,6 +127,17 @@ void check_fits(const Model& model, const Plan& p, const std::string& name) {
   }
 }
 
+// Runs one part; a failure is recorded in the report (and logged) so that the parts measured before and after it are
+// not lost — a GPU run is expensive. A broken CUDA context makes the later parts fail too, each with its message.
+void attempt(BenchReport& r, const std::string& part, const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    log::error("bench {} failed: {}", part, e.what());
+    r.errors.push_back(part + ": " + e.what());
+  }
+}
+
 void bench_model(const fs::path& dir, bool first, const BenchOptions& o, const Plan& p, DeviceBench& device,
                  BenchReport& r) {
   const std::string name = dir.filename().string();
@@ -144,22 +156,28 @@ void bench_model(const fs::path& dir, bool first, const BenchOptions& o, const P
   }
   const StepCostModel cost = StepCostModel::load(dir, device.act_bytes());
   if (p.steps) {
-    const int64_t graphs = o.device == "cuda" ? lo.max_graph_batch : 0;
-    auto steps = bench_steps(*model, {name, p.batches, p.contexts, p.replays, graphs}, device, cost, r.ceilings);
-    r.steps.insert(r.steps.end(), steps.begin(), steps.end());
+    attempt(r, "steps " + name, [&] {
+      const int64_t graphs = o.device == "cuda" ? lo.max_graph_batch : 0;
+      auto steps = bench_steps(*model, {name, p.batches, p.contexts, p.replays, graphs}, device, cost, r.ceilings);
+      r.steps.insert(r.steps.end(), steps.begin(), steps.end());
+    });
   }
   if (p.prefill) {
-    auto prefill = bench_prefill(*model, {name, p.prefill_tokens, p.chunk}, cost, r.ceilings);
-    r.prefill.insert(r.prefill.end(), prefill.begin(), prefill.end());
+    attempt(r, "prefill " + name, [&] {
+      auto prefill = bench_prefill(*model, {name, p.prefill_tokens, p.chunk}, cost, r.ceilings);
+      r.prefill.insert(r.prefill.end(), prefill.begin(), prefill.end());
+    });
   }
   if (p.host && first) {
-    HostBenchSpec spec;
-    spec.model_name = name;
-    spec.device = o.device;
-    spec.batches = p.batches;
-    spec.context = max_of(p.contexts);
-    spec.engine_steps = o.quick || o.device == "cpu" ? 3 : 10;
-    r.host = bench_host(std::move(model), spec);
+    attempt(r, "host " + name, [&] {
+      HostBenchSpec spec;
+      spec.model_name = name;
+      spec.device = o.device;
+      spec.batches = p.batches;
+      spec.context = max_of(p.contexts);
+      spec.engine_steps = o.quick || o.device == "cpu" ? 3 : 10;
+      r.host = bench_host(std::move(model), spec);
+    });
   }
 }
 
@@ -177,7 +195,7 @@ BenchReport run_bench(const BenchOptions& o) {
   log::info("bench: {} ({}), commit {}", r.device.name, r.device.device, r.commit);
   const auto t0 = std::chrono::steady_clock::now();
   r.ceilings = device->ceilings(o.quick);
-  if (p.kernels) r.kernels = device->kernels(r.ceilings, o.quick, o.kernel_filter);
+  if (p.kernels) attempt(r, "kernels", [&] { r.kernels = device->kernels(r.ceilings, o.quick, o.kernel_filter); });
   if (p.steps || p.prefill) {
     std::vector<fs::path> models = o.models;
     std::unique_ptr<TempDir> tmp;
@@ -195,7 +213,9 @@ BenchReport run_bench(const BenchOptions& o) {
         models.push_back(spec.out_dir);
       }
     }
-    for (size_t i = 0; i < models.size(); ++i) bench_model(models[i], i == 0, o, p, *device, r);
+    for (size_t i = 0; i < models.size(); ++i) {
+      attempt(r, "model " + models[i].string(), [&] { bench_model(models[i], i == 0, o, p, *device, r); });
+    }
   }
   log::info("bench: done in {:.1f} s",
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -105,7 +105,8 @@ json to_json(const BenchReport& r) {
           {"kernels", kernels},
           {"steps", steps},
           {"prefill", prefill},
-          {"host", r.host ? host_json(*r.host) : json(nullptr)}};
+          {"host", r.host ? host_json(*r.host) : json(nullptr)},
+          {"errors", r.errors}};
 }
 
 std::string format_table(const BenchReport& r) {
@@ -164,6 +165,7 @@ std::string format_table(const BenchReport& r) {
                          num(b.engine_step_ms, "{:.3f}"));
     }
   }
+  for (const auto& e : r.errors) out += "\nFAILED: " + e + "\n";
   return out;
 }
 

@@ -127,6 +127,8 @@ struct BenchReport {
   std::vector<StepResult> steps;
   std::vector<PrefillResult> prefill;
   std::optional<HostResult> host;  // of the first model
+  // Parts that failed ("steps kimi_k3-tiny: <message>"): the rest of the run still went on and is reported.
+  std::vector<std::string> errors;
 };
 
 nlohmann::json to_json(const BenchReport& r);

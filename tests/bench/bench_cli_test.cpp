@@ -59,9 +59,10 @@ TEST(BenchCli, CpuQuickWritesTheDocumentedJson) {
   EXPECT_NE(r.stdout_text.find("roofline ms"), std::string::npos) << r.stdout_text;
   const json j = json::parse(read_text(out));
   expect_keys(j, {"schema", "commit", "date", "command", "gpu", "driver", "device", "clocks", "ceilings", "kernels",
-                  "steps", "prefill", "host"},
+                  "steps", "prefill", "host", "errors"},
               "report");
   EXPECT_TRUE(j["commit"].is_string() && !j["commit"].get<std::string>().empty());
+  EXPECT_EQ(j["errors"], json::array());
   EXPECT_EQ(j["gpu"], nullptr);
   EXPECT_EQ(j["driver"], nullptr);
   EXPECT_EQ(j["device"]["device"], "cpu");

@@ -1,6 +1,7 @@
 // Kernel cases of the dense path at Kimi-K3 shapes: the bf16 linears of a layer (cuBLAS through linear_cuda), the
-// lm_head, and the small per-token ops (norms, AttnRes mix, residual add, SiTU, embedding, KDA gate / L2 norm / beta,
-// gated RMSNorm, GPU sampling). Each registration: name, shape, bytes of one input set, prepare.
+// lm_head, the FP8 / MXFP4 linear paths, and the small per-token ops (norms, AttnRes mix, residual add, SiTU, sigmoid
+// gate, embedding, KDA gate / L2 norm / beta, gated RMSNorm, GPU sampling). Not here: RoPE and SwiGLU, which K3 does
+// not run (DeepSeek-V3 only). Each registration: name, shape, bytes of one input set, prepare.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -61,6 +62,43 @@ KernelCase linear_case(const std::string& name, int64_t rows, int64_t n_out, int
   return c;
 }
 
+// The quantized linear paths (DeepSeek-V3's FP8 128 x 128 block weights; MXFP4 dense weights): the skinny
+// weight-streaming kernel up to 16 tokens, dequantize + cuBLAS above.
+KernelCase quant_linear_case(const std::string& name, int64_t rows, int64_t n_out, int64_t n_in, WeightFormat format) {
+  const bool fp8 = format == WeightFormat::kFp8Block;
+  const int64_t scales = fp8 ? ((n_out + 127) / 128) * ((n_in + 127) / 128) : n_out * (n_in / 32);
+  const double weight_bytes = fp8 ? d(n_out * n_in) + d(scales) * 4 : d(n_out * n_in) / 2 + d(scales);
+  const double set = weight_bytes + d(rows * (n_in + n_out)) * 2.0;
+  KernelCase c;
+  c.name = name;
+  c.shape = fmt::format("T={} {}x{}", rows, n_out, n_in);
+  c.set_bytes = set;
+  c.prepare = [=](const CudaEnv& env, CaseMemory& mem, int n_sets) {
+    std::vector<ops::DeviceWeight> w(z(n_sets));
+    std::vector<const bf16*> x(z(n_sets));
+    std::vector<bf16*> y(z(n_sets));
+    for (int s = 0; s < n_sets; ++s) {
+      const void* codes = fp8 ? static_cast<const void*>(mem.fp8(z(n_out * n_in)))
+                              : static_cast<const void*>(mem.bytes(z(n_out * n_in / 2)));
+      const void* scale = fp8 ? static_cast<const void*>(mem.f32(z(scales), 1e-3f, 2e-3f))
+                              : static_cast<const void*>(mem.e8m0(z(scales)));
+      w[z(s)] = {format, n_out, n_in, codes, scale};
+      x[z(s)] = mem.bf16(z(rows * n_in));
+      y[z(s)] = mem.zeros_of<bf16>(z(rows * n_out));
+    }
+    const ops::LinearCudaParams p{rows, ops::LinearOutType::kBf16, ops::LinearPath::kAuto};
+    const size_t scratch_bytes = ops::linear_dequant_scratch_bytes(w[0], p);
+    void* scratch = scratch_bytes > 0 ? mem.zeros(scratch_bytes) : nullptr;
+    const ops::LinearCudaContext ctx{env.cublas, env.cublas_workspace, env.cublas_workspace_bytes, scratch,
+                                     scratch_bytes};
+    PreparedKernel k;
+    k.cost = {set, 2.0 * d(rows) * d(n_out) * d(n_in)};
+    k.launch = [=](int s, cudaStream_t stream) { ops::linear_cuda(p, w[z(s)], x[z(s)], y[z(s)], ctx, stream); };
+    return k;
+  };
+  return c;
+}
+
 void register_linears(KernelRegistry& r, bool quick) {
   struct Shape {
     const char* name;
@@ -90,6 +128,10 @@ void register_linears(KernelRegistry& r, bool quick) {
   }
   for (int64_t t : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{1024, 4096, 16384}) {
     r.add(linear_case("linear_bf16_prefill_kda_proj", t, kKdaProj, kHidden, false));
+  }
+  for (int64_t b : decode_batches(quick)) {
+    r.add(quant_linear_case("linear_fp8_decode", b, 24576, kHidden, WeightFormat::kFp8Block));
+    r.add(quant_linear_case("linear_mxfp4_decode", b, kKdaProj, kHidden, WeightFormat::kMxfp4));
   }
 }
 
@@ -162,6 +204,12 @@ void register_kda_small(KernelRegistry& r, int64_t b) {
     float* beta = m.zeros_of<float>(z(b * kHeads));
     return SetLaunch([=](cudaStream_t s) { ops::kda_beta_cuda(b * kHeads, x, beta, s); });
   }));
+  // The MLA output gate: x *= sigmoid(g) over [B, 96 x 128].
+  r.add(small_case("sigmoid_gate", b, proj * 4, {proj * 6, 4 * proj}, [b](CaseMemory& m) {
+    const bf16* g = m.bf16(z(b * kKdaProj));
+    bf16* x = m.bf16(z(b * kKdaProj));
+    return SetLaunch([=](cudaStream_t s) { ops::sigmoid_gate_cuda(b * kKdaProj, g, x, s); });
+  }));
   r.add(small_case("gated_rmsnorm", b, proj * 6, {proj * 6, 8 * proj}, [b](CaseMemory& m) {
     const bf16* x = m.bf16(z(b * kKdaProj));
     const bf16* gate = m.bf16(z(b * kKdaProj));
@@ -207,6 +255,11 @@ void register_embedding_and_sampling(KernelRegistry& r, int64_t b) {
     const double* u = m.upload(uniforms);
     int32_t* ids = m.zeros_of<int32_t>(z(b));
     return SetLaunch([=](cudaStream_t s) { ops::sample_cuda({b, kVocab}, p, x, u, ids, s); });
+  }));
+  r.add(small_case("sampling_greedy_decode", b, logits, {logits, d(b * kVocab)}, [b](CaseMemory& m) {
+    const float* x = m.f32(z(b * kVocab), -6.0f, 6.0f);
+    int32_t* ids = m.zeros_of<int32_t>(z(b));
+    return SetLaunch([=](cudaStream_t s) { ops::argmax_cuda({b, kVocab}, x, ids, s); });
   }));
 }
 
