@@ -59,6 +59,10 @@ void register_make_random(CLI::App& app) {
                   "deepseek_v3 only: the chat_template layout written into tokenizer_config.json: deepseek_v3.1 "
                   "(default), deepseek_v3, or kimi_k2 (also Kimi-K2's tokenizer and model_type kimi_k2)")
       ->check(CLI::IsMember({"deepseek_v3", "deepseek_v3.1", "kimi_k2"}));
+  cmd->add_option("--threads", s.n_threads,
+                  "Generation threads (default 0: all cores, or BG_NUM_THREADS); the output does not depend on it")
+      ->check(CLI::NonNegativeNumber);
+  s.show_progress = true;
   cmd->callback([args] { run_make_random(*args); });
 }
 

@@ -10,6 +10,7 @@ void register_commands(CLI::App& app) {
   register_serve(app);
   register_worker(app);
   register_tokenize(app);
+  register_bench(app);
 }
 
 }  // namespace bg::tools

@@ -32,8 +32,10 @@ void StepModel::forward_batch(std::span<const BatchEntry> batch, float* last_log
   StepLayout step = layout_step(batch, info(), padding());
   const int64_t n = step.n_seqs();
   // Decode steps on CUDA replay a graph of the next power-of-two batch (padding sequences write only the pools'
-  // padding block and slot). A route hook synchronises, so it forces eager steps.
-  const bool graph_ok = graphs_ && !route_hook_ && be.device() == DeviceKind::kCuda && step.all_single_token();
+  // padding block and slot). A route hook synchronises, so it forces eager steps; so does a per-op profiler.
+  const bool per_op_profile = be.profiler() != nullptr && be.profiler()->per_op();
+  const bool graph_ok =
+      graphs_ && !route_hook_ && !per_op_profile && be.device() == DeviceKind::kCuda && step.all_single_token();
   const int64_t bucket = graph_ok ? graph_bucket(n, max_graph_batch_) : 0;
   Tensor out;
   if (bucket > 0) {

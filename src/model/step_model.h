@@ -19,6 +19,7 @@ class StepModel : public Model {
   void forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) final;
   void forward_batch(std::span<const BatchEntry> batch, float* last_logits) final;
   int64_t n_graphs_captured() const final { return backend().n_graphs(); }
+  void set_op_profiler(OpProfiler* profiler) final { backend().set_profiler(profiler); }
 
  protected:
   explicit StepModel(const LoadOptions& options);

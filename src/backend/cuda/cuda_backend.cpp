@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <type_traits>
+#include <utility>
 
 #include "backend/cuda/cuda_allocator.h"
 #include "backend/cuda/cuda_check.h"
@@ -92,7 +93,10 @@ class CudaBackend final : public Backend {
     t.data = t.owner.get();
     return t;
   }
-  void fill_zero(Tensor& t) override { BG_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_)); }
+  void fill_zero(Tensor& t) override {
+    BG_PROFILE_OP("fill_zero", stream_);
+    BG_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_));
+  }
   Tensor upload_f32(std::span<const float> values, Shape shape, DType dtype) override {
     Tensor t = alloc(std::move(shape), dtype);
     BG_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "upload_f32: {} values for shape {}", values.size(),
@@ -117,6 +121,7 @@ class CudaBackend final : public Backend {
     return upload_f32(values, view.shape, DType::kF32);
   }
   void download_f32(const Tensor& t, float* host) override {
+    BG_PROFILE_OP("download_f32", stream_);
     const int64_t n = t.numel();
     if (t.dtype == DType::kF32) {
       copy_out(host, t.data, t.nbytes());
@@ -127,6 +132,7 @@ class CudaBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) host[i] = load_as_f32(raw.data(), t.dtype, i);
   }
   void copy(const Tensor& src, Tensor& dst) override {
+    BG_PROFILE_OP("copy", stream_);
     BG_CHECK(src.nbytes() == dst.nbytes(), "copy of {} bytes into {}", src.nbytes(), dst.nbytes());
     BG_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, stream_));
   }
@@ -144,6 +150,7 @@ class CudaBackend final : public Backend {
   }
 
   void embedding(const Tensor& table, Tensor& out) override {
+    BG_PROFILE_OP("embedding", stream_);
     expect(out, DType::kBF16, "embedding output");
     ops::EmbeddingParams p{step_.n_tokens(), table.shape.at(0), table.shape.at(1)};
     if (table.dtype == DType::kBF16) {
@@ -154,16 +161,19 @@ class CudaBackend final : public Backend {
   }
   // The embedding kernel is a row gather: x is the table, the last rows the ids.
   void gather_last_rows(const Tensor& x, Tensor& out) override {
+    BG_PROFILE_OP("gather_last_rows", stream_);
     expect(x, DType::kBF16, "gather_last_rows input");
     ops::EmbeddingParams p{step_.n_seqs(), x.rows(), x.cols()};
     ops::embedding_cuda(p, x.as<bf16>(), dev_.last_rows, out.as<bf16>(), nullptr, stream_);
   }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override {
+    BG_PROFILE_OP("rmsnorm", stream_);
     expect(x, DType::kBF16, "rmsnorm input");
     ops::rmsnorm_cuda({x.rows(), w.numel(), eps}, {x.cols(), y.cols()}, x.as<bf16>(), w.as<float>(), y.as<bf16>(),
                       stream_);
   }
   void linear(const LinearHandle& w, const Tensor& x, Tensor& y) override {
+    BG_PROFILE_OP("linear", stream_);
     expect(x, DType::kBF16, "linear input");
     ops::LinearCudaParams p{x.rows(), y.dtype == DType::kF32 ? ops::LinearOutType::kF32 : ops::LinearOutType::kBf16,
                             ops::LinearPath::kAuto};
@@ -173,8 +183,12 @@ class CudaBackend final : public Backend {
     ops::LinearCudaContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, scratch.get(), scratch_bytes};
     ops::linear_cuda(p, d, x.as<bf16>(), y.data, ctx, stream_);
   }
-  void add(Tensor& y, const Tensor& x) override { ops::add_inplace_cuda(y.numel(), x.as<bf16>(), y.as<bf16>(), stream_); }
+  void add(Tensor& y, const Tensor& x) override {
+    BG_PROFILE_OP("add", stream_);
+    ops::add_inplace_cuda(y.numel(), x.as<bf16>(), y.as<bf16>(), stream_);
+  }
   void glu(const GluSpec& p, const Tensor& gate, const Tensor& up, Tensor& out) override {
+    BG_PROFILE_OP("glu", stream_);
     if (p.kind == GluKind::kSwiGlu) {
       ops::swiglu_cuda(gate.numel(), gate.as<bf16>(), up.as<bf16>(), out.as<bf16>(), stream_);
     } else {
@@ -183,13 +197,16 @@ class CudaBackend final : public Backend {
     }
   }
   void sigmoid_mul(Tensor& x, const Tensor& gate) override {
+    BG_PROFILE_OP("sigmoid_mul", stream_);
     ops::sigmoid_gate_cuda(x.numel(), gate.as<bf16>(), x.as<bf16>(), stream_);
   }
   void rope(const ops::RopeParams& p, const RopeHandle& table, Tensor& x) override {
+    BG_PROFILE_OP("rope", stream_);
     ops::apply_rope_cuda(p, dev_.positions, table.inv_freq.as<float>(), table.table.attention_factor, x.as<bf16>(),
                          stream_);
   }
   void mla_write(const MlaCacheRef& c, const Tensor& latent) override {
+    BG_PROFILE_OP("mla_write", stream_);
     ops::MlaParams p{};
     p.n_tokens = step_.n_tokens();
     p.kv_lora_rank = c.kv_lora_rank;
@@ -202,6 +219,7 @@ class CudaBackend final : public Backend {
   // checkpoints, the general kernel (mla_cuda.h).
   void mla_attention(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
                      const MlaCacheRef& c, Tensor& out) override {
+    BG_PROFILE_OP("mla_attention", stream_);
     if (step_.all_single_token() && ops::mla_decode_takes(p)) {
       mla_decode(p, q, w_uk, w_uv, c, out);
       return;
@@ -210,6 +228,7 @@ class CudaBackend final : public Backend {
   }
   void route(const ops::RouterParams& p, const Tensor& logits, const Tensor& bias, Tensor& ids,
              Tensor& weights) override {
+    BG_PROFILE_OP("route", stream_);
     ops::route_topk_cuda(p, logits.as<float>(), bias.empty() ? nullptr : bias.as<float>(), ids.as<int32_t>(),
                          weights.as<float>(), stream_);
   }
@@ -221,24 +240,30 @@ class CudaBackend final : public Backend {
     static_cast<CudaExpertSlots&>(slots).set(slot, gate, up, down, stream_);
   }
   void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r) override {
+    BG_PROFILE_OP("moe_dispatch", stream_);
     cuda::moe_dispatch(moe_ctx(), slot_map, ids, weights, r);
   }
   void moe_gather(const MoeRouting& r, const Tensor& x, Tensor& rows) override {
+    BG_PROFILE_OP("moe_gather", stream_);
     cuda::moe_gather(moe_ctx(), r, x, rows);
   }
   void moe_experts(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& rows,
                    Tensor& y_rows) override {
+    BG_PROFILE_OP("moe_experts", stream_);
     cuda::moe_experts(moe_ctx(), static_cast<const CudaExpertSlots&>(experts), glu, r, rows, y_rows);
   }
   void moe_combine(const MoeRouting& r, const Tensor& y_rows, Tensor& out) override {
+    BG_PROFILE_OP("moe_combine", stream_);
     cuda::moe_combine(moe_ctx(), r, y_rows, out);
   }
   void moe_routed_local(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& x,
                         Tensor& out) override {
+    BG_PROFILE_OP("moe_routed_local", stream_);
     cuda::moe_routed_local(moe_ctx(), static_cast<const CudaExpertSlots&>(experts), glu, r, x, out);
   }
   // Decode steps: one batched launch over the sequences' slots; otherwise one launch per sequence.
   void short_conv(const Tensor& x, const Tensor& weight, const StateRef& state, Tensor& out) override {
+    BG_PROFILE_OP("short_conv", stream_);
     const int64_t c = x.cols();
     if (step_.all_single_token()) {
       ops::ConvStateSlots slots{state.storage.as<float>() + state.offset, dev_.state_slots, state.slot_stride};
@@ -253,20 +278,24 @@ class CudaBackend final : public Backend {
     }
   }
   void kda_l2norm(int64_t head_dim, float scale, Tensor& x) override {
+    BG_PROFILE_OP("kda_l2norm", stream_);
     ops::kda_l2norm_cuda({x.numel() / head_dim, head_dim, scale, 1e-6f}, x.as<bf16>(), x.as<bf16>(), stream_);
   }
   void kda_gate(const Tensor& g_raw, const Tensor& a_log, const Tensor& dt_bias, int64_t n_heads, float lower_bound,
                 Tensor& g) override {
+    BG_PROFILE_OP("kda_gate", stream_);
     ops::kda_gate_cuda({g_raw.rows(), n_heads, g_raw.cols() / n_heads, lower_bound}, g_raw.as<bf16>(),
                        a_log.as<float>(), dt_bias.as<float>(), g.as<float>(), stream_);
   }
   void kda_beta(const Tensor& b, Tensor& beta) override {
+    BG_PROFILE_OP("kda_beta", stream_);
     ops::kda_beta_cuda(b.numel(), b.as<bf16>(), beta.as<float>(), stream_);
   }
   // Decode steps: one recurrent launch over all sequences' slots; otherwise per sequence, recurrent for a single
   // token and chunked for more.
   void kda(const ops::KdaParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
            const Tensor& beta, const StateRef& state, Tensor& out) override {
+    BG_PROFILE_OP("kda", stream_);
     float* base = state.storage.as<float>() + state.offset;
     if (step_.all_single_token()) {
       ops::KdaCudaInputs in{q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), g.as<float>(), beta.as<float>()};
@@ -290,11 +319,13 @@ class CudaBackend final : public Backend {
   }
   void gated_rmsnorm(int64_t n_heads, float eps, const Tensor& x, const Tensor& gate, const Tensor& weight,
                      Tensor& y) override {
+    BG_PROFILE_OP("gated_rmsnorm", stream_);
     ops::gated_rmsnorm_cuda({x.rows(), n_heads, weight.numel(), eps}, x.as<bf16>(), gate.as<bf16>(),
                             weight.as<float>(), y.as<bf16>(), stream_);
   }
   void attn_res_mix(const Tensor& bank, int64_t n_candidates, const Tensor& norm, const Tensor& proj, float eps,
                     Tensor& out) override {
+    BG_PROFILE_OP("attn_res_mix", stream_);
     ops::attn_res_mix_cuda({n_candidates, bank.shape.at(1), bank.shape.at(2), eps}, bank.as<bf16>(), norm.as<float>(),
                            proj.as<float>(), out.as<bf16>(), stream_);
   }
@@ -399,6 +430,7 @@ class CudaBackend final : public Backend {
 
 // Packs the step's arrays (8-byte aligned) into pinned memory and copies them to the device buffer in one transfer.
 void CudaBackend::upload_step() {
+  BG_PROFILE_OP("upload_step", stream_);
   const StepLayout& s = step_;
   auto bytes_of = [](const auto& v) { return (v.size() * sizeof(v[0]) + 7) / 8 * 8; };
   const size_t total = bytes_of(s.token_ids) + bytes_of(s.positions) + bytes_of(s.token_seq) +
@@ -445,16 +477,19 @@ Tensor CudaBackend::run_graph(int64_t key, const std::function<Tensor()>& body) 
     cudaGraph_t graph = nullptr;
     alloc_->set_capture_sink(&g.memory);
     capturing_ = true;
+    OpProfiler* profiler = std::exchange(profiler_, nullptr);  // events must not land in the graph
     BG_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     try {
       g.out = body();
     } catch (...) {
       cudaStreamEndCapture(stream_, &graph);
       if (graph != nullptr) cudaGraphDestroy(graph);
+      profiler_ = profiler;
       capturing_ = false;
       alloc_->set_capture_sink(nullptr);
       throw;
     }
+    profiler_ = profiler;
     BG_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
     capturing_ = false;
     alloc_->set_capture_sink(nullptr);
@@ -464,6 +499,7 @@ Tensor CudaBackend::run_graph(int64_t key, const std::function<Tensor()>& body) 
     it = graphs_.emplace(key, std::move(g)).first;
     log::debug("cuda backend: captured graph {:#x} ({} graphs)", key, graphs_.size());
   }
+  BG_PROFILE_OP("graph", stream_);
   BG_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
   return it->second.out;
 }
