@@ -14,7 +14,7 @@
 //   serves every routing. Split-K S (1..8) is chosen on the device from n_active so that e.g. 16 touched Kimi-K3
 //   experts (192 gate/up items) become 384 and fill 132 SMs in 3 even waves; fixed_splits pins S (batch invariance).
 // - Pipeline: 6 stages of (17408 B weights + 4608 B activations) = 129 KiB of shared memory; the producer (every
-//   thread, cp.async 16 B, weights with an L2 evict-first policy) runs 5 stages ahead of the consumer across item
+//   thread, cp.async 16 B, plain L2 caching: see cp_async16) runs 5 stages ahead of the consumer across item
 //   boundaries, so the stream of weights never stops for an epilogue. One __syncthreads per 17 KiB stage.
 // - Split-K reduction, deterministic: each split writes its fp32 accumulators in fragment order (coalesced float4) to
 //   its own slot; the CTA whose arrival (an integer atomic) completes the tile adds slots 0..S-1 in that fixed order.
@@ -82,8 +82,8 @@ struct ActSource {
   const __nv_bfloat16* row = nullptr;  // null: zero-fill
 };
 
-// The stage's weight block: one contiguous 17408-byte copy (4.25 x 16 B per thread), L2 evict-first.
-__device__ __forceinline__ void issue_weights(const Cursor& c, const KernelArgs& a, uint8_t* buf, uint64_t policy) {
+// The stage's weight block: one contiguous 17408-byte copy (4.25 x 16 B per thread) (cp.async.cg).
+__device__ __forceinline__ void issue_weights(const Cursor& c, const KernelArgs& a, uint8_t* buf) {
   const int tid = static_cast<int>(threadIdx.x);
   const uint8_t* wsrc = a.weights + static_cast<int64_t>(c.e) * a.slot_bytes +
                         (static_cast<int64_t>(c.m) * a.sched.n_kstages + c.ks) * kStageBytes;
@@ -91,9 +91,9 @@ __device__ __forceinline__ void issue_weights(const Cursor& c, const KernelArgs&
 #pragma unroll
   for (int i = 0; i < kCodeBytes / 16 / kThreads; ++i) {
     const int off = (tid + i * kThreads) * 16;
-    cp_async16_hint(wdst + off, wsrc + off, policy);
+    cp_async16(wdst + off, wsrc + off);
   }
-  if (tid < kScaleBytes / 16) cp_async16_hint(wdst + kCodeBytes + tid * 16, wsrc + kCodeBytes + tid * 16, policy);
+  if (tid < kScaleBytes / 16) cp_async16(wdst + kCodeBytes + tid * 16, wsrc + kCodeBytes + tid * 16);
 }
 
 // The stage's activation tile: thread tid copies 16-byte chunk (tid & 7) of row (tid >> 3); gate/up rows come
@@ -279,7 +279,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int grid = static_cast<int>(gridDim.x);
   const Plan pl = make_plan(a.sched, *a.d.n_active, grid);
-  const uint64_t policy = evict_first_policy();
 
   Cursor prod, cons;
   prod.item = cons.item = blockIdx.x;
@@ -293,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs
     Cursor w = prod;
 #pragma unroll 1
     for (int i = 0; i < kStages - 1 && w.valid; ++i) {
-      issue_weights(w, a, smem + i * kBufBytes, policy);
+      issue_weights(w, a, smem + i * kBufBytes);
       advance(w, a.sched, pl, grid);
     }
   }
@@ -317,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs
     __syncthreads();               // everyone's did, and everyone finished the stage before (its buffer is refilled now)
     const int pbuf = buf == 0 ? kStages - 1 : buf - 1;
     if (prod.valid) {
-      issue_weights(prod, a, smem + pbuf * kBufBytes, policy);
+      issue_weights(prod, a, smem + pbuf * kBufBytes);
       issue_acts<kGateUp>(prod, a, src, smem + pbuf * kBufBytes);
       advance(prod, a.sched, pl, grid);
     } else if (!triggered) {

@@ -1,4 +1,4 @@
-// Device building blocks of the W4A16 expert kernel: cp.async with an L2 evict-first policy, bf16x2 multiply,
+// Device building blocks of the W4A16 expert kernel: cp.async (16 B, L2 only), bf16x2 multiply,
 // mma.sync m16n8k16 (bf16 in, fp32 accumulate), the per-stage tensor-core step (16-byte shared loads straight into A
 // and B fragment registers, E2M1 decode + E8M0 scale in registers), and the GLU. Included only by moe_w4a16_cuda.cu.
 #pragma once
@@ -16,16 +16,12 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Weights are read exactly once per step: evict them first so activations, h, y and partials stay in L2.
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-
-__device__ __forceinline__ void cp_async16_hint(uint32_t dst, const void* src, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "l"(policy)
-               : "memory");
+// Weights are read exactly once per step. An L2 evict-first hint (cp.async ... L2::cache_hint with a createpolicy
+// operand) would keep activations, h, y and partials in L2 better, but nvcc 13.0's ptxas compiled it here into
+// LDGSTS with an undefined, odd uniform descriptor register (desc[UR1]): an illegal instruction on the H200 (found
+// with compute-sanitizer, 2026-12-01). Plain cp.async.cg (L2 only, L1 bypassed) until a fixed toolkit is checked.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 // src_bytes 0 writes 16 zero bytes without reading (rows past the chunk, inputs past n_in).
