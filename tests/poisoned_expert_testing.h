@@ -3,6 +3,7 @@
 // clean model's tokens, and both happen. Shared by the CPU test (tests/engine) and the GPU test (tests/cuda).
 #pragma once
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -30,7 +31,7 @@ inline std::map<std::string, PoisonOutcome> run_poison_requests(const std::files
   engine::Engine engine(load_model(model_dir, lo), sched::SchedulerConfig{n_requests, 32, 256, 64, 0.0});
   for (int i = 0; i < n_requests; ++i) {
     proto::GenerateRequest g;
-    g.id = "r" + std::to_string(i);
+    g.id = fmt::format("r{}", i);
     g.prompt = {(7 + 37 * i) % 500, (11 + 53 * i) % 500, 5 + i};  // both tiny vocabularies hold 500 ids
     g.params.max_tokens = 4;
     g.params.temperature = 0.0f;
@@ -70,7 +71,7 @@ inline void expect_poisoned_expert_contained(const std::string& arch, const std:
   auto poisoned = run_poison_requests(tmp.path() / "poisoned", device, n);
   int n_failed = 0, n_same = 0;
   for (int i = 0; i < n; ++i) {
-    const std::string id = "r" + std::to_string(i);
+    const std::string id = fmt::format("r{}", i);
     ASSERT_EQ(clean[id].finish_reason, "length") << id << ": " << clean[id].error;
     const PoisonOutcome& p = poisoned[id];
     if (p.finish_reason == "error") {
