@@ -12,6 +12,7 @@ PACKAGES=(
   libcpp-httplib-dev                # HTTP server (frontend)
   libpcre2-dev                      # tokenizer pre-tokenizer regex
   libzmq3-dev cppzmq-dev            # frontend <-> worker IPC
+  liburing-dev libnuma-dev libucx-dev libssl-dev  # weight store: io_uring loads, NUMA placement, peers + their HMAC
   curl git python3
 )
 

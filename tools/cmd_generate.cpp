@@ -21,6 +21,8 @@ struct GenerateArgs {
   uint64_t seed = 0;
   bool ignore_eos = false;
   std::string device = "cpu";
+  std::string weight_store;
+  std::string distributed_weight_config;
 };
 
 void run_generate(const GenerateArgs& a) {
@@ -30,7 +32,9 @@ void run_generate(const GenerateArgs& a) {
   BG_CHECK(a.top_k >= 0, "--top-k {} must be >= 0", a.top_k);
   std::vector<int32_t> prompt = parse_id_list(a.prompt_ids, "--prompt-ids");
   const int64_t total = static_cast<int64_t>(prompt.size()) + a.max_tokens;
-  auto model = load_model(a.model_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = total, .device = a.device});
+  auto model = load_model(a.model_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = total, .device = a.device,
+                                                   .weight_store = a.weight_store,
+                                                   .distributed_weight_config = a.distributed_weight_config});
   const int64_t V = model->info().vocab_size;
   BG_CHECK(total <= model->info().max_position_embeddings, "prompt ({}) + --max-tokens ({}) exceeds the model's "
            "context of {}", prompt.size(), a.max_tokens, model->info().max_position_embeddings);
@@ -66,6 +70,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "Sampling seed (default 0)");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence id");
   cmd->add_option("--device", args->device, "Backend: cpu (fp32 reference) or cuda (bf16 on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
+  add_weight_source_options(cmd, args->weight_store, args->distributed_weight_config);
   cmd->callback([args] { run_generate(*args); });
 }
 

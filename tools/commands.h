@@ -12,5 +12,7 @@ void register_generate(CLI::App& app);
 void register_make_random(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_worker(CLI::App& app);
+void register_weightd(CLI::App& app);
+void register_convert(CLI::App& app);
 
 }  // namespace bg::tools

@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_allocator.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
+#include "backend/cuda/weight_uploader.h"
 #include "core/log.h"
 #include "moe/moe_cuda.h"
 #include "ops/attn_res/attn_res_cuda.h"
@@ -137,8 +138,19 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override { BG_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+  // Weights go up in batches through the uploader (one allocation per batch, pinned copies); see weight_uploader.h.
   std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) override {
-    return std::make_unique<CudaLinear>(ops::upload_weight(w));
+    return std::move(prepare_linears({{&w}, 0}).front());
+  }
+  std::vector<std::unique_ptr<LinearHandle>> prepare_linears(const LinearBatch& batch) override {
+    std::vector<std::unique_ptr<LinearHandle>> out;
+    for (auto& s : uploader().upload(batch.weights, batch.n_experts)) {
+      out.push_back(std::make_unique<CudaLinear>(std::move(s)));
+    }
+    return out;
+  }
+  std::shared_ptr<void> pin_host_memory(std::span<const HostRegion> regions) override {
+    return uploader().pin(regions);
   }
 
   void embedding(const Tensor& table, Tensor& out) override {
@@ -326,6 +338,11 @@ class CudaBackend final : public Backend {
   std::map<int64_t, Graph> graphs_;
   bool capturing_ = false;
   std::map<const LinearHandle*, cuda::DeviceBuffer> expert_tables_;  // first gate handle -> device descriptors
+  std::unique_ptr<cuda::WeightUploader> uploader_;
+  cuda::WeightUploader& uploader() {
+    if (!uploader_) uploader_ = std::make_unique<cuda::WeightUploader>(stream_);
+    return *uploader_;
+  }
 };
 
 void CudaBackend::routed_experts(const ExpertWeights& experts, const GluSpec& glu_p, const Tensor& x,
