@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <numa.h>
 #include <poll.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -132,6 +133,11 @@ int wait_for_daemon(const StartArgs& a, int ready_fd, pid_t child) {
   if (msg.rfind("ok", 0) == 0) {
     print_status(a.d.name);
     return 0;
+  }
+  // The daemon failed: wait for it to exit (it releases the store's lock last), so a retry does not find it running.
+  int status = 0;
+  for (int i = 0; i < 300 && ::waitpid(child, &status, WNOHANG) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   BG_CHECK(msg.rfind("error: ", 0) != 0, "weightd {}: {}", a.d.name, msg.substr(7, msg.find_last_not_of('\n') - 6));
   fail("weightd {}: the daemon (pid {}) exited during startup; see {}", a.d.name, child,

@@ -41,7 +41,7 @@ HostWeight make_weight(WeightFormat f, DType dense_dtype, int64_t n_out, int64_t
   h.w.format = f;
   h.w.n_out = n_out;
   h.w.n_in = n_in;
-  h.w.name = "w" + std::to_string(seed);
+  h.w.name = fmt::format("w{}", seed);
   h.w.data = TensorView{codes.dtype(), codes.shape(), h.data.data(), h.data.size(), h.w.name};
   if (!h.scale.empty()) h.w.scale = TensorView{scales.dtype(), scales.shape(), h.scale.data(), h.scale.size(), ""};
   return h;

@@ -2,10 +2,13 @@
 // MXFP4 with a stated error, and the refusals; load progress rendering.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "formats/checkpoint.h"
+#include "formats/quant.h"
 #include "golden/golden_runner.h"
 #include "model/model_testing.h"
 #include "weights/convert.h"
@@ -56,6 +59,29 @@ TEST(Mxfp4Ocp, SharedScaleAndRoundToNearestEven) {
   x[9] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_NE(bg_error_of([&] { quantize_row_mxfp4_ocp(x.data(), 32, codes, scale, "w"); }).find("not finite"),
             std::string::npos);
+}
+
+// OCP MXFP4 of one 32-group, written from the spec independently of the converter: X = 2^(floor(log2 amax) - 2) with
+// the exponent taken from frexp, each element the E2M1 value nearest v / X on its own sign, ties to the even code.
+void ocp_reference(const float* v, uint8_t* codes, uint8_t* scale) {
+  static const float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
+  int ex = 0;
+  std::frexp(amax, &ex);  // amax = m * 2^ex, m in [0.5, 1): floor(log2 amax) = ex - 1
+  const int e = amax == 0.0f ? -127 : std::clamp(ex - 1 - 2, -127, 127);
+  *scale = static_cast<uint8_t>(e + 127);
+  for (int j = 0; j < 32; ++j) {
+    const double t = std::fabs(static_cast<double>(v[j])) / std::ldexp(1.0, e);
+    int best = 0;
+    for (int c = 1; c < 8; ++c) {
+      const double d = std::fabs(kMag[c] - t), bd = std::fabs(kMag[best] - t);
+      if (d < bd || (d == bd && c % 2 == 0)) best = c;
+    }
+    const int code = (std::signbit(v[j]) ? 8 : 0) | best;
+    if (j % 2 == 0) codes[j / 2] = static_cast<uint8_t>(code);
+    else codes[j / 2] = static_cast<uint8_t>(codes[j / 2] | (code << 4));
+  }
 }
 
 std::vector<float> logits_of(const std::filesystem::path& model, const std::vector<int32_t>& prompt) {
@@ -131,8 +157,29 @@ TEST(Convert, ExpertsToMxfp4HaveAStatedError) {
       std::printf("%s experts -> MXFP4 (%s): weight rel RMS error max %.4f mean %.4f; logits vs reference max rel "
                   "err %.4f\n", c.c_str(), store ? "store layout" : "safetensors", r.max_rel_rms_error,
                   r.mean_rel_rms_error, worst);
+      // Random tiny models amplify weight noise (a 12% weight error moves their small logits a lot); the bound
+      // catches a broken conversion (wrong scale, nibble order: errors of order 1 or NaN), the value is stated.
       EXPECT_GT(worst, 1e-4) << "the quantization must show";
-      EXPECT_LT(worst, 0.1) << c;
+      EXPECT_LT(worst, 0.6) << c;
+    }
+    // One converted expert matrix equals the spec's MXFP4 of the original values, byte for byte.
+    auto orig_ckpt = Checkpoint::open(gc.model_dir());
+    auto conv_ckpt = Checkpoint::open(tmp / "st");
+    const std::string prefix = "model.layers.2.mlp.experts.5.down_proj";
+    const TensorView w = orig_ckpt->get(prefix + ".weight");
+    const QuantWeight q = load_linear(*orig_ckpt, prefix, w.shape[0], w.shape[1]);
+    const TensorView packed = conv_ckpt->get(prefix + ".weight_packed"), scales = conv_ckpt->get(prefix + ".weight_scale");
+    std::vector<float> row(static_cast<size_t>(q.n_in));
+    std::vector<uint8_t> want_codes(16), want_scale(1);
+    for (int64_t r = 0; r < q.n_out; ++r) {
+      q.decode_row(r, row.data());
+      for (int64_t g = 0; g < q.n_in / 32; ++g) {
+        ocp_reference(row.data() + g * 32, want_codes.data(), want_scale.data());
+        const auto* got_codes = reinterpret_cast<const uint8_t*>(packed.data) + r * (q.n_in / 2) + g * 16;
+        const auto* got_scale = reinterpret_cast<const uint8_t*>(scales.data) + r * (q.n_in / 32) + g;
+        ASSERT_EQ(*got_scale, want_scale[0]) << c << " row " << r << " group " << g;
+        ASSERT_EQ(std::memcmp(got_codes, want_codes.data(), 16), 0) << c << " row " << r << " group " << g;
+      }
     }
     auto st = Checkpoint::open(tmp / "st");
     auto orig = Checkpoint::open(gc.model_dir());

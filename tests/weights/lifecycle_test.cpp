@@ -98,7 +98,7 @@ TEST(Lifecycle, CorruptSegmentIsRefusedOrReloaded) {
 TEST(Lifecycle, StopWithoutDaemonRemovesLeftoversAndBadInputIsAClearError) {
   StoreGuard g;
   const auto model = golden_model("deepseek_v3/tiny-fp8");
-  start_daemon(model, g.name(), {"--segment-gb", "0.0005", "--reader", "pread", "--no-direct"});
+  start_daemon(model, g.name(), {"--segment-gb", "0.001", "--reader", "pread", "--no-direct"});
   const CmdResult again = run_batchgen({"weightd", "start", "--model", model.string(), "--name", g.name()});
   EXPECT_NE(again.rc, 0);
   EXPECT_NE(again.err.find("already running"), std::string::npos) << again.err;

@@ -134,8 +134,8 @@ TEST(Manifest, DecoderRejectsEveryInconsistency) {
   const Manifest good = plan_for("deepseek_v3/tiny-fp8");
   const auto bytes = encode_manifest(good);
   for (size_t cut : {size_t{0}, size_t{5}, bytes.size() / 2, bytes.size() - 1}) {
-    EXPECT_NE(bg_error_of([&] { decode_manifest(std::span(bytes).subspan(0, cut), "m"); }).find("truncated"),
-              std::string::npos) << cut;
+    const std::string e = bg_error_of([&] { decode_manifest(std::span(bytes).subspan(0, cut), "m"); });
+    EXPECT_TRUE(e.find("truncated") != std::string::npos || e.find("does not fit") != std::string::npos) << e;
   }
   auto extra = bytes;
   extra.push_back(std::byte{0});

@@ -65,7 +65,7 @@ class StoreGuard {
   explicit StoreGuard(const std::string& tag = "s") {
     use_private_runtime_dir();
     static std::atomic<int> counter{0};
-    name_ = "t" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + tag;
+    name_ = fmt::format("t{}_{}_{}", ::getpid(), counter++, tag);
     if (name_.size() > 60) name_.resize(60);
     weights::remove_store_shm(name_);
   }
