@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -36,17 +38,43 @@ namespace bg::testing {
 
 inline std::filesystem::path golden_model(const std::string& c) { return golden_dir() / c / "model"; }
 
+// Shared memory and runtime directories left by test processes that died without their destructors (a crash, a
+// kill): "bg.<uid>.t<pid>_..." objects and "bg_rt_<pid>" directories whose pid is gone.
+inline void sweep_dead_test_leftovers() {
+  const std::string shm_prefix = fmt::format("bg.{}.t", ::geteuid());
+  auto dead = [](const std::string& digits) {
+    const pid_t pid = static_cast<pid_t>(std::strtol(digits.c_str(), nullptr, 10));
+    return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+  };
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(shm_prefix, 0) == 0 && dead(n.substr(shm_prefix.size()))) ::shm_unlink(("/" + n).c_str());
+  }
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::temp_directory_path(), ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("bg_rt_", 0) == 0 && dead(n.substr(6))) std::filesystem::remove_all(e.path(), ec);
+  }
+}
+
 // BG_RUNTIME_DIR -> a fresh 0700 directory for this test process (children inherit it), so the tests never touch a
-// user's real daemons.
+// user's real daemons; removed when the process exits.
 inline void use_private_runtime_dir() {
-  static const std::string dir = [] {
-    std::string d = (std::filesystem::temp_directory_path() / ("bg_rt_" + std::to_string(::getpid()))).string();
-    std::filesystem::create_directories(d);
-    ::chmod(d.c_str(), 0700);
-    ::setenv("BG_RUNTIME_DIR", d.c_str(), 1);
-    return d;
-  }();
-  (void)dir;
+  struct RuntimeDir {
+    std::string path;
+    RuntimeDir() {
+      sweep_dead_test_leftovers();
+      path = (std::filesystem::temp_directory_path() / ("bg_rt_" + std::to_string(::getpid()))).string();
+      std::filesystem::create_directories(path);
+      ::chmod(path.c_str(), 0700);
+      ::setenv("BG_RUNTIME_DIR", path.c_str(), 1);
+    }
+    ~RuntimeDir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const RuntimeDir dir;
 }
 
 inline bool wait_for(const std::function<bool()>& pred, int timeout_ms) {
