@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <zmq.hpp>
@@ -118,6 +119,9 @@ json WeightDaemon::State::status() {
     j["tensors"] = manifest.tensors.size();
     j["segments"] = manifest.segments.size();
     j["expert_blocks"] = n_expert;
+    std::set<int32_t> numa;
+    for (const SegmentInfo& seg : manifest.segments) numa.insert(seg.numa_node);
+    j["numa_nodes"] = numa;  // -1: no NUMA policy (one node)
     j["repaired_tensors"] = repaired;
     j["ready_seconds"] = ready_seconds;
     if (origin == "loaded") {

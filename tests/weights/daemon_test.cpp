@@ -3,7 +3,9 @@
 // golden case within the golden tolerance).
 #include <gtest/gtest.h>
 
+#include "engine/worker.h"
 #include "golden/golden_runner.h"
+#include "server/frontend/serve.h"
 #include "model/model_testing.h"
 #include "weights/open_source.h"
 #include "weights/store_source.h"
@@ -53,6 +55,21 @@ TEST(Daemon, StatusAttachDetachAndShutdown) {
   EXPECT_NE(bg_error_of([&] { store_status(g.name()); }).find("no weight daemon named"), std::string::npos);
 }
 
+TEST(Control, PeerCredentialsComeFromTheKernelAddress) {
+  auto c = parse_peer_address("localhost:1000:1001:4242");
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->uid, 1000u);
+  EXPECT_EQ(c->gid, 1001u);
+  EXPECT_EQ(c->pid, 4242);
+  EXPECT_TRUE(parse_peer_address(":0:0:7").has_value());
+  EXPECT_FALSE(parse_peer_address(nullptr).has_value());
+  EXPECT_FALSE(parse_peer_address("127.0.0.1:5555").has_value());
+  EXPECT_FALSE(parse_peer_address("x:1:2:notapid").has_value());
+  EXPECT_EQ(process_start_ticks(::getpid()), process_start_ticks(::getpid()));
+  EXPECT_GT(process_start_ticks(::getpid()), 0u);
+  EXPECT_EQ(process_start_ticks(0x7ffffff0), 0u);
+}
+
 TEST(Daemon, AttachingWithAnotherModelIsRefused) {
   StoreGuard g;
   InProcessDaemon d(daemon_options(golden_model("deepseek_v3/tiny-fp8"), g.name()));
@@ -76,6 +93,32 @@ TEST(Daemon, FailedLoadIsReportedAndLeavesNothing) {
   d.stop(true);
   EXPECT_EQ(d.rc(), 1);
   EXPECT_TRUE(list_store_shm(g.name()).empty());
+}
+
+// `serve --weight-store NAME` hands the flag to its workers, and a worker's engine attaches through it.
+TEST(Daemon, ServeWorkersAttachThroughTheStore) {
+  StoreGuard g;
+  const auto model = golden_model("deepseek_v3/tiny-fp8");
+  InProcessDaemon d(daemon_options(model, g.name()));
+  ASSERT_EQ(d.wait_ready(), "");
+  frontend::ServeOptions so;
+  so.model_dir = model.string();
+  so.weight_store = g.name();
+  const auto argv = frontend::worker_command(so, "batchgen", "ipc:///tmp/x", 0);
+  auto it = std::find(argv.begin(), argv.end(), "--weight-store");
+  ASSERT_NE(it, argv.end());
+  EXPECT_EQ(*(it + 1), g.name());
+  EXPECT_EQ(std::find(argv.begin(), argv.end(), "--distributed-weight-config"), argv.end());
+  engine::WorkerOptions wo;
+  wo.model_dir = model;
+  wo.weight_store = g.name();
+  wo.endpoint = "inproc://unused";  // load_engine checks the flags; nothing connects here
+  auto engine = engine::load_engine(wo);
+  EXPECT_EQ(store_status(g.name())["clients"], 1);
+  engine.reset();
+  EXPECT_EQ(store_status(g.name())["clients"], 0);
+  so.weight_store = "bad/name";
+  EXPECT_NE(bg_error_of([&] { frontend::validate_serve_options(so); }).find("only letters"), std::string::npos);
 }
 
 class GoldenThroughStore : public ::testing::TestWithParam<std::string> {};
