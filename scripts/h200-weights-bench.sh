@@ -15,7 +15,7 @@ export LD_LIBRARY_PATH="$BUNDLE/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:${LD
 export BG_RUNTIME_DIR="$WORK/run"
 mkdir -p "$BG_RUNTIME_DIR" && chmod 700 "$BG_RUNTIME_DIR"
 BG="$BUNDLE/batchgen"
-MODEL="$WORK/ep16-rank"
+MODEL=${MODEL:-$WORK/ep16-rank}  # MODEL=dir: another checkpoint (a dry run on a tiny one)
 STORE=bench$$
 json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, {'d': d}))" "$@"; }
 now() { date +%s.%N; }
@@ -24,6 +24,7 @@ cleanup() { "$BG" weightd stop --name "$STORE" >/dev/null 2>&1; }
 trap cleanup EXIT
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+df -h /dev/shm "$WORK" >> "$OUT/gpu.txt" 2>&1   # the store needs ~14 GB of /dev/shm
 if [[ ! -f "$MODEL/config.json" ]]; then
   echo "making the ep16-rank checkpoint (13 GB) in $MODEL"
   "$BG" make-random --arch kimi_k3 --preset ep16-rank --out "$MODEL" --shards 8 > "$OUT/make_random.log" 2>&1 || exit 1
