@@ -216,6 +216,22 @@ void PeerClient::fetch(uint32_t index, std::byte* dst) {
     BG_CHECK(error.empty(), "{}: fetching '{}': {}", what(), t.name, error);
     bytes_received_ += bytes;
   };
+  // On an error, the chunks still in flight are given time to finish (a failed endpoint completes its receives with
+  // an error status), so no receive writes into dst after the caller has given up on it. A chunk whose header arrived
+  // but whose payload never completed stays in pending_: its receive still points at that entry.
+  auto drain = [&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(o_.timeout_ms);
+    for (uint64_t id : in_flight) {
+      const Pending& p = pending_.at(id);
+      while (!p.done && p.replied && std::chrono::steady_clock::now() < deadline) worker_->progress();
+      if (p.done || !p.replied) {
+        pending_.erase(id);
+      } else {
+        log::warn("{}: a payload of '{}' is still arriving after the fetch failed", what(), t.name);
+      }
+    }
+    in_flight.clear();
+  };
   while (next < t.bytes || !in_flight.empty()) {
     if (next < t.bytes && in_flight.size() < static_cast<size_t>(std::max(1, o_.max_in_flight))) {
       const uint64_t n = std::min(o_.chunk_bytes, t.bytes - next);
@@ -231,7 +247,12 @@ void PeerClient::fetch(uint32_t index, std::byte* dst) {
       next += n;
       continue;
     }
-    retire();
+    try {
+      retire();
+    } catch (...) {
+      drain();
+      throw;
+    }
   }
   const uint64_t sum = xxh64({dst, t.bytes});
   BG_CHECK(sum == t.xxh64, "{}: tensor '{}' arrived with checksum {:#x}, its manifest says {:#x}; refusing it", what(),

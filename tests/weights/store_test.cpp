@@ -216,5 +216,36 @@ TEST(Store, StoreLayoutDirectoryIsReadDirectlyAndLoadedWithoutRelayout) {
   EXPECT_TRUE(list_store_shm(g.name()).empty()) << "a failed build leaves nothing behind";
 }
 
+// A store-layout checkpoint whose files were cut short (a copy that stopped, a full disk): every way in refuses it
+// naming the file, and a failed load leaves no shared memory behind.
+TEST(Store, TruncatedStoreLayoutFilesAreClearErrors) {
+  TempDir tmp;
+  StoreGuard g;
+  const auto model = golden_model("deepseek_v3/tiny-fp8");
+  BuiltStore on_disk = build_store(scan_model(model, nullptr), StoreTarget::dir(tmp.path()), quiet_build(256 << 10));
+  on_disk.segments.clear();
+  std::filesystem::copy_file(model / "config.json", tmp / "config.json");
+  const auto seg = tmp / store_segment_file(0);
+  const auto seg_bytes = std::filesystem::file_size(seg);
+  std::filesystem::resize_file(seg, seg_bytes - 4096);
+  const std::string opened = bg_error_of([&] { StoreSource::open_dir(tmp.path()); });
+  EXPECT_NE(opened.find(seg.filename().string()), std::string::npos) << opened;
+  EXPECT_NE(opened.find("the manifest expects"), std::string::npos) << opened;
+  const std::string loaded =
+      bg_error_of([&] { build_store(scan_model(tmp.path(), nullptr), StoreTarget::shm(g.name()), quiet_build()); });
+  EXPECT_NE(loaded.find("run past the end"), std::string::npos) << loaded;
+  EXPECT_TRUE(list_store_shm(g.name()).empty()) << "a failed build leaves nothing behind";
+
+  const auto manifest = tmp / kStoreManifestFile;
+  const auto manifest_bytes = std::filesystem::file_size(manifest);
+  std::filesystem::resize_file(manifest, manifest_bytes / 2);
+  const std::string half = bg_error_of([&] { scan_model(tmp.path(), nullptr); });
+  EXPECT_NE(half.find(kStoreManifestFile), std::string::npos) << half;
+  EXPECT_NE(half.find("runs past"), std::string::npos) << half;
+  std::filesystem::resize_file(manifest, 16);
+  EXPECT_NE(bg_error_of([&] { StoreSource::open_dir(tmp.path()); }).find("too short for a manifest header"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace bg::testing
