@@ -9,6 +9,8 @@ void register_commands(CLI::App& app) {
   register_make_random(app);
   register_serve(app);
   register_worker(app);
+  register_tokenize(app);
+  register_bench(app);
   register_weightd(app);
   register_convert(app);
 }

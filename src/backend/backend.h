@@ -15,6 +15,7 @@
 #include "formats/weight_source.h"
 #include "ops/kda/kda.h"
 #include "ops/mla/mla.h"
+#include "ops/moe/moe.h"
 #include "ops/rope/rope.h"
 #include "ops/router/router.h"
 
@@ -87,10 +88,62 @@ struct LinearBatch {
   int64_t n_experts = 0;
 };
 
-// Routed experts of one MoE layer: expert e's FFN is down(glu(gate(x), up(x))).
+// Expert weights of one MoE layer: expert e's FFN is down(glu(gate(x), up(x))). Indexed by global expert id when it
+// comes from the checkpoint, by local slot when handed to Backend::prepare_experts.
 struct ExpertWeights {
-  std::vector<const LinearHandle*> gate, up, down;  // [n_experts]
+  std::vector<const LinearHandle*> gate, up, down;
+  int64_t size() const { return static_cast<int64_t>(gate.size()); }
 };
+
+// One layer's expert weights prepared for the backend, indexed by local slot (CUDA: a device array of descriptors,
+// uploaded when prepared and rewritten in place by set_expert_slot, so captured graphs stay valid).
+class ExpertSlots {
+ public:
+  virtual ~ExpertSlots() = default;
+  virtual int64_t n_slots() const = 0;
+};
+
+// One MoE layer's routing on this rank in backend memory (the ops/moe routing layout): which local slot each (token,
+// k) pair goes to, each slot's rows, and the way back. Sized by the step's shape, so no op waits for the host.
+struct MoeRouting {
+  ops::MoeRoutingShape shape;
+  Tensor buffer;  // U8 [moe_routing_bytes(shape)]
+};
+
+// Per-op timing (`batchgen bench`): an attached profiler sees every backend op bracketed by op_begin / op_end, with
+// the backend's stream (CUDA: its cudaStream_t; CPU: null) so that it can record device events around the op. Every
+// op method of a backend starts with BG_PROFILE_OP (one pointer check when no profiler is attached). The hooks must
+// not throw (they run in destructors): a profiler keeps its own errors and reports them when read.
+class OpProfiler {
+ public:
+  virtual ~OpProfiler() = default;
+  virtual void op_begin(const char* name, void* stream) noexcept = 0;
+  virtual void op_end(const char* name, void* stream) noexcept = 0;
+  // True: the profiler wants every op, so steps run eagerly (no CUDA graph capture or replay). False: a graph replay
+  // is seen as one op named "graph".
+  virtual bool per_op() const = 0;
+};
+
+// Brackets one op for the attached profiler, if any.
+class OpScope {
+ public:
+  OpScope(OpProfiler* profiler, const char* name, void* stream) : profiler_(profiler), name_(name), stream_(stream) {
+    if (profiler_ != nullptr) profiler_->op_begin(name_, stream_);
+  }
+  ~OpScope() {
+    if (profiler_ != nullptr) profiler_->op_end(name_, stream_);
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  OpProfiler* profiler_;
+  const char* name_;
+  void* stream_;
+};
+
+// First line of every backend op method: `BG_PROFILE_OP("rmsnorm", stream)`.
+#define BG_PROFILE_OP(name, stream) const ::bg::OpScope bg_op_scope_(profiler_, name, stream)
 
 class Backend {
  public:
@@ -134,6 +187,11 @@ class Backend {
   // Graph keys captured so far (for tests and logs).
   virtual int64_t n_graphs() const { return 0; }
 
+  // ---- profiling (see OpProfiler) -----------------------------------------------------------------------------
+  // Not owned; null detaches. Ops issued while a CUDA graph is being captured are not reported.
+  void set_profiler(OpProfiler* profiler) { profiler_ = profiler; }
+  OpProfiler* profiler() const { return profiler_; }
+
   // ---- weights ------------------------------------------------------------------------------------------------
   virtual std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) = 0;
   // One handle per weight, in batch order. Default: prepare_linear one by one.
@@ -165,12 +223,33 @@ class Backend {
   // Each token attends to its own sequence's cache up to its position.
   virtual void mla_attention(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
                              const MlaCacheRef& cache, Tensor& out) = 0;
-  // Router: F32 logits [n, E] -> ids I32 [n, k] and weights F32 [n, k] (backend memory).
+  // Router: F32 logits [n, E] -> ids I32 [n, k] and weights F32 [n, k] (backend memory). NaN scores never become
+  // an out-of-range id.
   virtual void route(const ops::RouterParams& p, const Tensor& logits, const Tensor& bias, Tensor& ids,
                      Tensor& weights) = 0;
-  // out[n, out_dim] += sum_k w[t,k] * Expert_{ids[t,k]}(x[t]) (dispatch, experts and combine).
-  virtual void routed_experts(const ExpertWeights& experts, const GluSpec& glu, const Tensor& x, const Tensor& ids,
-                              const Tensor& weights, Tensor& out) = 0;
+
+  // ---- MoE stages (the MoE layer, src/moe/, composes them with an exchange) ------------------------------------
+  // Prepares experts by local slot (slot s = by_slot.gate[s], ...; all slots the same format and shape).
+  virtual std::unique_ptr<ExpertSlots> prepare_experts(const ExpertWeights& by_slot) = 0;
+  // Points `slot` at other weights (same format and shape), ordered with the ops already issued.
+  virtual void set_expert_slot(ExpertSlots& slots, int64_t slot, const LinearHandle& gate, const LinearHandle& up,
+                               const LinearHandle& down) = 0;
+  // A routing buffer for `shape` (backend memory; contents written by moe_dispatch).
+  MoeRouting moe_routing(const ops::MoeRoutingShape& shape);
+  // Groups the pairs whose expert is on this rank by slot: slot_map I32 [n_experts] (local slot or -1), ids I32
+  // [n_tokens, k], weights F32 [n_tokens, k].
+  virtual void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r) = 0;
+  // rows[row] = x[token of row] for this rank's rows; x [n_tokens, d], rows [n_pairs, d] (act dtype).
+  virtual void moe_gather(const MoeRouting& r, const Tensor& x, Tensor& rows) = 0;
+  // y_rows = down(glu(gate(rows), up(rows))) with each slot's weights; rows, y_rows [n_pairs, hidden] (act dtype).
+  virtual void moe_experts(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& rows,
+                           Tensor& y_rows) = 0;
+  // out[t] += sum_k w(t,k) y_rows[row of (t,k)] in k order (fp32), over this rank's pairs; out [n_tokens, hidden].
+  virtual void moe_combine(const MoeRouting& r, const Tensor& y_rows, Tensor& out) = 0;
+  // gather -> experts -> combine of a routing whose pairs are all on this rank (one rank): out[t] += sum_k w E(x[t]).
+  // Backends may fuse it (CUDA: the W4A16 decode kernel gathers in its loads and combines in its epilogue).
+  virtual void moe_routed_local(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& x,
+                                Tensor& out);
   // ---- Kimi-K3 ------------------------------------------------------------------------------------------------
   // Causal short conv + SiLU of each sequence's tokens continuing its conv state (slot step().state_slots[s]).
   virtual void short_conv(const Tensor& x, const Tensor& weight, const StateRef& state, Tensor& out) = 0;
@@ -193,6 +272,7 @@ class Backend {
   // Called by begin_step after step_ changed (CUDA uploads the metadata).
   virtual void upload_step() {}
   StepLayout step_;
+  OpProfiler* profiler_ = nullptr;
 };
 
 // "cpu" or "cuda" (CUDA only when built with it and a GPU is present); throws naming what is missing.

@@ -8,9 +8,13 @@
 namespace bg {
 
 StepModel::StepModel(const LoadOptions& options)
-    : graphs_(options.cuda_graphs), max_graph_batch_(options.max_graph_batch) {
+    : exchange_(moe::make_loopback_exchange()), graphs_(options.cuda_graphs), max_graph_batch_(options.max_graph_batch) {
   BG_CHECK(max_graph_batch_ >= 1 && std::has_single_bit(static_cast<uint64_t>(max_graph_batch_)),
            "max_graph_batch must be a power of two >= 1, got {}", max_graph_batch_);
+}
+
+moe::ExpertPlacement StepModel::placement(int64_t n_experts) const {
+  return moe::ExpertPlacement::contiguous(n_experts, exchange_->n_ranks(), exchange_->rank());
 }
 
 void StepModel::forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) {
@@ -28,8 +32,10 @@ void StepModel::forward_batch(std::span<const BatchEntry> batch, float* last_log
   StepLayout step = layout_step(batch, info(), padding());
   const int64_t n = step.n_seqs();
   // Decode steps on CUDA replay a graph of the next power-of-two batch (padding sequences write only the pools'
-  // padding block and slot). A route hook synchronises, so it forces eager steps.
-  const bool graph_ok = graphs_ && !route_hook_ && be.device() == DeviceKind::kCuda && step.all_single_token();
+  // padding block and slot). A route hook synchronises, so it forces eager steps; so does a per-op profiler.
+  const bool per_op_profile = be.profiler() != nullptr && be.profiler()->per_op();
+  const bool graph_ok =
+      graphs_ && !route_hook_ && !per_op_profile && be.device() == DeviceKind::kCuda && step.all_single_token();
   const int64_t bucket = graph_ok ? graph_bucket(n, max_graph_batch_) : 0;
   Tensor out;
   if (bucket > 0) {

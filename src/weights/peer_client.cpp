@@ -208,8 +208,8 @@ void PeerClient::fetch(uint32_t index, std::byte* dst) {
   uint64_t next = 0;
   auto retire = [&] {
     const uint64_t id = in_flight.front();
+    Pending& got = wait(id);  // when it throws, the chunk stays in flight for drain()
     in_flight.erase(in_flight.begin());
-    Pending& got = wait(id);
     const std::string error = got.error;
     const uint64_t bytes = got.expected;
     pending_.erase(id);
@@ -232,27 +232,27 @@ void PeerClient::fetch(uint32_t index, std::byte* dst) {
     }
     in_flight.clear();
   };
-  while (next < t.bytes || !in_flight.empty()) {
-    if (next < t.bytes && in_flight.size() < static_cast<size_t>(std::max(1, o_.max_in_flight))) {
-      const uint64_t n = std::min(o_.chunk_bytes, t.bytes - next);
-      PeerRequest r;
-      r.op = static_cast<uint32_t>(PeerOp::kRead);
-      r.tensor = index;
-      r.offset = next;
-      r.bytes = n;
-      Pending p;
-      p.dst = dst + next;
-      p.expected = n;
-      in_flight.push_back(send(r, std::move(p)));
-      next += n;
-      continue;
-    }
-    try {
+  try {
+    while (next < t.bytes || !in_flight.empty()) {
+      if (next < t.bytes && in_flight.size() < static_cast<size_t>(std::max(1, o_.max_in_flight))) {
+        const uint64_t n = std::min(o_.chunk_bytes, t.bytes - next);
+        PeerRequest r;
+        r.op = static_cast<uint32_t>(PeerOp::kRead);
+        r.tensor = index;
+        r.offset = next;
+        r.bytes = n;
+        Pending p;
+        p.dst = dst + next;
+        p.expected = n;
+        in_flight.push_back(send(r, std::move(p)));
+        next += n;
+        continue;
+      }
       retire();
-    } catch (...) {
-      drain();
-      throw;
     }
+  } catch (...) {
+    drain();
+    throw;
   }
   const uint64_t sum = xxh64({dst, t.bytes});
   BG_CHECK(sum == t.xxh64, "{}: tensor '{}' arrived with checksum {:#x}, its manifest says {:#x}; refusing it", what(),

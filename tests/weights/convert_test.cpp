@@ -11,6 +11,7 @@
 #include "formats/quant.h"
 #include "golden/golden_runner.h"
 #include "model/model_testing.h"
+#include "weights/checksum.h"
 #include "weights/convert.h"
 #include "weights/progress.h"
 #include "weights/store_source.h"
@@ -206,6 +207,21 @@ TEST(Convert, RefusesANonEmptyOutputAndTheInputItself) {
                                     "mxfp4", "--layout", "store"});
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.err.find("quantized to MXFP4"), std::string::npos) << r.err;
+  // Progress: the summary line of the conversion (bytes, seconds, rate).
+  EXPECT_NE(r.err.find("converting " + model.string() + ": "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("GB/s)"), std::string::npos) << r.err;
+  // Checksums: convert.json lists every output tensor's XXH64, and each matches the bytes written.
+  const auto info = nlohmann::json::parse(read_file(tmp / "o" / "convert.json"));
+  ASSERT_TRUE(info.contains("xxh64") && info["xxh64"].is_object()) << info.dump();
+  auto out = StoreSource::open_dir(tmp / "o");
+  ASSERT_EQ(info["xxh64"].size(), out->names().size());
+  for (const std::string& n : out->names()) {
+    const auto v = out->find(n);
+    ASSERT_TRUE(v.has_value()) << n;
+    EXPECT_EQ(info["xxh64"].value(n, std::string()),
+              fmt::format("{:016x}", xxh64({v->data, v->nbytes})))
+        << n;
+  }
 }
 
 TEST(Progress, RendersBytesAndRatesPerFile) {

@@ -251,6 +251,37 @@ TEST(Peer, TwoDaemonsShareACheckpointOverLoopback) {
   ::unsetenv("UCX_TLS");
 }
 
+// A peer daemon that dies (SIGKILL) between two fetches: the next fetch fails within the timeout with an error that
+// names the peer, and nothing is written past the tensor.
+TEST(Peer, ADaemonThatDiesIsAClearError) {
+  ::setenv("UCX_TLS", "tcp,self", 1);
+  TempDir tmp;
+  StoreGuard a("a");
+  const auto model = golden_model("kimi_k3/k3-tiny");
+  const uint16_t port = free_port();
+  const json cfg = {{"version", 1},
+                    {"secret", kSecret},
+                    {"nodes", {{{"name", "a"}, {"host", "127.0.0.1"}, {"port", port}, {"store", a.name()},
+                                {"shards", {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}}}}}};
+  std::ofstream(tmp / "cfg.json") << cfg.dump(2);
+  std::filesystem::permissions(tmp / "cfg.json", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const CmdResult r = run_batchgen({"weightd", "start", "--model", model.string(), "--name", a.name(),
+                                    "--distributed-weight-config", (tmp / "cfg.json").string(), "--node", "a"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  PeerClientOptions o = fast();
+  o.timeout_ms = 3000;
+  PeerClient client("a", "127.0.0.1", port, kSecret, o);
+  std::vector<std::byte> first(client.manifest().tensors[0].bytes);
+  client.fetch(0, first.data());
+  a.kill_daemon();
+  const uint32_t last = static_cast<uint32_t>(client.manifest().tensors.size() - 1);
+  std::vector<std::byte> dst(client.manifest().tensors[last].bytes + 64, std::byte{0x77});
+  const std::string err = bg_error_of([&] { client.fetch(last, dst.data()); });
+  EXPECT_NE(err.find("weight peer a (127.0.0.1:"), std::string::npos) << err;
+  EXPECT_EQ(dst.back(), std::byte{0x77}) << "nothing written past the tensor";
+  ::unsetenv("UCX_TLS");
+}
+
 TEST(DistConfig, ValidatesEveryField) {
   TempDir tmp;
   auto write = [&](const json& j, const std::string& name = "c.json") {

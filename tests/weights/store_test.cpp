@@ -227,7 +227,7 @@ TEST(Store, TruncatedStoreLayoutFilesAreClearErrors) {
   std::filesystem::copy_file(model / "config.json", tmp / "config.json");
   const auto seg = tmp / store_segment_file(0);
   const auto seg_bytes = std::filesystem::file_size(seg);
-  std::filesystem::resize_file(seg, seg_bytes - 4096);
+  std::filesystem::resize_file(seg, seg_bytes / 2);  // cuts tensors, not only padding
   const std::string opened = bg_error_of([&] { StoreSource::open_dir(tmp.path()); });
   EXPECT_NE(opened.find(seg.filename().string()), std::string::npos) << opened;
   EXPECT_NE(opened.find("the manifest expects"), std::string::npos) << opened;
