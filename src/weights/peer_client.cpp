@@ -94,7 +94,7 @@ PeerClient::PeerClient(std::string node, std::string host, uint16_t port, const 
       try {
         ep_ = ucx_connect(*worker_, host_, port_, &PeerClientCallbacks::on_error, this);
       } catch (const Error& e) {
-        throw PeerConnectionError(e.what());
+        throw PeerConnectionError(what() + ": " + e.what());
       }
       handshake(secret);
       break;
@@ -102,9 +102,9 @@ PeerClient::PeerClient(std::string node, std::string host, uint16_t port, const 
       ucx_close(*worker_, static_cast<ucp_ep_h>(ep_), 1000);
       ep_ = nullptr;
       if (std::chrono::steady_clock::now() > deadline) {
-        fail("{}: {} (gave up after {} attempts in {} ms)", what(), e.what(), attempt, o_.connect_timeout_ms);
+        fail("{} (gave up after {} attempts in {} ms)", e.what(), attempt, o_.connect_timeout_ms);
       }
-      if (attempt == 1) log::info("{}: not reachable yet ({}); retrying", what(), e.what());
+      if (attempt == 1) log::info("{}; retrying (not reachable yet)", e.what());
       std::this_thread::sleep_for(std::chrono::milliseconds(250));
     } catch (...) {
       ucx_close(*worker_, static_cast<ucp_ep_h>(ep_), 1000);
@@ -150,7 +150,7 @@ PeerClient::Pending& PeerClient::wait(uint64_t id) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(o_.timeout_ms);
   while (!p.done) {
     worker_->progress();
-    if (ep_failed_) throw PeerConnectionError("the connection failed or was lost");
+    if (ep_failed_) throw PeerConnectionError(what() + ": the connection failed or was lost");
     if (std::chrono::steady_clock::now() > deadline) fail("{}: no reply within {} ms", what(), o_.timeout_ms);
   }
   return p;
