@@ -27,7 +27,7 @@ for step in "$@"; do
     mla-bench) run mla_bench 240 $B/test_cuda --gtest_also_run_disabled_tests --gtest_filter='MlaDecodeBench.*' ;;
     golden) run golden 300 $B/test_cuda --gtest_filter='*Golden*:*StepGpu*' ;;
     bench-quick) run bench_quick 300 $B/batchgen bench all --device cuda --quick --json "$OUT/bench_quick.json" ;;
-    bench) run bench 560 $B/batchgen bench all --device cuda --json "$OUT/h200.json" ;;
+    bench) run bench "${BG_BENCH_LIMIT_S:-560}" bench/run-h200.sh $B ${BG_BENCH_ARGS:-} ;;
     serve) run serve 240 scripts/gpu-serve-check.sh $B ;;
     *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
   esac
