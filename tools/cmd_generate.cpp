@@ -31,6 +31,8 @@ struct GenerateArgs {
   uint64_t seed = 0;
   bool ignore_eos = false;
   std::string device = "cpu";
+  std::string weight_store;
+  std::string distributed_weight_config;
 };
 
 // Where generated text goes: ids (comma-separated), plain text, or chat deltas with labels.
@@ -154,7 +156,9 @@ void run_generate(const GenerateArgs& a) {
   Prepared p = prepare(a, -1);
   BG_CHECK(!p.prompt.empty(), "generate: the prompt is empty");
   const int64_t total = static_cast<int64_t>(p.prompt.size()) + a.max_tokens;
-  auto model = load_model(a.model_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = total, .device = a.device});
+  auto model = load_model(a.model_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = total, .device = a.device,
+                                                   .weight_store = a.weight_store,
+                                                   .distributed_weight_config = a.distributed_weight_config});
   const int64_t V = model->info().vocab_size;
   if (model->info().eos_token_id >= 0) p.stop_ids.push_back(static_cast<int32_t>(model->info().eos_token_id));
   BG_CHECK(total <= model->info().max_position_embeddings, "prompt ({}) + --max-tokens ({}) exceeds the model's "
@@ -203,6 +207,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "Sampling seed (default 0)");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence id");
   cmd->add_option("--device", args->device, "Backend: cpu (fp32 reference) or cuda (bf16 on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
+  add_weight_source_options(cmd, args->weight_store, args->distributed_weight_config);
   cmd->callback([args] { run_generate(*args); });
 }
 

@@ -22,6 +22,8 @@ struct ScoreArgs {
   int64_t prefill = -1;
   std::string out;
   std::string device = "cpu";
+  std::string weight_store;
+  std::string distributed_weight_config;
 };
 
 void run_score(const ScoreArgs& a) {
@@ -37,7 +39,9 @@ void run_score(const ScoreArgs& a) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t prefill = a.prefill < 0 ? n : a.prefill;
   BG_CHECK(prefill >= 1 && prefill <= n, "--prefill {} must be in [1, {}] (the number of tokens)", prefill, n);
-  auto model = load_model(a.model_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = n, .device = a.device});
+  auto model = load_model(a.model_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = n, .device = a.device,
+                                                   .weight_store = a.weight_store,
+                                                   .distributed_weight_config = a.distributed_weight_config});
   const int64_t V = model->info().vocab_size;
   HostTensor logits(DType::kF32, {n, V});
   auto* out = reinterpret_cast<float*>(logits.data());
@@ -63,6 +67,7 @@ void register_score(CLI::App& app) {
   cmd->add_option("--prefill", args->prefill, "Tokens in the first (prefill) forward; default: all");
   cmd->add_option("--out", args->out, "Output .safetensors (tensor 'logits' float32 [T, vocab])")->required();
   cmd->add_option("--device", args->device, "Backend: cpu (fp32 reference) or cuda (bf16 on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
+  add_weight_source_options(cmd, args->weight_store, args->distributed_weight_config);
   cmd->callback([args] { run_score(*args); });
 }
 

@@ -42,8 +42,10 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--served-model-name", o.served_model_name, "Model name in the API (default: the directory name)");
   cmd->add_option("--k3-moe-exchange", o.k3_moe_exchange, "Expert-parallel exchange: nccl (default) or ll (not "
                   "available yet)")->check(CLI::IsMember({"nccl", "ll"}));
-  cmd->add_option("--distributed-weight-config", o.distributed_weight_config, "Cross-node weight placement JSON (not "
-                  "available yet)");
+  cmd->add_option("--distributed-weight-config", o.distributed_weight_config, "Fetch the tensors this node lacks from "
+                  "the peer weight daemons this JSON names (docs/WEIGHTS.md)");
+  cmd->add_option("--weight-store", o.weight_store, "Workers attach to the weightd store NAME instead of reading the "
+                  "checkpoint files (docs/WEIGHTS.md)");
   cmd->callback([a] {
     a->opt.max_num_seqs = given(a->max_num_seqs);
     a->opt.max_model_len = given(a->max_model_len);

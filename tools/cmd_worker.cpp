@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "engine/worker.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
 
 namespace bg::tools {
@@ -32,6 +33,7 @@ void register_worker(CLI::App& app) {
                   "--gpu-memory-utilization)");
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
                   "cuda: fraction of free GPU memory for weights + KV cache + state (default 0.9)");
+  add_weight_source_options(cmd, o->weight_store, o->distributed_weight_config);
   cmd->add_option("--parent-pid", o->parent_pid, "Exit when this process (the frontend) is gone (default: never)");
   cmd->callback([o] {
     const int code = engine::run_worker(*o);

@@ -11,6 +11,8 @@ void register_commands(CLI::App& app) {
   register_worker(app);
   register_tokenize(app);
   register_bench(app);
+  register_weightd(app);
+  register_convert(app);
 }
 
 }  // namespace bg::tools

@@ -14,5 +14,7 @@ void register_serve(CLI::App& app);
 void register_worker(CLI::App& app);
 void register_tokenize(CLI::App& app);  // tokenize + detokenize
 void register_bench(CLI::App& app);
+void register_weightd(CLI::App& app);
+void register_convert(CLI::App& app);
 
 }  // namespace bg::tools

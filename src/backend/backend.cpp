@@ -16,6 +16,13 @@ Tensor Backend::zeros(Shape shape, DType dtype) {
   return t;
 }
 
+std::vector<std::unique_ptr<LinearHandle>> Backend::prepare_linears(const LinearBatch& batch) {
+  std::vector<std::unique_ptr<LinearHandle>> out;
+  out.reserve(batch.weights.size());
+  for (const QuantWeight* w : batch.weights) out.push_back(prepare_linear(*w));
+  return out;
+}
+
 RopeHandle Backend::prepare_rope(const ops::RopeTable& table) {
   RopeHandle h;
   h.table = table;

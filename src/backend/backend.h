@@ -12,6 +12,7 @@
 
 #include "backend/tensor.h"
 #include "formats/quant.h"
+#include "formats/weight_source.h"
 #include "ops/kda/kda.h"
 #include "ops/mla/mla.h"
 #include "ops/moe/moe.h"
@@ -76,6 +77,15 @@ struct GluSpec {
   GluKind kind = GluKind::kSwiGlu;
   float situ_beta = 4.0f;
   float situ_linear_beta = 25.0f;
+};
+
+// Linear weights prepared together (CUDA: one device allocation for the batch, copied from pinned memory or through a
+// pinned staging buffer, no per-weight cudaMalloc). n_experts > 0: the batch is one layer's routed experts, expert e's
+// weights at [e * k, (e + 1) * k) in table order (k = size / n_experts), each expert laid out as one block
+// (formats/expert_block.h), as the weight store lays it out in host memory.
+struct LinearBatch {
+  std::vector<const QuantWeight*> weights;
+  int64_t n_experts = 0;
 };
 
 // Expert weights of one MoE layer: expert e's FFN is down(glu(gate(x), up(x))). Indexed by global expert id when it
@@ -184,6 +194,14 @@ class Backend {
 
   // ---- weights ------------------------------------------------------------------------------------------------
   virtual std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) = 0;
+  // One handle per weight, in batch order. Default: prepare_linear one by one.
+  virtual std::vector<std::unique_ptr<LinearHandle>> prepare_linears(const LinearBatch& batch);
+  // Pins host memory weights are read from (CUDA: cudaHostRegister, read-only), so uploads (and later streamed
+  // experts) copy at the pinned rate; unpinned when the handle is destroyed. Default: nothing to do (null).
+  virtual std::shared_ptr<void> pin_host_memory(std::span<const HostRegion> regions) {
+    (void)regions;
+    return nullptr;
+  }
   RopeHandle prepare_rope(const ops::RopeTable& table);
 
   // ---- ops (shapes [rows, cols]; `out` tensors are allocated by the caller) -----------------------------------

@@ -93,6 +93,9 @@ Plan make_plan(const BenchOptions& o) {
   for (int64_t c : p.contexts) BG_CHECK(c >= 1, "bench: --contexts value {} must be >= 1", c);
   for (int64_t t : p.prefill_tokens) BG_CHECK(t >= 1, "bench: --prefill-tokens value {} must be >= 1", t);
   BG_CHECK(o.prefill_chunk >= 0, "bench: --prefill-chunk {} must be >= 1", o.prefill_chunk);
+  BG_CHECK((o.weight_store.empty() && o.distributed_weight_config.empty()) || o.models.size() == 1,
+           "bench: --weight-store and --distributed-weight-config name the weights of one --model (got {})",
+           o.models.size());
   return p;
 }
 
@@ -103,6 +106,8 @@ int64_t max_of(const std::vector<int64_t>& v) { return v.empty() ? 0 : *std::max
 LoadOptions load_options(const BenchOptions& o, const Plan& p) {
   LoadOptions lo;
   lo.device = o.device;
+  lo.weight_store = o.weight_store;
+  lo.distributed_weight_config = o.distributed_weight_config;
   const int64_t max_batch = max_of(p.batches);
   lo.max_sequences = std::max<int64_t>(max_batch, 1);
   const int64_t step_tokens = p.steps ? max_batch * (max_of(p.contexts) + 192) : 0;

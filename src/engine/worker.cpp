@@ -255,7 +255,10 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o) {
   sc.max_model_len = plan.max_model_len;
   sc.chunked_prefill_size = o.chunked_prefill_size;
   sc.max_queue = o.max_queue;
-  return std::make_unique<Engine>(load_model(o.model_dir, plan.load_options()), sc);
+  LoadOptions lo = plan.load_options();
+  lo.weight_store = o.weight_store;
+  lo.distributed_weight_config = o.distributed_weight_config;
+  return std::make_unique<Engine>(load_model(o.model_dir, lo), sc);
 }
 
 int run_worker(const WorkerOptions& options) {

@@ -30,6 +30,8 @@ struct WorkerOptions {
   int64_t idle_poll_ms = 100;             // longest wait for a message while idle
   zmq::context_t* context = nullptr;      // inproc endpoints need the frontend's context (tests); null: own
   bool exit_process_on_stop_while_loading = false;  // the CLI: _exit at once instead of waiting for the load
+  std::string weight_store = "";          // --weight-store: attach to this weightd store
+  std::string distributed_weight_config = "";  // --distributed-weight-config
 };
 
 // Flag checks (the planner and scheduler check the rest); throws bg::Error naming the flag.

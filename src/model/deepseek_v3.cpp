@@ -14,6 +14,7 @@
 #include "model/mla_block.h"
 #include "model/step_model.h"
 #include "moe/moe_layer.h"
+#include "weights/open_source.h"
 
 namespace bg {
 namespace {
@@ -175,8 +176,8 @@ void DeepseekV3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
 
 std::unique_ptr<Model> load_deepseek_v3(const std::filesystem::path& dir, const DeepseekV3Config& config,
                                         const LoadOptions& options) {
-  std::shared_ptr<const Checkpoint> ckpt = Checkpoint::open(dir);
-  ModelWeights weights = ModelWeights::bind(ckpt, deepseek_v3_table(config));
+  auto source = weights::open_weight_source(dir, {options.weight_store, options.distributed_weight_config});
+  ModelWeights weights = ModelWeights::bind(source, deepseek_v3_table(config));
   auto backend = make_backend(options.device);
   log::info("loaded deepseek_v3 checkpoint {} on {}: {} layers, {} routed experts, hidden {}", dir.string(),
             backend->name(), config.n_layers, config.n_routed_experts, config.hidden_size);

@@ -14,6 +14,7 @@
 #include "model/mla_block.h"
 #include "model/step_model.h"
 #include "moe/moe_layer.h"
+#include "weights/open_source.h"
 
 namespace bg {
 namespace {
@@ -155,7 +156,7 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
     L.v_conv = conv(T::kKdaVConv);
     const TensorView& a_log = w_.tensor(int(T::kKdaALog), l);
     BG_CHECK(a_log.rank() == 1 && a_log.dim(0) >= c_.kda_heads, "tensor '{}' in {}: shape {} but at least [{}] "
-             "(one per KDA head) is needed", a_log.name, w_.checkpoint().file_of(a_log.name), shape_str(a_log.shape),
+             "(one per KDA head) is needed", a_log.name, w_.source().file_of(a_log.name), shape_str(a_log.shape),
              c_.kda_heads);
     std::vector<float> a = a_log.to_f32();
     a.resize(static_cast<size_t>(c_.kda_heads));  // the stored tail beyond num_heads is padding
@@ -299,8 +300,8 @@ void KimiK3Model::latent_moe(int64_t layer, const Tensor& x, Tensor& out) {
 
 std::unique_ptr<Model> load_kimi_k3(const std::filesystem::path& dir, const KimiK3Config& config,
                                     const LoadOptions& options) {
-  std::shared_ptr<const Checkpoint> ckpt = Checkpoint::open(dir);
-  ModelWeights weights = ModelWeights::bind(ckpt, kimi_k3_table(config));
+  auto source = weights::open_weight_source(dir, {options.weight_store, options.distributed_weight_config});
+  ModelWeights weights = ModelWeights::bind(source, kimi_k3_table(config));
   log::info("loaded kimi_k3 checkpoint {}: {} layers ({} MLA), {} experts top-{}, hidden {}", dir.string(),
             config.n_layers, count_mla(config), config.n_experts, config.n_experts_per_token, config.hidden_size);
   auto backend = make_backend(options.device);

@@ -22,7 +22,8 @@ namespace {
 int64_t checkpoint_bytes(const std::filesystem::path& dir) {
   int64_t total = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") {
+    const bool store_segment = entry.path().filename().string().rfind("store-seg-", 0) == 0;  // batchgen convert
+    if (entry.is_regular_file() && (entry.path().extension() == ".safetensors" || store_segment)) {
       total += static_cast<int64_t>(entry.file_size());
     }
   }

@@ -43,7 +43,7 @@ TEST(ServeOptions, UnavailableFeaturesAndBadValuesAreErrors) {
 
   ServeOptions o = base;
   o.k3_moe_exchange = "ll";
-  EXPECT_NE(validation_error(o).find("not available yet"), std::string::npos) << validation_error(o);
+  EXPECT_NE(validation_error(o).find("'version' must be 1"), std::string::npos) << validation_error(o);
   o.k3_moe_exchange = "mpi";
   EXPECT_NE(validation_error(o).find("must be nccl or ll"), std::string::npos);
 

@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/device_buffer.h"
+#include "backend/cuda/weight_uploader.h"
 #include "core/log.h"
 #include "ops/attn_res/attn_res_cuda.h"
 #include "ops/elementwise/elementwise_cuda.h"
@@ -145,8 +146,20 @@ class CudaBackend final : public Backend {
     check_device_errors();
   }
 
+  // Weights go up in batches through the uploader (one allocation per batch, pinned copies); see weight_uploader.h.
   std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) override {
-    return std::make_unique<cuda::CudaLinear>(ops::upload_weight(w), w);
+    return std::move(prepare_linears({{&w}, 0}).front());
+  }
+  std::vector<std::unique_ptr<LinearHandle>> prepare_linears(const LinearBatch& batch) override {
+    std::vector<std::unique_ptr<LinearHandle>> out;
+    std::vector<ops::DeviceWeightStorage> up = uploader().upload(batch.weights, batch.n_experts);
+    for (size_t i = 0; i < up.size(); ++i) {
+      out.push_back(std::make_unique<cuda::CudaLinear>(std::move(up[i]), *batch.weights[i]));
+    }
+    return out;
+  }
+  std::shared_ptr<void> pin_host_memory(std::span<const HostRegion> regions) override {
+    return uploader().pin(regions);
   }
 
   void embedding(const Tensor& table, Tensor& out) override {
@@ -426,6 +439,11 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> mla_ws_;  // MLA decode workspace (see mla_decode)
   size_t mla_ws_bytes_ = 0;
   std::vector<std::shared_ptr<void>> mla_ws_retired_;
+  std::unique_ptr<cuda::WeightUploader> uploader_;
+  cuda::WeightUploader& uploader() {
+    if (!uploader_) uploader_ = std::make_unique<cuda::WeightUploader>(stream_);
+    return *uploader_;
+  }
 };
 
 // Packs the step's arrays (8-byte aligned) into pinned memory and copies them to the device buffer in one transfer.

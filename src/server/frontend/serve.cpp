@@ -19,6 +19,8 @@
 #include "server/frontend/http_server.h"
 #include "server/frontend/worker_link.h"
 #include "server/frontend/worker_manager.h"
+#include "weights/dist_config.h"
+#include "weights/segment.h"
 
 namespace bg::frontend {
 
@@ -31,16 +33,7 @@ void validate_distributed_config(const std::string& path) {
   std::error_code ec;
   BG_CHECK(fs::exists(path, ec), "--distributed-weight-config {}: no such file", path);
   BG_CHECK(fs::is_regular_file(path, ec), "--distributed-weight-config {}: not a regular file", path);
-  std::ifstream in(path);
-  BG_CHECK(in.good(), "--distributed-weight-config {}: cannot be read", path);
-  try {
-    nlohmann::json parsed = nlohmann::json::parse(in);
-    BG_CHECK(parsed.is_object(), "--distributed-weight-config {}: must hold a JSON object", path);
-  } catch (const nlohmann::json::exception& e) {
-    fail("--distributed-weight-config {}: not valid JSON: {}", path, e.what());
-  }
-  fail("--distributed-weight-config {}: distributed weights are not available yet in this build (the cross-node "
-       "weight store has not been implemented); serve from a local checkpoint without this flag", path);
+  (void)weights::load_dist_config(path);  // every field checked; the worker uses it (docs/WEIGHTS.md)
 }
 
 void check_positive(const std::optional<int64_t>& v, const char* flag) {
@@ -66,6 +59,7 @@ void validate_serve_options(ServeOptions& opt) {
   }
   BG_CHECK(opt.k3_moe_exchange == "nccl", "--k3-moe-exchange {} must be nccl or ll", opt.k3_moe_exchange);
   validate_distributed_config(opt.distributed_weight_config);
+  if (!opt.weight_store.empty()) weights::check_store_name(opt.weight_store);
   if (opt.served_model_name.empty()) {
     fs::path p = fs::weakly_canonical(opt.model_dir, ec);
     if (ec || p.filename().empty()) p = fs::path(opt.model_dir);
@@ -88,6 +82,13 @@ std::vector<std::string> worker_command(const ServeOptions& opt, const std::stri
   add("--max-model-len", opt.max_model_len);
   add("--chunked-prefill-size", opt.chunked_prefill_size);
   add("--max-queue", opt.max_queue);
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"--weight-store", opt.weight_store},
+                                    {"--distributed-weight-config", opt.distributed_weight_config}}) {
+    if (!value.empty()) {
+      argv.push_back(flag);
+      argv.push_back(value);
+    }
+  }
   return argv;
 }
 

@@ -23,7 +23,8 @@ struct ServeOptions {
   std::string api_key;
   std::string served_model_name;                // "": the model directory's name
   std::string k3_moe_exchange = "nccl";         // nccl | ll
-  std::string distributed_weight_config;        // path; not supported yet
+  std::string distributed_weight_config;        // path (docs/WEIGHTS.md), passed to the workers
+  std::string weight_store = "";                // weightd store the workers attach to ("" = read the files)
   size_t max_body_bytes = size_t{16} << 20;
   size_t n_http_threads = 64;
 };
