@@ -9,7 +9,7 @@ PACKAGES=(
   clang libclang-rt-14-dev          # libFuzzer + sanitizer runtimes for the fuzz build
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev libxxhash-dev
-  libcpp-httplib-dev                # HTTP server (frontend)
+  libboost-dev                      # HTTP server (frontend): Boost.Beast + Asio, header-only
   libpcre2-dev                      # tokenizer pre-tokenizer regex
   libzmq3-dev cppzmq-dev            # frontend <-> worker IPC
   curl git python3

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <vector>
+
 #include "core/error.h"
 
 namespace bg {
@@ -155,33 +157,52 @@ std::string json_escape(std::string_view text) {
 
 namespace {
 
-void append_python_json(std::string& out, const nlohmann::ordered_json& value) {
-  if (value.is_object()) {
-    out.push_back('{');
-    bool first = true;
-    for (const auto& [k, v] : value.items()) {
-      if (!first) out.append(", ");
-      first = false;
-      out.push_back('"');
-      out.append(json_escape(k));
-      out.append("\": ");
-      append_python_json(out, v);
-    }
-    out.push_back('}');
-  } else if (value.is_array()) {
-    out.push_back('[');
-    for (size_t i = 0; i < value.size(); ++i) {
-      if (i > 0) out.append(", ");
-      append_python_json(out, value[i]);
-    }
-    out.push_back(']');
-  } else if (value.is_string()) {
+void append_python_scalar(std::string& out, const nlohmann::ordered_json& value) {
+  if (value.is_string()) {
     out.push_back('"');
     out.append(json_escape(value.get_ref<const std::string&>()));
     out.push_back('"');
   } else {
     // Numbers, booleans, null: nlohmann's shortest round-trip form, as Python's repr for floats.
     out.append(value.dump());
+  }
+}
+
+// Iterative (an explicit stack of open containers), so a value nested arbitrarily deep — tool-call arguments are
+// client text, parsed here — cannot overflow the call stack.
+void append_python_json(std::string& out, const nlohmann::ordered_json& root) {
+  using It = nlohmann::ordered_json::const_iterator;
+  struct Open {
+    const nlohmann::ordered_json* container;
+    It next;
+  };
+  std::vector<Open> stack;
+  const nlohmann::ordered_json* value = &root;
+  for (;;) {
+    if (value != nullptr) {
+      if (value->is_object() || value->is_array()) {
+        out.push_back(value->is_object() ? '{' : '[');
+        stack.push_back(Open{value, value->cbegin()});
+      } else {
+        append_python_scalar(out, *value);
+      }
+      value = nullptr;
+    }
+    if (stack.empty()) return;
+    Open& top = stack.back();
+    if (top.next == top.container->cend()) {
+      out.push_back(top.container->is_object() ? '}' : ']');
+      stack.pop_back();
+      continue;
+    }
+    if (top.next != top.container->cbegin()) out.append(", ");
+    if (top.container->is_object()) {
+      out.push_back('"');
+      out.append(json_escape(top.next.key()));
+      out.append("\": ");
+    }
+    value = &*top.next;
+    ++top.next;
   }
 }
 
