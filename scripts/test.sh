@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The full check (the README's test command), stopping at the first failure:
-#   1. dependencies (scripts/install-deps.sh)
+#   1. dependencies (scripts/install-deps.sh, which ends with the tests' npm packages: scripts/install-npm.sh)
 #   2. Release build with warnings as errors in build/, then ctest
 #   3. AddressSanitizer + UndefinedBehaviorSanitizer build (CPU only) in build-asan/, then ctest
 #   4. libFuzzer build with clang in build-fuzz/: replay the seed corpus, then fuzz the safetensors header parser
-# Environment: BG_FUZZ_SECONDS (default 60), BG_SKIP_DEPS=1 (skip step 1), BG_GOLDEN_DIR (default: the CMake cache
+# Environment: BG_FUZZ_SECONDS (default 60), BG_REQUEST_FUZZ_SECONDS (default 30), BG_SKIP_DEPS=1 (skip the apt
+# part of step 1), BG_GOLDEN_DIR (default: the CMake cache
 # default, ../shared/golden beside the repository).
 set -euo pipefail
 
@@ -29,6 +30,8 @@ run_ctest() {
 step "dependencies"
 if [[ "${BG_SKIP_DEPS:-0}" != 1 ]]; then
   scripts/install-deps.sh
+else
+  scripts/install-npm.sh  # the tests' npm packages (a no-op when installed); ctest never fetches them
 fi
 
 step "Release build (build/, -DBG_WERROR=ON, $jobs jobs)"

@@ -116,12 +116,15 @@ void Connection::wait_for_request() {
     close();
     return;
   }
+  if (watching_) {
+    rearm_watch();  // a watch read is still pending: cancel it; on_watch calls this again
+    return;
+  }
   if (buffer_.size() > 0) {
     read_header();
     return;
   }
   stream_.expires_after(first_request_ ? header_timeout() : core_.cfg.keep_alive_timeout);
-  if (watching_) return;  // on_watch continues
   reading_ = true;
   stream_.async_read_some(buffer_.prepare(kReadChunk), [self = shared_from_this()](beast::error_code ec, size_t n) {
     self->reading_ = false;
@@ -283,7 +286,7 @@ void Connection::start_stream(const HttpResponse& head) {
   streaming_ = true;
   if (http10_) close_after_ = true;  // no chunked encoding in HTTP/1.0: the body ends with the connection
   std::string h = status_line(head.status) + headers_text(head);
-  h += http10_ ? "Connection: close\r\n\r\n" : "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n";
+  h += http10_ ? "Connection: close\r\n\r\n" : "Transfer-Encoding: chunked\r\n" + connection_header(false);
   enqueue(std::move(h));
 }
 
@@ -291,12 +294,19 @@ void Connection::send_response(const HttpResponse& r) {
   core_.metrics.count_request(endpoint_.empty() ? "other" : endpoint_, r.status);
   if (r.close || !keep_alive_ || limited_ || core_.draining) close_after_ = true;
   std::string bytes = status_line(r.status) + headers_text(r);
-  bytes += fmt::format("Content-Length: {}\r\nConnection: {}\r\n\r\n", r.body.size(),
-                       close_after_ ? "close" : "keep-alive");
+  bytes += fmt::format("Content-Length: {}\r\n", r.body.size()) + connection_header(close_after_);
   bytes += r.body;
   enqueue(std::move(bytes));
   response_complete_ = true;
   if (!writing_) finish_response();
+}
+
+// "Connection: ..." and, when the connection stays open, how long it stays idle (clients then retire it first
+// instead of racing the server's close).
+std::string Connection::connection_header(bool close) const {
+  if (close) return "Connection: close\r\n\r\n";
+  const auto idle_s = std::chrono::duration_cast<std::chrono::seconds>(core_.cfg.keep_alive_timeout).count();
+  return fmt::format("Connection: keep-alive\r\nKeep-Alive: timeout={}\r\n\r\n", std::max<int64_t>(idle_s, 1));
 }
 
 void Connection::reject(int status, const std::string& message) {
@@ -316,9 +326,26 @@ void Connection::watch() {
   });
 }
 
+// A deadline covers only reads started after it is set, so a pending watch read is cancelled and reissued.
+void Connection::rearm_watch() {
+  rearm_watch_ = true;
+  beast::error_code ignored;
+  stream_.socket().cancel(ignored);
+}
+
 void Connection::on_watch(beast::error_code ec, size_t n) {
   watching_ = false;
   if (phase_ == Phase::closed) return;
+  if (rearm_watch_) {
+    rearm_watch_ = false;
+    if (!ec) buffer_.commit(n);
+    if (phase_ == Phase::reading) {
+      wait_for_request();
+    } else {
+      watch();
+    }
+    return;
+  }
   if (phase_ == Phase::lingering) {
     if (ec) {
       close();
@@ -419,7 +446,11 @@ void Connection::linger_close() {
   }
   stream_.expires_after(kLingerTimeout);
   buffer_.consume(buffer_.size());
-  watch();
+  if (watching_) {
+    rearm_watch();
+  } else {
+    watch();
+  }
 }
 
 void Connection::arm_tick() {

@@ -81,7 +81,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void start_stream(const HttpResponse& head);
   void send_response(const HttpResponse& r);
   void reject(int status, const std::string& message);
+  std::string connection_header(bool close) const;
   void watch();
+  void rearm_watch();
   void on_watch(beast::error_code ec, size_t n);
   void client_gone(const char* why);
   void enqueue(std::string bytes);
@@ -109,6 +111,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool first_request_ = true;
   bool reading_ = false;                 // a first-bytes, header or body read is pending
   bool watching_ = false;                // a disconnect-watch read is pending
+  bool rearm_watch_ = false;             // it is being cancelled to be reissued under a new deadline
   bool counted_active_ = false;          // counted in core_.n_active
   std::unique_ptr<PendingResponse> pending_;
   std::shared_ptr<std::atomic<bool>> notify_posted_ = std::make_shared<std::atomic<bool>>(false);

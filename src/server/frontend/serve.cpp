@@ -154,7 +154,7 @@ FrontendConfig frontend_config(const ServeOptions& opt) {
   c.header_timeout = to_ms(opt.header_timeout_s);
   c.keep_alive_timeout = to_ms(opt.keep_alive_timeout_s);
   const auto hw = static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency()));
-  c.n_io_threads = std::clamp<size_t>(hw / 4, 1, 4);
+  c.n_io_threads = std::clamp<size_t>(hw / 4, 2, 4);  // two at least: one busy thread never delays a probe
   c.n_prep_threads = std::clamp<size_t>(hw / 2, 2, 8);
   return c;
 }
