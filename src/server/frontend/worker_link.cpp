@@ -97,7 +97,7 @@ WorkerLink::WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t
     ranks_.push_back(s);
   }
   router_.set(zmq::sockopt::linger, 0);
-  router_.set(zmq::sockopt::router_mandatory, 1);
+  router_.set(zmq::sockopt::router_mandatory, 1);  // a send to a peer that is not connected fails, never vanishes
   router_.bind(endpoint_);
   cmd_pull_.set(zmq::sockopt::linger, 0);
   cmd_pull_.bind(cmd_endpoint_);
@@ -308,16 +308,17 @@ void WorkerLink::on_worker_message(const std::string& identity, const std::strin
     last_status_[r] = std::max(last_status_[r], Clock::now());  // tokens are a sign of life too
     const bool final = !ev.finish_reason.empty();
     auto events = it->second.events;
+    bool idle = false;
     if (final) {
       live_.erase(it);
       if (--in_flight_[r] <= 0) {
         in_flight_[r] = 0;
-        // Refresh the status at once so /metrics shows the freed blocks without waiting for the periodic one.
-        router_.send(zmq::buffer(identity), zmq::send_flags::sndmore);
-        router_.send(zmq::buffer(proto::encode("status_request", nlohmann::json::object())), zmq::send_flags::none);
+        idle = true;
       }
     }
     events->push(std::move(ev));
+    // Refresh the status at once so /metrics shows the freed blocks without waiting for the periodic one.
+    if (idle) send_to(identity, proto::encode("status_request", nlohmann::json::object()));
   } else {
     log::warn("frontend: unexpected '{}' message from {}", m.type, identity);
   }
@@ -348,22 +349,31 @@ void WorkerLink::run() {
   }
 }
 
-void WorkerLink::forward_command(const std::string& identity, const std::string& frame) {
+// Never blocks the router thread: a worker that is gone, or so far behind that its queue is full (a stopped
+// process), makes the send fail instead.
+bool WorkerLink::send_to(const std::string& identity, const std::string& frame) {
   try {
-    router_.send(zmq::buffer(identity), zmq::send_flags::sndmore);
-    router_.send(zmq::buffer(frame), zmq::send_flags::none);
-  } catch (const zmq::error_t& e) {
-    // The worker is not connected (ROUTER_MANDATORY): fail a generate at once instead of losing it.
-    proto::Message m = proto::decode(std::as_bytes(std::span(frame.data(), frame.size())));
-    if (m.type != "generate") return;
-    const std::string id = m.body.value("id", std::string());
-    std::lock_guard lock(mu_);
-    auto it = live_.find(id);
-    if (it == live_.end()) return;
-    it->second.events->push(error_event(id, fmt::format("{} is not connected: {}", identity, e.what()), 503));
-    --in_flight_[static_cast<size_t>(it->second.rank)];
-    live_.erase(it);
+    if (!router_.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
+    router_.send(zmq::buffer(frame), zmq::send_flags::dontwait);  // the rest of a message follows its first part
+    return true;
+  } catch (const zmq::error_t&) {
+    return false;  // EHOSTUNREACH: not connected (ROUTER_MANDATORY)
   }
+}
+
+void WorkerLink::forward_command(const std::string& identity, const std::string& frame) {
+  if (send_to(identity, frame)) return;
+  // Fail a generate at once instead of losing it (a lost cancel or status request only costs work).
+  proto::Message m = proto::decode(std::as_bytes(std::span(frame.data(), frame.size())));
+  if (m.type != "generate") return;
+  const std::string id = m.body.value("id", std::string());
+  std::lock_guard lock(mu_);
+  auto it = live_.find(id);
+  if (it == live_.end()) return;
+  it->second.events->push(error_event(id, fmt::format("{} is not connected or not reading its messages", identity),
+                                      503));
+  --in_flight_[static_cast<size_t>(it->second.rank)];
+  live_.erase(it);
 }
 
 std::vector<RankState> WorkerLink::ranks() const {

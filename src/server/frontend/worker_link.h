@@ -90,6 +90,7 @@ class WorkerLink {
   void send_command(int32_t rank, const std::string& frame);
   void on_worker_message(const std::string& identity, const std::string& frame);
   void forward_command(const std::string& identity, const std::string& frame);
+  bool send_to(const std::string& identity, const std::string& frame);
   void fail_rank_requests(int32_t rank, const std::string& reason, int32_t code);
   void fail_requests_locked(int32_t rank, const std::string& reason, int32_t code);  // rank -1: all
   std::optional<int32_t> rank_of(const std::string& identity) const;                  // mu_ held
