@@ -246,7 +246,7 @@ test('kill -9 of the worker: in-flight requests get an error, none hangs, and se
   assert.equal(ok.choices.length, 1);
 });
 
-test('SIGSTOP of the worker: /ready 503 within the heartbeat deadline, then a restart', async () => {
+test('SIGSTOP of the worker: /ready 503 within the heartbeat deadline, then a restart', async (t) => {
   const outcomes = await longRequests(2);
   const pid = workerPid();
   process.kill(pid, 'SIGSTOP');
@@ -254,7 +254,10 @@ test('SIGSTOP of the worker: /ready 503 within the heartbeat deadline, then a re
   try {
     await waitFor('/ready 503', async () => (await readyStatus()) === 503, (HEARTBEAT_S + 2) * 1000);
     const elapsed = (Date.now() - t0) / 1000;
-    assert.ok(elapsed <= HEARTBEAT_S + 1.5, `/ready went 503 after ${elapsed} s`);
+    t.diagnostic(`/ready went 503 ${elapsed} s after SIGSTOP (heartbeat deadline ${HEARTBEAT_S} s)`);
+    // The deadline counts from the last heartbeat (at most 1 s before the stop); the rest is slack for a loaded
+    // CI machine's scheduler and this test's polling.
+    assert.ok(elapsed <= HEARTBEAT_S + 2.5, `/ready went 503 after ${elapsed} s`);
     const results = await settledWithin(outcomes, 15_000);
     for (const r of results) assert.match(r, /^error/, `${results}`);
     await waitFor('a new worker', async () => workerPid() !== pid, 10_000);
