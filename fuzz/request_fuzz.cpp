@@ -34,8 +34,8 @@ void load_model() {
   std::filesystem::remove_all(dir);
 }
 
-void run_chat(const nlohmann::json& body, const bg::frontend::ParseOptions& opt) {
-  bg::frontend::ChatRequest r = bg::frontend::parse_chat_request(body, opt);
+void run_chat(std::string_view body, const bg::frontend::ParseOptions& opt) {
+  bg::frontend::ChatRequest r = bg::frontend::parse_chat_body(body, opt);  // as the server: tools in key order
   std::vector<int32_t> ids;
   try {
     ids = g_model->render_chat(r.messages, r.tools, r.chat);
@@ -51,7 +51,7 @@ void run_chat(const nlohmann::json& body, const bg::frontend::ParseOptions& opt)
 void run_completion(const nlohmann::json& body, const bg::frontend::ParseOptions& opt) {
   bg::frontend::CompletionRequest r = bg::frontend::parse_completion_request(body, opt);
   if (!r.prompt_is_ids) {
-    std::vector<int32_t> ids = g_model->encode(r.prompt_text);
+    std::vector<int32_t> ids = g_model->encode_prompt(r.prompt_text);
     auto detok = g_model->detokenizer();
     for (int32_t id : ids) detok->push(id);
     detok->flush();
@@ -72,11 +72,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bg::frontend::ParseOptions opt;
   opt.strict_params = (mode & 2) != 0;
   try {
-    const nlohmann::json body = bg::frontend::parse_body(text);
     if ((mode & 1) == 0) {
-      run_chat(body, opt);
+      run_chat(text, opt);
     } else {
-      run_completion(body, opt);
+      run_completion(bg::frontend::parse_body(text), opt);
     }
   } catch (const bg::frontend::ApiError& e) {
     if (e.status() < 400 || e.status() > 499) {

@@ -12,6 +12,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libxxhash-dev
   libboost-dev                      # HTTP server (frontend): Boost.Beast + Asio, header-only
   libpcre2-dev                      # tokenizer pre-tokenizer regex
+  libicu-dev                        # tokenizer.json normalizers (NFC/NFKC, lower-casing)
   libzmq3-dev cppzmq-dev            # frontend <-> worker IPC
   curl git python3
 )

@@ -9,6 +9,7 @@ set -euo pipefail
 NPM_FOLDERS=(
   tests/e2e            # the official openai client for the end-to-end API and reliability tests
   tests/tokenizer/js   # js-tiktoken, the tokenizer reference
+  tests/chat/js        # @huggingface/tokenizers + @huggingface/jinja: tokenizer.json and chat-template references
 )
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

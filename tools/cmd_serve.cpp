@@ -48,7 +48,7 @@ void register_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   frontend::ServeOptions& o = a->opt;
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
-  cmd->add_option("model-dir", a->model_positional, "Model directory (config.json, safetensors, tiktoken.model)");
+  cmd->add_option("model-dir", a->model_positional, "Model directory (config.json, safetensors, tokenizer.json or tiktoken.model)");
   cmd->add_option("--model", a->model_flag, "Model directory (the same as the positional argument)");
   add_http_options(cmd, *a);
   cmd->add_option("--device", o.device, "Backend of the worker: cpu or cuda (default cpu)")
@@ -64,6 +64,7 @@ void register_serve(CLI::App& app) {
                   "which a worker counts as hung and the worker set is restarted (default 60)");
   cmd->add_option("--max-worker-restarts", o.max_worker_restarts, "Restarts of the worker set in a row before the "
                   "supervisor gives up (default 5; backoff 1 s doubling to 30 s)");
+  cmd->add_option("--chat-template", o.chat_template, "A Jinja chat template file used instead of the checkpoint's");
   cmd->add_option("--k3-moe-exchange", o.k3_moe_exchange, "Expert-parallel exchange: nccl (default) or ll (not "
                   "available yet)")->check(CLI::IsMember({"nccl", "ll"}));
   cmd->add_option("--distributed-weight-config", o.distributed_weight_config, "Cross-node weight placement JSON (not "

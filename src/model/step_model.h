@@ -3,11 +3,14 @@
 // (bucketed batch size, block-table width) and replayed — then downloads the logits and advances the sequences.
 #pragma once
 
+#include <memory>
 #include <span>
 
 #include "backend/backend.h"
 #include "model/forward_common.h"
 #include "model/model.h"
+#include "moe/exchange.h"
+#include "moe/expert_table.h"
 
 namespace bg {
 
@@ -24,8 +27,12 @@ class StepModel : public Model {
   virtual Tensor step_body(bool all_rows, const TapFn* tap) = 0;
   virtual Backend& backend() const = 0;
   virtual StepPadding padding() const = 0;
+  // The MoE layers' exchange (loopback on one rank) and where each expert lives.
+  moe::Exchange& exchange() const { return *exchange_; }
+  moe::ExpertPlacement placement(int64_t n_experts) const;
 
  private:
+  std::unique_ptr<moe::Exchange> exchange_;
   bool graphs_;
   int64_t max_graph_batch_;
 };

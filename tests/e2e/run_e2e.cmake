@@ -15,6 +15,9 @@ if(NOT EXISTS "${SRC_DIR}/node_modules/.batchgen-installed")
   message(FATAL_ERROR "e2e: the npm packages of ${SRC_DIR} are not installed: run scripts/install-npm.sh (the setup "
                       "step; ctest never fetches packages)")
 endif()
+if(DEFINED REF_MODULES)
+  set(ENV{BG_REF_MODULES} "${REF_MODULES}")  # e2e_templates: @huggingface/jinja + tokenizers
+endif()
 file(MAKE_DIRECTORY "${WORK_DIR}")
 set(ENV{BATCHGEN} "${BATCHGEN}")
 # The test file stays in SRC_DIR so its imports resolve from SRC_DIR/node_modules.

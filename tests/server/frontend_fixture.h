@@ -34,11 +34,12 @@ class FrontendTest : public ::testing::Test {
  protected:
   void start(bg::testing::FakeWorker::Script script, FrontendConfig cfg = {}, const TextModel* model = nullptr,
              int64_t max_model_len = 64) {
+    const int64_t vocab = model != nullptr ? model->vocab_size() : model_.vocab_size();
     static std::atomic<int> n{0};
     const std::string endpoint = "inproc://frontend-test-" + std::to_string(n++);
     link_ = std::make_unique<WorkerLink>(ctx_, endpoint, 1);
     link_->start();
-    worker_ = std::make_unique<bg::testing::FakeWorker>(ctx_, endpoint, std::move(script), max_model_len);
+    worker_ = std::make_unique<bg::testing::FakeWorker>(ctx_, endpoint, std::move(script), max_model_len, vocab);
     if (cfg.served_model_name.empty()) cfg.served_model_name = "tiny";
     server_ = std::make_unique<FrontendServer>(cfg, model != nullptr ? *model : model_, *link_, metrics_);
     port_ = server_->bind("127.0.0.1", 0);

@@ -156,6 +156,31 @@ TEST(RequestParse, JsonDepthLimitNamesTheField) {
   }
 }
 
+TEST(RequestParse, OrderedParseKeepsDocumentOrderAndLastDuplicate) {
+  const auto o = parse_json_bounded_ordered(R"({"z": 1, "a": {"y": [1, {"q": 2, "b": 3}], "c": 4}, "z": 5})");
+  EXPECT_EQ(o.dump(), R"({"z":5,"a":{"y":[1,{"q":2,"b":3}],"c":4}})");  // a repeated key: first place, last value
+  EXPECT_THROW(parse_json_bounded_ordered("[[[[1]]]]", 3), ApiError);
+  // Many keys in one object stay linear (the key index, not ordered_map's search): 200k keys parse at once.
+  std::string many = "{";
+  for (int i = 0; i < 200000; ++i) many += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":0";
+  many += "}";
+  EXPECT_EQ(parse_json_bounded_ordered(many).size(), 200000u);
+}
+
+TEST(RequestParse, ChatBodyKeepsToolKeyOrder) {
+  const ChatRequest r = parse_chat_body(R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type":
+      "function", "function": {"name": "f", "parameters": {"type": "object", "required": ["z"], "properties":
+      {"z": {"type": "string"}, "a": {"type": "string"}}}}}]})");
+  EXPECT_EQ(r.tools[0]["function"]["parameters"].dump(),
+            R"({"type":"object","required":["z"],"properties":{"z":{"type":"string"},"a":{"type":"string"}}})");
+  EXPECT_EQ(r.tools[0].begin().key(), "type");
+  // tool_choice "none" still drops the tools; errors are those of parse_chat_request.
+  EXPECT_TRUE(parse_chat_body(R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "none",
+      "tools": [{"type": "function", "function": {"name": "f"}}]})").tools.empty());
+  expect_400([] { parse_chat_body(R"({"messages": [], "tools": 3})"); }, "messages");
+  expect_400([] { parse_chat_body("[1]"); }, "");
+}
+
 TEST(RequestParse, NumbersOutOfRangeAndParseErrorsAreCleanClientErrors) {
   try {
     parse_body(R"({"temperature": 1e400})");

@@ -12,8 +12,10 @@ namespace bg {
 namespace {
 
 using nlohmann::json;
+using nlohmann::ordered_json;
 
 const char* type_name(const json& v) { return v.type_name(); }
+const char* type_name(const ordered_json& v) { return v.type_name(); }
 
 // content: a string, an array of {"type": "text", "text": string} parts, or (where allowed) null/absent.
 void parse_content(const json& m, const std::string& where, bool nullable, ChatMessage& out) {
@@ -112,16 +114,16 @@ std::vector<ChatMessage> parse_chat_messages(const json& messages) {
   return out;
 }
 
-void validate_chat_tools(const json& tools) {
+void validate_chat_tools(const ordered_json& tools) {
   if (tools.is_null()) return;
   BG_CHECK(tools.is_array(), "tools: must be an array, not {}", type_name(tools));
   for (size_t i = 0; i < tools.size(); ++i) {
-    const json& t = tools[i];
+    const ordered_json& t = tools[i];
     const std::string where = fmt::format("tools[{}]", i);
     BG_CHECK(t.is_object(), "{}: must be an object, not {}", where, type_name(t));
-    BG_CHECK(t.value("type", json()) == "function", "{}.type: must be 'function'", where);
+    BG_CHECK(t.value("type", ordered_json()) == "function", "{}.type: must be 'function'", where);
     BG_CHECK(t.contains("function") && t["function"].is_object(), "{}.function: missing", where);
-    const json& fn = t["function"];
+    const ordered_json& fn = t["function"];
     BG_CHECK(fn.contains("name") && fn["name"].is_string() && !fn["name"].get<std::string>().empty(),
              "{}.function.name: missing", where);
     BG_CHECK(!fn.contains("description") || fn["description"].is_string() || fn["description"].is_null(),

@@ -4,18 +4,22 @@
 
 #include <fmt/format.h>
 
+#include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "server/frontend/api_error.h"
 
 namespace bg::frontend {
 
-using nlohmann::json;
-
 namespace {
 
 constexpr size_t kMaxKeyInPath = 64;  // bytes of one key shown in a path (keys may be megabytes long)
 
+// `json` is nlohmann::json (keys sorted) or nlohmann::ordered_json (keys in document order). ordered_json's own
+// operator[] searches keys linearly, so its objects are filled through a per-object key index instead: a body with a
+// million keys costs O(n), not O(n^2).
+template <class json>
 class BoundedBuilder {
  public:
   BoundedBuilder(json& root, size_t max_depth) : root_(root), max_depth_(max_depth) {}
@@ -47,10 +51,26 @@ class BoundedBuilder {
   }
 
  private:
+  static constexpr bool kOrdered = std::is_same_v<json, nlohmann::ordered_json>;
+
   struct Frame {
     json* value;
     std::string key;   // objects: the key being read
+    std::unordered_map<std::string, size_t> index;  // ordered objects: key -> position in the object
   };
+
+  // The object's slot for `key` (a repeated key: the last value wins, in the first one's position).
+  json& object_slot(Frame& top) {
+    if constexpr (kOrdered) {
+      using Entries = typename json::object_t::Container;  // ordered_map is a vector of (key, value)
+      auto& entries = static_cast<Entries&>(top.value->template get_ref<typename json::object_t&>());
+      const auto [it, fresh] = top.index.try_emplace(top.key, entries.size());
+      if (fresh) entries.emplace_back(top.key, json());
+      return entries[it->second].second;
+    } else {
+      return (*top.value)[top.key];
+    }
+  }
 
   // Places a value at the current position; returns where it lives.
   json* place(json&& v) {
@@ -63,7 +83,7 @@ class BoundedBuilder {
       top.value->push_back(std::move(v));
       return &top.value->back();
     }
-    json& slot = (*top.value)[top.key];  // a repeated key: the last value wins
+    json& slot = object_slot(top);
     slot = std::move(v);
     return &slot;
   }
@@ -77,7 +97,7 @@ class BoundedBuilder {
                      path());
     }
     json* c = place(std::move(container));
-    frames_.push_back(Frame{c, {}});
+    frames_.push_back(Frame{c, {}, {}});
     return true;
   }
   bool close() {
@@ -121,14 +141,23 @@ std::string strip_json_exception_prefix(const std::string& what) {
   return what;
 }
 
-json parse_json_bounded(std::string_view text, size_t max_depth) {
+template <class json>
+json parse_bounded(std::string_view text, size_t max_depth) {
   json root;
-  BoundedBuilder builder(root, max_depth);
+  BoundedBuilder<json> builder(root, max_depth);
   // parse_error() throws, so a false return cannot happen without an exception; keep the check for safety.
   if (!json::sax_parse(text.begin(), text.end(), &builder)) {
     throw ApiError(400, "the request body is not valid JSON");
   }
   return root;
+}
+
+nlohmann::json parse_json_bounded(std::string_view text, size_t max_depth) {
+  return parse_bounded<nlohmann::json>(text, max_depth);
+}
+
+nlohmann::ordered_json parse_json_bounded_ordered(std::string_view text, size_t max_depth) {
+  return parse_bounded<nlohmann::ordered_json>(text, max_depth);
 }
 
 }  // namespace bg::frontend

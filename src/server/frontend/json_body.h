@@ -19,6 +19,8 @@ inline constexpr size_t kMaxJsonDepth = 128;
 // a number out of range, or nesting deeper than `max_depth` (param = the path of the container that is too deep, as
 // "tools[0].function.parameters.properties.a").
 nlohmann::json parse_json_bounded(std::string_view text, size_t max_depth = kMaxJsonDepth);
+// The same with objects in document order (a repeated key keeps its first position and its last value).
+nlohmann::ordered_json parse_json_bounded_ordered(std::string_view text, size_t max_depth = kMaxJsonDepth);
 
 // "[json.exception.parse_error.101] parse error at ..." -> "parse error at ...".
 std::string strip_json_exception_prefix(const std::string& what);

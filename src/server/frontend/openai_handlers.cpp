@@ -175,7 +175,7 @@ std::unique_ptr<PendingResponse> run(ServingContext& ctx, GenerationInput in, co
 }  // namespace
 
 std::unique_ptr<PendingResponse> start_chat_completion(ServingContext& ctx, const HttpRequest& req) {
-  ChatRequest r = parse_chat_request(parse_body(req.body), ctx.parse);
+  ChatRequest r = parse_chat_body(req.body, ctx.parse);
   log_unknown_fields(req.path, r.common.unknown_fields, /*chat=*/true);
   check_model(ctx, r.common.model);
   GenerationInput in;
@@ -185,6 +185,7 @@ std::unique_ptr<PendingResponse> start_chat_completion(ServingContext& ctx, cons
   } catch (const bg::Error& e) {
     throw ApiError(400, fmt::format("cannot render the messages: {}", e.what()), "messages");
   }
+  r.chat.starts_in_reasoning = ctx.model.reasoning_open_after(in.prompt);
   in.extra_stop_ids = ctx.model.chat_stop_ids();
   in.common = std::move(r.common);
   in.chat = r.chat;
@@ -197,7 +198,8 @@ std::unique_ptr<PendingResponse> start_completion(ServingContext& ctx, const Htt
   check_model(ctx, r.common.model);
   GenerationInput in;
   in.kind = ApiKind::completion;
-  in.prompt = r.prompt_is_ids ? std::move(r.prompt_ids) : ctx.model.encode(r.prompt_text);
+  // Token ids are taken as given; text gets the tokenizer's BOS where its files say (as vLLM and SGLang do).
+  in.prompt = r.prompt_is_ids ? std::move(r.prompt_ids) : ctx.model.encode_prompt(r.prompt_text);
   in.common = std::move(r.common);
   in.default_max_tokens = 16;  // OpenAI's default for /v1/completions
   return run(ctx, std::move(in), "cmpl", req.arrival);

@@ -320,6 +320,14 @@ ChatRequest parse_chat_request(const json& body, const ParseOptions& options) {
   return r;
 }
 
+ChatRequest parse_chat_body(std::string_view body, const ParseOptions& options) {
+  const nlohmann::ordered_json ordered = parse_json_bounded_ordered(body);
+  if (!ordered.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  ChatRequest r = parse_chat_request(json(ordered), options);  // the copy's depth is bounded by the parse
+  if (!r.tools.empty()) r.tools = ordered.at("tools");
+  return r;
+}
+
 CompletionRequest parse_completion_request(const json& body, const ParseOptions& options) {
   CompletionRequest r;
   check_fields(body, /*chat=*/false, options, r.common);

@@ -36,7 +36,8 @@ struct ParseOptions {
 struct ChatRequest {
   CommonRequest common;
   nlohmann::json messages;                 // non-empty array of objects with a string role
-  nlohmann::json tools;                    // array (possibly empty) of {"type": "function", "function": {...}}
+  nlohmann::ordered_json tools;            // array (possibly empty) of {"type": "function", "function": {...}}, in
+                                           // the client's key order (parse_chat_body)
   ChatParams chat;
 };
 
@@ -54,6 +55,10 @@ nlohmann::json parse_body(std::string_view body);
 // Unknown fields are listed in common.unknown_fields, or rejected (400 naming the first, with a suggestion when it
 // looks like a typo of a known one) under strict_params.
 ChatRequest parse_chat_request(const nlohmann::json& body, const ParseOptions& options = {});
+// Body text -> ChatRequest (parse_body's errors, then parse_chat_request's). The body is parsed once in document order
+// so `tools` keeps the client's key order (a schema is rendered into the prompt as the client wrote it, as Python's
+// dicts keep it for the reference templates); the other fields are validated on a sorted copy.
+ChatRequest parse_chat_body(std::string_view body, const ParseOptions& options = {});
 CompletionRequest parse_completion_request(const nlohmann::json& body, const ParseOptions& options = {});
 
 // "'temprature' (did you mean 'temperature'?)" for a field of `endpoint` ("chat" or "completion").

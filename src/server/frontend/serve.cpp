@@ -217,7 +217,7 @@ int run_serve(ServeOptions opt) {
   signal(SIGPIPE, SIG_IGN);
 
   const FrontendConfig http_cfg = frontend_config(opt);
-  std::unique_ptr<TextModel> model = load_text_model(opt.model_dir);
+  std::unique_ptr<TextModel> model = load_text_model(opt.model_dir, opt.chat_template);
   sweep_stale_ipc_dirs();
   IpcDir ipc_dir;
   const std::string endpoint = "ipc://" + (ipc_dir.path() / "workers.sock").string();
