@@ -69,15 +69,41 @@ TEST(ServeOptions, UnavailableFeaturesAndBadValuesAreErrors) {
   o = base;
   o.device = "tpu";
   EXPECT_NE(validation_error(o).find("--device"), std::string::npos);
+  o = base;
+  o.max_connections = 0;
+  EXPECT_NE(validation_error(o).find("--max-connections"), std::string::npos);
+  o = base;
+  o.header_timeout_s = 0;
+  EXPECT_NE(validation_error(o).find("--header-timeout"), std::string::npos);
+  o = base;
+  o.shutdown_timeout_s = -1;
+  EXPECT_NE(validation_error(o).find("--shutdown-timeout"), std::string::npos);
+  o = base;
+  o.worker_heartbeat_timeout_s = 0.5;
+  EXPECT_NE(validation_error(o).find("--worker-heartbeat-timeout"), std::string::npos);
+  o = base;
+  o.max_worker_restarts = -1;
+  EXPECT_NE(validation_error(o).find("--max-worker-restarts"), std::string::npos);
+  o = base;
+  o.allowed_hosts = {"example.com:8000"};
+  EXPECT_NE(validation_error(o).find("--allowed-hosts"), std::string::npos);
+  o = base;
+  o.allowed_hosts = {"http://x"};
+  EXPECT_NE(validation_error(o).find("--allowed-hosts"), std::string::npos);
+  o = base;
+  o.allowed_hosts = {"LocalHost", "[::1]", "10.0.0.1"};
+  validate_serve_options(o);
+  EXPECT_EQ(o.allowed_hosts, (std::vector<std::string>{"localhost", "::1", "10.0.0.1"}));
 }
 
 TEST(ServeOptions, WorkerCommandLine) {
   ServeOptions opt;
   opt.model_dir = "/m";
   opt.max_model_len = 512;
-  auto argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 0);
+  auto argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 0, "rank-0-i3");
   const std::vector<std::string> head = {"/bin/batchgen", "worker", "--model", "/m", "--endpoint",
-                                         "ipc:///tmp/x/workers.sock", "--rank", "0", "--parent-pid"};
+                                         "ipc:///tmp/x/workers.sock", "--rank", "0", "--routing-id", "rank-0-i3",
+                                         "--parent-pid"};
   ASSERT_GE(argv.size(), head.size());
   EXPECT_EQ(std::vector<std::string>(argv.begin(), argv.begin() + static_cast<long>(head.size())), head);
   const std::vector<std::string> tail = {"--device", "cpu", "--max-model-len", "512"};

@@ -26,17 +26,28 @@ struct ServeOptions {
   std::string distributed_weight_config;        // path (docs/WEIGHTS.md), passed to the workers
   std::string weight_store = "";                // weightd store the workers attach to ("" = read the files)
   size_t max_body_bytes = size_t{16} << 20;
-  size_t n_http_threads = 64;
+  // HTTP
+  std::optional<int64_t> max_connections;       // unset: 4096, lowered to what the file-descriptor limit allows
+  double header_timeout_s = 10.0;
+  double keep_alive_timeout_s = 5.0;
+  std::vector<std::string> allowed_hosts;       // empty: any Host header
+  bool strict_params = false;
+  // lifecycle and supervision
+  double shutdown_timeout_s = 30.0;             // SIGTERM: in-flight requests get this long to finish
+  double worker_heartbeat_timeout_s = 60.0;
+  int64_t max_worker_restarts = 5;
 };
 
 // Checks every option; fills served_model_name. Throws bg::Error with a message for the user.
 void validate_serve_options(ServeOptions& opt);
 
-// The `batchgen worker` command line for one rank (argv[0] = exe).
+// The `batchgen worker` command line for one rank's process with routing id `identity` (argv[0] = exe).
 std::vector<std::string> worker_command(const ServeOptions& opt, const std::string& exe, const std::string& endpoint,
-                                        int32_t rank);
+                                        int32_t rank, const std::string& identity);
 
-// Runs until SIGINT/SIGTERM; returns the process exit code.
+// Runs until SIGINT/SIGTERM (then drains: stops accepting, lets in-flight requests finish up to the shutdown
+// timeout) or until the worker set fails before it was ever ready; returns the process exit code (0 after a
+// signal, 1 with the worker's error logged when it failed to start).
 int run_serve(ServeOptions opt);
 
 }  // namespace bg::frontend
