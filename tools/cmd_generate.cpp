@@ -30,13 +30,14 @@ void run_generate(const GenerateArgs& a) {
   BG_CHECK(a.top_k >= 0, "--top-k {} must be >= 0", a.top_k);
   std::vector<int32_t> prompt = parse_id_list(a.prompt_ids, "--prompt-ids");
   const int64_t total = static_cast<int64_t>(prompt.size()) + a.max_tokens;
-  auto model = load_model(a.model_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = total, .device = a.device});
+  auto model = load_model(a.model_dir, LoadOptions{.device = a.device});
   const int64_t V = model->info().vocab_size;
   BG_CHECK(total <= model->info().max_position_embeddings, "prompt ({}) + --max-tokens ({}) exceeds the model's "
            "context of {}", prompt.size(), a.max_tokens, model->info().max_position_embeddings);
   ops::SamplingParams sp{a.temperature, a.top_k, a.top_p};
   std::mt19937_64 rng(a.seed);
-  auto seq = model->new_sequence();
+  auto state = make_state(*model, 1, total);
+  auto seq = state->new_sequence(total);
   std::vector<float> logits(prompt.size() * static_cast<size_t>(V));
   model->forward(*seq, prompt, logits.data());
   int32_t next = ops::sample_token(sp, logits.data() + (prompt.size() - 1) * static_cast<size_t>(V), V, rng);

@@ -38,4 +38,9 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
   fail("{}: unknown architecture", config_path.string());
 }
 
+std::unique_ptr<kv::StateManager> make_state(Model& model, int64_t max_sequences, int64_t max_tokens) {
+  return std::make_unique<kv::StateManager>(model.backend(), model.state_geometry(),
+                                            kv::StatePlan::simple(max_sequences, max_tokens));
+}
+
 }  // namespace bg

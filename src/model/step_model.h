@@ -1,9 +1,12 @@
 // StepModel: the step driver both architectures share. It lays a batch out (forward_common), runs the architecture's
-// step body on the backend's current step — eagerly, or for decode steps on CUDA as a graph captured once per
-// (bucketed batch size, block-table width) and replayed — then downloads the logits and advances the sequences.
+// step body on the backend's current step over the pools the batch's sequences live in — eagerly, or for decode steps
+// on CUDA as a graph captured once per (bucketed batch size, block-table width) and replayed — then downloads the
+// logits and advances the sequences.
 #pragma once
 
+#include <map>
 #include <span>
+#include <tuple>
 
 #include "backend/backend.h"
 #include "model/forward_common.h"
@@ -19,15 +22,16 @@ class StepModel : public Model {
 
  protected:
   explicit StepModel(const LoadOptions& options);
-  // The architecture's ops over backend().step(): logits F32, one row per token when all_rows, else one row per
-  // sequence (its last token). Must not synchronise when tap is null and no route hook is set (graph capture).
-  virtual Tensor step_body(bool all_rows, const TapFn* tap) = 0;
-  virtual Backend& backend() const = 0;
-  virtual StepPadding padding() const = 0;
+  // The architecture's ops over backend().step() and the sequences' pools: logits F32, one row per token when
+  // all_rows, else one row per sequence (its last token). Must not synchronise when tap is null and no route hook is
+  // set (graph capture).
+  virtual Tensor step_body(const StepPools& pools, bool all_rows, const TapFn* tap) = 0;
 
  private:
+  int64_t graph_pools_index(const StepPools& pools);
   bool graphs_;
   int64_t max_graph_batch_;
+  std::map<std::tuple<const void*, const void*, int64_t>, int64_t> graph_pools_;
 };
 
 // The final projection of a step: x [n_tokens, hidden] (normed) -> logits F32 [n_tokens or n_seqs, vocab].
