@@ -15,6 +15,9 @@ struct ServeArgs {
   int64_t max_model_len = -1;
   int64_t chunked_prefill_size = -1;
   int64_t max_queue = -1;
+  int64_t prefix_snapshot_interval = -1;
+  double host_memory_gb = -1.0;
+  int64_t swap_quantum_steps = -1;
 };
 
 std::optional<int64_t> given(int64_t v) { return v == -1 ? std::nullopt : std::optional<int64_t>(v); }
@@ -37,6 +40,16 @@ void register_serve(CLI::App& app) {
                   "worker's)");
   cmd->add_option("--max-queue", a->max_queue, "Most requests waiting at the worker; more are rejected (default: the "
                   "worker's)");
+  cmd->add_flag("--no-prefix-cache", [a](int64_t) { a->opt.prefix_cache = false; }, "Do not reuse the KV / state "
+               "of earlier requests that share a prompt prefix (default: on)");
+  cmd->add_option("--prefix-snapshot-interval", a->prefix_snapshot_interval, "Tokens between KDA state snapshots in "
+                  "the prefix cache (default: the worker's, 512)");
+  cmd->add_option("--host-memory-gb", a->host_memory_gb, "Host memory (GiB) for offloaded sequences and prefix-cache "
+                  "entries (default 0: no host tier)");
+  cmd->add_option("--state-offload-dtype", o.state_offload_dtype, "Offloaded KDA state: f32 (exact, default), bf16 or "
+                  "fp8 (lossy)")->check(CLI::IsMember({"f32", "bf16", "fp8"}));
+  cmd->add_option("--swap-quantum-steps", a->swap_quantum_steps, "With a host tier: steps a request runs before it "
+                  "yields its GPU place to a waiting one (default 0: never)");
   cmd->add_option("--api-key", o.api_key, "Require 'Authorization: Bearer <key>' on /v1/* (default: none)");
   cmd->add_option("--served-model-name", o.served_model_name, "Model name in the API (default: the directory name)");
   cmd->add_option("--k3-moe-exchange", o.k3_moe_exchange, "Expert-parallel exchange: nccl (default) or ll (not "
@@ -48,6 +61,9 @@ void register_serve(CLI::App& app) {
     a->opt.max_model_len = given(a->max_model_len);
     a->opt.chunked_prefill_size = given(a->chunked_prefill_size);
     a->opt.max_queue = given(a->max_queue);
+    a->opt.prefix_snapshot_interval = given(a->prefix_snapshot_interval);
+    a->opt.swap_quantum_steps = given(a->swap_quantum_steps);
+    if (a->host_memory_gb >= 0.0) a->opt.host_memory_gb = a->host_memory_gb;
     const int rc = frontend::run_serve(a->opt);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

@@ -40,6 +40,8 @@ void register_worker(CLI::App& app) {
                   "and prefix-cache entries (default 0: no host tier)");
   cmd->add_option("--state-offload-dtype", o->state_offload_dtype, "How offloaded KDA state is stored: f32 (exact, "
                   "default), bf16 or fp8 (per-row scales; lossy)")->check(CLI::IsMember({"f32", "bf16", "fp8"}));
+  cmd->add_option("--swap-quantum-steps", o->swap_quantum_steps, "With a host tier: steps a request runs before it "
+                  "gives its GPU place to a waiting one (time slicing; default 0: never)");
   cmd->add_option("--parent-pid", o->parent_pid, "Exit when this process (the frontend) is gone (default: never)");
   cmd->callback([o] {
     const int code = engine::run_worker(*o);

@@ -202,6 +202,8 @@ void Engine::fill_status(proto::WorkerStatus& s) const {
   s.state_slots_total = m.state_slots_total;
   s.state_slots_free = m.state_slots_free;
   s.state_bytes = m.state_bytes;
+  s.kv_bytes_used = m.kv_bytes_used;
+  s.state_bytes_used = m.state_bytes_used;
   s.kv_blocks_cached = m.kv_blocks_cached;
   s.state_slots_cached = m.state_slots_cached;
   s.host_bytes_total = m.host_bytes_total;
@@ -217,6 +219,7 @@ void Engine::fill_status(proto::WorkerStatus& s) const {
   s.prompt_tokens_total = stats_.prompt_tokens_total;
   s.generation_tokens_total = stats_.generation_tokens_total;
   s.preemptions_total = scheduler_.preemptions_total();
+  s.rotations_total = scheduler_.rotations_total();
   s.steps_total = stats_.steps_total;
 }
 

@@ -235,6 +235,7 @@ void validate_worker_options(const WorkerOptions& o) {
   BG_CHECK(o.host_memory_gb >= 0.0 && o.host_memory_gb <= 1e6, "--host-memory-gb {} must be in [0, 1e6]",
            o.host_memory_gb);
   BG_CHECK(o.snapshot_interval >= 0, "--prefix-snapshot-interval {} must be >= 1", o.snapshot_interval);
+  BG_CHECK(o.swap_quantum_steps >= 0, "--swap-quantum-steps {} must be >= 0", o.swap_quantum_steps);
   kv::parse_state_codec(o.state_offload_dtype);
   BG_CHECK(o.status_interval_ms >= 1 && o.idle_poll_ms >= 1, "status interval {} ms and idle poll {} ms must be >= 1",
            o.status_interval_ms, o.idle_poll_ms);
@@ -263,6 +264,7 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o) {
   sc.max_model_len = plan.max_model_len;
   sc.chunked_prefill_size = o.chunked_prefill_size;
   sc.max_queue = o.max_queue;
+  sc.swap_quantum_steps = o.swap_quantum_steps;
   return std::make_unique<Engine>(load_model(o.model_dir, plan.load_options()), plan.state_plan(), sc);
 }
 

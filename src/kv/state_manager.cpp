@@ -57,7 +57,8 @@ StateManager::~StateManager() {
     log::error("kv::StateManager destroyed while {} sequences still exist", n_live_);
     std::abort();
   }
-  backend_.synchronize();  // copies into or out of the host arena may still run
+  backend_.synchronize();
+  if (last_fence_ != 0) backend_.wait_fence(last_fence_);  // copies into or out of the host arena may still run
 }
 
 StepPools StateManager::step_pools() const {
@@ -74,6 +75,8 @@ StateUsage StateManager::usage() const {
   u.state_slots_free = state_.n_free_slots();
   u.state_slots_cached = snapshots_on_gpu_;
   u.state_bytes = state_.bytes();
+  u.kv_bytes_used = (kv_.n_blocks() - kv_.n_free_blocks()) * kv_.block_bytes();
+  u.state_bytes_used = (state_.n_slots() - state_.n_free_slots()) * state_.slot_bytes();
   u.host_bytes_total = host_.bytes();
   u.host_kv_bytes = host_kv_pages_ * host_.page_bytes();
   u.host_state_bytes = host_state_pages_ * host_.page_bytes();

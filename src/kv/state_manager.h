@@ -47,10 +47,12 @@ struct StateUsage {
   int64_t kv_blocks_free = 0;       // free now
   int64_t kv_blocks_cached = 0;     // held only by the prefix cache (evictable)
   int64_t kv_bytes = 0;             // whole GPU pool
+  int64_t kv_bytes_used = 0;        // blocks in use (by sequences or the cache)
   int64_t state_slots_total = 0;
   int64_t state_slots_free = 0;
   int64_t state_slots_cached = 0;   // prefix-cache snapshots on the GPU (evictable)
   int64_t state_bytes = 0;          // whole GPU pool
+  int64_t state_bytes_used = 0;     // slots in use (by sequences or snapshots)
   int64_t host_bytes_total = 0;
   int64_t host_kv_bytes = 0;        // host pages holding KV blocks
   int64_t host_state_bytes = 0;     // host pages holding KDA state
@@ -172,6 +174,7 @@ class StateManager {
   int64_t host_state_pages_ = 0;
   int64_t snapshots_on_gpu_ = 0;
   int64_t seqs_offloaded_ = 0;
+  CopyFence last_fence_ = 0;  // the latest host-tier copy issued
   StateUsage counters_;
   std::unordered_set<const CacheNode*> dropped_;  // during an eviction
   int evict_depth_ = 0;

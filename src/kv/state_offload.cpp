@@ -36,7 +36,7 @@ CopyFence StateManager::blocks_to_host(std::span<const int32_t> blocks, std::spa
       copies.push_back(c);
     }
   }
-  return backend_.copy_to_host(copies);
+  return last_fence_ = backend_.copy_to_host(copies);
 }
 
 void StateManager::blocks_from_host(std::span<const int32_t> pages, std::span<const int32_t> blocks) {
@@ -48,13 +48,15 @@ void StateManager::blocks_from_host(std::span<const int32_t> pages, std::span<co
       copies.push_back(c);
     }
   }
-  backend_.copy_from_host(copies);
+  last_fence_ = backend_.copy_from_host(copies);
 }
 
 CopyFence StateManager::slot_to_host(int32_t slot, std::span<const int32_t> pages) {
   const auto bytes = static_cast<size_t>(state_.slot_bytes());
   const size_t offset = static_cast<size_t>(slot) * bytes;
-  if (plan_.state_codec == StateCodec::kF32) return backend_.copy_to_host(host_.copies(state_.storage(), offset, bytes, pages));
+  if (plan_.state_codec == StateCodec::kF32) {
+    return last_fence_ = backend_.copy_to_host(host_.copies(state_.storage(), offset, bytes, pages));
+  }
   // Compressed: the fp32 slot comes to the staging buffer first (the host waits), then is encoded into the pages.
   const HostCopy whole{state_.storage(), offset, staging_.get(), bytes};
   const CopyFence fence = backend_.copy_to_host(std::span<const HostCopy>(&whole, 1));
@@ -72,7 +74,7 @@ void StateManager::slot_from_host(std::span<const int32_t> pages, int32_t slot) 
   const auto bytes = static_cast<size_t>(state_.slot_bytes());
   const size_t offset = static_cast<size_t>(slot) * bytes;
   if (plan_.state_codec == StateCodec::kF32) {
-    backend_.copy_from_host(host_.copies(state_.storage(), offset, bytes, pages));
+    last_fence_ = backend_.copy_from_host(host_.copies(state_.storage(), offset, bytes, pages));
     return;
   }
   const int64_t floats = geometry_.kda.slot_floats();

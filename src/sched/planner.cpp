@@ -133,7 +133,8 @@ Plan make_plan(const ModelGeometry& geo, const PlannerInput& in, const MemoryPro
   p.state_codec = in.state_codec;
   // Snapshots sit on block boundaries and KDA chunk boundaries.
   const int64_t unit = std::lcm(in.kv_block_size, geo.state.prefill_align_tokens);
-  p.snapshot_interval = in.snapshot_interval > 0 ? in.snapshot_interval : ceil_div(kDefaultSnapshotInterval, unit) * unit;
+  p.snapshot_interval =
+      in.snapshot_interval > 0 ? in.snapshot_interval : ceil_div(kDefaultSnapshotInterval, unit) * unit;
   BG_CHECK(!geo.state.has_state() || p.snapshot_interval % unit == 0, "--prefix-snapshot-interval {} must be a "
            "multiple of {} (the KV block size {} and the KDA chunk {})", p.snapshot_interval, unit, in.kv_block_size,
            geo.state.prefill_align_tokens);

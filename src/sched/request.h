@@ -32,6 +32,7 @@ struct Request {
   int64_t n_input = 0;
   int64_t n_cached = -1;          // prompt tokens reused from the prefix cache when it first started (-1: not yet)
   int64_t n_preemptions = 0;
+  int64_t steps_resident = 0;     // steps run since it last started or came back from the host tier
 
   int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t n_generated() const { return n_tokens() - n_prompt; }

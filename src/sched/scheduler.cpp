@@ -23,6 +23,9 @@ Scheduler::Scheduler(kv::StateManager& state, const SchedulerConfig& config)
   BG_CHECK(config_.max_queue >= 0, "--max-queue {} must be >= 0", config_.max_queue);
   BG_CHECK(config_.kv_watermark >= 0.0 && config_.kv_watermark < 1.0, "KV watermark {} must be in [0, 1)",
            config_.kv_watermark);
+  BG_CHECK(config_.swap_quantum_steps >= 0, "--swap-quantum-steps {} must be >= 0", config_.swap_quantum_steps);
+  BG_CHECK(config_.swap_quantum_steps == 0 || state.plan().host_bytes > 0, "--swap-quantum-steps {} needs a host "
+           "tier (--host-memory-gb)", config_.swap_quantum_steps);
 }
 
 std::optional<Rejection> Scheduler::add(std::unique_ptr<Request> request) {
@@ -59,6 +62,7 @@ std::unique_ptr<Request> Scheduler::cancel(const std::string& id) {
 StepPlan Scheduler::schedule() {
   StepPlan plan;
   TokenBudget budget(config_.chunked_prefill_size);
+  rotate();
   schedule_decodes(plan, budget);
   schedule_prefills(plan, budget);
   admit_waiting(plan, budget);
@@ -103,20 +107,47 @@ void Scheduler::admit_waiting(StepPlan& plan, TokenBudget& budget) {
   }
 }
 
+// Whether the GPU tier can take `r` now (a restore needs blocks for all its tokens; a new request what the prefix
+// cache does not already hold on the GPU).
+bool Scheduler::fits(const Request& r) const {
+  const PoolState pools = PoolState::of(state_.usage());
+  if (r.offloaded()) {
+    return admission_.admit_blocks(pools, n_running(), blocks_for_tokens(r.n_tokens(), pools.block_tokens));
+  }
+  const kv::StartPlan sp = state_.plan_start(r.tokens);
+  return admission_.admit_blocks(pools, n_running(), sp.blocks_needed + sp.blocks_pinned);
+}
+
+// Time slicing over the host tier: while the head of the queue cannot start, the request resident longest (with its
+// quantum spent) goes to the host tier and the back of the queue.
+void Scheduler::rotate() {
+  if (config_.swap_quantum_steps == 0) return;
+  while (!waiting_.empty() && !fits(*waiting_.front())) {
+    size_t victim = running_.size();
+    for (size_t i = 0; i < running_.size(); ++i) {
+      if (running_[i]->steps_resident < config_.swap_quantum_steps) continue;
+      if (victim == running_.size() || running_[i]->steps_resident > running_[victim]->steps_resident) victim = i;
+    }
+    if (victim == running_.size() || !state_.offload(*running_[victim]->seq)) return;
+    std::unique_ptr<Request> r = std::move(running_[victim]);
+    running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(victim));
+    ++rotations_total_;
+    log::debug("scheduler: request {} yields its GPU place after {} steps", r->id, r->steps_resident);
+    waiting_.push_back(std::move(r));
+  }
+}
+
 // Gives the head of the queue a runnable sequence: an offloaded one comes back from the host tier, a new one starts
 // from the longest usable prefix in the cache. False when the GPU tier cannot take it now.
 bool Scheduler::start(Request& r) {
-  const PoolState pools = PoolState::of(state_.usage());
+  if (!fits(r)) return false;
+  r.steps_resident = 0;
   try {
     if (r.offloaded()) {
-      const int64_t need = blocks_for_tokens(r.n_tokens(), pools.block_tokens);
-      if (!admission_.admit_blocks(pools, n_running(), need)) return false;
       state_.restore(*r.seq);
       state_.reserve(*r.seq, r.n_tokens());
       return true;
     }
-    const kv::StartPlan sp = state_.plan_start(r.tokens);
-    if (!admission_.admit_blocks(pools, n_running(), sp.blocks_needed + sp.blocks_pinned)) return false;
     r.seq = state_.start_sequence(r.tokens);
   } catch (const Error& e) {
     log::warn("scheduler: could not start request {}: {}", r.id, e.what());
@@ -164,6 +195,7 @@ void Scheduler::add_chunk(StepPlan& plan, Request& r, int64_t n_tokens) {
 void Scheduler::complete(const Chunk& chunk) {
   Request& r = *chunk.req;
   r.n_computed += chunk.n_tokens;
+  ++r.steps_resident;
   state_.commit(*r.seq, r.tokens, r.n_input);
 }
 

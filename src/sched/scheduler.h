@@ -24,6 +24,10 @@ struct SchedulerConfig {
   int64_t chunked_prefill_size = 512;  // tokens per step (decodes + prefill pieces); >= max_num_seqs
   int64_t max_queue = 1024;            // waiting requests beyond free running places; more are rejected (503)
   double kv_watermark = 0.01;          // fraction of KV blocks admission leaves free for running sequences
+  // With a host tier: a request that has run this many steps since it started or came back gives its GPU place to
+  // the head of the queue when that one cannot start otherwise (offloaded, to the back of the queue), so more
+  // requests progress at once than the GPU holds. 0: never (requests wait for a running one to finish).
+  int64_t swap_quantum_steps = 0;
 };
 
 // Why a request was not accepted: an HTTP-like code (400 too long, 503 queue full) and a message for the client.
@@ -78,8 +82,11 @@ class Scheduler {
   int64_t n_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t preemptions_total() const { return preemptions_total_; }
   int64_t recomputes_total() const { return recomputes_total_; }  // preemptions the host tier could not take
+  int64_t rotations_total() const { return rotations_total_; }    // quantum swaps to the host tier
 
  private:
+  void rotate();
+  bool fits(const Request& r) const;
   void schedule_decodes(StepPlan& plan, TokenBudget& budget);
   void schedule_prefills(StepPlan& plan, TokenBudget& budget);
   void admit_waiting(StepPlan& plan, TokenBudget& budget);
@@ -98,6 +105,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Request>> running_;  // admission order: the back is the newest
   int64_t preemptions_total_ = 0;
   int64_t recomputes_total_ = 0;
+  int64_t rotations_total_ = 0;
 };
 
 }  // namespace bg::sched

@@ -82,6 +82,8 @@ struct WorkerStatus {
   int64_t state_slots_total = 0;
   int64_t state_slots_free = 0;
   int64_t state_bytes = 0;
+  int64_t kv_bytes_used = 0;               // GPU KV blocks in use (sequences + prefix cache)
+  int64_t state_bytes_used = 0;            // GPU state slots in use (sequences + snapshots)
   int64_t kv_blocks_cached = 0;            // GPU KV blocks held only by the prefix cache
   int64_t state_slots_cached = 0;          // GPU state slots holding prefix-cache snapshots
   int64_t host_bytes_total = 0;            // host tier
@@ -99,6 +101,7 @@ struct WorkerStatus {
   int64_t prefix_cache_hit_tokens_total = 0;     // tokens reused (prefill saved)
   int64_t offloads_total = 0;                    // sequences moved to the host tier
   int64_t restores_total = 0;                    // ... and brought back
+  int64_t rotations_total = 0;                   // requests that yielded their GPU place (--swap-quantum-steps)
 };
 
 void to_json(nlohmann::json& j, const SamplingParams& v);

@@ -43,6 +43,10 @@ class Runner {
     collect();
     ASSERT_FALSE(engine_.has_work());
   }
+  void step() {
+    engine_.step();
+    collect();
+  }
   Engine& engine() { return engine_; }
   std::map<std::string, Final> results;
 
@@ -177,6 +181,39 @@ TEST(EngineState, CancellingAnOffloadedRequestFreesItsHostPages) {
   EXPECT_EQ(u.host_kv_bytes + u.host_state_bytes, 0);
   r.run_to_end();
   EXPECT_EQ(r.results[parked].finish_reason, "abort");
+}
+
+TEST(EngineState, SwapQuantumRunsMoreRequestsAtOnceThanTheGpuHolds) {
+  // Two state slots, eight requests: without time slicing at most two are in flight; with a 3-step quantum and a
+  // host tier all eight start within a few steps and take turns, and every one gives the tokens it gives alone.
+  auto run = [](int64_t host_bytes, int64_t quantum, int64_t* most_in_flight) {
+    FakeModelOptions mo{.n_blocks = 64, .n_slots = 2};
+    mo.host_bytes = host_bytes;
+    auto r = std::make_unique<Runner>(mo, sched::SchedulerConfig{2, 256, 64, 64, 0.0, quantum});
+    for (int i = 0; i < 8; ++i) r->submit(fmt::format("r{}", i), ids(5 + i, 3 * i), 20);
+    *most_in_flight = 0;
+    for (int i = 0; i < 5000 && r->engine().has_work(); ++i) {
+      r->step();
+      const kv::StateUsage u = r->engine().state().usage();
+      *most_in_flight = std::max(*most_in_flight, r->engine().scheduler().n_running() + u.seqs_offloaded);
+    }
+    r->run_to_end();
+    return r;
+  };
+  int64_t plain_in_flight = 0, sliced_in_flight = 0;
+  auto plain = run(0, 0, &plain_in_flight);
+  auto sliced = run(int64_t{1} << 20, 3, &sliced_in_flight);
+  EXPECT_EQ(plain_in_flight, 2);
+  EXPECT_EQ(sliced_in_flight, 8);
+  EXPECT_GE(sliced->engine().scheduler().rotations_total(), 6);
+  for (int i = 0; i < 8; ++i) {
+    const std::string id = fmt::format("r{}", i);
+    EXPECT_EQ(sliced->results[id].tokens, plain->results[id].tokens) << id;
+    EXPECT_EQ(sliced->results[id].tokens.size(), 20u) << id;
+  }
+  FakeModelOptions no_host;
+  EXPECT_THROW(Engine(std::make_unique<FakeModel>(no_host), no_host.state_plan(),
+                      sched::SchedulerConfig{2, 256, 64, 64, 0.0, 3}), Error);
 }
 
 }  // namespace
