@@ -230,8 +230,9 @@ nlohmann::json run_multiturn_bench(const MultiturnOptions& o) {
   }
   log::info("  outputs identical with the cache on and off: {}", off_out == on_out ? "yes" : "NO");
   if (o.concurrency_requests > 0) {
-    const nlohmann::json gpu = run_concurrency(o, {true, 0.0, 0}, o.concurrency_requests);
-    const nlohmann::json host = run_concurrency(o, {true, o.host_memory_gb, o.swap_quantum_steps},
+    // The prefix cache off: the same GPU pools serve running sequences only, so the host tier alone differs.
+    const nlohmann::json gpu = run_concurrency(o, {false, 0.0, 0}, o.concurrency_requests);
+    const nlohmann::json host = run_concurrency(o, {false, o.host_memory_gb, o.swap_quantum_steps},
                                                 o.concurrency_requests);
     report["concurrency"] = {{"gpu_only", gpu}, {"host_tier", host}};
     for (const nlohmann::json* r : {&gpu, &host}) {

@@ -116,6 +116,26 @@ int64_t memory_budget_bytes(const ModelGeometry& geo, const PlannerInput& in, co
   return budget;
 }
 
+namespace {
+
+// The prefix cache's own room: budget the running sequences leave unused, at most as much again as they take, in
+// units of one snapshot interval (its KV blocks and, with KDA layers, one snapshot slot). Without it every snapshot
+// would evict another as soon as the running sequences hold all slots. Cached entries are evicted on demand, so the
+// sequences can still use this room.
+void plan_cache_share(Plan& p, int64_t block_size) {
+  const int64_t used = p.pool_bytes(p.state_slots, p.kv_blocks);
+  const int64_t share = std::min(p.budget_bytes - used, used - p.pool_bytes(0, 0));
+  const int64_t unit_blocks = p.state_bytes_per_seq > 0 ? p.snapshot_interval / block_size : 1;
+  const int64_t unit_bytes = p.state_bytes_per_seq + unit_blocks * block_size * p.kv_bytes_per_token;
+  const int64_t units = std::max<int64_t>(share, 0) / unit_bytes;
+  p.cache_blocks = units * unit_blocks;
+  p.cache_slots = p.state_bytes_per_seq > 0 ? units : 0;
+  p.kv_blocks += p.cache_blocks;
+  p.state_slots += p.cache_slots;
+}
+
+}  // namespace
+
 Plan make_plan(const ModelGeometry& geo, const PlannerInput& in, const MemoryProbe& probe) {
   validate_input(in);
   BG_CHECK(geo.state.n_mla_layers > 0 && geo.state.entry_dim() > 0, "planner: model has no MLA KV cache ({} layers "
@@ -173,6 +193,7 @@ Plan make_plan(const ModelGeometry& geo, const PlannerInput& in, const MemoryPro
   // KV blocks: the rest of the budget, but never more than every sequence at full length needs.
   p.kv_blocks = std::min((p.budget_bytes - p.state_bytes()) / block_bytes - kPoolPadding,
                          p.max_num_seqs * blocks_per_seq);
+  if (p.prefix_cache) plan_cache_share(p, in.kv_block_size);
   return p;
 }
 
@@ -201,9 +222,10 @@ kv::StatePlan Plan::state_plan() const {
 
 std::string Plan::describe() const {
   return fmt::format("planner ({}): budget {:.3f} GiB -> {} sequences (state {} B each), {} KV blocks x {} tokens "
-                     "({} B/token, {:.3f} GiB), max_model_len {}; host tier {:.3f} GiB; prefix cache {}{}", device,
-                     gib(budget_bytes), max_num_seqs, state_bytes_per_seq, kv_blocks, kv_block_size,
-                     kv_bytes_per_token, gib(kv_bytes()), max_model_len, gib(host_bytes), prefix_cache ? "on" : "off",
+                     "({} B/token, {:.3f} GiB), max_model_len {}; host tier {:.3f} GiB; prefix cache {} (its own room: "
+                     "{} blocks, {} slots){}", device, gib(budget_bytes), max_num_seqs, state_bytes_per_seq, kv_blocks,
+                     kv_block_size, kv_bytes_per_token, gib(kv_bytes()), max_model_len, gib(host_bytes),
+                     prefix_cache ? "on" : "off", cache_blocks, cache_slots,
                      prefix_cache && state_bytes_per_seq > 0
                          ? fmt::format(" (KDA snapshots every {} tokens)", snapshot_interval) : std::string());
 }

@@ -64,8 +64,10 @@ struct Plan {
   int64_t max_num_seqs = 0;
   int64_t max_model_len = 0;
   int64_t kv_block_size = 0;
-  int64_t kv_blocks = 0;
-  int64_t state_slots = 0;               // = max_num_seqs with KDA layers, 0 without
+  int64_t kv_blocks = 0;                 // the running sequences' + cache_blocks
+  int64_t state_slots = 0;               // max_num_seqs + cache_slots with KDA layers, 0 without
+  int64_t cache_blocks = 0;              // of kv_blocks: room the prefix cache keeps beyond the running sequences
+  int64_t cache_slots = 0;               // of state_slots: room for KDA snapshots
   int64_t host_bytes = 0;                // host tier
   bool prefix_cache = true;
   int64_t snapshot_interval = 0;

@@ -102,9 +102,22 @@ TEST(Planner, CapsMaxModelLenByMemoryAndKvBlocksByNeed) {
   in.kv_cache_memory_bytes = 64 << 20;
   in.max_model_len = 100;
   in.max_num_seqs = 4;
+  in.prefix_cache = false;
   p = make_plan(g, in);
   EXPECT_EQ(p.max_model_len, 100);
   EXPECT_EQ(p.kv_blocks, 4 * 2);
+  EXPECT_EQ(p.state_slots, 4);
+  // With the prefix cache, what is left gives it room of its own: as much again as the sequences take, in snapshot
+  // intervals (512 tokens = 8 blocks + one slot).
+  in.prefix_cache = true;
+  Plan c = make_plan(g, in);
+  EXPECT_GT(c.cache_slots, 0);
+  EXPECT_EQ(c.cache_blocks, 8 * c.cache_slots);
+  EXPECT_EQ(c.kv_blocks, 8 + c.cache_blocks);
+  EXPECT_EQ(c.state_slots, 4 + c.cache_slots);
+  const int64_t sequences = p.pool_bytes(4, 8) - p.pool_bytes(0, 0);
+  EXPECT_LE(c.pool_bytes(c.state_slots, c.kv_blocks) - p.pool_bytes(4, 8), sequences);
+  EXPECT_LE(c.pool_bytes(c.state_slots, c.kv_blocks), in.kv_cache_memory_bytes);
 }
 
 TEST(Planner, ClearErrors) {
