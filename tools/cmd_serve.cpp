@@ -51,6 +51,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--swap-quantum-steps", a->swap_quantum_steps, "With a host tier: steps a request runs before it "
                   "yields its GPU place to a waiting one (default 0: never)");
   cmd->add_option("--api-key", o.api_key, "Require 'Authorization: Bearer <key>' on /v1/* (default: none)");
+  cmd->add_option("--chat-template", o.chat_template, "A Jinja chat template file used instead of the checkpoint's");
   cmd->add_option("--served-model-name", o.served_model_name, "Model name in the API (default: the directory name)");
   cmd->add_option("--k3-moe-exchange", o.k3_moe_exchange, "Expert-parallel exchange: nccl (default) or ll (not "
                   "available yet)")->check(CLI::IsMember({"nccl", "ll"}));

@@ -10,6 +10,7 @@ void register_commands(CLI::App& app) {
   register_serve(app);
   register_worker(app);
   register_bench_multiturn(app);
+  register_tokenize(app);
 }
 
 }  // namespace bg::tools

@@ -13,5 +13,6 @@ void register_make_random(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_worker(CLI::App& app);
 void register_bench_multiturn(CLI::App& app);
+void register_tokenize(CLI::App& app);  // tokenize + detokenize
 
 }  // namespace bg::tools

@@ -14,6 +14,7 @@
 #include "formats/quant.h"
 #include "ops/kda/kda.h"
 #include "ops/mla/mla.h"
+#include "ops/moe/moe.h"
 #include "ops/rope/rope.h"
 #include "ops/router/router.h"
 
@@ -88,9 +89,26 @@ struct GluSpec {
   float situ_linear_beta = 25.0f;
 };
 
-// Routed experts of one MoE layer: expert e's FFN is down(glu(gate(x), up(x))).
+// Expert weights of one MoE layer: expert e's FFN is down(glu(gate(x), up(x))). Indexed by global expert id when it
+// comes from the checkpoint, by local slot when handed to Backend::prepare_experts.
 struct ExpertWeights {
-  std::vector<const LinearHandle*> gate, up, down;  // [n_experts]
+  std::vector<const LinearHandle*> gate, up, down;
+  int64_t size() const { return static_cast<int64_t>(gate.size()); }
+};
+
+// One layer's expert weights prepared for the backend, indexed by local slot (CUDA: a device array of descriptors,
+// uploaded when prepared and rewritten in place by set_expert_slot, so captured graphs stay valid).
+class ExpertSlots {
+ public:
+  virtual ~ExpertSlots() = default;
+  virtual int64_t n_slots() const = 0;
+};
+
+// One MoE layer's routing on this rank in backend memory (the ops/moe routing layout): which local slot each (token,
+// k) pair goes to, each slot's rows, and the way back. Sized by the step's shape, so no op waits for the host.
+struct MoeRouting {
+  ops::MoeRoutingShape shape;
+  Tensor buffer;  // U8 [moe_routing_bytes(shape)]
 };
 
 class Backend {
@@ -172,12 +190,33 @@ class Backend {
   // Each token attends to its own sequence's cache up to its position.
   virtual void mla_attention(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
                              const MlaCacheRef& cache, Tensor& out) = 0;
-  // Router: F32 logits [n, E] -> ids I32 [n, k] and weights F32 [n, k] (backend memory).
+  // Router: F32 logits [n, E] -> ids I32 [n, k] and weights F32 [n, k] (backend memory). NaN scores never become
+  // an out-of-range id.
   virtual void route(const ops::RouterParams& p, const Tensor& logits, const Tensor& bias, Tensor& ids,
                      Tensor& weights) = 0;
-  // out[n, out_dim] += sum_k w[t,k] * Expert_{ids[t,k]}(x[t]) (dispatch, experts and combine).
-  virtual void routed_experts(const ExpertWeights& experts, const GluSpec& glu, const Tensor& x, const Tensor& ids,
-                              const Tensor& weights, Tensor& out) = 0;
+
+  // ---- MoE stages (the MoE layer, src/moe/, composes them with an exchange) ------------------------------------
+  // Prepares experts by local slot (slot s = by_slot.gate[s], ...; all slots the same format and shape).
+  virtual std::unique_ptr<ExpertSlots> prepare_experts(const ExpertWeights& by_slot) = 0;
+  // Points `slot` at other weights (same format and shape), ordered with the ops already issued.
+  virtual void set_expert_slot(ExpertSlots& slots, int64_t slot, const LinearHandle& gate, const LinearHandle& up,
+                               const LinearHandle& down) = 0;
+  // A routing buffer for `shape` (backend memory; contents written by moe_dispatch).
+  MoeRouting moe_routing(const ops::MoeRoutingShape& shape);
+  // Groups the pairs whose expert is on this rank by slot: slot_map I32 [n_experts] (local slot or -1), ids I32
+  // [n_tokens, k], weights F32 [n_tokens, k].
+  virtual void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r) = 0;
+  // rows[row] = x[token of row] for this rank's rows; x [n_tokens, d], rows [n_pairs, d] (act dtype).
+  virtual void moe_gather(const MoeRouting& r, const Tensor& x, Tensor& rows) = 0;
+  // y_rows = down(glu(gate(rows), up(rows))) with each slot's weights; rows, y_rows [n_pairs, hidden] (act dtype).
+  virtual void moe_experts(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& rows,
+                           Tensor& y_rows) = 0;
+  // out[t] += sum_k w(t,k) y_rows[row of (t,k)] in k order (fp32), over this rank's pairs; out [n_tokens, hidden].
+  virtual void moe_combine(const MoeRouting& r, const Tensor& y_rows, Tensor& out) = 0;
+  // gather -> experts -> combine of a routing whose pairs are all on this rank (one rank): out[t] += sum_k w E(x[t]).
+  // Backends may fuse it (CUDA: the W4A16 decode kernel gathers in its loads and combines in its epilogue).
+  virtual void moe_routed_local(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& x,
+                                Tensor& out);
   // ---- Kimi-K3 ------------------------------------------------------------------------------------------------
   // Causal short conv + SiLU of each sequence's tokens continuing its conv state (slot step().state_slots[s]).
   virtual void short_conv(const Tensor& x, const Tensor& weight, const StateRef& state, Tensor& out) = 0;

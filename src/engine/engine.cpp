@@ -83,6 +83,18 @@ void Engine::isolate_failure(const sched::StepPlan& plan, const std::string& wha
   }
 }
 
+namespace {
+
+// One pass over a logits row: NaN or Inf anywhere (a poisoned expert, an overflow) makes x * 0 NaN, so the sum is
+// finite exactly when every value is.
+bool all_finite(const float* row, int64_t n) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; ++i) acc += row[i] * 0.0f;
+  return acc == 0.0f;
+}
+
+}  // namespace
+
 void Engine::sample(const sched::StepPlan& plan, std::vector<Outcome>& outcomes) {
   const int64_t vocab = model_->info().vocab_size;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
@@ -90,6 +102,11 @@ void Engine::sample(const sched::StepPlan& plan, std::vector<Outcome>& outcomes)
     Outcome& o = outcomes[i];
     if (!o.error.empty() || !c.samples) continue;
     sched::Request& r = *c.req;
+    const float* row = logits_.data() + i * static_cast<size_t>(vocab);
+    if (!all_finite(row, vocab)) {  // fail this request only; the others of the step are unaffected
+      o.error = "the model produced non-finite logits (NaN or Inf) for this request; its output was discarded";
+      continue;
+    }
     try {
       o.sampled = sample_next(r.params, logits_.data() + i * static_cast<size_t>(vocab), vocab, r.rng);
     } catch (const std::exception& e) {

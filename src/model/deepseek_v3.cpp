@@ -12,6 +12,7 @@
 #include "model/forward_common.h"
 #include "model/mla_block.h"
 #include "model/step_model.h"
+#include "moe/moe_layer.h"
 
 namespace bg {
 namespace {
@@ -20,8 +21,8 @@ using T = DsTensor;
 
 struct DsLayer {
   MlaLayerWeights mla;
-  Tensor input_norm, post_norm, router_bias;  // F32
-  ExpertWeights experts;                      // MoE layers
+  Tensor input_norm, post_norm;  // F32
+  moe::MoeLayerWeights moe;      // MoE layers
 };
 
 class DeepseekV3Model final : public StepModel {
@@ -43,6 +44,7 @@ class DeepseekV3Model final : public StepModel {
   ModelInfo info_;
   RopeHandle rope_;
   MlaDims mla_dims_;
+  moe::MoeLayerSpec moe_spec_;
   std::vector<DsLayer> layers_;
   Tensor embed_, final_norm_;
   std::unique_ptr<LinearHandle> tied_lm_head_;
@@ -67,6 +69,9 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
                                    ops::yarn_softmax_scale_multiplier(c_.rope));
   mla_dims_ = {c_.n_heads, c_.q_lora_rank, c_.kv_lora_rank, c_.qk_nope_head_dim, c_.qk_rope_head_dim, c_.v_head_dim,
                scale, c_.qk_rope_head_dim > 0 ? &rope_ : nullptr, c_.rope_interleave};
+  moe_spec_ = {{0, c_.n_routed_experts, c_.n_experts_per_tok, c_.n_group, c_.topk_group, c_.norm_topk_prob,
+                static_cast<float>(c_.routed_scaling_factor)},
+               {GluKind::kSwiGlu}};
   auto vec = [&](T id, int64_t layer) {
     std::vector<float> v = w_.tensor_f32(int(id), layer);
     return be.upload_f32(v, {static_cast<int64_t>(v.size())}, DType::kF32);
@@ -87,8 +92,11 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
     L.input_norm = vec(T::kInputNorm, l);
     L.post_norm = vec(T::kPostAttnNorm, l);
     if (c_.is_moe_layer(l)) {
-      L.router_bias = vec(T::kRouterBias, l);
-      L.experts = lin_.experts(int(T::kExpertGate), int(T::kExpertUp), int(T::kExpertDown), l, c_.n_routed_experts);
+      L.moe.router = &lin_.get(int(T::kRouterGate), l);
+      L.moe.router_bias = vec(T::kRouterBias, l);
+      L.moe.experts = moe::ExpertTable(be, placement(c_.n_routed_experts),
+                                       lin_.experts(int(T::kExpertGate), int(T::kExpertUp), int(T::kExpertDown), l,
+                                                    c_.n_routed_experts));
     }
     layers_.push_back(std::move(L));
   }
@@ -140,22 +148,18 @@ void DeepseekV3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
     return;
   }
   const DsLayer& L = layers_[static_cast<size_t>(layer)];
-  const int64_t E = c_.n_routed_experts, k = c_.n_experts_per_tok;
   // Route in fp32: logits [n, E] -> top-k ids / weights [n, k].
-  Tensor router_logits = be.alloc({n, E}, DType::kF32);
-  be.linear(lin_.get(int(T::kRouterGate), layer), x, router_logits);
-  Tensor ids = be.alloc({n, k}, DType::kI32), weights = be.alloc({n, k}, DType::kF32);
-  ops::RouterParams rp{n, E, k, c_.n_group, c_.topk_group, c_.norm_topk_prob,
-                       static_cast<float>(c_.routed_scaling_factor)};
-  be.route(rp, router_logits, L.router_bias, ids, weights);
-  apply_route_hook(be, route_hook_, layer, ids, weights);
-  // Shared experts on every token, then the routed experts accumulated on top.
-  if (c_.n_shared_experts > 0) {
-    mlp(T::kSharedGate, T::kSharedUp, T::kSharedDown, c_.moe_intermediate_size * c_.n_shared_experts);
-  } else {
-    be.fill_zero(out);
-  }
-  be.routed_experts(L.experts, swiglu, x, ids, weights, out);
+  moe::MoeChoice choice = moe::moe_route(be, moe_spec_, L.moe, x);
+  apply_route_hook(be, route_hook_, layer, choice.ids, choice.weights);
+  // Shared experts on every token (while the routed rows are in flight), the routed experts accumulated on top.
+  auto run_shared = [&] {
+    if (c_.n_shared_experts > 0) {
+      mlp(T::kSharedGate, T::kSharedUp, T::kSharedDown, c_.moe_intermediate_size * c_.n_shared_experts);
+    } else {
+      be.fill_zero(out);
+    }
+  };
+  moe::moe_routed(be, exchange(), moe_spec_, L.moe, choice, x, out, run_shared);
 }
 
 }  // namespace

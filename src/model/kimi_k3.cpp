@@ -12,6 +12,7 @@
 #include "model/forward_common.h"
 #include "model/mla_block.h"
 #include "model/step_model.h"
+#include "moe/moe_layer.h"
 
 namespace bg {
 namespace {
@@ -20,8 +21,8 @@ using T = K3Tensor;
 
 struct K3Layer {
   Tensor input_norm, post_norm, attn_res_norm, attn_res_proj, mlp_res_norm, mlp_res_proj;  // F32 [H]
-  Tensor router_bias, latent_norm;                                                       // MoE layers
-  ExpertWeights experts;
+  Tensor latent_norm;                                                                    // MoE layers
+  moe::MoeLayerWeights moe;
   // KDA layers
   Tensor q_conv, k_conv, v_conv;  // F32 [P, W]
   Tensor a_log, dt_bias, o_norm;  // F32 [heads], [P], [head_dim]
@@ -52,6 +53,7 @@ class KimiK3Model final : public StepModel {
   ModelInfo info_;
   MlaDims mla_dims_;
   GluSpec situ_;
+  moe::MoeLayerSpec moe_spec_;
   std::vector<K3Layer> layers_;
   Tensor embed_, final_norm_, out_res_norm_, out_res_proj_;
   std::unique_ptr<LinearHandle> tied_lm_head_;
@@ -76,6 +78,9 @@ KimiK3Model::KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_
   mla_dims_ = {c_.n_heads, c_.q_lora_rank, c_.kv_lora_rank, c_.qk_nope_head_dim, c_.qk_rope_head_dim, c_.v_head_dim,
                static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.qk_head_dim()))), nullptr, false};
   situ_ = {GluKind::kSitu, static_cast<float>(c_.situ_beta), static_cast<float>(c_.situ_linear_beta)};
+  moe_spec_ = {{0, c_.n_experts, c_.n_experts_per_token, c_.n_group, c_.topk_group, c_.renormalize,
+                static_cast<float>(c_.routed_scaling_factor)},
+               situ_};
   int64_t n_mla = 0, n_kda = 0;
   for (int64_t l = 0; l < c_.n_layers; ++l) load_layer(l, n_mla, n_kda);
   auto vec = [&](T id) {
@@ -107,9 +112,12 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
   L.mlp_res_norm = vec(T::kMlpResNorm);
   L.mlp_res_proj = vec(T::kMlpResProj);
   if (c_.is_moe_layer(l)) {
-    L.router_bias = vec(T::kRouterBias);
     if (c_.latent_norm) L.latent_norm = vec(T::kLatentNorm);
-    L.experts = lin_.experts(int(T::kExpertW1), int(T::kExpertW3), int(T::kExpertW2), l, c_.n_experts);
+    L.moe.router = &lin_.get(int(T::kRouterGate), l);
+    L.moe.router_bias = vec(T::kRouterBias);
+    L.moe.experts = moe::ExpertTable(
+        be, placement(c_.n_experts), lin_.experts(int(T::kExpertW1), int(T::kExpertW3), int(T::kExpertW2), l,
+                                                  c_.n_experts));
   }
   if (c_.is_mla(l)) {
     L.sub_index = n_mla++;
@@ -252,29 +260,26 @@ void KimiK3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
 
 void KimiK3Model::latent_moe(int64_t layer, const Tensor& x, Tensor& out) {
   Backend& be = *be_;
-  const int64_t n = x.rows(), E = c_.n_experts, k = c_.n_experts_per_token, D = c_.latent_size;
+  const int64_t n = x.rows(), D = c_.latent_size;
   const K3Layer& L = layers_[static_cast<size_t>(layer)];
   // Route on the full hidden vector in fp32: [n, E] -> top-k [n, k].
-  Tensor router_logits = be.alloc({n, E}, DType::kF32);
-  be.linear(lin_.get(int(T::kRouterGate), layer), x, router_logits);
-  Tensor ids = be.alloc({n, k}, DType::kI32), weights = be.alloc({n, k}, DType::kF32);
-  ops::RouterParams rp{n, E, k, c_.n_group, c_.topk_group, c_.renormalize,
-                       static_cast<float>(c_.routed_scaling_factor)};
-  be.route(rp, router_logits, L.router_bias, ids, weights);
-  apply_route_hook(be, route_hook_, layer, ids, weights);
-  // Routed path in the latent: z = down(x) [n, D]; y = sum_i w_i E_i(z) [n, D]; y = norm(y); up(y) [n, H].
+  moe::MoeChoice choice = moe::moe_route(be, moe_spec_, L.moe, x);
+  apply_route_hook(be, route_hook_, layer, choice.ids, choice.weights);
+  // Routed path in the latent: z = down(x) [n, D]; y = sum_i w_i E_i(z) [n, D]; y = norm(y); up(y) [n, H]. The shared
+  // experts (full width, on the un-projected x) run while the routed rows are in flight.
   Tensor z = be.act(n, D), y = be.zeros({n, D}, be.act_dtype());
   be.linear(lin_.get(int(T::kLatentDown), layer), x, z);
-  be.routed_experts(L.experts, situ_, z, ids, weights, y);
+  Tensor shared;
+  auto run_shared = [&] {
+    if (c_.n_shared_experts == 0) return;
+    shared = be.act(n, c_.hidden_size);  // [n, H]
+    situ_mlp(T::kSharedGate, T::kSharedUp, T::kSharedDown, layer, c_.n_shared_experts * c_.moe_intermediate_size, x,
+             shared);
+  };
+  moe::moe_routed(be, exchange(), moe_spec_, L.moe, choice, z, y, run_shared);
   if (c_.latent_norm) be.rmsnorm(y, L.latent_norm, static_cast<float>(c_.rms_norm_eps), y);
   be.linear(lin_.get(int(T::kLatentUp), layer), y, out);
-  // Shared experts at full width on the un-projected x.
-  if (c_.n_shared_experts > 0) {
-    Tensor s = be.act(n, c_.hidden_size);
-    situ_mlp(T::kSharedGate, T::kSharedUp, T::kSharedDown, layer, c_.n_shared_experts * c_.moe_intermediate_size, x,
-             s);
-    be.add(out, s);
-  }
+  if (c_.n_shared_experts > 0) be.add(out, shared);
 }
 
 }  // namespace

@@ -9,9 +9,13 @@
 namespace bg {
 
 StepModel::StepModel(const LoadOptions& options)
-    : graphs_(options.cuda_graphs), max_graph_batch_(options.max_graph_batch) {
+    : exchange_(moe::make_loopback_exchange()), graphs_(options.cuda_graphs), max_graph_batch_(options.max_graph_batch) {
   BG_CHECK(max_graph_batch_ >= 1 && std::has_single_bit(static_cast<uint64_t>(max_graph_batch_)),
            "max_graph_batch must be a power of two >= 1, got {}", max_graph_batch_);
+}
+
+moe::ExpertPlacement StepModel::placement(int64_t n_experts) const {
+  return moe::ExpertPlacement::contiguous(n_experts, exchange_->n_ranks(), exchange_->rank());
 }
 
 void StepModel::forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) {

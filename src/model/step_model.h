@@ -5,12 +5,15 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <span>
 #include <tuple>
 
 #include "backend/backend.h"
 #include "model/forward_common.h"
 #include "model/model.h"
+#include "moe/exchange.h"
+#include "moe/expert_table.h"
 
 namespace bg {
 
@@ -26,9 +29,13 @@ class StepModel : public Model {
   // all_rows, else one row per sequence (its last token). Must not synchronise when tap is null and no route hook is
   // set (graph capture).
   virtual Tensor step_body(const StepPools& pools, bool all_rows, const TapFn* tap) = 0;
+  // The MoE layers' exchange (loopback on one rank) and where each expert lives.
+  moe::Exchange& exchange() const { return *exchange_; }
+  moe::ExpertPlacement placement(int64_t n_experts) const;
 
  private:
   int64_t graph_pools_index(const StepPools& pools);
+  std::unique_ptr<moe::Exchange> exchange_;
   bool graphs_;
   int64_t max_graph_batch_;
   std::map<std::tuple<const void*, const void*, int64_t>, int64_t> graph_pools_;

@@ -1,8 +1,9 @@
-// The device MoE path against the CPU references: dispatch (counts, offsets, the permutation) must equal
-// group_by_expert exactly; gather must copy rows bit for bit; combine and the whole routed path (gate/up -> SwiGLU or
-// SiTU -> down, MXFP4 / FP8 / bf16 experts, skinny and tiled kernels) must match run_routed_experts_loopback over
-// linear_cpu on the same bf16 inputs within 1e-2 of max |ref| (bf16 outputs; h and y are rounded to bf16 on the
-// device). Shapes: real DeepSeek-V3 (7168 <-> 2048, top-8) and Kimi-K3 latent (3584 <-> 3072, top-16) experts, ragged
+// The device MoE stages against the CPU reference (ops/moe/moe.h): dispatch (counts, offsets, the permutation, the
+// expert -> slot map with experts of other ranks) must equal moe_dispatch_cpu exactly; gather must copy rows bit for
+// bit; combine and the whole routed path (gate/up -> SwiGLU or SiTU -> down, MXFP4 / FP8 / bf16 experts, skinny and
+// tiled kernels) must match the CPU stages over linear_cpu on the same bf16 inputs within 1e-2 of max |ref| (bf16
+// outputs; h and y are rounded to bf16 on the device). Bad ids and missing slots raise the error word instead of
+// trapping. Shapes: real DeepSeek-V3 (7168 <-> 2048, top-8) and Kimi-K3 latent (3584 <-> 3072, top-16) experts, ragged
 // FP8 / bf16 widths, token counts 0..1000, and routings that leave experts empty.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
@@ -15,16 +16,12 @@
 
 #include "cuda/cuda_testing.h"
 #include "cuda/linear_moe_testing.h"
-#include "moe/moe_cuda.h"
-#include "moe/routed_experts.h"
-#include "ops/linear/linear.h"
-#include "ops/situ/situ.h"
-#include "ops/swiglu/swiglu.h"
+#include "ops/moe/moe.h"
+#include "ops/moe/moe_cuda.h"
 
-namespace bg {
+namespace bg::ops {
 namespace {
 
-using ops::DeviceWeightStorage;
 using testing::HostWeight;
 
 template <typename T>
@@ -56,103 +53,146 @@ Routing random_routing(int64_t n, int64_t k, int64_t n_used, uint64_t seed) {
   return r;
 }
 
-// One device workspace for p, poisoned (0xff) so that nothing passes by reading stale zeros.
+// Identity slot map (one rank) or a map where every `stride`-th expert is local (slots in expert order), the rest -1.
+std::vector<int32_t> slot_map_every(int64_t n_experts, int64_t stride) {
+  std::vector<int32_t> map(static_cast<size_t>(n_experts), -1);
+  int32_t next = 0;
+  for (int64_t e = 0; e < n_experts; e += stride) map[static_cast<size_t>(e)] = next++;
+  return map;
+}
+
+// Device workspace for p: routing arrays, slot map, row buffers and error word, poisoned (0xff) so that nothing
+// passes by reading stale zeros.
 struct Workspace {
-  cuda::DeviceBuffer buf;
+  cuda::DeviceBuffer routing, map, x_perm, h, y_perm, errors;
   MoeWorkspace ws;
-  explicit Workspace(const MoeCudaParams& p) : buf(moe_workspace_bytes(p)) {
-    buf.fill_bytes(0xff);
-    ws = moe_workspace_layout(p, buf.data());
+  Workspace(const MoeCudaParams& p, const std::vector<int32_t>& slot_map)
+      : routing(moe_routing_bytes(p.shape)),
+        map(cuda::upload(slot_map)),
+        x_perm(static_cast<size_t>(std::max<int64_t>(1, p.shape.n_pairs() * p.hidden)) * 2),
+        h(static_cast<size_t>(std::max<int64_t>(1, p.shape.n_pairs() * p.inter)) * 2),
+        y_perm(static_cast<size_t>(std::max<int64_t>(1, p.shape.n_pairs() * p.hidden)) * 2),
+        errors(sizeof(int32_t)) {
+    for (cuda::DeviceBuffer* b : {&routing, &x_perm, &h, &y_perm}) b->fill_bytes(0xff);
+    errors.fill_bytes(0);
+    static_cast<MoeRoutingArrays&>(ws) = moe_routing_layout(p.shape, routing.data());
+    ws.slot_map = map.as<int32_t>();
+    ws.x_perm = x_perm.as<__nv_bfloat16>();
+    ws.h = h.as<__nv_bfloat16>();
+    ws.y_perm = y_perm.as<__nv_bfloat16>();
+    ws.error_flags = errors.as<int32_t>();
+  }
+  int32_t error_word() const { return cuda::download<int32_t>(errors, 1)[0]; }
+};
+
+// The CPU reference routing of the same shape (host buffer in the same layout).
+struct HostRouting {
+  std::vector<std::byte> buf;
+  MoeRoutingArrays r;
+  HostRouting(const MoeRoutingShape& s, const std::vector<int32_t>& slot_map, const Routing& routing)
+      : buf(moe_routing_bytes(s) + 64) {
+    auto base = reinterpret_cast<uintptr_t>(buf.data());
+    r = moe_routing_layout(s, reinterpret_cast<void*>((base + 63) / 64 * 64));
+    moe_dispatch_cpu(s, slot_map.data(), routing.ids.data(), routing.weights.data(), r);
   }
 };
 
+MoeCudaParams params(int64_t n, int64_t k, int64_t E, int64_t slots, int64_t hidden, int64_t inter) {
+  MoeCudaParams p;
+  p.shape = {n, k, E, slots, slots == E};
+  p.hidden = hidden;
+  p.inter = inter;
+  p.expert_format = WeightFormat::kDense;
+  return p;
+}
+
 // ---- Dispatch, gather, combine -------------------------------------------------------------------------------------
 
-void check_dispatch(int64_t n, int64_t k, int64_t E, int64_t n_used, uint64_t seed) {
-  const std::string what = fmt::format("n={} k={} E={} used={}", n, k, E, n_used);
-  MoeCudaParams p;
-  p.n_tokens = n;
-  p.top_k = k;
-  p.n_experts = E;
-  p.hidden = 72;  // 72 % 8 == 0: the 16-byte gather path
-  p.inter = 32;
-  p.expert_format = WeightFormat::kDense;  // no FFN here; dense allows any width
+void check_dispatch(int64_t n, int64_t k, int64_t E, int64_t n_used, int64_t stride, uint64_t seed) {
+  const std::string what = fmt::format("n={} k={} E={} used={} stride={}", n, k, E, n_used, stride);
+  const std::vector<int32_t> slot_map = slot_map_every(E, stride);
+  const int64_t S = (E + stride - 1) / stride;
+  const MoeCudaParams p = params(n, k, E, S, 72, 32);  // 72 % 8 == 0: the 16-byte gather path
   const Routing r = random_routing(n, k, n_used, seed);
   std::vector<float> x;
   const std::vector<uint16_t> x_bits = testing::random_bf16(static_cast<size_t>(n * p.hidden), 1.0f, seed + 1, &x);
-  Workspace w(p);
+  Workspace w(p, slot_map);
   cuda::DeviceBuffer d_ids = cuda::upload(r.ids), d_w = cuda::upload(r.weights), d_x = cuda::upload(x_bits);
   moe_dispatch_cuda(p, d_ids.as<int32_t>(), d_w.as<float>(), w.ws, nullptr);
   moe_gather_cuda(p, d_x.as<__nv_bfloat16>(), w.ws, nullptr);
   BG_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(w.error_word(), 0) << what;
 
-  const ExpertDispatch ref = group_by_expert(r.ids.data(), r.weights.data(), n, k, E);
-  const size_t slots = static_cast<size_t>(n * k);
-  const auto counts = download_ptr(w.ws.counts, static_cast<size_t>(E));
-  const auto offsets = download_ptr(w.ws.offsets, static_cast<size_t>(E + 1));
-  const auto tiles = download_ptr(w.ws.tile_offsets, static_cast<size_t>(E + 1));
+  const HostRouting ref(p.shape, slot_map, r);
+  const size_t pairs = static_cast<size_t>(n * k), US = static_cast<size_t>(S);
+  EXPECT_EQ(download_ptr(w.ws.counts, US), std::vector<int32_t>(ref.r.counts, ref.r.counts + US)) << what;
+  EXPECT_EQ(download_ptr(w.ws.offsets, US + 1), std::vector<int32_t>(ref.r.offsets, ref.r.offsets + US + 1)) << what;
+  EXPECT_EQ(download_ptr(w.ws.tile_offsets, US + 1),
+            std::vector<int32_t>(ref.r.tile_offsets, ref.r.tile_offsets + US + 1)) << what;
   const auto n_active = download_ptr(w.ws.n_active, 1);
-  const auto active = download_ptr(w.ws.active, static_cast<size_t>(n_active[0]));
-  std::vector<int32_t> want_active;
-  int32_t want_tiles = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t c = ref.offsets[static_cast<size_t>(e + 1)] - ref.offsets[static_cast<size_t>(e)];
-    ASSERT_EQ(counts[static_cast<size_t>(e)], c) << what << " expert " << e;
-    ASSERT_EQ(offsets[static_cast<size_t>(e)], ref.offsets[static_cast<size_t>(e)]) << what << " expert " << e;
-    ASSERT_EQ(tiles[static_cast<size_t>(e)], want_tiles) << what << " expert " << e;
-    want_tiles += static_cast<int32_t>((c + kMoeTileRows - 1) / kMoeTileRows);
-    if (c > 0) want_active.push_back(static_cast<int32_t>(e));
+  ASSERT_EQ(n_active[0], *ref.r.n_active) << what;
+  EXPECT_EQ(download_ptr(w.ws.active, static_cast<size_t>(n_active[0])),
+            std::vector<int32_t>(ref.r.active, ref.r.active + n_active[0])) << what;
+  const size_t rows = static_cast<size_t>(ref.r.offsets[S]);
+  if (stride == 1) {
+    EXPECT_EQ(rows, pairs) << what;
   }
-  EXPECT_EQ(offsets[static_cast<size_t>(E)], static_cast<int32_t>(slots)) << what;
-  EXPECT_EQ(tiles[static_cast<size_t>(E)], want_tiles) << what;
-  EXPECT_EQ(active, want_active) << what;
-  if (n_used < E && n > 0) {
-    EXPECT_LT(want_active.size(), static_cast<size_t>(n_used) + 1) << what << ": experts past n_used were chosen";
-  }
-
-  const auto row_token = download_ptr(w.ws.row_token, slots);
-  const auto row_weight = download_ptr(w.ws.row_weight, slots);
-  const auto slot_row = download_ptr(w.ws.slot_row, slots);
-  for (size_t row = 0; row < slots; ++row) {
-    ASSERT_EQ(row_token[row], ref.token_idx[row]) << what << " row " << row;
-    ASSERT_EQ(row_weight[row], ref.slot_weight[row]) << what << " row " << row;
-  }
-  for (size_t i = 0; i < slots; ++i) {
-    ASSERT_EQ(row_token[static_cast<size_t>(slot_row[i])], static_cast<int32_t>(i / static_cast<size_t>(k))) << what;
-  }
-  const auto x_perm = download_ptr(reinterpret_cast<const uint16_t*>(w.ws.x_perm), slots * p.hidden);
-  for (size_t row = 0; row < slots; ++row) {
-    const uint16_t* src = x_bits.data() + static_cast<size_t>(row_token[row]) * p.hidden;
+  EXPECT_EQ(download_ptr(w.ws.row_token, rows), std::vector<int32_t>(ref.r.row_token, ref.r.row_token + rows)) << what;
+  EXPECT_EQ(download_ptr(w.ws.row_weight, rows), std::vector<float>(ref.r.row_weight, ref.r.row_weight + rows)) << what;
+  EXPECT_EQ(download_ptr(w.ws.slot_row, pairs), std::vector<int32_t>(ref.r.slot_row, ref.r.slot_row + pairs)) << what;
+  const auto x_perm = download_ptr(reinterpret_cast<const uint16_t*>(w.ws.x_perm), rows * p.hidden);
+  for (size_t row = 0; row < rows; ++row) {
+    const uint16_t* src = x_bits.data() + static_cast<size_t>(ref.r.row_token[row]) * p.hidden;
     ASSERT_TRUE(std::equal(src, src + p.hidden, x_perm.data() + row * p.hidden)) << what << " gathered row " << row;
   }
 }
 
-TEST(MoeCudaParity, DispatchAndGatherMatchGroupByExpert) {
+TEST(MoeCudaParity, DispatchAndGatherMatchCpu) {
   BG_REQUIRE_GPU();
   for (int64_t n : {0, 1, 3, 16, 100, 1000}) {
-    check_dispatch(n, 8, 256, 256, 10 + static_cast<uint64_t>(n));  // DeepSeek-V3
-    check_dispatch(n, 16, 896, 896, 20 + static_cast<uint64_t>(n));  // Kimi-K3
-    check_dispatch(n, 8, 64, 40, 30 + static_cast<uint64_t>(n));     // experts 40..63 never chosen
+    check_dispatch(n, 8, 256, 256, 1, 10 + static_cast<uint64_t>(n));   // DeepSeek-V3
+    check_dispatch(n, 16, 896, 896, 1, 20 + static_cast<uint64_t>(n));  // Kimi-K3
+    check_dispatch(n, 8, 64, 40, 1, 30 + static_cast<uint64_t>(n));     // experts 40..63 never chosen
+    check_dispatch(n, 16, 896, 896, 16, 40 + static_cast<uint64_t>(n)); // one EP16 rank's 56 slots
   }
-  check_dispatch(5000, 16, 896, 896, 40);  // many dispatch chunks
+  check_dispatch(5000, 16, 896, 896, 1, 50);  // many dispatch chunks
+  check_dispatch(5000, 16, 896, 896, 3, 51);
 }
 
-// Combine alone: y_perm is random, the CPU "expert" returns the same rows (the permutations are equal, see above).
-void check_combine(MoeOutType out_type, bool accumulate, int64_t hidden, uint64_t seed) {
+TEST(MoeCudaParity, BadIdsAndMissingSlotsRaiseErrorFlags) {
+  BG_REQUIRE_GPU();
+  const int64_t n = 40, k = 4, E = 32;
+  Routing r = random_routing(n, k, E, 60);
+  r.ids[5] = -3;
+  r.ids[17] = static_cast<int32_t>(E + 100);
+  MoeCudaParams p = params(n, k, E, E, 64, 32);
+  Workspace w(p, slot_map_every(E, 1));
+  cuda::DeviceBuffer d_ids = cuda::upload(r.ids), d_w = cuda::upload(r.weights);
+  moe_dispatch_cuda(p, d_ids.as<int32_t>(), d_w.as<float>(), w.ws, nullptr);
+  BG_CUDA_CHECK(cudaDeviceSynchronize());  // no trap: the context stays usable
+  EXPECT_EQ(w.error_word(), kMoeErrorBadExpertId);
+  EXPECT_EQ(download_ptr(w.ws.offsets + E, 1)[0], static_cast<int32_t>(n * k - 2));  // the bad pairs are dropped
+  // all_local with a slot map that leaves experts out: kMoeErrorNoSlot.
+  const Routing ok = random_routing(n, k, E, 61);
+  p.shape = {n, k, E, E / 2, true};
+  Workspace w2(p, slot_map_every(E, 2));
+  cuda::DeviceBuffer d_ids2 = cuda::upload(ok.ids), d_w2 = cuda::upload(ok.weights);
+  moe_dispatch_cuda(p, d_ids2.as<int32_t>(), d_w2.as<float>(), w2.ws, nullptr);
+  BG_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(w2.error_word(), kMoeErrorNoSlot);
+}
+
+// Combine alone: y_perm is random; the CPU combine reads the same rows (the routings are equal, see above).
+void check_combine(MoeOutType out_type, bool accumulate, int64_t hidden, int64_t stride, uint64_t seed) {
   const int64_t n = 100, k = 8, E = 64;
-  MoeCudaParams p;
-  p.n_tokens = n;
-  p.top_k = k;
-  p.n_experts = E;
-  p.hidden = hidden;
-  p.inter = 32;
-  p.expert_format = WeightFormat::kDense;  // no FFN here; dense allows any width
+  const std::vector<int32_t> slot_map = slot_map_every(E, stride);
+  MoeCudaParams p = params(n, k, E, (E + stride - 1) / stride, hidden, 32);
   p.out_type = out_type;
   p.accumulate = accumulate;
-  const std::string what = fmt::format("out={} accumulate={} hidden={}", out_type == MoeOutType::kF32 ? "f32" : "bf16",
-                                       accumulate, hidden);
+  const std::string what = fmt::format("out={} accumulate={} hidden={} stride={}",
+                                       out_type == MoeOutType::kF32 ? "f32" : "bf16", accumulate, hidden, stride);
   const Routing r = random_routing(n, k, 48, seed);
-  Workspace w(p);
+  Workspace w(p, slot_map);
   cuda::DeviceBuffer d_ids = cuda::upload(r.ids), d_w = cuda::upload(r.weights);
   moe_dispatch_cuda(p, d_ids.as<int32_t>(), d_w.as<float>(), w.ws, nullptr);
   std::vector<float> y;
@@ -176,24 +216,20 @@ void check_combine(MoeOutType out_type, bool accumulate, int64_t hidden, uint64_
   const std::vector<float> got = out_type == MoeOutType::kF32
                                      ? cuda::download<float>(d_out, n_out)
                                      : testing::from_bf16(cuda::download<uint16_t>(d_out, n_out));
-
-  const ExpertDispatch d = group_by_expert(r.ids.data(), r.weights.data(), n, k, E);
-  std::vector<float> ref = accumulate ? init : std::vector<float>(static_cast<size_t>(n * hidden), 0.0f);
-  std::vector<float> x(static_cast<size_t>(n * hidden), 0.0f);
-  run_routed_experts_loopback(d, x.data(), n, hidden, hidden, [&](int64_t e, const float*, int64_t rows, float* out) {
-    const float* src = y.data() + d.offsets[static_cast<size_t>(e)] * hidden;
-    std::copy(src, src + rows * hidden, out);
-  }, ref.data());
+  const HostRouting ref_routing(p.shape, slot_map, r);
+  std::vector<float> ref = accumulate ? init : std::vector<float>(n_out, 0.0f);
+  moe_combine_cpu(p.shape, ref_routing.r, y.data(), hidden, ref.data());
   const double tol = out_type == MoeOutType::kF32 ? testing::kTolF32 : testing::kTolBf16Out;
   testing::expect_parity(got, ref, tol, what);
 }
 
-TEST(MoeCudaParity, CombineMatchesLoopback) {
+TEST(MoeCudaParity, CombineMatchesCpu) {
   BG_REQUIRE_GPU();
-  check_combine(MoeOutType::kBf16, false, 7168, 50);
-  check_combine(MoeOutType::kF32, true, 3584, 51);
-  check_combine(MoeOutType::kBf16, true, 512, 52);
-  check_combine(MoeOutType::kF32, false, 130, 53);  // hidden % 8 != 0: scalar path
+  check_combine(MoeOutType::kBf16, false, 7168, 1, 50);
+  check_combine(MoeOutType::kF32, true, 3584, 1, 51);
+  check_combine(MoeOutType::kBf16, true, 512, 1, 52);
+  check_combine(MoeOutType::kF32, false, 130, 1, 53);  // hidden % 8 != 0: scalar path
+  check_combine(MoeOutType::kF32, true, 512, 4, 54);   // a quarter of the experts local: the rest left to exchanges
 }
 
 // ---- The whole routed path -----------------------------------------------------------------------------------------
@@ -202,7 +238,7 @@ struct FfnCase {
   const char* name;
   int64_t n_experts, top_k, n_used, hidden, inter;
   WeightFormat format;
-  GluActivation act;
+  MoeGlu act;
   std::vector<int64_t> token_counts;
   MoeFfnPath path = MoeFfnPath::kAuto;
 };
@@ -210,6 +246,7 @@ struct FfnCase {
 struct Experts {
   std::vector<HostWeight> gate, up, down;
   std::vector<DeviceWeightStorage> storage;
+  std::vector<MoeExpertCpu> cpu;
   cuda::DeviceBuffer table;  // ExpertWeightsCuda [n_experts]
 };
 
@@ -229,35 +266,29 @@ Experts make_experts(const FfnCase& c, uint64_t seed) {
     ex.up.push_back(testing::random_weight(c.format, c.inter, c.hidden, s_in, base + 1));
     ex.down.push_back(testing::random_weight(c.format, c.hidden, c.inter, s_mid, base + 2));
     ExpertWeightsCuda d;
-    ex.storage.push_back(ops::upload_weight(ex.gate.back().w));
+    ex.storage.push_back(upload_weight(ex.gate.back().w));
     d.gate = ex.storage.back().desc;
-    ex.storage.push_back(ops::upload_weight(ex.up.back().w));
+    ex.storage.push_back(upload_weight(ex.up.back().w));
     d.up = ex.storage.back().desc;
-    ex.storage.push_back(ops::upload_weight(ex.down.back().w));
+    ex.storage.push_back(upload_weight(ex.down.back().w));
     d.down = ex.storage.back().desc;
     descs.push_back(d);
   }
   ex.table = cuda::upload_bytes(descs.data(), descs.size() * sizeof(ExpertWeightsCuda));
+  for (size_t e = 0; e < E; ++e) ex.cpu.push_back({&ex.gate[e].w, &ex.up[e].w, &ex.down[e].w});
   return ex;
 }
 
-std::vector<float> reference_moe(const FfnCase& c, const Experts& ex, const Routing& r, const std::vector<float>& x,
-                                 int64_t n, const GluParams& act) {
-  const ExpertDispatch d = group_by_expert(r.ids.data(), r.weights.data(), n, c.top_k, c.n_experts);
-  std::vector<float> out(static_cast<size_t>(n * c.hidden), 0.0f);
-  run_routed_experts_loopback(d, x.data(), n, c.hidden, c.hidden, [&](int64_t e, const float* in, int64_t rows,
-                                                                       float* y) {
-    const size_t ue = static_cast<size_t>(e);
-    std::vector<float> g(static_cast<size_t>(rows * c.inter)), u(g.size());
-    ops::linear_cpu(ex.gate[ue].w, in, rows, g.data());
-    ops::linear_cpu(ex.up[ue].w, in, rows, u.data());
-    if (act.kind == GluActivation::kSwiGLU) {
-      ops::swiglu_cpu(g.data(), u.data(), rows * c.inter, g.data());
-    } else {
-      ops::situ_cpu({rows, c.inter, act.beta, act.beta_lin}, g.data(), u.data(), g.data());
-    }
-    ops::linear_cpu(ex.down[ue].w, g.data(), rows, y);
-  }, out.data());
+// The CPU stages on the same inputs: out = sum_k w E(x) (fp32).
+std::vector<float> reference_moe(const MoeCudaParams& p, const Experts& ex, const Routing& r,
+                                 const std::vector<float>& x) {
+  const std::vector<int32_t> map = slot_map_every(p.shape.n_experts, 1);
+  const HostRouting ref(p.shape, map, r);
+  const size_t rows_n = static_cast<size_t>(p.shape.n_pairs() * p.hidden);
+  std::vector<float> rows(rows_n), y(rows_n), out(static_cast<size_t>(p.shape.n_tokens * p.hidden), 0.0f);
+  moe_gather_cpu(p.shape, ref.r, x.data(), p.hidden, rows.data());
+  moe_experts_cpu(p.shape, ref.r, ex.cpu, p.act, rows.data(), y.data(), false);
+  moe_combine_cpu(p.shape, ref.r, y.data(), p.hidden, out.data());
   return out;
 }
 
@@ -266,12 +297,7 @@ void run_ffn_case(const FfnCase& c, uint64_t seed) {
   for (int64_t n : c.token_counts) {
     const std::string what = fmt::format("{}: {} n={} path={}", c.name, weight_format_name(c.format), n,
                                          static_cast<int>(c.path));
-    MoeCudaParams p;
-    p.n_tokens = n;
-    p.top_k = c.top_k;
-    p.n_experts = c.n_experts;
-    p.hidden = c.hidden;
-    p.inter = c.inter;
+    MoeCudaParams p = params(n, c.top_k, c.n_experts, c.n_experts, c.hidden, c.inter);
     p.expert_format = c.format;
     p.act = {c.act, 4.0f, 25.0f};
     p.path = c.path;
@@ -279,18 +305,19 @@ void run_ffn_case(const FfnCase& c, uint64_t seed) {
     std::vector<float> x;
     const std::vector<uint16_t> x_bits =
         testing::random_bf16(static_cast<size_t>(n * c.hidden), 1.0f, seed * 7 + static_cast<uint64_t>(n), &x);
-    Workspace w(p);
+    Workspace w(p, slot_map_every(c.n_experts, 1));
     cuda::DeviceBuffer d_ids = cuda::upload(r.ids), d_w = cuda::upload(r.weights), d_x = cuda::upload(x_bits);
-    cuda::DeviceBuffer d_out(static_cast<size_t>(n * c.hidden) * 2);
+    cuda::DeviceBuffer d_out(static_cast<size_t>(std::max<int64_t>(1, n * c.hidden)) * 2);
     d_out.fill_bytes(0xff);
-    const MoeCudaArgs args{d_ids.as<int32_t>(), d_w.as<float>(), d_x.as<__nv_bfloat16>(),
-                           ex.table.as<ExpertWeightsCuda>(), d_out.data()};
-    moe_routed_experts_cuda(p, args, w.ws, nullptr);
+    moe_dispatch_cuda(p, d_ids.as<int32_t>(), d_w.as<float>(), w.ws, nullptr);
+    moe_gather_cuda(p, d_x.as<__nv_bfloat16>(), w.ws, nullptr);
+    moe_expert_ffn_cuda(p, ex.table.as<ExpertWeightsCuda>(), w.ws, nullptr);
+    moe_combine_cuda(p, w.ws, d_out.data(), nullptr);
     BG_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(w.error_word(), 0) << what;
     const std::vector<float> got =
         testing::from_bf16(cuda::download<uint16_t>(d_out, static_cast<size_t>(n * c.hidden)));
-    const std::vector<float> ref = reference_moe(c, ex, r, x, n, p.act);
-    testing::expect_parity(got, ref, testing::kTolBf16Out, what);
+    testing::expect_parity(got, reference_moe(p, ex, r, x), testing::kTolBf16Out, what);
   }
 }
 
@@ -299,16 +326,16 @@ const std::vector<int64_t> kAllCounts = {0, 1, 3, 16, 100, 1000};
 TEST(MoeCudaParity, SmallAllFormatsAndCounts) {
   BG_REQUIRE_GPU();
   // 64 experts, only 40 ever chosen: empty experts on every path.
-  run_ffn_case({"small swiglu", 64, 8, 40, 256, 128, WeightFormat::kMxfp4, GluActivation::kSwiGLU, kAllCounts}, 1);
-  run_ffn_case({"small situ", 64, 8, 40, 256, 128, WeightFormat::kFp8Block, GluActivation::kSiTU, kAllCounts}, 2);
-  run_ffn_case({"small situ", 64, 16, 40, 256, 128, WeightFormat::kDense, GluActivation::kSiTU, kAllCounts}, 3);
+  run_ffn_case({"small swiglu", 64, 8, 40, 256, 128, WeightFormat::kMxfp4, MoeGlu::kSwiGlu, kAllCounts}, 1);
+  run_ffn_case({"small situ", 64, 8, 40, 256, 128, WeightFormat::kFp8Block, MoeGlu::kSitu, kAllCounts}, 2);
+  run_ffn_case({"small situ", 64, 16, 40, 256, 128, WeightFormat::kDense, MoeGlu::kSitu, kAllCounts}, 3);
 }
 
 TEST(MoeCudaParity, ForcedPaths) {
   BG_REQUIRE_GPU();
   for (WeightFormat f : {WeightFormat::kMxfp4, WeightFormat::kFp8Block, WeightFormat::kDense}) {
-    run_ffn_case({"tiled at decode", 64, 8, 40, 256, 128, f, GluActivation::kSwiGLU, {1, 3}, MoeFfnPath::kTiled}, 4);
-    run_ffn_case({"skinny at prefill", 64, 8, 40, 256, 128, f, GluActivation::kSiTU, {100}, MoeFfnPath::kSkinny}, 5);
+    run_ffn_case({"tiled at decode", 64, 8, 40, 256, 128, f, MoeGlu::kSwiGlu, {1, 3}, MoeFfnPath::kTiled}, 4);
+    run_ffn_case({"skinny at prefill", 64, 8, 40, 256, 128, f, MoeGlu::kSitu, {100}, MoeFfnPath::kSkinny}, 5);
   }
 }
 
@@ -316,40 +343,38 @@ TEST(MoeCudaParity, RaggedWidths) {
   BG_REQUIRE_GPU();
   // hidden 200 / inter 130: partial 128-blocks, partial tiles, and (for inter) the scalar load paths.
   for (WeightFormat f : {WeightFormat::kFp8Block, WeightFormat::kDense}) {
-    run_ffn_case({"ragged", 16, 4, 16, 200, 130, f, GluActivation::kSwiGLU, {1, 16, 100}}, 6);
-    run_ffn_case({"ragged tiled", 16, 4, 16, 200, 130, f, GluActivation::kSiTU, {3}, MoeFfnPath::kTiled}, 7);
-    run_ffn_case({"ragged skinny", 16, 4, 16, 200, 130, f, GluActivation::kSiTU, {100}, MoeFfnPath::kSkinny}, 8);
+    run_ffn_case({"ragged", 16, 4, 16, 200, 130, f, MoeGlu::kSwiGlu, {1, 16, 100}}, 6);
+    run_ffn_case({"ragged tiled", 16, 4, 16, 200, 130, f, MoeGlu::kSitu, {3}, MoeFfnPath::kTiled}, 7);
+    run_ffn_case({"ragged skinny", 16, 4, 16, 200, 130, f, MoeGlu::kSitu, {100}, MoeFfnPath::kSkinny}, 8);
   }
 }
 
 TEST(MoeCudaParity, DeepSeekV3ExpertDims) {
   BG_REQUIRE_GPU();
   // Real expert shapes (gate/up 2048 x 7168, down 7168 x 2048), top-8, fewer experts to keep the CPU reference short.
-  run_ffn_case({"deepseek-v3", 12, 8, 12, 7168, 2048, WeightFormat::kMxfp4, GluActivation::kSwiGLU, {1, 16, 100}}, 9);
-  run_ffn_case({"deepseek-v3", 12, 8, 12, 7168, 2048, WeightFormat::kFp8Block, GluActivation::kSwiGLU, {1, 64}}, 10);
+  run_ffn_case({"deepseek-v3", 12, 8, 12, 7168, 2048, WeightFormat::kMxfp4, MoeGlu::kSwiGlu, {1, 16, 100}}, 9);
+  run_ffn_case({"deepseek-v3", 12, 8, 12, 7168, 2048, WeightFormat::kFp8Block, MoeGlu::kSwiGlu, {1, 64}}, 10);
 }
 
 TEST(MoeCudaParity, KimiK3LatentExpertDims) {
   BG_REQUIRE_GPU();
   // Kimi-K3 latent experts (3584 -> 3072 -> 3584), SiTU, top-16 of 24.
-  run_ffn_case({"kimi-k3", 24, 16, 24, 3584, 3072, WeightFormat::kMxfp4, GluActivation::kSiTU, {1, 3, 16, 40}}, 11);
+  run_ffn_case({"kimi-k3", 24, 16, 24, 3584, 3072, WeightFormat::kMxfp4, MoeGlu::kSitu, {1, 3, 16, 40}}, 11);
 }
 
 TEST(MoeCudaParity, RejectsBadParams) {
   BG_REQUIRE_GPU();
-  MoeCudaParams p;
-  p.n_tokens = 4;
-  p.top_k = 8;
-  p.n_experts = 64;
-  p.hidden = 7168;
-  p.inter = 100;  // not a multiple of 32 for MXFP4
-  EXPECT_THROW(moe_workspace_bytes(p), Error);
+  MoeCudaParams p = params(4, 8, 64, 64, 7168, 100);  // inter not a multiple of 32 for MXFP4
+  p.expert_format = WeightFormat::kMxfp4;
+  EXPECT_THROW(moe_check_params(p), Error);
   p.inter = 2048;
-  p.top_k = 65;
-  EXPECT_THROW(moe_workspace_bytes(p), Error);
-  p.top_k = 8;
-  EXPECT_GT(moe_workspace_bytes(p), size_t{0});
+  p.shape.top_k = 65;
+  EXPECT_THROW(moe_check_params(p), Error);
+  p.shape.top_k = 8;
+  EXPECT_NO_THROW(moe_check_params(p));
+  p.shape.n_slots = 65;  // more slots than experts
+  EXPECT_THROW(moe_check_params(p), Error);
 }
 
 }  // namespace
-}  // namespace bg
+}  // namespace bg::ops

@@ -128,5 +128,34 @@ TEST(RouterCudaParity, RejectsUnsupportedShapes) {
   EXPECT_THROW(route_topk_cuda({1, 256, 8, 3, 1, true, 1.0f}, nullptr, nullptr, nullptr, nullptr, nullptr), Error);
 }
 
+// NaN logits never become an out-of-range index on the device either (the old kernel read ~8 GB past the row and
+// poisoned the context): same ids as the CPU, NaN weights where the CPU has them, and the context stays usable.
+TEST(RouterCudaParity, NanLogitsGiveValidIdsLikeTheCpu) {
+  BG_REQUIRE_GPU();
+  const RouterParams p{4, 896, 16, 1, 1, true, 2.827f};
+  std::vector<float> logits(static_cast<size_t>(4 * 896));
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = testing::hash_uniform(77, i, 3.0f);
+  for (int64_t e = 0; e < 896; ++e) logits[static_cast<size_t>(e)] = NAN;  // token 0: every score NaN
+  for (int64_t e = 0; e < 896; e += 7) logits[static_cast<size_t>(896 + e)] = NAN;  // token 1: some NaN
+  std::vector<float> bias(896, 0.0f);
+  std::vector<int32_t> ids_cpu(64);
+  std::vector<float> w_cpu(64);
+  route_topk_cpu(p, logits.data(), bias.data(), ids_cpu.data(), w_cpu.data());
+  cuda::DeviceBuffer d_logits = cuda::upload(logits), d_bias = cuda::upload(bias);
+  cuda::DeviceBuffer d_ids(64 * sizeof(int32_t)), d_w(64 * sizeof(float));
+  d_ids.fill_bytes(0xff);
+  route_topk_cuda(p, d_logits.as<float>(), d_bias.as<float>(), d_ids.as<int32_t>(), d_w.as<float>(), nullptr);
+  BG_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto ids = cuda::download<int32_t>(d_ids, 64);
+  const auto w = cuda::download<float>(d_w, 64);
+  for (size_t i = 0; i < 64; ++i) {
+    ASSERT_TRUE(ids[i] >= 0 && ids[i] < 896) << "pair " << i;
+    if (i >= 32) {  // clean tokens 2, 3 route as on the CPU
+      EXPECT_EQ(ids[i], ids_cpu[i]) << "pair " << i;
+    }
+    EXPECT_EQ(std::isnan(w[i]), std::isnan(w_cpu[i])) << "pair " << i;
+  }
+}
+
 }  // namespace
 }  // namespace bg::ops

@@ -14,15 +14,21 @@ if(NOT EXISTS "${BATCHGEN}")
   message(FATAL_ERROR "e2e: the batchgen binary ${BATCHGEN} does not exist; build the `batchgen` target first")
 endif()
 
+if(NOT DEFINED TEST_FILE)
+  set(TEST_FILE serve.test.mjs)  # templates.test.mjs: the chat-template suite (CTest e2e_templates)
+endif()
+if(DEFINED REF_MODULES)
+  set(ENV{BG_REF_MODULES} "${REF_MODULES}")
+endif()
 file(MAKE_DIRECTORY "${WORK_DIR}")
-file(COPY "${SRC_DIR}/package.json" "${SRC_DIR}/package-lock.json" "${SRC_DIR}/serve.test.mjs" DESTINATION "${WORK_DIR}")
+file(COPY "${SRC_DIR}/package.json" "${SRC_DIR}/package-lock.json" "${SRC_DIR}/${TEST_FILE}" DESTINATION "${WORK_DIR}")
 execute_process(COMMAND "${NPM}" ci --no-audit --no-fund --prefer-offline WORKING_DIRECTORY "${WORK_DIR}"
                 RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "e2e: `npm ci` failed (${rc}); the npm registry must be reachable on the first run")
 endif()
 set(ENV{BATCHGEN} "${BATCHGEN}")
-execute_process(COMMAND "${NODE}" --test --test-concurrency=1 serve.test.mjs WORKING_DIRECTORY "${WORK_DIR}"
+execute_process(COMMAND "${NODE}" --test --test-concurrency=1 ${TEST_FILE} WORKING_DIRECTORY "${WORK_DIR}"
                 RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "e2e: node --test failed (${rc})")

@@ -5,10 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <random>
 
-#include "engine/engine.h"
-#include "model/random_checkpoint.h"
+#include "engine/state_identity_testing.h"
 #include "temp_dir.h"
 
 namespace bg::engine {
@@ -16,96 +14,16 @@ namespace {
 
 using bg::testing::TempDir;
 
-struct Output {
-  std::vector<int32_t> tokens;
-  std::vector<proto::TokenLogprob> logprobs;
-  int64_t cached_tokens = 0;
-};
-
-struct Config {
-  bool prefix_cache = false;
-  int64_t kv_blocks = 256;
-  int64_t host_bytes = 0;
-};
+using Output = testing::StateRunOutput;
+using Config = testing::StateRunConfig;
 
 class StateIdentity : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() { dir_ = std::make_unique<TempDir>(); }
   static void TearDownTestSuite() { dir_.reset(); }
 
-  std::filesystem::path model_dir() {
-    const std::filesystem::path p = *dir_ / GetParam();
-    if (!std::filesystem::exists(p / "config.json")) {
-      RandomCheckpointSpec spec;
-      spec.arch = GetParam();
-      spec.preset = "tiny";
-      spec.seed = 7;
-      spec.out_dir = p;
-      write_random_checkpoint(spec);
-    }
-    return p;
-  }
-
-  // Turn 1: three prompts = the shared prefix + their own suffix (the first alone, then two together); turn 2: the
-  // first conversation again with its reply and 20 new tokens.
   std::map<std::string, Output> run(const Config& c, kv::StateUsage* usage = nullptr) {
-    auto model = load_model(model_dir());
-    const int64_t V = model->info().vocab_size;
-    kv::StatePlan plan;
-    plan.kv_block_tokens = 16;
-    plan.kv_blocks = c.kv_blocks;
-    plan.state_slots = 4;
-    plan.host_bytes = c.host_bytes;
-    plan.prefix_cache = c.prefix_cache;
-    plan.snapshot_interval = 64;
-    Engine engine(std::move(model), plan, sched::SchedulerConfig{3, 512, 128, 64, 0.0});
-    std::mt19937 rng(11);
-    auto random_ids = [&](int n) {
-      std::vector<int32_t> v(static_cast<size_t>(n));
-      for (int32_t& t : v) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
-      return v;
-    };
-    const std::vector<int32_t> prefix = random_ids(100);
-    std::map<std::string, Output> out;
-    std::map<std::string, std::vector<int32_t>> prompts;
-    auto submit = [&](const std::string& id, const std::vector<int32_t>& prompt, int64_t max_tokens) {
-      prompts[id] = prompt;
-      proto::GenerateRequest g;
-      g.id = id;
-      g.prompt = prompt;
-      g.params.temperature = 0.0f;
-      g.params.max_tokens = max_tokens;
-      g.params.ignore_eos = true;
-      g.params.top_logprobs = 2;
-      engine.submit(std::move(g));
-    };
-    auto drain = [&] {
-      for (int i = 0; i < 2000 && engine.has_work(); ++i) {
-        engine.step();
-        for (const proto::TokenEvent& ev : engine.take_events()) {
-          ASSERT_NE(ev.finish_reason, "error") << ev.error;
-          Output& o = out[ev.id];
-          o.tokens.insert(o.tokens.end(), ev.tokens.begin(), ev.tokens.end());
-          o.logprobs.insert(o.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
-          if (!ev.finish_reason.empty()) o.cached_tokens = ev.cached_tokens;
-        }
-      }
-      ASSERT_FALSE(engine.has_work());
-    };
-    for (int i = 0; i < 3; ++i) {
-      std::vector<int32_t> p = prefix;
-      for (int32_t t : random_ids(9 + 21 * i)) p.push_back(t);
-      submit(fmt::format("t1.{}", i), p, 24);
-      if (i == 0) drain();  // the first fills the cache; the other two run together
-    }
-    drain();
-    std::vector<int32_t> second = prompts["t1.0"];
-    second.insert(second.end(), out["t1.0"].tokens.begin(), out["t1.0"].tokens.end());
-    for (int32_t t : random_ids(20)) second.push_back(t);
-    submit("t2.0", second, 8);
-    drain();
-    if (usage != nullptr) *usage = engine.state().usage();
-    return out;
+    return testing::run_state_workload(testing::state_run_model(*dir_, GetParam()), c, usage);
   }
 
   static void expect_identical(std::map<std::string, Output>& got, std::map<std::string, Output>& want) {

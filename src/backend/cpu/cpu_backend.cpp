@@ -7,11 +7,11 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "moe/routed_experts.h"
 #include "ops/attn_res/attn_res.h"
 #include "ops/gated_rmsnorm/gated_rmsnorm.h"
 #include "ops/kda_gate/kda_gate.h"
 #include "ops/linear/linear.h"
+#include "ops/moe/moe.h"
 #include "ops/rmsnorm/rmsnorm.h"
 #include "ops/short_conv/short_conv.h"
 #include "ops/situ/situ.h"
@@ -51,6 +51,29 @@ class CpuLinear final : public LinearHandle {
 };
 
 const QuantWeight& quant(const LinearHandle& h) { return static_cast<const CpuLinear&>(h).weight(); }
+
+// Expert weights by slot: the slots' QuantWeights (owned by their CpuLinear handles, which outlive the model's step).
+class CpuExpertSlots final : public ExpertSlots {
+ public:
+  explicit CpuExpertSlots(std::vector<ops::MoeExpertCpu> slots) : slots_(std::move(slots)) {}
+  int64_t n_slots() const override { return static_cast<int64_t>(slots_.size()); }
+  std::span<const ops::MoeExpertCpu> slots() const { return slots_; }
+  void set(int64_t slot, const LinearHandle& gate, const LinearHandle& up, const LinearHandle& down) {
+    BG_CHECK(slot >= 0 && slot < n_slots(), "set_expert_slot: slot {} of {}", slot, n_slots());
+    slots_[static_cast<size_t>(slot)] = {&quant(gate), &quant(up), &quant(down)};
+  }
+
+ private:
+  std::vector<ops::MoeExpertCpu> slots_;
+};
+
+ops::MoeRoutingArrays routing_arrays(const MoeRouting& r) {
+  return ops::moe_routing_layout(r.shape, r.buffer.data);
+}
+
+ops::MoeGluParams moe_glu(const GluSpec& g) {
+  return {g.kind == GluKind::kSwiGlu ? ops::MoeGlu::kSwiGlu : ops::MoeGlu::kSitu, g.situ_beta, g.situ_linear_beta};
+}
 
 void expect_f32(const Tensor& t, const char* what) {
   BG_CHECK(t.dtype == DType::kF32, "cpu backend: {} must be F32, got {}", what, dtype_name(t.dtype));
@@ -200,8 +223,41 @@ class CpuBackend final : public Backend {
     ops::route_topk_cpu(p, logits.as<float>(), bias.empty() ? nullptr : bias.as<float>(), ids.as<int32_t>(),
                         weights.as<float>());
   }
-  void routed_experts(const ExpertWeights& experts, const GluSpec& glu_p, const Tensor& x, const Tensor& ids,
-                      const Tensor& weights, Tensor& out) override;
+  std::unique_ptr<ExpertSlots> prepare_experts(const ExpertWeights& by_slot) override {
+    std::vector<ops::MoeExpertCpu> slots;
+    for (int64_t s = 0; s < by_slot.size(); ++s) {
+      auto i = static_cast<size_t>(s);
+      slots.push_back({&quant(*by_slot.gate[i]), &quant(*by_slot.up[i]), &quant(*by_slot.down[i])});
+    }
+    return std::make_unique<CpuExpertSlots>(std::move(slots));
+  }
+  void set_expert_slot(ExpertSlots& slots, int64_t slot, const LinearHandle& gate, const LinearHandle& up,
+                       const LinearHandle& down) override {
+    static_cast<CpuExpertSlots&>(slots).set(slot, gate, up, down);
+  }
+  void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r) override {
+    BG_CHECK(slot_map.numel() == r.shape.n_experts && ids.numel() == r.shape.n_pairs() &&
+                 weights.numel() == r.shape.n_pairs(), "moe_dispatch: slot map of {} for {} experts, {} ids and {} "
+             "weights for {} pairs", slot_map.numel(), r.shape.n_experts, ids.numel(), weights.numel(),
+             r.shape.n_pairs());
+    ops::moe_dispatch_cpu(r.shape, slot_map.as<int32_t>(), ids.as<int32_t>(), weights.as<float>(), routing_arrays(r));
+  }
+  void moe_gather(const MoeRouting& r, const Tensor& x, Tensor& rows) override {
+    expect_f32(x, "moe_gather input");
+    ops::moe_gather_cpu(r.shape, routing_arrays(r), x.as<float>(), x.cols(), rows.as<float>());
+  }
+  void moe_experts(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& rows,
+                   Tensor& y_rows) override {
+    expect_f32(rows, "moe_experts input");
+    ops::moe_experts_cpu(r.shape, routing_arrays(r), static_cast<const CpuExpertSlots&>(experts).slots(), moe_glu(glu),
+                         rows.as<float>(), y_rows.as<float>(), emulate_);
+    round(y_rows);
+  }
+  void moe_combine(const MoeRouting& r, const Tensor& y_rows, Tensor& out) override {
+    expect_f32(out, "moe_combine output");
+    ops::moe_combine_cpu(r.shape, routing_arrays(r), y_rows.as<float>(), out.cols(), out.as<float>());
+    round(out);
+  }
   void short_conv(const Tensor& x, const Tensor& weight, const StateRef& state, Tensor& out) override {
     const int64_t c = x.cols();
     for (int64_t s = 0; s < step_.n_seqs(); ++s) {
@@ -277,28 +333,6 @@ class CpuBackend final : public Backend {
 
   bool emulate_;
 };
-
-void CpuBackend::routed_experts(const ExpertWeights& experts, const GluSpec& glu_p, const Tensor& x,
-                                const Tensor& ids, const Tensor& weights, Tensor& out) {
-  const int64_t n = x.rows(), in_dim = x.cols(), out_dim = out.cols(), k = ids.cols();
-  const int64_t n_experts = static_cast<int64_t>(experts.gate.size());
-  ExpertDispatch dispatch = group_by_expert(ids.as<int32_t>(), weights.as<float>(), n, k, n_experts);
-  run_routed_experts_loopback(dispatch, x.as<float>(), n, in_dim, out_dim,
-                              [&](int64_t e, const float* in, int64_t rows, float* y) {
-    const QuantWeight& gw = quant(*experts.gate[static_cast<size_t>(e)]);
-    std::vector<float> g(static_cast<size_t>(rows * gw.n_out)), u(g.size());  // [rows, inter]
-    ops::linear_cpu(gw, in, rows, g.data());
-    ops::linear_cpu(quant(*experts.up[static_cast<size_t>(e)]), in, rows, u.data());
-    if (glu_p.kind == GluKind::kSwiGlu) {
-      ops::swiglu_cpu(g.data(), u.data(), static_cast<int64_t>(g.size()), g.data());
-    } else {
-      ops::situ_cpu({rows, gw.n_out, glu_p.situ_beta, glu_p.situ_linear_beta}, g.data(), u.data(), g.data());
-    }
-    if (emulate_) round_to_bf16(g.data(), static_cast<int64_t>(g.size()));
-    ops::linear_cpu(quant(*experts.down[static_cast<size_t>(e)]), g.data(), rows, y);
-  }, out.as<float>());
-  round(out);
-}
 
 }  // namespace
 

@@ -1,7 +1,7 @@
 // CudaBackend: maps the backend op API onto the CUDA launchers. A step's metadata (ids, positions, block tables,
 // state slots) is packed into pinned host memory and uploaded once per step into a persistent device buffer, so the
-// ops of a step never synchronise and decode steps can be captured and replayed as CUDA graphs. Everything runs on one
-// stream in order.
+// ops of a step never synchronise and decode steps can be captured and replayed as CUDA graphs. Ops run on one stream
+// in order; host-tier copies (kv::StateManager) run on a copy stream ordered against it by events.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_bf16.h>
@@ -14,9 +14,9 @@
 
 #include "backend/cuda/cuda_allocator.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/device_buffer.h"
 #include "core/log.h"
-#include "moe/moe_cuda.h"
 #include "ops/attn_res/attn_res_cuda.h"
 #include "ops/elementwise/elementwise_cuda.h"
 #include "ops/embedding/embedding_cuda.h"
@@ -25,6 +25,8 @@
 #include "ops/kda_gate/kda_gate_cuda.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/mla/mla_cuda.h"
+#include "ops/mla/mla_decode_cuda.h"
+#include "ops/moe/moe_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
 #include "ops/rope/rope_cuda.h"
 #include "ops/router/router_cuda.h"
@@ -37,18 +39,9 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-class CudaLinear final : public LinearHandle {
- public:
-  explicit CudaLinear(ops::DeviceWeightStorage s) : s_(std::move(s)) {}
-  int64_t n_out() const override { return s_.desc.n_out; }
-  int64_t n_in() const override { return s_.desc.n_in; }
-  const ops::DeviceWeight& desc() const { return s_.desc; }
+using cuda::CudaExpertSlots;
 
- private:
-  ops::DeviceWeightStorage s_;
-};
-
-const ops::DeviceWeight& desc(const LinearHandle& h) { return static_cast<const CudaLinear&>(h).desc(); }
+const ops::DeviceWeight& desc(const LinearHandle& h) { return cuda::cuda_linear(h).desc(); }
 
 void expect(const Tensor& t, DType dtype, const char* what) {
   BG_CHECK(t.device == DeviceKind::kCuda, "cuda backend: {} is not in device memory", what);
@@ -66,8 +59,12 @@ class CudaBackend final : public Backend {
     BG_CUBLAS_CHECK(cublasCreate(&cublas_));
     alloc_ = std::make_shared<cuda::CachingAllocator>(o.memory_budget_bytes);
     cublas_ws_ = alloc_->allocate(ops::kCublasWorkspaceBytes);
+    errors_ = cuda::DeviceBuffer(sizeof(int32_t));
+    BG_CUDA_CHECK(cudaMemset(errors_.data(), 0, sizeof(int32_t)));
+    BG_CUDA_CHECK(cudaMallocHost(&errors_host_, sizeof(int32_t)));
     cudaDeviceProp prop{};
     BG_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
+    n_sms_ = prop.multiProcessorCount;
     log::info("cuda backend: {} (sm_{}{}), {:.1f} GiB budget", prop.name, prop.major, prop.minor,
               static_cast<double>(alloc_->budget_bytes()) / (1 << 30));
   }
@@ -82,6 +79,7 @@ class CudaBackend final : public Backend {
     for (cudaEvent_t ev : spare_copy_events_) cudaEventDestroy(ev);
     if (copy_after_ != nullptr) cudaEventDestroy(copy_after_);
     if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
+    if (errors_host_ != nullptr) cudaFreeHost(errors_host_);
     cublas_ws_.reset();
     cublasDestroy(cublas_);
     cudaStreamDestroy(stream_);
@@ -142,10 +140,13 @@ class CudaBackend final : public Backend {
     BG_CHECK(src.size() == dst.nbytes(), "write_bytes: {} bytes into a tensor of {}", src.size(), dst.nbytes());
     copy_in(dst.data, src.data(), src.size());
   }
-  void synchronize() override { BG_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    check_device_errors();
+  }
 
   std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) override {
-    return std::make_unique<CudaLinear>(ops::upload_weight(w));
+    return std::make_unique<cuda::CudaLinear>(ops::upload_weight(w), w);
   }
 
   void embedding(const Tensor& table, Tensor& out) override {
@@ -202,8 +203,15 @@ class CudaBackend final : public Backend {
     p.block_size = c.block_size;
     ops::mla_cache_write_cuda(p, latent.as<bf16>(), paged(c), stream_);
   }
+  // Decode steps (one token per sequence) at the production latent shape (kv_lora 512, rope 64) run the split-KV
+  // tensor-core kernel (mla_decode_cuda.h); prefill and mixed steps, and the small latent shapes of test
+  // checkpoints, the general kernel (mla_cuda.h).
   void mla_attention(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
                      const MlaCacheRef& c, Tensor& out) override {
+    if (step_.all_single_token() && ops::mla_decode_takes(p)) {
+      mla_decode(p, q, w_uk, w_uv, c, out);
+      return;
+    }
     ops::mla_attention_cuda(p, q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), paged(c), out.as<bf16>(), stream_);
   }
   void route(const ops::RouterParams& p, const Tensor& logits, const Tensor& bias, Tensor& ids,
@@ -211,8 +219,30 @@ class CudaBackend final : public Backend {
     ops::route_topk_cuda(p, logits.as<float>(), bias.empty() ? nullptr : bias.as<float>(), ids.as<int32_t>(),
                          weights.as<float>(), stream_);
   }
-  void routed_experts(const ExpertWeights& experts, const GluSpec& glu_p, const Tensor& x, const Tensor& ids,
-                      const Tensor& weights, Tensor& out) override;
+  std::unique_ptr<ExpertSlots> prepare_experts(const ExpertWeights& by_slot) override {
+    return std::make_unique<CudaExpertSlots>(by_slot);
+  }
+  void set_expert_slot(ExpertSlots& slots, int64_t slot, const LinearHandle& gate, const LinearHandle& up,
+                       const LinearHandle& down) override {
+    static_cast<CudaExpertSlots&>(slots).set(slot, gate, up, down, stream_);
+  }
+  void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r) override {
+    cuda::moe_dispatch(moe_ctx(), slot_map, ids, weights, r);
+  }
+  void moe_gather(const MoeRouting& r, const Tensor& x, Tensor& rows) override {
+    cuda::moe_gather(moe_ctx(), r, x, rows);
+  }
+  void moe_experts(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& rows,
+                   Tensor& y_rows) override {
+    cuda::moe_experts(moe_ctx(), static_cast<const CudaExpertSlots&>(experts), glu, r, rows, y_rows);
+  }
+  void moe_combine(const MoeRouting& r, const Tensor& y_rows, Tensor& out) override {
+    cuda::moe_combine(moe_ctx(), r, y_rows, out);
+  }
+  void moe_routed_local(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& x,
+                        Tensor& out) override {
+    cuda::moe_routed_local(moe_ctx(), static_cast<const CudaExpertSlots&>(experts), glu, r, x, out);
+  }
   // Decode steps: one batched launch over the sequences' slots; otherwise one launch per sequence.
   void short_conv(const Tensor& x, const Tensor& weight, const StateRef& state, Tensor& out) override {
     const int64_t c = x.cols();
@@ -312,6 +342,22 @@ class CudaBackend final : public Backend {
   CopyFence issue_copies(std::span<const HostCopy> copies, cudaMemcpyKind kind);
   cudaEvent_t fence_event(CopyFence fence) const;
   void retire_copies();
+  cuda::MoeContext moe_ctx() const { return {alloc_.get(), errors_.as<int32_t>(), stream_, false}; }
+  // Device error flags (MoE / MLA kernels raise bits instead of trapping): read after each synchronisation; a raised
+  // flag is reset and reported as an error of this step (the context stays usable).
+  void check_device_errors() {
+    BG_CUDA_CHECK(cudaMemcpy(errors_host_, errors_.data(), sizeof(int32_t), cudaMemcpyDeviceToHost));
+    const int32_t flags = *errors_host_;
+    if (flags == 0) return;
+    BG_CUDA_CHECK(cudaMemset(errors_.data(), 0, sizeof(int32_t)));
+    fail("cuda backend: a kernel of this step reported{}{}{}{}{}{} (flags {:#x}); the step's outputs are discarded",
+         (flags & ops::kMoeErrorBadExpertId) ? " a routed expert id outside the layer's experts" : "",
+         (flags & ops::kMoeErrorBadDescriptor) ? " an expert slot whose weights disagree with the layer" : "",
+         (flags & ops::kMoeErrorNoSlot) ? " a routed expert without a slot on this rank" : "",
+         (flags & ops::kMoeErrorDuplicateExpert) ? " a token routed twice to one expert" : "",
+         (flags & ops::kMlaErrorBadPosition) ? " a cache position past its sequence's block table" : "",
+         (flags & ops::kMlaErrorBadBlock) ? " a negative MLA block-table entry" : "", flags);
+  }
   float* slot_state(const StateRef& st, int64_t seq) const {
     return st.storage.as<float>() + st.offset + step_.state_slots.at(static_cast<size_t>(seq)) * st.slot_stride;
   }
@@ -324,6 +370,22 @@ class CudaBackend final : public Backend {
     if (bytes == 0) return;
     BG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    check_device_errors();
+  }
+  // The decode workspace is shared by every MLA layer and every graph (they run one at a time on stream_). It only
+  // grows; a replaced buffer is kept while the backend lives, since graphs captured earlier may point into it.
+  void mla_decode(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
+                  const MlaCacheRef& c, Tensor& out) {
+    const ops::MlaDecodePlan plan = ops::mla_decode_plan(p, n_sms_);
+    if (plan.ws.total_bytes > mla_ws_bytes_) {
+      if (mla_ws_) mla_ws_retired_.push_back(std::move(mla_ws_));
+      mla_ws_bytes_ = std::max(plan.ws.total_bytes, 2 * mla_ws_bytes_);
+      mla_ws_ = alloc_->allocate(mla_ws_bytes_);  // during a capture the graph keeps it too (capture sink)
+    }
+    const ops::MlaDecodeContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, mla_ws_.get(),
+                                    mla_ws_bytes_};
+    ops::mla_decode_cuda(plan, {q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), out.as<bf16>()}, paged(c), ctx,
+                         stream_);
   }
   ops::MlaPagedCache paged(const MlaCacheRef& c) const {
     ops::MlaPagedCache pc;
@@ -333,6 +395,7 @@ class CudaBackend final : public Backend {
     pc.max_blocks_per_seq = step_.max_blocks;
     pc.seq_idx = dev_.token_seq;
     pc.positions = dev_.positions;
+    pc.error_flags = errors_.as<int32_t>();
     return pc;
   }
 
@@ -349,7 +412,6 @@ class CudaBackend final : public Backend {
   StepDevice dev_;
   std::map<int64_t, Graph> graphs_;
   bool capturing_ = false;
-  std::map<const LinearHandle*, cuda::DeviceBuffer> expert_tables_;  // first gate handle -> device descriptors
   // Host-tier copies: their stream, the event it waits on (the compute stream's position at issue), and one event per
   // batch in flight (completed in issue order; completed ones are reused).
   cudaStream_t copy_stream_ = nullptr;
@@ -357,39 +419,13 @@ class CudaBackend final : public Backend {
   std::deque<std::pair<CopyFence, cudaEvent_t>> copies_in_flight_;
   std::vector<cudaEvent_t> spare_copy_events_;
   CopyFence copies_done_ = 0;
+  cuda::DeviceBuffer errors_;         // int32 kernel error flags (see check_device_errors)
+  int32_t* errors_host_ = nullptr;    // pinned
+  int64_t n_sms_ = 1;
+  std::shared_ptr<void> mla_ws_;  // MLA decode workspace (see mla_decode)
+  size_t mla_ws_bytes_ = 0;
+  std::vector<std::shared_ptr<void>> mla_ws_retired_;
 };
-
-void CudaBackend::routed_experts(const ExpertWeights& experts, const GluSpec& glu_p, const Tensor& x,
-                                 const Tensor& ids, const Tensor& weights, Tensor& out) {
-  const int64_t n_experts = static_cast<int64_t>(experts.gate.size());
-  BG_CHECK(n_experts > 0, "routed_experts: no experts");
-  auto it = expert_tables_.find(experts.gate[0]);
-  if (it == expert_tables_.end()) {
-    BG_CHECK(!capturing_, "routed_experts: expert tables must be uploaded by an eager step before graph capture");
-    std::vector<ExpertWeightsCuda> table(static_cast<size_t>(n_experts));
-    for (int64_t e = 0; e < n_experts; ++e) {
-      auto i = static_cast<size_t>(e);
-      table[i] = {desc(*experts.gate[i]), desc(*experts.up[i]), desc(*experts.down[i])};
-    }
-    it = expert_tables_.emplace(experts.gate[0], cuda::upload(table)).first;
-  }
-  const ops::DeviceWeight& g0 = desc(*experts.gate[0]);
-  MoeCudaParams p;
-  p.n_tokens = x.rows();
-  p.top_k = ids.cols();
-  p.n_experts = n_experts;
-  p.hidden = x.cols();
-  p.inter = g0.n_out;
-  p.expert_format = g0.format;
-  p.act = {glu_p.kind == GluKind::kSwiGlu ? GluActivation::kSwiGLU : GluActivation::kSiTU, glu_p.situ_beta,
-           glu_p.situ_linear_beta};
-  p.out_type = out.dtype == DType::kF32 ? MoeOutType::kF32 : MoeOutType::kBf16;
-  p.accumulate = true;
-  auto ws_mem = alloc_->allocate(moe_workspace_bytes(p));
-  MoeWorkspace ws = moe_workspace_layout(p, ws_mem.get());
-  MoeCudaArgs a{ids.as<int32_t>(), weights.as<float>(), x.as<bf16>(), it->second.as<ExpertWeightsCuda>(), out.data};
-  moe_routed_experts_cuda(p, a, ws, stream_);
-}
 
 // Packs the step's arrays (8-byte aligned) into pinned memory and copies them to the device buffer in one transfer.
 void CudaBackend::upload_step() {

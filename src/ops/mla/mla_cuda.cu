@@ -70,12 +70,16 @@ __device__ __forceinline__ int64_t cache_offset(const MlaPagedCache& c, const in
   return block * c.block_stride + (pos % block_size) * entry;
 }
 
-// Traps (a launch failure at the next sync) when a token's position runs past its block table: a caller bug that
-// would otherwise read or write another sequence's blocks.
+// Null (and kMlaErrorBadPosition raised) when a token's position runs past its block table: a caller bug that would
+// otherwise read or write another sequence's blocks. The caller's block then writes nothing; the backend reports the
+// flag at the step's sync (a trap would poison the CUDA context).
 __device__ __forceinline__ const int32_t* token_table(const MlaPagedCache& c, int64_t t, int block_size,
                                                       int64_t* pos_out) {
   const int64_t pos = c.positions[t];
-  if (pos < 0 || pos / block_size >= c.max_blocks_per_seq) __trap();
+  if (pos < 0 || pos / block_size >= c.max_blocks_per_seq) {
+    if (c.error_flags != nullptr && threadIdx.x == 0) atomicOr(c.error_flags, kMlaErrorBadPosition);
+    return nullptr;
+  }
   *pos_out = pos;
   return c.block_tables + static_cast<int64_t>(c.seq_idx[t]) * c.max_blocks_per_seq;
 }
@@ -88,6 +92,7 @@ __global__ void mla_cache_write_kernel(const __nv_bfloat16* __restrict__ latent,
   const int64_t t = blockIdx.x;
   int64_t pos = 0;
   const int32_t* table = token_table(cache, t, block_size, &pos);
+  if (table == nullptr) return;  // whole block
   const int32_t block = table[pos / block_size];
   const __nv_bfloat16* src = latent + t * entry_dim;
   __nv_bfloat16* dst = cache.base + block * cache.block_stride + (pos % block_size) * entry_dim;
@@ -246,6 +251,7 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(AttnArgs a) {
   const int n_valid = min(kHeads, a.n_heads - h0);
   int64_t pos = 0;
   const int32_t* table = token_table(a.cache, t, a.block_size, &pos);
+  if (table == nullptr) return;  // whole block, before any barrier
   const int64_t n_ctx = pos + 1;
 
   absorb_query<kExact>(a, t, h0, n_valid, q_full, reinterpret_cast<float*>(tile));

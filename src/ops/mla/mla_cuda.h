@@ -21,7 +21,14 @@ struct MlaPagedCache {
   int64_t max_blocks_per_seq = 0;
   const int32_t* seq_idx = nullptr;    // [n_tokens] row of block_tables each token belongs to
   const int64_t* positions = nullptr;  // [n_tokens] each token's position in its sequence
+  int32_t* error_flags = nullptr;      // optional device int32: kMlaErrorBadPosition is raised there
 };
+
+// A token whose position lies past its block table writes nothing and raises this bit (error_flags above).
+inline constexpr int32_t kMlaErrorBadPosition = 4;
+// The decode kernel (mla_decode_cuda.h) met a negative block-table entry where it reads the cache: the rows read as
+// zero and this bit is raised.
+inline constexpr int32_t kMlaErrorBadBlock = 32;
 
 // Heads handled by one CTA of the attention kernel (they share the streamed cache tile).
 inline constexpr int64_t kMlaCudaHeadsPerCta = 8;

@@ -1,9 +1,12 @@
 // Router CPU reference. Masked groups get score 0.0 (not -inf), as transformers does, so a selection can only differ
-// from a -inf mask when biased scores are negative; ties break toward the lower expert index.
+// from a -inf mask when biased scores are negative; ties break toward the lower expert index. A NaN score selects as
+// the lowest finite value (never breaking the sort's ordering); its NaN weight then reaches the logits, where the
+// engine's per-step check fails the request.
 #include "ops/router/router.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -25,7 +28,8 @@ void route_topk_cpu(const RouterParams& p, const float* logits, const float* bia
     for (int64_t e = 0; e < p.n_experts; ++e) {
       float s = 1.0f / (1.0f + std::exp(-logits[t * p.n_experts + e]));
       scores[static_cast<size_t>(e)] = s;
-      choice[static_cast<size_t>(e)] = s + (bias ? bias[e] : 0.0f);
+      const float c = s + (bias ? bias[e] : 0.0f);
+      choice[static_cast<size_t>(e)] = std::isnan(c) ? -std::numeric_limits<float>::max() : c;
     }
     if (p.n_group > 1 && p.topk_group < p.n_group) {
       for (int64_t g = 0; g < p.n_group; ++g) {

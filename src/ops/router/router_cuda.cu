@@ -1,10 +1,13 @@
 // CUDA router: one warp per token. Biased scores live in shared memory; group selection ranks groups exactly like the
 // CPU's stable sort; the top-k are taken in k rounds of a warp argmax (score desc, index asc), which reproduces the
-// CPU's partial_sort order. Sigmoid and the weight arithmetic use the same fp32 expressions as route_topk_cpu.
+// CPU's partial_sort order. Sigmoid and the weight arithmetic use the same fp32 expressions as route_topk_cpu. A NaN
+// score selects as the lowest finite value (as on the CPU) and every pick is a valid index, so corrupted logits never
+// become an out-of-bounds read; the NaN weight reaches the logits, where the engine's per-step check fails the request.
 
 
 #include "ops/router/router_cuda.h"
 
+#include <cfloat>
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
@@ -74,7 +77,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_topk_kernel(RouterD
   float* group_score = choice + d.n_experts;
   const float* row = logits + static_cast<int64_t>(t) * d.n_experts;
 
-  for (int e = lane; e < d.n_experts; e += 32) choice[e] = sigmoid(row[e]) + (bias ? bias[e] : 0.0f);
+  for (int e = lane; e < d.n_experts; e += 32) {
+    const float c = sigmoid(row[e]) + (bias ? bias[e] : 0.0f);
+    choice[e] = isnan(c) ? -FLT_MAX : c;
+  }
   __syncwarp();
   if (d.n_group > 1 && d.topk_group < d.n_group) mask_losing_groups(d, choice, group_score, lane);
 
@@ -100,6 +106,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_topk_kernel(RouterD
         best_i = oi;
       }
     }
+    if (best_i >= d.n_experts) best_i = 0;  // unreachable (top_k <= n_experts and picks are -inf, never NaN)
     if (lane == k) {
       my_id = best_i;
       my_score = sigmoid(row[best_i]);  // unbiased score, same expression as above

@@ -235,5 +235,26 @@ TEST(Router, RejectsBadParams) {
   EXPECT_NO_THROW(run({1, 16, 4, 4, 4, true, 1.0f}));
 }
 
+// NaN logits (a poisoned expert, a NaN hidden state) never become an invalid index: every id stays in range and
+// distinct per token, finite scores still win, and the NaN reaches the weights (the engine fails the request there).
+TEST(Router, NanScoresNeverBecomeInvalidIds) {
+  const RouterParams p{3, 16, 4, 4, 2, true, 2.5f};
+  std::vector<float> logits(static_cast<size_t>(3 * 16), 0.0f);
+  for (int64_t e = 0; e < 16; ++e) logits[static_cast<size_t>(e)] = NAN;  // token 0: all NaN
+  logits[static_cast<size_t>(16 + 3)] = NAN;                            // token 1: one NaN
+  logits[static_cast<size_t>(16 + 7)] = 5.0f;
+  for (int64_t e = 0; e < 16; ++e) logits[static_cast<size_t>(32 + e)] = 0.1f * static_cast<float>(e);  // token 2 clean
+  const Routed r = route(p, logits, nullptr);
+  for (int64_t t = 0; t < 3; ++t) {
+    std::vector<int32_t> ids(r.ids.begin() + t * 4, r.ids.begin() + t * 4 + 4);
+    for (int32_t id : ids) EXPECT_TRUE(id >= 0 && id < 16) << "token " << t;
+    std::sort(ids.begin(), ids.end());
+    EXPECT_TRUE(std::adjacent_find(ids.begin(), ids.end()) == ids.end()) << "token " << t << ": repeated id";
+  }
+  EXPECT_TRUE(std::isnan(r.weights[0])) << "a NaN router row must not produce finite weights";
+  EXPECT_EQ(r.ids[4], 7) << "the finite maximum still wins next to a NaN";
+  for (size_t i = 8; i < 12; ++i) EXPECT_TRUE(std::isfinite(r.weights[i]));
+}
+
 }  // namespace
 }  // namespace bg::ops

@@ -173,7 +173,7 @@ int run_serve(ServeOptions opt) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  std::unique_ptr<TextModel> model = load_text_model(opt.model_dir);
+  std::unique_ptr<TextModel> model = load_text_model(opt.model_dir, opt.chat_template);
   PrivateDir ipc_dir;
   const std::string endpoint = "ipc://" + (ipc_dir.path() / "workers.sock").string();
   zmq::context_t zmq_ctx;

@@ -1,52 +1,35 @@
-// MoE dispatch on the device (counts, offsets, stable permutation from the router's ids), gather into expert order,
-// weighted combine back to token order, the workspace layout, and the whole routed path.
-
+// MoE dispatch on the device (per-slot counts, offsets and a stable permutation from the router's ids through the
+// expert -> slot map), gather into slot order, and the weighted combine back to token order. A three-kernel stable
+// counting sort: (1) each 256-pair chunk ranks its pairs per slot and histograms them, (2) one block turns the chunk
+// histograms into per-slot prefixes, counts, offsets, tile offsets and the active list, (3) each pair lands at
+// offsets[slot] + (its chunk's base for the slot) + (its rank in the chunk). No host reads anywhere, so the whole
+// routed path can be captured in a CUDA graph.
 
 #include <algorithm>
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
-#include "moe/moe_cuda.h"
+#include "ops/moe/moe_cuda.h"
 
-namespace bg {
+namespace bg::ops {
 namespace {
 
 constexpr int kScanThreads = 1024;
 constexpr int kRowThreads = 128;  // gather / combine: one block per row or token
-constexpr int64_t kMaxTopK = 32;
 
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-int64_t n_chunks(const MoeCudaParams& p) {
-  return (p.n_tokens * p.top_k + kMoeDispatchChunk - 1) / kMoeDispatchChunk;
-}
-
-// Every part of the workspace, in order, at `base` (0 when only the size is wanted).
-MoeWorkspace layout_at(const MoeCudaParams& p, uintptr_t base, size_t* total) {
-  const int64_t E = p.n_experts, slots = p.n_tokens * p.top_k;
-  size_t off = 0;
-  auto take = [&](auto*& ptr, int64_t count) {
-    using T = std::remove_reference_t<decltype(*ptr)>;
-    ptr = reinterpret_cast<T*>(base + off);
-    off += align256(static_cast<size_t>(count) * sizeof(T));
-  };
-  MoeWorkspace ws;
-  take(ws.counts, E);
-  take(ws.offsets, E + 1);
-  take(ws.tile_offsets, E + 1);
-  take(ws.active, E);
-  take(ws.n_active, 1);
-  take(ws.chunk_base, n_chunks(p) * E);
-  take(ws.slot_rank, slots);
-  take(ws.row_token, slots);
-  take(ws.row_weight, slots);
-  take(ws.slot_row, slots);
-  take(ws.x_perm, slots * p.hidden);
-  take(ws.h, slots * p.inter);
-  take(ws.y_perm, slots * p.hidden);
-  *total = off;
-  return ws;
+// The pair's local slot: -1 when its expert lives on another rank; -1 and an error flag when the id is out of range
+// (a corrupted routing is reported, never used as an index).
+__device__ __forceinline__ int slot_of_pair(const int32_t* ids, int i, int n_experts, bool all_local,
+                                            const MoeWorkspace& ws) {
+  const int e = ids[i];
+  if (e < 0 || e >= n_experts) {
+    atomicOr(ws.error_flags, kMoeErrorBadExpertId);
+    return -1;
+  }
+  const int slot = ws.slot_map[e];
+  if (slot < 0 && all_local) atomicOr(ws.error_flags, kMoeErrorNoSlot);
+  return slot;
 }
 
 // Exclusive prefix of v over the kScanThreads threads of the block, in thread order; `total` gets the block sum.
@@ -77,26 +60,24 @@ __device__ int block_exclusive_scan(int v, int* s_warp, int& total) {
   return prefix;
 }
 
-// Block c ranks slots [256 c, 256 c + 256): slot_rank[i] = earlier slots of the chunk with the same expert (stable),
-// chunk_base[c, e] = the chunk's slots of expert e (turned into a prefix by the scan kernel). Dynamic smem: E ints.
-__global__ void __launch_bounds__(kMoeDispatchChunk) dispatch_rank_kernel(const int32_t* ids, int n_slots, int E,
+// Block c ranks pairs [256 c, 256 c + 256): pair_rank[i] = earlier pairs of the chunk with the same slot (stable),
+// chunk_base[c, s] = the chunk's pairs of slot s (turned into a prefix by the scan kernel). Dynamic smem: E ints
+// (E = local slots).
+__global__ void __launch_bounds__(kMoeDispatchChunk) dispatch_rank_kernel(const int32_t* ids, int n_pairs,
+                                                                         int n_experts, int E, bool all_local,
                                                                          MoeWorkspace ws) {
   __shared__ int s_ids[kMoeDispatchChunk];
   extern __shared__ int hist[];
   const int tid = static_cast<int>(threadIdx.x);
   const int i = static_cast<int>(blockIdx.x) * kMoeDispatchChunk + tid;
-  int e = -1;
-  if (i < n_slots) {
-    e = ids[i];
-    if (e < 0 || e >= E) __trap();  // corrupted routing: fail loudly rather than drop the slot
-  }
+  const int e = i < n_pairs ? slot_of_pair(ids, i, n_experts, all_local, ws) : -1;
   s_ids[tid] = e;
   for (int j = tid; j < E; j += kMoeDispatchChunk) hist[j] = 0;
   __syncthreads();
   if (e >= 0) {
     int rank = 0;
     for (int j = 0; j < tid; ++j) rank += s_ids[j] == e ? 1 : 0;  // broadcast reads of shared memory
-    ws.slot_rank[i] = rank;
+    ws.pair_rank[i] = rank;
     atomicAdd(&hist[e], 1);  // counts do not depend on the order of the atomics
   }
   __syncthreads();
@@ -147,22 +128,30 @@ __global__ void __launch_bounds__(kScanThreads) dispatch_scan_kernel(int E, int 
   }
 }
 
-// slot i = (token i / k, slot i % k) goes to permuted row offsets[e] + (earlier chunks' rows of e) + rank in chunk.
-__global__ void dispatch_scatter_kernel(const int32_t* ids, const float* weights, int n_slots, int top_k, int E,
-                                        MoeWorkspace ws) {
+// Pair i = (token i / k, k = i % k) goes to row offsets[s] + (earlier chunks' rows of s) + its rank in the chunk;
+// pairs of other ranks' experts get slot_row -1.
+__global__ void dispatch_scatter_kernel(const int32_t* ids, const float* weights, int n_pairs, int top_k,
+                                        int n_experts, int E, MoeWorkspace ws) {
   const int i = static_cast<int>(blockIdx.x) * blockDim.x + static_cast<int>(threadIdx.x);
-  if (i >= n_slots) return;
-  const int e = ids[i];
+  if (i >= n_pairs) return;
+  const int id = ids[i];
+  const int e = id >= 0 && id < n_experts ? ws.slot_map[id] : -1;  // the rank kernel already flagged bad ids
+  if (e < 0) {
+    ws.slot_row[i] = -1;
+    return;
+  }
   const int c = i / kMoeDispatchChunk;
-  const int row = ws.offsets[e] + ws.chunk_base[static_cast<int64_t>(c) * E + e] + ws.slot_rank[i];
+  const int row = ws.offsets[e] + ws.chunk_base[static_cast<int64_t>(c) * E + e] + ws.pair_rank[i];
   ws.row_token[row] = i / top_k;
   ws.row_weight[row] = weights[i];
   ws.slot_row[i] = row;
 }
 
-// grid n_slots: x_perm[row] = x[row_token[row]].
-__global__ void __launch_bounds__(kRowThreads) gather_kernel(const __nv_bfloat16* x, int64_t hidden, MoeWorkspace ws) {
+// grid n_pairs (an upper bound of the rows): x_perm[row] = x[row_token[row]] for row < offsets[n_slots].
+__global__ void __launch_bounds__(kRowThreads) gather_kernel(const __nv_bfloat16* x, int64_t hidden, int n_slots,
+                                                             MoeWorkspace ws) {
   const int64_t row = blockIdx.x;
+  if (row >= ws.offsets[n_slots]) return;  // whole block: rows of this rank are fewer than the pairs
   const __nv_bfloat16* src = x + static_cast<int64_t>(ws.row_token[row]) * hidden;
   __nv_bfloat16* dst = ws.x_perm + row * hidden;
   if (hidden % 8 == 0) {
@@ -173,18 +162,27 @@ __global__ void __launch_bounds__(kRowThreads) gather_kernel(const __nv_bfloat16
   }
 }
 
-// grid n_tokens: out[t] = (accumulate ? out[t] : 0) + sum_k w * y_perm[slot_row[t, k]], fp32, slot order.
+// grid n_tokens: out[t] = (accumulate ? out[t] : 0) + sum_k w * y_perm[slot_row[t, k]], fp32, k order; pairs of
+// other ranks (slot_row -1) are left to the exchange.
 __global__ void __launch_bounds__(kRowThreads) combine_kernel(int top_k, int64_t hidden, bool out_f32,
                                                               bool accumulate, MoeWorkspace ws, void* out) {
-  __shared__ int s_row[kMaxTopK];
-  __shared__ float s_w[kMaxTopK];
+  __shared__ int s_row[kMoeMaxTopK];
+  __shared__ float s_w[kMoeMaxTopK];
+  __shared__ int s_n;
   const int64_t t = blockIdx.x;
-  if (static_cast<int>(threadIdx.x) < top_k) {
-    const int row = ws.slot_row[t * top_k + threadIdx.x];
-    s_row[threadIdx.x] = row;
-    s_w[threadIdx.x] = ws.row_weight[row];
+  if (threadIdx.x == 0) {  // the local pairs of token t, compacted in k order
+    int n = 0;
+    for (int k = 0; k < top_k; ++k) {
+      const int row = ws.slot_row[t * top_k + k];
+      if (row < 0) continue;
+      s_row[n] = row;
+      s_w[n] = ws.row_weight[row];
+      ++n;
+    }
+    s_n = n;
   }
   __syncthreads();
+  const int n_local = s_n;
   auto* out_f = static_cast<float*>(out) + t * hidden;
   auto* out_b = static_cast<__nv_bfloat16*>(out) + t * hidden;
   // Each thread owns whole groups of kVec consecutive elements (kVec = 8 with 16-byte loads when hidden % 8 == 0).
@@ -195,7 +193,7 @@ __global__ void __launch_bounds__(kRowThreads) combine_kernel(int top_k, int64_t
 #pragma unroll
       for (int j = 0; j < kVec; ++j)
         acc[j] = !accumulate ? 0.0f : out_f32 ? out_f[i0 + j] : __bfloat162float(out_b[i0 + j]);
-      for (int k = 0; k < top_k; ++k) {
+      for (int k = 0; k < n_local; ++k) {
         const __nv_bfloat16* y = ws.y_perm + static_cast<int64_t>(s_row[k]) * hidden + i0;
         __align__(16) __nv_bfloat16 yv[kVec];
         if constexpr (kVec == 8) {
@@ -226,81 +224,88 @@ __global__ void __launch_bounds__(kRowThreads) combine_kernel(int top_k, int64_t
 }  // namespace
 
 void moe_check_params(const MoeCudaParams& p) {
-  BG_CHECK(p.n_tokens >= 0, "moe_cuda: n_tokens {} is negative", p.n_tokens);
-  BG_CHECK(p.n_experts > 0 && p.n_experts <= kMoeMaxExperts, "moe_cuda: {} experts (1..{} supported)", p.n_experts,
-           kMoeMaxExperts);
-  BG_CHECK(p.top_k > 0 && p.top_k <= kMaxTopK && p.top_k <= p.n_experts, "moe_cuda: top_k {} of {} experts (<= {})",
-           p.top_k, p.n_experts, kMaxTopK);
+  moe_check_shape(p.shape);
   BG_CHECK(p.hidden > 0 && p.inter > 0, "moe_cuda: hidden {} and inter {} must be positive", p.hidden, p.inter);
-  BG_CHECK(p.n_tokens * p.top_k <= INT32_MAX, "moe_cuda: {} tokens x top-{} overflow 32-bit row indices", p.n_tokens,
-           p.top_k);
   BG_CHECK(p.expert_format != WeightFormat::kMxfp4 || (p.hidden % kMxfp4GroupSize == 0 &&
                                                        p.inter % kMxfp4GroupSize == 0),
            "moe_cuda: MXFP4 experts need hidden {} and inter {} to be multiples of 32", p.hidden, p.inter);
-  BG_CHECK(p.act.kind != GluActivation::kSiTU || (p.act.beta > 0.0f && p.act.beta_lin > 0.0f),
+  BG_CHECK(p.act.kind != MoeGlu::kSitu || (p.act.beta > 0.0f && p.act.beta_lin > 0.0f),
            "moe_cuda: SiTU beta {} and beta_lin {} must be positive", p.act.beta, p.act.beta_lin);
 }
 
-size_t moe_workspace_bytes(const MoeCudaParams& p) {
+MoeDispatchBuffers::MoeDispatchBuffers(const MoeCudaParams& p, const std::vector<int32_t>& slot_map) {
   moe_check_params(p);
-  size_t total = 0;
-  layout_at(p, 0, &total);
-  return total;
+  const MoeRoutingShape& s = p.shape;
+  std::vector<int32_t> map = slot_map;
+  if (map.empty()) {
+    map.resize(static_cast<size_t>(s.n_experts));
+    for (size_t e = 0; e < map.size(); ++e) map[e] = static_cast<int32_t>(e);
+  }
+  BG_CHECK(static_cast<int64_t>(map.size()) == s.n_experts, "MoeDispatchBuffers: slot map of {} for {} experts",
+           map.size(), s.n_experts);
+  auto al = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t pairs = static_cast<size_t>(std::max<int64_t>(1, s.n_pairs()));
+  const size_t routing = al(moe_routing_bytes(s)), map_b = al(map.size() * 4);
+  const size_t xb = al(pairs * static_cast<size_t>(p.hidden) * 2), hb = al(pairs * static_cast<size_t>(p.inter) * 2);
+  buf = cuda::DeviceBuffer(routing + map_b + 2 * xb + hb + 256);
+  buf.fill_bytes(0xff);
+  auto* base = buf.as<std::byte>();
+  static_cast<MoeRoutingArrays&>(ws) = moe_routing_layout(s, base);
+  BG_CUDA_CHECK(cudaMemcpy(base + routing, map.data(), map.size() * 4, cudaMemcpyHostToDevice));
+  ws.slot_map = reinterpret_cast<const int32_t*>(base + routing);
+  ws.x_perm = reinterpret_cast<__nv_bfloat16*>(base + routing + map_b);
+  ws.y_perm = reinterpret_cast<__nv_bfloat16*>(base + routing + map_b + xb);
+  ws.h = reinterpret_cast<__nv_bfloat16*>(base + routing + map_b + 2 * xb);
+  ws.error_flags = reinterpret_cast<int32_t*>(base + routing + map_b + 2 * xb + hb);
+  BG_CUDA_CHECK(cudaMemset(ws.error_flags, 0, sizeof(int32_t)));
 }
 
-MoeWorkspace moe_workspace_layout(const MoeCudaParams& p, void* base) {
-  moe_check_params(p);
-  BG_CHECK(base != nullptr && reinterpret_cast<uintptr_t>(base) % 256 == 0,
-           "moe_workspace_layout: base {} must be non-null and 256-byte aligned", base);
-  size_t total = 0;
-  return layout_at(p, reinterpret_cast<uintptr_t>(base), &total);
+int32_t MoeDispatchBuffers::error_word() const {
+  int32_t v = 0;
+  BG_CUDA_CHECK(cudaMemcpy(&v, ws.error_flags, sizeof(v), cudaMemcpyDeviceToHost));
+  return v;
 }
 
 void moe_dispatch_cuda(const MoeCudaParams& p, const int32_t* expert_ids, const float* weights, const MoeWorkspace& ws,
                        cudaStream_t stream) {
   moe_check_params(p);
-  const int slots = static_cast<int>(p.n_tokens * p.top_k), E = static_cast<int>(p.n_experts);
-  const int chunks = static_cast<int>(n_chunks(p));
-  if (slots > 0) {
-    BG_CHECK(expert_ids && weights, "moe_dispatch_cuda: null ids or weights with {} tokens", p.n_tokens);
-    dispatch_rank_kernel<<<chunks, kMoeDispatchChunk, sizeof(int) * static_cast<size_t>(E), stream>>>(expert_ids,
-                                                                                                      slots, E, ws);
+  BG_CHECK(ws.slot_map != nullptr && ws.error_flags != nullptr, "moe_dispatch_cuda: null slot map or error word");
+  const int pairs = static_cast<int>(p.shape.n_pairs()), E = static_cast<int>(p.shape.n_slots);
+  const int n_experts = static_cast<int>(p.shape.n_experts), chunks = static_cast<int>(p.shape.n_chunks());
+  if (pairs > 0) {
+    BG_CHECK(expert_ids && weights, "moe_dispatch_cuda: null ids or weights with {} tokens", p.shape.n_tokens);
+    dispatch_rank_kernel<<<chunks, kMoeDispatchChunk, sizeof(int) * static_cast<size_t>(E), stream>>>(
+        expert_ids, pairs, n_experts, E, p.shape.all_local, ws);
     BG_CUDA_CHECK_LAUNCH();
   }
   // Runs for 0 tokens too, so that counts / offsets / n_active read as empty.
   dispatch_scan_kernel<<<1, kScanThreads, 0, stream>>>(E, chunks, ws);
   BG_CUDA_CHECK_LAUNCH();
-  if (slots > 0) {
-    dispatch_scatter_kernel<<<(slots + 255) / 256, 256, 0, stream>>>(expert_ids, weights, slots,
-                                                                      static_cast<int>(p.top_k), E, ws);
+  if (pairs > 0) {
+    dispatch_scatter_kernel<<<(pairs + 255) / 256, 256, 0, stream>>>(expert_ids, weights, pairs,
+                                                                      static_cast<int>(p.shape.top_k), n_experts, E,
+                                                                      ws);
     BG_CUDA_CHECK_LAUNCH();
   }
 }
 
 void moe_gather_cuda(const MoeCudaParams& p, const __nv_bfloat16* x, const MoeWorkspace& ws, cudaStream_t stream) {
   moe_check_params(p);
-  const int64_t slots = p.n_tokens * p.top_k;
-  if (slots == 0) return;
-  BG_CHECK(x != nullptr, "moe_gather_cuda: null x with {} tokens", p.n_tokens);
-  gather_kernel<<<static_cast<unsigned>(slots), kRowThreads, 0, stream>>>(x, p.hidden, ws);
+  const int64_t pairs = p.shape.n_pairs();
+  if (pairs == 0) return;
+  BG_CHECK(x != nullptr, "moe_gather_cuda: null x with {} tokens", p.shape.n_tokens);
+  gather_kernel<<<static_cast<unsigned>(pairs), kRowThreads, 0, stream>>>(x, p.hidden,
+                                                                          static_cast<int>(p.shape.n_slots), ws);
   BG_CUDA_CHECK_LAUNCH();
 }
 
 void moe_combine_cuda(const MoeCudaParams& p, const MoeWorkspace& ws, void* out, cudaStream_t stream) {
   moe_check_params(p);
-  if (p.n_tokens == 0) return;
-  BG_CHECK(out != nullptr, "moe_combine_cuda: null out with {} tokens", p.n_tokens);
-  combine_kernel<<<static_cast<unsigned>(p.n_tokens), kRowThreads, 0, stream>>>(
-      static_cast<int>(p.top_k), p.hidden, p.out_type == MoeOutType::kF32, p.accumulate, ws, out);
+  if (p.shape.n_tokens == 0) return;
+  BG_CHECK(out != nullptr, "moe_combine_cuda: null out with {} tokens", p.shape.n_tokens);
+  combine_kernel<<<static_cast<unsigned>(p.shape.n_tokens), kRowThreads, 0, stream>>>(
+      static_cast<int>(p.shape.top_k), p.hidden, p.out_type == MoeOutType::kF32, p.accumulate, ws, out);
   BG_CUDA_CHECK_LAUNCH();
 }
 
-void moe_routed_experts_cuda(const MoeCudaParams& p, const MoeCudaArgs& a, const MoeWorkspace& ws,
-                             cudaStream_t stream) {
-  moe_dispatch_cuda(p, a.expert_ids, a.weights, ws, stream);
-  moe_gather_cuda(p, a.x, ws, stream);
-  moe_expert_ffn_cuda(p, a.experts, ws, stream);
-  moe_combine_cuda(p, ws, a.out, stream);
-}
-
-}  // namespace bg
+}  // namespace bg::ops

@@ -10,21 +10,20 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
-#include "moe/moe_cuda.h"
+#include "ops/moe/moe_cuda.h"
 #include "ops/linear/linear_cuda_device.cuh"
 
-namespace bg {
+namespace bg::ops {
 namespace {
 
-using ops::DeviceWeight;
-namespace dev = ops::cudadev;
+namespace dev = cudadev;
 
 // Which projection a launch computes: gate+up with the GLU epilogue (-> h), or down (-> y_perm).
 enum class Stage : uint8_t { kGateUp, kDown };
 
-__device__ __forceinline__ float glu(float g, float u, const GluParams& a) {
+__device__ __forceinline__ float glu(float g, float u, const MoeGluParams& a) {
   const float sig = 1.0f / (1.0f + expf(-g));
-  if (a.kind == GluActivation::kSwiGLU) return g * sig * u;
+  if (a.kind == MoeGlu::kSwiGlu) return g * sig * u;
   return a.beta * tanhf(g / a.beta) * sig * (a.beta_lin * tanhf(u / a.beta_lin));
 }
 
@@ -38,11 +37,12 @@ struct StageIo {
   int64_t n_in, n_out;
 };
 
-// Loads expert e's descriptors; traps when they disagree with the launch's shape or format (a wrong expert table
-// must not be read with the wrong stride).
+// Loads slot e's descriptors. `ok` is false when they disagree with the launch's shape or format (a wrong expert
+// table must not be read with the wrong stride): the error word gets kMoeErrorBadDescriptor and the caller's block
+// writes nothing (a trap would poison the CUDA context).
 template <Stage S, WeightFormat F>
 __device__ StageIo<S> stage_io(const ExpertWeightsCuda* experts, int e, const MoeWorkspace& ws, int64_t hidden,
-                               int64_t inter) {
+                               int64_t inter, bool& ok) {
   StageIo<S> io;
   if constexpr (S == Stage::kGateUp) {
     io.w[0] = experts[e].gate;
@@ -58,10 +58,12 @@ __device__ StageIo<S> stage_io(const ExpertWeightsCuda* experts, int e, const Mo
     io.n_in = inter;
     io.n_out = hidden;
   }
+  ok = true;
 #pragma unroll
   for (int m = 0; m < StageIo<S>::kMats; ++m) {
-    if (io.w[m].format != F || io.w[m].n_in != io.n_in || io.w[m].n_out != io.n_out) __trap();
+    if (io.w[m].format != F || io.w[m].n_in != io.n_in || io.w[m].n_out != io.n_out) ok = false;
   }
+  if (!ok && threadIdx.x == 0) atomicOr(ws.error_flags, kMoeErrorBadDescriptor);
   return io;
 }
 
@@ -72,10 +74,12 @@ __device__ StageIo<S> stage_io(const ExpertWeightsCuda* experts, int e, const Mo
 template <Stage S, WeightFormat F>
 __global__ void __launch_bounds__(dev::kSkinnyThreads) moe_skinny_kernel(const ExpertWeightsCuda* experts,
                                                                         MoeWorkspace ws, int64_t hidden,
-                                                                        int64_t inter, GluParams act) {
+                                                                        int64_t inter, MoeGluParams act) {
   if (static_cast<int>(blockIdx.y) >= *ws.n_active) return;  // whole block
   const int e = ws.active[blockIdx.y];
-  const StageIo<S> io = stage_io<S, F>(experts, e, ws, hidden, inter);
+  bool ok = false;
+  const StageIo<S> io = stage_io<S, F>(experts, e, ws, hidden, inter, ok);
+  if (!ok) return;  // whole block (the descriptor is the same for every thread)
   const int begin = ws.offsets[e], end = ws.offsets[e + 1];
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * dev::kSkinnyRowsPerBlock;
   for (int r0 = begin; r0 < end; r0 += dev::kSkinnyTokens) {
@@ -174,14 +178,16 @@ __device__ int expert_of_tile(const int32_t* tile_offsets, int n_experts, int ti
 template <Stage S, WeightFormat F>
 __global__ void __launch_bounds__(kTiledThreads) moe_tiled_kernel(const ExpertWeightsCuda* experts, MoeWorkspace ws,
                                                                  int n_experts, int64_t hidden, int64_t inter,
-                                                                 GluParams act) {
+                                                                 MoeGluParams act) {
   using namespace nvcuda;
   constexpr int kMats = StageIo<S>::kMats;
   __shared__ __align__(128) TiledSmem<kMats> sm;
   const int tile = static_cast<int>(blockIdx.y);
   if (tile >= ws.tile_offsets[n_experts]) return;  // whole block
   const int e = expert_of_tile(ws.tile_offsets, n_experts, tile);
-  const StageIo<S> io = stage_io<S, F>(experts, e, ws, hidden, inter);
+  bool ok = false;
+  const StageIo<S> io = stage_io<S, F>(experts, e, ws, hidden, inter, ok);
+  if (!ok) return;  // whole block
   const int64_t row_begin = ws.offsets[e] + static_cast<int64_t>(tile - ws.tile_offsets[e]) * kTileM;
   const int n_rows = min(kTileM, static_cast<int>(ws.offsets[e + 1] - row_begin));
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
@@ -246,17 +252,17 @@ __global__ void __launch_bounds__(kTiledThreads) moe_tiled_kernel(const ExpertWe
 bool use_skinny(const MoeCudaParams& p) {
   if (p.path == MoeFfnPath::kSkinny) return true;
   if (p.path == MoeFfnPath::kTiled) return false;
-  return p.n_tokens <= kMoeSkinnyMaxTokens;
+  return p.shape.n_tokens <= kMoeSkinnyMaxTokens;
 }
 
 template <Stage S, WeightFormat F>
 void launch_stage(const MoeCudaParams& p, const ExpertWeightsCuda* experts, const MoeWorkspace& ws,
                   cudaStream_t stream) {
-  const int64_t slots = p.n_tokens * p.top_k;
+  const int64_t slots = p.shape.n_pairs();
   const int64_t n_out = S == Stage::kGateUp ? p.inter : p.hidden;
-  // Upper bounds known on the host: at most min(E, slots) experts have rows, and the experts' tiles number at most
-  // slots / 64 plus one partial tile per active expert.
-  const int64_t max_active = std::min(p.n_experts, slots);
+  // Upper bounds known on the host: at most min(slots, pairs) slots have rows, and their tiles number at most
+  // pairs / 64 plus one partial tile per active slot.
+  const int64_t max_active = std::min(p.shape.n_slots, slots);
   if (use_skinny(p)) {
     const dim3 grid(static_cast<unsigned>((n_out + dev::kSkinnyRowsPerBlock - 1) / dev::kSkinnyRowsPerBlock),
                     static_cast<unsigned>(max_active));
@@ -265,7 +271,7 @@ void launch_stage(const MoeCudaParams& p, const ExpertWeightsCuda* experts, cons
     const int64_t max_tiles = (slots + kTileM - 1) / kTileM + max_active;
     BG_CHECK(max_tiles <= 65535, "moe_expert_ffn_cuda: {} row tiles exceed the grid's y limit", max_tiles);
     const dim3 grid(static_cast<unsigned>((n_out + kTileN - 1) / kTileN), static_cast<unsigned>(max_tiles));
-    moe_tiled_kernel<S, F><<<grid, kTiledThreads, 0, stream>>>(experts, ws, static_cast<int>(p.n_experts), p.hidden,
+    moe_tiled_kernel<S, F><<<grid, kTiledThreads, 0, stream>>>(experts, ws, static_cast<int>(p.shape.n_slots), p.hidden,
                                                                p.inter, p.act);
   }
   BG_CUDA_CHECK_LAUNCH();
@@ -283,8 +289,8 @@ void launch_ffn(const MoeCudaParams& p, const ExpertWeightsCuda* experts, const 
 void moe_expert_ffn_cuda(const MoeCudaParams& p, const ExpertWeightsCuda* experts, const MoeWorkspace& ws,
                          cudaStream_t stream) {
   moe_check_params(p);
-  if (p.n_tokens == 0) return;
-  BG_CHECK(experts != nullptr, "moe_expert_ffn_cuda: null expert table");
+  if (p.shape.n_tokens == 0) return;
+  BG_CHECK(experts != nullptr && ws.error_flags != nullptr, "moe_expert_ffn_cuda: null expert table or error word");
   switch (p.expert_format) {
     case WeightFormat::kDense: return launch_ffn<WeightFormat::kDense>(p, experts, ws, stream);
     case WeightFormat::kFp8Block: return launch_ffn<WeightFormat::kFp8Block>(p, experts, ws, stream);
@@ -293,4 +299,4 @@ void moe_expert_ffn_cuda(const MoeCudaParams& p, const ExpertWeightsCuda* expert
   fail("moe_expert_ffn_cuda: unknown weight format {}", static_cast<int>(p.expert_format));
 }
 
-}  // namespace bg
+}  // namespace bg::ops

@@ -1,0 +1,53 @@
+// The expert-parallel exchange of one MoE layer: dispatch sends each routed (token, k) pair's input row to the rank
+// that holds its expert, grouped there by local slot; combine brings the expert outputs back and accumulates
+// sum_k w(t,k) y(t,k) into each token's output on its own rank. Begin/finish pairs let the caller run independent work
+// (the shared experts) while rows are in flight. One implementation per transport: loopback (one rank, any backend),
+// CPU shared memory, NCCL all-to-all, and the low-latency exchange; each is tested against the loopback.
+#pragma once
+
+#include <memory>
+#include <string_view>
+
+#include "backend/backend.h"
+#include "moe/expert_table.h"
+
+namespace bg::moe {
+
+// What a MoE layer hands the exchange: the router's choices and the rows to send (act dtype, backend memory).
+struct DispatchInput {
+  const Tensor* ids = nullptr;      // I32 [n_tokens, top_k] global expert ids
+  const Tensor* weights = nullptr;  // F32 [n_tokens, top_k]
+  const Tensor* x = nullptr;        // [n_tokens, hidden] expert inputs
+};
+
+// The rows this rank's experts process: routing (grouping by local slot) and the row buffers.
+struct ExpertRows {
+  MoeRouting routing;
+  Tensor x;  // [capacity, hidden] act: inputs grouped by slot (routing.offsets)
+  Tensor y;  // [capacity, hidden] act: the experts' outputs, same rows
+};
+
+class Exchange {
+ public:
+  virtual ~Exchange() = default;
+  virtual std::string_view name() const = 0;
+  virtual int64_t n_ranks() const = 0;
+  virtual int64_t rank() const = 0;
+  // True when every expert is on this rank and no rows move (the loopback): the layer then runs gather, experts and
+  // combine as one backend op (Backend::moe_routed_local), which backends may fuse.
+  virtual bool local() const { return false; }
+  // Starts the dispatch of `in` under `table` (this rank's slots); rows.x / rows.routing are valid after
+  // finish_dispatch. rows.y is allocated for the experts to fill.
+  virtual void begin_dispatch(Backend& be, const ExpertTable& table, const DispatchInput& in, ExpertRows& rows) = 0;
+  virtual void finish_dispatch(Backend& be, ExpertRows& rows) = 0;
+  // Starts returning rows.y to the pairs' ranks; after finish_combine, out[t] += sum_k w(t,k) y(t,k) (fp32, k order)
+  // for every pair of this rank's tokens. out: [n_tokens, hidden] act.
+  virtual void begin_combine(Backend& be, const ExpertRows& rows, Tensor& out) = 0;
+  virtual void finish_combine(Backend& be, Tensor& out) = 0;
+};
+
+// One rank: every expert is local. Dispatch = moe_dispatch + moe_gather, combine = moe_combine (no copies between
+// ranks); works on every backend.
+std::unique_ptr<Exchange> make_loopback_exchange();
+
+}  // namespace bg::moe

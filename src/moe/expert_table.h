@@ -1,0 +1,68 @@
+// Where each expert of a MoE layer lives and which weights a local slot holds: the expert placement (global expert
+// id -> owning rank and local slot, the same for every layer) and, per layer, the expert -> slot table in backend
+// memory plus the prepared weights by slot. Kernels read the table every step, so a placement change or a streamed
+// expert's arrival rewrites it in place without recapturing CUDA graphs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace bg::moe {
+
+// Global expert id -> (rank, local slot). Every rank holds the same placement.
+class ExpertPlacement {
+ public:
+  ExpertPlacement() = default;
+  // Experts split over n_ranks in contiguous ranges of ceil(n_experts / n_ranks) (the last rank may hold fewer; every
+  // rank holds at least one): rank r holds experts [r * per, min((r + 1) * per, n_experts)) in slots 0, 1, ...
+  static ExpertPlacement contiguous(int64_t n_experts, int64_t n_ranks, int64_t rank);
+  // An explicit placement: owner[e] is expert e's rank; slots follow expert order within each rank.
+  static ExpertPlacement from_owners(std::vector<int32_t> owner, int64_t n_ranks, int64_t rank);
+
+  int64_t n_experts() const { return static_cast<int64_t>(owner_.size()); }
+  int64_t n_ranks() const { return n_ranks_; }
+  int64_t rank() const { return rank_; }
+  int32_t owner(int64_t expert) const { return owner_.at(static_cast<size_t>(expert)); }
+  int32_t slot(int64_t expert) const { return slot_.at(static_cast<size_t>(expert)); }
+  // Experts held by `rank`, in slot order.
+  std::vector<int32_t> experts_of(int64_t rank) const;
+  int64_t n_local() const { return static_cast<int64_t>(experts_of(rank_).size()); }
+  // This rank's slot map: [n_experts] local slot, or -1 where another rank holds the expert.
+  std::vector<int32_t> local_slot_map() const;
+
+ private:
+  std::vector<int32_t> owner_, slot_;
+  int64_t n_ranks_ = 1, rank_ = 0;
+};
+
+// One MoE layer's experts on this rank: the device-resident expert -> slot table and the weights of each slot.
+class ExpertTable {
+ public:
+  ExpertTable() = default;
+  // all_experts: the layer's expert weights by global id (entries of other ranks may be null). Prepares this rank's
+  // slots and uploads the slot map now (load time), so the first captured step finds everything in place.
+  ExpertTable(Backend& be, const ExpertPlacement& placement, const ExpertWeights& all_experts);
+
+  const Tensor& slot_map() const { return slot_map_; }  // I32 [n_experts]
+  const ExpertSlots& slots() const { return *slots_; }
+  int64_t n_slots() const { return slots_->n_slots(); }
+  int64_t n_experts() const { return static_cast<int64_t>(host_map_.size()); }
+  // Global expert held in `slot`.
+  int32_t expert_in(int64_t slot) const { return slot_expert_.at(static_cast<size_t>(slot)); }
+  // Puts `expert` in `slot` (the slot's old expert leaves this rank's map), ordered with the ops already issued.
+  void assign(Backend& be, int64_t slot, int32_t expert, const LinearHandle& gate, const LinearHandle& up,
+              const LinearHandle& down);
+
+ private:
+  void upload_map(Backend& be);
+
+  std::vector<int32_t> host_map_;     // [n_experts] slot or -1
+  std::vector<int32_t> slot_expert_;  // [n_slots] global expert
+  Tensor slot_map_;
+  std::unique_ptr<ExpertSlots> slots_;
+};
+
+}  // namespace bg::moe

@@ -1,0 +1,39 @@
+// The MoE layer as the model calls it: route (router linear in fp32, sigmoid / grouped top-k) -> exchange dispatch
+// -> the experts of this rank's slots -> exchange combine. Both architectures use it: DeepSeek-V3 on the hidden state,
+// Kimi-K3 in the latent (its router reads the hidden state, its experts the down-projected latent).
+#pragma once
+
+#include <functional>
+
+#include "backend/backend.h"
+#include "moe/exchange.h"
+#include "moe/expert_table.h"
+
+namespace bg::moe {
+
+// One MoE layer's routed part.
+struct MoeLayerWeights {
+  const LinearHandle* router = nullptr;  // [n_experts, hidden]
+  Tensor router_bias;                    // F32 [n_experts] (selection only), may be empty
+  ExpertTable experts;
+};
+
+struct MoeLayerSpec {
+  ops::RouterParams router;  // n_tokens is filled per call
+  GluSpec glu;
+};
+
+// The router's choices for a step: ids I32 [n, k], weights F32 [n, k] (backend memory).
+struct MoeChoice {
+  Tensor ids, weights;
+};
+
+// Router logits in fp32 from x [n, hidden], then top-k.
+MoeChoice moe_route(Backend& be, const MoeLayerSpec& spec, const MoeLayerWeights& w, const Tensor& x);
+
+// out[t] += sum_k w(t,k) Expert_{ids(t,k)}(x_expert[t]) through the exchange; `overlap` (may be empty) runs while the
+// dispatched rows are in flight (the shared experts).
+void moe_routed(Backend& be, Exchange& exchange, const MoeLayerSpec& spec, const MoeLayerWeights& w,
+                const MoeChoice& choice, const Tensor& x_expert, Tensor& out, const std::function<void()>& overlap);
+
+}  // namespace bg::moe
