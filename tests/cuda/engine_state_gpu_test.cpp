@@ -20,7 +20,7 @@ class EngineStateGpu : public ::testing::TestWithParam<std::string> {
   static void TearDownTestSuite() { dir_.reset(); }
   Outputs run(StateRunConfig c, kv::StateUsage* usage = nullptr) {
     c.device = "cuda";
-    return run_state_workload(state_run_model(*dir_, GetParam()), c, usage);
+    return run_state_workload(state_run_model(dir_->path(), GetParam()), c, usage);
   }
   static std::unique_ptr<TempDir> dir_;
 };

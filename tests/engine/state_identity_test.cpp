@@ -23,7 +23,7 @@ class StateIdentity : public ::testing::TestWithParam<std::string> {
   static void TearDownTestSuite() { dir_.reset(); }
 
   std::map<std::string, Output> run(const Config& c, kv::StateUsage* usage = nullptr) {
-    return testing::run_state_workload(testing::state_run_model(*dir_, GetParam()), c, usage);
+    return testing::run_state_workload(testing::state_run_model(dir_->path(), GetParam()), c, usage);
   }
 
   static void expect_identical(std::map<std::string, Output>& got, std::map<std::string, Output>& want) {
