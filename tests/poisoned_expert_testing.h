@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "kv/state_manager.h"
 #include "model/model.h"
 #include "model/random_checkpoint.h"
 #include "temp_dir.h"
@@ -25,10 +26,9 @@ struct PoisonOutcome {
 inline std::map<std::string, PoisonOutcome> run_poison_requests(const std::filesystem::path& model_dir,
                                                                  const std::string& device, int n_requests) {
   LoadOptions lo;
-  lo.max_sequences = n_requests;
-  lo.max_total_tokens = 64 * n_requests;
   lo.device = device;
-  engine::Engine engine(load_model(model_dir, lo), sched::SchedulerConfig{n_requests, 32, 256, 64, 0.0});
+  engine::Engine engine(load_model(model_dir, lo), kv::StatePlan::simple(n_requests, 64 * n_requests),
+                        sched::SchedulerConfig{n_requests, 32, 256, 64, 0.0});
   for (int i = 0; i < n_requests; ++i) {
     proto::GenerateRequest g;
     g.id = fmt::format("r{}", i);

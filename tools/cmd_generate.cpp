@@ -156,8 +156,7 @@ void run_generate(const GenerateArgs& a) {
   Prepared p = prepare(a, -1);
   BG_CHECK(!p.prompt.empty(), "generate: the prompt is empty");
   const int64_t total = static_cast<int64_t>(p.prompt.size()) + a.max_tokens;
-  auto model = load_model(a.model_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = total, .device = a.device,
-                                                   .weight_store = a.weight_store,
+  auto model = load_model(a.model_dir, LoadOptions{.device = a.device, .weight_store = a.weight_store,
                                                    .distributed_weight_config = a.distributed_weight_config});
   const int64_t V = model->info().vocab_size;
   if (model->info().eos_token_id >= 0) p.stop_ids.push_back(static_cast<int32_t>(model->info().eos_token_id));
@@ -168,7 +167,8 @@ void run_generate(const GenerateArgs& a) {
   }
   ops::SamplingParams sp{a.temperature, a.top_k, a.top_p};
   std::mt19937_64 rng(a.seed);
-  auto seq = model->new_sequence();
+  auto state = make_state(*model, 1, total);
+  auto seq = state->new_sequence(total);
   std::vector<float> logits(p.prompt.size() * static_cast<size_t>(V));
   model->forward(*seq, p.prompt, logits.data());
   int32_t next = ops::sample_token(sp, logits.data() + (p.prompt.size() - 1) * static_cast<size_t>(V), V, rng);

@@ -39,13 +39,13 @@ void run_score(const ScoreArgs& a) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t prefill = a.prefill < 0 ? n : a.prefill;
   BG_CHECK(prefill >= 1 && prefill <= n, "--prefill {} must be in [1, {}] (the number of tokens)", prefill, n);
-  auto model = load_model(a.model_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = n, .device = a.device,
-                                                   .weight_store = a.weight_store,
+  auto model = load_model(a.model_dir, LoadOptions{.device = a.device, .weight_store = a.weight_store,
                                                    .distributed_weight_config = a.distributed_weight_config});
   const int64_t V = model->info().vocab_size;
   HostTensor logits(DType::kF32, {n, V});
   auto* out = reinterpret_cast<float*>(logits.data());
-  auto seq = model->new_sequence();
+  auto state = make_state(*model, 1, n);
+  auto seq = state->new_sequence(n);
   auto t0 = std::chrono::steady_clock::now();
   std::span<const int32_t> all(tokens);
   model->forward(*seq, all.subspan(0, static_cast<size_t>(prefill)), out);

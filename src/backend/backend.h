@@ -71,6 +71,17 @@ struct StateRef {
   int64_t slot_stride = 0;
 };
 
+// ---- host tier (kv::StateManager): pinned host memory and copies on a copy stream ----------------------------------
+// One device <-> host copy: `bytes` at byte `device_offset` of `device` and at `host`.
+struct HostCopy {
+  Tensor device;
+  size_t device_offset = 0;
+  std::byte* host = nullptr;
+  size_t bytes = 0;
+};
+// Completion of a batch of copies: increasing numbers, 0 = nothing to wait for. Copies complete in issue order.
+using CopyFence = uint64_t;
+
 enum class GluKind : uint8_t { kSwiGlu, kSitu };
 
 struct GluSpec {
@@ -168,6 +179,20 @@ class Backend {
   // Host bytes -> an existing tensor of exactly that size (any dtype). Synchronises.
   virtual void write_bytes(Tensor& dst, std::span<const std::byte> src) = 0;
   virtual void synchronize() = 0;
+
+  // ---- host tier --------------------------------------------------------------------------------------------
+  // Host memory for offloaded state: page-locked on CUDA (so copies are asynchronous DMA), plain on the CPU.
+  virtual std::shared_ptr<std::byte> alloc_host(size_t bytes);
+  // Device -> host / host -> device copies, issued after every op issued so far and run on a copy stream in issue
+  // order (CPU: done at once). Ops issued after copy_from_host wait for it on the device, without a host wait. The
+  // host memory must stay valid until the fence is done; device memory a device -> host copy reads must not be
+  // rewritten by ops issued before compute_wait(fence).
+  virtual CopyFence copy_to_host(std::span<const HostCopy> copies);
+  virtual CopyFence copy_from_host(std::span<const HostCopy> copies);
+  virtual bool fence_done(CopyFence fence) { return fence <= copies_issued_; }
+  virtual void wait_fence(CopyFence fence) { (void)fence; }
+  // Ops issued from now on run after the fence's copies (device side; the host does not wait).
+  virtual void compute_wait(CopyFence fence) { (void)fence; }
 
   // ---- steps --------------------------------------------------------------------------------------------------
   // Makes `step` the current step (CUDA: one stream-ordered upload of its metadata, no host synchronisation).
@@ -273,6 +298,7 @@ class Backend {
   virtual void upload_step() {}
   StepLayout step_;
   OpProfiler* profiler_ = nullptr;
+  CopyFence copies_issued_ = 0;
 };
 
 // "cpu" or "cuda" (CUDA only when built with it and a GPU is present); throws naming what is missing.

@@ -233,6 +233,11 @@ void validate_worker_options(const WorkerOptions& o) {
   BG_CHECK(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0,
            "--gpu-memory-utilization {} must be in (0, 1]", o.gpu_memory_utilization);
   BG_CHECK(o.parent_pid >= 0, "--parent-pid {} must be >= 0", o.parent_pid);
+  BG_CHECK(o.host_memory_gb >= 0.0 && o.host_memory_gb <= 1e6, "--host-memory-gb {} must be in [0, 1e6]",
+           o.host_memory_gb);
+  BG_CHECK(o.snapshot_interval >= 0, "--prefix-snapshot-interval {} must be >= 1", o.snapshot_interval);
+  BG_CHECK(o.swap_quantum_steps >= 0, "--swap-quantum-steps {} must be >= 0", o.swap_quantum_steps);
+  kv::parse_state_codec(o.state_offload_dtype);
   BG_CHECK(o.status_interval_ms >= 1 && o.idle_poll_ms >= 1, "status interval {} ms and idle poll {} ms must be >= 1",
            o.status_interval_ms, o.idle_poll_ms);
 }
@@ -247,6 +252,10 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o) {
   in.max_model_len = o.max_model_len;
   in.kv_cache_memory_bytes = o.kv_cache_memory_bytes;
   in.gpu_memory_utilization = o.gpu_memory_utilization;
+  in.host_memory_bytes = static_cast<int64_t>(o.host_memory_gb * static_cast<double>(int64_t{1} << 30));
+  in.prefix_cache = o.prefix_cache;
+  in.snapshot_interval = o.snapshot_interval;
+  in.state_codec = kv::parse_state_codec(o.state_offload_dtype);
   const sched::Plan plan = sched::make_plan(geo, in);
   log::info("worker rank {}: {}", o.rank, plan.describe());
   BG_CHECK(o.chunked_prefill_size >= plan.max_num_seqs, "--chunked-prefill-size {} must be >= --max-num-seqs {} "
@@ -256,10 +265,11 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o) {
   sc.max_model_len = plan.max_model_len;
   sc.chunked_prefill_size = o.chunked_prefill_size;
   sc.max_queue = o.max_queue;
+  sc.swap_quantum_steps = o.swap_quantum_steps;
   LoadOptions lo = plan.load_options();
   lo.weight_store = o.weight_store;
   lo.distributed_weight_config = o.distributed_weight_config;
-  return std::make_unique<Engine>(load_model(o.model_dir, lo), sc);
+  return std::make_unique<Engine>(load_model(o.model_dir, lo), plan.state_plan(), sc);
 }
 
 int run_worker(const WorkerOptions& options) {

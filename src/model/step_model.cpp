@@ -2,6 +2,7 @@
 #include "model/step_model.h"
 
 #include <bit>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -21,15 +22,17 @@ void StepModel::forward(Sequence& seq, std::span<const int32_t> tokens, float* l
   if (tokens.empty()) return;
   const BatchEntry entry{&seq, tokens};
   Backend& be = backend();
-  be.begin_step(layout_step({&entry, 1}, info(), padding()));
-  Tensor out = step_body(true, tap);
+  const StepPools pools = step_pools_of({&entry, 1});
+  be.begin_step(layout_step({&entry, 1}, info(), pools));
+  Tensor out = step_body(pools, true, tap);
   be.download_f32(out, logits);
   finish_step({&entry, 1});
 }
 
 void StepModel::forward_batch(std::span<const BatchEntry> batch, float* last_logits) {
   Backend& be = backend();
-  StepLayout step = layout_step(batch, info(), padding());
+  const StepPools pools = step_pools_of(batch);
+  StepLayout step = layout_step(batch, info(), pools);
   const int64_t n = step.n_seqs();
   // Decode steps on CUDA replay a graph of the next power-of-two batch (padding sequences write only the pools'
   // padding block and slot). A route hook synchronises, so it forces eager steps; so does a per-op profiler.
@@ -39,16 +42,27 @@ void StepModel::forward_batch(std::span<const BatchEntry> batch, float* last_log
   const int64_t bucket = graph_ok ? graph_bucket(n, max_graph_batch_) : 0;
   Tensor out;
   if (bucket > 0) {
-    pad_decode_step(step, bucket, padding());
-    const int64_t key = (bucket << 32) | step.max_blocks;
+    pad_decode_step(step, bucket, pools);
+    const int64_t key = (graph_pools_index(pools) << 48) | (bucket << 32) | step.max_blocks;
     be.begin_step(std::move(step));
-    out = be.run_graph(key, [this] { return step_body(false, nullptr); }).rows_view(0, n);
+    out = be.run_graph(key, [this, &pools] { return step_body(pools, false, nullptr); }).rows_view(0, n);
   } else {
     be.begin_step(std::move(step));
-    out = step_body(false, nullptr);
+    out = step_body(pools, false, nullptr);
   }
   be.download_f32(out, last_logits);
   finish_step(batch);
+}
+
+// A captured graph bakes in the pools' addresses and block size: graphs are keyed by them too, so sequences of
+// another kv::StateManager never replay a graph of this one.
+int64_t StepModel::graph_pools_index(const StepPools& pools) {
+  const auto id = std::make_tuple(pools.kv->storage().data, pools.state ? pools.state->storage().data : nullptr,
+                                  pools.kv->block_size());
+  auto it = graph_pools_.find(id);
+  if (it == graph_pools_.end()) it = graph_pools_.emplace(id, static_cast<int64_t>(graph_pools_.size())).first;
+  BG_CHECK(it->second < (int64_t{1} << 15), "cuda graphs: too many distinct state pools");
+  return it->second;
 }
 
 Tensor lm_head_logits(Backend& be, const LinearHandle& lm_head, const Tensor& x, bool all_rows) {

@@ -1,10 +1,13 @@
 // StepModel: the step driver both architectures share. It lays a batch out (forward_common), runs the architecture's
-// step body on the backend's current step — eagerly, or for decode steps on CUDA as a graph captured once per
-// (bucketed batch size, block-table width) and replayed — then downloads the logits and advances the sequences.
+// step body on the backend's current step over the pools the batch's sequences live in — eagerly, or for decode steps
+// on CUDA as a graph captured once per (bucketed batch size, block-table width) and replayed — then downloads the
+// logits and advances the sequences.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <span>
+#include <tuple>
 
 #include "backend/backend.h"
 #include "model/forward_common.h"
@@ -19,23 +22,23 @@ class StepModel : public Model {
   void forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) final;
   void forward_batch(std::span<const BatchEntry> batch, float* last_logits) final;
   int64_t n_graphs_captured() const final { return backend().n_graphs(); }
-  void set_op_profiler(OpProfiler* profiler) final { backend().set_profiler(profiler); }
 
  protected:
   explicit StepModel(const LoadOptions& options);
-  // The architecture's ops over backend().step(): logits F32, one row per token when all_rows, else one row per
-  // sequence (its last token). Must not synchronise when tap is null and no route hook is set (graph capture).
-  virtual Tensor step_body(bool all_rows, const TapFn* tap) = 0;
-  virtual Backend& backend() const = 0;
-  virtual StepPadding padding() const = 0;
+  // The architecture's ops over backend().step() and the sequences' pools: logits F32, one row per token when
+  // all_rows, else one row per sequence (its last token). Must not synchronise when tap is null and no route hook is
+  // set (graph capture).
+  virtual Tensor step_body(const StepPools& pools, bool all_rows, const TapFn* tap) = 0;
   // The MoE layers' exchange (loopback on one rank) and where each expert lives.
   moe::Exchange& exchange() const { return *exchange_; }
   moe::ExpertPlacement placement(int64_t n_experts) const;
 
  private:
+  int64_t graph_pools_index(const StepPools& pools);
   std::unique_ptr<moe::Exchange> exchange_;
   bool graphs_;
   int64_t max_graph_batch_;
+  std::map<std::tuple<const void*, const void*, int64_t>, int64_t> graph_pools_;
 };
 
 // The final projection of a step: x [n_tokens, hidden] (normed) -> logits F32 [n_tokens or n_seqs, vocab].

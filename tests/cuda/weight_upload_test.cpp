@@ -9,6 +9,7 @@
 #include "backend/cuda/weight_uploader.h"
 #include "cuda_testing.h"
 #include "formats/expert_block.h"
+#include "kv/state_manager.h"
 #include "model/model.h"
 #include "weights/weights_testing.h"
 
@@ -153,7 +154,8 @@ TEST(WeightUploader, GpuModelThroughTheStoreEqualsTheFiles) {
     ASSERT_EQ(d.wait_ready(), "");
     auto logits = [&](const LoadOptions& o) {
       auto m = load_model(dir, o);
-      auto seq = m->new_sequence();
+      auto state = make_state(*m, 1, 64);
+      auto seq = state->new_sequence(64);
       const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7};
       std::vector<float> out(prompt.size() * static_cast<size_t>(m->info().vocab_size));
       m->forward(*seq, prompt, out.data());

@@ -108,6 +108,13 @@ TEST(ServeOptions, WorkerCommandLine) {
   EXPECT_EQ(std::vector<std::string>(argv.begin(), argv.begin() + static_cast<long>(head.size())), head);
   const std::vector<std::string> tail = {"--device", "cpu", "--max-model-len", "512"};
   EXPECT_EQ(std::vector<std::string>(argv.end() - static_cast<long>(tail.size()), argv.end()), tail);
+  opt.prefix_cache = false;
+  opt.host_memory_gb = 1.5;
+  opt.state_offload_dtype = "bf16";
+  argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 0);
+  const std::vector<std::string> state = {"--no-prefix-cache", "--host-memory-gb", "1.5", "--state-offload-dtype",
+                                          "bf16"};
+  EXPECT_EQ(std::vector<std::string>(argv.end() - static_cast<long>(state.size()), argv.end()), state);
 }
 
 }  // namespace

@@ -76,6 +76,12 @@ void validate_serve_options(ServeOptions& opt) {
              "--allowed-hosts: '{}' is not a host name or address (give names without port or scheme, e.g. "
              "localhost,api.example.com)", h);
   }
+  check_positive(opt.prefix_snapshot_interval, "--prefix-snapshot-interval");
+  BG_CHECK(!opt.host_memory_gb || (*opt.host_memory_gb >= 0.0 && *opt.host_memory_gb <= 1e6),
+           "--host-memory-gb {} must be in [0, 1e6]", opt.host_memory_gb.value_or(0.0));
+  BG_CHECK(opt.state_offload_dtype.empty() || opt.state_offload_dtype == "f32" || opt.state_offload_dtype == "bf16" ||
+           opt.state_offload_dtype == "fp8", "--state-offload-dtype {} must be f32, bf16 or fp8",
+           opt.state_offload_dtype);
   if (opt.k3_moe_exchange == "ll") {
     fail("--k3-moe-exchange ll is not available yet (the low-latency expert exchange has not been implemented); "
          "use --k3-moe-exchange nccl");
@@ -112,6 +118,17 @@ std::vector<std::string> worker_command(const ServeOptions& opt, const std::stri
       argv.push_back(flag);
       argv.push_back(value);
     }
+  }
+  add("--prefix-snapshot-interval", opt.prefix_snapshot_interval);
+  add("--swap-quantum-steps", opt.swap_quantum_steps);
+  if (!opt.prefix_cache) argv.push_back("--no-prefix-cache");
+  if (opt.host_memory_gb) {
+    argv.push_back("--host-memory-gb");
+    argv.push_back(fmt::format("{}", *opt.host_memory_gb));
+  }
+  if (!opt.state_offload_dtype.empty()) {
+    argv.push_back("--state-offload-dtype");
+    argv.push_back(opt.state_offload_dtype);
   }
   return argv;
 }

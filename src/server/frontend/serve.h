@@ -20,6 +20,12 @@ struct ServeOptions {
   std::optional<int64_t> max_model_len;
   std::optional<int64_t> chunked_prefill_size;
   std::optional<int64_t> max_queue;
+  // Sequence state (the worker's kv::StateManager; docs/SERVING_ENGINE.md)
+  bool prefix_cache = true;                     // false: --no-prefix-cache
+  std::optional<int64_t> prefix_snapshot_interval;
+  std::optional<double> host_memory_gb;
+  std::string state_offload_dtype;              // "": the worker's (f32)
+  std::optional<int64_t> swap_quantum_steps;
   std::string api_key;
   std::string served_model_name;                // "": the model directory's name
   std::string k3_moe_exchange = "nccl";         // nccl | ll
