@@ -105,7 +105,9 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
   c.name = name;
   c.shape = fmt::format("T={} rows/expert={}", n_tokens, n_tokens * kTopK / kExperts);
   c.set_bytes = d(kExperts) * expert_bytes();  // far beyond the L2: one set
-  c.compute_ref = ComputeRef::kGroupedGemm;
+  // Decode (a few rows per expert) is bound by the weight bytes: its compute reference is the dense GEMM peak, not the
+  // grouped GEMM at the same rows per expert (itself memory-bound there, so a 4-bit kernel would score above 1).
+  c.compute_ref = part == MoePart::kW4a16 || n_tokens <= 256 ? ComputeRef::kGemm : ComputeRef::kGroupedGemm;
   c.rows_per_expert = std::max<int64_t>(1, n_tokens * kTopK / kExperts);
   c.prepare = [=](const CudaEnv& env, CaseMemory& mem, int) {
     const MoeCudaParams p = moe_params(n_tokens);
