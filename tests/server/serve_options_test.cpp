@@ -111,7 +111,7 @@ TEST(ServeOptions, WorkerCommandLine) {
   opt.prefix_cache = false;
   opt.host_memory_gb = 1.5;
   opt.state_offload_dtype = "bf16";
-  argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 0);
+  argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 0, "rank-0-i0");
   const std::vector<std::string> state = {"--no-prefix-cache", "--host-memory-gb", "1.5", "--state-offload-dtype",
                                           "bf16"};
   EXPECT_EQ(std::vector<std::string>(argv.end() - static_cast<long>(state.size()), argv.end()), state);

@@ -104,7 +104,7 @@ TEST(Daemon, ServeWorkersAttachThroughTheStore) {
   frontend::ServeOptions so;
   so.model_dir = model.string();
   so.weight_store = g.name();
-  const auto argv = frontend::worker_command(so, "batchgen", "ipc:///tmp/x", 0);
+  const auto argv = frontend::worker_command(so, "batchgen", "ipc:///tmp/x", 0, "rank-0-i0");
   auto it = std::find(argv.begin(), argv.end(), "--weight-store");
   ASSERT_NE(it, argv.end());
   EXPECT_EQ(*(it + 1), g.name());
