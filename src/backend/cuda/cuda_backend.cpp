@@ -386,7 +386,7 @@ class CudaBackend final : public Backend {
   CopyFence issue_copies(std::span<const HostCopy> copies, cudaMemcpyKind kind);
   cudaEvent_t fence_event(CopyFence fence) const;
   void retire_copies();
-  cuda::MoeContext moe_ctx() const { return {alloc_.get(), errors_.as<int32_t>(), stream_}; }
+  cuda::MoeContext moe_ctx() const { return {alloc_.get(), errors_.as<int32_t>(), stream_, false}; }
   // Device error flags (MoE / MLA kernels raise bits instead of trapping): read after each synchronisation; a raised
   // flag is reset and reported as an error of this step (the context stays usable).
   void check_device_errors() {

@@ -148,15 +148,6 @@ bool w4a16_enabled() {
   return on;
 }
 
-// BG_MOE_W4A16_DYNAMIC_SPLITS=1: the split-K factor chosen on the device (faster at some batches, not batch-invariant).
-bool dynamic_splits() {
-  static const bool on = [] {
-    const char* v = std::getenv("BG_MOE_W4A16_DYNAMIC_SPLITS");
-    return v != nullptr && std::string_view(v) == "1";
-  }();
-  return on;
-}
-
 }  // namespace
 
 MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu,
@@ -186,8 +177,7 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
     return MoeLocalPath::kStages;
   }
   expect_bf16(x, "moe input");
-  // 2: what the dynamic choice picks for 1-16 rows per expert on an H200 (bench/RESULTS.md), fixed.
-  const ops::MoeW4a16Params wp = ops::moe_w4a16_params(p, c.deterministic_splits && !dynamic_splits() ? 2 : 0);
+  const ops::MoeW4a16Params wp = ops::moe_w4a16_params(p, c.deterministic_splits ? 1 : 0);
   std::shared_ptr<void> mem = c.alloc->allocate(ops::moe_w4a16_workspace_bytes(wp));
   const ops::MoeW4a16Workspace ws = ops::moe_w4a16_workspace_layout(wp, mem.get());
   ops::moe_w4a16_workspace_init(ws, c.stream);  // stream-ordered memset of the counters (capturable)

@@ -60,10 +60,7 @@ struct MoeContext {
   CachingAllocator* alloc = nullptr;
   int32_t* error_flags = nullptr;  // the backend's device error word
   cudaStream_t stream = nullptr;
-  // W4A16: a fixed split-K factor, so a row's result does not depend on what else is in the step (batch invariance:
-  // concurrent requests get the tokens they get alone). Off (BG_MOE_W4A16_DYNAMIC_SPLITS=1), the factor follows the
-  // number of touched experts to fill the SMs, and results change in the last bits with the batch.
-  bool deterministic_splits = true;
+  bool deterministic_splits = false;  // W4A16: a fixed split-K factor (results independent of the batch)
 };
 
 void moe_dispatch(const MoeContext& c, const Tensor& slot_map, const Tensor& ids, const Tensor& weights,
