@@ -237,7 +237,16 @@ void StateManager::commit(Sequence& seq, std::span<const int32_t> tokens, int64_
     return;
   }
   CacheNode* node = insert_blocks(seq, tokens, canon / B);
-  if (!node->has_snapshot()) take_snapshot(seq, node);
+  if (!node->has_snapshot()) {
+    // Pinned while room is made for its snapshot: evicting other snapshots prunes snapshot-less leaves, and the node
+    // is one until its snapshot is taken (ASan caught take_snapshot writing to a node that eviction had freed).
+    const bool was_pinned = node->pinned;
+    node->pinned = true;
+    take_snapshot(seq, node);
+    node->pinned = was_pinned;
+    // No room for a snapshot: without one the path is not worth keeping (as eviction would have decided).
+    if (!node->has_snapshot()) prune(node);
+  }
   seq.cache_committed_ = canon;
 }
 

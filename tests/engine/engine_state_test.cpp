@@ -96,8 +96,10 @@ std::map<std::string, Final> conversations(const FakeModelOptions& mo) {
   return r.results;
 }
 
-// Returns how many requests hit the cache.
-int64_t expect_cache_transparent(FakeModelOptions mo) {
+// Returns how many requests hit the cache. exact: no request is preempted and recomputed, so every request is looked
+// up once and /metrics' tokens saved equal the sum of usage.cached_tokens; under memory pressure a recomputed request
+// is looked up (and may reuse the cache) again, which /metrics counts and its final usage does not.
+int64_t expect_cache_transparent(FakeModelOptions mo, bool exact = true) {
   mo.prefix_cache = false;
   auto off = conversations(mo);
   mo.prefix_cache = true;
@@ -111,8 +113,13 @@ int64_t expect_cache_transparent(FakeModelOptions mo) {
     cached += on[id].cached_tokens;
   }
   EXPECT_GT(cached, 0);
-  EXPECT_EQ(on["status"].cached_tokens, cached);  // /metrics' tokens saved = the sum over usage.cached_tokens
-  EXPECT_EQ(on["status"].tokens[0], 12);          // every request looked up
+  if (exact) {
+    EXPECT_EQ(on["status"].cached_tokens, cached);  // /metrics' tokens saved = the sum over usage.cached_tokens
+    EXPECT_EQ(on["status"].tokens[0], 12);          // every request looked up
+  } else {
+    EXPECT_GE(on["status"].cached_tokens, cached);
+    EXPECT_GE(on["status"].tokens[0], 12);
+  }
   EXPECT_EQ(off["status"].cached_tokens, 0);
   return on["status"].tokens[1];
 }
@@ -128,10 +135,10 @@ TEST(EngineState, PrefixCacheGivesTheSameTokensWithoutState) {
 TEST(EngineState, PrefixCacheUnderMemoryPressureStillGivesTheSameTokens) {
   // Few blocks and slots: cache entries are evicted (and, with the host tier, offloaded) all the time.
   const int64_t gpu_only = expect_cache_transparent(FakeModelOptions{.n_blocks = 40, .n_slots = 5,
-                                                                      .snapshot_interval = 8});
+                                                                      .snapshot_interval = 8}, /*exact=*/false);
   FakeModelOptions mo{.n_blocks = 40, .n_slots = 5, .snapshot_interval = 8};
   mo.host_bytes = 128 * 32;
-  const int64_t with_host = expect_cache_transparent(mo);
+  const int64_t with_host = expect_cache_transparent(mo, /*exact=*/false);
   EXPECT_GE(gpu_only, 1);
   EXPECT_GT(with_host, gpu_only);  // the host tier keeps what the GPU tier had to give up
   std::printf("[engine state] requests hitting the cache under pressure: %ld GPU only, %ld with the host tier\n",
