@@ -266,10 +266,14 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o) {
   sc.chunked_prefill_size = o.chunked_prefill_size;
   sc.max_queue = o.max_queue;
   sc.swap_quantum_steps = o.swap_quantum_steps;
+  sc.deterministic = o.deterministic;
   LoadOptions lo = plan.load_options();
   lo.weight_store = o.weight_store;
   lo.distributed_weight_config = o.distributed_weight_config;
-  return std::make_unique<Engine>(load_model(o.model_dir, lo), plan.state_plan(), sc);
+  lo.deterministic = o.deterministic;
+  kv::StatePlan sp = plan.state_plan();
+  if (o.deterministic) sp.resume_align_tokens = sp.snapshot_interval;  // hits resume on the scheduler's grid
+  return std::make_unique<Engine>(load_model(o.model_dir, lo), sp, sc);
 }
 
 int run_worker(const WorkerOptions& options) {
