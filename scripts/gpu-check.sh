@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU session's checks from a carried bundle (scripts/gpu-bundle.sh): unpacks .gpu/bundle.tar.xz when present, then
 # runs the named steps, each with a time limit, logging to $OUT/<step>.log and a one-line status to $OUT/summary.txt.
-#   scripts/gpu-check.sh STEP...     steps: parity, wgmma, w4a16-bench, mla-bench, bench, bench-quick, serve, load, golden
+#   scripts/gpu-check.sh STEP...     steps: parity, wgmma, w4a16-bench, mla-bench, bench, bench-quick, serve, load, golden,
+#                                    cuda=GTEST_FILTER (test_cuda with that filter), kernels=NAME (bench kernels --kernels)
 # Meant for the H200 machine (torch's CUDA libraries beside the bundle's own).
 set -u
 OUT=${OUT:-$PWD/gpu-out}
@@ -19,6 +20,7 @@ run() {  # run NAME LIMIT_S CMD...
   local rc=$?
   echo "$name rc=$rc $((SECONDS - t0))s $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$name.log" | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
 }
+n=0
 for step in "$@"; do
   case $step in
     parity) run parity 420 $B/test_cuda --gtest_filter='-Wgmma/*:*DISABLED*' ;;
@@ -30,6 +32,9 @@ for step in "$@"; do
     bench) run bench "${BG_BENCH_LIMIT_S:-560}" bench/run-h200.sh $B ${BG_BENCH_ARGS:-} ;;
     serve) run serve 240 scripts/gpu-serve-check.sh $B ;;
     load) run load 400 scripts/gpu-load-check.sh $B ;;
+    cuda=*) n=$((n + 1)); run "cuda$n" "${BG_STEP_LIMIT_S:-300}" $B/test_cuda --gtest_filter="${step#cuda=}" ;;
+    kernels=*) n=$((n + 1)); run "kernels$n" "${BG_STEP_LIMIT_S:-300}" $B/batchgen bench kernels --device cuda \
+                 --kernels "${step#kernels=}" --json "$OUT/kernels$n.json" ;;
     *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
   esac
 done

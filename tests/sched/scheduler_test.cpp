@@ -297,7 +297,9 @@ TEST(Scheduler, DeterministicPiecesDoNotDependOnOtherRequests) {
     c.deterministic = true;
     Scheduler s(f.state, c);
     EXPECT_EQ(s.piece_grid(), 12);
-    if (with_neighbour) EXPECT_FALSE(s.add(make_request("x", 9, 6)));  // takes part of the budget first
+    if (with_neighbour) {
+      EXPECT_FALSE(s.add(make_request("x", 9, 6)));  // takes part of the budget first
+    }
     EXPECT_FALSE(s.add(make_request("a", 30, 2)));
     std::vector<std::pair<int64_t, int64_t>> pieces;
     for (int i = 0; i < 12 && s.n_running() + s.n_waiting() > 0; ++i) {
