@@ -76,21 +76,35 @@ void run_grouped_case(const GroupedCase& c, uint64_t seed) {
       ASSERT_EQ(plan.rows[i], ref.r.counts[s]) << what;
       ASSERT_EQ(plan.row_begin[i], ref.r.offsets[s]) << what;
     }
-    GroupedBuffers bufs(plan);
-    MoeGroupedArgs a;
-    a.plan = &plan;
-    a.experts = ex.table.as<ExpertWeightsCuda>();
-    a.ws = w.ws;
-    a.bufs = bufs.view;
-    a.ctx = {blas.handle, blas.workspace.data(), blas.workspace.bytes()};
-    moe_grouped_write_pointers(a, nullptr);
-    moe_expert_ffn_grouped_cuda(p, a, nullptr);
-    moe_combine_cuda(p, w.ws, d_out.data(), nullptr);
-    BG_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_EQ(w.error_word(), 0) << what;
-    const std::vector<float> got = testing::from_bf16(cuda::download<uint16_t>(d_out, static_cast<size_t>(n * hidden)));
-    testing::expect_parity(got, reference_moe(p, ex, r, x), testing::kTolBf16Out, what);
+    const std::vector<float> want = reference_moe(p, ex, r, x);
+    // Both GEMM entry points, each from freshly poisoned outputs and scratch.
+    for (MoeGroupedGemmApi api : {MoeGroupedGemmApi::kGrouped, MoeGroupedGemmApi::kPerExpert}) {
+      const std::string label = what + (api == MoeGroupedGemmApi::kGrouped ? " grouped" : " per-expert");
+      for (cuda::DeviceBuffer* b : {&w.h, &w.y_perm, &d_out}) b->fill_bytes(0xff);
+      GroupedBuffers bufs(plan);
+      MoeGroupedArgs a;
+      a.plan = &plan;
+      a.experts = ex.table.as<ExpertWeightsCuda>();
+      a.ws = w.ws;
+      a.bufs = bufs.view;
+      a.ctx = {blas.handle, blas.workspace.data(), blas.workspace.bytes(), api};
+      moe_grouped_write_pointers(a, nullptr);
+      moe_expert_ffn_grouped_cuda(p, a, nullptr);
+      moe_combine_cuda(p, w.ws, d_out.data(), nullptr);
+      BG_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(w.error_word(), 0) << label;
+      const std::vector<float> got =
+          testing::from_bf16(cuda::download<uint16_t>(d_out, static_cast<size_t>(n * hidden)));
+      testing::expect_parity(got, want, testing::kTolBf16Out, label);
+    }
   }
+}
+
+TEST(MoeGroupedParity, GemmApiFromEnvironment) {
+  EXPECT_EQ(moe_grouped_gemm_api(nullptr), MoeGroupedGemmApi::kGrouped);
+  EXPECT_EQ(moe_grouped_gemm_api("grouped"), MoeGroupedGemmApi::kGrouped);
+  EXPECT_EQ(moe_grouped_gemm_api("per_expert"), MoeGroupedGemmApi::kPerExpert);
+  EXPECT_THROW(moe_grouped_gemm_api("loop"), Error);
 }
 
 TEST(MoeGroupedParity, KimiK3LatentExperts) {

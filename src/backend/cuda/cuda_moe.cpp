@@ -157,6 +157,7 @@ void run_grouped(const MoeContext& c, const CudaExpertSlots& slots, const ops::M
   a.experts = slots.device();
   a.ws = ws;
   a.ctx = c.blas;
+  a.ctx.api = ops::moe_grouped_gemm_api(std::getenv("BG_MOE_GROUPED_GEMM"));
   a.bufs.weights = static_cast<bf16*>(c.grouped_scratch->ensure(*c.alloc, weight_bytes));
   a.bufs.weight_bytes = c.grouped_scratch->bytes();
   // Per call, freed in stream order: gate|up outputs of the largest group and the GEMMs' pointer arrays.

@@ -9,6 +9,7 @@
 //   moe_prefill_grouped the dequantize-once path at prefill token counts: dequant of the touched experts into the bf16
 //                       scratch + cuBLAS grouped GEMMs + GLU (ops/moe/moe_grouped_cuda.h), dequant included; its
 //                       fraction is of the same run's bf16 grouped GEMM ceiling at the nearest rows per expert
+//   moe_prefill_grouped_per_expert  the same with one cublasGemmEx per expert instead of the grouped call
 //   moe_prefill_grouped_dequant  the dequant pass of that path alone (bytes: packed in, bf16 out)
 //   moe_dispatch_prefill the device-side dispatch alone at a long prefill step
 #include <fmt/format.h>
@@ -104,13 +105,14 @@ double ffn_bytes(int64_t n_tokens, int64_t touched) {
   return d(touched) * expert_bytes() + slots * d(kLatent + 2 * kInter + kLatent) * 2;
 }
 
-enum class MoePart { kW4a16, kFfn, kRouted, kDispatch, kGrouped, kGroupedDequant };
+enum class MoePart { kW4a16, kFfn, kRouted, kDispatch, kGrouped, kGroupedPerExpert, kGroupedDequant };
 
 // The grouped path over a dispatched, gathered workspace: its plan (the row counts read once here, outside the
 // captured launches), scratch and pointer arrays. Launch = the whole FFN (dequant included) or the dequant alone.
 PreparedKernel grouped_kernel(const CudaEnv& env, CaseMemory& mem, const MoeCudaParams& p,
                               const std::shared_ptr<MoeDispatchBuffers>& disp, const ExpertWeightsCuda* experts,
-                              bool dequant_only) {
+                              MoePart part) {
+  const bool dequant_only = part == MoePart::kGroupedDequant;
   const int64_t per_group = ops::moe_grouped_group_experts(p.hidden, p.inter, ops::kMoeGroupedScratchBudgetBytes);
   auto plan = std::make_shared<ops::MoeGroupedPlan>(
       ops::moe_grouped_plan_from_device(p, disp->ws, per_group, env.stream));
@@ -118,7 +120,8 @@ PreparedKernel grouped_kernel(const CudaEnv& env, CaseMemory& mem, const MoeCuda
   a.plan = plan.get();
   a.experts = experts;
   a.ws = disp->ws;
-  a.ctx = {env.cublas, env.cublas_workspace, env.cublas_workspace_bytes};
+  a.ctx = {env.cublas, env.cublas_workspace, env.cublas_workspace_bytes,
+           part == MoePart::kGroupedPerExpert ? ops::MoeGroupedGemmApi::kPerExpert : ops::MoeGroupedGemmApi::kGrouped};
   a.bufs.weight_bytes = z(per_group) * ops::moe_grouped_expert_bytes(p.hidden, p.inter);
   a.bufs.weights = static_cast<bf16*>(mem.zeros(a.bufs.weight_bytes));
   a.bufs.gu_bytes = ops::moe_grouped_gu_bytes(*plan);
@@ -192,12 +195,13 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
     // The stage FFN alone reads a gathered workspace: gather once here.
     ops::moe_gather_cuda(p, x, ws, env.stream);
     const ExpertWeightsCuda* experts = make_experts(mem);
-    if (part == MoePart::kGrouped || part == MoePart::kGroupedDequant) {
-      return grouped_kernel(env, mem, p, disp, experts, part == MoePart::kGroupedDequant);
+    if (part == MoePart::kGrouped || part == MoePart::kGroupedPerExpert || part == MoePart::kGroupedDequant) {
+      return grouped_kernel(env, mem, p, disp, experts, part);
     }
     switch (part) {
       case MoePart::kW4a16:
       case MoePart::kGrouped:
+      case MoePart::kGroupedPerExpert:
       case MoePart::kGroupedDequant:
       case MoePart::kFfn:
         k.cost = {ffn_bytes(n_tokens, routing.touched), flops};
@@ -272,6 +276,7 @@ void register_moe_cases(KernelRegistry& r, bool quick) {
   // 1024 tokens = 292 rows per expert (an EP16 rank's share of a 16k-token step over 896 experts); 4096 and 16384 =
   // 1170 and 4681 rows per expert.
   for (int64_t t : prefill) r.add(moe_case("moe_prefill_grouped", t, MoePart::kGrouped));
+  for (int64_t t : prefill) r.add(moe_case("moe_prefill_grouped_per_expert", t, MoePart::kGroupedPerExpert));
   for (int64_t t : prefill) r.add(moe_case("moe_prefill_grouped_dequant", t, MoePart::kGroupedDequant));
   r.add(moe_case("moe_dispatch_prefill", quick ? 4096 : 16384, MoePart::kDispatch));
 }

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <string_view>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -113,10 +114,25 @@ struct GroupedGemm {
   void* const* c = nullptr;
 };
 
-void grouped_gemm(const MoeGroupedContext& ctx, const GroupedGemm& g, cudaStream_t stream) {
+void bind(const MoeGroupedContext& ctx, cudaStream_t stream) {
   BG_CUBLAS_CHECK(cublasSetStream(ctx.cublas, stream));
   // cublasSetStream resets the workspace to cuBLAS's own pool, so the caller's workspace is bound after it.
   BG_CUBLAS_CHECK(cublasSetWorkspace(ctx.cublas, ctx.cublas_workspace, ctx.cublas_workspace_bytes));
+}
+
+// The same problems as grouped_gemm, one cublasGemmEx each; a, b, c are host copies of the pointer arrays.
+void per_expert_gemm(const MoeGroupedContext& ctx, const GroupedGemm& g, cudaStream_t stream) {
+  bind(ctx, stream);
+  const float alpha = 1.0f, beta = 0.0f;
+  for (int i = 0; i < g.count; ++i) {
+    BG_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, g.m, g.n[i], g.k, &alpha, g.a[i], CUDA_R_16BF,
+                                 g.k, g.b[i], CUDA_R_16BF, g.k, &beta, g.c[i], CUDA_R_16BF, g.m, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
+  }
+}
+
+void grouped_gemm(const MoeGroupedContext& ctx, const GroupedGemm& g, cudaStream_t stream) {
+  bind(ctx, stream);
   const auto count = static_cast<size_t>(g.count);
   const std::vector<cublasOperation_t> ta(count, CUBLAS_OP_T), tb(count, CUBLAS_OP_N);
   const std::vector<int> m(count, g.m), k(count, g.k), lda(count, g.k), ldb(count, g.k), ldc(count, g.m);
@@ -178,14 +194,21 @@ MoeGroupedPlan moe_grouped_plan_from_device(const MoeCudaParams& p, const MoeWor
   return moe_grouped_plan(counts, p.hidden, p.inter, group_experts, p.shape.n_pairs());
 }
 
-void moe_grouped_write_pointers(const MoeGroupedArgs& a, cudaStream_t stream) {
-  BG_CHECK(a.plan != nullptr, "moe grouped: null plan");
+MoeGroupedGemmApi moe_grouped_gemm_api(const char* env_value) {
+  if (env_value == nullptr || *env_value == '\0' || std::string_view(env_value) == "grouped") {
+    return MoeGroupedGemmApi::kGrouped;
+  }
+  if (std::string_view(env_value) == "per_expert") return MoeGroupedGemmApi::kPerExpert;
+  fail("BG_MOE_GROUPED_GEMM='{}': expected 'grouped' or 'per_expert'", env_value);
+}
+
+namespace {
+
+// The pointer arrays of every GEMM of the plan (host): per touched expert i of n, A_gu, B_gu, C_gu, A_down, B_down,
+// C_down at [k * n + i].
+std::vector<void*> pointer_table(const MoeGroupedArgs& a) {
   const MoeGroupedPlan& plan = *a.plan;
   const size_t n = static_cast<size_t>(plan.n_active());
-  if (n == 0) return;
-  BG_CHECK(a.bufs.pointers != nullptr && a.bufs.pointer_bytes >= moe_grouped_pointer_bytes(plan),
-           "moe grouped: pointer arrays of {} bytes, the plan needs {}", a.bufs.pointer_bytes,
-           moe_grouped_pointer_bytes(plan));
   const int64_t H = plan.hidden, I = plan.inter, expert_elems = 3 * H * I;
   std::vector<void*> host(6 * n);
   for (const MoeGroupedGroup& g : plan.groups) {
@@ -201,6 +224,19 @@ void moe_grouped_write_pointers(const MoeGroupedArgs& a, cudaStream_t stream) {
       host[5 * n + i] = a.ws.y_perm + row * H;                  // y rows [rows, H]
     }
   }
+  return host;
+}
+
+}  // namespace
+
+void moe_grouped_write_pointers(const MoeGroupedArgs& a, cudaStream_t stream) {
+  BG_CHECK(a.plan != nullptr, "moe grouped: null plan");
+  const MoeGroupedPlan& plan = *a.plan;
+  if (plan.n_active() == 0) return;
+  BG_CHECK(a.bufs.pointers != nullptr && a.bufs.pointer_bytes >= moe_grouped_pointer_bytes(plan),
+           "moe grouped: pointer arrays of {} bytes, the plan needs {}", a.bufs.pointer_bytes,
+           moe_grouped_pointer_bytes(plan));
+  const std::vector<void*> host = pointer_table(a);
   // From pageable memory: staged before cudaMemcpyAsync returns, so `host` may go out of scope.
   BG_CUDA_CHECK(
       cudaMemcpyAsync(a.bufs.pointers, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice, stream));
@@ -225,19 +261,23 @@ void moe_expert_ffn_grouped_cuda(const MoeCudaParams& p, const MoeGroupedArgs& a
            "moe grouped: no cuBLAS handle or workspace in the context");
   const MoeGroupedPlan& plan = *a.plan;
   const size_t n = static_cast<size_t>(plan.n_active());
-  void* const* ptr = a.bufs.pointers;
+  const bool per_expert = a.ctx.api == MoeGroupedGemmApi::kPerExpert;
+  // Per expert: cublasGemmEx takes its pointers on the host (the same table, not the device copy).
+  const std::vector<void*> host = per_expert ? pointer_table(a) : std::vector<void*>();
+  void* const* ptr = per_expert ? host.data() : a.bufs.pointers;
+  const auto gemm = per_expert ? per_expert_gemm : grouped_gemm;
   const auto H = static_cast<int>(p.hidden), I = static_cast<int>(p.inter);
   for (size_t gi = 0; gi < plan.groups.size(); ++gi) {
     const MoeGroupedGroup& g = plan.groups[gi];
     const size_t f = static_cast<size_t>(g.first);
     moe_grouped_dequant_cuda(p, a, gi, stream);
     const int32_t* rows = plan.rows.data() + f;
-    grouped_gemm(a.ctx, {2 * I, H, rows, g.n_experts, ptr + f, ptr + n + f, ptr + 2 * n + f}, stream);
+    gemm(a.ctx, {2 * I, H, rows, g.n_experts, ptr + f, ptr + n + f, ptr + 2 * n + f}, stream);
     const int glu_grid = grid_for(g.n_rows * std::max<int64_t>(1, p.inter / 8), 132 * 16);
     grouped_glu_kernel<<<glu_grid, kThreads, 0, stream>>>(a.bufs.gu, g.n_rows, p.inter, a.ws.h + g.row_begin * p.inter,
                                                          p.act);
     BG_CUDA_CHECK_LAUNCH();
-    grouped_gemm(a.ctx, {H, I, rows, g.n_experts, ptr + 3 * n + f, ptr + 4 * n + f, ptr + 5 * n + f}, stream);
+    gemm(a.ctx, {H, I, rows, g.n_experts, ptr + 3 * n + f, ptr + 4 * n + f, ptr + 5 * n + f}, stream);
   }
 }
 

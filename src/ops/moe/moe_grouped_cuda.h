@@ -27,11 +27,21 @@ struct MoeGroupedBuffers {
   size_t pointer_bytes = 0;
 };
 
+// Which cuBLAS entry point runs the expert GEMMs of a group. kGrouped: one cublasGemmGroupedBatchedEx call per
+// projection and group (one problem per expert; the default). kPerExpert: one cublasGemmEx per expert and projection
+// (same operands and types; kept as the measured alternative, BG_MOE_GROUPED_GEMM=per_expert).
+enum class MoeGroupedGemmApi : uint8_t { kGrouped, kPerExpert };
+
+// The API from the value of BG_MOE_GROUPED_GEMM: null / empty / "grouped" -> kGrouped, "per_expert" -> kPerExpert;
+// anything else throws naming the variable.
+MoeGroupedGemmApi moe_grouped_gemm_api(const char* env_value);
+
 // cuBLAS handle and workspace (the backend's); the launcher binds them to the stream before each call.
 struct MoeGroupedContext {
   cublasHandle_t cublas = nullptr;
   void* cublas_workspace = nullptr;
   size_t cublas_workspace_bytes = 0;
+  MoeGroupedGemmApi api = MoeGroupedGemmApi::kGrouped;
 };
 
 struct MoeGroupedArgs {
