@@ -3,6 +3,7 @@
 # runs the named steps, each with a time limit, logging to $OUT/<step>.log and a one-line status to $OUT/summary.txt.
 #   scripts/gpu-check.sh STEP...     steps: parity, wgmma, w4a16-bench, mla-bench, bench, bench-quick, serve, load, golden,
 #                                    cuda=GTEST_FILTER (test_cuda with that filter), kernels=NAME (bench kernels --kernels)
+#                                    moe-prefill (the grouped expert path's tests and bench cases, docs/MOE_PREFILL.md)
 # Meant for the H200 machine (torch's CUDA libraries beside the bundle's own).
 set -u
 OUT=${OUT:-$PWD/gpu-out}
@@ -28,6 +29,10 @@ for step in "$@"; do
     w4a16-bench) run w4a16_bench 180 $B/test_cuda --gtest_also_run_disabled_tests --gtest_filter='MoeW4a16Bench.*' ;;
     mla-bench) run mla_bench 240 $B/test_cuda --gtest_also_run_disabled_tests --gtest_filter='MlaDecodeBench.*' ;;
     golden) run golden 300 $B/test_cuda --gtest_filter='*Golden*:*StepGpu*' ;;
+    moe-prefill)
+      run moe_prefill 300 $B/test_cuda --gtest_filter='MoeGroupedParity.*:MoeCudaParity.*:Cases/GoldenGpu.*'
+      run moe_prefill_bench 420 $B/batchgen bench kernels --device cuda --kernels moe_prefill \
+        --json "$OUT/moe_prefill.json" ;;
     bench-quick) run bench_quick 300 $B/batchgen bench all --device cuda --quick --json "$OUT/bench_quick.json" ;;
     bench) run bench "${BG_BENCH_LIMIT_S:-560}" bench/run-h200.sh $B ${BG_BENCH_ARGS:-} ;;
     serve) run serve 240 scripts/gpu-serve-check.sh $B ;;
