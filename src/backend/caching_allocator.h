@@ -73,6 +73,7 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   bool capturing() const;
 
  private:
+  friend class CapturePool;
   static size_t round_size(size_t bytes);
   void* take_locked(size_t size, size_t& got);
   void* take_capture_locked(size_t size, size_t& got);

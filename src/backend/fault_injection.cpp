@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "core/device_fault.h"
@@ -12,24 +13,23 @@
 namespace bg {
 namespace {
 
-// Read once: the path, or "" when not armed (the warning says so in the log of every process that has it).
-const std::string& armed_path() {
-  static const std::string path = [] {
-    const char* v = std::getenv(kDeviceFaultFileEnv);
-    std::string p = v == nullptr ? "" : v;
-    if (!p.empty()) {
-      log::warn("{} is set: a sticky device fault will be injected at the first step after {} appears (a test hook)",
-                kDeviceFaultFileEnv, p);
-    }
-    return p;
-  }();
-  return path;
+// The armed path, or "" (read at every step, so a test can arm it in its own process; a getenv is negligible next to
+// a step). The first time it is seen armed, the log says so.
+std::string armed_path() {
+  const char* v = std::getenv(kDeviceFaultFileEnv);
+  if (v == nullptr || *v == '\0') return "";
+  static std::once_flag warned;
+  std::call_once(warned, [v] {
+    log::warn("{} is set: a sticky device fault will be injected at the first step after {} appears (a test hook)",
+              kDeviceFaultFileEnv, v);
+  });
+  return v;
 }
 
 }  // namespace
 
 void inject_device_fault_if_armed(std::string_view backend) {
-  const std::string& path = armed_path();
+  const std::string path = armed_path();
   if (path.empty() || ::unlink(path.c_str()) != 0) return;  // unlink: only one process and one step take the fault
   throw DeviceFault(fmt::format("CUDA error cudaErrorIllegalAddress (an illegal memory access was encountered) "
                                 "injected into a {} step by {}; the device context is unusable (a sticky error): the "

@@ -12,6 +12,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_fault.h"
 #include "core/device_fault.h"
 #include "cuda/cuda_testing.h"
 #include "ops/elementwise/elementwise_cuda.h"
@@ -26,8 +27,8 @@ constexpr int kSawDeviceFault = 42;
   std::unique_ptr<Backend> backend = make_cuda_backend();
   // y += x over 1M bf16 values at an address in the never-mapped first page: an illegal address on the device.
   auto* bogus = reinterpret_cast<__nv_bfloat16*>(uintptr_t{256});
-  ops::add_inplace_cuda(int64_t{1} << 20, bogus, bogus, nullptr);
   try {
+    ops::add_inplace_cuda(int64_t{1} << 20, bogus, bogus, nullptr);  // its launch check may already see the fault
     BG_CUDA_CHECK(cudaDeviceSynchronize());
     std::fprintf(stderr, "no error after the faulting kernel\n");
     std::_Exit(1);
@@ -56,7 +57,7 @@ TEST(CudaDeviceFault, IllegalAddressIsStickyAndThrowsDeviceFault) {
   BG_REQUIRE_GPU();
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child re-executes this binary: a fresh CUDA context
   EXPECT_EXIT(fault_in_child(), ::testing::ExitedWithCode(kSawDeviceFault),
-              "DeviceFault: CUDA error cudaErrorIllegalAddress.*sticky");
+              "DeviceFault: CUDA error cudaError(IllegalAddress|LaunchFailure).*sticky");
 }
 
 // "none", "error" (a recoverable bg::Error) or "fault" (bg::DeviceFault) for what `check` throws.
@@ -80,8 +81,10 @@ TEST(CudaDeviceFault, RecoverableErrorsAreNotSticky) {
   ASSERT_EQ(oom, cudaErrorMemoryAllocation);
   EXPECT_FALSE(cuda::cuda_context_lost(oom));
   EXPECT_EQ(thrown_by([&] { BG_CUDA_CHECK(cudaMalloc(&p, huge)); }), "error");
-  EXPECT_EQ(thrown_by([] { BG_CUDA_CHECK(cudaMemcpy(nullptr, nullptr, 16, static_cast<cudaMemcpyKind>(77))); }),
-            "error");
+  char host[16] = {};
+  EXPECT_EQ(thrown_by([&] { BG_CUDA_CHECK(cudaMemcpy(nullptr, host, sizeof(host), cudaMemcpyHostToDevice)); }),
+            "error");  // an invalid argument
+  EXPECT_EQ(thrown_by([] { BG_CUDA_CHECK(cudaSetDevice(1 << 20)); }), "error");  // no such device
   EXPECT_FALSE(cuda::is_sticky_cuda_error_code(cudaErrorInvalidValue));
   EXPECT_TRUE(cuda::is_sticky_cuda_error_code(cudaErrorMisalignedAddress));
   // The context is still usable.

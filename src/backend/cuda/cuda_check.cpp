@@ -1,7 +1,11 @@
-// CUDA error reporting and the sticky / recoverable classification.
+// CUDA error reporting and the sticky / recoverable classification (cuda_fault.h): a lost context throws
+// bg::DeviceFault, anything else bg::Error.
 #include "backend/cuda/cuda_check.h"
 
 #include <fmt/format.h>
+
+#include "backend/cuda/cuda_fault.h"
+#include "core/device_fault.h"
 
 namespace bg::cuda {
 
