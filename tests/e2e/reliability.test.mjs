@@ -282,6 +282,11 @@ test('a sticky device fault: in-flight requests get a clear error, the worker ex
   writeFileSync(faultFile, '');
   const results = await settledWithin(outcomes, 15_000);
   for (const r of results) assert.match(r, /^error .*device fault/, `every in-flight request: ${results}`);
+  // Until the restarted worker is ready (the backoff is >= 1 s), /ready and /metrics say why it is not.
+  const ready = await fetch(`${baseURL}/ready`);
+  assert.equal(ready.status, 503);
+  assert.match((await ready.json()).reason, /device fault/);
+  assert.equal(await metric('batchgen_worker_ready{rank="0"}'), 0);
   await waitFor('a new worker', async () => workerPid() !== pid, 15_000);
   assert.ok(!existsSync(faultFile), 'the fault is taken once');
   assert.match(logs, /rank 0: device fault .*cudaErrorIllegalAddress.*exited with status 3 \(a device fault/);
