@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <random>
 
+#include "core/device_fault.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -51,6 +52,8 @@ std::vector<Engine::Outcome> Engine::execute(const sched::StepPlan& plan) {
   logits_.resize(batch.size() * vocab);
   try {
     model_->forward_batch(batch, logits_.data());
+  } catch (const DeviceFault&) {
+    throw;  // the device context is lost: no rerun can succeed (the worker restarts)
   } catch (const std::exception& e) {
     isolate_failure(plan, e.what(), outcomes);
   }
@@ -77,6 +80,8 @@ void Engine::isolate_failure(const sched::StepPlan& plan, const std::string& wha
       const BatchEntry alone{c.req->seq.get(), c.req->span(0, c.start + c.n_tokens)};
       model_->forward_batch(std::span<const BatchEntry>(&alone, 1), logits_.data() + i * vocab);
       c.req->n_computed = c.start;  // complete() adds the chunk
+    } catch (const DeviceFault&) {
+      throw;
     } catch (const std::exception& e) {
       outcomes[i].error = e.what();
     }

@@ -9,8 +9,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <future>
+#include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
+#include "core/device_fault.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "sched/planner.h"
@@ -29,6 +33,7 @@ class Worker {
  private:
   bool wait_for_engine(std::future<std::unique_ptr<Engine>>& loading);
   void serve();
+  void on_device_fault(const std::string& what);
   void poll_messages(int64_t timeout_ms);
   void handle(const zmq::message_t& frame);
   void on_generate(const proto::Message& m);
@@ -48,6 +53,7 @@ class Worker {
   bool stop_ = false;
   bool parent_is_ppid_ = false;  // the frontend is our direct parent (then a changed getppid() also means it died)
   bool parent_dead_ = false;
+  int exit_code_ = 0;  // kExitDeviceFault after a device fault
 };
 
 Worker::Worker(const WorkerOptions& options) : o_(options) {
@@ -83,6 +89,7 @@ int Worker::run() {
   send_status();
   log::info("worker rank {}: ready", o_.rank);
   serve();
+  if (exit_code_ != 0) return exit_code_;
   log::info("worker rank {}: stopping ({})", o_.rank, parent_dead_ ? "the frontend process is gone" : "shutdown");
   return 0;
 }
@@ -124,6 +131,9 @@ void Worker::serve() {
     if (engine_->has_work()) {
       try {
         progressed = engine_->step();
+      } catch (const DeviceFault& e) {
+        on_device_fault(e.what());
+        return;
       } catch (const std::exception& e) {
         log::error("worker rank {}: step failed: {}; failing the running requests", o_.rank, e.what());
         engine_->fail_all(fmt::format("internal error in the worker step: {}", e.what()));
@@ -133,6 +143,35 @@ void Worker::serve() {
     if (ms_until_status() <= 0) send_status();
   }
   flush_events();
+}
+
+// The device context is lost (a sticky CUDA error): nothing more can run in this process. Every request gets its final
+// error event (running ones 500, waiting ones 503: they never started), the frontend a "failed" status naming the
+// fault, and the worker exits with kExitDeviceFault so that the supervisor restarts it. The engine is deliberately not
+// destroyed: its destructors would call into the dead context.
+void Worker::on_device_fault(const std::string& what) {
+  log::error("worker rank {}: device fault: {}; failing every request and exiting with status {} for a restart",
+             o_.rank, what, kExitDeviceFault);
+  flush_events();
+  const sched::Scheduler& sched = engine_->scheduler();
+  const std::vector<std::string> ids = sched.ids();  // running, then waiting
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const sched::Request* r = sched.find(ids[i]);
+    const bool running = static_cast<int64_t>(i) < sched.n_running();
+    send_event(error_event(ids[i], running ? 500 : 503,
+                           fmt::format("worker rank {} hit a device fault and is restarting; the request was not "
+                                       "completed (retry it): {}", o_.rank, what),
+                           r != nullptr ? r->n_prompt : 0, r != nullptr ? r->n_generated() : 0));
+  }
+  status_.phase = "failed";
+  status_.error = fmt::format("device fault (the worker exits with status {} and is restarted): {}", kExitDeviceFault,
+                              what);
+  send(proto::encode("status", status_));  // not send_status: fill_status reads the engine, whose device is lost
+  // Kept reachable (never destroyed): a leak checker must not report it, and no destructor may run on a lost device.
+  static auto* abandoned = new std::vector<std::unique_ptr<Engine>>();
+  abandoned->push_back(std::move(engine_));
+  exit_code_ = kExitDeviceFault;
+  stop_ = true;
 }
 
 void Worker::poll_messages(int64_t timeout_ms) {

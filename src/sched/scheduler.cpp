@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/device_fault.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -163,6 +164,8 @@ bool Scheduler::start(Request& r) {
       return true;
     }
     r.seq = state_.start_sequence(r.tokens);
+  } catch (const DeviceFault&) {
+    throw;  // not a lack of memory: the device context is lost (the worker restarts)
   } catch (const Error& e) {
     log::warn("scheduler: could not start request {}: {}", r.id, e.what());
     if (!r.offloaded()) r.seq.reset();

@@ -1,13 +1,15 @@
 // Reliability of `batchgen serve` (tiny random Kimi-K3 on CPU) under the attacks and faults of issue 14: deep
 // nesting and chunked bodies (4xx, the server stays up), 500 idle connections + 200 slow senders while /health
 // answers fast and 16 streams complete, a second serve on the same port, kill -9 and SIGSTOP of the worker
-// (in-flight requests get an error, none hangs; serving resumes after the supervisor's restart), SIGTERM under
-// load (in-flight requests complete, then a clean exit). Run by CTest (e2e_reliability) or:
+// (in-flight requests get an error, none hangs; serving resumes after the supervisor's restart), a sticky device
+// fault injected into a step (BG_TEST_DEVICE_FAULT_FILE: in-flight requests get a clear error, the worker exits with
+// the device-fault status and is restarted), SIGTERM under load (in-flight requests complete, then a clean exit).
+// Run by CTest (e2e_reliability) or:
 //   BATCHGEN=build/batchgen node --test tests/e2e/reliability.test.mjs
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import net from 'node:net';
 import http from 'node:http';
@@ -20,6 +22,7 @@ const HEARTBEAT_S = 3;
 
 let dir;
 let modelDir;
+let faultFile;  // the worker takes a sticky device fault at its next step once this file exists (a test-only hook)
 let server;
 let logs = '';
 let port;
@@ -94,10 +97,12 @@ async function postJson(pathname, body) {
 before(async () => {
   dir = mkdtempSync(path.join(tmpdir(), 'bg-reliability-'));
   modelDir = path.join(dir, MODEL);
+  faultFile = path.join(dir, 'device-fault');
   execFileSync(BIN, ['make-random', '--arch', 'kimi_k3', '--preset', 'tiny', '--out', modelDir], { stdio: 'inherit' });
   server = spawn(BIN, ['serve', modelDir, '--port', '0', '--max-model-len', '1024', '--max-num-seqs', '16',
     '--worker-heartbeat-timeout', String(HEARTBEAT_S), '--header-timeout', '2', '--keep-alive-timeout', '2',
-    '--shutdown-timeout', '30'], { stdio: ['ignore', 'inherit', 'pipe'] });
+    '--shutdown-timeout', '30'], { stdio: ['ignore', 'inherit', 'pipe'],
+    env: { ...process.env, BG_TEST_DEVICE_FAULT_FILE: faultFile } });
   server.stderr.on('data', (d) => { logs += d; process.stderr.write(d); });
   port = Number(await waitFor('the listening line', async () => logs.match(/listening on http:\/\/[\d.]+:(\d+)/)?.[1],
     30_000));
@@ -267,6 +272,28 @@ test('SIGSTOP of the worker: /ready 503 within the heartbeat deadline, then a re
   await waitFor('/ready 200 after the restart', async () => (await readyStatus()) === 200, 30_000);
   assert.match(logs, /stopped responding \(no heartbeat/);
   const ok = await client.completions.create({ model: MODEL, prompt: 'awake', max_tokens: 4 });
+  assert.equal(ok.choices.length, 1);
+});
+
+test('a sticky device fault: in-flight requests get a clear error, the worker exits and serving resumes', async () => {
+  const restartsBefore = await metric('batchgen_worker_restarts_total');
+  const outcomes = await longRequests(4);
+  const pid = workerPid();
+  writeFileSync(faultFile, '');
+  const results = await settledWithin(outcomes, 15_000);
+  for (const r of results) assert.match(r, /^error .*device fault/, `every in-flight request: ${results}`);
+  // Until the restarted worker is ready (the backoff is >= 1 s), /ready and /metrics say why it is not.
+  const ready = await fetch(`${baseURL}/ready`);
+  assert.equal(ready.status, 503);
+  assert.match((await ready.json()).reason, /device fault/);
+  assert.equal(await metric('batchgen_worker_ready{rank="0"}'), 0);
+  await waitFor('a new worker', async () => workerPid() !== pid, 15_000);
+  assert.ok(!existsSync(faultFile), 'the fault is taken once');
+  assert.match(logs, /rank 0: device fault .*cudaErrorIllegalAddress.*exited with status 3 \(a device fault/);
+  assert.throws(() => process.kill(pid, 0), /ESRCH/, 'the faulted worker is gone');
+  await waitFor('/ready 200 after the restart', async () => (await readyStatus()) === 200, 30_000);
+  assert.equal(await metric('batchgen_worker_restarts_total'), restartsBefore + 1);
+  const ok = await client.completions.create({ model: MODEL, prompt: 'recovered', max_tokens: 4 });
   assert.equal(ok.choices.length, 1);
 });
 

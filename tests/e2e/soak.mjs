@@ -76,7 +76,12 @@ async function loop(i) {
       await one(i);
     } catch (e) {
       stats.errors += 1;
-      if (stats.firstErrors.length < 5) stats.firstErrors.push(String(e?.message ?? e));
+      if (stats.firstErrors.length < 5) {
+        const what = `${e?.constructor?.name ?? 'error'}: ${e?.status ?? ''} ${e?.message ?? e}` +
+          (e?.cause ? ` (cause: ${e.cause?.code ?? ''} ${e.cause?.message ?? e.cause})` : '');
+        stats.firstErrors.push(what);
+        console.error(`[${((Date.now() - start) / 60_000).toFixed(1)} min] request error: ${what}`);
+      }
     }
   }
 }

@@ -1,19 +1,23 @@
 // The worker end to end on the tiny random Kimi-K3, in-process over a ZeroMQ inproc ROUTER playing the frontend:
 // loading -> ready, 16 concurrent greedy requests equal to the same requests one at a time, cancellation freeing
-// blocks and slots (seen in status), seeded sampling independent of the batch, rejections, load failure, shutdown
-// and exit when the parent process dies.
+// blocks and slots (seen in status), seeded sampling independent of the batch, rejections, load failure, shutdown,
+// exit when the parent process dies, and a device fault (the test hook): every request fails, status "failed", exit 3.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <thread>
 
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "backend/fault_injection.h"
+#include "core/device_fault.h"
 #include "engine/worker.h"
 #include "model/random_checkpoint.h"
 #include "temp_dir.h"
@@ -266,6 +270,33 @@ TEST_F(WorkerTest, ShutdownExitsCleanly) {
   f.wait_phase("ready");
   f.send("shutdown", nlohmann::json::object());
   EXPECT_EQ(f.join(), 0);
+}
+
+TEST_F(WorkerTest, DeviceFaultFailsEveryRequestReportsFailedAndExitsForARestart) {
+  const std::filesystem::path trigger = dir_->path() / "device-fault";
+  ASSERT_EQ(setenv(kDeviceFaultFileEnv, trigger.c_str(), 1), 0);  // before the worker's thread starts
+  WorkerOptions o = options();
+  o.max_num_seqs = 1;  // the second request waits
+  FakeFrontend f(o);
+  f.wait_phase("ready");
+  f.generate(request("running", 8, 240, 3));
+  f.generate(request("waiting", 4, 8, 4));
+  while (f.results["running"].tokens.empty()) ASSERT_TRUE(f.recv());
+  std::ofstream(trigger).put('x');
+  f.wait_finished({"running", "waiting"});
+  for (const char* id : {"running", "waiting"}) {
+    const Result& r = f.results[id];
+    EXPECT_EQ(r.finish_reason, "error") << id;
+    EXPECT_NE(r.error.find("hit a device fault and is restarting"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("cudaErrorIllegalAddress"), std::string::npos) << r.error;
+  }
+  EXPECT_EQ(f.results["running"].error_code, 500);
+  EXPECT_EQ(f.results["waiting"].error_code, 503);  // never started: retry it
+  const proto::WorkerStatus s = f.wait_phase("failed");
+  EXPECT_NE(s.error.find("device fault"), std::string::npos) << s.error;
+  EXPECT_EQ(f.join(), kExitDeviceFault);
+  EXPECT_FALSE(std::filesystem::exists(trigger)) << "the fault is taken once";
+  unsetenv(kDeviceFaultFileEnv);
 }
 
 TEST_F(WorkerTest, ExitsWhenTheParentProcessDies) {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/fault_injection.h"
 #include "core/error.h"
 #include "ops/attn_res/attn_res.h"
 #include "ops/gated_rmsnorm/gated_rmsnorm.h"
@@ -340,6 +341,7 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  void upload_step() override { inject_device_fault_if_armed(name()); }
   // bf16 emulation: rounds a tensor that holds bf16 values (its allocation is tagged) after an op wrote it.
   void round(Tensor& t) const {
     if (emulate_ && holds_bf16(t)) round_to_bf16(t.as<float>(), t.numel());

@@ -18,6 +18,7 @@
 #include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/weight_uploader.h"
+#include "backend/fault_injection.h"
 #include "core/log.h"
 #include "ops/attn_res/attn_res_cuda.h"
 #include "ops/elementwise/elementwise_cuda.h"
@@ -59,7 +60,7 @@ class CudaBackend final : public Backend {
     BG_CUDA_CHECK(cudaSetDevice(o.device));
     BG_CUDA_CHECK(cudaStreamCreate(&stream_));
     BG_CUBLAS_CHECK(cublasCreate(&cublas_));
-    alloc_ = std::make_shared<cuda::CachingAllocator>(o.memory_budget_bytes);
+    alloc_ = cuda::make_cuda_allocator(o.memory_budget_bytes);
     cublas_ws_ = alloc_->allocate(ops::kCublasWorkspaceBytes);
     errors_ = cuda::DeviceBuffer(sizeof(int32_t));
     BG_CUDA_CHECK(cudaMemset(errors_.data(), 0, sizeof(int32_t)));
@@ -381,7 +382,7 @@ class CudaBackend final : public Backend {
   struct Graph {
     cudaGraphExec_t exec = nullptr;
     Tensor out;
-    std::vector<std::shared_ptr<void>> memory;  // every block the captured ops use
+    std::shared_ptr<CapturePool> memory;  // every block handed out while capturing (reused inside the capture)
   };
 
   void upload_step() override;
@@ -488,6 +489,7 @@ class CudaBackend final : public Backend {
 // Packs the step's arrays (8-byte aligned) into pinned memory and copies them to the device buffer in one transfer.
 void CudaBackend::upload_step() {
   BG_PROFILE_OP("upload_step", stream_);
+  inject_device_fault_if_armed(name());
   const StepLayout& s = step_;
   auto bytes_of = [](const auto& v) { return (v.size() * sizeof(v[0]) + 7) / 8 * 8; };
   const size_t total = bytes_of(s.token_ids) + bytes_of(s.positions) + bytes_of(s.token_seq) +
@@ -532,10 +534,13 @@ Tensor CudaBackend::run_graph(int64_t key, const std::function<Tensor()>& body) 
   if (it == graphs_.end()) {
     Graph g;
     cudaGraph_t graph = nullptr;
-    alloc_->set_capture_sink(&g.memory);
-    capturing_ = true;
+    g.memory = alloc_->begin_capture();  // from here until end_capture nothing is returned to the driver
+    if (const cudaError_t began = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed); began != cudaSuccess) {
+      alloc_->end_capture();
+      BG_CUDA_CHECK(began);
+    }
     OpProfiler* profiler = std::exchange(profiler_, nullptr);  // events must not land in the graph
-    BG_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    capturing_ = true;
     try {
       g.out = body();
     } catch (...) {
@@ -543,13 +548,14 @@ Tensor CudaBackend::run_graph(int64_t key, const std::function<Tensor()>& body) 
       if (graph != nullptr) cudaGraphDestroy(graph);
       profiler_ = profiler;
       capturing_ = false;
-      alloc_->set_capture_sink(nullptr);
+      alloc_->end_capture();
       throw;
     }
     profiler_ = profiler;
-    BG_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
     capturing_ = false;
-    alloc_->set_capture_sink(nullptr);
+    alloc_->end_capture();
+    BG_CUDA_CHECK(ended);
     const cudaError_t err = cudaGraphInstantiate(&g.exec, graph, 0);
     cudaGraphDestroy(graph);
     BG_CUDA_CHECK(err);

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/device_fault.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "server/frontend/worker_link.h"
@@ -23,6 +24,9 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr std::chrono::milliseconds kReapWait{10'000};  // longest wait for a SIGKILLed child to be reaped
+// A rank that reported "failed" (a device fault) is exiting by itself after its last events: this long for its exit
+// status before it is killed.
+constexpr std::chrono::milliseconds kFailedExitGrace{3'000};
 
 double seconds(std::chrono::milliseconds d) { return std::chrono::duration<double>(d).count(); }
 
@@ -31,6 +35,10 @@ double seconds(std::chrono::milliseconds d) { return std::chrono::duration<doubl
 std::string describe_exit(int wait_status) {
   if (WIFEXITED(wait_status)) {
     if (WEXITSTATUS(wait_status) == 127) return "the worker could not be started (exec failed)";
+    if (WEXITSTATUS(wait_status) == kExitDeviceFault) {
+      return fmt::format("the worker process exited with status {} (a device fault: its GPU context was lost)",
+                         kExitDeviceFault);
+    }
     return fmt::format("the worker process exited with status {}", WEXITSTATUS(wait_status));
   }
   if (WIFSIGNALED(wait_status)) {
@@ -142,7 +150,7 @@ void WorkerManager::reap_nonblocking() {
 // The first rank that is gone, hung or failed, with why ("" when the set is healthy).
 std::string WorkerManager::find_failure(int32_t& rank) {
   const std::vector<RankState> states = link_.ranks();
-  for (const Child& c : children_) {
+  for (Child& c : children_) {
     const RankState& s = states[static_cast<size_t>(c.rank)];
     rank = c.rank;
     if (c.exited) {
@@ -150,7 +158,10 @@ std::string WorkerManager::find_failure(int32_t& rank) {
       if (s.status.phase == "failed" && !s.status.error.empty()) why = s.status.error + " (" + why + ")";
       return why;
     }
-    if (s.status.phase == "failed") return s.status.error.empty() ? "failed while loading" : s.status.error;
+    if (s.status.phase == "failed") {
+      const std::string why = s.status.error.empty() ? "failed while loading" : s.status.error;
+      return wait_exit(c, kFailedExitGrace) ? why + " (" + describe_exit(c.wait_status) + ")" : why;
+    }
     if (!s.heartbeat_ok()) {
       return s.connected ? fmt::format("stopped responding (no heartbeat for {:.1f} s; --worker-heartbeat-timeout "
                                        "{:.1f} s)", s.status_age_s, seconds(cfg_.heartbeat_timeout))
@@ -159,6 +170,23 @@ std::string WorkerManager::find_failure(int32_t& rank) {
     }
   }
   return "";
+}
+
+// Waits up to `limit` for the child to exit by itself; true when it has (its status is then in wait_status).
+bool WorkerManager::wait_exit(Child& c, std::chrono::milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  while (!c.exited) {
+    int status = 0;
+    if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      c.exited = true;
+      c.wait_status = status;
+    } else if (Clock::now() > deadline || stop_requested_) {
+      return false;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  return true;
 }
 
 // SIGKILL to every rank still running (their state is lost with the failed rank's), reaped before returning.

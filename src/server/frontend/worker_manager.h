@@ -68,6 +68,7 @@ class WorkerManager {
   pid_t spawn(int32_t rank, const std::string& identity);
   void reap_nonblocking();
   std::string find_failure(int32_t& rank);
+  bool wait_exit(Child& c, std::chrono::milliseconds limit);
   void on_failure(int32_t rank, const std::string& failure);
   void kill_set();
   void shutdown_set();

@@ -1,0 +1,190 @@
+// The caching allocator's bookkeeping over a host-memory driver (the CUDA backend runs it over cudaMalloc/cudaFree):
+// caching by size, the budget, and graph capture — no driver free while capturing (deferred to the end), memory
+// freed during a capture reused inside it, a captured graph's memory kept from everyone else while the graph lives.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <set>
+
+#include "backend/caching_allocator.h"
+#include "core/error.h"
+
+namespace bg {
+namespace {
+
+// Host memory standing in for the device. `capturing` mirrors a stream under capture: a free then is the bug.
+struct FakeDriver final : BlockDriver {
+  void* malloc(size_t bytes) override {
+    ++n_malloc;
+    void* p = std::malloc(bytes);
+    live.insert(p);
+    return p;
+  }
+  void free(void* ptr) noexcept override {
+    ++n_free;
+    if (capturing) ++n_free_while_capturing;
+    live.erase(ptr);
+    std::free(ptr);
+  }
+  bool capturing = false;
+  int n_malloc = 0, n_free = 0, n_free_while_capturing = 0;
+  std::set<void*> live;
+};
+
+struct Fixture {
+  explicit Fixture(size_t budget) : driver(std::make_shared<FakeDriver>()),
+                                    alloc(std::make_shared<CachingAllocator>(driver, budget)) {}
+  // What run_graph does around the captured body.
+  std::shared_ptr<CapturePool> begin() {
+    auto pool = alloc->begin_capture();
+    driver->capturing = true;
+    return pool;
+  }
+  void end() {
+    driver->capturing = false;  // cudaStreamEndCapture comes first
+    alloc->end_capture();
+  }
+  std::shared_ptr<FakeDriver> driver;
+  std::shared_ptr<CachingAllocator> alloc;
+};
+
+TEST(CachingAllocator, ReusesAFreedBlockOfTheSameSizeWithoutDriverCalls) {
+  Fixture f(1 << 20);
+  void* first = f.alloc->allocate(1000).get();  // rounded to 1024, dropped at once
+  EXPECT_EQ(f.alloc->bytes_cached(), 1024u);
+  auto again = f.alloc->allocate(600);  // also 1024
+  EXPECT_EQ(again.get(), first);
+  EXPECT_EQ(f.driver->n_malloc, 1);
+  EXPECT_EQ(f.alloc->bytes_in_use(), 1024u);
+  EXPECT_EQ(f.alloc->bytes_cached(), 0u);
+}
+
+TEST(CachingAllocator, OutsideACaptureTheCacheGoesBackToTheDriverAtTheBudget) {
+  Fixture f(4096);
+  f.alloc->allocate(2048).reset();
+  auto big = f.alloc->allocate(4096);  // 2048 cached + 4096 > budget: the cache is released first
+  EXPECT_EQ(f.driver->n_free, 1);
+  EXPECT_THROW(f.alloc->allocate(512), Error);  // nothing left to release
+}
+
+TEST(CachingAllocator, ReleasesDuringACaptureAreDeferredToItsEnd) {
+  Fixture f(1 << 20);
+  f.alloc->allocate(4096).reset();
+  f.alloc->allocate(8192).reset();
+  auto pool = f.begin();
+  f.alloc->release_cache();
+  EXPECT_EQ(f.driver->n_free, 0) << "cudaFree during capture";
+  EXPECT_EQ(f.alloc->bytes_cached(), 4096u + 8192u);
+  f.end();
+  EXPECT_EQ(f.driver->n_free, 2) << "the deferred release runs when the capture ends";
+  EXPECT_EQ(f.alloc->bytes_cached(), 0u);
+  EXPECT_EQ(f.driver->n_free_while_capturing, 0);
+}
+
+TEST(CachingAllocator, AtTheBudgetACaptureTakesALargerFreeBlockInsteadOfFreeing) {
+  Fixture f(8192);
+  auto held = f.alloc->allocate(4096);
+  void* cached = f.alloc->allocate(4096).get();  // freed: 4096 cached, the budget is full
+  auto pool = f.begin();
+  auto small = f.alloc->allocate(1024);  // would need a release outside a capture
+  EXPECT_EQ(small.get(), cached);
+  EXPECT_EQ(f.driver->n_free_while_capturing, 0);
+  try {
+    f.alloc->allocate(1024);  // nothing free is large enough and nothing may be freed
+    ADD_FAILURE() << "expected a budget error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("during CUDA graph capture"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(f.driver->n_free_while_capturing, 0);
+  small.reset();
+  f.end();
+}
+
+TEST(CachingAllocator, MemoryFreedDuringACaptureIsReusedInsideIt) {
+  Fixture f(1 << 20);
+  auto pool = f.begin();
+  auto out = f.alloc->allocate(2048);  // the graph's output: outlives the capture
+  void* scratch = nullptr;
+  for (int op = 0; op < 8; ++op) {  // eight ops, each with its own short-lived scratch
+    auto s = f.alloc->allocate(4096);
+    if (scratch == nullptr) scratch = s.get();
+    EXPECT_EQ(s.get(), scratch) << "op " << op << " did not reuse the scratch freed earlier in the capture";
+  }
+  f.end();
+  EXPECT_EQ(f.driver->n_malloc, 2);  // out + one scratch: the graph holds its peak, not the sum
+  EXPECT_EQ(pool->n_blocks(), 2u);
+  EXPECT_EQ(pool->bytes(), 2048u + 4096u);
+  EXPECT_EQ(f.driver->n_free_while_capturing, 0);
+}
+
+TEST(CachingAllocator, AGraphsMemoryIsNotHandedOutWhileTheGraphLives) {
+  Fixture f(1 << 20);
+  auto pool = f.begin();
+  void* scratch = f.alloc->allocate(4096).get();  // freed inside the capture: back to the pool
+  auto out = f.alloc->allocate(2048);
+  void* out_ptr = out.get();
+  f.end();
+  auto eager = f.alloc->allocate(4096);
+  EXPECT_NE(eager.get(), scratch) << "the graph writes this block at every replay";
+  out.reset();  // the graph's output tensor dropped while the graph lives: still the graph's
+  auto eager_out = f.alloc->allocate(2048);
+  EXPECT_NE(eager_out.get(), out_ptr);
+  eager.reset();
+  eager_out.reset();
+  const size_t in_use_with_graph = f.alloc->bytes_in_use();
+  EXPECT_EQ(in_use_with_graph, 4096u + 2048u);  // the pool's two blocks
+  pool.reset();  // the graph is destroyed: its blocks return to the cache
+  EXPECT_EQ(f.alloc->bytes_in_use(), 0u);
+  EXPECT_EQ(f.alloc->bytes_cached(), 2 * (4096u + 2048u));
+  EXPECT_EQ(f.driver->n_free, 0);
+}
+
+TEST(CachingAllocator, BlocksTakenFromTheCacheDuringACaptureBecomeTheGraphs) {
+  Fixture f(1 << 20);
+  void* cached = f.alloc->allocate(4096).get();
+  auto pool = f.begin();
+  auto s = f.alloc->allocate(4096);
+  EXPECT_EQ(s.get(), cached);
+  s.reset();
+  f.end();
+  EXPECT_EQ(f.alloc->bytes_cached(), 0u);
+  auto eager = f.alloc->allocate(4096);
+  EXPECT_NE(eager.get(), cached);
+  pool.reset();
+  EXPECT_EQ(f.alloc->allocate(4096).get(), cached);
+}
+
+TEST(CachingAllocator, AFailedCaptureReturnsItsBlocks) {
+  Fixture f(1 << 20);
+  {
+    auto pool = f.begin();
+    auto partial = f.alloc->allocate(4096);
+    f.driver->capturing = false;
+    pool.reset();          // run_graph's Graph goes out of scope on the exception...
+    f.alloc->end_capture();  // ...after end_capture
+  }
+  EXPECT_EQ(f.alloc->bytes_in_use(), 0u);
+  EXPECT_EQ(f.alloc->bytes_cached(), 4096u);
+  EXPECT_FALSE(f.alloc->capturing());
+  EXPECT_THROW({ auto p = f.alloc->begin_capture(); f.alloc->begin_capture(); }, Error);  // one capture at a time
+  f.alloc->end_capture();
+}
+
+TEST(CachingAllocator, BlocksAndPoolsThatOutliveTheAllocatorGoToTheDriver) {
+  Fixture f(1 << 20);
+  auto pool = f.begin();
+  auto in_graph = f.alloc->allocate(4096);
+  f.alloc->allocate(1024).reset();
+  f.end();
+  auto plain = f.alloc->allocate(512);
+  f.alloc.reset();
+  EXPECT_EQ(f.driver->live.size(), 3u);
+  plain.reset();
+  in_graph.reset();
+  pool.reset();
+  EXPECT_TRUE(f.driver->live.empty());
+}
+
+}  // namespace
+}  // namespace bg
