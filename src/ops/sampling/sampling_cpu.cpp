@@ -1,7 +1,7 @@
 // Sampling CPU reference: candidates sorted by logit, top-k cut, softmax at temperature (double), top-p cut (the
 // smallest prefix whose mass reaches top_p), then the pick by one uniform u (drawn here, or given by the caller).
-// Without a top-k cut the choice is found from a short sorted prefix (selection, not a sort of the whole vocabulary)
-// whenever that provably gives the full sort's id; one step's rows (sample_rows_cpu) add finite flags and logprobs.
+// Without a top-k cut the choice is found from a short sorted prefix (a threshold search, not a sort of the whole
+// vocabulary) whenever that provably gives the full sort's id; one step's rows (sample_rows_cpu) add finite flags and logprobs.
 #include "ops/sampling/sampling.h"
 
 #include <algorithm>
@@ -81,41 +81,61 @@ int32_t pick_from_sorted(const SamplingParams& p, const float* logits, std::span
 // fraction of the total is the same under the full sort's summation order.
 constexpr double kDecisionSlack = 1e-9;
 
-// Without a top-k cut: the full sort's id from a sorted prefix of the candidates (grown 8x until the decision falls
-// inside it). The kept mass and the pick inside a top-p prefix use exactly the reference's arithmetic; only the total
-// over the whole vocabulary is summed in index order, so a decision within kDecisionSlack of a boundary returns -1
-// (the caller then sorts everything).
-int32_t pick_by_prefix(const SamplingParams& p, const float* logits, int64_t vocab, double u) {
+// Buckets of the candidates by (max - logit) / T, 64 per nat; the last one takes everything from 63.98 nats down (and
+// -inf). Monotone in the logit, so the candidates of buckets <= c are a prefix of the sorted order.
+constexpr int kBuckets = 4096;
+constexpr double kBucketsPerNat = 64.0;
+
+int bucket_of(float logit, double max_logit, float temperature) {
+  const double z = (max_logit - static_cast<double>(logit)) / temperature * kBucketsPerNat;
+  return z < kBuckets - 1 ? static_cast<int>(z) : kBuckets - 1;
+}
+
+// Without a top-k cut: the full sort's id without sorting the vocabulary. One pass sums the weights per bucket; the
+// bucket where the running mass passes the target (top_p * total for the cut, u * total for the pick without one)
+// bounds a sorted prefix that holds the decision; only that prefix is gathered and sorted. The kept mass and the
+// pick inside a top-p prefix use exactly the reference's arithmetic; the totals are summed in another order, so a
+// decision within kDecisionSlack of a boundary returns -1 (the caller then sorts everything).
+int32_t pick_by_threshold(const SamplingParams& p, const float* logits, int64_t vocab, double u) {
   const double max_logit = logits[argmax(logits, vocab)];
-  std::vector<double> weight(static_cast<size_t>(vocab));
+  if (!std::isfinite(max_logit)) return -1;  // +-inf logits: leave them to the reference
+  std::vector<double> mass(kBuckets, 0.0);
   double total = 0.0;
   for (int64_t i = 0; i < vocab; ++i) {
-    weight[static_cast<size_t>(i)] = weight_of(logits[i], max_logit, p.temperature);
-    total += weight[static_cast<size_t>(i)];
+    const double w = weight_of(logits[i], max_logit, p.temperature);
+    mass[static_cast<size_t>(bucket_of(logits[i], max_logit, p.temperature))] += w;
+    total += w;
   }
-  if (!std::isfinite(max_logit) || !std::isfinite(total)) return -1;  // +-inf logits: leave them to the reference
+  if (!std::isfinite(total)) return -1;
   const double slack = kDecisionSlack * total;
   // top_p < 1: the cut is where the running mass reaches top_p * total; top_p == 1: the pick is where it exceeds
   // u * total (every candidate kept).
   const bool cut = p.top_p < 1.0f;
   const double target = cut ? static_cast<double>(p.top_p) * total : u * total;
-  std::vector<int32_t> ids(static_cast<size_t>(vocab));
-  std::iota(ids.begin(), ids.end(), 0);
-  for (int64_t m = 1024; m < vocab; m *= 8) {
-    const auto mid = ids.begin() + m;
-    std::nth_element(ids.begin(), mid, ids.end(), ByLogit{logits});
-    std::sort(ids.begin(), mid, ByLogit{logits});
-    double run = 0.0;
-    for (int64_t i = 0; i < m; ++i) {
-      const double before = run;
-      run += weight[static_cast<size_t>(ids[static_cast<size_t>(i)])];
-      if (cut ? run < target : run <= target) continue;
-      if (run - target <= slack || target - before <= slack) return -1;  // too close to call without the full sums
-      if (!cut) return ids[static_cast<size_t>(i)];
-      std::vector<double> probs(static_cast<size_t>(i) + 1);
-      for (size_t j = 0; j < probs.size(); ++j) probs[j] = weight[static_cast<size_t>(ids[j])];
-      return pick_in_prefix(ids, probs, probs.size(), u);
+  int last = kBuckets - 1;
+  double run = 0.0;
+  for (int b = 0; b < kBuckets; ++b) {
+    run += mass[static_cast<size_t>(b)];
+    if (run > target + slack) {
+      last = b;
+      break;
     }
+  }
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (bucket_of(logits[i], max_logit, p.temperature) <= last) ids.push_back(static_cast<int32_t>(i));
+  }
+  std::sort(ids.begin(), ids.end(), ByLogit{logits});
+  run = 0.0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const double before = run;
+    run += weight_of(logits[ids[i]], max_logit, p.temperature);
+    if (cut ? run < target : run <= target) continue;
+    if (run - target <= slack || target - before <= slack) return -1;  // too close to call without the full sums
+    if (!cut) return ids[i];
+    std::vector<double> probs(i + 1);
+    for (size_t j = 0; j <= i; ++j) probs[j] = weight_of(logits[ids[j]], max_logit, p.temperature);
+    return pick_in_prefix(ids, probs, probs.size(), u);
   }
   return -1;
 }
@@ -139,7 +159,7 @@ int32_t sample_token_with_uniform(const SamplingParams& p, const float* logits, 
   for (int64_t i = 0; i < vocab; ++i) BG_CHECK(!std::isnan(logits[i]), "NaN logit at index {}", i);
   const int64_t k = (p.top_k > 0 && p.top_k < vocab) ? p.top_k : vocab;
   if (k == vocab) {
-    if (const int32_t id = pick_by_prefix(p, logits, vocab, u); id >= 0) return id;
+    if (const int32_t id = pick_by_threshold(p, logits, vocab, u); id >= 0) return id;
   }
   std::vector<int32_t> ids(static_cast<size_t>(vocab));
   std::iota(ids.begin(), ids.end(), 0);
