@@ -160,11 +160,11 @@ std::string format_table(const BenchReport& r) {
   }
   if (r.host) {
     // cpu greedy / top_p: the CPU sampler per step; step greedy / top_p: Backend::sample_rows (the engine's path).
-    out += fmt::format("\n{:<16} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12}\n", "host", "batch",
+    out += fmt::format("\n{:<16} {:>6} {:>10} {:>10} {:>11} {:>11} {:>11} {:>11} {:>12} {:>12}\n", "host", "batch",
                        "upload ms", "d2h ms", "cpu greedy", "cpu top_p", "step greedy", "step top_p", "engine step",
                        "engine top_p");
     for (const auto& b : r.host->batches) {
-      out += fmt::format("{:<16} {:>6} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>12} {:>12}\n",
+      out += fmt::format("{:<16} {:>6} {:>10.3f} {:>10.3f} {:>11.3f} {:>11.3f} {:>11.3f} {:>11.3f} {:>12} {:>12}\n",
                          r.host->model, b.batch, b.upload_ms, b.logits_d2h_ms, b.sample_greedy_ms, b.sample_top_p_ms,
                          b.step_sample_greedy_ms, b.step_sample_top_p_ms, num(b.engine_step_ms, "{:.3f}"),
                          num(b.engine_step_top_p_ms, "{:.3f}"));

@@ -81,7 +81,7 @@ struct StepResult {
   int64_t batch = 0, context = 0;
   bool graph = false;     // replayed as a CUDA graph
   double ms = 0;          // device time of one step (median of replays; CPU: wall time of the step body)
-  double wall_ms = 0;     // forward_batch wall time, host included (upload, logits download)
+  double wall_ms = 0;     // forward_batch_sample wall time, host included (upload, step sampling, its download)
   double roofline_ms = 0;  // sum over ops of max(bytes / read, flops / compute)
   double roofline_bytes = 0, roofline_flops = 0;
   double ratio = 0;        // ms / roofline_ms
