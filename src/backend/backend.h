@@ -18,6 +18,7 @@
 #include "ops/moe/moe.h"
 #include "ops/rope/rope.h"
 #include "ops/router/router.h"
+#include "ops/sampling/sampling.h"
 
 namespace bg {
 
@@ -179,6 +180,15 @@ class Backend {
   // Host bytes -> an existing tensor of exactly that size (any dtype). Synchronises.
   virtual void write_bytes(Tensor& dst, std::span<const std::byte> src) = 0;
   virtual void synchronize() = 0;
+
+  // ---- sampling (one step's "sample this step": the engine's only interface to it) ---------------------------------
+  // out[i] for rows[i] over logits F32 [n_rows, vocab] in backend memory, by ops/sampling's rules (sample_rows_cpu
+  // defines them): the id, the row's finite flag, and the logprobs a row asks for. CPU: sample_rows_cpu in place.
+  // CUDA: the logits stay on the device; one upload of the rows and one download of the results (with the step's
+  // kernel error flags) through pinned buffers the backend owns. Synchronises (the step's host wait); reports a
+  // kernel error flag of the step like download_f32 does.
+  virtual void sample_rows(const Tensor& logits, std::span<const ops::RowSampling> rows,
+                           std::span<ops::RowSample> out) = 0;
 
   // ---- host tier --------------------------------------------------------------------------------------------
   // Host memory for offloaded state: page-locked on CUDA (so copies are asynchronous DMA), plain on the CPU.

@@ -76,7 +76,9 @@ json host_json(const HostResult& h) {
     batches.push_back({{"batch", b.batch}, {"context", b.context}, {"upload_ms", b.upload_ms},
                        {"logits_d2h_ms", b.logits_d2h_ms}, {"sample_greedy_ms", b.sample_greedy_ms},
                        {"sample_top_p_ms", b.sample_top_p_ms}, {"sampled_rows", b.sampled_rows},
-                       {"engine_step_ms", opt(b.engine_step_ms)}});
+                       {"step_sample_greedy_ms", b.step_sample_greedy_ms},
+                       {"step_sample_top_p_ms", b.step_sample_top_p_ms}, {"engine_step_ms", opt(b.engine_step_ms)},
+                       {"engine_step_top_p_ms", opt(b.engine_step_top_p_ms)}});
   }
   return {{"model", h.model}, {"vocab", h.vocab}, {"batches", batches}};
 }
@@ -157,12 +159,15 @@ std::string format_table(const BenchReport& r) {
     }
   }
   if (r.host) {
-    out += fmt::format("\n{:<16} {:>6} {:>10} {:>10} {:>10} {:>10} {:>12}\n", "host", "batch", "upload ms", "d2h ms",
-                       "greedy ms", "top_p ms", "engine step");
+    // cpu greedy / top_p: the CPU sampler per step; step greedy / top_p: Backend::sample_rows (the engine's path).
+    out += fmt::format("\n{:<16} {:>6} {:>10} {:>10} {:>11} {:>11} {:>11} {:>11} {:>12} {:>12}\n", "host", "batch",
+                       "upload ms", "d2h ms", "cpu greedy", "cpu top_p", "step greedy", "step top_p", "engine step",
+                       "engine top_p");
     for (const auto& b : r.host->batches) {
-      out += fmt::format("{:<16} {:>6} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>12}\n", r.host->model, b.batch,
-                         b.upload_ms, b.logits_d2h_ms, b.sample_greedy_ms, b.sample_top_p_ms,
-                         num(b.engine_step_ms, "{:.3f}"));
+      out += fmt::format("{:<16} {:>6} {:>10.3f} {:>10.3f} {:>11.3f} {:>11.3f} {:>11.3f} {:>11.3f} {:>12} {:>12}\n",
+                         r.host->model, b.batch, b.upload_ms, b.logits_d2h_ms, b.sample_greedy_ms, b.sample_top_p_ms,
+                         b.step_sample_greedy_ms, b.step_sample_top_p_ms, num(b.engine_step_ms, "{:.3f}"),
+                         num(b.engine_step_top_p_ms, "{:.3f}"));
     }
   }
   for (const auto& e : r.errors) out += "\nFAILED: " + e + "\n";

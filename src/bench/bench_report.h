@@ -81,7 +81,7 @@ struct StepResult {
   int64_t batch = 0, context = 0;
   bool graph = false;     // replayed as a CUDA graph
   double ms = 0;          // device time of one step (median of replays; CPU: wall time of the step body)
-  double wall_ms = 0;     // forward_batch wall time, host included (upload, logits download)
+  double wall_ms = 0;     // forward_batch_sample wall time, host included (upload, step sampling, its download)
   double roofline_ms = 0;  // sum over ops of max(bytes / read, flops / compute)
   double roofline_bytes = 0, roofline_flops = 0;
   double ratio = 0;        // ms / roofline_ms
@@ -105,11 +105,16 @@ struct HostBatch {
   int64_t batch = 0;
   int64_t context = 0;
   double upload_ms = 0;          // begin_step of the decode layout (pack + H2D), synchronised
-  double logits_d2h_ms = 0;      // download_f32 of [batch, vocab] fp32 into pageable memory
-  double sample_greedy_ms = 0;   // sampling every row, as Engine::sample does
-  double sample_top_p_ms = 0;    // temperature 1, top_p 0.95 (K3's recommended setting)
+  double logits_d2h_ms = 0;      // download_f32 of [batch, vocab] fp32 into pageable memory (not on the CUDA path)
+  double sample_greedy_ms = 0;   // the CPU sampler (engine::sample_next) over every row of a step, serially
+  double sample_top_p_ms = 0;    // the same at temperature 1, top_p 0.95 (K3's recommended setting)
   int64_t sampled_rows = 0;      // rows timed; per-step figures scale to `batch` when fewer
-  std::optional<double> engine_step_ms;  // a whole Engine::step (decode, greedy)
+  // Backend::sample_rows over the step's [batch, vocab] logits in backend memory, host-timed (CUDA: rows up, the
+  // kernel, one download of the results into pinned memory, the synchronisation): what Engine::step spends sampling.
+  double step_sample_greedy_ms = 0;
+  double step_sample_top_p_ms = 0;
+  std::optional<double> engine_step_ms;        // a whole Engine::step (decode, greedy)
+  std::optional<double> engine_step_top_p_ms;  // a whole Engine::step (decode, temperature 1, top_p 0.95)
 };
 
 struct HostResult {

@@ -1,6 +1,7 @@
-// The host side of a decode step, timed stage by stage as the engine runs it: the step metadata upload
-// (Backend::begin_step), the logits download into pageable memory (download_f32), sampling every row
-// (engine::sample_next), and a whole Engine::step of the real engine on greedy requests.
+// The host side of a decode step, timed stage by stage: the step metadata upload (Backend::begin_step), the logits
+// download into pageable memory (download_f32) and the CPU sampler over every row (engine::sample_next) -- the old
+// CPU-sampling path, for comparison -- then the engine's path, Backend::sample_rows over the step's logits in backend
+// memory, and a whole Engine::step of the real engine on greedy and on top_p requests.
 #include <bit>
 #include <chrono>
 #include <random>
@@ -77,8 +78,34 @@ double sampling_ms(const proto::SamplingParams& params, int64_t vocab, int64_t r
   return ms_since(t0) / static_cast<double>(rows) * static_cast<double>(batch);
 }
 
-// Median Engine::step of `batch` greedy requests in decode (after their 16-token prompts were prefilled).
-double engine_step_ms(engine::Engine& engine, int64_t batch, int64_t vocab, int steps) {
+// Median host time of Backend::sample_rows over logits [batch, vocab] ~ Normal(0, 3) in backend memory, every row
+// sampled with `params` (rows beyond `rows` are not timed on the CPU, where the figure scales to the batch).
+double step_sampling_ms(Backend& be, const ops::SamplingParams& params, int64_t vocab, int64_t rows, int64_t batch) {
+  std::mt19937_64 rng(13);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> host(static_cast<size_t>(rows * vocab));
+  for (float& v : host) v = normal(rng);
+  const Tensor logits = be.upload_f32(host, {rows, vocab}, DType::kF32);
+  std::vector<ops::RowSampling> spec(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    spec[static_cast<size_t>(r)] = {params, ops::draw_uniform(rng), static_cast<int32_t>(r), -1};
+  }
+  std::vector<ops::RowSample> out(spec.size());
+  std::vector<double> times;
+  for (int i = 0; i < 7; ++i) {
+    const auto t0 = Clock::now();
+    be.sample_rows(logits, spec, out);
+    times.push_back(ms_since(t0));
+    for (const ops::RowSample& s : out) {
+      BG_CHECK(s.token >= 0 && s.token < vocab, "bench step sampling: token {} outside the vocabulary", s.token);
+    }
+  }
+  return median(times) / static_cast<double>(rows) * static_cast<double>(batch);
+}
+
+// Median Engine::step of `batch` requests with `params` in decode (after their 16-token prompts were prefilled).
+double engine_step_ms(engine::Engine& engine, const proto::SamplingParams& params, int64_t batch, int64_t vocab,
+                      int steps) {
   std::vector<std::string> ids;
   const std::vector<int32_t> prompt = [&] {
     std::vector<int32_t> p(16);
@@ -89,7 +116,8 @@ double engine_step_ms(engine::Engine& engine, int64_t batch, int64_t vocab, int 
     proto::GenerateRequest req;
     req.id = "bench-" + std::to_string(batch) + "-" + std::to_string(i);
     req.prompt = prompt;
-    req.params.temperature = 0.0f;
+    req.params = params;
+    req.params.seed = static_cast<uint64_t>(i);
     req.params.max_tokens = steps + 8;
     req.params.ignore_eos = true;
     engine.submit(std::move(req));
@@ -139,6 +167,10 @@ HostResult bench_host(std::unique_ptr<Model> model, const HostBenchSpec& spec) {
       top_p.temperature = 1.0f;
       top_p.top_p = 0.95f;
       h.sample_top_p_ms = sampling_ms(top_p, r.vocab, h.sampled_rows, batch);
+      // The engine's path: every row on a device backend; on the CPU the same rows as the CPU sampler above.
+      const int64_t step_rows = be->device() == DeviceKind::kCpu ? h.sampled_rows : batch;
+      h.step_sample_greedy_ms = step_sampling_ms(*be, {0.0f, 0, 1.0f}, r.vocab, step_rows, batch);
+      h.step_sample_top_p_ms = step_sampling_ms(*be, {1.0f, 0, 0.95f}, r.vocab, step_rows, batch);
       r.batches.push_back(h);
     }
   }
@@ -150,11 +182,17 @@ HostResult bench_host(std::unique_ptr<Model> model, const HostBenchSpec& spec) {
   config.chunked_prefill_size = std::max<int64_t>(config.chunked_prefill_size, 16 * max_batch);
   const kv::StatePlan state = kv::StatePlan::simple(max_batch, max_batch * config.max_model_len + 64);
   engine::Engine engine(std::move(model), state, config);
+  proto::SamplingParams greedy, top_p;
+  greedy.temperature = 0.0f;
+  top_p.temperature = 1.0f;
+  top_p.top_p = 0.95f;
   for (HostBatch& h : r.batches) {
-    h.engine_step_ms = engine_step_ms(engine, h.batch, r.vocab, spec.engine_steps);
-    log::info("bench host {} B={}: upload {:.3f} ms, logits D2H {:.3f} ms, greedy {:.3f} ms, top_p {:.3f} ms, "
-              "Engine::step {:.3f} ms", spec.model_name, h.batch, h.upload_ms, h.logits_d2h_ms, h.sample_greedy_ms,
-              h.sample_top_p_ms, *h.engine_step_ms);
+    h.engine_step_ms = engine_step_ms(engine, greedy, h.batch, r.vocab, spec.engine_steps);
+    h.engine_step_top_p_ms = engine_step_ms(engine, top_p, h.batch, r.vocab, spec.engine_steps);
+    log::info("bench host {} B={}: upload {:.3f} ms, logits D2H {:.3f} ms, CPU sampler greedy {:.3f} / top_p {:.3f} "
+              "ms, step sampling greedy {:.3f} / top_p {:.3f} ms, Engine::step greedy {:.3f} / top_p {:.3f} ms",
+              spec.model_name, h.batch, h.upload_ms, h.logits_d2h_ms, h.sample_greedy_ms, h.sample_top_p_ms,
+              h.step_sample_greedy_ms, h.step_sample_top_p_ms, *h.engine_step_ms, *h.engine_step_top_p_ms);
   }
   return r;
 }

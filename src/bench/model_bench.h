@@ -51,7 +51,8 @@ struct HostBenchSpec {
 };
 
 // The host side. Takes the model: after the upload / download / sampling figures, it becomes the Engine's for the
-// Engine::step timing (greedy requests with 16-token prompts, prefilled, then `engine_steps` decode steps timed).
+// Engine::step timing (greedy, then temperature 1 / top_p 0.95 requests with 16-token prompts, prefilled, then
+// `engine_steps` decode steps timed).
 HostResult bench_host(std::unique_ptr<Model> model, const HostBenchSpec& spec);
 
 }  // namespace bg::bench

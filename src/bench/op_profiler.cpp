@@ -55,7 +55,11 @@ class WallProfiler final : public StepProfiler {
   std::vector<Open> open_;
 };
 
-bool host_side(const std::string& name) { return name == "upload_step" || name == "download_f32"; }
+// Ops outside the model step's device span: the metadata upload, the logits download, and the step sampling (timed
+// on its own: the sampling kernel cases and the host figures).
+bool host_side(const std::string& name) {
+  return name == "upload_step" || name == "download_f32" || name == "sample_rows";
+}
 
 }  // namespace
 

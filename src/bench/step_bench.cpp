@@ -80,6 +80,14 @@ StepResult bench_one_step(Model& model, kv::StateManager& state, const StepBench
   }
   std::vector<float> logits(static_cast<size_t>(batch_size * vocab));
   for (int i = 0; i < 2; ++i) model.forward_batch(batch, logits.data());  // the first captures the graph
+  warn_if_not_finite(logits, fmt::format("step B={} ctx={}", batch_size, context));
+  // The timed steps run as the engine does: the step and its sampling on the backend (K3's temperature 1, top_p 0.95).
+  std::vector<ops::RowSampling> rows(static_cast<size_t>(batch_size));
+  for (int64_t i = 0; i < batch_size; ++i) {
+    rows[static_cast<size_t>(i)] = {{1.0f, 0, 0.95f}, static_cast<double>(i + 1) / static_cast<double>(batch_size + 2),
+                                    static_cast<int32_t>(i), -1};
+  }
+  std::vector<ops::RowSample> samples(rows.size());
 
   StepResult r;
   r.model = spec.model_name;
@@ -97,7 +105,7 @@ StepResult bench_one_step(Model& model, kv::StateManager& state, const StepBench
     ProfilerAttachment attach(model, profiler.get());
     for (int i = 0; i < spec.replays; ++i) {
       const auto t0 = Clock::now();
-      model.forward_batch(batch, logits.data());
+      model.forward_batch_sample(batch, rows, samples);
       wall_ms.push_back(ms_since(t0));
       device_ms.push_back(step_span_ms(profiler->take()));
     }
@@ -105,11 +113,10 @@ StepResult bench_one_step(Model& model, kv::StateManager& state, const StepBench
   {
     std::unique_ptr<StepProfiler> profiler = device.profiler(true);
     ProfilerAttachment attach(model, profiler.get());
-    model.forward_batch(batch, logits.data());
+    model.forward_batch_sample(batch, rows, samples);
     r.ops = aggregate_ops(profiler->take());
     for (const OpTime& o : r.ops) r.n_ops += o.calls;
   }
-  warn_if_not_finite(logits, fmt::format("step B={} ctx={}", batch_size, context));
   r.ms = median(device_ms);
   r.wall_ms = median(wall_ms);
   r.replays = spec.replays;

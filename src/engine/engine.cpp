@@ -34,8 +34,8 @@ Engine::Engine(std::unique_ptr<Model> model, const kv::StatePlan& state_plan, co
 bool Engine::step() {
   sched::StepPlan plan = scheduler_.schedule();  // decode tokens first, then prefill chunks within the budget
   if (plan.empty()) return false;
-  std::vector<Outcome> outcomes = execute(plan);  // one forward_batch over the whole step
-  sample(plan, outcomes);                         // a token for each chunk that ends its request's input
+  std::vector<Outcome> outcomes = execute(plan);  // one forward_batch_sample: the step and its sampling
+  apply_samples(plan, outcomes);                  // a token for each chunk that ends its request's input
   postprocess(plan, outcomes);                    // events; finished and failed requests free their sequences
   ++stats_.steps_total;
   stats_.last_batch_size = static_cast<int64_t>(plan.chunks.size());
@@ -43,15 +43,24 @@ bool Engine::step() {
   return true;
 }
 
+// Each chunk that ends its request's input gets a sampling row, its uniform drawn now from the request's own
+// generator (so the draws do not depend on the batch, and a rerun in isolate_failure reuses them).
 std::vector<Engine::Outcome> Engine::execute(const sched::StepPlan& plan) {
-  const auto vocab = static_cast<size_t>(model_->info().vocab_size);
   std::vector<Outcome> outcomes(plan.chunks.size());
   std::vector<BatchEntry> batch;
   batch.reserve(plan.chunks.size());
-  for (const sched::Chunk& c : plan.chunks) batch.push_back({c.req->seq.get(), c.req->span(c.start, c.n_tokens)});
-  logits_.resize(batch.size() * vocab);
+  rows_.clear();
+  row_of_chunk_.assign(plan.chunks.size(), -1);
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const sched::Chunk& c = plan.chunks[i];
+    batch.push_back({c.req->seq.get(), c.req->span(c.start, c.n_tokens)});
+    if (!c.samples) continue;
+    row_of_chunk_[i] = static_cast<int32_t>(rows_.size());
+    rows_.push_back(row_sampling(c.req->params, static_cast<int32_t>(i), c.req->rng));
+  }
+  samples_.assign(rows_.size(), ops::RowSample{});
   try {
-    model_->forward_batch(batch, logits_.data());
+    model_->forward_batch_sample(batch, rows_, samples_);
   } catch (const DeviceFault&) {
     throw;  // the device context is lost: no rerun can succeed (the worker restarts)
   } catch (const std::exception& e) {
@@ -65,9 +74,9 @@ std::vector<Engine::Outcome> Engine::execute(const sched::StepPlan& plan) {
 }
 
 // The batch threw: which sequences advanced is unknown, so each request recomputes its tokens up to the end of its
-// chunk alone on a fresh sequence; those that fail alone are the culprits and get finish_reason "error".
+// chunk alone on a fresh sequence (sampling with the uniform already drawn); those that fail alone are the culprits
+// and get finish_reason "error".
 void Engine::isolate_failure(const sched::StepPlan& plan, const std::string& what, std::vector<Outcome>& outcomes) {
-  const auto vocab = static_cast<size_t>(model_->info().vocab_size);
   if (plan.chunks.size() == 1) {
     outcomes[0].error = what;
     return;
@@ -78,7 +87,13 @@ void Engine::isolate_failure(const sched::StepPlan& plan, const std::string& wha
     try {
       scheduler_.reset_sequence(*c.req, c.start + c.n_tokens);
       const BatchEntry alone{c.req->seq.get(), c.req->span(0, c.start + c.n_tokens)};
-      model_->forward_batch(std::span<const BatchEntry>(&alone, 1), logits_.data() + i * vocab);
+      const int32_t k = row_of_chunk_[i];
+      ops::RowSampling row = k >= 0 ? rows_[static_cast<size_t>(k)] : ops::RowSampling{};
+      row.row = 0;
+      const size_t n_rows = k >= 0 ? 1 : 0;
+      model_->forward_batch_sample(std::span<const BatchEntry>(&alone, 1), std::span(&row, n_rows),
+                                   k >= 0 ? std::span(&samples_[static_cast<size_t>(k)], 1)
+                                          : std::span<ops::RowSample>());
       c.req->n_computed = c.start;  // complete() adds the chunk
     } catch (const DeviceFault&) {
       throw;
@@ -88,39 +103,28 @@ void Engine::isolate_failure(const sched::StepPlan& plan, const std::string& wha
   }
 }
 
-namespace {
-
-// One pass over a logits row: NaN or Inf anywhere (a poisoned expert, an overflow) makes x * 0 NaN, so the sum is
-// finite exactly when every value is.
-bool all_finite(const float* row, int64_t n) {
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n; ++i) acc += row[i] * 0.0f;
-  return acc == 0.0f;
-}
-
-}  // namespace
-
-void Engine::sample(const sched::StepPlan& plan, std::vector<Outcome>& outcomes) {
+void Engine::apply_samples(const sched::StepPlan& plan, std::vector<Outcome>& outcomes) {
   const int64_t vocab = model_->info().vocab_size;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const sched::Chunk& c = plan.chunks[i];
     Outcome& o = outcomes[i];
     if (!o.error.empty() || !c.samples) continue;
     sched::Request& r = *c.req;
-    const float* row = logits_.data() + i * static_cast<size_t>(vocab);
-    if (!all_finite(row, vocab)) {  // fail this request only; the others of the step are unaffected
+    const ops::RowSample& s = samples_[static_cast<size_t>(row_of_chunk_[i])];
+    if (!s.finite) {  // fail this request only; the others of the step are unaffected
       o.error = "the model produced non-finite logits (NaN or Inf) for this request; its output was discarded";
       continue;
     }
-    try {
-      o.sampled = sample_next(r.params, logits_.data() + i * static_cast<size_t>(vocab), vocab, r.rng);
-    } catch (const std::exception& e) {
-      o.error = e.what();
+    if (s.token < 0 || s.token >= vocab) {
+      o.error = fmt::format("sampling returned token {} (the backend rejected the request's sampling parameters)",
+                            s.token);
       continue;
     }
-    r.tokens.push_back(o.sampled->token);
+    o.sampled = Sampled{s.token, std::nullopt};
+    if (r.params.top_logprobs >= 0) o.sampled->logprob = to_token_logprob(s);
+    r.tokens.push_back(s.token);
     ++stats_.generation_tokens_total;
-    o.finish_reason = finish_reason_after(r.params, model_->info().eos_token_id, o.sampled->token, r.n_generated(),
+    o.finish_reason = finish_reason_after(r.params, model_->info().eos_token_id, s.token, r.n_generated(),
                                           r.max_new_tokens);
   }
 }

@@ -42,7 +42,7 @@ class Engine {
   // Ends every waiting and running request with finish_reason "error" (after an unexpected failure of a step).
   void fail_all(const std::string& message);
   bool has_work() const { return scheduler_.has_work(); }
-  // schedule -> execute (one forward_batch) -> sample -> postprocess; the step's events go to the outbox. False when
+  // schedule -> execute (one forward_batch_sample: the step and its sampling) -> apply samples -> postprocess; the step's events go to the outbox. False when
   // nothing could be scheduled.
   bool step();
   // The events produced since the last call, at most one per request per step, in order.
@@ -63,7 +63,7 @@ class Engine {
   };
   std::vector<Outcome> execute(const sched::StepPlan& plan);
   void isolate_failure(const sched::StepPlan& plan, const std::string& what, std::vector<Outcome>& outcomes);
-  void sample(const sched::StepPlan& plan, std::vector<Outcome>& outcomes);
+  void apply_samples(const sched::StepPlan& plan, std::vector<Outcome>& outcomes);
   void postprocess(const sched::StepPlan& plan, std::vector<Outcome>& outcomes);
   void reject(const proto::GenerateRequest& request, int32_t code, const std::string& message);
   std::string validate(const proto::GenerateRequest& request) const;
@@ -73,7 +73,10 @@ class Engine {
   std::unique_ptr<Model> model_;
   kv::StateManager state_;
   sched::Scheduler scheduler_;
-  std::vector<float> logits_;  // [batch, vocab] of the current step
+  // The current step's sampling: a row per chunk that samples (row_of_chunk_[chunk], -1 for none) and its result.
+  std::vector<ops::RowSampling> rows_;
+  std::vector<ops::RowSample> samples_;
+  std::vector<int32_t> row_of_chunk_;
   std::vector<proto::TokenEvent> outbox_;
   EngineStats stats_;
   uint64_t n_arrived_ = 0;

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <vector>
 
 #include <fmt/format.h>
@@ -41,25 +40,27 @@ Sampled sample_next(const proto::SamplingParams& p, const float* logits, int64_t
   return s;
 }
 
-proto::TokenLogprob token_logprobs(const float* logits, int64_t vocab, int32_t token, int32_t n_top) {
-  // log p_i = x_i - (max + log sum exp(x - max)), in double.
-  double max_logit = -INFINITY;
-  for (int64_t i = 0; i < vocab; ++i) max_logit = std::max(max_logit, static_cast<double>(logits[i]));
-  double sum = 0.0;
-  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max_logit);
-  const double log_z = max_logit + std::log(sum);
-  auto logprob = [&](int64_t i) { return static_cast<float>(static_cast<double>(logits[i]) - log_z); };
+ops::RowSampling row_sampling(const proto::SamplingParams& p, int32_t row, std::mt19937_64& rng) {
+  ops::RowSampling r;
+  r.params = {p.temperature, p.top_k, p.top_p};
+  if (p.temperature > 0.0f) r.uniform = ops::draw_uniform(rng);
+  r.row = row;
+  r.n_top = p.top_logprobs;
+  return r;
+}
 
+proto::TokenLogprob token_logprobs(const float* logits, int64_t vocab, int32_t token, int32_t n_top) {
+  ops::RowSample r;
+  r.token = token;
+  ops::top_logprobs_cpu(logits, vocab, token, n_top, r);
+  return to_token_logprob(r);
+}
+
+proto::TokenLogprob to_token_logprob(const ops::RowSample& r) {
   proto::TokenLogprob out;
-  out.token = token;
-  out.logprob = logprob(token);
-  const auto n = static_cast<size_t>(std::min<int64_t>(n_top, vocab));
-  std::vector<int32_t> ids(static_cast<size_t>(vocab));
-  std::iota(ids.begin(), ids.end(), 0);
-  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(), [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  for (size_t i = 0; i < n; ++i) out.top.emplace_back(ids[i], logprob(ids[i]));
+  out.token = r.token;
+  out.logprob = r.logprob;
+  for (int32_t i = 0; i < r.n_top; ++i) out.top.emplace_back(r.top_ids[i], r.top_logprobs[i]);
   return out;
 }
 

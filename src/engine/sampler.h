@@ -8,11 +8,12 @@
 #include <random>
 #include <string>
 
+#include "ops/sampling/sampling.h"
 #include "server/protocol.h"
 
 namespace bg::engine {
 
-inline constexpr int32_t kMaxTopLogprobs = 20;
+inline constexpr int32_t kMaxTopLogprobs = ops::kMaxTopLogprobs;
 
 struct Sampled {
   int32_t token = 0;
@@ -25,6 +26,13 @@ std::string validate_sampling(const proto::SamplingParams& p, int64_t vocab_size
 // One token from logits [vocab] (fp32). Non-greedy sampling draws exactly one uniform from `rng`; greedy draws none.
 // Throws bg::Error on NaN logits.
 Sampled sample_next(const proto::SamplingParams& p, const float* logits, int64_t vocab, std::mt19937_64& rng);
+
+// A step's sampling request for a logits row: the parameters, the one uniform of a non-greedy sample drawn from
+// `rng` now (none when greedy: the same draws as sample_next), and the logprobs asked for.
+ops::RowSampling row_sampling(const proto::SamplingParams& p, int32_t row, std::mt19937_64& rng);
+
+// A sampled row's logprobs as the protocol carries them (r.n_top alternatives).
+proto::TokenLogprob to_token_logprob(const ops::RowSample& r);
 
 // The log-softmax of the raw logits at `token` and the `n_top` best alternatives (best first, lower id on ties).
 proto::TokenLogprob token_logprobs(const float* logits, int64_t vocab, int32_t token, int32_t n_top);

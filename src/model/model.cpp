@@ -25,6 +25,14 @@ void Model::forward_batch(std::span<const BatchEntry> batch, float* last_logits)
   }
 }
 
+void Model::forward_batch_sample(std::span<const BatchEntry> batch, std::span<const ops::RowSampling> rows,
+                                 std::span<ops::RowSample> out) {
+  const int64_t vocab = info().vocab_size;
+  std::vector<float> logits(batch.size() * static_cast<size_t>(vocab));
+  forward_batch(batch, logits.data());
+  ops::sample_rows_cpu(rows, logits.data(), static_cast<int64_t>(batch.size()), vocab, out);
+}
+
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
   BG_CHECK(std::filesystem::is_directory(dir), "model directory '{}' does not exist", dir.string());
   auto config_path = dir / "config.json";

@@ -71,6 +71,11 @@ class Model {
   // One step over several sequences; writes only each entry's last-token logits: [batch.size(), vocab]. Results equal
   // running each entry alone through forward(). Entries with empty tokens are not allowed.
   virtual void forward_batch(std::span<const BatchEntry> batch, float* last_logits);
+  // forward_batch's step, then its sampling: out[i] for rows[i] (rows[i].row is a batch index) by Backend::sample_rows,
+  // so on CUDA only the ids, finite flags and asked-for logprobs leave the device. The default (models without a
+  // backend step, e.g. test fakes) runs forward_batch into host memory and then ops::sample_rows_cpu.
+  virtual void forward_batch_sample(std::span<const BatchEntry> batch, std::span<const ops::RowSampling> rows,
+                                    std::span<ops::RowSample> out);
   void set_route_hook(RouteHook hook) { route_hook_ = std::move(hook); }
   // CUDA graphs captured for decode steps so far (0 on the CPU or with graphs off).
   virtual int64_t n_graphs_captured() const { return 0; }

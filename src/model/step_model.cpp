@@ -30,6 +30,19 @@ void StepModel::forward(Sequence& seq, std::span<const int32_t> tokens, float* l
 }
 
 void StepModel::forward_batch(std::span<const BatchEntry> batch, float* last_logits) {
+  const Tensor out = run_batch(batch);
+  backend().download_f32(out, last_logits);
+  finish_step(batch);
+}
+
+void StepModel::forward_batch_sample(std::span<const BatchEntry> batch, std::span<const ops::RowSampling> rows,
+                                     std::span<ops::RowSample> out) {
+  const Tensor logits = run_batch(batch);
+  backend().sample_rows(logits, rows, out);
+  finish_step(batch);
+}
+
+Tensor StepModel::run_batch(std::span<const BatchEntry> batch) {
   Backend& be = backend();
   const StepPools pools = step_pools_of(batch);
   StepLayout step = layout_step(batch, info(), pools);
@@ -50,8 +63,7 @@ void StepModel::forward_batch(std::span<const BatchEntry> batch, float* last_log
     be.begin_step(std::move(step));
     out = step_body(pools, false, nullptr);
   }
-  be.download_f32(out, last_logits);
-  finish_step(batch);
+  return out;
 }
 
 // A captured graph bakes in the pools' addresses and block size: graphs are keyed by them too, so sequences of

@@ -1,7 +1,7 @@
 // StepModel: the step driver both architectures share. It lays a batch out (forward_common), runs the architecture's
 // step body on the backend's current step over the pools the batch's sequences live in — eagerly, or for decode steps
 // on CUDA as a graph captured once per (bucketed batch size, block-table width) and replayed — then downloads the
-// logits and advances the sequences.
+// logits (forward_batch) or samples them in backend memory (forward_batch_sample), and advances the sequences.
 #pragma once
 
 #include <map>
@@ -21,6 +21,8 @@ class StepModel : public Model {
  public:
   void forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap) final;
   void forward_batch(std::span<const BatchEntry> batch, float* last_logits) final;
+  void forward_batch_sample(std::span<const BatchEntry> batch, std::span<const ops::RowSampling> rows,
+                            std::span<ops::RowSample> out) final;
   int64_t n_graphs_captured() const final { return backend().n_graphs(); }
 
  protected:
@@ -34,6 +36,9 @@ class StepModel : public Model {
   moe::ExpertPlacement placement(int64_t n_experts) const;
 
  private:
+  // The step's last-token logits F32 [batch.size(), vocab] in backend memory (graph-owned when replayed); the
+  // sequences advance only in finish_step, after the caller has read them.
+  Tensor run_batch(std::span<const BatchEntry> batch);
   int64_t graph_pools_index(const StepPools& pools);
   std::unique_ptr<moe::Exchange> exchange_;
   bool graphs_;

@@ -113,9 +113,11 @@ TEST(BenchCli, CpuQuickWritesTheDocumentedJson) {
   expect_keys(h, {"model", "vocab", "batches"}, "host");
   ASSERT_EQ(h["batches"].size(), 2u);
   for (const json& b : h["batches"]) {
-    expect_keys(b, {"batch", "upload_ms", "logits_d2h_ms", "sample_greedy_ms", "sample_top_p_ms", "engine_step_ms"},
+    expect_keys(b, {"batch", "upload_ms", "logits_d2h_ms", "sample_greedy_ms", "sample_top_p_ms",
+                    "step_sample_greedy_ms", "step_sample_top_p_ms", "engine_step_ms", "engine_step_top_p_ms"},
                 "host batch");
     EXPECT_TRUE(positive(b["sample_top_p_ms"]) && positive(b["engine_step_ms"])) << b.dump();
+    EXPECT_TRUE(positive(b["step_sample_top_p_ms"]) && positive(b["engine_step_top_p_ms"])) << b.dump();
   }
 }
 

@@ -128,6 +128,12 @@ class CpuBackend final : public Backend {
     BG_PROFILE_OP("download_f32", nullptr);
     for (int64_t i = 0; i < t.numel(); ++i) host[i] = load_as_f32(static_cast<const std::byte*>(t.data), t.dtype, i);
   }
+  void sample_rows(const Tensor& logits, std::span<const ops::RowSampling> rows,
+                   std::span<ops::RowSample> out) override {
+    BG_PROFILE_OP("sample_rows", nullptr);
+    BG_CHECK(logits.dtype == DType::kF32 && logits.shape.size() == 2, "sample_rows: logits must be F32 [rows, vocab]");
+    ops::sample_rows_cpu(rows, logits.as<float>(), logits.rows(), logits.cols(), out);
+  }
   void copy(const Tensor& src, Tensor& dst) override {
     BG_PROFILE_OP("copy", nullptr);
     BG_CHECK(src.nbytes() == dst.nbytes(), "copy of {} bytes into {}", src.nbytes(), dst.nbytes());

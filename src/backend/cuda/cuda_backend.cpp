@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/device_buffer.h"
+#include "backend/cuda/step_sampler.h"
 #include "backend/cuda/weight_uploader.h"
 #include "backend/fault_injection.h"
 #include "core/log.h"
@@ -153,6 +154,14 @@ class CudaBackend final : public Backend {
   void synchronize() override {
     BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
     check_device_errors();
+  }
+  // The logits stay on the device: see cuda/step_sampler.h (its pinned buffers are this backend's).
+  void sample_rows(const Tensor& logits, std::span<const ops::RowSampling> rows,
+                   std::span<ops::RowSample> out) override {
+    BG_PROFILE_OP("sample_rows", stream_);
+    BG_CHECK(!capturing_, "cuda backend: sampling during graph capture");
+    const int32_t flags = sampler_.run(logits, rows, out, errors_.as<int32_t>(), stream_);
+    if (flags != 0) raise_device_errors(flags);
   }
 
   // Weights go up in batches through the uploader (one allocation per batch, pinned copies); see weight_uploader.h.
@@ -397,8 +406,9 @@ class CudaBackend final : public Backend {
   // flag is reset and reported as an error of this step (the context stays usable).
   void check_device_errors() {
     BG_CUDA_CHECK(cudaMemcpy(errors_host_, errors_.data(), sizeof(int32_t), cudaMemcpyDeviceToHost));
-    const int32_t flags = *errors_host_;
-    if (flags == 0) return;
+    if (*errors_host_ != 0) raise_device_errors(*errors_host_);
+  }
+  [[noreturn]] void raise_device_errors(int32_t flags) {
     BG_CUDA_CHECK(cudaMemset(errors_.data(), 0, sizeof(int32_t)));
     fail("cuda backend: a kernel of this step reported{}{}{}{}{}{} (flags {:#x}); the step's outputs are discarded",
          (flags & ops::kMoeErrorBadExpertId) ? " a routed expert id outside the layer's experts" : "",
@@ -473,6 +483,7 @@ class CudaBackend final : public Backend {
   CopyFence copies_done_ = 0;
   cuda::DeviceBuffer errors_;         // int32 kernel error flags (see check_device_errors)
   int32_t* errors_host_ = nullptr;    // pinned
+  cuda::StepSampler sampler_;         // sample_rows: its pinned and device buffers
   int64_t n_sms_ = 1;
   bool deterministic_ = false;  // BackendOptions::deterministic
   mutable cuda::MoeGroupedScratch moe_grouped_scratch_;  // grouped prefill MoE: bf16 expert weights (cuda_moe.h)

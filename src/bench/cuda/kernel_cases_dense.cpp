@@ -220,8 +220,8 @@ void register_kda_small(KernelRegistry& r, int64_t b) {
   }));
 }
 
-// Embedding rows of the 163840 x 7168 bf16 table (one table; the ids differ per set), and GPU sampling over fp32
-// logits [B, 163840] with K3's recommended temperature 1, top_p 0.95.
+// Embedding rows of the 163840 x 7168 bf16 table (one table; the ids differ per set), and the GPU sampling step over
+// fp32 logits [B, 163840]: K3's recommended temperature 1, top_p 0.95 (with and without 20 logprobs), and greedy.
 void register_embedding_and_sampling(KernelRegistry& r, int64_t b) {
   KernelCase e;
   e.name = "embedding";
@@ -245,22 +245,25 @@ void register_embedding_and_sampling(KernelRegistry& r, int64_t b) {
     return k;
   };
   r.add(e);
+  // The engine's step kernel (sample_rows_cuda, what CudaBackend::sample_rows launches): one RowSampling per row.
+  // Bytes: one read of the logits (the minimum; the top_p selects re-read the rows from L2). FLOPs: nominal
+  // operations per logit (greedy 1; top_p 4: the exp of the mass sums and selects; logprobs 2 more).
   const double logits = d(b * kVocab) * 4;
-  r.add(small_case("sampling_top_p_decode", b, logits, {logits, 4 * d(b * kVocab)}, [b](CaseMemory& m) {
-    const float* x = m.f32(z(b * kVocab), -6.0f, 6.0f);
-    std::vector<ops::SamplingParams> params(z(b), ops::SamplingParams{1.0f, 0, 0.95f});
-    std::vector<double> uniforms(z(b));
-    for (int64_t i = 0; i < b; ++i) uniforms[z(i)] = static_cast<double>(i + 1) / static_cast<double>(b + 2);
-    const ops::SamplingParams* p = m.upload(params);
-    const double* u = m.upload(uniforms);
-    int32_t* ids = m.zeros_of<int32_t>(z(b));
-    return SetLaunch([=](cudaStream_t s) { ops::sample_cuda({b, kVocab}, p, x, u, ids, s); });
-  }));
-  r.add(small_case("sampling_greedy_decode", b, logits, {logits, d(b * kVocab)}, [b](CaseMemory& m) {
-    const float* x = m.f32(z(b * kVocab), -6.0f, 6.0f);
-    int32_t* ids = m.zeros_of<int32_t>(z(b));
-    return SetLaunch([=](cudaStream_t s) { ops::argmax_cuda({b, kVocab}, x, ids, s); });
-  }));
+  auto step_case = [b, logits](const char* name, ops::SamplingParams params, int32_t n_top, double ops_per_logit) {
+    return small_case(name, b, logits, {logits, ops_per_logit * d(b * kVocab)}, [=](CaseMemory& m) {
+      const float* x = m.f32(z(b * kVocab), -6.0f, 6.0f);
+      std::vector<ops::RowSampling> rows(z(b));
+      for (int64_t i = 0; i < b; ++i) {
+        rows[z(i)] = {params, static_cast<double>(i + 1) / static_cast<double>(b + 2), static_cast<int32_t>(i), n_top};
+      }
+      const ops::RowSampling* d_rows = m.upload(rows);
+      auto* out = static_cast<ops::RowSample*>(m.zeros(z(b) * sizeof(ops::RowSample)));
+      return SetLaunch([=](cudaStream_t s) { ops::sample_rows_cuda({b, kVocab}, d_rows, x, out, s); });
+    });
+  };
+  r.add(step_case("sampling_top_p_decode", {1.0f, 0, 0.95f}, -1, 4));
+  r.add(step_case("sampling_top_p_logprobs_decode", {1.0f, 0, 0.95f}, 20, 6));
+  r.add(step_case("sampling_greedy_decode", {0.0f, 0, 1.0f}, -1, 1));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // index first; -0 and +0 tie). Every cut is a "weighted select": the first key in descending order at which the
 // running weight (a count for top-k, the fixed-point probability mass for top-p and the pick) exceeds a target, found
 // by a radix descent over the logit bits (four 8-bit histogram passes) and an index-ordered scan among equal logits.
+// The step kernel (sample_rows_cuda) adds the finite flag, and the logprobs as a count select of the n best keys.
 #include "ops/sampling/sampling_cuda.h"
 
 #include "backend/cuda/cuda_check.h"
@@ -21,6 +22,9 @@ constexpr double kMassScale = 17592186044416.0;  // 2^44: a probability p in [0,
 struct Shared {
   u64 hist[256];
   u64 reduce_u64[32];
+  double reduce_f64[32];
+  u64 top_keys[kMaxTopLogprobs];
+  int n_top_found;
   int reduce_int[32];
   u64 above;
   unsigned chosen;
@@ -206,6 +210,84 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingBatch b, const
   if (threadIdx.x == 0) ids[r] = id;
 }
 
+// The log-softmax of a finite row (double, as top_logprobs_cpu) at `token` and at its n_top best keys, written to *o
+// by thread 0. The n_top best are the keys >= the n_top-th largest (a count select), sorted by thread 0.
+__device__ void row_logprobs(const float* logits, int vocab, u64 best, int token, int n_top, Shared& sh,
+                             RowSample* o) {
+  const double max_logit = static_cast<double>(from_ordered(static_cast<unsigned>(best >> 32)));
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) sum += exp(static_cast<double>(logits[i]) - max_logit);
+  sum = cuda_util::block_reduce(sum, cuda_util::SumOp{}, 0.0, sh.reduce_f64);
+  const double log_z = max_logit + log(sum);
+  const int n = min(n_top, vocab);
+  if (n > 0) {
+    const Row counting{logits, vocab, 0.0, 1.0};
+    const u64 lo = select_key<false>(counting, 0, static_cast<u64>(n - 1), sh);  // exactly n keys are >= lo
+    if (threadIdx.x == 0) sh.n_top_found = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const u64 key = make_key(ordered(logits[i]), i);
+      if (key < lo) continue;
+      const int slot = atomicAdd(&sh.n_top_found, 1);
+      if (slot < kMaxTopLogprobs) sh.top_keys[slot] = key;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x != 0) return;
+  for (int a = 1; a < n; ++a) {  // insertion sort, largest key (best) first
+    const u64 key = sh.top_keys[a];
+    int b = a;
+    for (; b > 0 && sh.top_keys[b - 1] < key; --b) sh.top_keys[b] = sh.top_keys[b - 1];
+    sh.top_keys[b] = key;
+  }
+  for (int a = 0; a < n; ++a) {
+    const int id = key_index(sh.top_keys[a]);
+    o->top_ids[a] = id;
+    o->top_logprobs[a] = static_cast<float>(static_cast<double>(logits[id]) - log_z);
+  }
+  o->n_top = n;
+  o->logprob = static_cast<float>(static_cast<double>(logits[token]) - log_z);
+}
+
+// One step's rows: grid (n_rows), block kThreads; block b samples rows[b] into out[b].
+__global__ void __launch_bounds__(kThreads) sample_rows_kernel(int vocab, const RowSampling* rows, const float* logits,
+                                                               RowSample* out) {
+  __shared__ Shared sh;
+  const RowSampling rs = rows[blockIdx.x];
+  const float* row = logits + static_cast<int64_t>(rs.row) * vocab;
+  RowSample* o = out + blockIdx.x;
+  u64 best = 0;
+  int non_finite = 0;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float l = row[i];
+    if (isfinite(l)) {
+      best = max(best, make_key(ordered(l), i));
+    } else {
+      non_finite = 1;
+    }
+  }
+  best = cuda_util::block_reduce(best, cuda_util::MaxOp{}, u64{0}, sh.reduce_u64);
+  non_finite = cuda_util::block_reduce(non_finite, cuda_util::MaxOp{}, 0, sh.reduce_int);
+  if (non_finite) {  // the engine fails this request: no id, no logprobs
+    if (threadIdx.x == 0) {
+      o->token = -1;
+      o->finite = false;
+      o->n_top = 0;
+      o->logprob = 0.0f;
+    }
+    return;
+  }
+  const int token = rs.params.temperature <= 0.0f ? key_index(best)
+                                                  : sample_row(rs.params, rs.uniform, row, vocab, best, sh);
+  if (threadIdx.x == 0) {
+    o->token = token;
+    o->finite = true;
+    o->n_top = 0;
+    o->logprob = 0.0f;
+  }
+  if (rs.n_top >= 0 && token >= 0) row_logprobs(row, vocab, best, token, rs.n_top, sh, o);
+}
+
 void check_batch(const SamplingBatch& b, const char* who) {
   BG_CHECK(b.n_rows >= 0 && b.n_rows < (int64_t{1} << 31), "{}: bad n_rows {}", who, b.n_rows);
   BG_CHECK(b.vocab > 0 && b.vocab <= kSamplingMaxVocab, "{}: vocab {} outside [1, {}]", who, b.vocab,
@@ -213,6 +295,16 @@ void check_batch(const SamplingBatch& b, const char* who) {
 }
 
 }  // namespace
+
+void sample_rows_cuda(const SamplingBatch& b, const RowSampling* rows, const float* logits, RowSample* out,
+                      cudaStream_t stream) {
+  check_batch(b, "sample_rows_cuda");
+  if (b.n_rows == 0) return;
+  BG_CHECK(rows && logits && out, "sample_rows_cuda: null pointer with n_rows {}", b.n_rows);
+  sample_rows_kernel<<<static_cast<unsigned>(b.n_rows), kThreads, 0, stream>>>(static_cast<int>(b.vocab), rows,
+                                                                                logits, out);
+  BG_CUDA_CHECK_LAUNCH();
+}
 
 void argmax_cuda(const SamplingBatch& b, const float* logits, int32_t* ids, cudaStream_t stream) {
   check_batch(b, "argmax_cuda");

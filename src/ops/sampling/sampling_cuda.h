@@ -30,4 +30,14 @@ void argmax_cuda(const SamplingBatch& b, const float* logits, int32_t* ids, cuda
 void sample_cuda(const SamplingBatch& b, const SamplingParams* params, const float* logits, const double* uniforms,
                  int32_t* ids, cudaStream_t stream);
 
+// One step's sampling (the engine's path): out[i] = sample_rows_cpu's result for rows[i], per row on the device:
+//   rows [n_rows] RowSampling (device; each .row indexes logits, checked by the caller with check_row_sampling),
+//   logits [any, vocab] fp32, out [n_rows] RowSample (device).
+// finite is a block reduction over the whole row (NaN or +-Inf: token -1, finite false, nothing else). The id follows
+// sample_cuda (same rounding note; -1 for parameters the CPU rejects). Logprobs (n_top >= 0) are computed here: log Z
+// as a double sum over the row (order differs from the CPU's, so a logprob may differ in its last float bit), the
+// alternatives as the n_top largest keys, exactly the CPU's ids and order.
+void sample_rows_cuda(const SamplingBatch& b, const RowSampling* rows, const float* logits, RowSample* out,
+                      cudaStream_t stream);
+
 }  // namespace bg::ops
