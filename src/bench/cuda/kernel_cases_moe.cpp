@@ -141,8 +141,10 @@ PreparedKernel grouped_kernel(const CudaEnv& env, CaseMemory& mem, const MoeCuda
     };
   } else {
     k.cost = {ffn_bytes(p.shape.n_tokens, plan->n_active()), 2.0 * d(p.shape.n_pairs()) * expert_params()};
+    // `a` points at *plan: the lambda must own the plan (and the dispatch buffers) for as long as it lives.
     k.launch = [=](int, cudaStream_t s) {
       (void)disp;
+      (void)plan;
       ops::moe_expert_ffn_grouped_cuda(p, a, s);
     };
   }
