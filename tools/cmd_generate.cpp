@@ -7,6 +7,7 @@
 #include "ops/sampling/sampling.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/parallel_cli.h"
 
 namespace bg::tools {
 namespace {
@@ -21,6 +22,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   bool ignore_eos = false;
   std::string device = "cpu";
+  ParallelArgs par;
 };
 
 void run_generate(const GenerateArgs& a) {
@@ -30,7 +32,10 @@ void run_generate(const GenerateArgs& a) {
   BG_CHECK(a.top_k >= 0, "--top-k {} must be >= 0", a.top_k);
   std::vector<int32_t> prompt = parse_id_list(a.prompt_ids, "--prompt-ids");
   const int64_t total = static_cast<int64_t>(prompt.size()) + a.max_tokens;
-  auto model = load_model(a.model_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = total, .device = a.device});
+  LoadOptions options{.max_sequences = 1, .max_total_tokens = total, .device = a.device};
+  std::unique_ptr<LocalRanks> ranks = LocalRanks::start(a.par, a.model_dir, options);  // null: one rank
+  if (ranks) options.ranks = ranks->context();
+  auto model = load_model(a.model_dir, options);
   const int64_t V = model->info().vocab_size;
   BG_CHECK(total <= model->info().max_position_embeddings, "prompt ({}) + --max-tokens ({}) exceeds the model's "
            "context of {}", prompt.size(), a.max_tokens, model->info().max_position_embeddings);
@@ -48,6 +53,7 @@ void run_generate(const GenerateArgs& a) {
     model->forward(*seq, std::span<const int32_t>(&next, 1), logits.data());
     next = ops::sample_token(sp, logits.data(), V, rng);
   }
+  if (ranks) ranks->finish(*model);
   for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? "," : "") << out[i];
   std::cout << "\n";
 }
@@ -66,6 +72,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "Sampling seed (default 0)");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence id");
   cmd->add_option("--device", args->device, "Backend: cpu (fp32 reference) or cuda (bf16 on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
+  add_parallel_flags(cmd, args->par, false);
   cmd->callback([args] { run_generate(*args); });
 }
 

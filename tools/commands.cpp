@@ -9,6 +9,7 @@ void register_commands(CLI::App& app) {
   register_make_random(app);
   register_serve(app);
   register_worker(app);
+  register_rank(app);
 }
 
 }  // namespace bg::tools

@@ -12,5 +12,6 @@ void register_generate(CLI::App& app);
 void register_make_random(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_worker(CLI::App& app);
+void register_rank(CLI::App& app);
 
 }  // namespace bg::tools

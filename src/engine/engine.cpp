@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/comm.h"
 
 namespace bg::engine {
 
@@ -29,7 +30,11 @@ Engine::Engine(std::unique_ptr<Model> model, const sched::SchedulerConfig& confi
 
 bool Engine::step() {
   sched::StepPlan plan = scheduler_.schedule();  // decode tokens first, then prefill chunks within the budget
-  if (plan.empty()) return false;
+  if (plan.empty()) {
+    // One rank of a set: take part in the step anyway (another rank may have work; the collectives must meet).
+    if (model_->collective() && !model_->sync_idle(false)) throw dist::SetStopping("the rank set is stopping");
+    return false;
+  }
   std::vector<Outcome> outcomes = execute(plan);  // one forward_batch over the whole step
   sample(plan, outcomes);                         // a token for each chunk that ends its request's input
   postprocess(plan, outcomes);                    // events; finished and failed requests free their sequences
@@ -48,6 +53,10 @@ std::vector<Engine::Outcome> Engine::execute(const sched::StepPlan& plan) {
   logits_.resize(batch.size() * vocab);
   try {
     model_->forward_batch(batch, logits_.data());
+  } catch (const dist::RankFailure&) {
+    throw;  // the rank set failed: nothing on this rank can continue
+  } catch (const dist::SetStopping&) {
+    throw;
   } catch (const std::exception& e) {
     isolate_failure(plan, e.what(), outcomes);
   }
@@ -61,8 +70,10 @@ std::vector<Engine::Outcome> Engine::execute(const sched::StepPlan& plan) {
 // chunk alone on a fresh sequence; those that fail alone are the culprits and get finish_reason "error".
 void Engine::isolate_failure(const sched::StepPlan& plan, const std::string& what, std::vector<Outcome>& outcomes) {
   const auto vocab = static_cast<size_t>(model_->info().vocab_size);
-  if (plan.chunks.size() == 1) {
-    outcomes[0].error = what;
+  // One request, or a rank of a set (a rerun would be a step of its own that the other ranks do not take part in):
+  // the whole step's requests fail.
+  if (plan.chunks.size() == 1 || model_->collective()) {
+    for (Outcome& o : outcomes) o.error = what;
     return;
   }
   log::warn("engine: a batch of {} requests failed ({}); rerunning each alone", plan.chunks.size(), what);

@@ -5,14 +5,18 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <future>
+#include <mutex>
 #include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/comm.h"
+#include "dist/rank_setup.h"
 #include "sched/planner.h"
 
 namespace bg::engine {
@@ -29,6 +33,7 @@ class Worker {
  private:
   bool wait_for_engine(std::future<std::unique_ptr<Engine>>& loading);
   void serve();
+  int serve_ranks();
   void poll_messages(int64_t timeout_ms);
   void handle(const zmq::message_t& frame);
   void on_generate(const proto::Message& m);
@@ -48,6 +53,9 @@ class Worker {
   bool stop_ = false;
   bool parent_is_ppid_ = false;  // the frontend is our direct parent (then a changed getppid() also means it died)
   bool parent_dead_ = false;
+  std::mutex phase_mu_;
+  std::string load_phase_ = "loading";  // written by the loading thread ("joining" while it waits for the set)
+  std::atomic<bool> abandon_{false};    // tells the loading thread to stop waiting for the other ranks
 };
 
 Worker::Worker(const WorkerOptions& options) : o_(options) {
@@ -77,12 +85,23 @@ int Worker::run() {
   status_.phase = "loading";
   send_status();
   log::info("worker rank {}: loading {}", o_.rank, o_.model_dir.string());
-  auto loading = std::async(std::launch::async, [this] { return load_engine(o_); });
+  auto on_phase = [this](const std::string& phase) {
+    std::lock_guard lock(phase_mu_);
+    load_phase_ = phase;
+  };
+  auto loading = std::async(std::launch::async, [this, on_phase] {
+    return load_engine(o_, on_phase, [this] { return abandon_.load(); });
+  });
   if (!wait_for_engine(loading)) return status_.phase == "failed" ? 1 : 0;
   status_.phase = "ready";
   send_status();
   log::info("worker rank {}: ready", o_.rank);
-  serve();
+  if (engine_->model().collective()) {
+    const int code = serve_ranks();
+    if (code != 0) return code;
+  } else {
+    serve();
+  }
   log::info("worker rank {}: stopping ({})", o_.rank, parent_dead_ ? "the frontend process is gone" : "shutdown");
   return 0;
 }
@@ -97,6 +116,14 @@ bool Worker::wait_for_engine(std::future<std::unique_ptr<Engine>>& loading) {
       std::_Exit(0);
     }
     if (gone) stop_ = true;
+    if (stop_) abandon_ = true;
+    {
+      std::lock_guard lock(phase_mu_);
+      if (load_phase_ != status_.phase) {
+        status_.phase = load_phase_;
+        last_status_ = {};  // report the new phase now
+      }
+    }
     if (ms_until_status() <= 0) send_status();
   }
   try {
@@ -133,6 +160,42 @@ void Worker::serve() {
     if (ms_until_status() <= 0) send_status();
   }
   flush_events();
+}
+
+// One rank of a set: every loop is a step agreement with the other ranks (Engine::step takes part even without work),
+// so the loop never waits long for messages. A stop (shutdown, frontend gone) is voted so the whole set stops; a
+// failed set (a peer died, a step failed) ends this worker with status "failed" and exit code 1, and the frontend
+// restarts the set.
+int Worker::serve_ranks() {
+  bool progressed = false;
+  for (;;) {
+    const bool busy = progressed && engine_->has_work();
+    poll_messages(busy ? 0 : std::min<int64_t>(o_.multi_rank_idle_poll_ms, ms_until_status()));
+    if (parent_gone()) stop_ = true;
+    try {
+      if (stop_) {
+        engine_->fail_all("the worker is shutting down");
+        engine_->model().sync_idle(true);
+        break;
+      }
+      progressed = engine_->step();
+    } catch (const dist::SetStopping&) {
+      engine_->fail_all("the rank set is shutting down");
+      break;
+    } catch (const std::exception& e) {
+      log::error("worker rank {}: the rank set failed: {}", o_.rank, e.what());
+      engine_->fail_all(fmt::format("the rank set failed: {}", e.what()));
+      flush_events();
+      status_.phase = "failed";
+      status_.error = e.what();
+      send_status();
+      return 1;
+    }
+    flush_events();
+    if (ms_until_status() <= 0) send_status();
+  }
+  flush_events();
+  return 0;
 }
 
 void Worker::poll_messages(int64_t timeout_ms) {
@@ -234,11 +297,21 @@ void validate_worker_options(const WorkerOptions& o) {
   BG_CHECK(o.parent_pid >= 0, "--parent-pid {} must be >= 0", o.parent_pid);
   BG_CHECK(o.status_interval_ms >= 1 && o.idle_poll_ms >= 1, "status interval {} ms and idle poll {} ms must be >= 1",
            o.status_interval_ms, o.idle_poll_ms);
+  const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(o.parallel);
+  BG_CHECK(o.rank < layout.world(), "--rank {} is outside the {} ranks of {}", o.rank, layout.world(),
+           layout.describe());
+  BG_CHECK(!layout.multi_rank() || !o.rendezvous.empty(), "--rendezvous is required with several ranks ({})",
+           layout.describe());
+  BG_CHECK(o.moe_exchange == "nccl" || o.moe_exchange == "ll", "--k3-moe-exchange {} must be nccl or ll",
+           o.moe_exchange);
+  BG_CHECK(o.moe_exchange_tokens >= 0, "--moe-exchange-tokens {} must be >= 0", o.moe_exchange_tokens);
 }
 
-std::unique_ptr<Engine> load_engine(const WorkerOptions& o) {
+std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<void(const std::string&)>& on_phase,
+                                    const std::function<bool()>& abandon) {
   validate_worker_options(o);
-  const sched::ModelGeometry geo = sched::read_model_geometry(o.model_dir);
+  const dist::RankPlace place{dist::ParallelLayout::from_flags(o.parallel), o.rank};
+  const sched::ModelGeometry geo = sched::read_model_geometry(o.model_dir, place);
   sched::PlannerInput in;
   in.device = o.device;
   in.kv_block_size = o.kv_block_size;
@@ -246,8 +319,26 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o) {
   in.max_model_len = o.max_model_len;
   in.kv_cache_memory_bytes = o.kv_cache_memory_bytes;
   in.gpu_memory_utilization = o.gpu_memory_utilization;
-  const sched::Plan plan = sched::make_plan(geo, in);
+  sched::Plan plan = sched::make_plan(geo, in);
   log::info("worker rank {}: {}", o.rank, plan.describe());
+  std::shared_ptr<dist::RankContext> ranks;
+  if (place.layout.multi_rank()) {
+    // Join the set with this rank's plan; every rank then runs the smallest (TP ranks mirror their leader's pools).
+    if (on_phase) on_phase("joining");
+    dist::RankSetup s;
+    s.place = place;
+    s.device = o.device;
+    s.exchange = o.moe_exchange;
+    s.rendezvous = o.rendezvous;
+    s.plan = {plan.max_num_seqs, plan.kv_blocks, plan.max_model_len};
+    s.max_tokens_per_call = o.moe_exchange_tokens;
+    s.abandon = abandon;
+    dist::StartedRank started = dist::start_rank(s);
+    plan.agree(started.plan.at(0), started.plan.at(1), started.plan.at(2));
+    log::info("worker rank {}: the set runs {}", o.rank, plan.describe());
+    ranks = std::move(started.ranks);
+    if (on_phase) on_phase("loading");
+  }
   BG_CHECK(o.chunked_prefill_size >= plan.max_num_seqs, "--chunked-prefill-size {} must be >= --max-num-seqs {} "
            "(every running sequence decodes one token per step)", o.chunked_prefill_size, plan.max_num_seqs);
   sched::SchedulerConfig sc;
@@ -255,7 +346,11 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o) {
   sc.max_model_len = plan.max_model_len;
   sc.chunked_prefill_size = o.chunked_prefill_size;
   sc.max_queue = o.max_queue;
-  return std::make_unique<Engine>(load_model(o.model_dir, plan.load_options()), sc);
+  LoadOptions lo = plan.load_options();
+  lo.ranks = ranks;
+  auto engine = std::make_unique<Engine>(load_model(o.model_dir, lo), sc);
+  if (ranks) ranks->world->barrier();  // ready only once every rank has loaded
+  return engine;
 }
 
 int run_worker(const WorkerOptions& options) {

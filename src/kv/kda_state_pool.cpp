@@ -18,11 +18,15 @@ int32_t KdaStatePool::alloc_slot() {
   int32_t s = free_.back();
   free_.pop_back();
   in_use_[static_cast<size_t>(s)] = 1;
-  if (!storage_.empty()) {
-    Tensor slot = storage_.rows_view(s, 1);
-    backend_.fill_zero(slot);
-  }
+  zero_slot(s);
   return s;
+}
+
+void KdaStatePool::zero_slot(int32_t slot) {
+  BG_CHECK(slot >= 0 && slot <= n_slots_, "KdaStatePool: slot {} of {}", slot, n_slots_);
+  if (storage_.empty()) return;
+  Tensor t = storage_.rows_view(slot, 1);
+  backend_.fill_zero(t);
 }
 
 void KdaStatePool::free_slot(int32_t slot) {

@@ -39,6 +39,9 @@ class KdaStatePool {
   // Allocates a zeroed slot; throws when none is free.
   int32_t alloc_slot();
   void free_slot(int32_t slot);
+  // Zeroes a slot's state without handing it out (a TP follower mirrors its leader's allocations,
+  // docs/PARALLEL.md); ordered with the ops already issued.
+  void zero_slot(int32_t slot);
   Tensor recurrent(int32_t slot, int64_t kda_layer) const;           // [heads, K, V]
   Tensor conv(int32_t slot, int64_t kda_layer, int which) const;     // which: 0 q, 1 k, 2 v -> [channels, width - 1]
 

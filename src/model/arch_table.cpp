@@ -37,6 +37,11 @@ uint64_t ModelWeights::key(int id, int64_t layer, int64_t expert) {
          static_cast<uint64_t>(expert + 1);
 }
 
+ModelWeights::KeyParts ModelWeights::split_key(uint64_t key) {
+  return {static_cast<int>(key >> 48), static_cast<int64_t>((key >> 24) & 0xFFFFFF) - 1,
+          static_cast<int64_t>(key & 0xFFFFFF) - 1};
+}
+
 ModelWeights ModelWeights::bind(std::shared_ptr<const Checkpoint> ckpt, const ArchTable& table) {
   ModelWeights w;
   w.ckpt_ = std::move(ckpt);

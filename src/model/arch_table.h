@@ -63,6 +63,11 @@ class ModelWeights {
     for (const auto& [k, w] : linears_) fn(k, w);
   }
   static uint64_t key(int id, int64_t layer, int64_t expert);
+  struct KeyParts {
+    int id = 0;
+    int64_t layer = -1, expert = -1;
+  };
+  static KeyParts split_key(uint64_t key);
 
  private:
   std::shared_ptr<const Checkpoint> ckpt_;

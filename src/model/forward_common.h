@@ -24,7 +24,8 @@ struct StepPadding {
 
 // Checks every entry (a sequence, tokens, ids in range, the context limit, no sequence twice), reserves the KV blocks
 // the step writes, and lays the step out (block tables max_blocks wide: the step's longest table rounded up to a power
-// of two, the rest filled with the padding block). Throws bg::Error before any sequence changes.
+// of two, the rest filled with the padding block). Throws bg::Error before any sequence changes. An empty batch gives
+// an empty layout (a rank without work pads it: pad_decode_step).
 StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info, const StepPadding& pad);
 
 // Appends single-token padding sequences (token 0 at position 0, the padding block and slot) up to n_seqs.

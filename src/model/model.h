@@ -12,6 +12,10 @@
 
 #include "kv/sequence.h"
 
+namespace bg::dist {
+struct RankContext;
+}
+
 namespace bg {
 
 struct ModelInfo {
@@ -36,6 +40,9 @@ struct LoadOptions {
   std::string device = "cpu";     // "cpu" | "cuda"
   bool cuda_graphs = true;        // CUDA: replay decode steps (forward_batch, one token per sequence) as graphs
   int64_t max_graph_batch = 64;   // largest decode batch run as a graph (a power of two; larger runs eagerly)
+  // One rank of a set (null: a single rank). The model loads its share of the weights, runs tensor-parallel
+  // attention over ranks->tp and the expert exchange over ranks->world, and agrees every step with the other ranks.
+  std::shared_ptr<dist::RankContext> ranks = nullptr;
 };
 
 // One sequence's part of a batched step: `tokens` run after what `seq` already holds (a prefill chunk or one decode
@@ -79,6 +86,13 @@ class Model {
   void set_route_hook(RouteHook hook) { route_hook_ = std::move(hook); }
   // CUDA graphs captured for decode steps so far (0 on the CPU or with graphs off).
   virtual int64_t n_graphs_captured() const { return 0; }
+  // True when this model is one rank of a set: forward / forward_batch are collectives (every rank must step
+  // together; a rank without work calls sync_idle), and a failed step cannot be retried alone.
+  virtual bool collective() const { return false; }
+  // A rank with nothing to run takes part in the next step agreement: runs an empty step (padding only) when another
+  // rank has work, nothing when none has. stop = true votes to end the set. Returns false once any rank voted stop.
+  // Single rank: returns !stop.
+  virtual bool sync_idle(bool stop) { return !stop; }
 
  protected:
   RouteHook route_hook_;

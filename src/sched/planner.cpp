@@ -46,7 +46,7 @@ void validate_input(const PlannerInput& in) {
 
 }  // namespace
 
-ModelGeometry read_model_geometry(const std::filesystem::path& dir) {
+ModelGeometry read_model_geometry(const std::filesystem::path& dir, const dist::RankPlace& place) {
   BG_CHECK(std::filesystem::is_directory(dir), "model directory '{}' does not exist", dir.string());
   const auto path = dir / "config.json";
   const auto config = read_json_file(path);
@@ -71,6 +71,14 @@ ModelGeometry read_model_geometry(const std::filesystem::path& dir) {
     }
   }
   g.weight_bytes = checkpoint_bytes(dir);
+  if (place.layout.multi_rank()) {
+    const int32_t tp = place.layout.tp();
+    BG_CHECK(g.kda.n_heads % tp == 0, "--tp {} does not divide the {} KDA heads", tp, g.kda.n_heads);
+    g.kda.n_heads /= tp;  // each TP rank keeps the state of its own heads
+    g.kda.conv_channels /= tp;
+    g.weight_share = rank_weight_bytes(dir, place);
+    g.weight_bytes = g.weight_share.total();
+  }
   return g;
 }
 
@@ -116,6 +124,7 @@ Plan make_plan(const ModelGeometry& geo, const PlannerInput& in, const MemoryPro
   p.kv_bytes_per_token = geo.n_mla_layers * geo.kv_entry_dim * p.act_bytes;
   p.state_bytes_per_seq = geo.kda.slot_floats() * 4;
   p.kv_block_size = in.kv_block_size;
+  p.weight_bytes = geo.weight_bytes;
   p.budget_bytes = memory_budget_bytes(geo, in, in.kv_cache_memory_bytes > 0 ? DeviceMemory{} : probe(in.device));
   const int64_t block_bytes = in.kv_block_size * p.kv_bytes_per_token;
 
@@ -170,10 +179,21 @@ LoadOptions Plan::load_options() const {
 }
 
 std::string Plan::describe() const {
-  return fmt::format("planner ({}): budget {:.3f} GiB -> {} sequences (state {} B each), {} KV blocks x {} tokens "
-                     "({} B/token, {:.3f} GiB), max_model_len {}", device, gib(budget_bytes), max_num_seqs,
-                     state_bytes_per_seq, kv_blocks, kv_block_size, kv_bytes_per_token, gib(kv_bytes()),
-                     max_model_len);
+  return fmt::format("planner ({}): weights {:.3f} GiB on this rank; KV + state budget {:.3f} GiB -> {} sequences "
+                     "(state {} B each), {} KV blocks x {} tokens ({} B/token, {:.3f} GiB), max_model_len {}", device,
+                     gib(weight_bytes), gib(budget_bytes), max_num_seqs, state_bytes_per_seq, kv_blocks,
+                     kv_block_size, kv_bytes_per_token, gib(kv_bytes()), max_model_len);
+}
+
+void Plan::agree(int64_t n_seqs, int64_t n_kv_blocks, int64_t model_len) {
+  BG_CHECK(n_seqs >= 1 && n_kv_blocks >= 1 && model_len >= 1 && n_seqs <= max_num_seqs && n_kv_blocks <= kv_blocks &&
+               model_len <= max_model_len,
+           "planner: the rank set agreed on {} sequences, {} KV blocks, max_model_len {}, beyond this rank's plan",
+           n_seqs, n_kv_blocks, model_len);
+  max_num_seqs = n_seqs;
+  kv_blocks = n_kv_blocks;
+  max_model_len = model_len;
+  if (state_slots > 0) state_slots = n_seqs;
 }
 
 }  // namespace bg::sched
