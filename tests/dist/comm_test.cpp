@@ -114,7 +114,9 @@ TEST(ShmComm, GatherScatterBroadcastAndHostValues) {
     ASSERT_EQ(all.size(), 3u);
     for (size_t m = 0; m < 3; ++m) {
       EXPECT_EQ(all[m].size(), m * 20000);
-      if (!all[m].empty()) EXPECT_EQ(all[m].front(), static_cast<std::byte>(m));
+      if (!all[m].empty()) {
+        EXPECT_EQ(all[m].front(), static_cast<std::byte>(m));
+      }
     }
     ctx.world->barrier();
   });

@@ -141,7 +141,7 @@ TEST_P(ShmExchangeStructured, RowsArriveWhereTheyWereRoutedAndCombineIsTheWeight
           EXPECT_EQ(got[0], static_cast<float>(src));
           EXPECT_EQ(got[1], static_cast<float>(t));
           EXPECT_EQ(std::memcmp(got, from.x.data() + t * hidden, hidden * 4), 0);
-          EXPECT_EQ(++seen[{src, t, kk}], 1) << "duplicated row";
+          EXPECT_EQ(++seen[std::make_tuple(src, t, kk)], 1) << "duplicated row";
           // Play the expert: y = (e + 1) x.
           for (int64_t i = 0; i < hidden; ++i) {
             rows.y.as<float>()[static_cast<int64_t>(row) * hidden + i] = static_cast<float>(table.expert_in(s) + 1) * got[i];
@@ -178,9 +178,9 @@ TEST_P(ShmExchangeStructured, RowsArriveWhereTheyWereRoutedAndCombineIsTheWeight
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ShmExchangeStructured,
                          ::testing::Values(Case{2, 64}, Case{4, 64}, Case{8, 64}, Case{4, 5}, Case{8, 3}),
-                         [](const auto& info) {
-                           return "ep" + std::to_string(info.param.ranks) + "_m" +
-                                  std::to_string(info.param.max_tokens);
+                         [](const auto& param_info) {
+                           return "ep" + std::to_string(param_info.param.ranks) + "_m" +
+                                  std::to_string(param_info.param.max_tokens);
                          });
 
 // The whole routed MoE layer (router choices given, real SwiGLU experts, several rounds) on 4 ranks equals the
