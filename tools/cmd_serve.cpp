@@ -4,6 +4,7 @@
 
 #include "server/frontend/serve.h"
 #include "tools/commands.h"
+#include "tools/parallel_cli.h"
 
 namespace bg::tools {
 namespace {
@@ -11,6 +12,7 @@ namespace {
 // CLI11 fills plain integers; -1 stands for "not given" (the worker's default).
 struct ServeArgs {
   frontend::ServeOptions opt;
+  ParallelArgs par;
   int64_t max_num_seqs = -1;
   int64_t max_model_len = -1;
   int64_t chunked_prefill_size = -1;
@@ -39,8 +41,7 @@ void register_serve(CLI::App& app) {
                   "worker's)");
   cmd->add_option("--api-key", o.api_key, "Require 'Authorization: Bearer <key>' on /v1/* (default: none)");
   cmd->add_option("--served-model-name", o.served_model_name, "Model name in the API (default: the directory name)");
-  cmd->add_option("--k3-moe-exchange", o.k3_moe_exchange, "Expert-parallel exchange: nccl (default) or ll (not "
-                  "available yet)")->check(CLI::IsMember({"nccl", "ll"}));
+  add_parallel_flags(cmd, a->par, true);
   cmd->add_option("--distributed-weight-config", o.distributed_weight_config, "Cross-node weight placement JSON (not "
                   "available yet)");
   cmd->callback([a] {
@@ -48,6 +49,10 @@ void register_serve(CLI::App& app) {
     a->opt.max_model_len = given(a->max_model_len);
     a->opt.chunked_prefill_size = given(a->chunked_prefill_size);
     a->opt.max_queue = given(a->max_queue);
+    a->opt.parallel = a->par.flags();
+    a->opt.dist_init_addr = a->par.dist_init_addr;
+    a->opt.k3_moe_exchange = a->par.exchange;
+    a->opt.moe_exchange_tokens = a->par.max_tokens_per_call;
     const int rc = frontend::run_serve(a->opt);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "engine/worker.h"
 #include "tools/commands.h"
+#include "tools/parallel_cli.h"
 
 namespace bg::tools {
 
@@ -33,7 +34,13 @@ void register_worker(CLI::App& app) {
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
                   "cuda: fraction of free GPU memory for weights + KV cache + state (default 0.9)");
   cmd->add_option("--parent-pid", o->parent_pid, "Exit when this process (the frontend) is gone (default: never)");
-  cmd->callback([o] {
+  auto par = std::make_shared<ParallelArgs>();
+  add_parallel_flags(cmd, *par, true);
+  cmd->add_option("--rendezvous", o->rendezvous, "The rank set's rendezvous endpoint (several ranks)");
+  cmd->callback([o, par] {
+    o->parallel = par->flags();
+    o->moe_exchange = par->exchange;
+    o->moe_exchange_tokens = par->max_tokens_per_call;
     const int code = engine::run_worker(*o);
     if (code != 0) std::exit(code);
   });

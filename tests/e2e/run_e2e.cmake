@@ -1,5 +1,6 @@
 # Runs the e2e API tests (CTest test `e2e_serve`): copies the node project into the build tree, `npm ci`, then
-# `node --test` against the given batchgen binary. Inputs: NODE, NPM, BATCHGEN, SRC_DIR, WORK_DIR.
+# `node --test` against the given batchgen binary. Inputs: NODE, NPM, BATCHGEN, SRC_DIR, WORK_DIR, optional SERVE_ARGS
+# (extra `serve` flags, e.g. a rank set).
 if(NOT NODE OR NOT EXISTS "${NODE}")
   message(FATAL_ERROR "e2e: node was not found. Install Node.js >= 20 (and npm) to run tests/e2e, then re-run cmake.")
 endif()
@@ -22,6 +23,9 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "e2e: `npm ci` failed (${rc}); the npm registry must be reachable on the first run")
 endif()
 set(ENV{BATCHGEN} "${BATCHGEN}")
+if(SERVE_ARGS)
+  set(ENV{BG_E2E_SERVE_ARGS} "${SERVE_ARGS}")
+endif()
 execute_process(COMMAND "${NODE}" --test --test-concurrency=1 serve.test.mjs WORKING_DIRECTORY "${WORK_DIR}"
                 RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)

@@ -10,6 +10,8 @@ import path from 'node:path';
 import OpenAI from 'openai';
 
 const BIN = process.env.BATCHGEN ?? path.resolve('../../build/batchgen');
+// Extra serve flags, e.g. a rank set: BG_E2E_SERVE_ARGS='--dp 2 --ep 2' (CTest e2e_serve_dp2_ep2).
+const EXTRA = (process.env.BG_E2E_SERVE_ARGS ?? '').split(' ').filter(Boolean);
 const MODEL = 'tiny-k3';
 const MAX_MODEL_LEN = 1024;
 
@@ -44,7 +46,7 @@ before(async () => {
   const modelDir = path.join(dir, MODEL);
   execFileSync(BIN, ['make-random', '--arch', 'kimi_k3', '--preset', 'tiny', '--out', modelDir], { stdio: 'inherit' });
   server = spawn(BIN, ['serve', modelDir, '--port', '0', '--max-model-len', String(MAX_MODEL_LEN),
-    '--max-num-seqs', '16'], { stdio: ['ignore', 'inherit', 'pipe'] });
+    '--max-num-seqs', '16', ...EXTRA], { stdio: ['ignore', 'inherit', 'pipe'], env: { ...process.env, BG_NUM_THREADS: '1' } });
   server.stderr.on('data', (d) => { logs += d; process.stderr.write(d); });
   const port = await waitFor('the listening line', async () => logs.match(/listening on http:\/\/[\d.]+:(\d+)/)?.[1],
     30_000);
@@ -86,9 +88,9 @@ test('models, health, ready', async () => {
 });
 
 test('flags for features that do not exist yet fail at startup with a clear message', () => {
-  let r = serveFails(['--k3-moe-exchange', 'll']);
+  let r = serveFails(['--dp', '2', '--tp', '2', '--ep', '8']);
   assert.equal(r.status, 1);
-  assert.match(r.stderr, /--k3-moe-exchange ll is not available yet/);
+  assert.match(r.stderr, /--ep must equal --dp x --tp/);
   r = serveFails(['--distributed-weight-config', path.join(dir, 'missing.json')]);
   assert.equal(r.status, 1);
   assert.match(r.stderr, /missing\.json: no such file/);
@@ -279,6 +281,36 @@ test('bad input gets the right error and the server keeps serving', async () => 
   const ok = await client.chat.completions.create({ model: MODEL, messages: user('still there?'), max_tokens: 2 });
   assert.ok(ok.choices.length === 1);
 });
+
+// A rank set (BG_E2E_SERVE_ARGS with several ranks): kill -9 of one rank fails what is in flight with 503 at once,
+// /ready names that rank, no process of the old set is left, and the worker manager starts the set again.
+test('kill -9 of one rank of a set: clean 503s, /ready names it, no orphan, the set restarts', { skip: EXTRA.length === 0 },
+  async () => {
+    const started = [...logs.matchAll(/started rank (\d+) \(pid (\d+)\)/g)].map((m) => ({ rank: +m[1], pid: +m[2] }));
+    const victim = started.find((s) => s.rank === 1);
+    assert.ok(victim, 'rank 1 was started');
+    const inFlight = client.completions.create({ model: MODEL, prompt: 'Tell me a long story', max_tokens: 400,
+      temperature: 0, ignore_eos: true });
+    await new Promise((r) => setTimeout(r, 300));
+    process.kill(victim.pid, 'SIGKILL');
+    await assert.rejects(inFlight, (e) => e.status === 503);
+    const ready = await waitFor('/ready 503', async () => {
+      const res = await fetch(`${baseURL}/ready`);
+      return res.status === 503 ? res.json() : undefined;
+    }, 10_000);
+    assert.match(JSON.stringify(ready), /rank 1/);
+    await assert.rejects(client.chat.completions.create({ model: MODEL, messages: user('x'), max_tokens: 2 }),
+      (e) => e.status === 503);
+    // Every process of the first set is gone (reaped, not orphaned) before the next one runs.
+    await waitFor('the old ranks to be reaped', async () => started.every((s) => {
+      try { process.kill(s.pid, 0); return false; } catch { return true; }
+    }), 20_000);
+    await waitFor('/ready 200 after the restart', async () => (await fetch(`${baseURL}/ready`)).status === 200, 120_000);
+    const ok = await client.completions.create({ model: MODEL, prompt: 'again', max_tokens: 2, temperature: 0 });
+    assert.equal(ok.choices.length, 1);
+    const now = [...logs.matchAll(/started rank 0 \(pid (\d+)\)/g)].map((m) => +m[1]);
+    workerPid = now[now.length - 1];  // the last test kills the current rank 0
+  });
 
 test('a worker that dies is reported by /ready and /health, and requests fail with 503', async () => {
   process.kill(workerPid, 'SIGKILL');

@@ -43,7 +43,7 @@ TEST(ServeOptions, UnavailableFeaturesAndBadValuesAreErrors) {
 
   ServeOptions o = base;
   o.k3_moe_exchange = "ll";
-  EXPECT_NE(validation_error(o).find("not available yet"), std::string::npos) << validation_error(o);
+  EXPECT_EQ(validation_error(o), "");
   o.k3_moe_exchange = "mpi";
   EXPECT_NE(validation_error(o).find("must be nccl or ll"), std::string::npos);
 
@@ -69,6 +69,30 @@ TEST(ServeOptions, UnavailableFeaturesAndBadValuesAreErrors) {
   o = base;
   o.device = "tpu";
   EXPECT_NE(validation_error(o).find("--device"), std::string::npos);
+  o = base;
+  o.parallel.dp = 2;
+  o.parallel.ep = 8;
+  o.parallel.tp = 2;
+  EXPECT_NE(validation_error(o).find("--ep must equal --dp x --tp"), std::string::npos) << validation_error(o);
+  o = base;
+  o.parallel.ep = 4;
+  o.parallel.nnodes = 2;
+  EXPECT_NE(validation_error(o).find("--dist-init-addr"), std::string::npos) << validation_error(o);
+  o.dist_init_addr = "10.0.0.1:29500";
+  EXPECT_NE(validation_error(o).find("one host"), std::string::npos) << validation_error(o);
+}
+
+TEST(ServeOptions, WorkerCommandLineOfARankSet) {
+  ServeOptions opt;
+  opt.model_dir = "/m";
+  opt.parallel.dp = 2;
+  opt.parallel.ep = 4;
+  opt.k3_moe_exchange = "ll";
+  auto argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 3, "ipc:///tmp/x/r.sock");
+  const std::vector<std::string> tail = {"--dp", "2", "--tp", "2", "--nnodes", "1", "--rendezvous",
+                                         "ipc:///tmp/x/r.sock", "--k3-moe-exchange", "ll", "--moe-exchange-tokens", "0"};
+  EXPECT_EQ(std::vector<std::string>(argv.end() - static_cast<long>(tail.size()), argv.end()), tail);
+  EXPECT_EQ(argv[7], "3");
 }
 
 TEST(ServeOptions, WorkerCommandLine) {

@@ -5,6 +5,8 @@
 
 #include <zmq_addon.hpp>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "server/frontend/api_error.h"
@@ -62,7 +64,7 @@ proto::TokenEvent error_event(const std::string& id, const std::string& reason, 
 
 }  // namespace
 
-WorkerLink::WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t n_ranks)
+WorkerLink::WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t n_ranks, int32_t tp)
     : ctx_(ctx),
       endpoint_(endpoint),
       cmd_endpoint_(fmt::format("inproc://bg-frontend-cmd-{}", static_cast<const void*>(this))),
@@ -70,8 +72,10 @@ WorkerLink::WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t
       cmd_pull_(ctx, zmq::socket_type::pull),
       cmd_push_(ctx, zmq::socket_type::push),
       last_status_(static_cast<size_t>(n_ranks), Clock::now()),
-      in_flight_(static_cast<size_t>(n_ranks), 0) {
-  BG_CHECK(n_ranks >= 1, "WorkerLink: n_ranks {} must be >= 1", n_ranks);
+      in_flight_(static_cast<size_t>(n_ranks), 0),
+      in_flight_tokens_(static_cast<size_t>(n_ranks), 0),
+      tp_(tp) {
+  BG_CHECK(n_ranks >= 1 && tp >= 1 && n_ranks % tp == 0, "WorkerLink: {} ranks in groups of {}", n_ranks, tp);
   for (int32_t r = 0; r < n_ranks; ++r) {
     RankState s;
     s.rank = r;
@@ -80,6 +84,7 @@ WorkerLink::WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t
   }
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::router_mandatory, 1);
+  router_.set(zmq::sockopt::router_handover, 1);  // a restarted rank takes its routing id over at once
   router_.bind(endpoint_);
   cmd_pull_.set(zmq::sockopt::linger, 0);
   cmd_pull_.bind(cmd_endpoint_);
@@ -106,23 +111,36 @@ void WorkerLink::send_command(int32_t rank, const std::string& frame) {
 std::shared_ptr<RequestEvents> WorkerLink::submit(const proto::GenerateRequest& req) {
   auto events = std::make_shared<RequestEvents>();
   int32_t rank = -1;
+  const int64_t tokens = static_cast<int64_t>(req.prompt.size()) + req.params.max_tokens;
   {
     std::lock_guard lock(mu_);
     std::string why;
-    for (const RankState& s : ranks_) {
-      if (!s.ready()) {
-        if (why.empty()) why = fmt::format("rank {} is not ready: {}", s.rank, s.not_ready_reason());
-        continue;
+    for (const RankState& s : ranks_) {  // a rank set steps together: every rank must be ready
+      if (!s.ready() && why.empty()) why = fmt::format("rank {} is not ready: {}", s.rank, s.not_ready_reason());
+    }
+    if (why.empty()) {
+      for (int32_t r = 0; r < static_cast<int32_t>(ranks_.size()); r += tp_) {
+        if (rank < 0 || load_of(r) < load_of(rank)) rank = r;
       }
-      if (rank < 0 || in_flight_[static_cast<size_t>(s.rank)] < in_flight_[static_cast<size_t>(rank)]) rank = s.rank;
     }
     if (rank < 0) throw ApiError(503, "the model is not ready to serve: " + why, "", "model_not_ready");
     BG_CHECK(live_.count(req.id) == 0, "duplicate request id {}", req.id);
-    live_[req.id] = Live{rank, events};
+    live_[req.id] = Live{rank, tokens, events};
     ++in_flight_[static_cast<size_t>(rank)];
+    in_flight_tokens_[static_cast<size_t>(rank)] += tokens;
   }
   send_command(rank, proto::encode("generate", req));
   return events;
+}
+
+double WorkerLink::load_of(int32_t rank) const {
+  const proto::WorkerStatus& st = ranks_[static_cast<size_t>(rank)].status;
+  const auto frac = [](int64_t total, int64_t free) {
+    return total > 0 ? static_cast<double>(total - free) / static_cast<double>(total) : 0.0;
+  };
+  const int64_t capacity = std::max<int64_t>(1, st.kv_blocks_total * st.kv_block_tokens);
+  const double tokens = static_cast<double>(in_flight_tokens_[static_cast<size_t>(rank)]) / static_cast<double>(capacity);
+  return tokens + std::max(frac(st.kv_blocks_total, st.kv_blocks_free), frac(st.state_slots_total, st.state_slots_free));
 }
 
 void WorkerLink::cancel(const std::string& id) {
@@ -145,14 +163,27 @@ void WorkerLink::shutdown_workers() {
 void WorkerLink::fail_rank_requests(int32_t rank, const std::string& reason, int32_t code) {
   std::lock_guard lock(mu_);
   for (auto it = live_.begin(); it != live_.end();) {
-    if (it->second.rank == rank) {
+    if (rank < 0 || it->second.rank == rank) {
       it->second.events->push(error_event(it->first, reason, code));
       it = live_.erase(it);
     } else {
       ++it;
     }
   }
-  in_flight_[static_cast<size_t>(rank)] = 0;
+  for (size_t r = 0; r < in_flight_.size(); ++r) {
+    if (rank < 0 || static_cast<int32_t>(r) == rank) in_flight_[r] = in_flight_tokens_[r] = 0;
+  }
+}
+
+void WorkerLink::reset_ranks() {
+  std::lock_guard lock(mu_);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    RankState s;
+    s.rank = static_cast<int32_t>(r);
+    s.status.rank = s.rank;
+    ranks_[r] = s;
+    last_status_[r] = Clock::now();
+  }
 }
 
 void WorkerLink::mark_exited(int32_t rank, const std::string& reason) {
@@ -162,7 +193,8 @@ void WorkerLink::mark_exited(int32_t rank, const std::string& reason) {
     ranks_[static_cast<size_t>(rank)].process_alive = false;
     ranks_[static_cast<size_t>(rank)].exit_reason = reason;
   }
-  fail_rank_requests(rank, fmt::format("rank {}: {}", rank, reason), 503);
+  // With several ranks nobody can step without this one: every request fails.
+  fail_rank_requests(ranks_.size() > 1 ? -1 : rank, fmt::format("rank {}: {}", rank, reason), 503);
 }
 
 void WorkerLink::on_worker_message(const std::string& identity, const std::string& frame) {
@@ -188,7 +220,9 @@ void WorkerLink::on_worker_message(const std::string& identity, const std::strin
       s.status.rank = *rank;
       last_status_[r] = Clock::now();
     }
-    if (!failed.empty()) fail_rank_requests(*rank, fmt::format("rank {} failed: {}", *rank, failed), 503);
+    if (!failed.empty()) {
+      fail_rank_requests(ranks_.size() > 1 ? -1 : *rank, fmt::format("rank {} failed: {}", *rank, failed), 503);
+    }
   } else if (m.type == "tokens") {
     auto ev = proto::body_as<proto::TokenEvent>(m);
     std::lock_guard lock(mu_);
@@ -197,6 +231,7 @@ void WorkerLink::on_worker_message(const std::string& identity, const std::strin
     const bool final = !ev.finish_reason.empty();
     auto events = it->second.events;
     if (final) {
+      in_flight_tokens_[r] = std::max<int64_t>(0, in_flight_tokens_[r] - it->second.tokens);
       live_.erase(it);
       if (--in_flight_[r] <= 0) {
         in_flight_[r] = 0;
@@ -250,6 +285,7 @@ void WorkerLink::forward_command(const std::string& identity, const std::string&
     if (it == live_.end()) return;
     it->second.events->push(error_event(id, fmt::format("{} is not connected: {}", identity, e.what()), 503));
     --in_flight_[static_cast<size_t>(it->second.rank)];
+    in_flight_tokens_[static_cast<size_t>(it->second.rank)] -= it->second.tokens;
     live_.erase(it);
   }
 }

@@ -49,8 +49,9 @@ struct RankState {
 
 class WorkerLink {
  public:
-  // Binds the ROUTER on `endpoint` (e.g. "ipc:///tmp/bg-x/router.sock"); n_ranks workers are expected.
-  WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t n_ranks);
+  // Binds the ROUTER on `endpoint` (e.g. "ipc:///tmp/bg-x/router.sock"); n_ranks workers are expected, in DP groups
+  // of `tp` ranks whose first rank (the group's leader) takes the group's requests.
+  WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t n_ranks, int32_t tp = 1);
   ~WorkerLink();
   WorkerLink(const WorkerLink&) = delete;
   WorkerLink& operator=(const WorkerLink&) = delete;
@@ -58,15 +59,19 @@ class WorkerLink {
   void start();
   void stop();
 
-  // Registers the request and sends it to the least-loaded ready rank. Throws ApiError(503) when no rank is ready.
+  // Registers the request and sends it to the least-loaded DP group (its leader): the fewest tokens in flight
+  // relative to its KV capacity plus its KV / state memory in use. Throws ApiError(503) when no rank is ready.
   std::shared_ptr<RequestEvents> submit(const proto::GenerateRequest& req);
   // Tells the worker to drop the request; its final ("abort") event is still routed to the queue if it is alive.
   void cancel(const std::string& id);
   // Asks every rank to shut down cleanly.
   void shutdown_workers();
 
-  // From the worker manager: the rank's process has exited; its in-flight requests fail with `reason`.
+  // From the worker manager: the rank's process has exited; its in-flight requests fail with `reason` (with several
+  // ranks every request fails: the set cannot step without that rank).
   void mark_exited(int32_t rank, const std::string& reason);
+  // From the worker manager, before it starts a rank set again: every rank is "starting" (not connected, alive).
+  void reset_ranks();
 
   std::vector<RankState> ranks() const;
   std::vector<proto::WorkerStatus> statuses() const;
@@ -77,8 +82,11 @@ class WorkerLink {
  private:
   struct Live {
     int32_t rank = 0;
+    int64_t tokens = 0;  // prompt + max_tokens: what it may still hold in its group's KV
     std::shared_ptr<RequestEvents> events;
   };
+  // The load of a DP group (its leader `rank`) for balancing; lower is better. Caller holds mu_.
+  double load_of(int32_t rank) const;
 
   void run();
   void send_command(int32_t rank, const std::string& frame);
@@ -100,7 +108,9 @@ class WorkerLink {
   std::vector<RankState> ranks_;
   std::vector<std::chrono::steady_clock::time_point> last_status_;
   std::map<std::string, Live> live_;
-  std::vector<int64_t> in_flight_;   // per rank
+  std::vector<int64_t> in_flight_;         // per rank
+  std::vector<int64_t> in_flight_tokens_;  // per rank
+  int32_t tp_ = 1;
 };
 
 }  // namespace bg::frontend
