@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "dist/rendezvous.h"
 #include "dist/shm_comm.h"
+#include "moe/make_exchange.h"
 
 #ifdef BG_HAVE_CUDA
 #include "dist/cuda/nccl_comm.h"
@@ -71,6 +72,8 @@ StartedRank start_rank(const RankSetup& s) {
     log::info("rank {}: joined; shared-memory comms up", s.place.rank);
     return r;
   }
+  // Before any rank joins: a choice that cannot run is an error now, not after minutes of loading.
+  BG_CHECK(s.exchange == "nccl", "rank {}: {}", s.place.rank, moe::kLlNotAvailable);
 #ifdef BG_HAVE_CUDA
   NcclUniqueIdBytes id{};
   if (s.place.rank == 0) {
