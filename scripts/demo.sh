@@ -34,8 +34,19 @@ curl -sf "http://127.0.0.1:$port/ready" >/dev/null || { echo "demo: the server d
 request='{"model": "k3-tiny", "messages": [{"role": "user", "content": "Hello! Who are you?"}],
           "max_tokens": 24, "temperature": 0}'
 echo "== curl http://127.0.0.1:$port/v1/chat/completions -d '$(tr -s ' \n' ' ' <<<"$request")'"
-curl -sf "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' -d "$request"
-echo
+response="$(curl -sf "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' -d "$request")"
+echo "$response"
+# The two channels of the answer, each named: Kimi-K3 reasons first (reasoning_content), then answers (content).
+python3 - "$response" <<'PY'
+import json, sys
+msg = json.loads(sys.argv[1])["choices"][0]["message"]
+finish = json.loads(sys.argv[1])["choices"][0]["finish_reason"]
+print("== reasoning (message.reasoning_content):", repr(msg.get("reasoning_content") or ""))
+print("== answer (message.content):", repr(msg.get("content") or ""))
+if not msg.get("content"):
+    print("== the answer is empty: generation ended (finish_reason=%s) while the model was still in its reasoning "
+          "channel; raise max_tokens, or send \"reasoning_effort\": \"none\" to skip reasoning" % finish)
+PY
 echo "== (random weights: the text is noise; the protocol, tokenizer and engine are real)"
 if [[ "${BG_DEMO_ONESHOT:-0}" == 1 ]]; then exit 0; fi
 echo "== the server keeps running; try the curl commands in docs/SERVING.md. Ctrl-C stops it."

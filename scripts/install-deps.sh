@@ -11,6 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libxxhash-dev
   libcpp-httplib-dev                # HTTP server (frontend)
   libpcre2-dev                      # tokenizer pre-tokenizer regex
+  libicu-dev                        # tokenizer.json normalizers (NFC/NFKC, lower-casing)
   libzmq3-dev cppzmq-dev            # frontend <-> worker IPC
   curl git python3
 )
@@ -29,6 +30,7 @@ done
 
 if [[ ${#missing[@]} -eq 0 && "${BG_APT_ALWAYS:-0}" != 1 ]]; then
   echo "install-deps: all ${#PACKAGES[@]} packages already installed"
+  "$(dirname "${BASH_SOURCE[0]}")/install-npm-test-deps.sh"  # tokenizer / chat-template reference tests
   exit 0
 fi
 
@@ -45,3 +47,5 @@ fi
 echo "install-deps: installing ${missing[*]:-${PACKAGES[*]}}"
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${PACKAGES[@]}"
+
+"$(dirname "${BASH_SOURCE[0]}")/install-npm-test-deps.sh"  # tokenizer / chat-template reference tests

@@ -12,6 +12,7 @@ namespace {
 struct MakeRandomArgs {
   RandomCheckpointSpec spec;
   std::string config_patch;
+  std::string chat_template;  // deepseek_v3 only: the layout of the chat_template written (deepseek_v3.1 default)
 };
 
 void run_make_random(MakeRandomArgs a) {
@@ -21,10 +22,16 @@ void run_make_random(MakeRandomArgs a) {
              "--config-patch: '{}' is neither a JSON object nor a JSON Patch array", a.config_patch);
     a.spec.config_patch = std::move(patch);
   }
+  if (a.chat_template == "kimi_k2") {  // Kimi-K2's vocabulary layout: model_type, vocabulary size, bos/eos ids
+    BG_CHECK(a.spec.config_patch.is_object(), "--chat-template kimi_k2 cannot be combined with a JSON Patch array "
+             "--config-patch (use an object)");
+    const int64_t vocab = random_checkpoint_config(a.spec).value("vocab_size", int64_t{0});
+    apply_config_patch(a.spec.config_patch, kimi_k2_config_patch(vocab));
+  }
   write_random_checkpoint(a.spec);
-  // The tokenizer files (tiktoken.model + tokenizer_config.json) matching the final config's vocabulary, so the
-  // checkpoint can be served with chat formatting.
-  write_random_tokenizer(a.spec.arch, random_checkpoint_config(a.spec), a.spec.out_dir);
+  // The tokenizer files matching the final config's vocabulary (tokenizer.json or tiktoken.model, and
+  // tokenizer_config.json with the chat template), so the checkpoint can be served with chat formatting.
+  write_random_tokenizer(a.spec.arch, random_checkpoint_config(a.spec), a.spec.out_dir, a.chat_template);
 }
 
 }  // namespace
@@ -48,6 +55,14 @@ void register_make_random(CLI::App& app) {
                   "(deepseek_v3) or '{\"text_config\":{\"num_experts\":32}}' (kimi_k3), or an RFC 6902 JSON Patch "
                   "array");
   cmd->add_flag("--force", s.force, "Replace the checkpoint files of a non-empty output directory");
+  cmd->add_option("--chat-template", args->chat_template,
+                  "deepseek_v3 only: the chat_template layout written into tokenizer_config.json: deepseek_v3.1 "
+                  "(default), deepseek_v3, or kimi_k2 (also Kimi-K2's tokenizer and model_type kimi_k2)")
+      ->check(CLI::IsMember({"deepseek_v3", "deepseek_v3.1", "kimi_k2"}));
+  cmd->add_option("--threads", s.n_threads,
+                  "Generation threads (default 0: all cores, or BG_NUM_THREADS); the output does not depend on it")
+      ->check(CLI::NonNegativeNumber);
+  s.show_progress = true;
   cmd->callback([args] { run_make_random(*args); });
 }
 

@@ -1,11 +1,14 @@
 // `batchgen score`: one prefill over the first N tokens, then the rest one decode step at a time; writes every logit
 // row to a safetensors file (tensor `logits` float32 [T, vocab], row t = logits after token t).
+#include <fmt/ranges.h>
+
 #include <chrono>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "formats/safetensors.h"
 #include "model/model.h"
+#include "server/tokenizer/tokenizer.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/parallel_cli.h"
@@ -16,6 +19,7 @@ namespace {
 struct ScoreArgs {
   std::string model_dir;
   std::string tokens;
+  std::string text;
   int64_t prefill = -1;
   std::string out;
   std::string device = "cpu";
@@ -23,7 +27,15 @@ struct ScoreArgs {
 };
 
 void run_score(const ScoreArgs& a) {
-  std::vector<int32_t> tokens = parse_id_list(a.tokens, "--tokens");
+  BG_CHECK(a.tokens.empty() != a.text.empty(), "score: give exactly one of --tokens and --text");
+  std::vector<int32_t> tokens;
+  if (!a.text.empty()) {
+    const Tokenizer tok = Tokenizer::load(a.model_dir);
+    tokens = tok.with_template(tok.encode(a.text));  // as Hugging Face's tokenizer(text): BOS where the file says
+    log::info("score: --text is {} tokens: {}", tokens.size(), fmt::join(tokens, ","));
+  } else {
+    tokens = parse_id_list(a.tokens, "--tokens");
+  }
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t prefill = a.prefill < 0 ? n : a.prefill;
   BG_CHECK(prefill >= 1 && prefill <= n, "--prefill {} must be in [1, {}] (the number of tokens)", prefill, n);
@@ -51,7 +63,9 @@ void register_score(CLI::App& app) {
   auto args = std::make_shared<ScoreArgs>();
   auto* cmd = app.add_subcommand("score", "Prefill + teacher-forced decode over given token ids; write all logits");
   cmd->add_option("--model", args->model_dir, "Checkpoint directory (config.json + safetensors)")->required();
-  cmd->add_option("--tokens", args->tokens, "Comma-separated token ids, e.g. 5,17,3")->required();
+  cmd->add_option("--tokens", args->tokens, "Comma-separated token ids, e.g. 5,17,3");
+  cmd->add_option("--text", args->text, "Text to score instead of --tokens (the checkpoint's tokenizer; BOS where it "
+                                        "adds one)");
   cmd->add_option("--prefill", args->prefill, "Tokens in the first (prefill) forward; default: all");
   cmd->add_option("--out", args->out, "Output .safetensors (tensor 'logits' float32 [T, vocab])")->required();
   cmd->add_option("--device", args->device, "Backend: cpu (fp32 reference) or cuda (bf16 on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));

@@ -40,6 +40,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-queue", a->max_queue, "Most requests waiting at the worker; more are rejected (default: the "
                   "worker's)");
   cmd->add_option("--api-key", o.api_key, "Require 'Authorization: Bearer <key>' on /v1/* (default: none)");
+  cmd->add_option("--chat-template", o.chat_template, "A Jinja chat template file used instead of the checkpoint's");
   cmd->add_option("--served-model-name", o.served_model_name, "Model name in the API (default: the directory name)");
   add_parallel_flags(cmd, a->par, true);
   cmd->add_option("--distributed-weight-config", o.distributed_weight_config, "Cross-node weight placement JSON (not "

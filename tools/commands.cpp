@@ -10,6 +10,8 @@ void register_commands(CLI::App& app) {
   register_serve(app);
   register_worker(app);
   register_rank(app);
+  register_tokenize(app);
+  register_bench(app);
 }
 
 }  // namespace bg::tools

@@ -32,6 +32,14 @@ MoeRouting Backend::moe_routing(const ops::MoeRoutingShape& shape) {
   return r;
 }
 
+void Backend::moe_routed_local(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& x,
+                               Tensor& out) {
+  Tensor rows = act(r.shape.n_pairs(), x.cols()), y = act(r.shape.n_pairs(), x.cols());  // [n_pairs, hidden]
+  moe_gather(r, x, rows);
+  moe_experts(experts, glu, r, rows, y);
+  moe_combine(r, y, out);
+}
+
 std::unique_ptr<Backend> make_backend(std::string_view device) {
   if (device == "cpu") return make_cpu_backend();
   if (device == "cpu-bf16") return make_cpu_backend(true);

@@ -100,6 +100,41 @@ struct MoeRouting {
   Tensor buffer;  // U8 [moe_routing_bytes(shape)]
 };
 
+// Per-op timing (`batchgen bench`): an attached profiler sees every backend op bracketed by op_begin / op_end, with
+// the backend's stream (CUDA: its cudaStream_t; CPU: null) so that it can record device events around the op. Every
+// op method of a backend starts with BG_PROFILE_OP (one pointer check when no profiler is attached). The hooks must
+// not throw (they run in destructors): a profiler keeps its own errors and reports them when read.
+class OpProfiler {
+ public:
+  virtual ~OpProfiler() = default;
+  virtual void op_begin(const char* name, void* stream) noexcept = 0;
+  virtual void op_end(const char* name, void* stream) noexcept = 0;
+  // True: the profiler wants every op, so steps run eagerly (no CUDA graph capture or replay). False: a graph replay
+  // is seen as one op named "graph".
+  virtual bool per_op() const = 0;
+};
+
+// Brackets one op for the attached profiler, if any.
+class OpScope {
+ public:
+  OpScope(OpProfiler* profiler, const char* name, void* stream) : profiler_(profiler), name_(name), stream_(stream) {
+    if (profiler_ != nullptr) profiler_->op_begin(name_, stream_);
+  }
+  ~OpScope() {
+    if (profiler_ != nullptr) profiler_->op_end(name_, stream_);
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  OpProfiler* profiler_;
+  const char* name_;
+  void* stream_;
+};
+
+// First line of every backend op method: `BG_PROFILE_OP("rmsnorm", stream)`.
+#define BG_PROFILE_OP(name, stream) const ::bg::OpScope bg_op_scope_(profiler_, name, stream)
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -141,6 +176,11 @@ class Backend {
   }
   // Graph keys captured so far (for tests and logs).
   virtual int64_t n_graphs() const { return 0; }
+
+  // ---- profiling (see OpProfiler) -----------------------------------------------------------------------------
+  // Not owned; null detaches. Ops issued while a CUDA graph is being captured are not reported.
+  void set_profiler(OpProfiler* profiler) { profiler_ = profiler; }
+  OpProfiler* profiler() const { return profiler_; }
 
   // ---- weights ------------------------------------------------------------------------------------------------
   virtual std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) = 0;
@@ -188,6 +228,10 @@ class Backend {
                            Tensor& y_rows) = 0;
   // out[t] += sum_k w(t,k) y_rows[row of (t,k)] in k order (fp32), over this rank's pairs; out [n_tokens, hidden].
   virtual void moe_combine(const MoeRouting& r, const Tensor& y_rows, Tensor& out) = 0;
+  // gather -> experts -> combine of a routing whose pairs are all on this rank (one rank): out[t] += sum_k w E(x[t]).
+  // Backends may fuse it (CUDA: the W4A16 decode kernel gathers in its loads and combines in its epilogue).
+  virtual void moe_routed_local(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& x,
+                                Tensor& out);
   // ---- Kimi-K3 ------------------------------------------------------------------------------------------------
   // Causal short conv + SiLU of each sequence's tokens continuing its conv state (slot step().state_slots[s]).
   virtual void short_conv(const Tensor& x, const Tensor& weight, const StateRef& state, Tensor& out) = 0;
@@ -210,6 +254,7 @@ class Backend {
   // Called by begin_step after step_ changed (CUDA uploads the metadata).
   virtual void upload_step() {}
   StepLayout step_;
+  OpProfiler* profiler_ = nullptr;
 };
 
 // "cpu" or "cuda" (CUDA only when built with it and a GPU is present); throws naming what is missing.

@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "formats/checkpoint.h"
 #include "model/backend_weights.h"
+#include "model/fabricate_context.h"
 #include "model/forward_common.h"
 #include "model/mla_block.h"
 #include "model/rank_share.h"
@@ -38,6 +39,9 @@ class KimiK3Model final : public StepModel {
               const LoadOptions& options);
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<Sequence>(&kv_pool_, &kda_pool_); }
+  void fabricate_context(Sequence& seq, int64_t n_tokens, uint64_t seed) override {
+    fabricate_sequence_context(*be_, &kv_pool_, &kda_pool_, seq, n_tokens, seed);
+  }
   MemoryUsage memory_usage() const override {
     return {kv_pool_.block_size(), kv_pool_.n_blocks(), kv_pool_.n_free_blocks(), kv_pool_.bytes(),
             kda_pool_.n_slots(), kda_pool_.n_free_slots(), kda_pool_.bytes()};

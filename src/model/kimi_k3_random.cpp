@@ -223,8 +223,12 @@ void plan_vector(const KimiK3Config& c, T id, TensorPlan& p) {
     case T::kKdaALog: {  // exp(A_log) over about [0.5, 11]; the tail beyond num_heads is zero, as in the real one
       p.mean = 1.0;
       p.std = 0.8;
-      const auto heads = static_cast<size_t>(c.kda_heads);
-      p.adjust = [heads](std::vector<float>& v) { std::fill(v.begin() + static_cast<int64_t>(heads), v.end(), 0.0f); };
+      const int64_t heads = c.kda_heads;
+      p.adjust = [heads](std::span<float> v, int64_t first) {
+        for (size_t i = 0; i < v.size(); ++i) {
+          if (first + static_cast<int64_t>(i) >= heads) v[i] = 0.0f;
+        }
+      };
       return;
     }
     case T::kKdaDtBias:  // with exp(A_log): gate arguments from far negative (no decay) to positive (near the bound)
@@ -259,9 +263,11 @@ TensorPlan plan_tensor(const KimiK3Config& c, const TensorSpec& spec, const Shap
   }
   p.std = linear_gain(id) / std::sqrt(static_cast<double>(shape.at(1)));
   if (id == T::kMlaKvA) {  // rows [c (kv_lora) | k_pe (rope)]: c tiny like q_a, k_pe at full scale
-    const auto c_values = static_cast<size_t>(c.kv_lora_rank * shape.at(1));
-    p.adjust = [c_values](std::vector<float>& v) {
-      for (size_t i = 0; i < c_values; ++i) v[i] *= 0.003f;
+    const int64_t c_values = c.kv_lora_rank * shape.at(1);
+    p.adjust = [c_values](std::span<float> v, int64_t first) {
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (first + static_cast<int64_t>(i) < c_values) v[i] *= 0.003f;
+      }
     };
   }
   if (format == RandomWeightFormat::kMxfp4 && is_routed_expert(id)) {

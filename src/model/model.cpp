@@ -25,6 +25,12 @@ void Model::forward_batch(std::span<const BatchEntry> batch, float* last_logits)
   }
 }
 
+void Model::fabricate_context(Sequence&, int64_t, uint64_t) {
+  fail("fabricate_context: not supported by {} models", info().arch);
+}
+
+void Model::set_op_profiler(OpProfiler*) { fail("set_op_profiler: not supported by {} models", info().arch); }
+
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
   BG_CHECK(std::filesystem::is_directory(dir), "model directory '{}' does not exist", dir.string());
   auto config_path = dir / "config.json";

@@ -83,6 +83,13 @@ class Model {
   // running each entry alone through forward(). Entries with empty tokens are not allowed.
   virtual void forward_batch(std::span<const BatchEntry> batch, float* last_logits);
   virtual MemoryUsage memory_usage() const = 0;
+  // Benchmarks only (`batchgen bench`): makes the empty sequence `seq` look as if it had processed n_tokens tokens
+  // without running them — its KV blocks and KDA state filled with seeded random values, n_past = n_tokens — so
+  // decode steps at long contexts can be timed without prefilling (model/fabricate_context.h). The default throws.
+  virtual void fabricate_context(Sequence& seq, int64_t n_tokens, uint64_t seed);
+  // Benchmarks: attaches a per-op profiler to the model's backend (backend.h OpProfiler; not owned, null detaches).
+  // The default throws.
+  virtual void set_op_profiler(OpProfiler* profiler);
   void set_route_hook(RouteHook hook) { route_hook_ = std::move(hook); }
   // CUDA graphs captured for decode steps so far (0 on the CPU or with graphs off).
   virtual int64_t n_graphs_captured() const { return 0; }

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +41,13 @@ struct RandomCheckpointSpec {
   // Write into a non-empty out_dir: the checkpoint files there (config.json, model*.safetensors, the index) are
   // replaced; other files are left alone.
   bool force = false;
+  // Generation threads: 0 = the process-wide pool (BG_NUM_THREADS or all cores). The bytes never depend on it.
+  int n_threads = 0;
+  // Progress on stderr while writing (bytes, GB/s): a live line on a terminal, a log line every few seconds otherwise.
+  bool show_progress = false;
+  // Elements drawn and encoded per unit of work (0: 4 Mi). The bytes never depend on it; tests make it small so that
+  // every tensor is split into many row pieces.
+  int64_t piece_elements = 0;
   // Applied on top of the preset's config.json before the tensors are enumerated. An object merges key by key (nested
   // objects merge, any other value, null included, replaces); an array is an RFC 6902 JSON Patch
   // ([{"op":"replace","path":"/rope_parameters","value":{...}}, {"op":"remove","path":"/n_group"}]) for replacing
@@ -70,8 +78,10 @@ struct TensorPlan {
   double mean = 0.0;
   double std = 0.02;
   bool mxfp4_packed = false;  // kMxfp4: compressed-tensors .weight_packed [out, in/2] + .weight_scale [out, in/32]
-  // Optional: edits the drawn fp32 values (row-dependent scales, zero padding) before encoding.
-  std::function<void(std::vector<float>& values)> adjust;
+  // Optional: edits drawn fp32 values (row-dependent scales, zero padding) before encoding. Called on pieces of the
+  // tensor (row ranges, in any order and from any thread): `values` holds the row-major elements
+  // [first, first + values.size()) of the whole tensor, so a rule must depend only on the element index.
+  std::function<void(std::span<float> values, int64_t first)> adjust;
 };
 
 // shape: the expanded shape ({out, in} for linears).
@@ -112,11 +122,16 @@ struct RandomTensorOptions {
   RandomWeightFormat format = RandomWeightFormat::kBF16;
   uint64_t seed = 0;
   int64_t n_shards = 2;
+  int n_threads = 0;           // 0: the process-wide pool
+  bool show_progress = false;  // see RandomCheckpointSpec
+  int64_t piece_elements = 0;  // see RandomCheckpointSpec
 };
 
-// Generic part: writes every tensor of `table` as planned by `policy` into `dir` (which must exist) as
-// model-0000k-of-0000n.safetensors shards plus model.safetensors.index.json. Each tensor's values depend only on
-// (seed, tensor name), so a tensor does not change when others are added or removed.
+// Generic part (random_checkpoint_writer.cpp): writes every tensor of `table` as planned by `policy` into `dir`
+// (which must exist) as model-0000k-of-0000n.safetensors shards plus model.safetensors.index.json. Element i of a
+// tensor depends only on (seed, tensor name, i), so a tensor does not change when others are added or removed, and
+// the files are the same whatever the thread count. Tensors are generated in row pieces on all threads and written
+// in place (pwrite at their final offsets), so memory stays at a few pieces per thread whatever the checkpoint size.
 void write_random_tensors(const ArchTable& table, const RandomTensorPolicy& policy, const RandomTensorOptions& options,
                           const std::filesystem::path& dir);
 

@@ -97,8 +97,10 @@ void StepModel::forward_single(std::span<const BatchEntry> batch, bool all_rows,
   StepLayout step = layout_step(batch, info(), padding());
   const int64_t n_rows = all_rows ? step.n_tokens() : step.n_seqs();
   // Decode steps on CUDA replay a graph of the next power-of-two batch (padding sequences write only the pools'
-  // padding block and slot). A route hook synchronises, so it forces eager steps.
-  const bool graph_ok = !all_rows && graphs_ && !route_hook_ && backend().device() == DeviceKind::kCuda &&
+  // padding block and slot). A route hook synchronises, so it forces eager steps; so does a per-op profiler.
+  Backend& be = backend();
+  const bool per_op_profile = be.profiler() != nullptr && be.profiler()->per_op();
+  const bool graph_ok = !all_rows && graphs_ && !route_hook_ && !per_op_profile && be.device() == DeviceKind::kCuda &&
                         step.all_single_token();
   const int64_t bucket = graph_ok ? graph_bucket(step.n_seqs(), max_graph_batch_) : 0;
   if (bucket > 0) pad_decode_step(step, bucket, padding());

@@ -27,6 +27,7 @@ class StepModel : public Model {
   int64_t n_graphs_captured() const final { return backend().n_graphs(); }
   bool collective() const final { return ranks_ != nullptr && ranks_->world_size() > 1; }
   bool sync_idle(bool stop) final;
+  void set_op_profiler(OpProfiler* profiler) final { backend().set_profiler(profiler); }
 
  protected:
   explicit StepModel(const LoadOptions& options);

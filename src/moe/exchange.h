@@ -45,6 +45,9 @@ class Exchange {
     const int64_t per = max_tokens_per_call();
     return per == 0 ? 1 : std::max<int64_t>(1, (step_tokens_ + per - 1) / per);
   }
+  // True when every expert is on this rank and no rows move (the loopback): the layer then runs gather, experts and
+  // combine as one backend op (Backend::moe_routed_local), which backends may fuse.
+  virtual bool local() const { return false; }
   // Starts the dispatch of `in` under `table` (this rank's slots); rows.x / rows.routing are valid after
   // finish_dispatch. rows.y is allocated for the experts to fill. `in` may hold no tokens (the rank still takes
   // part: it receives rows for its experts).

@@ -10,6 +10,7 @@ class LoopbackExchange final : public Exchange {
   std::string_view name() const override { return "loopback"; }
   int64_t n_ranks() const override { return 1; }
   int64_t rank() const override { return 0; }
+  bool local() const override { return true; }
 
   void begin_dispatch(Backend& be, const ExpertTable& table, const DispatchInput& in, ExpertRows& rows) override {
     BG_CHECK(in.ids && in.weights && in.x, "loopback exchange: incomplete dispatch input");

@@ -21,6 +21,15 @@ MoeChoice moe_route(Backend& be, const MoeLayerSpec& spec, const MoeLayerWeights
 
 void moe_routed(Backend& be, Exchange& exchange, const MoeLayerSpec& spec, const MoeLayerWeights& w,
                 const MoeChoice& choice, const Tensor& x_expert, Tensor& out, const std::function<void()>& overlap) {
+  if (exchange.local()) {  // one rank: no rows move; gather, experts and combine as one (fusable) backend op
+    const ops::MoeRoutingShape shape{x_expert.rows(), choice.ids.cols(), w.experts.n_experts(), w.experts.n_slots(),
+                                     /*all_local=*/true};
+    MoeRouting routing = be.moe_routing(shape);
+    be.moe_dispatch(w.experts.slot_map(), choice.ids, choice.weights, routing);
+    if (overlap) overlap();
+    be.moe_routed_local(w.experts.slots(), spec.glu, routing, x_expert, out);
+    return;
+  }
   // Rounds of at most `per` tokens (exchanges with fixed receive slots); every rank runs step_rounds() of them, with
   // empty rounds once its own tokens are done, so the ranks meet in every dispatch and combine.
   const int64_t n = x_expert.rows(), per = exchange.max_tokens_per_call();

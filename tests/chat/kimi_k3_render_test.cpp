@@ -168,8 +168,8 @@ TEST(KimiK3Render, BadRequestsNameTheField) {
   expect_error(json::parse(R"([{"role": "user", "content": "x"}])"), "tools[0].function: missing",
                json::parse(R"([{"type": "function"}])"));
   expect_error(json::parse(R"([{"role": "user", "content": "x"}])"), "tools: must be an array", json::object());
-  expect_error(json::parse(R"([{"role": "user", "content": "x"}])"), "reasoning_effort: unsupported value 'medium'",
-               nullptr, testing::options(true, "medium"));
+  expect_error(json::parse(R"([{"role": "user", "content": "x"}])"), "reasoning_effort: unsupported value 'extreme'",
+               nullptr, testing::options(true, "extreme"));
 }
 
 }  // namespace

@@ -79,6 +79,17 @@ TEST(DType, E2M1AndE8M0) {
     EXPECT_EQ(f32_to_e2m1(expect[c]), c);
   }
   EXPECT_EQ(f32_to_e2m1(100.0f), 7);
+  // Nearest magnitude; a value halfway between two goes to the even code; the sign is kept (also for zero).
+  const float mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  const uint8_t tie[7] = {0, 2, 2, 4, 4, 6, 6};
+  for (int i = 0; i < 7; ++i) {
+    EXPECT_EQ(f32_to_e2m1(mid[i]), tie[i]) << mid[i];
+    EXPECT_EQ(f32_to_e2m1(-mid[i]), tie[i] | 8) << -mid[i];
+    EXPECT_EQ(f32_to_e2m1(std::nextafter(mid[i], 0.0f)), i) << mid[i];
+    EXPECT_EQ(f32_to_e2m1(std::nextafter(mid[i], 10.0f)), i + 1) << mid[i];
+  }
+  EXPECT_EQ(f32_to_e2m1(-0.0f), 8);
+  EXPECT_EQ(f32_to_e2m1(std::nanf("")), 0);
   EXPECT_EQ(e8m0_to_f32(127), 1.0f);
   EXPECT_EQ(e8m0_to_f32(130), 8.0f);
   EXPECT_EQ(e8m0_to_f32(0), std::ldexp(1.0f, -127));

@@ -3,6 +3,7 @@
 // real-dimension ep16-rank preset is checked by arithmetic only (never written here).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -126,6 +127,40 @@ TEST(K3MakeRandom, SameSeedIsByteIdenticalAndSeedsDiffer) {
     if (ends_with(name, "weight_scale")) continue;  // E8M0 exponents of same-scale weights may coincide
     EXPECT_NE(a->get(name).to_f32(), c->get(name).to_f32()) << name;
   }
+}
+
+// Row pieces and threads leave the bytes alone, including the element-indexed adjustments (kv_a_proj's scaled c rows,
+// A_log's zero tail) that a piece sees only part of.
+TEST(K3MakeRandom, ThreadsAndPiecesDoNotChangeTheBytes) {
+  TempDir tmp;
+  RandomCheckpointSpec one = k3_spec(tmp / "one", "mxfp4", 3);
+  one.n_threads = 1;
+  RandomCheckpointSpec many = k3_spec(tmp / "many", "mxfp4", 3);
+  many.n_threads = 4;
+  many.piece_elements = 64;
+  write_random_checkpoint(one);
+  write_random_checkpoint(many);
+  EXPECT_TRUE(dir_files(tmp / "one") == dir_files(tmp / "many"));
+  // The adjustments took effect: A_log is zero past the heads, kv_a_proj's first kv_lora rows are 0.003x the rest.
+  auto ckpt = Checkpoint::open(tmp / "many");
+  int checked = 0;
+  for (const auto& name : ckpt->names()) {
+    if (ends_with(name, "A_log")) {  // tiny: 4 heads, stored [32]
+      std::vector<float> a = ckpt->get(name).to_f32();
+      ASSERT_EQ(a.size(), 32u);
+      for (size_t i = 4; i < a.size(); ++i) EXPECT_EQ(a[i], 0.0f) << name << " [" << i << "]";
+      ++checked;
+    }
+    if (ends_with(name, "kv_a_proj_with_mqa.weight")) {  // tiny: [32 c rows + 16 k_pe rows, 128]
+      std::vector<float> w = ckpt->get(name).to_f32();
+      ASSERT_EQ(w.size(), 48u * 128u);
+      double c_rows = 0, pe_rows = 0;
+      for (size_t i = 0; i < w.size(); ++i) (i < 32u * 128u ? c_rows : pe_rows) += std::fabs(w[i]);
+      EXPECT_LT(c_rows / (32 * 128), 0.01 * pe_rows / (16 * 128)) << name;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 10);  // 6 KDA layers, 4 MLA layers
 }
 
 TEST(K3MakeRandom, DefaultFormatIsMxfp4AndTotalBytesMatchTheIndex) {

@@ -2,6 +2,8 @@
 // every format loads and runs; bytes depend only on the seed; bad specs are clear errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -9,6 +11,7 @@
 #include "formats/json_fields.h"
 #include "model/model_testing.h"
 #include "model/random_checkpoint.h"
+#include "model/random_tensor_plan.h"
 
 namespace bg::testing {
 namespace {
@@ -125,6 +128,55 @@ TEST(MakeRandom, SameSeedIsByteIdentical) {
     auto a = dir_files(tmp / (std::string("a_") + format)), b = dir_files(tmp / (std::string("b_") + format));
     ASSERT_EQ(a.size(), 4u);
     EXPECT_TRUE(a == b) << format;
+  }
+}
+
+// The value generator: a million draws have the moments and tail masses of a standard normal (truncated at 4.33),
+// any sub-range equals the same elements of a whole draw, and names decorrelate.
+TEST(MakeRandom, ValuesAreNormalAndIndexedByElement) {
+  std::vector<float> v(1 << 20);
+  draw_random_normal(7, "w", 0, v, 0.0, 1.0);
+  double sum = 0, sq = 0, beyond1 = 0, beyond2 = 0, peak = 0;
+  for (float x : v) {
+    sum += x;
+    sq += double{x} * x;
+    beyond1 += std::fabs(x) > 1.0f;
+    beyond2 += std::fabs(x) > 2.0f;
+    peak = std::max(peak, double{std::fabs(x)});
+  }
+  const double n = static_cast<double>(v.size());
+  EXPECT_NEAR(sum / n, 0.0, 0.005);
+  EXPECT_NEAR(std::sqrt(sq / n), 1.0, 0.005);
+  EXPECT_NEAR(beyond1 / n, 0.3173, 0.003);
+  EXPECT_NEAR(beyond2 / n, 0.0455, 0.001);
+  EXPECT_LE(peak, 4.34);
+  std::vector<float> piece(1000);
+  draw_random_normal(7, "w", 12345, piece, 0.0, 1.0);
+  EXPECT_TRUE(std::equal(piece.begin(), piece.end(), v.begin() + 12345));
+  std::vector<float> scaled(1000), other(1000);
+  draw_random_normal(7, "w", 12345, scaled, 2.0, 0.5);
+  for (size_t i = 0; i < scaled.size(); ++i) EXPECT_FLOAT_EQ(scaled[i], 2.0f + 0.5f * piece[i]);
+  draw_random_normal(7, "w2", 12345, other, 0.0, 1.0);
+  EXPECT_NE(other, piece);
+}
+
+// The writer draws every element from (seed, name, index) and writes row pieces in place from many threads: neither
+// the thread count nor the piece size (tiny pieces split every tensor into rows, FP8 into 128-row blocks) changes a
+// byte, in any format, with any shard count.
+TEST(MakeRandom, ThreadsAndPiecesDoNotChangeTheBytes) {
+  TempDir tmp;
+  for (const char* format : {"f32", "bf16", "fp8", "mxfp4"}) {
+    const std::string f = format;
+    RandomCheckpointSpec one = tiny_spec(tmp / ("one_" + f), f, 5);
+    one.n_threads = 1;
+    one.n_shards = 3;
+    RandomCheckpointSpec many = tiny_spec(tmp / ("many_" + f), f, 5);
+    many.n_threads = 3;
+    many.n_shards = 3;
+    many.piece_elements = 100;
+    write_random_checkpoint(one);
+    write_random_checkpoint(many);
+    EXPECT_TRUE(dir_files(tmp / ("one_" + f)) == dir_files(tmp / ("many_" + f))) << format;
   }
 }
 

@@ -221,7 +221,7 @@ void expect_load_error(const std::string& model, const std::string& config, cons
 
 TEST(TokenizerLoad, RejectsBadFiles) {
   const std::string good = model_text(3);
-  expect_load_error("", kConfig, "tiktoken.model: cannot open");
+  expect_load_error("", kConfig, "neither tokenizer.json (Hugging Face) nor tiktoken.model (Kimi)");
   expect_load_error(good, "", "tokenizer_config.json: cannot open");
   expect_load_error(good + "!!!! 300\n", kConfig, "tiktoken.model:260: bad base64");
   expect_load_error(good + "eHl6 12a\n", kConfig, "tiktoken.model:260: rank '12a'");

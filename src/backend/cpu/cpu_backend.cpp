@@ -99,7 +99,10 @@ class CpuBackend final : public Backend {
     t.data = p;
     return t;
   }
-  void fill_zero(Tensor& t) override { std::memset(t.data, 0, t.nbytes()); }
+  void fill_zero(Tensor& t) override {
+    BG_PROFILE_OP("fill_zero", nullptr);
+    std::memset(t.data, 0, t.nbytes());
+  }
   Tensor upload_f32(std::span<const float> values, Shape shape, DType dtype) override {
     Tensor t = alloc(std::move(shape), dtype);
     BG_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "upload_f32: {} values for shape {}", values.size(),
@@ -121,9 +124,11 @@ class CpuBackend final : public Backend {
     return t;
   }
   void download_f32(const Tensor& t, float* host) override {
+    BG_PROFILE_OP("download_f32", nullptr);
     for (int64_t i = 0; i < t.numel(); ++i) host[i] = load_as_f32(static_cast<const std::byte*>(t.data), t.dtype, i);
   }
   void copy(const Tensor& src, Tensor& dst) override {
+    BG_PROFILE_OP("copy", nullptr);
     BG_CHECK(src.nbytes() == dst.nbytes(), "copy of {} bytes into {}", src.nbytes(), dst.nbytes());
     std::memmove(dst.data, src.data, src.nbytes());
   }
@@ -143,11 +148,13 @@ class CpuBackend final : public Backend {
   }
 
   void embedding(const Tensor& table, Tensor& out) override {
+    BG_PROFILE_OP("embedding", nullptr);
     TensorView view{table.dtype, table.shape, static_cast<const std::byte*>(table.data), table.nbytes(), "embedding"};
     ops::embedding_cpu(view, step_.token_ids.data(), step_.n_tokens(), out.as<float>());
     round(out);
   }
   void gather_last_rows(const Tensor& x, Tensor& out) override {
+    BG_PROFILE_OP("gather_last_rows", nullptr);
     const int64_t d = x.cols();
     for (int64_t s = 0; s < step_.n_seqs(); ++s) {
       std::memcpy(out.as<float>() + s * d, x.as<float>() + step_.last_rows[static_cast<size_t>(s)] * d,
@@ -155,6 +162,7 @@ class CpuBackend final : public Backend {
     }
   }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override {
+    BG_PROFILE_OP("rmsnorm", nullptr);
     const int64_t dim = w.numel(), stride = x.cols();
     if (dim == stride) {
       ops::rmsnorm_cpu({x.rows(), dim, eps}, x.as<float>(), w.as<float>(), y.as<float>());
@@ -166,18 +174,21 @@ class CpuBackend final : public Backend {
     round(y);
   }
   void linear(const LinearHandle& w, const Tensor& x, Tensor& y) override {
+    BG_PROFILE_OP("linear", nullptr);
     expect_f32(x, "linear input");
     expect_f32(y, "linear output");
     ops::linear_cpu(quant(w), x.as<float>(), x.rows(), y.as<float>());
     round(y);
   }
   void add(Tensor& y, const Tensor& x) override {
+    BG_PROFILE_OP("add", nullptr);
     float* a = y.as<float>();
     const float* b = x.as<float>();
     for (int64_t i = 0; i < y.numel(); ++i) a[i] += b[i];
     round(y);
   }
   void glu(const GluSpec& p, const Tensor& gate, const Tensor& up, Tensor& out) override {
+    BG_PROFILE_OP("glu", nullptr);
     if (p.kind == GluKind::kSwiGlu) {
       ops::swiglu_cpu(gate.as<float>(), up.as<float>(), gate.numel(), out.as<float>());
     } else {
@@ -187,16 +198,19 @@ class CpuBackend final : public Backend {
     round(out);
   }
   void sigmoid_mul(Tensor& x, const Tensor& gate) override {
+    BG_PROFILE_OP("sigmoid_mul", nullptr);
     float* a = x.as<float>();
     const float* g = gate.as<float>();
     for (int64_t i = 0; i < x.numel(); ++i) a[i] *= 1.0f / (1.0f + std::exp(-g[i]));
     round(x);
   }
   void rope(const ops::RopeParams& p, const RopeHandle& table, Tensor& x) override {
+    BG_PROFILE_OP("rope", nullptr);
     ops::apply_rope_cpu(p, table.table, step_.positions.data(), x.as<float>());
     round(x);
   }
   void mla_write(const MlaCacheRef& c, const Tensor& latent) override {
+    BG_PROFILE_OP("mla_write", nullptr);
     for (int64_t t = 0; t < step_.n_tokens(); ++t) {
       const auto i = static_cast<size_t>(t);
       std::memcpy(entry(c, block_table(step_.token_seq[i]), step_.positions[i]), latent.as<float>() + t * c.entry_dim,
@@ -206,6 +220,7 @@ class CpuBackend final : public Backend {
   // Per sequence: its tokens' rows of q / out against its blocks.
   void mla_attention(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
                      const MlaCacheRef& c, Tensor& out) override {
+    BG_PROFILE_OP("mla_attention", nullptr);
     const int64_t q_cols = q.cols(), out_cols = out.cols();
     for (int64_t s = 0; s < step_.n_seqs(); ++s) {
       const int64_t b = step_.seq_begin[static_cast<size_t>(s)], e = step_.seq_begin[static_cast<size_t>(s) + 1];
@@ -220,6 +235,7 @@ class CpuBackend final : public Backend {
   }
   void route(const ops::RouterParams& p, const Tensor& logits, const Tensor& bias, Tensor& ids,
              Tensor& weights) override {
+    BG_PROFILE_OP("route", nullptr);
     ops::route_topk_cpu(p, logits.as<float>(), bias.empty() ? nullptr : bias.as<float>(), ids.as<int32_t>(),
                         weights.as<float>());
   }
@@ -236,6 +252,7 @@ class CpuBackend final : public Backend {
     static_cast<CpuExpertSlots&>(slots).set(slot, gate, up, down);
   }
   void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r) override {
+    BG_PROFILE_OP("moe_dispatch", nullptr);
     BG_CHECK(slot_map.numel() == r.shape.n_experts && ids.numel() == r.shape.n_pairs() &&
                  weights.numel() == r.shape.n_pairs(), "moe_dispatch: slot map of {} for {} experts, {} ids and {} "
              "weights for {} pairs", slot_map.numel(), r.shape.n_experts, ids.numel(), weights.numel(),
@@ -243,22 +260,26 @@ class CpuBackend final : public Backend {
     ops::moe_dispatch_cpu(r.shape, slot_map.as<int32_t>(), ids.as<int32_t>(), weights.as<float>(), routing_arrays(r));
   }
   void moe_gather(const MoeRouting& r, const Tensor& x, Tensor& rows) override {
+    BG_PROFILE_OP("moe_gather", nullptr);
     expect_f32(x, "moe_gather input");
     ops::moe_gather_cpu(r.shape, routing_arrays(r), x.as<float>(), x.cols(), rows.as<float>());
   }
   void moe_experts(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& rows,
                    Tensor& y_rows) override {
+    BG_PROFILE_OP("moe_experts", nullptr);
     expect_f32(rows, "moe_experts input");
     ops::moe_experts_cpu(r.shape, routing_arrays(r), static_cast<const CpuExpertSlots&>(experts).slots(), moe_glu(glu),
                          rows.as<float>(), y_rows.as<float>(), emulate_);
     round(y_rows);
   }
   void moe_combine(const MoeRouting& r, const Tensor& y_rows, Tensor& out) override {
+    BG_PROFILE_OP("moe_combine", nullptr);
     expect_f32(out, "moe_combine output");
     ops::moe_combine_cpu(r.shape, routing_arrays(r), y_rows.as<float>(), out.cols(), out.as<float>());
     round(out);
   }
   void short_conv(const Tensor& x, const Tensor& weight, const StateRef& state, Tensor& out) override {
+    BG_PROFILE_OP("short_conv", nullptr);
     const int64_t c = x.cols();
     for (int64_t s = 0; s < step_.n_seqs(); ++s) {
       const int64_t b = step_.seq_begin[static_cast<size_t>(s)], e = step_.seq_begin[static_cast<size_t>(s) + 1];
@@ -268,17 +289,23 @@ class CpuBackend final : public Backend {
     round(out);
   }
   void kda_l2norm(int64_t head_dim, float scale, Tensor& x) override {
+    BG_PROFILE_OP("kda_l2norm", nullptr);
     ops::kda_l2norm_cpu({x.numel() / head_dim, head_dim, scale, 1e-6f}, x.as<float>(), x.as<float>());
     round(x);
   }
   void kda_gate(const Tensor& g_raw, const Tensor& a_log, const Tensor& dt_bias, int64_t n_heads, float lower_bound,
                 Tensor& g) override {
+    BG_PROFILE_OP("kda_gate", nullptr);
     ops::kda_gate_cpu({g_raw.rows(), n_heads, g_raw.cols() / n_heads, lower_bound}, g_raw.as<float>(),
                       a_log.as<float>(), dt_bias.as<float>(), g.as<float>());
   }
-  void kda_beta(const Tensor& b, Tensor& beta) override { ops::kda_beta_cpu(b.numel(), b.as<float>(), beta.as<float>()); }
+  void kda_beta(const Tensor& b, Tensor& beta) override {
+    BG_PROFILE_OP("kda_beta", nullptr);
+    ops::kda_beta_cpu(b.numel(), b.as<float>(), beta.as<float>());
+  }
   void kda(const ops::KdaParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
            const Tensor& beta, const StateRef& state, Tensor& out) override {
+    BG_PROFILE_OP("kda", nullptr);
     const int64_t qk = p.n_heads * p.head_dim_k, vd = p.n_heads * p.head_dim_v;
     for (int64_t s = 0; s < step_.n_seqs(); ++s) {
       const int64_t b = step_.seq_begin[static_cast<size_t>(s)], e = step_.seq_begin[static_cast<size_t>(s) + 1];
@@ -296,12 +323,14 @@ class CpuBackend final : public Backend {
   }
   void gated_rmsnorm(int64_t n_heads, float eps, const Tensor& x, const Tensor& gate, const Tensor& weight,
                      Tensor& y) override {
+    BG_PROFILE_OP("gated_rmsnorm", nullptr);
     ops::gated_rmsnorm_cpu({x.rows(), n_heads, weight.numel(), eps}, x.as<float>(), gate.as<float>(),
                            weight.as<float>(), y.as<float>());
     round(y);
   }
   void attn_res_mix(const Tensor& bank, int64_t n_candidates, const Tensor& norm, const Tensor& proj, float eps,
                     Tensor& out) override {
+    BG_PROFILE_OP("attn_res_mix", nullptr);
     const int64_t n = bank.shape.at(1), d = bank.shape.at(2);
     std::vector<const float*> values;
     for (int64_t i = 0; i < n_candidates; ++i) values.push_back(bank.as<float>() + i * n * d);

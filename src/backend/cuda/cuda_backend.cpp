@@ -6,12 +6,15 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <type_traits>
+#include <utility>
 
 #include "backend/cuda/cuda_allocator.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/device_buffer.h"
 #include "core/log.h"
 #include "ops/attn_res/attn_res_cuda.h"
@@ -22,6 +25,7 @@
 #include "ops/kda_gate/kda_gate_cuda.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/mla/mla_cuda.h"
+#include "ops/mla/mla_decode_cuda.h"
 #include "ops/moe/moe_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
 #include "ops/rope/rope_cuda.h"
@@ -35,53 +39,9 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-class CudaLinear final : public LinearHandle {
- public:
-  explicit CudaLinear(ops::DeviceWeightStorage s) : s_(std::move(s)) {}
-  int64_t n_out() const override { return s_.desc.n_out; }
-  int64_t n_in() const override { return s_.desc.n_in; }
-  const ops::DeviceWeight& desc() const { return s_.desc; }
+using cuda::CudaExpertSlots;
 
- private:
-  ops::DeviceWeightStorage s_;
-};
-
-const ops::DeviceWeight& desc(const LinearHandle& h) { return static_cast<const CudaLinear&>(h).desc(); }
-
-// Expert weights by slot: a device array of descriptors (uploaded when prepared, so graph capture never uploads) and
-// its host mirror. All slots share the first slot's format and shape.
-class CudaExpertSlots final : public ExpertSlots {
- public:
-  explicit CudaExpertSlots(std::vector<ops::ExpertWeightsCuda> host) : host_(std::move(host)) {
-    BG_CHECK(!host_.empty(), "prepare_experts: no experts");
-    dev_ = cuda::upload(host_);
-  }
-  int64_t n_slots() const override { return static_cast<int64_t>(host_.size()); }
-  const ops::ExpertWeightsCuda* device() const { return dev_.as<ops::ExpertWeightsCuda>(); }
-  const ops::DeviceWeight& gate0() const { return host_[0].gate; }
-  // Rewrites one descriptor in stream order (the host mirror is the copy's source: pageable memory is staged before
-  // cudaMemcpyAsync returns).
-  void set(int64_t slot, const ops::ExpertWeightsCuda& w, cudaStream_t stream) {
-    BG_CHECK(slot >= 0 && slot < n_slots(), "set_expert_slot: slot {} of {}", slot, n_slots());
-    const ops::DeviceWeight& g = gate0();
-    BG_CHECK(w.gate.format == g.format && w.gate.n_out == g.n_out && w.gate.n_in == g.n_in &&
-                 w.down.n_out == host_[0].down.n_out && w.down.n_in == host_[0].down.n_in,
-             "set_expert_slot: slot {} gets a [{}, {}] {} expert; the layer's experts are [{}, {}] {}", slot,
-             w.gate.n_out, w.gate.n_in, weight_format_name(w.gate.format), g.n_out, g.n_in,
-             weight_format_name(g.format));
-    host_[static_cast<size_t>(slot)] = w;
-    BG_CUDA_CHECK(cudaMemcpyAsync(dev_.as<ops::ExpertWeightsCuda>() + slot, &host_[static_cast<size_t>(slot)],
-                                  sizeof(w), cudaMemcpyHostToDevice, stream));
-  }
-
- private:
-  std::vector<ops::ExpertWeightsCuda> host_;
-  cuda::DeviceBuffer dev_;
-};
-
-ops::ExpertWeightsCuda expert_desc(const LinearHandle& gate, const LinearHandle& up, const LinearHandle& down) {
-  return {desc(gate), desc(up), desc(down)};
-}
+const ops::DeviceWeight& desc(const LinearHandle& h) { return cuda::cuda_linear(h).desc(); }
 
 void expect(const Tensor& t, DType dtype, const char* what) {
   BG_CHECK(t.device == DeviceKind::kCuda, "cuda backend: {} is not in device memory", what);
@@ -106,6 +66,7 @@ class CudaBackend final : public Backend {
     BG_CUDA_CHECK(cudaMallocHost(&errors_host_, sizeof(int32_t)));
     cudaDeviceProp prop{};
     BG_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    n_sms_ = prop.multiProcessorCount;
     log::info("cuda backend: {} (sm_{}{}), {:.1f} GiB budget", prop.name, prop.major, prop.minor,
               static_cast<double>(alloc_->budget_bytes()) / (1 << 30));
   }
@@ -134,7 +95,10 @@ class CudaBackend final : public Backend {
     t.data = t.owner.get();
     return t;
   }
-  void fill_zero(Tensor& t) override { BG_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_)); }
+  void fill_zero(Tensor& t) override {
+    BG_PROFILE_OP("fill_zero", stream_);
+    BG_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_));
+  }
   Tensor upload_f32(std::span<const float> values, Shape shape, DType dtype) override {
     Tensor t = alloc(std::move(shape), dtype);
     BG_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "upload_f32: {} values for shape {}", values.size(),
@@ -159,6 +123,7 @@ class CudaBackend final : public Backend {
     return upload_f32(values, view.shape, DType::kF32);
   }
   void download_f32(const Tensor& t, float* host) override {
+    BG_PROFILE_OP("download_f32", stream_);
     const int64_t n = t.numel();
     if (t.dtype == DType::kF32) {
       copy_out(host, t.data, t.nbytes());
@@ -169,6 +134,7 @@ class CudaBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) host[i] = load_as_f32(raw.data(), t.dtype, i);
   }
   void copy(const Tensor& src, Tensor& dst) override {
+    BG_PROFILE_OP("copy", stream_);
     BG_CHECK(src.nbytes() == dst.nbytes(), "copy of {} bytes into {}", src.nbytes(), dst.nbytes());
     BG_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, stream_));
   }
@@ -182,10 +148,11 @@ class CudaBackend final : public Backend {
   }
 
   std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) override {
-    return std::make_unique<CudaLinear>(ops::upload_weight(w));
+    return std::make_unique<cuda::CudaLinear>(ops::upload_weight(w), w);
   }
 
   void embedding(const Tensor& table, Tensor& out) override {
+    BG_PROFILE_OP("embedding", stream_);
     expect(out, DType::kBF16, "embedding output");
     ops::EmbeddingParams p{step_.n_tokens(), table.shape.at(0), table.shape.at(1)};
     if (table.dtype == DType::kBF16) {
@@ -196,16 +163,19 @@ class CudaBackend final : public Backend {
   }
   // The embedding kernel is a row gather: x is the table, the last rows the ids.
   void gather_last_rows(const Tensor& x, Tensor& out) override {
+    BG_PROFILE_OP("gather_last_rows", stream_);
     expect(x, DType::kBF16, "gather_last_rows input");
     ops::EmbeddingParams p{step_.n_seqs(), x.rows(), x.cols()};
     ops::embedding_cuda(p, x.as<bf16>(), dev_.last_rows, out.as<bf16>(), nullptr, stream_);
   }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override {
+    BG_PROFILE_OP("rmsnorm", stream_);
     expect(x, DType::kBF16, "rmsnorm input");
     ops::rmsnorm_cuda({x.rows(), w.numel(), eps}, {x.cols(), y.cols()}, x.as<bf16>(), w.as<float>(), y.as<bf16>(),
                       stream_);
   }
   void linear(const LinearHandle& w, const Tensor& x, Tensor& y) override {
+    BG_PROFILE_OP("linear", stream_);
     expect(x, DType::kBF16, "linear input");
     ops::LinearCudaParams p{x.rows(), y.dtype == DType::kF32 ? ops::LinearOutType::kF32 : ops::LinearOutType::kBf16,
                             ops::LinearPath::kAuto};
@@ -215,8 +185,12 @@ class CudaBackend final : public Backend {
     ops::LinearCudaContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, scratch.get(), scratch_bytes};
     ops::linear_cuda(p, d, x.as<bf16>(), y.data, ctx, stream_);
   }
-  void add(Tensor& y, const Tensor& x) override { ops::add_inplace_cuda(y.numel(), x.as<bf16>(), y.as<bf16>(), stream_); }
+  void add(Tensor& y, const Tensor& x) override {
+    BG_PROFILE_OP("add", stream_);
+    ops::add_inplace_cuda(y.numel(), x.as<bf16>(), y.as<bf16>(), stream_);
+  }
   void glu(const GluSpec& p, const Tensor& gate, const Tensor& up, Tensor& out) override {
+    BG_PROFILE_OP("glu", stream_);
     if (p.kind == GluKind::kSwiGlu) {
       ops::swiglu_cuda(gate.numel(), gate.as<bf16>(), up.as<bf16>(), out.as<bf16>(), stream_);
     } else {
@@ -225,13 +199,16 @@ class CudaBackend final : public Backend {
     }
   }
   void sigmoid_mul(Tensor& x, const Tensor& gate) override {
+    BG_PROFILE_OP("sigmoid_mul", stream_);
     ops::sigmoid_gate_cuda(x.numel(), gate.as<bf16>(), x.as<bf16>(), stream_);
   }
   void rope(const ops::RopeParams& p, const RopeHandle& table, Tensor& x) override {
+    BG_PROFILE_OP("rope", stream_);
     ops::apply_rope_cuda(p, dev_.positions, table.inv_freq.as<float>(), table.table.attention_factor, x.as<bf16>(),
                          stream_);
   }
   void mla_write(const MlaCacheRef& c, const Tensor& latent) override {
+    BG_PROFILE_OP("mla_write", stream_);
     ops::MlaParams p{};
     p.n_tokens = step_.n_tokens();
     p.kv_lora_rank = c.kv_lora_rank;
@@ -239,70 +216,56 @@ class CudaBackend final : public Backend {
     p.block_size = c.block_size;
     ops::mla_cache_write_cuda(p, latent.as<bf16>(), paged(c), stream_);
   }
+  // Decode steps (one token per sequence) at the production latent shape (kv_lora 512, rope 64) run the split-KV
+  // tensor-core kernel (mla_decode_cuda.h); prefill and mixed steps, and the small latent shapes of test
+  // checkpoints, the general kernel (mla_cuda.h).
   void mla_attention(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
                      const MlaCacheRef& c, Tensor& out) override {
+    BG_PROFILE_OP("mla_attention", stream_);
+    if (step_.all_single_token() && ops::mla_decode_takes(p)) {
+      mla_decode(p, q, w_uk, w_uv, c, out);
+      return;
+    }
     ops::mla_attention_cuda(p, q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), paged(c), out.as<bf16>(), stream_);
   }
   void route(const ops::RouterParams& p, const Tensor& logits, const Tensor& bias, Tensor& ids,
              Tensor& weights) override {
+    BG_PROFILE_OP("route", stream_);
     ops::route_topk_cuda(p, logits.as<float>(), bias.empty() ? nullptr : bias.as<float>(), ids.as<int32_t>(),
                          weights.as<float>(), stream_);
   }
   std::unique_ptr<ExpertSlots> prepare_experts(const ExpertWeights& by_slot) override {
-    std::vector<ops::ExpertWeightsCuda> host;
-    for (int64_t e = 0; e < by_slot.size(); ++e) {
-      auto i = static_cast<size_t>(e);
-      host.push_back(expert_desc(*by_slot.gate[i], *by_slot.up[i], *by_slot.down[i]));
-    }
-    return std::make_unique<CudaExpertSlots>(std::move(host));
+    return std::make_unique<CudaExpertSlots>(by_slot);
   }
   void set_expert_slot(ExpertSlots& slots, int64_t slot, const LinearHandle& gate, const LinearHandle& up,
                        const LinearHandle& down) override {
-    static_cast<CudaExpertSlots&>(slots).set(slot, expert_desc(gate, up, down), stream_);
+    static_cast<CudaExpertSlots&>(slots).set(slot, gate, up, down, stream_);
   }
   void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r) override {
-    BG_CHECK(slot_map.numel() == r.shape.n_experts && ids.numel() == r.shape.n_pairs() &&
-                 weights.numel() == r.shape.n_pairs(), "moe_dispatch: slot map of {} for {} experts, {} ids and {} "
-             "weights for {} pairs", slot_map.numel(), r.shape.n_experts, ids.numel(), weights.numel(),
-             r.shape.n_pairs());
-    ops::MoeWorkspace ws = workspace(r);
-    ws.slot_map = slot_map.as<int32_t>();
-    ops::moe_dispatch_cuda(moe_params(r, 1, 1), ids.as<int32_t>(), weights.as<float>(), ws, stream_);
+    BG_PROFILE_OP("moe_dispatch", stream_);
+    cuda::moe_dispatch(moe_ctx(), slot_map, ids, weights, r);
   }
   void moe_gather(const MoeRouting& r, const Tensor& x, Tensor& rows) override {
-    expect(x, DType::kBF16, "moe_gather input");
-    ops::MoeWorkspace ws = workspace(r);
-    ws.x_perm = rows.as<bf16>();
-    ops::moe_gather_cuda(moe_params(r, x.cols(), 1), x.as<bf16>(), ws, stream_);
+    BG_PROFILE_OP("moe_gather", stream_);
+    cuda::moe_gather(moe_ctx(), r, x, rows);
   }
   void moe_experts(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& rows,
                    Tensor& y_rows) override {
-    expect(rows, DType::kBF16, "moe_experts input");
-    const auto& slots = static_cast<const CudaExpertSlots&>(experts);
-    BG_CHECK(slots.n_slots() == r.shape.n_slots, "moe_experts: {} prepared slots for a routing over {}",
-             slots.n_slots(), r.shape.n_slots);
-    const ops::DeviceWeight& g0 = slots.gate0();
-    ops::MoeCudaParams p = moe_params(r, rows.cols(), g0.n_out);
-    p.expert_format = g0.format;
-    p.act = {glu.kind == GluKind::kSwiGlu ? ops::MoeGlu::kSwiGlu : ops::MoeGlu::kSitu, glu.situ_beta,
-             glu.situ_linear_beta};
-    Tensor h = alloc({r.shape.n_pairs(), g0.n_out}, DType::kBF16);  // [n_pairs, inter] GLU outputs
-    ops::MoeWorkspace ws = workspace(r);
-    ws.x_perm = rows.as<bf16>();
-    ws.h = h.as<bf16>();
-    ws.y_perm = y_rows.as<bf16>();
-    ops::moe_expert_ffn_cuda(p, slots.device(), ws, stream_);
+    BG_PROFILE_OP("moe_experts", stream_);
+    cuda::moe_experts(moe_ctx(), static_cast<const CudaExpertSlots&>(experts), glu, r, rows, y_rows);
   }
   void moe_combine(const MoeRouting& r, const Tensor& y_rows, Tensor& out) override {
-    ops::MoeCudaParams p = moe_params(r, out.cols(), 1);
-    p.out_type = out.dtype == DType::kF32 ? ops::MoeOutType::kF32 : ops::MoeOutType::kBf16;
-    p.accumulate = true;
-    ops::MoeWorkspace ws = workspace(r);
-    ws.y_perm = y_rows.as<bf16>();
-    ops::moe_combine_cuda(p, ws, out.data, stream_);
+    BG_PROFILE_OP("moe_combine", stream_);
+    cuda::moe_combine(moe_ctx(), r, y_rows, out);
+  }
+  void moe_routed_local(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& x,
+                        Tensor& out) override {
+    BG_PROFILE_OP("moe_routed_local", stream_);
+    cuda::moe_routed_local(moe_ctx(), static_cast<const CudaExpertSlots&>(experts), glu, r, x, out);
   }
   // Decode steps: one batched launch over the sequences' slots; otherwise one launch per sequence.
   void short_conv(const Tensor& x, const Tensor& weight, const StateRef& state, Tensor& out) override {
+    BG_PROFILE_OP("short_conv", stream_);
     const int64_t c = x.cols();
     if (step_.all_single_token()) {
       ops::ConvStateSlots slots{state.storage.as<float>() + state.offset, dev_.state_slots, state.slot_stride};
@@ -317,20 +280,24 @@ class CudaBackend final : public Backend {
     }
   }
   void kda_l2norm(int64_t head_dim, float scale, Tensor& x) override {
+    BG_PROFILE_OP("kda_l2norm", stream_);
     ops::kda_l2norm_cuda({x.numel() / head_dim, head_dim, scale, 1e-6f}, x.as<bf16>(), x.as<bf16>(), stream_);
   }
   void kda_gate(const Tensor& g_raw, const Tensor& a_log, const Tensor& dt_bias, int64_t n_heads, float lower_bound,
                 Tensor& g) override {
+    BG_PROFILE_OP("kda_gate", stream_);
     ops::kda_gate_cuda({g_raw.rows(), n_heads, g_raw.cols() / n_heads, lower_bound}, g_raw.as<bf16>(),
                        a_log.as<float>(), dt_bias.as<float>(), g.as<float>(), stream_);
   }
   void kda_beta(const Tensor& b, Tensor& beta) override {
+    BG_PROFILE_OP("kda_beta", stream_);
     ops::kda_beta_cuda(b.numel(), b.as<bf16>(), beta.as<float>(), stream_);
   }
   // Decode steps: one recurrent launch over all sequences' slots; otherwise per sequence, recurrent for a single
   // token and chunked for more.
   void kda(const ops::KdaParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
            const Tensor& beta, const StateRef& state, Tensor& out) override {
+    BG_PROFILE_OP("kda", stream_);
     float* base = state.storage.as<float>() + state.offset;
     if (step_.all_single_token()) {
       ops::KdaCudaInputs in{q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), g.as<float>(), beta.as<float>()};
@@ -354,11 +321,13 @@ class CudaBackend final : public Backend {
   }
   void gated_rmsnorm(int64_t n_heads, float eps, const Tensor& x, const Tensor& gate, const Tensor& weight,
                      Tensor& y) override {
+    BG_PROFILE_OP("gated_rmsnorm", stream_);
     ops::gated_rmsnorm_cuda({x.rows(), n_heads, weight.numel(), eps}, x.as<bf16>(), gate.as<bf16>(),
                             weight.as<float>(), y.as<bf16>(), stream_);
   }
   void attn_res_mix(const Tensor& bank, int64_t n_candidates, const Tensor& norm, const Tensor& proj, float eps,
                     Tensor& out) override {
+    BG_PROFILE_OP("attn_res_mix", stream_);
     ops::attn_res_mix_cuda({n_candidates, bank.shape.at(1), bank.shape.at(2), eps}, bank.as<bf16>(), norm.as<float>(),
                            proj.as<float>(), out.as<bf16>(), stream_);
   }
@@ -383,20 +352,7 @@ class CudaBackend final : public Backend {
   };
 
   void upload_step() override;
-  ops::MoeWorkspace workspace(const MoeRouting& r) const {
-    ops::MoeWorkspace ws;
-    static_cast<ops::MoeRoutingArrays&>(ws) = ops::moe_routing_layout(r.shape, r.buffer.data);
-    ws.error_flags = errors_.as<int32_t>();
-    return ws;
-  }
-  static ops::MoeCudaParams moe_params(const MoeRouting& r, int64_t hidden, int64_t inter) {
-    ops::MoeCudaParams p;
-    p.shape = r.shape;
-    p.hidden = hidden;
-    p.inter = inter;
-    p.expert_format = WeightFormat::kDense;
-    return p;
-  }
+  cuda::MoeContext moe_ctx() const { return {alloc_.get(), errors_.as<int32_t>(), stream_, false}; }
   // Device error flags (MoE / MLA kernels raise bits instead of trapping): read after each synchronisation; a raised
   // flag is reset and reported as an error of this step (the context stays usable).
   void check_device_errors() {
@@ -404,11 +360,13 @@ class CudaBackend final : public Backend {
     const int32_t flags = *errors_host_;
     if (flags == 0) return;
     BG_CUDA_CHECK(cudaMemset(errors_.data(), 0, sizeof(int32_t)));
-    fail("cuda backend: a kernel of this step reported{}{}{}{} (flags {:#x}); the step's outputs are discarded",
+    fail("cuda backend: a kernel of this step reported{}{}{}{}{}{} (flags {:#x}); the step's outputs are discarded",
          (flags & ops::kMoeErrorBadExpertId) ? " a routed expert id outside the layer's experts" : "",
          (flags & ops::kMoeErrorBadDescriptor) ? " an expert slot whose weights disagree with the layer" : "",
          (flags & ops::kMoeErrorNoSlot) ? " a routed expert without a slot on this rank" : "",
-         (flags & ops::kMlaErrorBadPosition) ? " a cache position past its sequence's block table" : "", flags);
+         (flags & ops::kMoeErrorDuplicateExpert) ? " a token routed twice to one expert" : "",
+         (flags & ops::kMlaErrorBadPosition) ? " a cache position past its sequence's block table" : "",
+         (flags & ops::kMlaErrorBadBlock) ? " a negative MLA block-table entry" : "", flags);
   }
   float* slot_state(const StateRef& st, int64_t seq) const {
     return st.storage.as<float>() + st.offset + step_.state_slots.at(static_cast<size_t>(seq)) * st.slot_stride;
@@ -423,6 +381,21 @@ class CudaBackend final : public Backend {
     BG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
     check_device_errors();
+  }
+  // The decode workspace is shared by every MLA layer and every graph (they run one at a time on stream_). It only
+  // grows; a replaced buffer is kept while the backend lives, since graphs captured earlier may point into it.
+  void mla_decode(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
+                  const MlaCacheRef& c, Tensor& out) {
+    const ops::MlaDecodePlan plan = ops::mla_decode_plan(p, n_sms_);
+    if (plan.ws.total_bytes > mla_ws_bytes_) {
+      if (mla_ws_) mla_ws_retired_.push_back(std::move(mla_ws_));
+      mla_ws_bytes_ = std::max(plan.ws.total_bytes, 2 * mla_ws_bytes_);
+      mla_ws_ = alloc_->allocate(mla_ws_bytes_);  // during a capture the graph keeps it too (capture sink)
+    }
+    const ops::MlaDecodeContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, mla_ws_.get(),
+                                    mla_ws_bytes_};
+    ops::mla_decode_cuda(plan, {q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), out.as<bf16>()}, paged(c), ctx,
+                         stream_);
   }
   ops::MlaPagedCache paged(const MlaCacheRef& c) const {
     ops::MlaPagedCache pc;
@@ -451,10 +424,15 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   cuda::DeviceBuffer errors_;         // int32 kernel error flags (see check_device_errors)
   int32_t* errors_host_ = nullptr;    // pinned
+  int64_t n_sms_ = 1;
+  std::shared_ptr<void> mla_ws_;  // MLA decode workspace (see mla_decode)
+  size_t mla_ws_bytes_ = 0;
+  std::vector<std::shared_ptr<void>> mla_ws_retired_;
 };
 
 // Packs the step's arrays (8-byte aligned) into pinned memory and copies them to the device buffer in one transfer.
 void CudaBackend::upload_step() {
+  BG_PROFILE_OP("upload_step", stream_);
   const StepLayout& s = step_;
   auto bytes_of = [](const auto& v) { return (v.size() * sizeof(v[0]) + 7) / 8 * 8; };
   const size_t total = bytes_of(s.token_ids) + bytes_of(s.positions) + bytes_of(s.token_seq) +
@@ -501,16 +479,19 @@ Tensor CudaBackend::run_graph(int64_t key, const std::function<Tensor()>& body) 
     cudaGraph_t graph = nullptr;
     alloc_->set_capture_sink(&g.memory);
     capturing_ = true;
+    OpProfiler* profiler = std::exchange(profiler_, nullptr);  // events must not land in the graph
     BG_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     try {
       g.out = body();
     } catch (...) {
       cudaStreamEndCapture(stream_, &graph);
       if (graph != nullptr) cudaGraphDestroy(graph);
+      profiler_ = profiler;
       capturing_ = false;
       alloc_->set_capture_sink(nullptr);
       throw;
     }
+    profiler_ = profiler;
     BG_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
     capturing_ = false;
     alloc_->set_capture_sink(nullptr);
@@ -520,6 +501,7 @@ Tensor CudaBackend::run_graph(int64_t key, const std::function<Tensor()>& body) 
     it = graphs_.emplace(key, std::move(g)).first;
     log::debug("cuda backend: captured graph {:#x} ({} graphs)", key, graphs_.size());
   }
+  BG_PROFILE_OP("graph", stream_);
   BG_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
   return it->second.out;
 }

@@ -26,6 +26,9 @@ struct MlaPagedCache {
 
 // A token whose position lies past its block table writes nothing and raises this bit (error_flags above).
 inline constexpr int32_t kMlaErrorBadPosition = 4;
+// The decode kernel (mla_decode_cuda.h) met a negative block-table entry where it reads the cache: the rows read as
+// zero and this bit is raised.
+inline constexpr int32_t kMlaErrorBadBlock = 32;
 
 // Heads handled by one CTA of the attention kernel (they share the streamed cache tile).
 inline constexpr int64_t kMlaCudaHeadsPerCta = 8;

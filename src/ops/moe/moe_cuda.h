@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "ops/linear/linear_cuda.h"
 #include "ops/moe/moe.h"
@@ -37,6 +38,7 @@ enum class MoeOutType : uint8_t { kBf16, kF32 };
 inline constexpr int32_t kMoeErrorBadExpertId = 1;    // a routed id outside [0, n_experts): the pair is dropped
 inline constexpr int32_t kMoeErrorBadDescriptor = 2;  // an expert descriptor disagrees with the launch: block skipped
 inline constexpr int32_t kMoeErrorNoSlot = 8;          // all_local, but a routed expert has no slot: the pair is dropped
+inline constexpr int32_t kMoeErrorDuplicateExpert = 16;  // a token routed twice to one expert (top-k ids must differ)
 
 struct MoeCudaParams {
   MoeRoutingShape shape;  // n_tokens = 0 is valid: dispatch zeroes the counts, the rest launches nothing
@@ -56,6 +58,16 @@ struct MoeWorkspace : MoeRoutingArrays {
   __nv_bfloat16* h = nullptr;         // [n_pairs, inter] GLU outputs
   __nv_bfloat16* y_perm = nullptr;    // [n_pairs, hidden] expert outputs
   int32_t* error_flags = nullptr;     // one int32 (kMoeError* bits), never null
+};
+
+// A dispatch workspace in one owning device allocation (routing arrays, slot map, row buffers, error word), for
+// tests and benchmarks; the backend lays its own out of backend tensors. slot_map empty: the identity (every expert
+// local). Routing arrays and row buffers are poisoned (0xff), the error word zeroed.
+struct MoeDispatchBuffers {
+  cuda::DeviceBuffer buf;
+  MoeWorkspace ws;
+  MoeDispatchBuffers(const MoeCudaParams& p, const std::vector<int32_t>& slot_map = {});
+  int32_t error_word() const;
 };
 
 // Throws bg::Error naming the bad field (every launcher calls it first).

@@ -233,6 +233,39 @@ void moe_check_params(const MoeCudaParams& p) {
            "moe_cuda: SiTU beta {} and beta_lin {} must be positive", p.act.beta, p.act.beta_lin);
 }
 
+MoeDispatchBuffers::MoeDispatchBuffers(const MoeCudaParams& p, const std::vector<int32_t>& slot_map) {
+  moe_check_params(p);
+  const MoeRoutingShape& s = p.shape;
+  std::vector<int32_t> map = slot_map;
+  if (map.empty()) {
+    map.resize(static_cast<size_t>(s.n_experts));
+    for (size_t e = 0; e < map.size(); ++e) map[e] = static_cast<int32_t>(e);
+  }
+  BG_CHECK(static_cast<int64_t>(map.size()) == s.n_experts, "MoeDispatchBuffers: slot map of {} for {} experts",
+           map.size(), s.n_experts);
+  auto al = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t pairs = static_cast<size_t>(std::max<int64_t>(1, s.n_pairs()));
+  const size_t routing = al(moe_routing_bytes(s)), map_b = al(map.size() * 4);
+  const size_t xb = al(pairs * static_cast<size_t>(p.hidden) * 2), hb = al(pairs * static_cast<size_t>(p.inter) * 2);
+  buf = cuda::DeviceBuffer(routing + map_b + 2 * xb + hb + 256);
+  buf.fill_bytes(0xff);
+  auto* base = buf.as<std::byte>();
+  static_cast<MoeRoutingArrays&>(ws) = moe_routing_layout(s, base);
+  BG_CUDA_CHECK(cudaMemcpy(base + routing, map.data(), map.size() * 4, cudaMemcpyHostToDevice));
+  ws.slot_map = reinterpret_cast<const int32_t*>(base + routing);
+  ws.x_perm = reinterpret_cast<__nv_bfloat16*>(base + routing + map_b);
+  ws.y_perm = reinterpret_cast<__nv_bfloat16*>(base + routing + map_b + xb);
+  ws.h = reinterpret_cast<__nv_bfloat16*>(base + routing + map_b + 2 * xb);
+  ws.error_flags = reinterpret_cast<int32_t*>(base + routing + map_b + 2 * xb + hb);
+  BG_CUDA_CHECK(cudaMemset(ws.error_flags, 0, sizeof(int32_t)));
+}
+
+int32_t MoeDispatchBuffers::error_word() const {
+  int32_t v = 0;
+  BG_CUDA_CHECK(cudaMemcpy(&v, ws.error_flags, sizeof(v), cudaMemcpyDeviceToHost));
+  return v;
+}
+
 void moe_dispatch_cuda(const MoeCudaParams& p, const int32_t* expert_ids, const float* weights, const MoeWorkspace& ws,
                        cudaStream_t stream) {
   moe_check_params(p);

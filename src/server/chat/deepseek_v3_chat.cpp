@@ -19,6 +19,21 @@ struct DsMarkers {
   int32_t bos, eos, user, assistant, think, end_think;
   int32_t calls_begin, calls_end, call_begin, call_end, tool_sep, output_begin, output_end;
 
+  // What the output parser needs: the tool-call markers and end of sentence; <think>/</think> when the vocabulary
+  // has them (-1 otherwise: DeepSeek-V3 without R1's markers).
+  static DsMarkers for_parser(const Tokenizer& tok) {
+    auto need = [&](std::string_view name) {
+      std::optional<int32_t> id = tok.special_id(name);
+      BG_CHECK(id.has_value(), "DeepSeek chat output: the tokenizer has no token '{}'", name);
+      return *id;
+    };
+    auto optional = [&](std::string_view name) { return tok.special_id(name).value_or(-1); };
+    return {optional("<｜begin▁of▁sentence｜>"), need("<｜end▁of▁sentence｜>"), optional("<｜User｜>"),
+            optional("<｜Assistant｜>"), optional("<think>"), optional("</think>"), need("<｜tool▁calls▁begin｜>"),
+            need("<｜tool▁calls▁end｜>"), need("<｜tool▁call▁begin｜>"), need("<｜tool▁call▁end｜>"),
+            need("<｜tool▁sep｜>"), optional("<｜tool▁output▁begin｜>"), optional("<｜tool▁output▁end｜>")};
+  }
+
   static DsMarkers from(const Tokenizer& tok) {
     auto need = [&](std::string_view name) {
       std::optional<int32_t> id = tok.special_id(name);
@@ -91,6 +106,10 @@ class DeepSeekV3ChatFormat : public ChatFormat {
   std::vector<int32_t> render(const json& messages, const json& tools, const ChatOptions& options) const override {
     const std::vector<ChatMessage> msgs = parse_chat_messages(messages);
     validate_chat_tools(tools);
+    BG_CHECK(options.reasoning_effort.empty() ||
+                 std::find(std::begin(kReasoningEfforts), std::end(kReasoningEfforts), options.reasoning_effort) !=
+                     std::end(kReasoningEfforts),
+             "reasoning_effort: unsupported value '{}' (low, medium, high, max)", options.reasoning_effort);
     DsWriter w(tok_);
     w.control(m_.bos);
     std::string system;
@@ -147,8 +166,12 @@ class DeepSeekV3ChatFormat : public ChatFormat {
     return w.take();
   }
 
+  std::string render_text(const json& messages, const json& tools, const ChatOptions& options) const override {
+    return tok_.decode(render(messages, tools, options));
+  }
   std::vector<int32_t> stop_token_ids() const override { return {m_.eos}; }
   std::unique_ptr<ChatOutputParser> make_parser(const ChatOptions& options) const override;
+  std::string describe() const override { return "built-in DeepSeek-V3.1 style (the checkpoint ships no chat_template)"; }
 
  private:
   Tokenizer tok_;  // a copy shares the immutable vocabulary: no lifetime coupling to the caller's object
@@ -156,16 +179,18 @@ class DeepSeekV3ChatFormat : public ChatFormat {
 };
 
 // Output: [reasoning </think>] content [<｜tool▁calls▁begin｜> (<｜tool▁call▁begin｜> name <｜tool▁sep｜> arguments
-// <｜tool▁call▁end｜>)* <｜tool▁calls▁end｜>] <｜end▁of▁sentence｜>. Arguments stream as the model writes them.
+// <｜tool▁call▁end｜>)* <｜tool▁calls▁end｜>] <｜end▁of▁sentence｜>. Arguments stream as the model writes them. The
+// DeepSeek-V3 (0324) call layout `function<｜tool▁sep｜>name\n```json\nARGS\n```` is recognized by its `function`
+// type word: the call is buffered to its end, then the name and the fenced arguments are emitted.
 class DeepSeekV3Parser : public ChatOutputParser {
  public:
-  DeepSeekV3Parser(const Tokenizer& tok, const DsMarkers& m, bool thinking)
-      : tok_(tok), m_(m), region_(thinking ? Region::kThink : Region::kContent) {}
+  DeepSeekV3Parser(const Tokenizer& tok, const DsMarkers& m, bool starts_in_reasoning)
+      : tok_(tok), m_(m), region_(starts_in_reasoning ? Region::kThink : Region::kContent) {}
 
   ChatDelta push(int32_t token) override {
     if (!tok_.is_known(token)) {
       text(kReplacementChar);
-    } else if (!tok_.is_special(token)) {
+    } else if (!tok_.is_control(token)) {
       text(tok_.token_bytes(token));
     } else {
       sink_.flush_text();
@@ -181,7 +206,7 @@ class DeepSeekV3Parser : public ChatOutputParser {
   }
 
  private:
-  enum class Region { kThink, kContent, kCalls, kCallName, kCallArgs };
+  enum class Region { kThink, kContent, kCalls, kCallName, kCallArgs, kCallV3 };
 
   void text(std::string_view bytes) {
     switch (region_) {
@@ -193,12 +218,23 @@ class DeepSeekV3Parser : public ChatOutputParser {
         args_any_ = true;
         sink_.tool_arguments(call_index_, args_utf8_.push(bytes));
         return;
+      case Region::kCallV3:
+        if (v3_call_.size() < (size_t{1} << 20)) v3_call_ += bytes;
+        return;
       default: sink_.content(bytes); return;
     }
   }
 
+  static std::string trimmed(std::string s) {
+    s.erase(0, s.find_first_not_of(" \n"));
+    s.erase(s.find_last_not_of(" \n") + 1);
+    return s;
+  }
+
   void on_marker(int32_t t) {
-    if (t == m_.end_think && region_ == Region::kThink) {
+    if (t == m_.think && (region_ == Region::kContent || region_ == Region::kThink)) {
+      region_ = Region::kThink;
+    } else if (t == m_.end_think && region_ == Region::kThink) {
       region_ = Region::kContent;
     } else if (t == m_.calls_begin && (region_ == Region::kThink || region_ == Region::kContent)) {
       region_ = Region::kCalls;
@@ -206,9 +242,12 @@ class DeepSeekV3Parser : public ChatOutputParser {
       name_.clear();
       region_ = Region::kCallName;
     } else if (t == m_.tool_sep && region_ == Region::kCallName) {
-      std::string name = sanitize_utf8(name_);
-      name.erase(0, name.find_first_not_of(" \n"));
-      name.erase(name.find_last_not_of(" \n") + 1);
+      const std::string name = trimmed(sanitize_utf8(name_));
+      if (name == "function") {  // DeepSeek-V3 layout: the name follows on the next line
+        v3_call_.clear();
+        region_ = Region::kCallV3;
+        return;
+      }
       call_index_ = n_calls_++;
       sink_.tool_start(call_index_, fmt::format("call_{}", call_index_), name);
       args_any_ = false;
@@ -221,32 +260,57 @@ class DeepSeekV3Parser : public ChatOutputParser {
     }  // anything else (a stray marker, another special token) carries no text: skipped
   }
 
+  // name\n```json\nARGS\n``` -> the call (arguments "{}" when the fence is missing or empty).
+  void emit_v3_call() {
+    const std::string body = sanitize_utf8(v3_call_);
+    const size_t nl = body.find('\n');
+    const std::string name = trimmed(body.substr(0, nl));
+    std::string args;
+    if (nl != std::string::npos) {
+      args = body.substr(nl + 1);
+      if (args.rfind("```json", 0) == 0) args.erase(0, 7);
+      const size_t fence = args.rfind("```");
+      if (fence != std::string::npos) args.erase(fence);
+      args = trimmed(args);
+    }
+    call_index_ = n_calls_++;
+    sink_.tool_start(call_index_, fmt::format("call_{}", call_index_), name);
+    sink_.tool_arguments(call_index_, args.empty() ? "{}" : args);
+  }
+
   void end_call() {
+    if (region_ == Region::kCallV3) emit_v3_call();
     if (region_ == Region::kCallArgs) {
       sink_.tool_arguments(call_index_, args_utf8_.flush());
       if (!args_any_) sink_.tool_arguments(call_index_, "{}");
     }
-    if (region_ == Region::kCallArgs || region_ == Region::kCallName) region_ = Region::kCalls;
+    if (region_ == Region::kCallArgs || region_ == Region::kCallName || region_ == Region::kCallV3) {
+      region_ = Region::kCalls;
+    }
   }
 
   Tokenizer tok_;  // a copy shares the immutable vocabulary: no lifetime coupling to the caller's object
   DsMarkers m_;
   Region region_;
   DeltaSink sink_;
-  std::string name_;
+  std::string name_, v3_call_;
   Utf8Assembler args_utf8_;
   int n_calls_ = 0, call_index_ = 0;
   bool args_any_ = false;
 };
 
 std::unique_ptr<ChatOutputParser> DeepSeekV3ChatFormat::make_parser(const ChatOptions& options) const {
-  return std::make_unique<DeepSeekV3Parser>(tok_, m_, options.thinking);
+  return std::make_unique<DeepSeekV3Parser>(tok_, m_, options.starts_in_reasoning.value_or(options.thinking));
 }
 
 }  // namespace
 
 std::unique_ptr<ChatFormat> make_deepseek_v3_chat_format(const Tokenizer& tok) {
   return std::make_unique<DeepSeekV3ChatFormat>(tok);
+}
+
+std::unique_ptr<ChatOutputParser> make_deepseek_v3_parser(const Tokenizer& tok, bool starts_in_reasoning) {
+  return std::make_unique<DeepSeekV3Parser>(tok, DsMarkers::for_parser(tok), starts_in_reasoning);
 }
 
 }  // namespace bg

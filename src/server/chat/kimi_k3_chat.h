@@ -24,8 +24,14 @@ class KimiK3ChatFormat : public ChatFormat {
   explicit KimiK3ChatFormat(const Tokenizer& tok) : tok_(tok), markers_(K3Markers::from(tok)) {}
   std::vector<int32_t> render(const nlohmann::json& messages, const nlohmann::json& tools,
                               const ChatOptions& options) const override;
+  std::string render_text(const nlohmann::json& messages, const nlohmann::json& tools,
+                          const ChatOptions& options) const override {
+    return tok_.decode(render(messages, tools, options));
+  }
   std::vector<int32_t> stop_token_ids() const override { return {markers_.end_of_msg}; }
   std::unique_ptr<ChatOutputParser> make_parser(const ChatOptions& options) const override;
+  bool reasoning_open_after(std::span<const int32_t> prompt) const override;
+  std::string describe() const override { return "built-in Kimi-K3 XTML"; }
 
  private:
   Tokenizer tok_;  // a copy shares the immutable vocabulary: no lifetime coupling to the caller's object

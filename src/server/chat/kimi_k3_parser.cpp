@@ -250,7 +250,7 @@ class KimiK3Parser : public ChatOutputParser {
 }  // namespace
 
 std::unique_ptr<ChatOutputParser> KimiK3ChatFormat::make_parser(const ChatOptions& options) const {
-  return std::make_unique<KimiK3Parser>(tok_, markers_, options.thinking);
+  return std::make_unique<KimiK3Parser>(tok_, markers_, options.starts_in_reasoning.value_or(options.thinking));
 }
 
 }  // namespace bg

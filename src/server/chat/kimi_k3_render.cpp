@@ -152,8 +152,6 @@ void render_tool_run(K3Writer& w, std::vector<const ChatMessage*> run, const Cha
   }
 }
 
-constexpr const char* kEfforts[] = {"low", "high", "max"};
-
 }  // namespace
 
 K3Markers K3Markers::from(const Tokenizer& tok) {
@@ -171,8 +169,9 @@ std::vector<int32_t> KimiK3ChatFormat::render(const json& messages, const json& 
   validate_chat_tools(tools);
   std::string effort = options.reasoning_effort.empty() ? "max" : options.reasoning_effort;
   if (options.thinking) {
-    BG_CHECK(std::find(std::begin(kEfforts), std::end(kEfforts), effort) != std::end(kEfforts),
-             "reasoning_effort: unsupported value '{}' (Kimi K3 accepts low, high, max)", effort);
+    BG_CHECK(std::find(std::begin(kReasoningEfforts), std::end(kReasoningEfforts), effort) !=
+                 std::end(kReasoningEfforts),
+             "reasoning_effort: unsupported value '{}' (low, medium, high, max)", effort);
   }
   K3Writer w(tok_, markers_);
   if (tools.is_array() && !tools.empty()) {
@@ -212,6 +211,18 @@ std::vector<int32_t> KimiK3ChatFormat::render(const json& messages, const json& 
     w.open_tag(options.thinking ? "think" : "response");
   }
   return w.take();
+}
+
+}  // namespace bg
+
+namespace bg {
+
+// The K3 generation prompt opens the think element last: <|open|>think<|sep|>.
+bool KimiK3ChatFormat::reasoning_open_after(std::span<const int32_t> prompt) const {
+  const std::vector<int32_t> think = tok_.encode("think");
+  if (prompt.size() < think.size() + 2 || prompt.back() != markers_.sep) return false;
+  const size_t b = prompt.size() - 1 - think.size();
+  return prompt[b - 1] == markers_.open && std::equal(think.begin(), think.end(), prompt.begin() + static_cast<std::ptrdiff_t>(b));
 }
 
 }  // namespace bg

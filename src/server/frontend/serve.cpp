@@ -242,7 +242,7 @@ int run_serve(ServeOptions opt) {
   signal(SIGPIPE, SIG_IGN);
   if (opt.parallel.node_rank > 0) return run_serve_node(opt, layout, opt.parallel.node_rank);
 
-  std::unique_ptr<TextModel> model = load_text_model(opt.model_dir);
+  std::unique_ptr<TextModel> model = load_text_model(opt.model_dir, opt.chat_template);
   PrivateDir ipc_dir;
   const Endpoints ep = endpoints_for(opt, layout, ipc_dir.path());
   zmq::context_t zmq_ctx;

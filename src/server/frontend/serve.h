@@ -14,6 +14,7 @@ namespace bg::frontend {
 
 struct ServeOptions {
   std::string model_dir;
+  std::string chat_template;  // a Jinja file replacing the checkpoint's chat template ("": the checkpoint's)
   std::string host = "127.0.0.1";
   int port = 8000;                              // 0: any free port (logged)
   std::string device = "cpu";                   // cpu | cuda

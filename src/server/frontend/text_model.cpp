@@ -1,6 +1,7 @@
 // The real TextModel: the model directory's tiktoken tokenizer and its chat format behind the frontend's seam.
 #include "server/frontend/text_model.h"
 
+#include "core/log.h"
 #include "server/chat/chat_format.h"
 #include "server/tokenizer/tokenizer.h"
 
@@ -40,8 +41,10 @@ class ParserStream : public ChatStreamParser {
 
 class ModelDirTextModel : public TextModel {
  public:
-  explicit ModelDirTextModel(const std::string& dir)
-      : tok_(Tokenizer::load(dir)), chat_(ChatFormat::for_model(dir, tok_)) {}
+  ModelDirTextModel(const std::string& dir, const std::string& chat_template)
+      : tok_(Tokenizer::load(dir)), chat_(ChatFormat::for_model(dir, tok_, chat_template)) {
+    log::info("chat format: {}", chat_->describe());
+  }
 
   std::vector<int32_t> encode(std::string_view text) const override { return tok_.encode(text); }
   std::unique_ptr<TextStream> detokenizer() const override { return std::make_unique<DetokenizerStream>(tok_); }
@@ -72,8 +75,8 @@ class ModelDirTextModel : public TextModel {
 
 }  // namespace
 
-std::unique_ptr<TextModel> load_text_model(const std::string& model_dir) {
-  return std::make_unique<ModelDirTextModel>(model_dir);
+std::unique_ptr<TextModel> load_text_model(const std::string& model_dir, const std::string& chat_template) {
+  return std::make_unique<ModelDirTextModel>(model_dir, chat_template);
 }
 
 }  // namespace bg::frontend

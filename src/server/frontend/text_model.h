@@ -65,7 +65,8 @@ class TextModel {
   virtual int64_t vocab_size() const = 0;
 };
 
-// The model directory's tokenizer (tiktoken.model + tokenizer_config.json) and chat format.
-std::unique_ptr<TextModel> load_text_model(const std::string& model_dir);
+// The model directory's tokenizer (tokenizer.json or tiktoken.model + tokenizer_config.json) and chat format
+// (`chat_template`: a Jinja file replacing the checkpoint's template; "" = the checkpoint's).
+std::unique_ptr<TextModel> load_text_model(const std::string& model_dir, const std::string& chat_template = "");
 
 }  // namespace bg::frontend

@@ -3,27 +3,13 @@
 #include "server/tokenizer/tokenizer.h"
 
 #include <algorithm>
-#include <array>
-#include <functional>
 #include <queue>
-#include <unordered_map>
 
 #include "core/error.h"
-#include "server/tokenizer/regex.h"
+#include "server/tokenizer/tokenizer_impl.h"
 
 namespace bg {
-namespace {
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-using BytesToId = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
-
-enum class IdKind : uint8_t { kNone, kRank, kSpecial };
-constexpr int32_t kNoRank = -1;
-
-// A PCRE2 pattern matching any of `texts` literally, longest first (so the longest special wins at a position).
 std::string literal_alternation(std::vector<std::string> texts) {
   std::sort(texts.begin(), texts.end(),
             [](const std::string& a, const std::string& b) { return a.size() != b.size() ? a.size() > b.size() : a < b; });
@@ -40,29 +26,10 @@ std::string literal_alternation(std::vector<std::string> texts) {
   return p;
 }
 
-}  // namespace
-
-struct Tokenizer::Impl {
-  BytesToId ranks;                 // token bytes -> rank (= id)
-  BytesToId specials;              // special-token text -> id
-  std::vector<std::string> bytes;  // id -> token bytes (special: its text)
-  std::vector<IdKind> kind;        // id -> what it is
-  std::array<int32_t, 256> byte_rank{};
-  std::optional<Regex> pretokenizer;
-  std::optional<Regex> special_finder;  // empty when there are no special tokens
-  std::string pattern;
-  int32_t bos = -1, eos = -1, pad = -1;
-
-  int32_t rank_of(std::string_view b) const {
-    auto it = ranks.find(b);
-    return it == ranks.end() ? kNoRank : it->second;
-  }
-  int32_t single_byte(unsigned char b) const {
-    BG_CHECK(byte_rank[b] != kNoRank, "tokenizer: the vocabulary has no token for byte 0x{:02x}", int(b));
-    return byte_rank[b];
-  }
-  void bpe(std::string_view piece, std::vector<int32_t>& out) const;
-};
+int32_t Tokenizer::Impl::single_byte(unsigned char b) const {
+  BG_CHECK(byte_rank[b] != kNoRank, "tokenizer: the vocabulary has no token for byte 0x{:02x}", int(b));
+  return byte_rank[b];
+}
 
 // Merges adjacent parts of `piece`, always the pair whose concatenation has the lowest rank (leftmost on ties), until
 // no adjacent pair is a token: tiktoken's byte_pair_merge. Parts form a linked list over byte offsets; a min-heap holds
@@ -177,11 +144,21 @@ void Tokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 1);
-  encode_ordinary(text, out);
+  if (impl_->hf) {
+    impl_->hf_encode(text, /*with_special=*/false, out);
+  } else {
+    encode_ordinary(text, out);
+  }
   return out;
 }
 
 std::vector<int32_t> Tokenizer::encode_with_special(std::string_view text) const {
+  if (impl_->hf) {
+    std::vector<int32_t> out;
+    out.reserve(text.size() / 3 + 1);
+    impl_->hf_encode(text, /*with_special=*/true, out);
+    return out;
+  }
   if (!impl_->special_finder) return encode(text);
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 1);
@@ -212,6 +189,20 @@ bool Tokenizer::is_known(int32_t id) const {
 }
 
 bool Tokenizer::is_special(int32_t id) const { return is_known(id) && impl_->kind[id] == IdKind::kSpecial; }
+
+bool Tokenizer::is_control(int32_t id) const {
+  return is_known(id) && (impl_->kind[id] == IdKind::kSpecial || impl_->kind[id] == IdKind::kAdded);
+}
+
+std::vector<int32_t> Tokenizer::with_template(std::span<const int32_t> ids) const {
+  std::vector<int32_t> out;
+  if (impl_->hf) out = impl_->hf->prefix_ids;
+  out.insert(out.end(), ids.begin(), ids.end());
+  if (impl_->hf) out.insert(out.end(), impl_->hf->suffix_ids.begin(), impl_->hf->suffix_ids.end());
+  return out;
+}
+
+bool Tokenizer::is_hf() const { return impl_->hf != nullptr; }
 
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->kind.size()); }
 

@@ -1,5 +1,6 @@
-// Tokenizer::load: reads a Kimi-style model directory (tiktoken.model ranks + tokenizer_config.json special tokens)
-// and validates both files, naming the file and line (or JSON key) of anything wrong.
+// Tokenizer::load: picks the model directory's tokenizer files (tokenizer.json, else tiktoken.model), and reads a
+// Kimi-style directory (tiktoken.model ranks + tokenizer_config.json special tokens), validating both files and naming
+// the file and line (or JSON key) of anything wrong.
 #include <algorithm>
 #include <charconv>
 #include <fstream>
@@ -108,6 +109,26 @@ ConfigTokens parse_tokenizer_config(const fs::path& path) {
 }  // namespace
 
 Tokenizer Tokenizer::load(const fs::path& dir) {
+  const fs::path hf_path = dir / "tokenizer.json";
+  const fs::path tiktoken_path = dir / "tiktoken.model";
+  std::error_code ec;
+  if (fs::exists(hf_path, ec)) {
+    const fs::path config_path = dir / "tokenizer_config.json";
+    json config;  // null when absent: tokenizer.json alone is a complete tokenizer
+    if (fs::exists(config_path, ec)) {
+      config = json::parse(read_file(config_path), nullptr, /*allow_exceptions=*/false);
+      BG_CHECK(!config.is_discarded() && config.is_object(), "{}: not a JSON object", config_path.string());
+    }
+    const json tokenizer = json::parse(read_file(hf_path), nullptr, /*allow_exceptions=*/false);
+    BG_CHECK(!tokenizer.is_discarded(), "{}: not valid JSON (or not valid UTF-8)", hf_path.string());
+    return from_hf_json(tokenizer, config, hf_path.string());
+  }
+  BG_CHECK(fs::exists(tiktoken_path, ec), "{}: no tokenizer: neither tokenizer.json (Hugging Face) nor "
+           "tiktoken.model (Kimi) is in the directory", dir.string());
+  return load_tiktoken(dir);
+}
+
+Tokenizer Tokenizer::load_tiktoken(const fs::path& dir) {
   const fs::path model_path = dir / "tiktoken.model";
   const fs::path config_path = dir / "tokenizer_config.json";
   std::vector<std::pair<std::string, int32_t>> ranks = read_tiktoken_model(model_path);

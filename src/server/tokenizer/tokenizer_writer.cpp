@@ -13,6 +13,7 @@
 #include "server/tokenizer/base64.h"
 #include "server/tokenizer/regex.h"
 #include "server/tokenizer/tokenizer.h"
+#include "server/chat/chat_templates.h"
 
 namespace bg {
 namespace {
@@ -93,30 +94,71 @@ TokenizerFileLayout kimi_tokenizer_layout(int64_t vocab_size) {
   return l;
 }
 
+TokenizerFileLayout kimi_k2_tokenizer_layout(int64_t vocab_size) {
+  TokenizerFileLayout l = kimi_tokenizer_layout(vocab_size);
+  static const std::pair<int32_t, const char*> kK2[] = {
+      {2, "<|im_end|>"},        {3, "<|im_user|>"},     {4, "<|im_assistant|>"},
+      {5, "<|reserved_token_5|>"}, {6, "<|start_header_id|>"}, {7, "<|end_header_id|>"},
+      {10, "<|im_system|>"},    {11, "<|tool_calls_section_begin|>"}, {12, "<|tool_calls_section_end|>"},
+      {13, "<|tool_call_begin|>"}, {14, "<|tool_call_argument_begin|>"}, {15, "<|tool_call_end|>"},
+      {17, "<|im_middle|>"},   {22, "<think>"},        {23, "</think>"},
+  };
+  for (const auto& [offset, name] : kK2) {
+    const int32_t id = l.n_ranks + offset;
+    for (auto& [sid, text] : l.specials) {
+      if (sid == id) text = offset == 5 ? fmt::format("<|reserved_token_{}|>", id) : name;
+    }
+  }
+  for (auto& [sid, text] : l.specials) {  // K3-only names do not exist in K2
+    if (text == "<|open|>" || text == "<|close|>" || text == "<|sep|>" || text == "<|end_of_msg|>" ||
+        text == "<osagent_mode>") {
+      text = fmt::format("<|reserved_token_{}|>", sid);
+    }
+  }
+  return l;
+}
+
 TokenizerFileLayout deepseek_v3_tokenizer_layout(int64_t vocab_size, int32_t bos_id, int32_t eos_id) {
-  static const char* kTop[] = {"<｜▁pad▁｜>",           "<｜User｜>",           "<｜Assistant｜>",
-                               "<think>",              "</think>",             "<｜tool▁calls▁begin｜>",
-                               "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
-                               "<｜tool▁sep｜>",        "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"};
-  const auto n_top = static_cast<int32_t>(std::size(kTop));
-  BG_CHECK(bos_id >= 0 && eos_id >= 0 && bos_id != eos_id && std::max(bos_id, eos_id) < 2,
-           "deepseek_v3 tokenizer: bos/eos ids {}/{} must be 0 and 1 (DeepSeek's layout)", bos_id, eos_id);
-  BG_CHECK(vocab_size > 2 + 256 + n_top && vocab_size <= INT32_MAX,
+  static const char* kMarkers[] = {"<｜User｜>",           "<｜Assistant｜>",          "<think>",
+                                   "</think>",             "<｜tool▁calls▁begin｜>",   "<｜tool▁calls▁end｜>",
+                                   "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",     "<｜tool▁outputs▁begin｜>",
+                                   "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>",
+                                   "<｜tool▁sep｜>"};
+  const auto n_markers = static_cast<int32_t>(std::size(kMarkers));
+  BG_CHECK(bos_id == 0 && eos_id == 1, "deepseek_v3 tokenizer: bos/eos ids {}/{} must be 0 and 1 (DeepSeek's layout)",
+           bos_id, eos_id);
+  BG_CHECK(vocab_size > 3 + 256 + n_markers && vocab_size <= INT32_MAX,
            "deepseek_v3 tokenizer: vocab_size {} is too small for 256 byte tokens and the special tokens", vocab_size);
   TokenizerFileLayout l;
+  l.hf = true;
   l.vocab_size = vocab_size;
-  l.first_rank_id = 2;
-  l.n_ranks = static_cast<int32_t>(vocab_size) - 2 - n_top;
-  l.specials.emplace_back(bos_id, "<｜begin▁of▁sentence｜>");
-  l.specials.emplace_back(eos_id, "<｜end▁of▁sentence｜>");
-  for (int32_t k = 0; k < n_top; ++k) l.specials.emplace_back(l.first_rank_id + l.n_ranks + k, kTop[k]);
+  l.first_rank_id = 3;
+  l.n_ranks = static_cast<int32_t>(vocab_size) - 3 - n_markers;
+  l.specials = {{0, "<｜begin▁of▁sentence｜>"}, {1, "<｜end▁of▁sentence｜>"}, {2, "<｜▁pad▁｜>"}};
+  for (int32_t k = 0; k < n_markers; ++k) {
+    l.specials.emplace_back(l.first_rank_id + l.n_ranks + k, kMarkers[k]);
+    l.not_special.emplace_back(kMarkers[k]);
+  }
   l.bos = "<｜begin▁of▁sentence｜>";
   l.eos = "<｜end▁of▁sentence｜>";
   l.pad = "<｜▁pad▁｜>";
   return l;
 }
 
+std::string_view deepseek_v3_training_pattern() {
+  static const std::string p = std::string(R"(\p{N}{1,3}|[\x{4e00}-\x{9fa5}\x{3040}-\x{309f}\x{30a0}-\x{30ff}]+|)") +
+                               std::string(kDeepSeekV3MainPattern);
+  return p;
+}
+
 std::vector<std::string> train_bpe_merges(std::string_view corpus, std::string_view pattern, size_t n_merges) {
+  std::vector<std::string> merged;
+  for (auto& [a, b] : train_bpe_pairs(corpus, pattern, n_merges)) merged.push_back(a + b);
+  return merged;
+}
+
+std::vector<std::pair<std::string, std::string>> train_bpe_pairs(std::string_view corpus, std::string_view pattern,
+                                                                 size_t n_merges) {
   // Distinct pre-tokens with their counts (std::map: a deterministic order).
   std::map<std::string, int64_t> counts;
   Regex{std::string(pattern), Regex::Mode::kUnicode, "bpe training pattern"}.for_each_match(
@@ -133,7 +175,7 @@ std::vector<std::string> train_bpe_merges(std::string_view corpus, std::string_v
     for (unsigned char ch : w) ids.push_back(ch);
     if (ids.size() > 1) words.emplace_back(std::move(ids), c);
   }
-  std::vector<std::string> merges;
+  std::vector<std::pair<std::string, std::string>> merges;
   while (merges.size() < n_merges) {
     std::map<std::pair<int32_t, int32_t>, int64_t> pair_counts;
     for (const auto& [ids, c] : words) {
@@ -158,7 +200,7 @@ std::vector<std::string> train_bpe_merges(std::string_view corpus, std::string_v
       merged_id = static_cast<int32_t>(vocab.size());
       vocab.push_back(merged);
       id_of[merged] = merged_id;
-      merges.push_back(merged);
+      merges.emplace_back(vocab[a], vocab[b]);
     }
     for (auto& [ids, c] : words) apply_merge(ids, a, b, merged_id);
     std::erase_if(words, [](const auto& w) { return w.first.size() < 2; });
@@ -167,6 +209,10 @@ std::vector<std::string> train_bpe_merges(std::string_view corpus, std::string_v
 }
 
 void write_tokenizer_files(const std::filesystem::path& dir, const TokenizerFileLayout& l) {
+  if (l.hf) {
+    write_hf_tokenizer_files(dir, l);
+    return;
+  }
   BG_CHECK(l.n_ranks >= 256, "tokenizer files: {} ranks cannot hold the 256 byte tokens", l.n_ranks);
   const auto n_merges = static_cast<size_t>(l.n_ranks - 256);
   std::vector<std::string> tokens;
@@ -201,26 +247,46 @@ void write_tokenizer_files(const std::filesystem::path& dir, const TokenizerFile
       {"model_max_length", 1048576},
       {"tokenizer_class", "TikTokenTokenizer"},
   };
+  if (!l.chat_template.empty()) config["chat_template"] = l.chat_template;
   write_file(dir / "tiktoken.model", model);
   write_file(dir / "tokenizer_config.json", config.dump(2) + "\n");
 }
 
-void write_random_tokenizer(const std::string& arch, const json& config, const std::filesystem::path& dir) {
+void write_random_tokenizer(const std::string& arch, const json& config, const std::filesystem::path& dir,
+                            const std::string& chat_template) {
   auto int_field = [&](const json& obj, const char* key) {
     BG_CHECK(obj.is_object() && obj.contains(key) && obj[key].is_number_integer(),
              "make-random {}: config has no integer {} for the tokenizer", arch, key);
     return obj[key].get<int64_t>();
   };
   if (arch == "kimi_k3") {
+    BG_CHECK(chat_template.empty(), "make-random kimi_k3: Kimi-K3 ships no chat template (its XTML format is built "
+             "in); --chat-template applies to deepseek_v3");
     BG_CHECK(config.contains("text_config"), "make-random kimi_k3: config has no text_config");
     write_tokenizer_files(dir, kimi_tokenizer_layout(int_field(config["text_config"], "vocab_size")));
-  } else if (arch == "deepseek_v3") {
-    write_tokenizer_files(dir, deepseek_v3_tokenizer_layout(int_field(config, "vocab_size"),
-                                                            static_cast<int32_t>(int_field(config, "bos_token_id")),
-                                                            static_cast<int32_t>(int_field(config, "eos_token_id"))));
-  } else {
-    fail("make-random: no tokenizer files for arch '{}'", arch);
+    return;
   }
+  BG_CHECK(arch == "deepseek_v3", "make-random: no tokenizer files for arch '{}'", arch);
+  const std::string layout_name = chat_template.empty() ? "deepseek_v3.1" : chat_template;
+  const int64_t vocab = int_field(config, "vocab_size");
+  TokenizerFileLayout layout;
+  if (layout_name == "kimi_k2") {
+    BG_CHECK(config.value("model_type", json()) == "kimi_k2", "make-random: the kimi_k2 chat template needs "
+             "model_type kimi_k2 in config.json (kimi_k2_config_patch)");
+    layout = kimi_k2_tokenizer_layout(vocab);
+    BG_CHECK(int_field(config, "bos_token_id") == layout.n_ranks && int_field(config, "eos_token_id") == layout.n_ranks + 1,
+             "make-random kimi_k2: config bos/eos ids must be [BOS] {} and [EOS] {}", layout.n_ranks, layout.n_ranks + 1);
+  } else {
+    layout = deepseek_v3_tokenizer_layout(vocab, static_cast<int32_t>(int_field(config, "bos_token_id")),
+                                          static_cast<int32_t>(int_field(config, "eos_token_id")));
+  }
+  layout.chat_template = std::string(builtin_chat_template(layout_name));
+  write_tokenizer_files(dir, layout);
+}
+
+json kimi_k2_config_patch(int64_t vocab_size) {
+  const int64_t v = std::max<int64_t>(vocab_size, 1024);
+  return {{"model_type", "kimi_k2"}, {"vocab_size", v}, {"bos_token_id", v - 256}, {"eos_token_id", v - 255}};
 }
 
 }  // namespace bg

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One GPU session's checks from a carried bundle (scripts/gpu-bundle.sh): unpacks .gpu/bundle.tar.xz when present, then
+# runs the named steps, each with a time limit, logging to $OUT/<step>.log and a one-line status to $OUT/summary.txt.
+#   scripts/gpu-check.sh STEP...     steps: parity, wgmma, w4a16-bench, mla-bench, bench, bench-quick, serve, golden
+# Meant for the H200 machine (torch's CUDA libraries beside the bundle's own).
+set -u
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+B=.gpu
+if [[ -f $B/bundle.tar.xz && ! -x $B/batchgen ]]; then tar -C $B -xJf $B/bundle.tar.xz; fi
+SP=/opt/torch/.venv/lib/python3.12/site-packages
+export LD_LIBRARY_PATH="$B/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:$SP/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}"
+export BG_GOLDEN_DIR="$B/golden"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+run() {  # run NAME LIMIT_S CMD...
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$name.log" | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
+}
+for step in "$@"; do
+  case $step in
+    parity) run parity 420 $B/test_cuda --gtest_filter='-Wgmma/*:*DISABLED*' ;;
+    wgmma) run wgmma 240 $B/test_cuda --gtest_filter='Wgmma/MlaDecode.*' ;;
+    w4a16-bench) run w4a16_bench 180 $B/test_cuda --gtest_also_run_disabled_tests --gtest_filter='MoeW4a16Bench.*' ;;
+    mla-bench) run mla_bench 240 $B/test_cuda --gtest_also_run_disabled_tests --gtest_filter='MlaDecodeBench.*' ;;
+    golden) run golden 300 $B/test_cuda --gtest_filter='*Golden*:*StepGpu*' ;;
+    bench-quick) run bench_quick 300 $B/batchgen bench all --device cuda --quick --json "$OUT/bench_quick.json" ;;
+    bench) run bench 560 $B/batchgen bench all --device cuda --json "$OUT/h200.json" ;;
+    serve) run serve 240 scripts/gpu-serve-check.sh $B ;;
+    *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
+  esac
+done
+grep -hE "^\[  FAILED  \]" "$OUT"/*.log | sort -u | head -40 >> "$OUT/summary.txt"
+cat "$OUT/summary.txt"

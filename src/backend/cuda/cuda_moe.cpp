@@ -1,0 +1,188 @@
+// CUDA MoE stages over backend tensors: expert slots (descriptors + W4A16 layout) and the stage launchers.
+#include "backend/cuda/cuda_moe.h"
+
+#include <cuda_bf16.h>
+
+#include <cstdlib>
+#include <string_view>
+
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace bg::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+ops::ExpertWeightsCuda descs(const LinearHandle& gate, const LinearHandle& up, const LinearHandle& down) {
+  return {cuda_linear(gate).desc(), cuda_linear(up).desc(), cuda_linear(down).desc()};
+}
+
+ops::MoeWorkspace workspace(const MoeContext& c, const MoeRouting& r) {
+  ops::MoeWorkspace ws;
+  static_cast<ops::MoeRoutingArrays&>(ws) = ops::moe_routing_layout(r.shape, r.buffer.data);
+  ws.error_flags = c.error_flags;
+  return ws;
+}
+
+ops::MoeCudaParams params(const MoeRouting& r, int64_t hidden, int64_t inter) {
+  ops::MoeCudaParams p;
+  p.shape = r.shape;
+  p.hidden = hidden;
+  p.inter = inter;
+  p.expert_format = WeightFormat::kDense;
+  return p;
+}
+
+ops::MoeGluParams glu_params(const GluSpec& g) {
+  return {g.kind == GluKind::kSwiGlu ? ops::MoeGlu::kSwiGlu : ops::MoeGlu::kSitu, g.situ_beta, g.situ_linear_beta};
+}
+
+void expect_bf16(const Tensor& t, const char* what) {
+  BG_CHECK(t.device == DeviceKind::kCuda && t.dtype == DType::kBF16, "cuda backend: {} must be BF16 device memory",
+           what);
+}
+
+}  // namespace
+
+CudaExpertSlots::CudaExpertSlots(const ExpertWeights& by_slot) {
+  BG_CHECK(by_slot.size() > 0, "prepare_experts: no experts");
+  for (int64_t s = 0; s < by_slot.size(); ++s) {
+    auto i = static_cast<size_t>(s);
+    host_.push_back(descs(*by_slot.gate[i], *by_slot.up[i], *by_slot.down[i]));
+    views_.push_back({&cuda_linear(*by_slot.gate[i]).host(), &cuda_linear(*by_slot.up[i]).host(),
+                      &cuda_linear(*by_slot.down[i]).host()});
+  }
+  dev_ = upload(host_);
+  pack_w4a16();
+}
+
+// The decode kernel's layout of the whole layer, when it applies (MXFP4, widths multiples of 32, <= 1024 slots).
+void CudaExpertSlots::pack_w4a16() {
+  const ops::DeviceWeight& g = gate0();
+  const bool eligible = g.format == WeightFormat::kMxfp4 && g.n_in % kMxfp4GroupSize == 0 &&
+                        g.n_out % kMxfp4GroupSize == 0 && n_slots() <= 1024;
+  if (!eligible) {
+    log::debug("cuda moe: {} experts [{} x {}] {}: stage kernels only (the W4A16 decode kernel takes MXFP4 with "
+               "widths in multiples of 32)", n_slots(), g.n_out, g.n_in, weight_format_name(g.format));
+    return;
+  }
+  w4a16_ = ops::moe_w4a16_upload(views_, g.n_in, g.n_out);
+}
+
+void CudaExpertSlots::set(int64_t slot, const LinearHandle& gate, const LinearHandle& up, const LinearHandle& down,
+                          cudaStream_t stream) {
+  BG_CHECK(slot >= 0 && slot < n_slots(), "set_expert_slot: slot {} of {}", slot, n_slots());
+  const ops::ExpertWeightsCuda w = descs(gate, up, down);
+  const ops::DeviceWeight& g = gate0();
+  BG_CHECK(w.gate.format == g.format && w.gate.n_out == g.n_out && w.gate.n_in == g.n_in &&
+               w.down.n_out == host_[0].down.n_out && w.down.n_in == host_[0].down.n_in,
+           "set_expert_slot: slot {} gets a [{}, {}] {} expert; the layer's experts are [{}, {}] {}", slot,
+           w.gate.n_out, w.gate.n_in, weight_format_name(w.gate.format), g.n_out, g.n_in,
+           weight_format_name(g.format));
+  const auto i = static_cast<size_t>(slot);
+  host_[i] = w;
+  views_[i] = {&cuda_linear(gate).host(), &cuda_linear(up).host(), &cuda_linear(down).host()};
+  // The host mirror is the copy's source: pageable memory is staged before cudaMemcpyAsync returns.
+  BG_CUDA_CHECK(cudaMemcpyAsync(dev_.as<ops::ExpertWeightsCuda>() + slot, &host_[i], sizeof(w),
+                                cudaMemcpyHostToDevice, stream));
+  if (w4a16_) {
+    BG_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old layout may be in use by queued kernels
+    pack_w4a16();
+  }
+}
+
+void moe_dispatch(const MoeContext& c, const Tensor& slot_map, const Tensor& ids, const Tensor& weights,
+                  MoeRouting& r) {
+  BG_CHECK(slot_map.numel() == r.shape.n_experts && ids.numel() == r.shape.n_pairs() &&
+               weights.numel() == r.shape.n_pairs(), "moe_dispatch: slot map of {} for {} experts, {} ids and {} "
+           "weights for {} pairs", slot_map.numel(), r.shape.n_experts, ids.numel(), weights.numel(),
+           r.shape.n_pairs());
+  ops::MoeWorkspace ws = workspace(c, r);
+  ws.slot_map = slot_map.as<int32_t>();
+  ops::moe_dispatch_cuda(params(r, 1, 1), ids.as<int32_t>(), weights.as<float>(), ws, c.stream);
+}
+
+void moe_gather(const MoeContext& c, const MoeRouting& r, const Tensor& x, Tensor& rows) {
+  expect_bf16(x, "moe_gather input");
+  ops::MoeWorkspace ws = workspace(c, r);
+  ws.x_perm = rows.as<bf16>();
+  ops::moe_gather_cuda(params(r, x.cols(), 1), x.as<bf16>(), ws, c.stream);
+}
+
+void moe_experts(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu, const MoeRouting& r,
+                 const Tensor& rows, Tensor& y_rows) {
+  expect_bf16(rows, "moe_experts input");
+  BG_CHECK(slots.n_slots() == r.shape.n_slots, "moe_experts: {} prepared slots for a routing over {}",
+           slots.n_slots(), r.shape.n_slots);
+  const ops::DeviceWeight& g0 = slots.gate0();
+  ops::MoeCudaParams p = params(r, rows.cols(), g0.n_out);
+  p.expert_format = g0.format;
+  p.act = glu_params(glu);
+  std::shared_ptr<void> h = c.alloc->allocate(static_cast<size_t>(r.shape.n_pairs() * g0.n_out) * sizeof(bf16));
+  ops::MoeWorkspace ws = workspace(c, r);
+  ws.x_perm = rows.as<bf16>();
+  ws.h = static_cast<bf16*>(h.get());  // [n_pairs, inter] GLU outputs, freed in stream order
+  ws.y_perm = y_rows.as<bf16>();
+  ops::moe_expert_ffn_cuda(p, slots.device(), ws, c.stream);
+}
+
+void moe_combine(const MoeContext& c, const MoeRouting& r, const Tensor& y_rows, Tensor& out) {
+  ops::MoeCudaParams p = params(r, out.cols(), 1);
+  p.out_type = out.dtype == DType::kF32 ? ops::MoeOutType::kF32 : ops::MoeOutType::kBf16;
+  p.accumulate = true;
+  ops::MoeWorkspace ws = workspace(c, r);
+  ws.y_perm = y_rows.as<bf16>();
+  ops::moe_combine_cuda(p, ws, out.data, c.stream);
+}
+
+namespace {
+
+// BG_MOE_W4A16=0 turns the fused decode kernel off (the stage kernels run instead): for triage on a GPU machine.
+bool w4a16_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("BG_MOE_W4A16");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+}  // namespace
+
+MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu,
+                              const MoeRouting& r, const Tensor& x, Tensor& out) {
+  const ops::MoeW4a16Weights* w = slots.w4a16();
+  ops::MoeCudaParams p = params(r, x.cols(), slots.gate0().n_out);
+  p.expert_format = slots.gate0().format;
+  p.act = glu_params(glu);
+  p.out_type = out.dtype == DType::kF32 ? ops::MoeOutType::kF32 : ops::MoeOutType::kBf16;
+  p.accumulate = true;
+  if (w == nullptr || !r.shape.all_local || !w4a16_enabled() || !ops::moe_w4a16_preferred(p)) {
+    Tensor rows = Tensor{}, y = Tensor{};
+    auto alloc_rows = [&] {
+      Tensor t;
+      t.dtype = DType::kBF16;
+      t.shape = {r.shape.n_pairs(), x.cols()};
+      t.device = DeviceKind::kCuda;
+      t.owner = c.alloc->allocate(std::max<size_t>(t.nbytes(), 1));
+      t.data = t.owner.get();
+      return t;
+    };
+    rows = alloc_rows();
+    y = alloc_rows();
+    moe_gather(c, r, x, rows);
+    moe_experts(c, slots, glu, r, rows, y);
+    moe_combine(c, r, y, out);
+    return MoeLocalPath::kStages;
+  }
+  expect_bf16(x, "moe input");
+  const ops::MoeW4a16Params wp = ops::moe_w4a16_params(p, c.deterministic_splits ? 1 : 0);
+  std::shared_ptr<void> mem = c.alloc->allocate(ops::moe_w4a16_workspace_bytes(wp));
+  const ops::MoeW4a16Workspace ws = ops::moe_w4a16_workspace_layout(wp, mem.get());
+  ops::moe_w4a16_workspace_init(ws, c.stream);  // stream-ordered memset of the counters (capturable)
+  ops::moe_w4a16_cuda(wp, *w, workspace(c, r), {x.as<bf16>(), out.data}, ws, c.stream);
+  return MoeLocalPath::kW4a16;
+}
+
+}  // namespace bg::cuda

@@ -1,0 +1,33 @@
+// `batchgen bench`: ceilings measured in the same run, then kernels, decode steps, prefill and the host side, each
+// as a fraction of those ceilings (docs/PERF.md). This is the entry point the CLI calls.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "bench/bench_report.h"
+
+namespace bg::bench {
+
+struct BenchOptions {
+  std::string what = "all";     // "kernels" | "step" | "prefill" | "all"
+  std::string device = "cuda";  // "cuda" | "cpu"
+  bool quick = false;           // smaller sizes, fewer repeats (CI: seconds)
+  // Checkpoints for step / prefill / host. Empty: on the CPU, tiny Kimi-K3 and DeepSeek-V3 presets written by
+  // make-random into a temporary directory; on CUDA an error (the slice is 13 GB: make it once, pass --model).
+  std::vector<std::filesystem::path> models;
+  // Empty: the defaults of the device and mode (docs/PERF.md).
+  std::vector<int64_t> batches, contexts, prefill_tokens;
+  int64_t prefill_chunk = 0;  // 0: the scheduler's default chunked_prefill_size
+  int replays = 0;            // timed decode steps per point; 0: 10 (quick: 3)
+  std::string kernel_filter;  // only kernel cases whose name contains it
+  std::string command;        // the command line, for the report
+};
+
+// Validates the options (a bg::Error naming the flag), runs the requested parts and returns the report. Progress
+// goes to the log (stderr).
+BenchReport run_bench(const BenchOptions& options);
+
+}  // namespace bg::bench

@@ -1,0 +1,172 @@
+// BenchReport -> JSON (the bench/*.json files) and the stdout table.
+#include "bench/bench_report.h"
+
+#include <fmt/format.h>
+
+namespace bg::bench {
+namespace {
+
+using nlohmann::json;
+
+template <typename T>
+json opt(const std::optional<T>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+
+json device_json(const DeviceInfo& d) {
+  return {{"device", d.device}, {"name", d.name}, {"driver", opt(d.driver)}, {"n_sms", d.n_sms},
+          {"l2_bytes", d.l2_bytes}, {"memory_bytes", d.memory_bytes}};
+}
+
+json clocks_json(const DeviceInfo& d) {
+  return {{"sm_mhz", opt(d.sm_clock_mhz)}, {"mem_mhz", opt(d.mem_clock_mhz)},
+          {"sm_max_mhz", opt(d.sm_clock_max_mhz)}, {"mem_max_mhz", opt(d.mem_clock_max_mhz)}};
+}
+
+json ceilings_json(const Ceilings& c) {
+  json grouped = json::array();
+  for (const auto& g : c.grouped_gemm_bf16) {
+    grouped.push_back({{"rows_per_expert", g.rows_per_expert}, {"ms", g.ms}, {"tflops", g.tflops},
+                       {"gbps", g.gbps}, {"api", g.api}});
+  }
+  return {{"read_gbps", opt(c.read_gbps)},
+          {"copy_gbps", opt(c.copy_gbps)},
+          {"gemm_bf16_tflops", opt(c.gemm_bf16_tflops)},
+          {"gemm_fp8_tflops", opt(c.gemm_fp8_tflops)},
+          {"gemm_f32_tflops", opt(c.gemm_f32_tflops)},
+          {"grouped_gemm_bf16", grouped},
+          {"h2d_gbps", opt(c.h2d_gbps)},
+          {"d2h_gbps", opt(c.d2h_gbps)},
+          {"graph_node_us", opt(c.graph_node_us)},
+          {"memory_reference_gbps", c.memory_gbps()},
+          {"compute_reference_tflops", c.compute_tflops()}};
+}
+
+json kernel_json(const KernelResult& k) {
+  json launches = json::array();
+  for (const auto& l : k.launches) {
+    launches.push_back({{"kernel", l.kernel}, {"grid", l.grid}, {"block", l.block}, {"dynamic_smem", l.dynamic_smem},
+                        {"registers", opt(l.registers)}, {"static_smem", opt(l.static_smem)},
+                        {"max_threads", opt(l.max_threads)}, {"blocks_per_sm", opt(l.blocks_per_sm)}});
+  }
+  return {{"name", k.name}, {"shape", k.shape}, {"ms", k.ms}, {"bytes", k.bytes}, {"flops", k.flops},
+          {"gbps", k.gbps}, {"tflops", k.tflops}, {"fraction", k.fraction}, {"bound", k.bound},
+          {"compute_ref", k.compute_ref}, {"copies", k.copies}, {"sets", k.sets}, {"registers", opt(k.registers)},
+          {"smem", opt(k.smem)}, {"occupancy", opt(k.occupancy)}, {"error", opt(k.error)}, {"launches", launches}};
+}
+
+json step_json(const StepResult& s) {
+  json ops = json::array();
+  for (const auto& o : s.ops) ops.push_back({{"name", o.name}, {"calls", o.calls}, {"ms", o.ms}, {"share", o.share}});
+  return {{"model", s.model}, {"batch", s.batch}, {"context", s.context}, {"graph", s.graph}, {"ms", s.ms},
+          {"wall_ms", s.wall_ms}, {"roofline_ms", s.roofline_ms}, {"roofline_bytes", s.roofline_bytes},
+          {"roofline_flops", s.roofline_flops}, {"ratio", s.ratio}, {"touched_experts", s.touched_experts},
+          {"replays", s.replays}, {"n_ops", s.n_ops}, {"ops", ops}};
+}
+
+json prefill_json(const PrefillResult& p) {
+  return {{"model", p.model}, {"prompt_tokens", p.prompt_tokens}, {"chunk_tokens", p.chunk_tokens},
+          {"seconds", p.seconds}, {"tokens_per_s", p.tokens_per_s}, {"roofline_tokens_per_s", p.roofline_tokens_per_s},
+          {"flops", p.flops}, {"ratio", p.ratio}};
+}
+
+json host_json(const HostResult& h) {
+  json batches = json::array();
+  for (const auto& b : h.batches) {
+    batches.push_back({{"batch", b.batch}, {"context", b.context}, {"upload_ms", b.upload_ms},
+                       {"logits_d2h_ms", b.logits_d2h_ms}, {"sample_greedy_ms", b.sample_greedy_ms},
+                       {"sample_top_p_ms", b.sample_top_p_ms}, {"sampled_rows", b.sampled_rows},
+                       {"engine_step_ms", opt(b.engine_step_ms)}});
+  }
+  return {{"model", h.model}, {"vocab", h.vocab}, {"batches", batches}};
+}
+
+std::string num(const std::optional<double>& v, const char* spec = "{:.1f}") {
+  return v ? fmt::format(fmt::runtime(spec), *v) : std::string("-");
+}
+
+}  // namespace
+
+json to_json(const BenchReport& r) {
+  json kernels = json::array(), steps = json::array(), prefill = json::array();
+  for (const auto& k : r.kernels) kernels.push_back(kernel_json(k));
+  for (const auto& s : r.steps) steps.push_back(step_json(s));
+  for (const auto& p : r.prefill) prefill.push_back(prefill_json(p));
+  return {{"schema", 1},
+          {"commit", r.commit},
+          {"date", r.date},
+          {"command", r.command},
+          {"quick", r.quick},
+          {"gpu", r.device.device == "cuda" ? json(r.device.name) : json(nullptr)},
+          {"driver", opt(r.device.driver)},
+          {"device", device_json(r.device)},
+          {"clocks", clocks_json(r.device)},
+          {"ceilings", ceilings_json(r.ceilings)},
+          {"kernels", kernels},
+          {"steps", steps},
+          {"prefill", prefill},
+          {"host", r.host ? host_json(*r.host) : json(nullptr)},
+          {"errors", r.errors}};
+}
+
+std::string format_table(const BenchReport& r) {
+  const Ceilings& c = r.ceilings;
+  std::string out = fmt::format("batchgen bench  {}  {}  {} ({})  driver {}\n", r.commit, r.date, r.device.name,
+                                r.device.device, r.device.driver.value_or("-"));
+  out += fmt::format("ceilings: read {} GB/s, copy {} GB/s, gemm bf16 {} / fp8 {} / f32 {} TFLOP/s, h2d {} d2h {} "
+                     "GB/s, graph node {} us\n",
+                     num(c.read_gbps, "{:.0f}"), num(c.copy_gbps, "{:.0f}"), num(c.gemm_bf16_tflops),
+                     num(c.gemm_fp8_tflops), num(c.gemm_f32_tflops, "{:.3f}"), num(c.h2d_gbps), num(c.d2h_gbps),
+                     num(c.graph_node_us, "{:.2f}"));
+  for (const auto& g : c.grouped_gemm_bf16) {
+    out += fmt::format("  grouped bf16, {:5} rows/expert: {:8.3f} ms {:7.1f} TFLOP/s {:6.0f} GB/s ({})\n",
+                       g.rows_per_expert, g.ms, g.tflops, g.gbps, g.api);
+  }
+  if (!r.kernels.empty()) {
+    out += fmt::format("\n{:<34} {:<22} {:>10} {:>9} {:>8} {:>8} {:>8} {:>5} {:>5}\n", "kernel", "shape", "ms",
+                       "GB/s", "TFLOP/s", "fraction", "bound", "regs", "occ");
+    for (const auto& k : r.kernels) {
+      if (k.error) {
+        out += fmt::format("{:<34} {:<22} error: {}\n", k.name, k.shape, *k.error);
+        continue;
+      }
+      out += fmt::format("{:<34} {:<22} {:>10.4f} {:>9.0f} {:>8.1f} {:>8.3f} {:>8} {:>5} {:>5}\n", k.name, k.shape,
+                         k.ms, k.gbps, k.tflops, k.fraction, k.bound,
+                         k.registers ? std::to_string(*k.registers) : "-",
+                         k.occupancy ? std::to_string(*k.occupancy) : "-");
+    }
+  }
+  if (!r.steps.empty()) {
+    out += fmt::format("\n{:<16} {:>6} {:>8} {:>10} {:>10} {:>11} {:>7} {:>8}  top ops\n", "step", "batch", "context",
+                       "ms", "wall ms", "roofline ms", "ratio", "experts");
+    for (const auto& s : r.steps) {
+      std::string top;
+      for (size_t i = 0; i < s.ops.size() && i < 3; ++i) {
+        top += fmt::format("{}{} {:.0f}%", i ? ", " : "", s.ops[i].name, 100.0 * s.ops[i].share);
+      }
+      out += fmt::format("{:<16} {:>6} {:>8} {:>10.3f} {:>10.3f} {:>11.3f} {:>7.2f} {:>8.1f}  {}\n", s.model, s.batch,
+                         s.context, s.ms, s.wall_ms, s.roofline_ms, s.ratio, s.touched_experts, top);
+    }
+  }
+  if (!r.prefill.empty()) {
+    out += fmt::format("\n{:<16} {:>8} {:>8} {:>10} {:>12} {:>14} {:>7}\n", "prefill", "tokens", "chunk", "seconds",
+                       "tokens/s", "roofline tok/s", "ratio");
+    for (const auto& p : r.prefill) {
+      out += fmt::format("{:<16} {:>8} {:>8} {:>10.3f} {:>12.1f} {:>14.1f} {:>7.2f}\n", p.model, p.prompt_tokens,
+                         p.chunk_tokens, p.seconds, p.tokens_per_s, p.roofline_tokens_per_s, p.ratio);
+    }
+  }
+  if (r.host) {
+    out += fmt::format("\n{:<16} {:>6} {:>10} {:>10} {:>10} {:>10} {:>12}\n", "host", "batch", "upload ms", "d2h ms",
+                       "greedy ms", "top_p ms", "engine step");
+    for (const auto& b : r.host->batches) {
+      out += fmt::format("{:<16} {:>6} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>12}\n", r.host->model, b.batch,
+                         b.upload_ms, b.logits_d2h_ms, b.sample_greedy_ms, b.sample_top_p_ms,
+                         num(b.engine_step_ms, "{:.3f}"));
+    }
+  }
+  for (const auto& e : r.errors) out += "\nFAILED: " + e + "\n";
+  return out;
+}
+
+}  // namespace bg::bench

@@ -1,0 +1,279 @@
+// Kernel cases of attention and state at K3 shapes: MLA (96 heads, latent 512 + 64, nope 128, v 128, 64-token cache
+// blocks) decode at 4k / 32k context and prefill; KDA (96 heads x 128) recurrent decode and chunked prefill; the KDA
+// short conv (12288 channels, kernel 4) at decode and prefill.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "bench/cuda/kernel_case.h"
+#include "ops/kda/kda_cuda.h"
+#include "ops/mla/mla_cuda.h"
+#include "ops/short_conv/short_conv_cuda.h"
+
+namespace bg::bench::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int64_t kHeads = 96, kLora = 512, kRope = 64, kNope = 128, kV = 128, kEntry = kLora + kRope;
+constexpr int64_t kBlock = 64, kKdaDim = 128, kConvChannels = 96 * 128, kConvWidth = 4;
+
+double d(int64_t v) { return static_cast<double>(v); }
+size_t z(int64_t v) { return static_cast<size_t>(v); }
+
+ops::MlaParams mla_params(int64_t n_tokens) {
+  ops::MlaParams p;
+  p.n_tokens = n_tokens;
+  p.n_heads = kHeads;
+  p.kv_lora_rank = kLora;
+  p.qk_nope_dim = kNope;
+  p.qk_rope_dim = kRope;
+  p.v_head_dim = kV;
+  p.block_size = kBlock;
+  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kNope + kRope));
+  return p;
+}
+
+// One set of MLA inputs: a paged cache of `n_seqs` sequences x `context` positions (distinct blocks), each query
+// token's sequence and position, q, out. W_UK / W_UV are shared by the sets (they are 25 MB, read by every call).
+struct MlaSet {
+  ops::MlaPagedCache cache;
+  const bf16* q = nullptr;
+  bf16* out = nullptr;
+};
+
+MlaSet make_mla_set(CaseMemory& mem, int64_t n_seqs, int64_t context, const std::vector<int64_t>& positions,
+                    const std::vector<int32_t>& seq_of_token) {
+  const int64_t blocks_per_seq = (context + kBlock - 1) / kBlock;
+  MlaSet s;
+  s.cache.base = mem.bf16(z(n_seqs * blocks_per_seq * kBlock * kEntry));
+  s.cache.block_stride = kBlock * kEntry;
+  std::vector<int32_t> tables(z(n_seqs * blocks_per_seq));
+  for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
+  s.cache.block_tables = mem.upload(tables);
+  s.cache.max_blocks_per_seq = blocks_per_seq;
+  s.cache.seq_idx = mem.upload(seq_of_token);
+  s.cache.positions = mem.upload(positions);
+  const auto n_tokens = static_cast<int64_t>(positions.size());
+  s.q = mem.bf16(z(n_tokens * kHeads * (kNope + kRope)));
+  s.out = mem.zeros_of<bf16>(z(n_tokens * kHeads * kV));
+  return s;
+}
+
+// Absorbed MLA decode: `batch` sequences of one token at position context - 1 (attending `context` keys).
+KernelCase mla_decode_case(int64_t batch, int64_t context) {
+  KernelCase c;
+  c.name = "mla_decode";
+  c.shape = fmt::format("B={} ctx={}", batch, context);
+  const double kv = d(batch * context * kEntry) * 2;
+  c.set_bytes = kv;
+  c.prepare = [=](const CudaEnv&, CaseMemory& mem, int n_sets) {
+    const bf16* w_uk = mem.bf16(z(kHeads * kNope * kLora), 0.05f);
+    const bf16* w_uv = mem.bf16(z(kHeads * kV * kLora), 0.05f);
+    std::vector<int64_t> positions(z(batch), context - 1);
+    std::vector<int32_t> seqs(z(batch));
+    for (int64_t i = 0; i < batch; ++i) seqs[z(i)] = static_cast<int32_t>(i);
+    std::vector<MlaSet> sets;
+    for (int s = 0; s < n_sets; ++s) sets.push_back(make_mla_set(mem, batch, context, positions, seqs));
+    const ops::MlaParams p = mla_params(batch);
+    PreparedKernel k;
+    const double weights = d(kHeads * (kNope + kV) * kLora) * 2;
+    const double io = d(batch * kHeads * (kNope + kRope + kV)) * 2;
+    // Per token and head: q.k over 576 and p.v over 512 per key, plus absorbing q_nope (128 x 512) and the output
+    // (128 x 512).
+    const double flops = d(batch * kHeads) * (2.0 * d(context) * d(kEntry + kLora) + 2.0 * d((kNope + kV) * kLora));
+    k.cost = {kv + weights + io, flops};
+    k.launch = [=](int s, cudaStream_t stream) {
+      const MlaSet& m = sets[z(s)];
+      ops::mla_attention_cuda(p, m.q, w_uk, w_uv, m.cache, m.out, stream);
+    };
+    return k;
+  };
+  return c;
+}
+
+// Prefill of one sequence of `n` tokens at positions 0 .. n - 1 (causal). FLOPs are those of causal attention with
+// q/k head dim 192 and v 128 (what a FlashAttention kernel does), so every implementation is held to the same count.
+KernelCase mla_prefill_case(int64_t n) {
+  KernelCase c;
+  c.name = "mla_prefill";
+  c.shape = fmt::format("T={}", n);
+  c.set_bytes = d(n * kEntry) * 2;
+  c.prepare = [=](const CudaEnv&, CaseMemory& mem, int) {
+    const bf16* w_uk = mem.bf16(z(kHeads * kNope * kLora), 0.05f);
+    const bf16* w_uv = mem.bf16(z(kHeads * kV * kLora), 0.05f);
+    std::vector<int64_t> positions(z(n));
+    for (int64_t t = 0; t < n; ++t) positions[z(t)] = t;
+    const MlaSet m = make_mla_set(mem, 1, n, positions, std::vector<int32_t>(z(n), 0));
+    const ops::MlaParams p = mla_params(n);
+    PreparedKernel k;
+    const double pairs = d(n) * d(n + 1) / 2;
+    k.cost = {d(n * kEntry) * 2 + d(n * kHeads * (kNope + kRope + kV)) * 2,
+              2.0 * d(kHeads) * d(kNope + kRope + kV) * pairs};
+    k.launch = [=](int, cudaStream_t stream) { ops::mla_attention_cuda(p, m.q, w_uk, w_uv, m.cache, m.out, stream); };
+    return k;
+  };
+  return c;
+}
+
+// The latent cache write of a decode step: one [576] entry per sequence into its block.
+KernelCase mla_cache_write_case(int64_t batch) {
+  KernelCase c;
+  c.name = "mla_cache_write_decode";
+  c.shape = fmt::format("B={}", batch);
+  c.set_bytes = d(batch * kBlock * kEntry) * 2;
+  c.prepare = [=](const CudaEnv&, CaseMemory& mem, int n_sets) {
+    std::vector<int64_t> positions(z(batch), kBlock / 2);
+    std::vector<int32_t> seqs(z(batch));
+    for (int64_t i = 0; i < batch; ++i) seqs[z(i)] = static_cast<int32_t>(i);
+    std::vector<MlaSet> sets;
+    std::vector<const bf16*> latents;
+    for (int s = 0; s < n_sets; ++s) {
+      sets.push_back(make_mla_set(mem, batch, kBlock, positions, seqs));
+      latents.push_back(mem.bf16(z(batch * kEntry)));
+    }
+    const ops::MlaParams p = mla_params(batch);
+    PreparedKernel k;
+    k.cost = {d(batch * kEntry) * 4, 0.0};
+    k.launch = [=](int s, cudaStream_t stream) {
+      ops::mla_cache_write_cuda(p, latents[z(s)], sets[z(s)].cache, stream);
+    };
+    return k;
+  };
+  return c;
+}
+
+// KDA inputs of n tokens: q, k of norm ~0.6 (as after the L2 norm and scaling; keeps the delta rule stable over
+// thousands of replays), v, log decays in [-0.1, 0), beta in (0, 1).
+ops::KdaCudaInputs kda_inputs(CaseMemory& mem, int64_t n) {
+  const size_t qk = z(n * kHeads * kKdaDim);
+  return {mem.bf16(qk, 0.05f), mem.bf16(qk, 0.05f), mem.bf16(qk), mem.f32(qk, -0.1f, -0.001f),
+          mem.f32(z(n * kHeads), 0.05f, 0.95f)};
+}
+
+double kda_state_bytes() { return d(kHeads * kKdaDim * kKdaDim) * 4; }
+
+KernelCase kda_recurrent_case(int64_t batch) {
+  KernelCase c;
+  c.name = "kda_recurrent_decode";
+  c.shape = fmt::format("B={}", batch);
+  c.set_bytes = d(batch) * kda_state_bytes();
+  c.prepare = [=](const CudaEnv&, CaseMemory& mem, int n_sets) {
+    // One pool of n_sets * batch slots; set s uses slots [s * batch, (s + 1) * batch).
+    const int64_t slot_floats = kHeads * kKdaDim * kKdaDim;
+    float* pool = mem.f32(z(n_sets * batch * slot_floats), -0.01f, 0.01f);
+    std::vector<const int32_t*> slots;
+    std::vector<ops::KdaCudaInputs> inputs;
+    std::vector<bf16*> outs;
+    for (int s = 0; s < n_sets; ++s) {
+      std::vector<int32_t> idx(z(batch));
+      for (int64_t i = 0; i < batch; ++i) idx[z(i)] = static_cast<int32_t>(s * batch + i);
+      slots.push_back(mem.upload(idx));
+      inputs.push_back(kda_inputs(mem, batch));
+      outs.push_back(mem.zeros_of<bf16>(z(batch * kHeads * kKdaDim)));
+    }
+    const ops::KdaParams p{batch, kHeads, kKdaDim, kKdaDim};
+    PreparedKernel k;
+    // State read and written; per head: decay, S^T k, rank-1 update, S^T q over K x V.
+    k.cost = {2.0 * d(batch) * kda_state_bytes() + d(batch * kHeads * kKdaDim) * (2 * 4 + 4),
+              8.0 * d(batch * kHeads * kKdaDim * kKdaDim)};
+    k.launch = [=](int s, cudaStream_t stream) {
+      ops::kda_recurrent_cuda(p, inputs[z(s)], {pool, slots[z(s)], slot_floats}, outs[z(s)], stream);
+    };
+    return k;
+  };
+  return c;
+}
+
+KernelCase kda_chunked_case(int64_t n) {
+  KernelCase c;
+  c.name = "kda_chunked_prefill";
+  c.shape = fmt::format("T={} H=96", n);
+  c.set_bytes = d(n * kHeads * kKdaDim) * 12;
+  c.prepare = [=](const CudaEnv&, CaseMemory& mem, int) {
+    float* state = mem.f32(z(kHeads * kKdaDim * kKdaDim), -0.01f, 0.01f);
+    const ops::KdaCudaInputs in = kda_inputs(mem, n);
+    bf16* out = mem.zeros_of<bf16>(z(n * kHeads * kKdaDim));
+    const ops::KdaParams p{n, kHeads, kKdaDim, kKdaDim};
+    PreparedKernel k;
+    // Chunked (64): per token and head ~4 K x V state products and 64-token intra-chunk products over K and V.
+    const double per_token_head = 4.0 * 2.0 * d(kKdaDim * kKdaDim) + 2.0 * 2.0 * 64.0 * d(2 * kKdaDim);
+    k.cost = {d(n * kHeads * kKdaDim) * 14 + 2 * kda_state_bytes(), d(n * kHeads) * per_token_head};
+    k.launch = [=](int, cudaStream_t stream) { ops::kda_chunked_cuda(p, in, state, out, stream); };
+    return k;
+  };
+  return c;
+}
+
+KernelCase short_conv_decode_case(int64_t batch) {
+  KernelCase c;
+  c.name = "short_conv_decode";
+  c.shape = fmt::format("B={} C=12288", batch);
+  const double state = d(kConvChannels * (kConvWidth - 1)) * 4;
+  c.set_bytes = d(batch) * (state + d(kConvChannels) * 4);
+  c.prepare = [=](const CudaEnv&, CaseMemory& mem, int n_sets) {
+    const float* weight = mem.f32(z(kConvChannels * kConvWidth), -0.5f, 0.5f);
+    const int64_t stride = kConvChannels * (kConvWidth - 1);
+    float* states = mem.f32(z(n_sets * batch * stride), -1.0f, 1.0f);
+    std::vector<ops::ConvStateSlots> slots;
+    std::vector<const bf16*> xs;
+    std::vector<bf16*> outs;
+    for (int s = 0; s < n_sets; ++s) {
+      std::vector<int32_t> idx(z(batch));
+      for (int64_t i = 0; i < batch; ++i) idx[z(i)] = static_cast<int32_t>(s * batch + i);
+      slots.push_back({states, mem.upload(idx), stride});
+      xs.push_back(mem.bf16(z(batch * kConvChannels)));
+      outs.push_back(mem.zeros_of<bf16>(z(batch * kConvChannels)));
+    }
+    PreparedKernel k;
+    k.cost = {d(batch) * (2 * state + d(kConvChannels) * 4) + d(kConvChannels * kConvWidth) * 4,
+              2.0 * d(batch * kConvChannels * kConvWidth)};
+    k.launch = [=](int s, cudaStream_t stream) {
+      ops::short_conv_decode_cuda({batch, kConvChannels, kConvWidth}, xs[z(s)], weight, slots[z(s)], outs[z(s)],
+                                  stream);
+    };
+    return k;
+  };
+  return c;
+}
+
+KernelCase short_conv_prefill_case(int64_t n) {
+  KernelCase c;
+  c.name = "short_conv_prefill";
+  c.shape = fmt::format("T={} C=12288", n);
+  c.set_bytes = d(n * kConvChannels) * 4;
+  c.prepare = [=](const CudaEnv&, CaseMemory& mem, int) {
+    const float* weight = mem.f32(z(kConvChannels * kConvWidth), -0.5f, 0.5f);
+    float* state = mem.f32(z(kConvChannels * (kConvWidth - 1)), -1.0f, 1.0f);
+    const bf16* x = mem.bf16(z(n * kConvChannels));
+    bf16* out = mem.zeros_of<bf16>(z(n * kConvChannels));
+    PreparedKernel k;
+    k.cost = {d(n * kConvChannels) * 4, 2.0 * d(n * kConvChannels * kConvWidth)};
+    k.launch = [=](int, cudaStream_t stream) {
+      ops::short_conv_cuda({n, kConvChannels, kConvWidth}, x, weight, state, out, stream);
+    };
+    return k;
+  };
+  return c;
+}
+
+}  // namespace
+
+void register_attention_cases(KernelRegistry& r, bool quick) {
+  const std::vector<int64_t> decode = quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 16, 64};
+  const std::vector<int64_t> contexts = quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 32768};
+  for (int64_t ctx : contexts) {
+    for (int64_t b : decode) r.add(mla_decode_case(b, ctx));
+  }
+  // The absorbed kernel is O(T^2) on CUDA cores today (~0.12 s at 4k, ~2 s at 16k): 64k would take minutes.
+  for (int64_t t : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384}) r.add(mla_prefill_case(t));
+  for (int64_t b : decode) r.add(mla_cache_write_case(b));
+  for (int64_t b : decode) r.add(kda_recurrent_case(b));
+  r.add(kda_chunked_case(quick ? 2048 : 8192));
+  for (int64_t b : decode) r.add(short_conv_decode_case(b));
+  r.add(short_conv_prefill_case(quick ? 2048 : 8192));
+}
+
+}  // namespace bg::bench::cuda

@@ -1,0 +1,183 @@
+// Kernel cases of the routed-expert path at the K3 EP16 rank's shapes: 56 local MXFP4 experts (gate / up [3072 x
+// 3584], down [3584 x 3072], SiTU), top-16 routing of each token, the router over K3's 896 global experts.
+//   router_topk         the top-16 of 896 router (fp32 logits -> ids, weights)
+//   moe_decode_w4a16    the expert FFN alone (dispatch and gather done in setup), decode batches
+//   moe_decode_routed   dispatch + gather + FFN + combine, as Backend::routed_experts runs them
+//   moe_prefill_grouped the expert FFN at prefill token counts (hundreds to thousands of rows per expert)
+//   moe_dispatch_prefill the device-side dispatch alone at a long prefill step
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "bench/cuda/kernel_case.h"
+#include "moe/moe_cuda.h"
+#include "ops/router/router_cuda.h"
+
+namespace bg::bench::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int64_t kExperts = 56, kTopK = 16, kLatent = 3584, kInter = 3072;
+
+double d(int64_t v) { return static_cast<double>(v); }
+size_t z(int64_t v) { return static_cast<size_t>(v); }
+
+// Stored bytes of one MXFP4 [out, in] weight: codes (4 bits) + one E8M0 scale per 32 inputs.
+double mxfp4_bytes(int64_t out, int64_t in) { return d(out * in) / 2 + d(out * in / 32); }
+double expert_bytes() { return 2 * mxfp4_bytes(kInter, kLatent) + mxfp4_bytes(kLatent, kInter); }
+double expert_params() { return 3 * d(kInter * kLatent); }
+
+// The 56 experts with random MXFP4 codes and realistic scales, as the device array the FFN launcher takes.
+const ExpertWeightsCuda* make_experts(CaseMemory& mem) {
+  auto weight = [&](int64_t out, int64_t in) {
+    return ops::DeviceWeight{WeightFormat::kMxfp4, out, in, mem.bytes(z(out * in / 2)), mem.e8m0(z(out * in / 32))};
+  };
+  std::vector<ExpertWeightsCuda> experts;
+  for (int64_t e = 0; e < kExperts; ++e) {
+    experts.push_back({weight(kInter, kLatent), weight(kInter, kLatent), weight(kLatent, kInter)});
+  }
+  return mem.upload(experts);
+}
+
+// Top-16 of 56 distinct experts per token (uniformly random, as a balanced router gives) and weights summing to 1.
+struct Routing {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  int64_t touched = 0;  // distinct experts
+};
+
+Routing random_routing(int64_t n_tokens, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Routing r;
+  std::vector<int32_t> all(z(kExperts));
+  std::iota(all.begin(), all.end(), 0);
+  std::set<int32_t> used;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int64_t k = 0; k < kTopK; ++k) {
+      r.ids.push_back(all[z(k)]);
+      r.weights.push_back(1.0f / static_cast<float>(kTopK));
+      used.insert(all[z(k)]);
+    }
+  }
+  r.touched = static_cast<int64_t>(used.size());
+  return r;
+}
+
+MoeCudaParams moe_params(int64_t n_tokens) {
+  MoeCudaParams p;
+  p.n_tokens = n_tokens;
+  p.top_k = kTopK;
+  p.n_experts = kExperts;
+  p.hidden = kLatent;
+  p.inter = kInter;
+  p.expert_format = WeightFormat::kMxfp4;
+  p.act = {GluActivation::kSiTU, 4.0f, 25.0f};
+  p.out_type = MoeOutType::kBf16;
+  p.accumulate = true;  // as the K3 latent MoE calls it
+  return p;
+}
+
+// Bytes an expert FFN over n tokens must move: the touched experts' weights, the gathered rows in, the GLU output
+// out and back, the expert outputs out.
+double ffn_bytes(int64_t n_tokens, int64_t touched) {
+  const double slots = d(n_tokens * kTopK);
+  return d(touched) * expert_bytes() + slots * d(kLatent + 2 * kInter + kLatent) * 2;
+}
+
+enum class MoePart { kFfn, kRouted, kDispatch };
+
+KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
+  KernelCase c;
+  c.name = name;
+  c.shape = fmt::format("T={} rows/expert={}", n_tokens, n_tokens * kTopK / kExperts);
+  c.set_bytes = d(kExperts) * expert_bytes();  // far beyond the L2: one set
+  c.compute_ref = ComputeRef::kGroupedGemm;
+  c.rows_per_expert = std::max<int64_t>(1, n_tokens * kTopK / kExperts);
+  c.prepare = [=](const CudaEnv& env, CaseMemory& mem, int) {
+    const MoeCudaParams p = moe_params(n_tokens);
+    moe_check_params(p);
+    const ExpertWeightsCuda* experts = make_experts(mem);
+    const Routing routing = random_routing(n_tokens, 5);
+    const int32_t* ids = mem.upload(routing.ids);
+    const float* weights = mem.upload(routing.weights);
+    const bf16* x = mem.bf16(z(n_tokens * kLatent));
+    void* out = mem.zeros(z(n_tokens * kLatent) * 2);
+    const MoeWorkspace ws = moe_workspace_layout(p, mem.zeros(moe_workspace_bytes(p)));
+    // The FFN alone reads a dispatched workspace: dispatch and gather once here.
+    moe_dispatch_cuda(p, ids, weights, ws, env.stream);
+    moe_gather_cuda(p, x, ws, env.stream);
+    PreparedKernel k;
+    const double flops = 2.0 * d(n_tokens * kTopK) * expert_params();
+    const double io = d(n_tokens * kLatent) * 2 * 2;  // x in, out read-modify-written
+    const double slots = d(n_tokens * kTopK);
+    switch (part) {
+      case MoePart::kFfn:
+        k.cost = {ffn_bytes(n_tokens, routing.touched), flops};
+        k.launch = [=](int, cudaStream_t s) { moe_expert_ffn_cuda(p, experts, ws, s); };
+        break;
+      case MoePart::kRouted:
+        // + gather (x rows out to the slots), combine (expert outputs back, weighted) and ids / weights.
+        k.cost = {ffn_bytes(n_tokens, routing.touched) + io + slots * d(kLatent) * 4 + slots * 8, flops};
+        k.launch = [=](int, cudaStream_t s) {
+          moe_routed_experts_cuda(p, MoeCudaArgs{ids, weights, x, experts, out}, ws, s);
+        };
+        break;
+      case MoePart::kDispatch:
+        k.cost = {slots * (8 + 4 * 4), 0.0};  // ids + weights in; row token / weight / slot row / rank out
+        k.launch = [=](int, cudaStream_t s) { moe_dispatch_cuda(p, ids, weights, ws, s); };
+        break;
+    }
+    return k;
+  };
+  return c;
+}
+
+// K3's real router: top-16 of 896 global experts, one group, fp32 logits with the correction bias.
+KernelCase router_case(int64_t n_tokens) {
+  constexpr int64_t kGlobalExperts = 896;
+  KernelCase c;
+  c.name = "router_topk";
+  c.shape = fmt::format("B={} top16/896", n_tokens);
+  c.set_bytes = d(n_tokens * kGlobalExperts) * 4;
+  c.prepare = [=](const CudaEnv&, CaseMemory& mem, int n_sets) {
+    const ops::RouterParams p{n_tokens, kGlobalExperts, kTopK, 1, 1, true, 1.0f};
+    const float* bias = mem.f32(z(kGlobalExperts), -0.1f, 0.1f);
+    std::vector<const float*> logits;
+    std::vector<int32_t*> ids;
+    std::vector<float*> weights;
+    for (int s = 0; s < n_sets; ++s) {
+      logits.push_back(mem.f32(z(n_tokens * kGlobalExperts), -2.0f, 2.0f));
+      ids.push_back(mem.zeros_of<int32_t>(z(n_tokens * kTopK)));
+      weights.push_back(mem.zeros_of<float>(z(n_tokens * kTopK)));
+    }
+    PreparedKernel k;
+    k.cost = {d(n_tokens * kGlobalExperts) * 4 + d(n_tokens * kTopK) * 8, 0.0};
+    k.launch = [=](int s, cudaStream_t stream) {
+      ops::route_topk_cuda(p, logits[z(s)], bias, ids[z(s)], weights[z(s)], stream);
+    };
+    return k;
+  };
+  return c;
+}
+
+}  // namespace
+
+void register_moe_cases(KernelRegistry& r, bool quick) {
+  const std::vector<int64_t> decode = quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 16, 64};
+  for (int64_t b : decode) r.add(router_case(b));
+  for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16", b, MoePart::kFfn));
+  for (int64_t b : decode) r.add(moe_case("moe_decode_routed", b, MoePart::kRouted));
+  const std::vector<int64_t> prefill =
+      quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 4096, 16384};
+  for (int64_t t : prefill) r.add(moe_case("moe_prefill_grouped", t, MoePart::kFfn));
+  r.add(moe_case("moe_dispatch_prefill", quick ? 4096 : 16384, MoePart::kDispatch));
+}
+
+}  // namespace bg::bench::cuda

@@ -1,0 +1,55 @@
+// The model-level parts of `batchgen bench`, device-neutral: decode steps of the real Model::forward_batch on
+// fabricated contexts, single-prompt prefill, and the host side of a step (metadata upload, logits download,
+// sampling, a whole Engine::step).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench_report.h"
+#include "bench/device_bench.h"
+#include "bench/roofline.h"
+#include "model/model.h"
+
+namespace bg::bench {
+
+struct StepBenchSpec {
+  std::string model_name;
+  std::vector<int64_t> batches, contexts;
+  int replays = 10;
+  int64_t max_graph_batch = 0;  // decode batches up to this run as CUDA graphs (0: no graphs, e.g. the CPU)
+};
+
+// For each context and batch: `batch` sequences fabricated to `context` tokens, one decode token each; warm-up
+// (captures the graph), one eager step under a route hook that counts the experts each MoE layer touches, `replays`
+// timed steps (device time from the profiler, wall time around forward_batch), then one eager step with a per-op
+// profiler for the breakdown.
+std::vector<StepResult> bench_steps(Model& model, const StepBenchSpec& spec, DeviceBench& device,
+                                    const StepCostModel& cost, const Ceilings& ceilings);
+
+struct PrefillBenchSpec {
+  std::string model_name;
+  std::vector<int64_t> prompt_tokens;
+  int64_t chunk_tokens = 0;  // tokens per forward_batch, as the scheduler's chunked prefill would cut the prompt
+};
+
+// One sequence per prompt length, its prompt run in chunks; tokens/s beside the FLOP roofline of the same chunks.
+std::vector<PrefillResult> bench_prefill(Model& model, const PrefillBenchSpec& spec, const StepCostModel& cost,
+                                         const Ceilings& ceilings);
+
+struct HostBenchSpec {
+  std::string model_name;
+  std::string device;
+  std::vector<int64_t> batches;
+  int64_t context = 4096;     // block-table width of the uploaded decode layout
+  int64_t max_sample_rows = 8;  // top_p rows timed per batch (29 ms each on a fast CPU today); greedy: 8x more
+  int engine_steps = 10;        // decode steps timed per batch in the Engine
+};
+
+// The host side. Takes the model: after the upload / download / sampling figures, it becomes the Engine's for the
+// Engine::step timing (greedy requests with 16-token prompts, prefilled, then `engine_steps` decode steps timed).
+HostResult bench_host(std::unique_ptr<Model> model, const HostBenchSpec& spec);
+
+}  // namespace bg::bench

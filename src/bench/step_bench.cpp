@@ -1,0 +1,184 @@
+// Decode steps and prefill of a model, timed through the real Model::forward_batch.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <set>
+
+#include "bench/model_bench.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace bg::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> pick(0, vocab - 1);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = static_cast<int32_t>(pick(rng));
+  return ids;
+}
+
+// Fabricated contexts hold random values, so a NaN here is a real finding, but one that must not throw away the rest
+// of a long GPU run: it is logged.
+void warn_if_not_finite(const std::vector<float>& logits, const std::string& what) {
+  const auto bad = std::count_if(logits.begin(), logits.end(), [](float v) { return !std::isfinite(v); });
+  if (bad > 0) log::warn("bench {}: {} of {} logits are not finite", what, bad, logits.size());
+}
+
+// Detaches the profiler however the scope ends (a throwing step must not leave a dangling pointer in the backend).
+class ProfilerAttachment {
+ public:
+  ProfilerAttachment(Model& model, OpProfiler* profiler) : model_(model) { model_.set_op_profiler(profiler); }
+  ~ProfilerAttachment() { model_.set_op_profiler(nullptr); }
+  ProfilerAttachment(const ProfilerAttachment&) = delete;
+  ProfilerAttachment& operator=(const ProfilerAttachment&) = delete;
+
+ private:
+  Model& model_;
+};
+
+// Distinct experts each MoE layer routes the step's rows to (one eager step; the hook sees every MoE layer in order).
+std::vector<double> count_touched_experts(Model& model, std::span<const BatchEntry> batch, float* logits) {
+  std::vector<double> touched;
+  model.set_route_hook([&touched](int64_t, int64_t, int64_t, std::vector<int32_t>& ids, std::vector<float>&) {
+    touched.push_back(static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size()));
+    return false;
+  });
+  try {
+    model.forward_batch(batch, logits);
+  } catch (...) {
+    model.set_route_hook({});
+    throw;
+  }
+  model.set_route_hook({});
+  return touched;
+}
+
+StepResult bench_one_step(Model& model, const StepBenchSpec& spec, int64_t batch_size, int64_t context,
+                          DeviceBench& device, const StepCostModel& cost, const Ceilings& ceilings) {
+  const int64_t vocab = model.info().vocab_size;
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  for (int64_t i = 0; i < batch_size; ++i) {
+    seqs.push_back(model.new_sequence());
+    model.fabricate_context(*seqs.back(), context, static_cast<uint64_t>(i + 1));
+  }
+  const std::vector<int32_t> tokens = random_ids(batch_size, vocab, 7);
+  std::vector<BatchEntry> batch;
+  for (int64_t i = 0; i < batch_size; ++i) {
+    batch.push_back({seqs[static_cast<size_t>(i)].get(), std::span<const int32_t>(tokens).subspan(i, 1)});
+  }
+  std::vector<float> logits(static_cast<size_t>(batch_size * vocab));
+  for (int i = 0; i < 2; ++i) model.forward_batch(batch, logits.data());  // the first captures the graph
+
+  StepResult r;
+  r.model = spec.model_name;
+  r.batch = batch_size;
+  r.context = context;
+  r.graph = batch_size <= spec.max_graph_batch;
+  const std::vector<double> touched = count_touched_experts(model, batch, logits.data());
+  double touched_sum = 0;
+  for (double t : touched) touched_sum += t;
+  r.touched_experts = touched.empty() ? 0.0 : touched_sum / static_cast<double>(touched.size());
+
+  std::vector<double> device_ms, wall_ms;
+  {
+    std::unique_ptr<StepProfiler> profiler = device.profiler(false);
+    ProfilerAttachment attach(model, profiler.get());
+    for (int i = 0; i < spec.replays; ++i) {
+      const auto t0 = Clock::now();
+      model.forward_batch(batch, logits.data());
+      wall_ms.push_back(ms_since(t0));
+      device_ms.push_back(step_span_ms(profiler->take()));
+    }
+  }
+  {
+    std::unique_ptr<StepProfiler> profiler = device.profiler(true);
+    ProfilerAttachment attach(model, profiler.get());
+    model.forward_batch(batch, logits.data());
+    r.ops = aggregate_ops(profiler->take());
+    for (const OpTime& o : r.ops) r.n_ops += o.calls;
+  }
+  warn_if_not_finite(logits, fmt::format("step B={} ctx={}", batch_size, context));
+  r.ms = median(device_ms);
+  r.wall_ms = median(wall_ms);
+  r.replays = spec.replays;
+  const StepCost c = cost.decode_step(batch_size, context, touched, ceilings);
+  r.roofline_ms = c.roofline_ms;
+  r.roofline_bytes = c.bytes;
+  r.roofline_flops = c.flops;
+  r.ratio = c.roofline_ms > 0 ? r.ms / c.roofline_ms : 0.0;
+  return r;
+}
+
+}  // namespace
+
+std::vector<StepResult> bench_steps(Model& model, const StepBenchSpec& spec, DeviceBench& device,
+                                    const StepCostModel& cost, const Ceilings& ceilings) {
+  BG_CHECK(spec.replays >= 1, "bench: --replays must be >= 1");
+  std::vector<StepResult> out;
+  for (int64_t context : spec.contexts) {
+    for (int64_t batch : spec.batches) {
+      const auto t0 = Clock::now();
+      out.push_back(bench_one_step(model, spec, batch, context, device, cost, ceilings));
+      log::info("bench step {} B={} ctx={}: {:.3f} ms (roofline {:.3f}, {:.2f}x) [{:.1f} s]", spec.model_name, batch,
+                context, out.back().ms, out.back().roofline_ms, out.back().ratio, ms_since(t0) / 1e3);
+    }
+  }
+  return out;
+}
+
+std::vector<PrefillResult> bench_prefill(Model& model, const PrefillBenchSpec& spec, const StepCostModel& cost,
+                                         const Ceilings& ceilings) {
+  BG_CHECK(spec.chunk_tokens >= 1, "bench: prefill chunk {} must be >= 1", spec.chunk_tokens);
+  const int64_t vocab = model.info().vocab_size;
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  std::vector<PrefillResult> out;
+  bool warm = false;
+  for (int64_t n_prompt : spec.prompt_tokens) {
+    const std::vector<int32_t> prompt = random_ids(n_prompt, vocab, static_cast<uint64_t>(n_prompt));
+    auto run = [&](int64_t n) {
+      std::unique_ptr<Sequence> seq = model.new_sequence();
+      StepCost total;
+      for (int64_t start = 0; start < n; start += spec.chunk_tokens) {
+        const int64_t len = std::min(spec.chunk_tokens, n - start);
+        const BatchEntry entry{seq.get(), std::span<const int32_t>(prompt).subspan(start, len)};
+        model.forward_batch(std::span<const BatchEntry>(&entry, 1), logits.data());
+        const StepCost c = cost.prefill_chunk(start, len, ceilings);
+        total.bytes += c.bytes;
+        total.flops += c.flops;
+        total.roofline_ms += c.roofline_ms;
+      }
+      return total;
+    };
+    if (!warm) {  // library initialisation and first-use allocations stay out of the first figure
+      run(std::min(n_prompt, spec.chunk_tokens));
+      warm = true;
+    }
+    const auto t0 = Clock::now();
+    const StepCost total = run(n_prompt);
+    PrefillResult r;
+    r.model = spec.model_name;
+    r.prompt_tokens = n_prompt;
+    r.chunk_tokens = spec.chunk_tokens;
+    r.seconds = ms_since(t0) / 1e3;
+    warn_if_not_finite(logits, fmt::format("prefill of {} tokens", n_prompt));
+    r.tokens_per_s = static_cast<double>(n_prompt) / r.seconds;
+    r.flops = total.flops;
+    r.roofline_tokens_per_s = total.roofline_ms > 0 ? static_cast<double>(n_prompt) / (total.roofline_ms / 1e3) : 0;
+    r.ratio = r.tokens_per_s > 0 ? r.roofline_tokens_per_s / r.tokens_per_s : 0.0;
+    log::info("bench prefill {} {} tokens (chunk {}): {:.2f} s, {:.0f} tokens/s (roofline {:.0f})", spec.model_name,
+              n_prompt, spec.chunk_tokens, r.seconds, r.tokens_per_s, r.roofline_tokens_per_s);
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace bg::bench

@@ -1,0 +1,259 @@
+// MLA decode attention: shared-memory layout, the PTX primitives (cp.async, ldmatrix, mma.sync, wgmma) and the two
+// interchangeable tensor-core policies (MmaSync, Wgmma) that compute Sᵀ = tile · Qᵀ and Oᵀ += tileᵀ · Pᵀ.
+//
+// Orientation (heads are the MMA N dimension, so 48 heads per CTA are 6 n8 tiles / one n48 wgmma, never padded):
+//   Q·Kᵀ:  Sᵀ[64 positions (M), Hc heads (N)] = tile[64, 576] (A, K-major) · Q[Hc, 576]ᵀ (B, K-major)
+//   P·V:   Oᵀ[512 channels (M), Hc heads (N)] += tile[64, 0:512]ᵀ (A, M-major) · P[Hc, 64]ᵀ (B, K-major)
+// Every operand lives in shared memory in the 128-byte-swizzle layout of the wgmma canonical "SW128" atoms: a
+// [rows, cols] bf16 matrix is cut into slabs of 64 columns (128 B per row); row r of a slab sits at r * 128 B and its
+// 16-byte chunk c at ((c ^ (r % 8)) * 16) (PTX ISA 9.7.15.5.1.2: K-major ((8,m),(T,2k)):((8T,SBO),(1,T)), M-major
+// ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)), Swizzle<3,4,3>, atoms 1024-byte aligned). ldmatrix reads the same layout
+// conflict-free (the 8 rows of an 8x8 matrix land in 8 different chunks), so both policies share the loaders.
+//
+// Accumulator layout (identical for both policies, PTX ISA "wgmma .m64nNk16 accumulator D" = mma.m16n8 C per warp):
+// warp w (0..3) of a warpgroup owns rows 16w..16w+15; element d[4j + 2r + e] is row 16w + lane/4 + 8r, column
+// 8j + 2 (lane % 4) + e.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "ops/mla/mla_decode_layout.h"
+
+namespace bg::ops::mla_decode {
+
+using namespace mla_layout;  // NOLINT: the layout formulas are this file's vocabulary
+
+constexpr int kThreads = 256;  // two warpgroups
+constexpr int kTile = 64;      // cache positions per tile
+constexpr int kEntry = 576;    // bf16 per cache entry / per q_full row
+constexpr int kLora = 512;     // latent channels (the P·V output)
+constexpr int kChunks = kEntry / 8;          // 72 16-byte chunks per row
+constexpr int kSlabs = kEntry / 64;          // 9 slabs of 64 columns
+static_assert(kTileSlabBytes == kTile * 128 && kTileBytes == kSlabs * kTileSlabBytes, "tile layout");
+static_assert(kKStepsPerWg * 2 * 16 == kEntry && kChannelsPerWg * 2 == kLora, "warpgroup split");
+
+// Shared-memory layout of one CTA with kNT n8 head tiles (Hc = 8 kNT heads), byte offsets from a 1024-aligned base.
+template <int kNT>
+struct Smem {
+  static constexpr int kHeads = kNT * 8;
+  static constexpr int kQSlabBytes = kHeads * 128;
+  static constexpr int kTiles = 0;                       // 2 x [64, 576] double-buffered cache tiles
+  static constexpr int kQ = 2 * kTileBytes;              // [Hc, 576] absorbed query
+  static constexpr int kP = kQ + kSlabs * kQSlabBytes;   // [Hc, 64] bf16 softmax numerators
+  static constexpr int kXch = kP + kQSlabBytes;          // [2 wg][kNT/2 * 4][128] fp32 partial scores to exchange
+  static constexpr int kRed = kXch + 2 * (kNT / 2) * 4 * 128 * 4;  // [2 wg][4 warps][Hc/2] fp32 per-warp reductions
+  static constexpr int kAlpha = kRed + 2 * 4 * (kHeads / 2) * 4;   // [Hc] fp32 rescale of this tile
+  static constexpr int kSum = kAlpha + kHeads * 4;                 // [Hc] fp32 softmax sums (segment end)
+  static constexpr int kMax = kSum + kHeads * 4;                   // [Hc] fp32 running maxima (segment end)
+  static constexpr int kBytes = kMax + kHeads * 4;
+  static constexpr int kDynamicBytes = kBytes + 1024;  // slack to align the dynamic base to 1024
+  static_assert(kQ % 1024 == 0 && kP % 1024 == 0 && kXch % 16 == 0, "SW128 atoms must be 1024-byte aligned");
+  static_assert(kDynamicBytes <= 232448, "over the 227 KiB of shared memory a CTA may use");
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; bytes past src_bytes (0 or 16) are zero-filled.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+// Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the async proxy (wgmma).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Barrier over one warpgroup (ids 1 and 2; 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_barrier(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// d[0..3] += A (16x16, fragments a) * B (16x8, fragments b0 b1), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- mma.sync policy ----------------------------------------------------------------------------------------------
+
+struct MmaSync {
+  // s += tile[16w.., k] · Q[:, k]ᵀ over k-steps [k0, k0 + 18) for warp w of the calling warpgroup.
+  template <int kNT>
+  static __device__ __forceinline__ void qk(uint32_t tile, uint32_t q, int k0, float (&s)[kNT * 4]) {
+    const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4;
+#pragma unroll 1
+    for (int kk = k0; kk < k0 + kKStepsPerWg; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, tile + qk_a_lane(lane, w, kk));
+#pragma unroll
+      for (int jp = 0; jp < kNT / 2; ++jp) {
+        uint32_t b[4];
+        ldmatrix_x4(b, q + qk_b_lane(lane, jp, kk, Smem<kNT>::kQSlabBytes));
+        mma_bf16(&s[8 * jp], a, b[0], b[1]);
+        mma_bf16(&s[8 * jp + 4], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // o[c] += tile[:, ch]ᵀ · P[:, :]ᵀ for the channel rows 256 wg + 64c + 16w.. of warp w (c = 0..3).
+  template <int kNT>
+  static __device__ __forceinline__ void pv(uint32_t tile, uint32_t p, int wg, float (&o)[4][kNT * 4]) {
+    const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4;
+#pragma unroll
+    for (int ks = 0; ks < kTile / 16; ++ks) {
+      uint32_t b[kNT / 2][4];
+#pragma unroll
+      for (int jp = 0; jp < kNT / 2; ++jp) ldmatrix_x4(b[jp], p + pv_b_lane(lane, jp, ks));
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, tile + pv_a_lane(lane, w, wg, c, ks));
+#pragma unroll
+        for (int jp = 0; jp < kNT / 2; ++jp) {
+          mma_bf16(&o[c][8 * jp], a, b[jp][0], b[jp][1]);
+          mma_bf16(&o[c][8 * jp + 4], a, b[jp][2], b[jp][3]);
+        }
+      }
+    }
+  }
+};
+
+// ---- wgmma policy (sm_90a) ---------------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t start) { return sw128_desc(start, kKMajorLbo, kKMajorSbo); }
+__device__ __forceinline__ uint64_t desc_m_major(uint32_t start) { return sw128_desc(start, kMMajorLbo, kMMajorSbo); }
+
+// Keeps the compiler from moving accesses of wgmma accumulators across the asynchronous MMA (no-op instruction).
+template <int kN>
+__device__ __forceinline__ void fence_operands(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+// d[64 x 8kNT] += A(desc a) · B(desc b), bf16 in, fp32 accumulate; kTransA = 1 reads A M-major. The build targets
+// sm_90a only; any other device pass traps (the launcher never selects the wgmma policy there).
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define BG_MLA_NO_WGMMA 1
+#endif
+
+template <int kTransA>
+__device__ __forceinline__ void wgmma_n48(float (&d)[24], uint64_t a, uint64_t b) {
+#ifdef BG_MLA_NO_WGMMA
+  __trap();
+#else
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1, %26, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+      : "l"(a), "l"(b), "n"(kTransA)
+      : "memory");
+#endif
+}
+
+template <int kTransA>
+__device__ __forceinline__ void wgmma_n32(float (&d)[16], uint64_t a, uint64_t b) {
+#ifdef BG_MLA_NO_WGMMA
+  __trap();
+#else
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15}, %16, %17, p, 1, 1, %18, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "n"(kTransA)
+      : "memory");
+#endif
+}
+
+template <int kTransA>
+__device__ __forceinline__ void wgmma_n16(float (&d)[8], uint64_t a, uint64_t b) {
+#ifdef BG_MLA_NO_WGMMA
+  __trap();
+#else
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %10, "
+      "0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(a), "l"(b), "n"(kTransA)
+      : "memory");
+#endif
+}
+
+template <int kNT, int kTransA>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[kNT * 4], uint64_t a, uint64_t b) {
+  static_assert(kNT == 2 || kNT == 4 || kNT == 6, "heads per CTA: 16, 32 or 48");
+  if constexpr (kNT == 6) {
+    wgmma_n48<kTransA>(d, a, b);
+  } else if constexpr (kNT == 4) {
+    wgmma_n32<kTransA>(d, a, b);
+  } else {
+    wgmma_n16<kTransA>(d, a, b);
+  }
+}
+
+struct Wgmma {
+  // Same contract as MmaSync::qk: the whole warpgroup issues 18 m64n(8kNT)k16 over its k-steps, then waits.
+  template <int kNT>
+  static __device__ __forceinline__ void qk(uint32_t tile, uint32_t q, int k0, float (&s)[kNT * 4]) {
+    constexpr int kQSlab = Smem<kNT>::kQSlabBytes;
+    fence_operands(s);
+    wgmma_fence();  // s was zeroed by ordinary register writes
+#pragma unroll
+    for (int i = 0; i < kKStepsPerWg; ++i) {
+      const int kk = k0 + i;
+      wgmma_bf16<kNT, 0>(s, desc_k_major(tile + qk_a_start(kk)), desc_k_major(q + qk_b_start(kk, kQSlab)));
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_operands(s);
+  }
+
+  // Same contract as MmaSync::pv: A = the tile read M-major (channels contiguous), 16 positions = 2 rows of atoms
+  // (2048 B) per k-step; B = P, K-major, 32 B per k-step.
+  template <int kNT>
+  static __device__ __forceinline__ void pv(uint32_t tile, uint32_t p, int wg, float (&o)[4][kNT * 4]) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) fence_operands(o[c]);
+    wgmma_fence();  // o was rescaled by ordinary register writes
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+#pragma unroll
+      for (int ks = 0; ks < kTile / 16; ++ks) {
+        wgmma_bf16<kNT, 1>(o[c], desc_m_major(tile + pv_a_start(wg, c, ks)), desc_k_major(p + pv_b_start(ks)));
+      }
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+#pragma unroll
+    for (int c = 0; c < 4; ++c) fence_operands(o[c]);
+  }
+};
+
+}  // namespace bg::ops::mla_decode

@@ -1,0 +1,147 @@
+// MLA decode plan and split-KV schedule (host model of the device schedule): head groups, partition counts,
+// workspace layout, and the schedule's invariants (every tile in exactly one partition, partitions non-empty and
+// balanced, split tokens' pieces in distinct slots within the plan's bound) over random ragged batches.
+#include "ops/mla/mla_decode_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+
+namespace bg::ops {
+namespace {
+
+MlaParams decode_params(int64_t n_tokens, int64_t heads) { return {n_tokens, heads, 512, 128, 64, 128, 64, 0.1f}; }
+
+TEST(MlaDecodePlan, HeadGroupsArePaddedToSixteenAndAtMostFortyEight) {
+  struct Want {
+    int64_t heads, group_heads, n_groups;
+  };
+  for (const Want& w : std::vector<Want>{{96, 48, 2}, {128, 48, 3}, {1, 16, 1}, {8, 16, 1}, {16, 16, 1},
+                                         {32, 32, 1}, {40, 48, 1}, {48, 48, 1}, {64, 32, 2}, {80, 48, 2}}) {
+    const MlaDecodePlan plan = mla_decode_plan(decode_params(4, w.heads), 132);
+    EXPECT_EQ(plan.group_heads, w.group_heads) << w.heads << " heads";
+    EXPECT_EQ(plan.n_groups, w.n_groups) << w.heads << " heads";
+    EXPECT_GE(plan.group_heads * plan.n_groups, w.heads);
+    EXPECT_EQ(plan.n_partitions, 132 / w.n_groups) << "one CTA per SM by default";
+    EXPECT_EQ(plan.max_slots, 2 * plan.n_partitions);
+  }
+}
+
+TEST(MlaDecodePlan, WorkspaceRegionsAreAlignedAndDisjoint) {
+  const MlaDecodePlan plan = mla_decode_plan(decode_params(64, 96), 132);
+  const MlaDecodeWorkspace& ws = plan.ws;
+  const std::vector<std::pair<size_t, size_t>> regions = {
+      {ws.q_full, 64 * 96 * 576 * 2},
+      {ws.o_lat, 64 * 96 * 512 * 2},
+      {ws.part_o, static_cast<size_t>(plan.max_slots * plan.n_groups * 512 * plan.group_heads * 4)},
+      {ws.part_ml, static_cast<size_t>(plan.max_slots * plan.n_groups * 2 * plan.group_heads * 4)},
+      {ws.meta, static_cast<size_t>(MlaDecodeMeta::count(64, plan.n_partitions) * 4)}};
+  for (size_t i = 0; i < regions.size(); ++i) {
+    EXPECT_EQ(regions[i].first % 256, 0u) << "region " << i;
+    EXPECT_LE(regions[i].first + regions[i].second, ws.total_bytes) << "region " << i;
+    if (i + 1 < regions.size()) {
+      EXPECT_LE(regions[i].first + regions[i].second, regions[i + 1].first);
+    }
+  }
+}
+
+TEST(MlaDecodePlan, TakesOnlyTheProductionLatentAndRejectsBadParams) {
+  EXPECT_TRUE(mla_decode_takes(decode_params(1, 96)));
+  MlaParams p = decode_params(1, 96);
+  p.kv_lora_rank = 32;
+  EXPECT_FALSE(mla_decode_takes(p));
+  EXPECT_THROW(mla_decode_plan(p, 132), Error);
+  p = decode_params(0, 96);
+  EXPECT_THROW(mla_decode_plan(p, 132), Error);
+  p = decode_params(kMlaDecodeMaxTokens + 1, 96);
+  EXPECT_THROW(mla_decode_plan(p, 132), Error);
+  p = decode_params(4, 96);
+  p.softmax_scale = 0.0f;
+  EXPECT_THROW(mla_decode_plan(p, 132), Error);
+  EXPECT_THROW(mla_decode_plan(decode_params(4, 96), 0), Error);
+  EXPECT_THROW(mla_decode_plan(decode_params(4, 96), 132, {MlaDecodeMma::kWgmma, 2000, 1}), Error);
+  EXPECT_THROW(mla_decode_plan(decode_params(4, 96), 132, {MlaDecodeMma::kWgmma, 8, 0}), Error);
+}
+
+// Every invariant the kernels rely on, for one batch of positions.
+void check_schedule(const MlaDecodePlan& plan, const std::vector<int64_t>& positions) {
+  const MlaDecodeSchedule s = mla_decode_schedule_cpu(plan, positions.data());
+  const auto n = static_cast<int64_t>(positions.size());
+  ASSERT_EQ(s.tile_prefix.front(), 0);
+  ASSERT_EQ(s.tile_prefix.back(), s.total_tiles);
+  ASSERT_GE(s.n_used, 1);
+  ASSERT_LE(s.n_used, plan.n_partitions);
+  ASSERT_LE(s.n_used, s.total_tiles) << "a partition would be empty";
+  // Partitions tile [0, total) without gaps, non-empty and balanced (sizes differ by at most one tile).
+  int64_t lo = INT64_MAX, hi = 0;
+  for (int64_t g = 0; g < s.n_used; ++g) {
+    const int64_t size =
+        mla_partition_begin(g + 1, s.total_tiles, s.n_used) - mla_partition_begin(g, s.total_tiles, s.n_used);
+    ASSERT_GE(size, 1);
+    lo = std::min(lo, size);
+    hi = std::max(hi, size);
+    for (int64_t x = mla_partition_begin(g, s.total_tiles, s.n_used);
+         x < mla_partition_begin(g + 1, s.total_tiles, s.n_used); ++x) {
+      ASSERT_EQ(mla_partition_of(x, s.total_tiles, s.n_used), g) << "tile " << x;
+    }
+  }
+  EXPECT_LE(hi - lo, 1) << "partitions differ by more than one tile";
+  ASSERT_EQ(s.partition_begin.size(), static_cast<size_t>(plan.n_partitions + 1));
+  for (int64_t g = 0; g <= plan.n_partitions; ++g) {
+    ASSERT_EQ(s.partition_begin[g], g < s.n_used ? mla_partition_begin(g, s.total_tiles, s.n_used) : s.total_tiles);
+  }
+  // Split tokens: pieces in consecutive partitions, their slots disjoint and inside the plan's bound.
+  std::set<int64_t> slots;
+  for (int64_t t = 0; t < n; ++t) {
+    const auto i = static_cast<size_t>(t);
+    ASSERT_EQ(s.tile_prefix[i + 1] - s.tile_prefix[i], mla_tiles_of_context(positions[i] + 1));
+    const int64_t first = mla_partition_of(s.tile_prefix[i], s.total_tiles, s.n_used);
+    const int64_t last = mla_partition_of(s.tile_prefix[i + 1] - 1, s.total_tiles, s.n_used);
+    ASSERT_EQ(s.n_splits[i], last - first + 1);
+    ASSERT_EQ(s.first_partition[i], first);
+    if (s.n_splits[i] <= 1) continue;
+    for (int64_t g = first; g <= last; ++g) {
+      const int64_t slot = s.slot_base[i] + (g - first);
+      ASSERT_LT(slot, plan.max_slots);
+      ASSERT_TRUE(slots.insert(slot).second) << "slot " << slot << " used twice";
+    }
+  }
+}
+
+TEST(MlaDecodeSchedule, InvariantsOverRandomRaggedBatches) {
+  std::mt19937_64 rng(5);
+  for (int iter = 0; iter < 300; ++iter) {
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 300);
+    const int64_t max_ctx = int64_t{1} << (rng() % 17);
+    std::vector<int64_t> positions(static_cast<size_t>(n));
+    for (auto& p : positions) p = static_cast<int64_t>(rng() % static_cast<uint64_t>(max_ctx));
+    MlaDecodeOptions o;
+    o.n_partitions = iter % 3 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % 300);
+    o.min_tiles_per_partition = 1 + static_cast<int64_t>(rng() % 8);
+    const MlaDecodePlan plan = mla_decode_plan(decode_params(n, iter % 2 ? 96 : 128), 132, o);
+    SCOPED_TRACE(::testing::Message() << "iteration " << iter << ": " << n << " tokens, contexts < " << max_ctx
+                                      << ", " << plan.n_partitions << " partitions, min tiles "
+                                      << plan.min_tiles_per_partition);
+    check_schedule(plan, positions);
+  }
+}
+
+TEST(MlaDecodeSchedule, EdgeCases) {
+  const MlaDecodePlan plan = mla_decode_plan(decode_params(1, 96), 132);
+  check_schedule(plan, {0});            // one tile: one partition, no split
+  check_schedule(plan, {262143});       // 256k context: 4096 tiles over 66 partitions, one token in 66 pieces
+  const MlaDecodePlan wide = mla_decode_plan(decode_params(256, 96), 132);
+  check_schedule(wide, std::vector<int64_t>(256, 63));   // 256 one-tile tokens: no token split
+  check_schedule(wide, std::vector<int64_t>(256, 4095));  // 64 tiles each
+  std::vector<int64_t> mixed(256, 0);
+  mixed[17] = 200000;
+  check_schedule(wide, mixed);  // one long token among many short ones
+}
+
+}  // namespace
+}  // namespace bg::ops

@@ -1,0 +1,118 @@
+// Grouped W4A16 MXFP4 expert FFN for decode (few rows per expert): the versioned weight layout (one allocation per
+// MoE layer, all local experts, in the order the tensor-core kernel consumes it), its host-side builder and reader,
+// the op's POD params (shared by the CPU reference and the CUDA launcher) and the CPU reference.
+// Kernel design, layout diagram and performance model: moe_w4a16_cuda.cu. Included by CPU and CUDA code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "formats/quant.h"
+
+namespace bg::ops {
+
+// Bump whenever a byte of the layout below changes meaning: the host weight store keeps this exact layout, and a
+// launcher refuses a layout of another version.
+inline constexpr uint32_t kMoeW4a16LayoutVersion = 1;
+
+// The two projections of an expert: gate and up (interleaved per 16-row tile so one warp holds matching gate/up
+// accumulators for the fused GLU), and down.
+enum class MoeW4a16Proj : uint8_t { kGateUp, kDown };
+
+// One projection of every expert slot. The projection is cut into work items of 512 weight rows (gate/up: 256 gate
+// rows + the 256 up rows of the same intermediate columns; down: 512 output rows) and k-stages of 64 inputs; each
+// (slot, item, k-stage) is one contiguous 17408-byte block (16 KiB of E2M1 codes in mma.sync A-fragment order, then
+// 1 KiB of E8M0 scales), so a pipeline stage is one contiguous copy. Rows / inputs past the real shape are zero
+// codes (padding; none at the DeepSeek-V3 and Kimi-K3 shapes).
+struct MoeW4a16MatrixInfo {
+  int64_t n_out = 0;         // gate/up: inter (intermediate columns of h); down: hidden
+  int64_t n_in = 0;          // gate/up: hidden; down: inter
+  int32_t n_items = 0;       // gate/up: ceil(inter / 256); down: ceil(hidden / 512)
+  int32_t n_kstages = 0;     // ceil(n_in / 64)
+  int64_t offset_bytes = 0;  // from the start of the layer's allocation
+  int64_t slot_bytes = 0;    // n_items * n_kstages * 17408
+  // Stored scale bytes are s' = s + 126 - scale_shift (s = the checkpoint's E8M0 exponent); the kernel multiplies its
+  // fp32 accumulators by 2^scale_shift. 0 unless some scale of the projection exceeds 2^1 (s > 128), see the .cu.
+  int32_t scale_shift = 0;
+};
+
+// POD descriptor of one MoE layer's re-laid-out experts (the launcher's view; the device pointer travels beside it).
+struct MoeW4a16LayoutInfo {
+  uint32_t version = kMoeW4a16LayoutVersion;
+  int64_t n_slots = 0;  // local experts, indexed by the dispatch's expert id 0..n_slots-1
+  int64_t hidden = 0;   // expert input and output width (DeepSeek-V3 7168; Kimi-K3 latent 3584)
+  int64_t inter = 0;    // expert intermediate width (2048; 3072)
+  MoeW4a16MatrixInfo gate_up;
+  MoeW4a16MatrixInfo down;
+  int64_t total_bytes = 0;  // of the whole allocation (256-byte aligned parts)
+};
+
+// One expert's weights as loaded from the checkpoint (views; all MXFP4): gate/up [inter, hidden], down [hidden, inter].
+struct MoeW4a16ExpertView {
+  const QuantWeight* gate = nullptr;
+  const QuantWeight* up = nullptr;
+  const QuantWeight* down = nullptr;
+};
+
+// The layout geometry for a shape (scale shifts 0). Throws for widths that are not positive multiples of 32.
+MoeW4a16LayoutInfo moe_w4a16_layout_info(int64_t n_slots, int64_t hidden, int64_t inter);
+
+// Builds the layout of experts [0, n_slots) into `dst` (info.total_bytes, host memory; uploaded as one allocation).
+// Checks every expert's format (MXFP4) and shape, and rejects an E8M0 scale of 0xFF (NaN) naming expert, projection,
+// row and group. Returns the info with the scale shifts it chose. Parallel over slots.
+MoeW4a16LayoutInfo moe_w4a16_pack(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter,
+                                  std::span<std::byte> dst);
+
+// Reads a projection of one slot back out of a layout, decoding exactly as the kernel does (bit placement, scale
+// fold, 2^scale_shift): fp32 [n_out, n_in], or for gate/up the gate (which = 0) or up (which = 1) half. For tests
+// and debugging: a correct layout gives back QuantWeight::decode_all() bit for bit.
+std::vector<float> moe_w4a16_unpack(const MoeW4a16LayoutInfo& info, std::span<const std::byte> layout, int64_t slot,
+                                    MoeW4a16Proj proj, int which = 0);
+
+enum class MoeW4a16Act : uint8_t { kSwiGLU, kSiTU };
+
+// The op's parameters, shared by the CPU reference and the CUDA launcher.
+struct MoeW4a16Params {
+  int64_t n_tokens = 0;  // 0 is valid (nothing runs)
+  int64_t top_k = 0;     // slots per token; a token's expert ids are distinct (as top-k produces them)
+  int64_t n_experts = 0; // local experts = layout slots
+  int64_t hidden = 0;
+  int64_t inter = 0;
+  MoeW4a16Act act = MoeW4a16Act::kSwiGLU;
+  float beta = 4.0f;        // SiTU only
+  float beta_lin = 25.0f;   // SiTU only
+  bool out_f32 = false;     // out dtype: fp32 or bf16
+  bool accumulate = false;  // out[t] += ... (in fp32) instead of out[t] = ...
+  // 0: split-K factor chosen on the device from the number of touched experts (fills the SMs); > 0: this factor
+  // (capped at the k-stages), so a row's result does not depend on what else is in the batch (batch invariance).
+  int32_t fixed_splits = 0;
+  // CUDA only: launch the down kernel as a programmatic dependent of gate/up (its first weights stream while gate/up
+  // finishes). Same results bit for bit; off until measured on the H200.
+  bool pdl = false;
+};
+
+// Throws naming the bad field.
+void moe_w4a16_check_params(const MoeW4a16Params& p);
+
+// Sizes of the kernel's workspace for p on `grid` persistent CTAs (the CUDA launcher lays the buffer out from it).
+struct MoeW4a16WorkspaceGeometry {
+  int32_t nb_cap = 1;           // n8 token blocks per pass: min(4, ceil(n_tokens / 8))
+  int64_t tile_counters = 0;    // split-K arrival counters: touched experts x items
+  int64_t token_counters = 0;   // combine counters: n_tokens x down items
+  int64_t partial_slots = 0;    // split-K partial sums: the most any touched-expert count asks for, + per-CTA slots
+  int64_t seq_slot_base = 0;    // first per-CTA running-sum slot (fixed splits with > 32 tokens)
+  int64_t slot_floats = 0;      // 4 tiles x nb_cap x 256 threads x 4
+  int64_t rows = 0;             // n_tokens x top_k permuted rows (h, y)
+};
+MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, int grid);
+
+// CPU reference: out[t] = (accumulate ? out[t] : 0) + sum_k w[t,k] * down_e(h), h = bf16(GLU(gate_e x_t, up_e x_t)),
+// e = ids[t,k], in slot order; dot products in double over the decoded weights (QuantWeight::decode_row), GLU in
+// fp32, h rounded to bf16 exactly where the kernel stores it. x [n_tokens, hidden] (fp32 holding the bf16 inputs),
+// ids / weights [n_tokens, top_k], out [n_tokens, hidden] fp32. experts: [n_experts].
+void moe_w4a16_cpu(const MoeW4a16Params& p, std::span<const MoeW4a16ExpertView> experts, const float* x,
+                   const int32_t* ids, const float* weights, float* out);
+
+}  // namespace bg::ops

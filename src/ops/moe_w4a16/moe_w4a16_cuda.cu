@@ -1,0 +1,547 @@
+// Grouped W4A16 MXFP4 expert FFN for decode: a persistent, cp.async-pipelined mma.sync kernel over a device-side work
+// list, run twice per layer (gate/up with the GLU fused, then down with the weighted combine fused).
+//
+// Design
+// - Operands: weights are the M dimension of mma.sync.m16n8k16 (bf16 in, fp32 accumulate), tokens (an expert's rows)
+//   the N dimension, 8 per n-block, 1..4 n-blocks per pass (1..32 rows). Weights stay MXFP4 (4.25 bits) all the way
+//   into registers: the load-time layout (moe_w4a16_layout.h) stores each warp's A fragments so one 16-byte shared
+//   load holds a thread's registers for 4 k-steps; E2M1 -> bf16 is 9 integer ops per 8 weights (bit placement chosen
+//   at load time), the E8M0 scale one bf16x2 multiply per register (exact: a power of two), its 2^126 bias folded
+//   into the stored exponent. Activations are gathered per token straight from x by the dispatch's row_token
+//   (cp.async, no separate gather), 16-byte runs that land in B registers under a k permutation applied to both sides.
+// - Work list: item = (touched expert j, 512-row item m, k-split s); CTA b takes items b, b + grid, ... (grid = SM
+//   count, 1 CTA of 8 warps per SM). The touched-expert count is read on the device, so a CUDA graph captured once
+//   serves every routing. Split-K S (1..8) is chosen on the device from n_active so that e.g. 16 touched Kimi-K3
+//   experts (192 gate/up items) become 384 and fill 132 SMs in 3 even waves; fixed_splits pins S (batch invariance).
+// - Pipeline: 6 stages of (17408 B weights + 4608 B activations) = 129 KiB of shared memory; the producer (every
+//   thread, cp.async 16 B, plain L2 caching: see cp_async16) runs 5 stages ahead of the consumer across item
+//   boundaries, so the stream of weights never stops for an epilogue. One __syncthreads per 17 KiB stage.
+// - Split-K reduction, deterministic: each split writes its fp32 accumulators in fragment order (coalesced float4) to
+//   its own slot; the CTA whose arrival (an integer atomic) completes the tile adds slots 0..S-1 in that fixed order.
+//   Who arrives last never changes the sum. With > 32 tokens (several row passes per expert) a fixed S is run
+//   sequentially by one CTA with the same additions in the same order, so the bits do not depend on the batch size.
+// - Epilogues: gate/up: 2^shift, GLU (SwiGLU / SiTU) in registers (a warp holds gate and up tiles of the same
+//   columns), h in bf16. Down: y (fp32) per permuted row; then per (token, 512 output columns) an integer counter of
+//   finished slots; the CTA that finishes the token's last slot computes out[t] = (accumulate ? out : 0) +
+//   sum_k w_k y_k in fp32 in slot order (a fixed order whoever finishes last), so the combine is fused and
+//   deterministic; counters are reset by their last user, so graph replays start from zero.
+//
+// Performance model (H200: 132 SMs, read ceiling ~4.6 TB/s; Kimi-K3 expert = 17.5 MB packed, 16 touched = 281 MB)
+// - Bytes in flight per SM: 5 stages x 17 KiB = 85 KiB of weights. Little's law at 0.85 x 4.6 TB/s / 132 SMs =
+//   29.6 GB/s per SM and ~1 us loaded latency needs ~30 KiB: 2.9x margin.
+// - Issue per 4-byte code word (8 weights, one thread): 9 decode + 4 mul.bf16x2 + 0.5 scale + NB mma + ~0.9 shared
+//   loads/cp.async + ~1 address/loop = ~15.5 + NB instructions. At 29.6 GB/s per SM (~17 B/clk at 1.75 GHz) the SM
+//   has 128 thread-instructions per clock: ~7.5 per byte available, 4.1 (NB = 1) to 4.9 (NB = 4) used.
+// - Tensor pipe: NB mma per 128 bytes: 0.13 (1-8 rows) to 0.53 (25-32 rows) mma.m16n8k16 per clock per SM against
+//   ~0.7 sustained by mma.sync on Hopper; 32 rows per expert is the tight case (wgmma would lift it).
+// - Fixed costs per kernel: pipeline fill (~1.5 us), the last wave's tail and the final reductions (~1-2 us).
+// - Predicted: >= 0.85 of read at 1-16 rows per expert (16 of 56 K3 experts: ~72 us for 281 MB), ~0.75-0.8 at 32.
+// Resources (nvcc 13.0 -Xptxas -v, sm_90a): 226 / 212 registers (down / gate-up), no stack, no spills; 129 KiB of
+// dynamic shared memory, 1 CTA of 256 threads per SM. Full report and measurements: docs/MOE_W4A16.md.
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+#include "ops/moe_w4a16/moe_w4a16_cuda.h"
+#include "ops/moe_w4a16/moe_w4a16_device.cuh"
+#include "ops/moe_w4a16/moe_w4a16_schedule.h"
+
+namespace bg::ops {
+namespace {
+
+using namespace w4;
+
+constexpr int kStages = 6;
+constexpr int kBufBytes = kStageBytes + kActStageBytes;
+constexpr int kSmemBytes = kStages * kBufBytes;  // 132096
+
+// Everything a launch needs, by value (POD).
+struct KernelArgs {
+  const uint8_t* weights = nullptr;  // this projection: layer base + offset
+  int64_t slot_bytes = 0;
+  ScheduleParams sched;              // items, k-stages, nb_cap, splits policy, dispatch active / offsets
+  int64_t n_in = 0, n_out = 0;       // activation width; output width (gate/up: inter; down: hidden)
+  float out_scale = 1.0f;            // 2^scale_shift
+  const __nv_bfloat16* act = nullptr;  // gate/up: x [n_tokens, hidden]; down: h [rows, inter]
+  MoeWorkspace d;                    // the dispatch (offsets, active, n_active, row_token, row_weight, slot_row)
+  int top_k = 0;
+  int n_items_down = 0;              // combine counters per token
+  MoeW4a16Workspace ws;
+  void* out = nullptr;
+  bool out_f32 = false, accumulate = false;
+  MoeW4a16Act act_kind = MoeW4a16Act::kSwiGLU;
+  float beta = 4.0f, beta_lin = 25.0f;
+};
+
+// The producer's per-thread activation row: thread tid copies 16-byte chunk (tid & 7) of row (tid >> 3).
+struct ActSource {
+  int64_t item = -1;
+  int chunk = -1;
+  const __nv_bfloat16* row = nullptr;  // null: zero-fill
+};
+
+// The stage's weight block: one contiguous 17408-byte copy (4.25 x 16 B per thread) (cp.async.cg).
+__device__ __forceinline__ void issue_weights(const Cursor& c, const KernelArgs& a, uint8_t* buf) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const uint8_t* wsrc = a.weights + static_cast<int64_t>(c.e) * a.slot_bytes +
+                        (static_cast<int64_t>(c.m) * a.sched.n_kstages + c.ks) * kStageBytes;
+  const uint32_t wdst = smem_addr(buf);
+#pragma unroll
+  for (int i = 0; i < kCodeBytes / 16 / kThreads; ++i) {
+    const int off = (tid + i * kThreads) * 16;
+    cp_async16(wdst + off, wsrc + off);
+  }
+  if (tid < kScaleBytes / 16) cp_async16(wdst + kCodeBytes + tid * 16, wsrc + kCodeBytes + tid * 16);
+}
+
+// The stage's activation tile: thread tid copies 16-byte chunk (tid & 7) of row (tid >> 3); gate/up rows come
+// straight from x through row_token (the gather is fused here), down rows from h.
+template <bool kGateUp>
+__device__ __forceinline__ void issue_acts(const Cursor& c, const KernelArgs& a, ActSource& src, uint8_t* buf) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int row = tid >> 3, q = tid & 7;
+  if (row >= c.nb * 8) return;  // rows the consumer does not read this pass
+  if (src.item != c.item || src.chunk != c.chunk) {
+    src.item = c.item;
+    src.chunk = c.chunk;
+    src.row = nullptr;
+    if (row < c.chunk_rows) {
+      const int prow = c.chunk_row0 + row;
+      const int64_t act_row = kGateUp ? static_cast<int64_t>(a.d.row_token[prow]) : prow;
+      src.row = a.act + act_row * a.n_in;
+    }
+  }
+  const int64_t k = static_cast<int64_t>(c.ks) * kKStage + q * 8;
+  const bool valid = src.row != nullptr && k < a.n_in;
+  cp_async16_zfill(smem_addr(buf + kStageBytes + act_offset(row, q)), valid ? src.row + k : a.act, valid ? 16 : 0);
+}
+
+__device__ __forceinline__ void zero_acc(Acc& acc) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < kMaxNb; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nb][i] = 0.0f;
+}
+
+// Fragment-order float4 index of (tile mt, n-block nb) for this thread inside a partial slot.
+__device__ __forceinline__ int64_t partial_index(const KernelArgs& a, int mt, int nb) {
+  return (static_cast<int64_t>(mt * a.sched.nb_cap + nb) * kThreads + threadIdx.x) * 4;
+}
+
+// Split-K bookkeeping at the end of a pass. Returns true when acc holds the full sum (this CTA finishes the tile).
+__device__ bool reduce_splits(Acc& acc, const Cursor& c, const KernelArgs& a, const Plan& pl, int* s_flag) {
+  if (pl.splits == 1) return true;
+  const int64_t slot = partial_slot(c, pl, a.ws.seq_slot_base, static_cast<int>(blockIdx.x));
+  float* own = a.ws.partials + slot * a.ws.partial_slot_floats;
+  if (!pl.parallel) {
+    // Running sum ((p0 + p1) + p2) ... in this CTA's slot: the parallel path's additions, in its order.
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nb = 0; nb < kMaxNb; ++nb) {
+        if (nb >= c.nb) continue;
+        float4* p = reinterpret_cast<float4*>(own + partial_index(a, mt, nb));
+        float4 v = make_float4(acc[mt][nb][0], acc[mt][nb][1], acc[mt][nb][2], acc[mt][nb][3]);
+        if (c.s > 0) {
+          const float4 run = *p;
+          v = make_float4(run.x + v.x, run.y + v.y, run.z + v.z, run.w + v.w);
+        }
+        if (c.s + 1 < pl.splits) {
+          *p = v;
+        } else {
+          acc[mt][nb][0] = v.x, acc[mt][nb][1] = v.y, acc[mt][nb][2] = v.z, acc[mt][nb][3] = v.w;
+        }
+      }
+    return c.s + 1 == pl.splits;
+  }
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < kMaxNb; ++nb) {
+      if (nb < c.nb) {
+        __stcg(reinterpret_cast<float4*>(own + partial_index(a, mt, nb)),
+               make_float4(acc[mt][nb][0], acc[mt][nb][1], acc[mt][nb][2], acc[mt][nb][3]));
+      }
+    }
+  // Release (every thread's partial, then the arrival) and acquire (the arrival, then the other partials): the same
+  // fence / barrier / atomic / fence / barrier pattern as a grid-wide barrier.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    *s_flag = atomicAdd(&a.ws.tile_counters[c.tile], 1) == pl.splits - 1;
+    __threadfence();
+  }
+  __syncthreads();
+  if (!*s_flag) return false;
+  const float* first = a.ws.partials + static_cast<int64_t>(c.tile) * pl.splits * a.ws.partial_slot_floats;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < kMaxNb; ++nb) {
+      if (nb >= c.nb) continue;
+      float4 v = __ldcg(reinterpret_cast<const float4*>(first + partial_index(a, mt, nb)));
+      for (int s = 1; s < pl.splits; ++s) {
+        const float4 p = __ldcg(reinterpret_cast<const float4*>(first + s * a.ws.partial_slot_floats +
+                                                                  partial_index(a, mt, nb)));
+        v = make_float4(v.x + p.x, v.y + p.y, v.z + p.z, v.w + p.w);
+      }
+      acc[mt][nb][0] = v.x, acc[mt][nb][1] = v.y, acc[mt][nb][2] = v.z, acc[mt][nb][3] = v.w;
+    }
+  if (threadIdx.x == 0) a.ws.tile_counters[c.tile] = 0;  // for the next launch (stream-ordered)
+  return true;
+}
+
+// gate/up: h[row, col] = bf16(GLU(2^shift gate, 2^shift up)); tiles 2p / 2p+1 are gate / up of the same columns.
+__device__ void store_h(const Acc& acc, const Cursor& c, const KernelArgs& a) {
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+#pragma unroll
+  for (int p = 0; p < kMTiles / 2; ++p)
+#pragma unroll
+    for (int nb = 0; nb < kMaxNb; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int n = nb * 8 + (lane & 3) * 2 + (i & 1);
+        const int64_t col = gate_up_column(c.m, warp, 2 * p, (lane >> 2) + (i >> 1) * 8);
+        if (nb >= c.nb || n >= c.chunk_rows || col >= a.n_out) continue;
+        const float v = glu(acc[2 * p][nb][i] * a.out_scale, acc[2 * p + 1][nb][i] * a.out_scale, a.act_kind, a.beta,
+                            a.beta_lin);
+        a.ws.h[static_cast<int64_t>(c.chunk_row0 + n) * a.n_out + col] = __float2bfloat16(v);
+      }
+}
+
+// down: y[row, col] (fp32); then the fused combine of every token whose last slot this pass completed.
+__device__ void store_y_and_combine(const Acc& acc, const Cursor& c, const KernelArgs& a, int* s_done) {
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < kMaxNb; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int n = nb * 8 + (lane & 3) * 2 + (i & 1);
+        const int64_t col = down_row(c.m, warp, mt, (lane >> 2) + (i >> 1) * 8);
+        if (nb >= c.nb || n >= c.chunk_rows || col >= a.n_out) continue;
+        __stcg(a.ws.y + static_cast<int64_t>(c.chunk_row0 + n) * a.n_out + col, acc[mt][nb][i] * a.out_scale);
+      }
+  // Release y, count the rows as done, acquire the other slots' y (pattern as in reduce_splits).
+  __threadfence();
+  __syncthreads();
+  if (tid < c.chunk_rows) {
+    const int token = a.d.row_token[c.chunk_row0 + tid];
+    __threadfence();
+    const int done = atomicAdd(&a.ws.token_counters[static_cast<int64_t>(token) * a.n_items_down + c.m], 1);
+    __threadfence();
+    s_done[tid] = done == a.top_k - 1 ? token : -1;
+  }
+  __syncthreads();
+  const int64_t col = static_cast<int64_t>(c.m) * kCombineCols + 2 * tid;  // 2 columns per thread
+  for (int r = 0; r < c.chunk_rows; ++r) {
+    const int token = s_done[r];
+    if (token < 0) continue;  // uniform across the CTA
+    if (col < a.n_out) {      // n_out % 32 == 0: both columns valid
+      const int64_t o = static_cast<int64_t>(token) * a.n_out + col;
+      float2 acc2 = make_float2(0.0f, 0.0f);
+      if (a.accumulate) {
+        if (a.out_f32) {
+          acc2 = *reinterpret_cast<const float2*>(static_cast<const float*>(a.out) + o);
+        } else {
+          acc2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(static_cast<__nv_bfloat16*>(a.out) + o));
+        }
+      }
+      for (int k = 0; k < a.top_k; ++k) {
+        const int prow = a.d.slot_row[static_cast<int64_t>(token) * a.top_k + k];
+        const float w = a.d.row_weight[prow];
+        const float2 y = __ldcg(reinterpret_cast<const float2*>(a.ws.y + static_cast<int64_t>(prow) * a.n_out + col));
+        acc2.x = fmaf(w, y.x, acc2.x);
+        acc2.y = fmaf(w, y.y, acc2.y);
+      }
+      if (a.out_f32) {
+        *reinterpret_cast<float2*>(static_cast<float*>(a.out) + o) = acc2;
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(a.out) + o) = __float22bfloat162_rn(acc2);
+      }
+    }
+    if (tid == 0) a.ws.token_counters[static_cast<int64_t>(token) * a.n_items_down + c.m] = 0;
+  }
+  __syncthreads();  // s_done is rewritten by the next pass
+}
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int s_flag;
+  __shared__ int s_done[kChunkRows];
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int grid = static_cast<int>(gridDim.x);
+  const Plan pl = make_plan(a.sched, *a.d.n_active, grid);
+
+  Cursor prod, cons;
+  prod.item = cons.item = blockIdx.x;
+  load_item(prod, a.sched, pl, grid);
+  load_item(cons, a.sched, pl, grid);
+  ActSource src;
+  // Prologue: the first stages' weights do not depend on the previous kernel, so they are requested before
+  // griddepcontrol.wait (a no-op unless this grid was launched as a programmatic dependent, see a.pdl); the
+  // activations (h, for down) only after it. Stage 0's group holds all those weights: waits stay in order.
+  {
+    Cursor w = prod;
+#pragma unroll 1
+    for (int i = 0; i < kStages - 1 && w.valid; ++i) {
+      issue_weights(w, a, smem + i * kBufBytes);
+      advance(w, a.sched, pl, grid);
+    }
+  }
+  grid_dependency_wait();
+#pragma unroll 1
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (prod.valid) {
+      issue_acts<kGateUp>(prod, a, src, smem + i * kBufBytes);
+      advance(prod, a.sched, pl, grid);
+    }
+    cp_async_commit();
+  }
+
+  Acc acc;
+  zero_acc(acc);
+  int buf = 0;
+  bool triggered = false;
+#pragma unroll 1
+  while (cons.valid) {
+    cp_async_wait<kStages - 2>();  // this thread's copies of stage `buf` landed
+    __syncthreads();               // everyone's did, and everyone finished the stage before (its buffer is refilled now)
+    const int pbuf = buf == 0 ? kStages - 1 : buf - 1;
+    if (prod.valid) {
+      issue_weights(prod, a, smem + pbuf * kBufBytes);
+      issue_acts<kGateUp>(prod, a, src, smem + pbuf * kBufBytes);
+      advance(prod, a.sched, pl, grid);
+    } else if (!triggered) {
+      // Nothing left to request: let the dependent grid (down, with a.pdl) start on SMs as they free up.
+      launch_dependents();
+      triggered = true;
+    }
+    cp_async_commit();
+
+    // A token sent two rows to one expert (its expert ids were not distinct): flagged for the backend to report at the
+    // step's sync; the pass computes garbage for that chunk but stays in bounds (a trap would poison the context).
+    if (cons.bad && threadIdx.x == 0) atomicOr(a.d.error_flags, kMoeErrorDuplicateExpert);
+    const uint8_t* wbuf = smem + buf * kBufBytes;
+    const uint8_t* abuf = wbuf + kStageBytes;
+    switch (cons.nb) {
+      case 1: mma_stage<1>(acc, wbuf, abuf, warp, lane); break;
+      case 2: mma_stage<2>(acc, wbuf, abuf, warp, lane); break;
+      case 3: mma_stage<3>(acc, wbuf, abuf, warp, lane); break;
+      default: mma_stage<4>(acc, wbuf, abuf, warp, lane); break;
+    }
+    if (cons.ks + 1 == cons.ke) {  // end of a pass (chunk x split): uniform across the CTA
+      if (reduce_splits(acc, cons, a, pl, &s_flag)) {
+        if constexpr (kGateUp) {
+          store_h(acc, cons, a);
+        } else {
+          store_y_and_combine(acc, cons, a, s_done);
+        }
+      }
+      zero_acc(acc);
+    }
+    advance(cons, a.sched, pl, grid);
+    buf = buf + 1 == kStages ? 0 : buf + 1;
+  }
+  cp_async_wait<0>();
+}
+
+int sm_count() {
+  int dev = 0, n = 0;
+  BG_CUDA_CHECK(cudaGetDevice(&dev));
+  BG_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
+// The dynamic shared-memory opt-in is per device: set it once on each device a launch runs on.
+template <bool kGateUp>
+void set_smem_attribute() {
+  static std::mutex mu;
+  static uint64_t done = 0;  // bit d: set on device d
+  int dev = 0;
+  BG_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (dev < 64 && ((done >> dev) & 1u)) return;
+  BG_CUDA_CHECK(cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     kSmemBytes));
+  if (dev < 64) done |= uint64_t{1} << dev;
+}
+
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Byte offsets of the workspace parts (counters first, so one memset clears them).
+struct WsOffsets {
+  size_t counters = 0, partials = 0, h = 0, y = 0, total = 0;
+};
+WsOffsets ws_offsets(const MoeW4a16Params& p, const MoeW4a16WorkspaceGeometry& s) {
+  WsOffsets o;
+  o.partials = align256(static_cast<size_t>(s.tile_counters + s.token_counters) * sizeof(int32_t));
+  o.h = o.partials + align256(static_cast<size_t>(s.partial_slots * s.slot_floats) * sizeof(float));
+  o.y = o.h + align256(static_cast<size_t>(s.rows * p.inter) * sizeof(__nv_bfloat16));
+  o.total = o.y + align256(static_cast<size_t>(s.rows * p.hidden) * sizeof(float));
+  return o;
+}
+
+void check_workspace(const MoeW4a16Params& p, const MoeW4a16Workspace& ws) {
+  const MoeW4a16Params& q = ws.params;
+  BG_CHECK(q.n_tokens == p.n_tokens && q.top_k == p.top_k && q.n_experts == p.n_experts && q.hidden == p.hidden &&
+               q.inter == p.inter && q.fixed_splits == p.fixed_splits,
+           "moe_w4a16_cuda: workspace laid out for n_tokens {} top_k {} experts {} hidden {} inter {} splits {}, "
+           "launched with {} {} {} {} {} {}", q.n_tokens, q.top_k, q.n_experts, q.hidden, q.inter, q.fixed_splits,
+           p.n_tokens, p.top_k, p.n_experts, p.hidden, p.inter, p.fixed_splits);
+  BG_CHECK(ws.grid == sm_count(), "moe_w4a16_cuda: workspace laid out for {} SMs, this device has {}", ws.grid,
+           sm_count());
+}
+
+KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const MoeWorkspace& d,
+                       const MoeW4a16Args& args, const MoeW4a16Workspace& ws, MoeW4a16Proj proj) {
+  KernelArgs k;
+  const MoeW4a16MatrixInfo& m = proj == MoeW4a16Proj::kGateUp ? w.info.gate_up : w.info.down;
+  k.weights = static_cast<const uint8_t*>(w.data) + m.offset_bytes;
+  k.slot_bytes = m.slot_bytes;
+  k.sched.n_items = m.n_items;
+  k.sched.n_kstages = m.n_kstages;
+  k.sched.nb_cap = ws.nb_cap;
+  k.sched.fixed_splits = p.fixed_splits;
+  k.sched.parallel_splits = p.n_tokens <= kChunkRows;
+  k.sched.active = d.active;
+  k.sched.offsets = d.offsets;
+  k.n_in = m.n_in;
+  k.n_out = m.n_out;
+  k.out_scale = std::ldexp(1.0f, m.scale_shift);
+  k.act = proj == MoeW4a16Proj::kGateUp ? args.x : ws.h;
+  k.d = d;
+  k.top_k = static_cast<int>(p.top_k);
+  k.n_items_down = w.info.down.n_items;
+  k.ws = ws;
+  k.out = args.out;
+  k.out_f32 = p.out_f32;
+  k.accumulate = p.accumulate;
+  k.act_kind = p.act;
+  k.beta = p.beta;
+  k.beta_lin = p.beta_lin;
+  return k;
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+size_t moe_w4a16_workspace_bytes(const MoeW4a16Params& p) {
+  moe_w4a16_check_params(p);
+  return ws_offsets(p, moe_w4a16_workspace_geometry(p, sm_count())).total;
+}
+
+MoeW4a16Workspace moe_w4a16_workspace_layout(const MoeW4a16Params& p, void* base) {
+  moe_w4a16_check_params(p);
+  BG_CHECK(base != nullptr && reinterpret_cast<uintptr_t>(base) % 256 == 0,
+           "moe_w4a16_workspace_layout: base {} must be non-null and 256-byte aligned", base);
+  const int grid = sm_count();
+  const MoeW4a16WorkspaceGeometry s = moe_w4a16_workspace_geometry(p, grid);
+  const WsOffsets o = ws_offsets(p, s);
+  auto* b = static_cast<uint8_t*>(base);
+  MoeW4a16Workspace ws;
+  ws.params = p;
+  ws.grid = grid;
+  ws.nb_cap = s.nb_cap;
+  ws.counters = reinterpret_cast<int32_t*>(b + o.counters);
+  ws.n_counters = s.tile_counters + s.token_counters;
+  ws.tile_counters = ws.counters;
+  ws.token_counters = ws.counters + s.tile_counters;
+  ws.partials = reinterpret_cast<float*>(b + o.partials);
+  ws.n_partial_slots = s.partial_slots;
+  ws.partial_slot_floats = s.slot_floats;
+  ws.seq_slot_base = s.seq_slot_base;
+  ws.h = reinterpret_cast<__nv_bfloat16*>(b + o.h);
+  ws.y = reinterpret_cast<float*>(b + o.y);
+  return ws;
+}
+
+void moe_w4a16_workspace_init(const MoeW4a16Workspace& ws, cudaStream_t stream) {
+  BG_CHECK(ws.counters != nullptr, "moe_w4a16_workspace_init: workspace has no counters");
+  BG_CUDA_CHECK(cudaMemsetAsync(ws.counters, 0, static_cast<size_t>(ws.n_counters) * sizeof(int32_t), stream));
+}
+
+void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const MoeWorkspace& d,
+                    const MoeW4a16Args& args, const MoeW4a16Workspace& ws, cudaStream_t stream) {
+  moe_w4a16_check_params(p);
+  BG_CHECK(w.info.version == kMoeW4a16LayoutVersion, "moe_w4a16_cuda: weight layout version {} (this build runs {})",
+           w.info.version, kMoeW4a16LayoutVersion);
+  BG_CHECK(w.info.n_slots == p.n_experts && w.info.hidden == p.hidden && w.info.inter == p.inter,
+           "moe_w4a16_cuda: weights hold {} experts {} -> {}, params say {} experts {} -> {}", w.info.n_slots,
+           w.info.hidden, w.info.inter, p.n_experts, p.hidden, p.inter);
+  check_workspace(p, ws);
+  if (p.n_tokens == 0) return;
+  BG_CHECK(w.data && aligned16(w.data) && args.x && aligned16(args.x) && args.out && aligned16(args.out),
+           "moe_w4a16_cuda: weights {}, x {} and out {} must be non-null and 16-byte aligned", w.data,
+           static_cast<const void*>(args.x), args.out);
+  BG_CHECK(d.offsets && d.active && d.n_active && d.row_token && d.row_weight && d.slot_row,
+           "moe_w4a16_cuda: the dispatch workspace is incomplete");
+  set_smem_attribute<true>();
+  set_smem_attribute<false>();
+  const KernelArgs gu = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kGateUp);
+  moe_w4a16_kernel<true><<<ws.grid, kThreads, kSmemBytes, stream>>>(gu);
+  BG_CUDA_CHECK_LAUNCH();
+  const KernelArgs dn = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kDown);
+  if (!p.pdl) {
+    moe_w4a16_kernel<false><<<ws.grid, kThreads, kSmemBytes, stream>>>(dn);
+    BG_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  // Programmatic dependent launch: down's CTAs may start (and stream their first weights) while gate/up finishes;
+  // they read h only after griddepcontrol.wait, which waits for gate/up to complete and flush.
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(ws.grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  BG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_w4a16_kernel<false>, dn));
+}
+
+MoeW4a16Params moe_w4a16_params(const MoeCudaParams& p, int32_t fixed_splits) {
+  BG_CHECK(p.expert_format == WeightFormat::kMxfp4, "moe_w4a16: experts are {}, the kernel reads MXFP4",
+           weight_format_name(p.expert_format));
+  MoeW4a16Params q;
+  BG_CHECK(p.shape.all_local, "moe_w4a16: the fused combine needs every pair on this rank (all_local routing)");
+  q.n_tokens = p.shape.n_tokens;
+  q.top_k = p.shape.top_k;
+  q.n_experts = p.shape.n_slots;
+  q.hidden = p.hidden;
+  q.inter = p.inter;
+  q.act = p.act.kind == MoeGlu::kSitu ? MoeW4a16Act::kSiTU : MoeW4a16Act::kSwiGLU;
+  q.beta = p.act.beta;
+  q.beta_lin = p.act.beta_lin;
+  q.out_f32 = p.out_type == MoeOutType::kF32;
+  q.accumulate = p.accumulate;
+  q.fixed_splits = fixed_splits;
+  return q;
+}
+
+bool moe_w4a16_preferred(const MoeCudaParams& p) {
+  return p.expert_format == WeightFormat::kMxfp4 &&
+         (p.shape.n_tokens <= kChunkRows || p.shape.n_pairs() <= kChunkRows * p.shape.n_slots);
+}
+
+MoeW4a16DeviceLayer moe_w4a16_upload(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter) {
+  const MoeW4a16LayoutInfo shape = moe_w4a16_layout_info(static_cast<int64_t>(experts.size()), hidden, inter);
+  std::vector<std::byte> host(static_cast<size_t>(shape.total_bytes));
+  MoeW4a16DeviceLayer layer;
+  layer.weights.info = moe_w4a16_pack(experts, hidden, inter, host);
+  layer.storage = cuda::upload_bytes(host.data(), host.size());
+  layer.weights.data = layer.storage.data();
+  return layer;
+}
+
+}  // namespace bg::ops

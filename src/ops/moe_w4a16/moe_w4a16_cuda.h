@@ -1,0 +1,78 @@
+// CUDA launcher of the grouped W4A16 MXFP4 expert FFN for decode (design: moe_w4a16_cuda.cu): the per-layer device
+// weights (one allocation, layout of moe_w4a16.h), the workspace, and the launch that reads the device-side dispatch
+// (ops/moe/moe_cuda.h) and writes the weighted combine. Included only by CUDA code, the CUDA backend and GPU tests.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "backend/cuda/device_buffer.h"
+#include "ops/moe/moe_cuda.h"
+#include "ops/moe_w4a16/moe_w4a16.h"
+
+namespace bg::ops {
+
+// One MoE layer's experts on the device (POD; the allocation is owned elsewhere, e.g. MoeW4a16DeviceLayer).
+struct MoeW4a16Weights {
+  MoeW4a16LayoutInfo info;
+  const void* data = nullptr;  // info.total_bytes, 16-byte aligned
+};
+
+// Packs the experts (moe_w4a16_pack) and uploads them into one new device allocation (synchronous; load time).
+struct MoeW4a16DeviceLayer {
+  MoeW4a16Weights weights;
+  cuda::DeviceBuffer storage;
+};
+MoeW4a16DeviceLayer moe_w4a16_upload(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter);
+
+// Views into one caller-owned device buffer (moe_w4a16_workspace_layout), sized for one MoeW4a16Params (the launcher
+// checks that it is launched with the params it was laid out for). The counters must be zero before the first launch
+// (moe_w4a16_workspace_init, once, outside any graph capture); every launch leaves them zero again.
+struct MoeW4a16Workspace {
+  MoeW4a16Params params;       // what it was laid out for
+  int32_t grid = 0;            // persistent CTAs (the device's SM count at layout time)
+  int32_t nb_cap = 0;          // n8 token blocks per pass: min(4, ceil(n_tokens / 8))
+  int32_t* counters = nullptr; // [n_counters]: split-K tile counters, then per-(token, down item) combine counters
+  int64_t n_counters = 0;
+  int32_t* tile_counters = nullptr;
+  int32_t* token_counters = nullptr;
+  float* partials = nullptr;   // [n_partial_slots, partial_slot_floats] split-K partial sums, fragment order
+  int64_t n_partial_slots = 0;
+  int64_t partial_slot_floats = 0;
+  int64_t seq_slot_base = 0;   // first of the per-CTA running-sum slots (fixed splits with > 32 tokens)
+  __nv_bfloat16* h = nullptr;  // [n_tokens * top_k, inter] GLU outputs, permuted row order
+  float* y = nullptr;          // [n_tokens * top_k, hidden] expert outputs (fp32), permuted row order
+};
+
+size_t moe_w4a16_workspace_bytes(const MoeW4a16Params& p);
+// base: device memory of moe_w4a16_workspace_bytes(p), 256-byte aligned.
+MoeW4a16Workspace moe_w4a16_workspace_layout(const MoeW4a16Params& p, void* base);
+// Zeroes the counters (stream-ordered memset).
+void moe_w4a16_workspace_init(const MoeW4a16Workspace& ws, cudaStream_t stream);
+
+struct MoeW4a16Args {
+  const __nv_bfloat16* x = nullptr;  // [n_tokens, hidden] (rows are gathered by the dispatch's row_token)
+  void* out = nullptr;               // [n_tokens, hidden], bf16 or fp32 (p.out_f32); read too when p.accumulate
+};
+
+// out[t] = (accumulate ? out[t] : 0) + sum_k w[t,k] * expert_{e(t,k)}(x[t]) with the dispatch `d` already computed by
+// moe_dispatch_cuda for the same n_tokens / top_k / n_experts (only offsets, active, n_active, row_token, row_weight
+// and slot_row are read; the dispatch's x_perm / h / y_perm are not used). Two kernels (gate/up + GLU, then down +
+// combine), no host synchronisation, no allocation: capturable in a CUDA graph. Deterministic: the same inputs give
+// the same bits on every run and replay.
+void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const MoeWorkspace& d,
+                    const MoeW4a16Args& args, const MoeW4a16Workspace& ws, cudaStream_t stream);
+
+// The op's params from the MoE layer's (expert_format must be MXFP4; p.path is ignored).
+MoeW4a16Params moe_w4a16_params(const MoeCudaParams& p, int32_t fixed_splits = 0);
+
+// Host-side selection: true when every expert has at most 32 rows for sure (n_tokens <= 32, as a token sends at most
+// one row to an expert) or on average (n_tokens * top_k <= 32 * n_experts). Above that the kernel stays correct but
+// streams each expert's weights once per 32 rows; the tiled prefill path should take over.
+bool moe_w4a16_preferred(const MoeCudaParams& p);
+
+}  // namespace bg::ops

@@ -1,0 +1,269 @@
+// Host side of the W4A16 expert layout: geometry, the builder (QuantWeight views -> one layer's bytes) and the reader
+// that decodes a layout exactly as the kernel does (tests, debugging). Index maps: moe_w4a16_layout.h.
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "ops/moe_w4a16/moe_w4a16.h"
+#include "ops/moe_w4a16/moe_w4a16_layout.h"
+
+namespace bg::ops {
+namespace {
+
+int64_t align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+MoeW4a16MatrixInfo matrix_info(int64_t n_out, int64_t n_in, int64_t rows_per_item, int64_t offset) {
+  MoeW4a16MatrixInfo m;
+  m.n_out = n_out;
+  m.n_in = n_in;
+  m.n_items = static_cast<int32_t>(w4::ceil_div(n_out, rows_per_item));
+  m.n_kstages = static_cast<int32_t>(w4::ceil_div(n_in, w4::kKStage));
+  m.offset_bytes = offset;
+  m.slot_bytes = static_cast<int64_t>(m.n_items) * m.n_kstages * w4::kStageBytes;
+  return m;
+}
+
+// contribution[i][c]: the stored-word bits of 4-bit code c at element i (OR of 8 of these = one word).
+using EncodeTable = std::array<std::array<uint32_t, 16>, 8>;
+EncodeTable make_encode_table() {
+  EncodeTable t{};
+  for (int i = 0; i < 8; ++i) {
+    for (int c = 0; c < 16; ++c) {
+      for (int b = 0; b < 4; ++b) {
+        if ((c >> b) & 1) t[i][c] |= 1u << w4::source_bit(i, b);
+      }
+    }
+  }
+  return t;
+}
+
+// The source matrix and row that tile row (item, warp, mt, r16) holds; nullptr past the real rows (padding).
+struct RowRef {
+  const QuantWeight* w = nullptr;
+  int64_t row = 0;
+};
+RowRef row_ref(const MoeW4a16ExpertView& ex, MoeW4a16Proj proj, int64_t n_out, int item, int warp, int mt, int r16) {
+  if (proj == MoeW4a16Proj::kGateUp) {
+    const int64_t col = w4::gate_up_column(item, warp, mt, r16);
+    if (col >= n_out) return {};
+    return {w4::gate_up_is_up(mt) ? ex.up : ex.gate, col};
+  }
+  const int64_t row = w4::down_row(item, warp, mt, r16);
+  if (row >= n_out) return {};
+  return {ex.down, row};
+}
+
+uint8_t code_at(const RowRef& r, int64_t k) {
+  if (r.w == nullptr || k >= r.w->n_in) return 0;
+  const auto* row = reinterpret_cast<const uint8_t*>(r.w->data.data) + r.row * (r.w->n_in / 2);
+  const uint8_t byte = row[k / 2];
+  return (k & 1) ? static_cast<uint8_t>(byte >> 4) : static_cast<uint8_t>(byte & 0xf);
+}
+
+uint8_t scale_at(const RowRef& r, int64_t group) {
+  if (r.w == nullptr || group >= r.w->n_in / kMxfp4GroupSize) return 0;
+  return reinterpret_cast<const uint8_t*>(r.w->scale.data)[r.row * (r.w->n_in / kMxfp4GroupSize) + group];
+}
+
+// s' = s + 126 - shift, clamped at 0 (only when one projection's scales span more than 2^252: such weights are
+// below 2^-125 and decode to 0).
+uint8_t stored_scale(uint8_t s, int32_t shift) {
+  return static_cast<uint8_t>(std::clamp(static_cast<int>(s) + 126 - shift, 0, 254));
+}
+
+void check_expert(const MoeW4a16ExpertView& ex, int64_t slot, int64_t hidden, int64_t inter) {
+  const QuantWeight* mats[3] = {ex.gate, ex.up, ex.down};
+  const char* names[3] = {"gate", "up", "down"};
+  const int64_t outs[3] = {inter, inter, hidden}, ins[3] = {hidden, hidden, inter};
+  for (int i = 0; i < 3; ++i) {
+    const QuantWeight* w = mats[i];
+    BG_CHECK(w != nullptr, "moe_w4a16_pack: expert {} has no {} weight", slot, names[i]);
+    BG_CHECK(w->format == WeightFormat::kMxfp4, "moe_w4a16_pack: expert {} {} ('{}') is {}, not mxfp4", slot, names[i],
+             w->name, weight_format_name(w->format));
+    BG_CHECK(w->n_out == outs[i] && w->n_in == ins[i], "moe_w4a16_pack: expert {} {} ('{}') is [{}, {}], want [{}, {}]",
+             slot, names[i], w->name, w->n_out, w->n_in, outs[i], ins[i]);
+    BG_CHECK(w->data.data != nullptr && w->data.numel() * static_cast<int64_t>(dtype_size_bytes(w->data.dtype)) ==
+                                            w->n_out * w->n_in / 2,
+             "moe_w4a16_pack: expert {} {} ('{}'): codes are not {} bytes", slot, names[i], w->name,
+             w->n_out * w->n_in / 2);
+    BG_CHECK(w->scale.data != nullptr && w->scale.numel() == w->n_out * (w->n_in / kMxfp4GroupSize) &&
+                 dtype_size_bytes(w->scale.dtype) == 1,
+             "moe_w4a16_pack: expert {} {} ('{}'): scales are not [{}, {}] bytes", slot, names[i], w->name, w->n_out,
+             w->n_in / kMxfp4GroupSize);
+  }
+}
+
+// Largest E8M0 exponent of one matrix; throws on 0xFF (NaN scale: the format says the whole group is NaN).
+int max_scale(const QuantWeight& w, int64_t slot, const char* name) {
+  const auto* s = reinterpret_cast<const uint8_t*>(w.scale.data);
+  const int64_t groups = w.n_in / kMxfp4GroupSize;
+  int best = 0;
+  for (int64_t i = 0; i < w.n_out * groups; ++i) {
+    BG_CHECK(s[i] != 0xff, "moe_w4a16_pack: expert {} {} ('{}') row {} group {} has the E8M0 scale 0xFF (NaN): the "
+             "checkpoint is corrupt", slot, name, w.name, i / groups, i % groups);
+    best = std::max(best, static_cast<int>(s[i]));
+  }
+  return best;
+}
+
+// One (slot, item, k-stage) block of 17408 bytes.
+void pack_block(const MoeW4a16ExpertView& ex, MoeW4a16Proj proj, const MoeW4a16MatrixInfo& m, int item, int kstage,
+                const EncodeTable& enc, uint8_t* block) {
+  for (int warp = 0; warp < w4::kWarps; ++warp) {
+    for (int mt = 0; mt < w4::kMTiles; ++mt) {
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane >> 2, t = lane & 3;
+        const RowRef rows[2] = {row_ref(ex, proj, m.n_out, item, warp, mt, g),
+                                row_ref(ex, proj, m.n_out, item, warp, mt, g + 8)};
+        uint32_t words[4];
+        for (int ks = 0; ks < 4; ++ks) {
+          uint32_t word = 0;
+          for (int i = 0; i < 8; ++i) {
+            const int64_t k = static_cast<int64_t>(kstage) * w4::kKStage + w4::element_k(t, ks, i);
+            word |= enc[static_cast<size_t>(i)][code_at(rows[w4::element_row_half(i)], k)];
+          }
+          words[ks] = word;
+        }
+        std::memcpy(block + w4::code_offset(warp, mt, lane), words, sizeof(words));
+      }
+    }
+    for (int g = 0; g < 8; ++g) {
+      for (int q = 0; q < 2; ++q) {
+        for (int mt = 0; mt < w4::kMTiles; ++mt) {
+          for (int rh = 0; rh < 2; ++rh) {
+            const RowRef r = row_ref(ex, proj, m.n_out, item, warp, mt, g + 8 * rh);
+            const uint8_t s = scale_at(r, static_cast<int64_t>(kstage) * 2 + q);
+            block[w4::scale_offset(warp, g, q, mt, rh)] = r.w == nullptr ? 0 : stored_scale(s, m.scale_shift);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+MoeW4a16LayoutInfo moe_w4a16_layout_info(int64_t n_slots, int64_t hidden, int64_t inter) {
+  BG_CHECK(n_slots > 0, "moe_w4a16: {} expert slots", n_slots);
+  BG_CHECK(hidden > 0 && inter > 0 && hidden % kMxfp4GroupSize == 0 && inter % kMxfp4GroupSize == 0,
+           "moe_w4a16: hidden {} and inter {} must be positive multiples of 32 (MXFP4 groups)", hidden, inter);
+  MoeW4a16LayoutInfo info;
+  info.n_slots = n_slots;
+  info.hidden = hidden;
+  info.inter = inter;
+  info.gate_up = matrix_info(inter, hidden, w4::kItemHCols, 0);
+  info.down = matrix_info(hidden, inter, w4::kItemRows, align256(n_slots * info.gate_up.slot_bytes));
+  info.total_bytes = align256(info.down.offset_bytes + n_slots * info.down.slot_bytes);
+  return info;
+}
+
+MoeW4a16LayoutInfo moe_w4a16_pack(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter,
+                                  std::span<std::byte> dst) {
+  MoeW4a16LayoutInfo info = moe_w4a16_layout_info(static_cast<int64_t>(experts.size()), hidden, inter);
+  BG_CHECK(static_cast<int64_t>(dst.size()) == info.total_bytes, "moe_w4a16_pack: destination has {} bytes, the "
+           "layout needs {}", dst.size(), info.total_bytes);
+  int max_gu = 0, max_dn = 0;
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const int64_t slot = static_cast<int64_t>(e);
+    check_expert(experts[e], slot, hidden, inter);
+    max_gu = std::max({max_gu, max_scale(*experts[e].gate, slot, "gate"), max_scale(*experts[e].up, slot, "up")});
+    max_dn = std::max(max_dn, max_scale(*experts[e].down, slot, "down"));
+  }
+  // The kernel's bf16 scale 2^(s' - 127) must stay finite: s' <= 254 needs s - shift <= 128.
+  info.gate_up.scale_shift = std::max(0, max_gu - 128);
+  info.down.scale_shift = std::max(0, max_dn - 128);
+
+  const EncodeTable enc = make_encode_table();
+  std::memset(dst.data(), 0, dst.size());  // alignment gaps
+  auto* base = reinterpret_cast<uint8_t*>(dst.data());
+  for (MoeW4a16Proj proj : {MoeW4a16Proj::kGateUp, MoeW4a16Proj::kDown}) {
+    const MoeW4a16MatrixInfo& m = proj == MoeW4a16Proj::kGateUp ? info.gate_up : info.down;
+    const int64_t blocks_per_slot = static_cast<int64_t>(m.n_items) * m.n_kstages;
+    parallel_for(info.n_slots * blocks_per_slot, 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t slot = i / blocks_per_slot, in_slot = i % blocks_per_slot;
+        const int item = static_cast<int>(in_slot / m.n_kstages), kstage = static_cast<int>(in_slot % m.n_kstages);
+        pack_block(experts[static_cast<size_t>(slot)], proj, m, item, kstage, enc,
+                   base + m.offset_bytes + slot * m.slot_bytes + in_slot * w4::kStageBytes);
+      }
+    });
+  }
+  return info;
+}
+
+MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, int grid) {
+  moe_w4a16_check_params(p);
+  BG_CHECK(grid > 0, "moe_w4a16: grid of {} CTAs", grid);
+  MoeW4a16WorkspaceGeometry s;
+  const MoeW4a16LayoutInfo info = moe_w4a16_layout_info(p.n_experts, p.hidden, p.inter);
+  s.rows = p.n_tokens * p.top_k;
+  s.nb_cap = static_cast<int32_t>(std::clamp<int64_t>((p.n_tokens + 7) / 8, 1, w4::kMaxNb));
+  s.slot_floats = static_cast<int64_t>(w4::kMTiles) * s.nb_cap * w4::kThreads * 4;
+  const int64_t max_active = std::min(p.n_experts, std::max<int64_t>(s.rows, 1));
+  s.tile_counters = max_active * std::max(info.gate_up.n_items, info.down.n_items);
+  s.token_counters = p.n_tokens * info.down.n_items;
+  if (p.n_tokens <= w4::kChunkRows) {
+    // Parallel splits: the most slots any number of touched experts can ask for, by the kernel's own rule.
+    for (const MoeW4a16MatrixInfo* m : {&info.gate_up, &info.down}) {
+      for (int64_t n = 1; n <= max_active; ++n) {
+        const int splits = w4::choose_splits(n * m->n_items, m->n_kstages, grid, p.fixed_splits, s.nb_cap);
+        if (splits > 1) s.partial_slots = std::max(s.partial_slots, splits * n * m->n_items);
+      }
+    }
+  }
+  s.seq_slot_base = s.partial_slots;
+  if (p.n_tokens > w4::kChunkRows && p.fixed_splits > 1) s.partial_slots += grid;  // in-order splits: one per CTA
+  return s;
+}
+
+std::vector<float> moe_w4a16_unpack(const MoeW4a16LayoutInfo& info, std::span<const std::byte> layout, int64_t slot,
+                                    MoeW4a16Proj proj, int which) {
+  BG_CHECK(info.version == kMoeW4a16LayoutVersion, "moe_w4a16_unpack: layout version {} (this build reads {})",
+           info.version, kMoeW4a16LayoutVersion);
+  BG_CHECK(static_cast<int64_t>(layout.size()) == info.total_bytes && slot >= 0 && slot < info.n_slots,
+           "moe_w4a16_unpack: slot {} of {} in {} bytes (want {})", slot, info.n_slots, layout.size(),
+           info.total_bytes);
+  const MoeW4a16MatrixInfo& m = proj == MoeW4a16Proj::kGateUp ? info.gate_up : info.down;
+  const float shift = std::ldexp(1.0f, m.scale_shift);
+  std::vector<float> out(static_cast<size_t>(m.n_out * m.n_in), 0.0f);
+  const auto* base = reinterpret_cast<const uint8_t*>(layout.data()) + m.offset_bytes + slot * m.slot_bytes;
+  for (int item = 0; item < m.n_items; ++item) {
+    for (int kstage = 0; kstage < m.n_kstages; ++kstage) {
+      const uint8_t* block = base + (static_cast<int64_t>(item) * m.n_kstages + kstage) * w4::kStageBytes;
+      for (int warp = 0; warp < w4::kWarps; ++warp) {
+        for (int mt = 0; mt < w4::kMTiles; ++mt) {
+          if (proj == MoeW4a16Proj::kGateUp && static_cast<int>(w4::gate_up_is_up(mt)) != which) continue;
+          for (int lane = 0; lane < 32; ++lane) {
+            const int g = lane >> 2, t = lane & 3;
+            uint32_t words[4];
+            std::memcpy(words, block + w4::code_offset(warp, mt, lane), sizeof(words));
+            for (int ks = 0; ks < 4; ++ks) {
+              uint32_t r[4];
+              w4::decode_word(words[ks], r);
+              for (int i = 0; i < 8; ++i) {
+                const int rh = w4::element_row_half(i);
+                const int64_t row = proj == MoeW4a16Proj::kGateUp ? w4::gate_up_column(item, warp, mt, g + 8 * rh)
+                                                                  : w4::down_row(item, warp, mt, g + 8 * rh);
+                const int64_t k = static_cast<int64_t>(kstage) * w4::kKStage + w4::element_k(t, ks, i);
+                if (row >= m.n_out || k >= m.n_in) continue;
+                // As the kernel: bf16 lane (value * 2^-126) times the bf16 scale 2^(s'-127), rounded to bf16, then the
+                // fp32 accumulator's 2^shift.
+                const auto lane_bits = static_cast<uint16_t>(r[i >> 1] >> (16 * (i & 1)));
+                const uint8_t s_prime = block[w4::scale_offset(warp, g, t >> 1, mt, rh)];
+                const auto scale_bits = static_cast<uint16_t>(w4::scale_bf16x2(s_prime) & 0xffffu);
+                const float prod = bf16_to_f32(f32_to_bf16(bf16_to_f32(lane_bits) * bf16_to_f32(scale_bits)));
+                out[static_cast<size_t>(row * m.n_in + k)] = prod * shift;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace bg::ops

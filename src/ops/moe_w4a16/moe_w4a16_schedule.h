@@ -1,0 +1,120 @@
+// The W4A16 kernel's work list: the plan every CTA derives from the device-side touched-expert count (split-K factor,
+// parallel or in-order splits, row chunk size) and the cursor a CTA's producer and consumer walk through its stages
+// (item -> row chunk -> split -> k-stage). Plain integer code shared by the kernel and the host test that walks every
+// CTA's schedule (moe_w4a16_test.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/moe_w4a16/moe_w4a16_layout.h"
+
+namespace bg::ops::w4 {
+
+struct ScheduleParams {
+  int n_items = 0;       // 512-row items per expert of this projection
+  int n_kstages = 0;     // 64-input stages per item
+  int nb_cap = 1;        // n8 token blocks per pass: a row chunk has at most 8 nb_cap rows
+  int fixed_splits = 0;  // 0: choose on the device
+  bool parallel_splits = false;       // n_tokens <= 32: splits run on different CTAs
+  const int32_t* active = nullptr;    // the dispatch: touched experts, ascending
+  const int32_t* offsets = nullptr;   // [n_experts + 1] first permuted row of each expert
+};
+
+// The work decomposition for n_active touched experts on `grid` CTAs.
+struct Plan {
+  int splits = 1;
+  bool parallel = false;  // splits on different CTAs (else one CTA runs a tile's splits in order)
+  int64_t n_items = 0;    // work items: tiles (touched expert x item), times splits when parallel
+  int chunk_rows = 8;
+};
+
+BG_W4_HD Plan make_plan(const ScheduleParams& sp, int n_active, int grid) {
+  Plan pl;
+  const int64_t base = static_cast<int64_t>(n_active) * sp.n_items;
+  pl.chunk_rows = 8 * sp.nb_cap;
+  if (sp.parallel_splits) {
+    pl.splits = choose_splits(base, sp.n_kstages, grid, sp.fixed_splits, sp.nb_cap);
+    pl.parallel = true;
+    pl.n_items = base * pl.splits;
+  } else {
+    pl.splits = sp.fixed_splits > 0 ? choose_splits(base, sp.n_kstages, 1, sp.fixed_splits, sp.nb_cap) : 1;
+    pl.n_items = base;
+  }
+  return pl;
+}
+
+// Position in a CTA's stream of stages. A CTA takes items b, b + grid, b + 2 grid, ...
+struct Cursor {
+  int64_t item = 0;
+  bool valid = false;
+  bool bad = false;                // contract violation (see load_item): the kernel traps
+  int tile = 0, m = 0, e = 0;      // tile = j * n_items + m (j: touched-expert index); e: the expert slot
+  int row0 = 0, rows = 0;          // the expert's permuted rows
+  int s = 0, s_begin = 0, s_end = 1;
+  int chunk = 0, n_chunks = 0;
+  int chunk_row0 = 0, chunk_rows = 0, nb = 0;
+  int kb = 0, ke = 0, ks = 0;      // the split's k-stages [kb, ke) and the current one
+};
+
+BG_W4_HD void set_split(Cursor& c, const ScheduleParams& sp, const Plan& pl) {
+  c.kb = split_begin(sp.n_kstages, pl.splits, c.s);
+  c.ke = split_begin(sp.n_kstages, pl.splits, c.s + 1);
+  c.ks = c.kb;
+}
+
+BG_W4_HD void set_chunk(Cursor& c, const Plan& pl) {
+  c.chunk_row0 = c.row0 + c.chunk * pl.chunk_rows;
+  const int left = c.rows - c.chunk * pl.chunk_rows;
+  c.chunk_rows = left < pl.chunk_rows ? left : pl.chunk_rows;
+  c.nb = (c.chunk_rows + 7) / 8;
+}
+
+// Loads item c.item, or the next one of this CTA with rows; valid = false past the end.
+BG_W4_HD void load_item(Cursor& c, const ScheduleParams& sp, const Plan& pl, int grid) {
+  for (; c.item < pl.n_items; c.item += grid) {
+    const int64_t tile = pl.parallel ? c.item / pl.splits : c.item;
+    c.tile = static_cast<int>(tile);
+    c.m = static_cast<int>(tile % sp.n_items);
+    c.e = sp.active[tile / sp.n_items];
+    c.row0 = sp.offsets[c.e];
+    c.rows = sp.offsets[c.e + 1] - c.row0;
+    if (c.rows <= 0) continue;
+    c.n_chunks = (c.rows + pl.chunk_rows - 1) / pl.chunk_rows;
+    // Parallel splits own one partial slot per (tile, split): one pass of rows only. rows <= n_tokens <= 8 nb_cap
+    // holds unless a token sent two rows to one expert (a token's expert ids must be distinct).
+    c.bad = pl.parallel && pl.splits > 1 && c.n_chunks > 1;
+    c.s_begin = pl.parallel ? static_cast<int>(c.item % pl.splits) : 0;
+    c.s_end = pl.parallel ? c.s_begin + 1 : pl.splits;
+    c.s = c.s_begin;
+    c.chunk = 0;
+    set_chunk(c, pl);
+    set_split(c, sp, pl);
+    c.valid = true;
+    return;
+  }
+  c.valid = false;
+}
+
+// Next stage: k-stage, then split (in-order splits), then row chunk, then the CTA's next item.
+BG_W4_HD void advance(Cursor& c, const ScheduleParams& sp, const Plan& pl, int grid) {
+  if (++c.ks < c.ke) return;
+  if (++c.s < c.s_end) {
+    set_split(c, sp, pl);
+    return;
+  }
+  c.s = c.s_begin;
+  set_split(c, sp, pl);
+  if (++c.chunk < c.n_chunks) {
+    set_chunk(c, pl);
+    return;
+  }
+  c.item += grid;
+  load_item(c, sp, pl, grid);
+}
+
+// Split-K partial slot of a pass: (tile, split) for parallel splits, the CTA's running-sum slot otherwise.
+BG_W4_HD int64_t partial_slot(const Cursor& c, const Plan& pl, int64_t seq_slot_base, int cta) {
+  return pl.parallel ? static_cast<int64_t>(c.tile) * pl.splits + c.s : seq_slot_base + cta;
+}
+
+}  // namespace bg::ops::w4

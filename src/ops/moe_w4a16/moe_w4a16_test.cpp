@@ -1,0 +1,433 @@
+// The W4A16 layout without a GPU: the code-bit placement is a bijection and decodes to the E2M1 bf16 bits, a packed
+// layer reads back bit for bit as QuantWeight::decode_all (odd shapes, padding, scale shifts, s = 0), bad input is
+// rejected with a message, and a host emulation of mma.m16n8k16 built from the PTX ISA fragment rules (not from the
+// layout's own maps) over the kernel's shared-memory images reproduces the direct dot products. The split-K choice
+// and the CPU reference are checked too.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "ops/moe_w4a16/moe_w4a16.h"
+#include "ops/moe_w4a16/moe_w4a16_layout.h"
+#include "ops/moe_w4a16/moe_w4a16_schedule.h"
+
+namespace bg::ops {
+namespace {
+
+struct Mxfp4 {
+  HostTensor codes, scales;
+  QuantWeight w;
+};
+
+// Random codes (all 16 values) and E8M0 scales in [base, base + 4]; `s_max` forces one group's scale.
+Mxfp4 random_mxfp4(int64_t n_out, int64_t n_in, uint32_t seed, int base = 118, int s_max = -1) {
+  Mxfp4 m;
+  m.codes = HostTensor(DType::kU8, {n_out, n_in / 2});
+  m.scales = HostTensor(DType::kU8, {n_out, n_in / 32});
+  std::mt19937 rng(seed);
+  auto* c = reinterpret_cast<uint8_t*>(m.codes.data());
+  for (int64_t i = 0; i < n_out * n_in / 2; ++i) c[i] = static_cast<uint8_t>(rng());
+  auto* s = reinterpret_cast<uint8_t*>(m.scales.data());
+  for (int64_t i = 0; i < n_out * n_in / 32; ++i) s[i] = static_cast<uint8_t>(base + static_cast<int>(rng() % 5));
+  if (s_max >= 0) s[n_out * n_in / 32 / 2] = static_cast<uint8_t>(s_max);
+  m.w.format = WeightFormat::kMxfp4;
+  m.w.n_out = n_out;
+  m.w.n_in = n_in;
+  m.w.data = m.codes.view("codes");
+  m.w.scale = m.scales.view("scales");
+  m.w.name = "test";
+  return m;
+}
+
+struct Layer {
+  std::vector<Mxfp4> gate, up, down;
+  std::vector<MoeW4a16ExpertView> views;
+  std::vector<std::byte> bytes;
+  MoeW4a16LayoutInfo info;
+};
+
+// Down scales start at down_base (0: exponents from 2^-127, the s = 0 edge; 118: ordinary weights).
+Layer make_layer(int64_t n_slots, int64_t hidden, int64_t inter, uint32_t seed, int s_max = -1, int down_base = 0) {
+  Layer l;
+  for (int64_t e = 0; e < n_slots; ++e) {
+    const auto s = seed + static_cast<uint32_t>(e) * 3;
+    l.gate.push_back(random_mxfp4(inter, hidden, s, 118, e == 0 ? s_max : -1));
+    l.up.push_back(random_mxfp4(inter, hidden, s + 1));
+    l.down.push_back(random_mxfp4(hidden, inter, s + 2, down_base));
+  }
+  for (int64_t e = 0; e < n_slots; ++e) {
+    const auto i = static_cast<size_t>(e);
+    l.views.push_back({&l.gate[i].w, &l.up[i].w, &l.down[i].w});
+  }
+  l.bytes.resize(static_cast<size_t>(moe_w4a16_layout_info(n_slots, hidden, inter).total_bytes));
+  l.info = moe_w4a16_pack(l.views, hidden, inter, l.bytes);
+  return l;
+}
+
+TEST(MoeW4a16Layout, CodeBitsAreABijectionAndDecodeToBf16) {
+  uint32_t used = 0;
+  for (int i = 0; i < 8; ++i) {
+    for (int b = 0; b < 4; ++b) {
+      const int src = w4::source_bit(i, b);
+      ASSERT_GE(src, 0) << "element " << i << " bit " << b;
+      EXPECT_EQ((used >> src) & 1u, 0u) << "source bit " << src << " used twice";
+      used |= 1u << src;
+    }
+  }
+  EXPECT_EQ(used, 0xffffffffu);
+  std::mt19937 rng(1);
+  for (int trial = 0; trial < 2000; ++trial) {
+    uint8_t codes[8];
+    uint32_t word = 0;
+    for (int i = 0; i < 8; ++i) {
+      codes[i] = static_cast<uint8_t>(rng() & 15);
+      for (int b = 0; b < 4; ++b) word |= static_cast<uint32_t>((codes[i] >> b) & 1) << w4::source_bit(i, b);
+    }
+    uint32_t r[4];
+    w4::decode_word(word, r);
+    for (int i = 0; i < 8; ++i) {
+      const auto lane = static_cast<uint16_t>(r[i / 2] >> (16 * (i % 2)));
+      EXPECT_EQ(lane, static_cast<uint16_t>(((codes[i] & 8) << 12) | ((codes[i] & 7) << 6)));
+      // value * 2^-126, exactly (the E = 0 code 0.5 is the bf16 subnormal 2^-127).
+      EXPECT_EQ(bf16_to_f32(lane), std::ldexp(e2m1_to_f32(codes[i]), -126));
+    }
+  }
+}
+
+void expect_round_trip(const Layer& l) {
+  for (int64_t e = 0; e < l.info.n_slots; ++e) {
+    const auto i = static_cast<size_t>(e);
+    const std::vector<float> want[3] = {l.gate[i].w.decode_all(), l.up[i].w.decode_all(), l.down[i].w.decode_all()};
+    const std::vector<float> got[3] = {moe_w4a16_unpack(l.info, l.bytes, e, MoeW4a16Proj::kGateUp, 0),
+                                       moe_w4a16_unpack(l.info, l.bytes, e, MoeW4a16Proj::kGateUp, 1),
+                                       moe_w4a16_unpack(l.info, l.bytes, e, MoeW4a16Proj::kDown)};
+    for (int m = 0; m < 3; ++m) {
+      ASSERT_EQ(got[m].size(), want[m].size());
+      for (size_t j = 0; j < want[m].size(); ++j) {
+        ASSERT_EQ(got[m][j], want[m][j]) << "expert " << e << " matrix " << m << " element " << j;
+      }
+    }
+  }
+}
+
+TEST(MoeW4a16Layout, PackUnpackRoundTripsBitExact) {
+  // Odd shapes: partial items (rows padded to 256 / 512) and partial k-stages (96 = 64 + 32).
+  const Layer l = make_layer(3, 96, 160, 7);
+  EXPECT_EQ(l.info.gate_up.n_items, 1);
+  EXPECT_EQ(l.info.gate_up.n_kstages, 2);
+  EXPECT_EQ(l.info.down.n_kstages, 3);
+  EXPECT_EQ(l.info.gate_up.scale_shift, 0);
+  expect_round_trip(l);
+  // A scale of 2^5 (s = 132) needs a shift of 4; the rest still decodes exactly.
+  const Layer big = make_layer(2, 64, 288, 9, 132);
+  EXPECT_EQ(big.info.gate_up.scale_shift, 4);
+  EXPECT_EQ(big.info.down.scale_shift, 0);
+  expect_round_trip(big);
+}
+
+TEST(MoeW4a16Layout, RealShapesHaveNoPadding) {
+  const MoeW4a16LayoutInfo k3 = moe_w4a16_layout_info(56, 3584, 3072);
+  EXPECT_EQ(k3.gate_up.slot_bytes, 2 * 3072 * 3584 / 2 + 2 * 3072 * 3584 / 32);
+  EXPECT_EQ(k3.down.slot_bytes, 3584 * 3072 / 2 + 3584 * 3072 / 32);
+  const MoeW4a16LayoutInfo ds = moe_w4a16_layout_info(256, 7168, 2048);
+  EXPECT_EQ(ds.gate_up.slot_bytes, 2 * 2048 * 7168 / 2 + 2 * 2048 * 7168 / 32);
+  EXPECT_EQ(ds.down.slot_bytes, 7168 * 2048 / 2 + 7168 * 2048 / 32);
+}
+
+TEST(MoeW4a16Layout, RejectsBadInput) {
+  Layer l = make_layer(1, 64, 64, 3);
+  reinterpret_cast<uint8_t*>(l.up[0].scales.data())[5] = 0xff;
+  EXPECT_THROW(moe_w4a16_pack(l.views, 64, 64, l.bytes), Error);
+  Layer wrong = make_layer(1, 64, 64, 4);
+  EXPECT_THROW(moe_w4a16_pack(wrong.views, 64, 96, wrong.bytes), Error);  // shape mismatch
+  std::vector<std::byte> small(128);
+  EXPECT_THROW(moe_w4a16_pack(wrong.views, 64, 64, small), Error);
+  EXPECT_THROW(moe_w4a16_layout_info(4, 100, 64), Error);
+}
+
+// ---- mma.m16n8k16 emulated from the PTX ISA fragment rules ----------------------------------------------------------
+// PTX (9.7.14.5.8, .bf16): groupID = lane >> 2, tig = lane % 4. A element a_i (register i/2, half i%2): row groupID
+// for i in {0,1,4,5} else groupID + 8; col tig*2 + (i & 1) (+ 8 for i >= 4). B element b_i: row tig*2 + (i & 1)
+// (+ 8 for i >= 2), col groupID. C element c_i: row groupID (+ 8 for i >= 2), col tig*2 + (i & 1).
+float bf16_lane(uint32_t reg, int half) { return bf16_to_f32(static_cast<uint16_t>(reg >> (16 * half))); }
+
+// One mma.m16n8k16 step over a warp's fragments: d[16][8] += A B, with A and B assembled element by element from the
+// lanes' registers by the PTX rules above.
+void emulate_mma(const uint32_t (&a_regs)[32][4], const uint32_t (&b_regs)[32][2], double (&d)[16][8]) {
+  float a[16][16], b[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 8; ++i) {
+      const int row = g + ((i < 2 || (i >= 4 && i < 6)) ? 0 : 8), col = t * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+      a[row][col] = bf16_lane(a_regs[lane][i / 2], i % 2);
+    }
+    for (int i = 0; i < 4; ++i) b[t * 2 + (i & 1) + (i >= 2 ? 8 : 0)][g] = bf16_lane(b_regs[lane][i / 2], i % 2);
+  }
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 8; ++c)
+      for (int k = 0; k < 16; ++k) d[r][c] += static_cast<double>(a[r][k]) * b[k][c];
+}
+
+// The kernel's work on slot 0 of one projection, emulated: every item, every k-stage (activation tile built as the
+// producer copies it, zeros past n_in), registers extracted exactly as mma_stage does, results mapped back through
+// the C fragment rule and the layout's row maps. Returns [row][token]; gate/up rows: gate 0..inter-1, then up.
+std::vector<double> emulate_projection(const Layer& l, MoeW4a16Proj proj, const std::vector<float>& x, int n_tok) {
+  const MoeW4a16MatrixInfo& m = proj == MoeW4a16Proj::kGateUp ? l.info.gate_up : l.info.down;
+  const bool gu = proj == MoeW4a16Proj::kGateUp;
+  std::vector<double> out(static_cast<size_t>((gu ? 2 : 1) * m.n_out * n_tok), 0.0);
+  const auto* layout = reinterpret_cast<const uint8_t*>(l.bytes.data()) + m.offset_bytes;
+  for (int item = 0; item < m.n_items; ++item) {
+    for (int warp = 0; warp < w4::kWarps; ++warp) {
+      for (int mt = 0; mt < w4::kMTiles; ++mt) {
+        for (int nb = 0; nb < n_tok / 8; ++nb) {
+          double d[16][8] = {};
+          for (int kstage = 0; kstage < m.n_kstages; ++kstage) {
+            const uint8_t* block = layout + (static_cast<int64_t>(item) * m.n_kstages + kstage) * w4::kStageBytes;
+            std::vector<uint8_t> act(w4::kActStageBytes, 0);
+            for (int r = 0; r < n_tok; ++r)
+              for (int c = 0; c < 8; ++c)
+                for (int j = 0; j < 8; ++j) {
+                  const int64_t k = kstage * 64 + c * 8 + j;
+                  const uint16_t bits = k < m.n_in ? f32_to_bf16(x[static_cast<size_t>(r * m.n_in + k)]) : 0;
+                  std::memcpy(act.data() + w4::act_offset(r, c) + 2 * j, &bits, 2);
+                }
+            for (int ks = 0; ks < 4; ++ks) {
+              uint32_t a_regs[32][4], b_regs[32][2];
+              for (int lane = 0; lane < 32; ++lane) {
+                const int g = lane >> 2, t = lane & 3;
+                uint32_t words[4], sc[2], r[4], chunk[4];
+                std::memcpy(words, block + w4::code_offset(warp, mt, lane), 16);
+                std::memcpy(sc, block + w4::scale_offset(warp, g, t >> 1, 0, 0), 8);
+                std::memcpy(chunk, act.data() + w4::act_offset(nb * 8 + g, 2 * t + (ks >> 1)), 16);
+                w4::decode_word(words[ks], r);
+                uint32_t s_reg[2];
+                w4::tile_scales(sc[0], sc[1], mt, s_reg[0], s_reg[1]);
+                for (int j = 0; j < 4; ++j) {  // mul.rn.bf16x2, lane by lane
+                  const float lo = bf16_to_f32(f32_to_bf16(bf16_lane(r[j], 0) * bf16_lane(s_reg[j & 1], 0)));
+                  const float hi = bf16_to_f32(f32_to_bf16(bf16_lane(r[j], 1) * bf16_lane(s_reg[j & 1], 1)));
+                  a_regs[lane][j] = static_cast<uint32_t>(f32_to_bf16(lo)) | (static_cast<uint32_t>(f32_to_bf16(hi)) << 16);
+                }
+                b_regs[lane][0] = chunk[2 * (ks & 1)];
+                b_regs[lane][1] = chunk[2 * (ks & 1) + 1];
+              }
+              emulate_mma(a_regs, b_regs, d);
+            }
+          }
+          for (int lane = 0; lane < 32; ++lane) {
+            for (int i = 0; i < 4; ++i) {  // the kernel's epilogue map of c_i
+              const int row16 = (lane >> 2) + (i >> 1) * 8, tok = nb * 8 + (lane & 3) * 2 + (i & 1);
+              const int64_t row = gu ? w4::gate_up_column(item, warp, mt, row16) : w4::down_row(item, warp, mt, row16);
+              if (row >= m.n_out) continue;
+              const int64_t out_row = gu && w4::gate_up_is_up(mt) ? m.n_out + row : row;
+              out[static_cast<size_t>(out_row * n_tok + tok)] = d[row16][(lane & 3) * 2 + (i & 1)] *
+                                                                std::ldexp(1.0, m.scale_shift);
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(MoeW4a16Layout, FragmentsMatchPtxMmaSemantics) {
+  // hidden 576 / inter 288: two items per projection (the second partial), partial k-stages, 3 n8 token blocks.
+  const int64_t hidden = 576, inter = 288;
+  const int n_tok = 24;
+  const Layer l = make_layer(1, hidden, inter, 21, 131, 118);  // gate scale shift 3
+  ASSERT_EQ(l.info.gate_up.scale_shift, 3);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  for (MoeW4a16Proj proj : {MoeW4a16Proj::kGateUp, MoeW4a16Proj::kDown}) {
+    const bool gu = proj == MoeW4a16Proj::kGateUp;
+    const int64_t n_in = gu ? hidden : inter;
+    std::vector<float> x(static_cast<size_t>(n_tok * n_in));
+    for (auto& v : x) v = bf16_to_f32(f32_to_bf16(uni(rng)));
+    const std::vector<double> got = emulate_projection(l, proj, x, n_tok);
+    std::vector<std::vector<float>> mats;
+    if (gu) {
+      mats = {l.gate[0].w.decode_all(), l.up[0].w.decode_all()};
+    } else {
+      mats = {l.down[0].w.decode_all()};
+    }
+    const int64_t n_out = gu ? inter : hidden;
+    for (size_t mi = 0; mi < mats.size(); ++mi) {
+      for (int64_t row = 0; row < n_out; ++row) {
+        for (int tok = 0; tok < n_tok; ++tok) {
+          double want = 0.0;
+          for (int64_t k = 0; k < n_in; ++k) {
+            want += static_cast<double>(mats[mi][static_cast<size_t>(row * n_in + k)]) *
+                    x[static_cast<size_t>(tok * n_in + k)];
+          }
+          const double g = got[static_cast<size_t>((static_cast<int64_t>(mi) * n_out + row) * n_tok + tok)];
+          ASSERT_NEAR(g, want, 1e-9 * (1.0 + std::fabs(want)))
+              << (gu ? (mi ? "up" : "gate") : "down") << " row " << row << " token " << tok;
+        }
+      }
+    }
+  }
+}
+
+TEST(MoeW4a16Layout, SplitChoiceFillsTheMachine) {
+  // Kimi-K3 on an H200 (132 SMs), gate/up 12 items x 56 k-stages per expert, 1-8 rows: 16 touched experts (batch 1)
+  // -> 2 splits (3 even waves of 384 half items instead of 2 uneven waves of 192), 56 experts -> none (6 waves of
+  // 672 already), one expert -> 8; down (7 items x 48 k-stages) at 16 experts -> none (112 items, one wave).
+  EXPECT_EQ(w4::choose_splits(16 * 12, 56, 132, 0, 1), 2);
+  EXPECT_EQ(w4::choose_splits(56 * 12, 56, 132, 0, 1), 1);
+  EXPECT_EQ(w4::choose_splits(12, 56, 132, 0, 1), 8);
+  EXPECT_EQ(w4::choose_splits(16 * 7, 48, 132, 0, 1), 1);
+  EXPECT_EQ(w4::choose_splits(12, 3, 132, 0, 1), 1);   // the partial sums would cost more than they save
+  EXPECT_EQ(w4::choose_splits(12, 5, 132, 8, 4), 5);   // fixed, capped by the k-stages
+  EXPECT_EQ(w4::choose_splits(5000, 56, 132, 4, 4), 4);
+  for (int s = 1; s <= 8; ++s) {
+    for (int n = s; n < 60; ++n) {
+      for (int i = 0; i < s; ++i) EXPECT_LT(w4::split_begin(n, s, i), w4::split_begin(n, s, i + 1)) << n << " " << s;
+      EXPECT_EQ(w4::split_begin(n, s, s), n);
+    }
+  }
+}
+
+// ---- The work list, walked for every CTA ------------------------------------------------------------------------------
+struct WalkCase {
+  int64_t n_tokens, top_k, n_experts, n_used, hidden, inter;
+  int32_t fixed_splits;
+  int grid;
+};
+
+// Every (permuted row, item, k-stage) of both projections is computed exactly once across all CTAs' schedules, split
+// ranges tile the k-stages, and every slot and counter index stays inside the workspace geometry.
+void walk_schedules(const WalkCase& wc) {
+  const std::string what = fmt::format("n={} k={} E={} used={} {}x{} splits={} grid={}", wc.n_tokens, wc.top_k,
+                                       wc.n_experts, wc.n_used, wc.hidden, wc.inter, wc.fixed_splits, wc.grid);
+  MoeW4a16Params p;
+  p.n_tokens = wc.n_tokens;
+  p.top_k = wc.top_k;
+  p.n_experts = wc.n_experts;
+  p.hidden = wc.hidden;
+  p.inter = wc.inter;
+  p.fixed_splits = wc.fixed_splits;
+  const MoeW4a16WorkspaceGeometry geo = moe_w4a16_workspace_geometry(p, wc.grid);
+  const MoeW4a16LayoutInfo info = moe_w4a16_layout_info(wc.n_experts, wc.hidden, wc.inter);
+  // Routing (distinct experts per token) and its dispatch, as moe_dispatch_cuda computes it.
+  std::mt19937 rng(static_cast<uint32_t>(wc.n_tokens * 131 + wc.n_experts));
+  std::vector<int32_t> counts(static_cast<size_t>(wc.n_experts), 0);
+  for (int64_t t = 0; t < wc.n_tokens; ++t) {
+    std::vector<int32_t> pool(static_cast<size_t>(wc.n_used));
+    std::iota(pool.begin(), pool.end(), 0);
+    for (int64_t j = 0; j < wc.top_k; ++j) {
+      std::swap(pool[static_cast<size_t>(j)], pool[static_cast<size_t>(j + static_cast<int64_t>(rng() % static_cast<uint32_t>(wc.n_used - j)))]);
+      ++counts[static_cast<size_t>(pool[static_cast<size_t>(j)])];
+    }
+  }
+  std::vector<int32_t> offsets(1, 0), active;
+  for (int64_t e = 0; e < wc.n_experts; ++e) {
+    offsets.push_back(offsets.back() + counts[static_cast<size_t>(e)]);
+    if (counts[static_cast<size_t>(e)] > 0) active.push_back(static_cast<int32_t>(e));
+  }
+  const int64_t rows = offsets.back();
+  for (const MoeW4a16MatrixInfo* m : {&info.gate_up, &info.down}) {
+    w4::ScheduleParams sp;
+    sp.n_items = m->n_items;
+    sp.n_kstages = m->n_kstages;
+    sp.nb_cap = geo.nb_cap;
+    sp.fixed_splits = wc.fixed_splits;
+    sp.parallel_splits = wc.n_tokens <= w4::kChunkRows;
+    sp.active = active.data();
+    sp.offsets = offsets.data();
+    const w4::Plan pl = w4::make_plan(sp, static_cast<int>(active.size()), wc.grid);
+    std::vector<uint8_t> seen(static_cast<size_t>(rows * m->n_items * m->n_kstages), 0);
+    std::set<int64_t> parallel_slots;
+    for (int cta = 0; cta < wc.grid; ++cta) {
+      w4::Cursor c;
+      c.item = cta;
+      w4::load_item(c, sp, pl, wc.grid);
+      for (int guard = 0; c.valid; ++guard) {
+        ASSERT_LT(guard, 1 << 24) << what;
+        ASSERT_FALSE(c.bad) << what;
+        ASSERT_TRUE(c.nb >= 1 && c.nb <= geo.nb_cap && c.chunk_rows <= 8 * geo.nb_cap) << what;
+        ASSERT_TRUE(c.ks >= c.kb && c.ks < c.ke && c.ke <= m->n_kstages) << what;
+        for (int r = 0; r < c.chunk_rows; ++r) {
+          const int64_t row = c.chunk_row0 + r;
+          ASSERT_TRUE(row >= offsets[static_cast<size_t>(c.e)] && row < offsets[static_cast<size_t>(c.e) + 1]) << what;
+          ++seen[static_cast<size_t>((row * m->n_items + c.m) * m->n_kstages + c.ks)];
+        }
+        if (c.ks + 1 == c.ke && pl.splits > 1) {  // a pass ends: its partial slot and counter
+          const int64_t slot = w4::partial_slot(c, pl, geo.seq_slot_base, cta);
+          ASSERT_LT(slot, geo.partial_slots) << what;
+          if (pl.parallel) {
+            ASSERT_LT(c.tile, geo.tile_counters) << what;
+            ASSERT_TRUE(parallel_slots.insert(slot).second) << what << ": slot " << slot << " used twice";
+          } else {
+            ASSERT_GE(slot, geo.seq_slot_base) << what;
+          }
+        }
+        w4::advance(c, sp, pl, wc.grid);
+      }
+    }
+    for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], 1) << what << " (row, item, k-stage) " << i;
+  }
+}
+
+TEST(MoeW4a16Schedule, EveryStageOnceAndInsideTheWorkspace) {
+  walk_schedules({1, 16, 56, 56, 3584, 3072, 0, 132});    // Kimi-K3 batch 1: 2 parallel gate/up splits
+  walk_schedules({4, 16, 56, 56, 3584, 3072, 0, 132});
+  walk_schedules({32, 16, 56, 56, 3584, 3072, 0, 132});
+  walk_schedules({33, 16, 56, 56, 3584, 3072, 0, 132});   // > 32 tokens: several row chunks, no splits
+  walk_schedules({100, 8, 12, 12, 7168, 2048, 3, 132});   // in-order fixed splits
+  walk_schedules({20, 4, 16, 16, 512, 256, 4, 132});      // fixed parallel splits
+  walk_schedules({1, 1, 1, 1, 64, 64, 0, 132});           // one expert: splits capped by the k-stages
+  walk_schedules({5, 3, 10, 7, 96, 160, 0, 7});           // odd shapes, a small grid
+  walk_schedules({7, 2, 4, 4, 64, 96, 8, 3});
+}
+
+TEST(MoeW4a16Cpu, ReferenceMatchesDirectFormula) {
+  const int64_t hidden = 64, inter = 96, n = 3, k = 2;
+  const Layer l = make_layer(4, hidden, inter, 31, -1, 118);
+  std::vector<float> x(static_cast<size_t>(n * hidden));
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  for (auto& v : x) v = bf16_to_f32(f32_to_bf16(uni(rng)));
+  const std::vector<int32_t> ids = {0, 3, 1, 0, 2, 3};
+  const std::vector<float> wts = {0.7f, 0.3f, 0.5f, 0.5f, 1.0f, 0.25f};
+  MoeW4a16Params p;
+  p.n_tokens = n;
+  p.top_k = k;
+  p.n_experts = 4;
+  p.hidden = hidden;
+  p.inter = inter;
+  p.act = MoeW4a16Act::kSiTU;
+  std::vector<float> out(static_cast<size_t>(n * hidden), 0.0f);
+  moe_w4a16_cpu(p, l.views, x.data(), ids.data(), wts.data(), out.data());
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t o = 0; o < hidden; ++o) {
+      double want = 0.0;
+      for (int64_t s = 0; s < k; ++s) {
+        const auto e = static_cast<size_t>(ids[static_cast<size_t>(t * k + s)]);
+        const std::vector<float> g = l.gate[e].w.decode_all(), u = l.up[e].w.decode_all(), d = l.down[e].w.decode_all();
+        double y = 0.0;
+        for (int64_t i = 0; i < inter; ++i) {
+          double gd = 0.0, ud = 0.0;
+          for (int64_t j = 0; j < hidden; ++j) {
+            gd += static_cast<double>(g[static_cast<size_t>(i * hidden + j)]) * x[static_cast<size_t>(t * hidden + j)];
+            ud += static_cast<double>(u[static_cast<size_t>(i * hidden + j)]) * x[static_cast<size_t>(t * hidden + j)];
+          }
+          const double act = 4.0 * std::tanh(gd / 4.0) / (1.0 + std::exp(-gd)) * 25.0 * std::tanh(ud / 25.0);
+          y += static_cast<double>(d[static_cast<size_t>(o * inter + i)]) * act;
+        }
+        want += wts[static_cast<size_t>(t * k + s)] * y;
+      }
+      // The reference rounds h to bf16 (as the kernel stores it): within 2^-8 relative per term.
+      EXPECT_NEAR(out[static_cast<size_t>(t * hidden + o)], want, 2e-2 * (1.0 + std::fabs(want)));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace bg::ops

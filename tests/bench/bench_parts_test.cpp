@@ -1,0 +1,127 @@
+// The pieces `batchgen bench` stands on, on the CPU: the backend's per-op profiler hook sees every op of a step by
+// name; fabricated contexts fill KV blocks and KDA state and decode on from them; the roofline's byte model counts
+// each routed expert exactly as stored; the op-record reductions.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+
+#include "bench/op_profiler.h"
+#include "bench/roofline.h"
+#include "formats/checkpoint.h"
+#include "model/model_testing.h"
+#include "model/random_checkpoint.h"
+
+namespace bg::testing {
+namespace {
+
+std::filesystem::path tiny(const TempDir& tmp, const std::string& arch) {
+  RandomCheckpointSpec s;
+  s.arch = arch;
+  s.preset = "tiny";
+  s.seed = 3;
+  s.out_dir = tmp / arch;
+  write_random_checkpoint(s);
+  return s.out_dir;
+}
+
+TEST(OpProfilerHook, SeesEveryOpOfAStepByName) {
+  TempDir tmp;
+  auto model = load_model(tiny(tmp, "kimi_k3"));
+  auto seq = model->new_sequence();
+  std::vector<int32_t> prompt = {3, 5, 7, 11};
+  std::vector<float> logits(4 * static_cast<size_t>(model->info().vocab_size));
+  auto profiler = bench::make_wall_profiler(true);
+  model->set_op_profiler(profiler.get());
+  model->forward(*seq, prompt, logits.data());
+  model->set_op_profiler(nullptr);
+  const std::vector<bench::OpRecord> records = profiler->take();
+  std::set<std::string> names;
+  for (const auto& r : records) {
+    names.insert(r.name);
+    EXPECT_EQ(r.depth, 0) << r.name;  // backend ops do not nest
+    EXPECT_GE(r.end_ms, r.begin_ms) << r.name;
+  }
+  for (const char* op : {"embedding", "rmsnorm", "linear", "attn_res_mix", "short_conv", "kda", "mla_write",
+                         "mla_attention", "route", "routed_experts", "download_f32"}) {
+    EXPECT_TRUE(names.count(op)) << op;
+  }
+  // Detached: nothing more is recorded.
+  model->forward(*seq, std::span<const int32_t>(prompt).subspan(0, 1), logits.data());
+  EXPECT_TRUE(profiler->take().empty());
+}
+
+TEST(OpRecords, SpanAndAggregation) {
+  const std::vector<bench::OpRecord> records = {
+      {"upload_step", 0, 0.0, 1.0}, {"linear", 0, 1.0, 3.0}, {"rmsnorm", 0, 3.0, 3.5},
+      {"linear", 0, 4.0, 5.0},      {"inner", 1, 4.2, 4.4},  {"download_f32", 0, 5.0, 9.0}};
+  EXPECT_DOUBLE_EQ(bench::step_span_ms(records), 4.0);  // linear 1.0 .. linear 5.0; host-side ops left out
+  const std::vector<bench::OpTime> ops = bench::aggregate_ops(records);
+  ASSERT_EQ(ops.size(), 4u);
+  EXPECT_EQ(ops[0].name, "download_f32");
+  EXPECT_EQ(ops[1].name, "linear");
+  EXPECT_EQ(ops[1].calls, 2);
+  EXPECT_DOUBLE_EQ(ops[1].ms, 3.0);
+  EXPECT_DOUBLE_EQ(ops[1].share, 3.0 / 8.5);
+}
+
+// Decoding after a fabricated context equals decoding after a real one in everything but values: the sequence
+// holds n tokens of blocks, its KDA state is filled, and steps run on from position n with finite logits.
+TEST(FabricateContext, FillsBlocksAndStateAndDecodesOn) {
+  TempDir tmp;
+  for (const char* arch : {"kimi_k3", "deepseek_v3"}) {
+    LoadOptions lo;
+    lo.max_sequences = 3;
+    lo.max_total_tokens = 512;
+    auto model = load_model(tiny(tmp, arch), lo);
+    auto seq = model->new_sequence();
+    model->fabricate_context(*seq, 100, 9);
+    EXPECT_EQ(seq->n_past(), 100) << arch;
+    EXPECT_EQ(seq->kv_blocks().size(), 2u) << arch;  // 64-token blocks
+    std::vector<float> logits(static_cast<size_t>(model->info().vocab_size));
+    const int32_t token = 5;
+    const BatchEntry entry{seq.get(), std::span<const int32_t>(&token, 1)};
+    model->forward_batch(std::span<const BatchEntry>(&entry, 1), logits.data());
+    EXPECT_TRUE(all_finite(logits)) << arch;
+    EXPECT_EQ(seq->n_past(), 101) << arch;
+    // The context changes the result: a fresh sequence at position 0 gives other logits.
+    auto fresh = model->new_sequence();
+    std::vector<float> fresh_logits(logits.size());
+    const BatchEntry e2{fresh.get(), std::span<const int32_t>(&token, 1)};
+    model->forward_batch(std::span<const BatchEntry>(&e2, 1), fresh_logits.data());
+    EXPECT_NE(logits, fresh_logits) << arch;
+    // Only an empty sequence can be fabricated; a pool too small is an error naming it.
+    EXPECT_NE(bg_error_of([&] { model->fabricate_context(*seq, 10, 1); }).find("already holds"), std::string::npos);
+    auto big = model->new_sequence();
+    EXPECT_NE(bg_error_of([&] { model->fabricate_context(*big, 100000, 1); }).find("full"), std::string::npos);
+  }
+}
+
+// The step byte model: the difference between all experts touched and none is exactly the stored bytes of every
+// routed expert of every MoE layer (read from the checkpoint here independently), and KV bytes grow with context.
+TEST(StepCostModel, CountsStoredExpertBytesAndKv) {
+  TempDir tmp;
+  const auto dir = tiny(tmp, "kimi_k3");
+  const bench::StepCostModel cost = bench::StepCostModel::load(dir, 2);
+  bench::Ceilings c;
+  c.read_gbps = 1000.0;
+  c.gemm_bf16_tflops = 100.0;
+  const std::vector<double> none(static_cast<size_t>(cost.n_moe_layers()), 0.0);
+  const bench::StepCost all = cost.decode_step(1, 64, {}, c), zero = cost.decode_step(1, 64, none, c);
+  auto ckpt = Checkpoint::open(dir);
+  double expert_bytes = 0;
+  for (const std::string& name : ckpt->names()) {
+    if (name.find(".experts.") != std::string::npos) expert_bytes += static_cast<double>(ckpt->get(name).nbytes);
+  }
+  ASSERT_GT(expert_bytes, 0);
+  EXPECT_DOUBLE_EQ(all.bytes - zero.bytes, expert_bytes);
+  EXPECT_GT(all.roofline_ms, zero.roofline_ms);
+  const bench::StepCost longer = cost.decode_step(1, 1064, {}, c);
+  // 4 MLA layers x 1000 more tokens x (32 + 16) values x 2 bytes.
+  EXPECT_DOUBLE_EQ(longer.bytes - all.bytes, 4.0 * 1000 * 48 * 2);
+  EXPECT_GT(cost.prefill_chunk(0, 64, c).flops, 0.0);
+  EXPECT_GT(cost.prefill_chunk(64, 64, c).flops, cost.prefill_chunk(0, 64, c).flops);  // more keys per query
+}
+
+}  // namespace
+}  // namespace bg::testing

@@ -1,0 +1,319 @@
+// The W4A16 MXFP4 expert kernel (ops/moe_w4a16) against its CPU reference: random MXFP4 experts (all 16 codes,
+// E8M0 scales around the weight scale), random routings giving 1, 2, 5, 16, 32 and 100 rows per expert and ragged
+// counts, Kimi-K3 latent (3584 <-> 3072, top-16, SiTU) and DeepSeek-V3 (7168 <-> 2048, top-8, SwiGLU) experts and
+// small odd shapes, bf16 / fp32 / accumulating outputs, poisoned outputs and scratch (NaN never passes). Then bitwise:
+// two runs, a CUDA-graph replay against eager, and a fixed split factor giving the same rows whatever the batch.
+// The K3 micro-benchmark at the end is DISABLED_ (run it on the H200, see docs/MOE_W4A16.md).
+#include <cuda_bf16.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <memory>
+#include <vector>
+
+#include "cuda/cuda_testing.h"
+#include "cuda/linear_moe_testing.h"
+#include "ops/moe/moe_cuda.h"
+#include "ops/moe_w4a16/moe_w4a16_bench.h"
+#include "ops/moe_w4a16/moe_w4a16_cuda.h"
+
+namespace bg::ops {
+namespace {
+
+using testing::HostWeight;
+
+struct ExpertSet {
+  std::vector<HostWeight> gate, up, down;
+  std::vector<MoeW4a16ExpertView> views;
+  MoeW4a16DeviceLayer layer;
+};
+
+ExpertSet make_experts(int64_t n_experts, int64_t hidden, int64_t inter, uint64_t seed) {
+  ExpertSet s;
+  const auto E = static_cast<size_t>(n_experts);
+  s.gate.reserve(E);
+  s.up.reserve(E);
+  s.down.reserve(E);
+  const float s_in = 1.0f / std::sqrt(static_cast<float>(hidden)), s_mid = 2.0f / std::sqrt(static_cast<float>(inter));
+  for (int64_t e = 0; e < n_experts; ++e) {
+    const uint64_t base = seed * 1000 + static_cast<uint64_t>(e) * 3;
+    s.gate.push_back(testing::random_weight(WeightFormat::kMxfp4, inter, hidden, s_in, base));
+    s.up.push_back(testing::random_weight(WeightFormat::kMxfp4, inter, hidden, s_in, base + 1));
+    s.down.push_back(testing::random_weight(WeightFormat::kMxfp4, hidden, inter, s_mid, base + 2));
+  }
+  for (size_t e = 0; e < E; ++e) s.views.push_back({&s.gate[e].w, &s.up[e].w, &s.down[e].w});
+  s.layer = moe_w4a16_upload(s.views, hidden, inter);
+  return s;
+}
+
+// How tokens pick experts. kSame: every token picks the same top_k experts (a random subset, random order per token),
+// so each touched expert has exactly n_tokens rows. kRandom: top_k distinct experts of the first n_used, at random.
+enum class Pattern { kSame, kRandom };
+
+struct Routing {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+Routing make_routing(int64_t n, int64_t k, int64_t n_experts, int64_t n_used, Pattern pat, uint64_t seed) {
+  Routing r;
+  std::vector<int32_t> pool(static_cast<size_t>(n_experts));
+  std::iota(pool.begin(), pool.end(), 0);
+  auto pick = [&](int64_t j, int64_t range, uint64_t salt) {
+    const uint64_t h = testing::mix64(seed ^ testing::mix64(salt));
+    const int64_t p = j + static_cast<int64_t>(h % static_cast<uint64_t>(range - j));
+    std::swap(pool[static_cast<size_t>(j)], pool[static_cast<size_t>(p)]);
+  };
+  for (int64_t j = 0; j < k; ++j) pick(j, n_used, 999 + static_cast<uint64_t>(j));  // the common subset for kSame
+  const std::vector<int32_t> common(pool.begin(), pool.begin() + k);
+  for (int64_t t = 0; t < n; ++t) {
+    if (pat == Pattern::kSame) {
+      std::copy(common.begin(), common.end(), pool.begin());
+      for (int64_t j = 0; j < k; ++j) pick(j, k, static_cast<uint64_t>(t * 64 + j));  // shuffle the order
+    } else {
+      for (int64_t j = 0; j < k; ++j) pick(j, n_used, static_cast<uint64_t>(t * 64 + j) + (1ull << 40));
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      r.ids.push_back(pool[static_cast<size_t>(j)]);
+      r.weights.push_back(0.55f + testing::hash_uniform(seed + 7, static_cast<uint64_t>(t * k + j), 0.45f));
+    }
+  }
+  return r;
+}
+
+struct RunSpec {
+  int64_t n_tokens = 1;
+  Pattern pattern = Pattern::kSame;
+  int64_t n_used = 0;  // kRandom: experts in play (0: all)
+  bool out_f32 = false;
+  bool accumulate = false;
+  int32_t fixed_splits = 0;
+};
+
+// Everything one launch needs on the device, poisoned.
+struct Launch {
+  MoeCudaParams mp;
+  MoeW4a16Params p;
+  cuda::DeviceBuffer d_ids, d_w, d_x, d_out, ws_buf;
+  std::unique_ptr<MoeDispatchBuffers> dispatch;
+  MoeWorkspace dws;
+  MoeW4a16Workspace ws;
+  std::vector<uint16_t> x_bits;
+  std::vector<float> x, out_init;
+  std::vector<uint8_t> out_init_bytes;
+
+  void reset_out() const {
+    BG_CUDA_CHECK(cudaMemcpy(d_out.data(), out_init_bytes.data(), out_init_bytes.size(), cudaMemcpyHostToDevice));
+  }
+  std::vector<float> download_out() const {
+    const size_t n = static_cast<size_t>(p.n_tokens * p.hidden);
+    if (p.out_f32) return cuda::download<float>(d_out, n);
+    return testing::from_bf16(cuda::download<uint16_t>(d_out, n));
+  }
+  std::vector<uint8_t> download_bits() const { return cuda::download<uint8_t>(d_out, out_init_bytes.size()); }
+  void run(cudaStream_t stream) const {
+    moe_w4a16_cuda(p, set->layer.weights, dws, {d_x.as<__nv_bfloat16>(), d_out.data()}, ws, stream);
+  }
+  const ExpertSet* set = nullptr;
+};
+
+void prepare(Launch& L, const ExpertSet& set, int64_t hidden, int64_t inter, int64_t top_k, MoeW4a16Act act,
+             const RunSpec& spec, const Routing& r, uint64_t seed, cudaStream_t stream) {
+  const int64_t n = spec.n_tokens, E = static_cast<int64_t>(set.views.size());
+  L.set = &set;
+  L.mp.shape = {n, top_k, E, E, true};
+  L.mp.hidden = hidden;
+  L.mp.inter = inter;
+  L.mp.expert_format = WeightFormat::kMxfp4;
+  L.mp.act = {act == MoeW4a16Act::kSiTU ? MoeGlu::kSitu : MoeGlu::kSwiGlu, 4.0f, 25.0f};
+  L.mp.out_type = spec.out_f32 ? MoeOutType::kF32 : MoeOutType::kBf16;
+  L.mp.accumulate = spec.accumulate;
+  L.p = moe_w4a16_params(L.mp, spec.fixed_splits);
+  L.x_bits = testing::random_bf16(static_cast<size_t>(n * hidden), 1.0f, seed, &L.x);
+  L.d_x = cuda::upload(L.x_bits);
+  L.d_ids = cuda::upload(r.ids);
+  L.d_w = cuda::upload(r.weights);
+  L.dispatch = std::make_unique<MoeDispatchBuffers>(L.mp);
+  L.dws = L.dispatch->ws;
+  moe_dispatch_cuda(L.mp, L.d_ids.as<int32_t>(), L.d_w.as<float>(), L.dws, stream);
+  L.ws_buf = cuda::DeviceBuffer(moe_w4a16_workspace_bytes(L.p));
+  L.ws_buf.fill_bytes(0xff);  // scratch poisoned: h, y and partials must all be written before they are read
+  L.ws = moe_w4a16_workspace_layout(L.p, L.ws_buf.data());
+  moe_w4a16_workspace_init(L.ws, stream);
+  // Output: poisoned (0xff = NaN), or random values to accumulate onto (bf16-representable for both dtypes).
+  const size_t n_out = static_cast<size_t>(n * hidden);
+  L.out_init.assign(n_out, 0.0f);
+  if (spec.accumulate) {
+    const std::vector<uint16_t> bits = testing::random_bf16(n_out, 1.0f, seed + 5, &L.out_init);
+    if (spec.out_f32) {
+      L.out_init_bytes.resize(n_out * 4);
+      std::memcpy(L.out_init_bytes.data(), L.out_init.data(), n_out * 4);
+    } else {
+      L.out_init_bytes.resize(n_out * 2);
+      std::memcpy(L.out_init_bytes.data(), bits.data(), n_out * 2);
+    }
+  } else {
+    L.out_init_bytes.assign(n_out * (spec.out_f32 ? 4 : 2), 0xff);
+  }
+  L.d_out = cuda::DeviceBuffer(L.out_init_bytes.size());
+  L.reset_out();
+  BG_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+// A blocking stream: the synchronous uploads and memsets (legacy default stream) are ordered before its work.
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { BG_CUDA_CHECK(cudaStreamCreate(&s)); }
+  ~Stream() { cudaStreamDestroy(s); }
+};
+
+// Captures one launch into a graph and replays it twice; each replay must give `want` bit for bit.
+void expect_graph_replay_equals(const Launch& L, cudaStream_t stream, const std::vector<uint8_t>& want,
+                                const std::string& what) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  BG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  L.run(stream);
+  BG_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  BG_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    L.reset_out();
+    BG_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    BG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    EXPECT_TRUE(L.download_bits() == want) << what << ": graph replay " << replay << " differs from eager";
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+// Parity with the CPU reference, then bitwise: eager reruns and graph replays, with and without PDL.
+void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t inter, int64_t top_k,
+                MoeW4a16Act act, const RunSpec& spec, uint64_t seed) {
+  const int64_t E = static_cast<int64_t>(set.views.size());
+  const std::string what = fmt::format("{} n={} {} used={} out={}{} splits={}", name, spec.n_tokens,
+                                       spec.pattern == Pattern::kSame ? "same-experts" : "random", spec.n_used,
+                                       spec.out_f32 ? "f32" : "bf16", spec.accumulate ? "+=" : "", spec.fixed_splits);
+  const Routing r = make_routing(spec.n_tokens, top_k, E, spec.n_used > 0 ? spec.n_used : E, spec.pattern, seed);
+  Stream st;
+  Launch L;
+  prepare(L, set, hidden, inter, top_k, act, spec, r, seed, st.s);
+  L.run(st.s);
+  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  const std::vector<float> got = L.download_out();
+  const std::vector<uint8_t> bits1 = L.download_bits();
+
+  std::vector<float> ref = L.out_init;
+  moe_w4a16_cpu(L.p, set.views, L.x.data(), r.ids.data(), r.weights.data(), ref.data());
+  testing::expect_parity(got, ref, testing::kTolBf16Out, what);
+
+  // Bitwise: again eagerly, then from a CUDA graph, then with the down kernel as a programmatic dependent launch.
+  for (bool pdl : {false, true}) {
+    L.p.pdl = pdl;
+    L.reset_out();
+    L.run(st.s);
+    BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    EXPECT_TRUE(L.download_bits() == bits1) << what << " pdl=" << pdl << ": an eager rerun gave different bits";
+    expect_graph_replay_equals(L, st.s, bits1, fmt::format("{} pdl={}", what, pdl));
+  }
+}
+
+TEST(MoeW4a16Parity, SmallOddShapes) {
+  BG_REQUIRE_GPU();
+  // hidden 96 (a partial k-stage), inter 160 (a partial 256-column item), 10 experts, top-3.
+  const ExpertSet set = make_experts(10, 96, 160, 1);
+  for (int64_t n : {1, 2, 5, 16, 32, 100}) {
+    check_case("odd swiglu", set, 96, 160, 3, MoeW4a16Act::kSwiGLU, {n, Pattern::kSame}, 10 + n);
+    check_case("odd situ", set, 96, 160, 3, MoeW4a16Act::kSiTU, {n, Pattern::kRandom, 7, true}, 20 + n);
+  }
+  check_case("odd", set, 96, 160, 3, MoeW4a16Act::kSiTU, {37, Pattern::kRandom, 0, false, true}, 31);
+  check_case("odd", set, 96, 160, 3, MoeW4a16Act::kSwiGLU, {7, Pattern::kRandom, 0, true, true, 3}, 32);
+  check_case("odd", set, 96, 160, 3, MoeW4a16Act::kSwiGLU, {70, Pattern::kRandom, 0, false, false, 2}, 33);
+}
+
+TEST(MoeW4a16Parity, KimiK3LatentExperts) {
+  BG_REQUIRE_GPU();
+  // 3584 -> 3072 -> 3584, SiTU, top-16 of 24 slots (the CPU reference bounds the count).
+  const ExpertSet set = make_experts(24, 3584, 3072, 2);
+  for (int64_t n : {1, 2, 5, 16, 32, 100}) {
+    check_case("kimi-k3", set, 3584, 3072, 16, MoeW4a16Act::kSiTU, {n, Pattern::kSame}, 40 + n);
+  }
+  check_case("kimi-k3", set, 3584, 3072, 16, MoeW4a16Act::kSiTU, {24, Pattern::kRandom, 0, true}, 50);
+  check_case("kimi-k3", set, 3584, 3072, 16, MoeW4a16Act::kSiTU, {3, Pattern::kRandom, 0, true, true}, 51);
+}
+
+TEST(MoeW4a16Parity, DeepSeekV3Experts) {
+  BG_REQUIRE_GPU();
+  // 7168 -> 2048 -> 7168, SwiGLU, top-8 of 12 slots.
+  const ExpertSet set = make_experts(12, 7168, 2048, 3);
+  for (int64_t n : {1, 2, 5, 16, 32, 100}) {
+    check_case("deepseek-v3", set, 7168, 2048, 8, MoeW4a16Act::kSwiGLU, {n, Pattern::kSame}, 60 + n);
+  }
+  check_case("deepseek-v3", set, 7168, 2048, 8, MoeW4a16Act::kSwiGLU, {11, Pattern::kRandom, 10}, 70);
+}
+
+// With a fixed split factor a token's output does not depend on its batch: rows 0..31 of a 40-token batch (splits
+// run in order by one CTA) equal the same 32 tokens alone (splits on parallel CTAs), bit for bit.
+TEST(MoeW4a16Parity, FixedSplitsAreBatchInvariant) {
+  BG_REQUIRE_GPU();
+  const int64_t hidden = 512, inter = 256, top_k = 4;
+  const ExpertSet set = make_experts(16, hidden, inter, 4);
+  const Routing r40 = make_routing(40, top_k, 16, 16, Pattern::kRandom, 80);
+  Routing r32 = r40;
+  r32.ids.resize(32 * top_k);
+  r32.weights.resize(32 * top_k);
+  Stream st;
+  Launch big, small;
+  const RunSpec s40{40, Pattern::kRandom, 0, true, false, 4}, s32{32, Pattern::kRandom, 0, true, false, 4};
+  prepare(big, set, hidden, inter, top_k, MoeW4a16Act::kSiTU, s40, r40, 81, st.s);
+  prepare(small, set, hidden, inter, top_k, MoeW4a16Act::kSiTU, s32, r32, 81, st.s);  // same x rows (same seed)
+  ASSERT_TRUE(std::equal(small.x_bits.begin(), small.x_bits.end(), big.x_bits.begin()));
+  big.run(st.s);
+  small.run(st.s);
+  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  const std::vector<uint8_t> a = big.download_bits(), b = small.download_bits();
+  ASSERT_TRUE(std::equal(b.begin(), b.end(), a.begin())) << "fixed splits: tokens 0..31 depend on the batch";
+  std::vector<float> ref = big.out_init;
+  moe_w4a16_cpu(big.p, set.views, big.x.data(), r40.ids.data(), r40.weights.data(), ref.data());
+  testing::expect_parity(big.download_out(), ref, testing::kTolBf16Out, "batch of 40, fixed splits 4");
+}
+
+TEST(MoeW4a16Parity, ZeroTokensAndBadInput) {
+  BG_REQUIRE_GPU();
+  const ExpertSet set = make_experts(4, 64, 64, 5);
+  Stream st;
+  Launch L;
+  prepare(L, set, 64, 64, 2, MoeW4a16Act::kSwiGLU, {0}, Routing{}, 90, st.s);
+  L.run(st.s);  // nothing to do
+  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  Launch M;
+  prepare(M, set, 64, 64, 2, MoeW4a16Act::kSwiGLU, {3}, make_routing(3, 2, 4, 4, Pattern::kRandom, 91), 91, st.s);
+  MoeW4a16Params wrong = M.p;
+  wrong.n_tokens = 4;  // the workspace was laid out for 3
+  EXPECT_THROW(moe_w4a16_cuda(wrong, set.layer.weights, M.dws, {M.d_x.as<__nv_bfloat16>(), M.d_out.data()}, M.ws,
+                              st.s), Error);
+  MoeW4a16Weights old = set.layer.weights;
+  old.info.version = kMoeW4a16LayoutVersion + 1;
+  EXPECT_THROW(moe_w4a16_cuda(M.p, old, M.dws, {M.d_x.as<__nv_bfloat16>(), M.d_out.data()}, M.ws, st.s), Error);
+  MoeCudaParams fp8 = M.mp;
+  fp8.expert_format = WeightFormat::kFp8Block;
+  EXPECT_THROW(moe_w4a16_params(fp8), Error);
+  MoeW4a16Params bad_splits = M.p;
+  bad_splits.fixed_splits = 9;
+  EXPECT_THROW(moe_w4a16_workspace_bytes(bad_splits), Error);
+}
+
+// K3 decode timing on the H200: ./build-cuda/tests/test_cuda --gtest_also_run_disabled_tests
+//   --gtest_filter='MoeW4a16Bench.*'
+TEST(MoeW4a16Bench, DISABLED_KimiK3Decode) {
+  BG_REQUIRE_GPU();
+  const MoeW4a16BenchResult r = moe_w4a16_bench_k3({});
+  std::printf("%s", moe_w4a16_bench_table(r).c_str());
+  for (const MoeW4a16BenchRow& row : r.rows) EXPECT_GT(row.gbps, 0.0);
+}
+
+}  // namespace
+}  // namespace bg::ops
