@@ -30,8 +30,9 @@ void add_parallel_flags(CLI::App* cmd, ParallelArgs& a, bool with_nodes) {
   cmd->add_option("--dp,--dp-size", a.dp, "Data-parallel attention groups (default: ranks / tp)");
   cmd->add_option("--ep,--ep-size", a.ep, "Expert-parallel ranks: the routed experts are spread over every rank, so "
                   "this is the number of ranks (default: dp x tp)");
-  cmd->add_option("--k3-moe-exchange", a.exchange, "Expert exchange between CUDA ranks: nccl (default; all-to-all) or "
-                  "ll (low-latency, fixed slots over CUDA IPC). CPU ranks always use shared memory")
+  cmd->add_option("--k3-moe-exchange", a.exchange, "Expert exchange between CUDA ranks: nccl (default; all-to-all "
+                  "of bf16 rows) or ll (low-latency fixed slots: not available on CUDA yet, an error). CPU ranks always "
+                  "use the shared-memory exchange with the ll slot layout")
       ->check(CLI::IsMember({"nccl", "ll"}));
   cmd->add_option("--moe-exchange-tokens", a.max_tokens_per_call, "Tokens per rank one expert exchange call carries "
                   "(larger steps go in rounds; default: the exchange's)");

@@ -130,7 +130,10 @@ bool StepModel::forward_ranks(std::span<const BatchEntry> batch, bool all_rows, 
   const StepAgreement a = agree_step(*rc.world, {stop, step.n_seqs(), ceil_div(step.n_tokens(), tp), eager});
   if (a.stop) return false;
   if (a.any_work) {
-    const bool graph_ok = graphs_ && !route_hook_ && backend().device() == DeviceKind::kCuda && !a.any_prefill;
+    // A captured step needs an exchange (and collectives) without host round trips; none of today's is (the nccl
+    // exchange and the NCCL comms synchronise), so CUDA rank sets run their steps eagerly.
+    const bool graph_ok = graphs_ && exchange_->capturable() && !route_hook_ &&
+                          backend().device() == DeviceKind::kCuda && !a.any_prefill;
     const int64_t bucket = graph_ok ? graph_bucket(a.max_seqs, max_graph_batch_) : 0;
     if (tp > 1) {
       std::vector<std::byte> wire = leader ? encode_step(step, all_rows) : std::vector<std::byte>{};

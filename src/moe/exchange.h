@@ -48,6 +48,9 @@ class Exchange {
   // True when every expert is on this rank and no rows move (the loopback): the layer then runs gather, experts and
   // combine as one backend op (Backend::moe_routed_local), which backends may fuse.
   virtual bool local() const { return false; }
+  // True when dispatch and combine can be captured in a CUDA graph (no host synchronisation inside). The nccl and shm
+  // exchanges are not; a rank set with one runs its steps eagerly.
+  virtual bool capturable() const { return false; }
   // Starts the dispatch of `in` under `table` (this rank's slots); rows.x / rows.routing are valid after
   // finish_dispatch. rows.y is allocated for the experts to fill. `in` may hold no tokens (the rank still takes
   // part: it receives rows for its experts).

@@ -15,6 +15,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "dist/parallel_layout.h"
+#include "dist/rank_setup.h"
 #include "dist/rank_testing.h"
 #include "dist/shm_comm.h"
 
@@ -158,6 +159,24 @@ TEST(ShmComm, ADeadRankProcessIsNoticed) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   waitpid(child, nullptr, 0);
+}
+
+// An exchange that cannot run is refused before the rank joins anything (no silent fallback to another exchange).
+TEST(RankSetup, TheLowLatencyExchangeOnCudaRanksIsAClearError) {
+  RankSetup s;
+  s.place.layout = ParallelLayout::from_flags(ParallelFlags{.ep = 2});
+  s.device = "cuda";
+  s.exchange = "ll";
+  s.rendezvous = "ipc:///nonexistent/never-joined.sock";
+  try {
+    start_rank(s);
+    FAIL() << "start_rank accepted --k3-moe-exchange ll on CUDA ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--k3-moe-exchange ll is not available on CUDA ranks"), std::string::npos)
+        << e.what();
+  }
+  s.exchange = "mpi";
+  EXPECT_THROW(start_rank(s), Error);
 }
 
 }  // namespace
