@@ -214,9 +214,12 @@ std::shared_ptr<RankContext> make_nccl_rank_context(const NcclUniqueIdBytes& id,
   int n_devices = 0;
   cuda_check(cudaGetDeviceCount(&n_devices), "device count");
   BG_CHECK(n_devices > 0, "rank {}: no CUDA device is visible", place.rank);
+  BG_CHECK(place.layout.ranks_per_node() <= n_devices, "rank {}: {} CUDA ranks per host need {} GPUs, {} visible (NCCL "
+           "does not put two ranks on one GPU; sharing a GPU needs the CUDA-IPC ll exchange, not implemented yet)",
+           place.rank, place.layout.ranks_per_node(), place.layout.ranks_per_node(), n_devices);
   auto t = std::make_shared<NcclTransport>();
   t->timeout_s = timeout_s;
-  t->device = place.rank % place.layout.ranks_per_node() % n_devices;
+  t->device = place.rank % place.layout.ranks_per_node();  // the local rank
   cuda_check(cudaSetDevice(t->device), "set device");
   cuda_check(cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking), "stream");
   ncclUniqueId uid;

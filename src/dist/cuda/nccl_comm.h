@@ -19,8 +19,8 @@ using NcclUniqueIdBytes = std::array<uint8_t, NCCL_UNIQUE_ID_BYTES>;
 // Rank 0 creates the set's id (handed to the others by the rendezvous).
 NcclUniqueIdBytes nccl_unique_id();
 
-// The communicators of one rank and the stream its collectives run on. The rank's GPU is local rank mod the visible
-// devices (made current here, so the backend created later on this thread uses it).
+// The communicators of one rank and the stream its collectives run on. The rank's GPU is its local rank (made current
+// here, so the backend created later on this thread uses it); more ranks per host than GPUs is an error.
 struct NcclTransport {
   ncclComm_t world = nullptr;
   ncclComm_t tp = nullptr;  // == world when the whole set is one TP group
