@@ -40,7 +40,9 @@ int gpus_for_test() {
 template <typename Fn>
 void run_gpu_ranks(int32_t world, Fn body) {
   const dist::NcclUniqueIdBytes id = dist::nccl_unique_id();
-  const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(dist::ParallelFlags{.ep = world});
+  dist::ParallelFlags flags;
+  flags.ep = world;
+  const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(flags);
   std::vector<std::thread> threads;
   for (int32_t r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {

@@ -164,7 +164,9 @@ TEST(ShmComm, ADeadRankProcessIsNoticed) {
 // An exchange that cannot run is refused before the rank joins anything (no silent fallback to another exchange).
 TEST(RankSetup, TheLowLatencyExchangeOnCudaRanksIsAClearError) {
   RankSetup s;
-  s.place.layout = ParallelLayout::from_flags(ParallelFlags{.ep = 2});
+  ParallelFlags flags;
+  flags.ep = 2;
+  s.place.layout = ParallelLayout::from_flags(flags);
   s.device = "cuda";
   s.exchange = "ll";
   s.rendezvous = "ipc:///nonexistent/never-joined.sock";
