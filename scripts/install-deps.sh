@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs batchgen's build and test dependencies on Debian 12 (bookworm). Idempotent: when every package is already
-# installed it does nothing (so it also works offline); otherwise apt-get update, then apt-get install -y.
+# installed it does nothing (so it also works offline); otherwise apt-get update, then apt-get install -y. Then the
+# tests' npm packages (scripts/install-npm.sh; skipped when already installed).
 # Set BG_APT_ALWAYS=1 to run apt-get even when nothing is missing.
 set -euo pipefail
 
@@ -9,7 +10,7 @@ PACKAGES=(
   clang libclang-rt-14-dev          # libFuzzer + sanitizer runtimes for the fuzz build
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev libxxhash-dev
-  libcpp-httplib-dev                # HTTP server (frontend)
+  libboost-dev                      # HTTP server (frontend): Boost.Beast + Asio, header-only
   libpcre2-dev                      # tokenizer pre-tokenizer regex
   libicu-dev                        # tokenizer.json normalizers (NFC/NFKC, lower-casing)
   libzmq3-dev cppzmq-dev            # frontend <-> worker IPC
@@ -28,9 +29,12 @@ for pkg in "${PACKAGES[@]}"; do
   fi
 done
 
+# The npm packages of the tests (scripts/install-npm.sh) come last, once node and npm are there.
+install_npm() { "$(dirname "${BASH_SOURCE[0]}")/install-npm.sh"; }
+
 if [[ ${#missing[@]} -eq 0 && "${BG_APT_ALWAYS:-0}" != 1 ]]; then
   echo "install-deps: all ${#PACKAGES[@]} packages already installed"
-  "$(dirname "${BASH_SOURCE[0]}")/install-npm-test-deps.sh"  # tokenizer / chat-template reference tests
+  install_npm
   exit 0
 fi
 
@@ -47,5 +51,4 @@ fi
 echo "install-deps: installing ${missing[*]:-${PACKAGES[*]}}"
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${PACKAGES[@]}"
-
-"$(dirname "${BASH_SOURCE[0]}")/install-npm-test-deps.sh"  # tokenizer / chat-template reference tests
+install_npm

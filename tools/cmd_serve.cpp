@@ -1,7 +1,8 @@
-// `batchgen serve <model-dir>`: the OpenAI-compatible HTTP frontend plus its worker process (flags in vLLM/SGLang
-// conventions); the lifecycle lives in src/server/frontend/serve.cpp.
+// `batchgen serve <model-dir>` (or `--model DIR`): the OpenAI-compatible HTTP frontend plus its supervised worker
+// processes (flags in vLLM/SGLang conventions); the lifecycle lives in src/server/frontend/serve.cpp.
 #include <memory>
 
+#include "core/error.h"
 #include "server/frontend/serve.h"
 #include "tools/commands.h"
 #include "tools/parallel_cli.h"
@@ -13,13 +14,35 @@ namespace {
 struct ServeArgs {
   frontend::ServeOptions opt;
   ParallelArgs par;
+  std::string model_positional;
+  std::string model_flag;
   int64_t max_num_seqs = -1;
   int64_t max_model_len = -1;
   int64_t chunked_prefill_size = -1;
   int64_t max_queue = -1;
+  int64_t max_connections = -1;
 };
 
 std::optional<int64_t> given(int64_t v) { return v == -1 ? std::nullopt : std::optional<int64_t>(v); }
+
+void add_http_options(CLI::App* cmd, ServeArgs& a) {
+  frontend::ServeOptions& o = a.opt;
+  cmd->add_option("--host", o.host, "Address to listen on (default 127.0.0.1)");
+  cmd->add_option("--port", o.port, "Port to listen on (default 8000; 0 = any free port, logged)");
+  cmd->add_option("--api-key", o.api_key, "Require 'Authorization: Bearer <key>' on /v1/* (default: none)");
+  cmd->add_option("--served-model-name", o.served_model_name, "Model name in the API (default: the directory name)");
+  cmd->add_option("--max-connections", a.max_connections, "Open client connections served (default 4096, within "
+                  "the file-descriptor limit); 64 more answer only /health and /ready");
+  cmd->add_option("--header-timeout", o.header_timeout_s, "Seconds for a request header to arrive (default 10)");
+  cmd->add_option("--keep-alive-timeout", o.keep_alive_timeout_s, "Seconds an idle connection is kept between "
+                  "requests (default 5)");
+  cmd->add_option("--allowed-hosts", o.allowed_hosts, "Accept only these Host header names (comma-separated; "
+                  "default: any) against DNS rebinding; /health and /ready are exempt")->delimiter(',');
+  cmd->add_flag("--strict-params", o.strict_params, "Reject requests with unknown fields (400) instead of logging "
+                "and ignoring them");
+  cmd->add_option("--shutdown-timeout", o.shutdown_timeout_s, "On SIGTERM/SIGINT: seconds in-flight requests get to "
+                  "finish before the server stops (default 30)");
+}
 
 }  // namespace
 
@@ -27,9 +50,9 @@ void register_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   frontend::ServeOptions& o = a->opt;
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
-  cmd->add_option("model", o.model_dir, "Model directory (config.json, safetensors, tiktoken.model)")->required();
-  cmd->add_option("--host", o.host, "Address to listen on (default 127.0.0.1)");
-  cmd->add_option("--port", o.port, "Port to listen on (default 8000; 0 = any free port, logged)");
+  cmd->add_option("model-dir", a->model_positional, "Model directory (config.json, safetensors, tokenizer.json or tiktoken.model)");
+  cmd->add_option("--model", a->model_flag, "Model directory (the same as the positional argument)");
+  add_http_options(cmd, *a);
   cmd->add_option("--device", o.device, "Backend of the worker: cpu or cuda (default cpu)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--max-num-seqs", a->max_num_seqs, "Most sequences in a running batch (default: the worker's)");
@@ -39,19 +62,27 @@ void register_serve(CLI::App& app) {
                   "worker's)");
   cmd->add_option("--max-queue", a->max_queue, "Most requests waiting at the worker; more are rejected (default: the "
                   "worker's)");
-  cmd->add_option("--api-key", o.api_key, "Require 'Authorization: Bearer <key>' on /v1/* (default: none)");
+  cmd->add_option("--worker-heartbeat-timeout", o.worker_heartbeat_timeout_s, "Seconds without a heartbeat after "
+                  "which a worker counts as hung and the worker set is restarted (default 60)");
+  cmd->add_option("--max-worker-restarts", o.max_worker_restarts, "Restarts of the worker set in a row before the "
+                  "supervisor gives up (default 5; backoff 1 s doubling to 30 s)");
   cmd->add_option("--chat-template", o.chat_template, "A Jinja chat template file used instead of the checkpoint's");
-  cmd->add_option("--served-model-name", o.served_model_name, "Model name in the API (default: the directory name)");
-  add_parallel_flags(cmd, a->par, true);
+  add_parallel_flags(cmd, a->par, true);  // --tp/--dp/--ep, --nnodes..., --k3-moe-exchange, --moe-exchange-tokens
   cmd->add_option("--distributed-weight-config", o.distributed_weight_config, "Cross-node weight placement JSON (not "
                   "available yet)");
   cmd->callback([a] {
+    BG_CHECK(!a->model_positional.empty() || !a->model_flag.empty(),
+             "serve: a model directory is required (batchgen serve DIR, or --model DIR)");
+    BG_CHECK(a->model_positional.empty() || a->model_flag.empty() || a->model_positional == a->model_flag,
+             "serve: two different model directories given ({} and --model {}); give one", a->model_positional,
+             a->model_flag);
+    a->opt.model_dir = a->model_flag.empty() ? a->model_positional : a->model_flag;
     a->opt.max_num_seqs = given(a->max_num_seqs);
     a->opt.max_model_len = given(a->max_model_len);
     a->opt.chunked_prefill_size = given(a->chunked_prefill_size);
     a->opt.max_queue = given(a->max_queue);
+    a->opt.max_connections = given(a->max_connections);
     a->opt.parallel = a->par.flags();
-    a->opt.dist_init_addr = a->par.dist_init_addr;
     a->opt.k3_moe_exchange = a->par.exchange;
     a->opt.moe_exchange_tokens = a->par.max_tokens_per_call;
     const int rc = frontend::run_serve(a->opt);

@@ -16,7 +16,9 @@ void register_worker(CLI::App& app) {
   cmd->add_option("--model", o->model_dir, "Checkpoint directory")->required();
   cmd->add_option("--endpoint", o->endpoint, "The frontend's ZeroMQ ROUTER endpoint (ipc://..., tcp://...)")
       ->required();
-  cmd->add_option("--rank", o->rank, "This worker's rank; its routing id is rank-<r> (default 0)");
+  cmd->add_option("--rank", o->rank, "This worker's rank (default 0)");
+  cmd->add_option("--routing-id", o->routing_id, "The ZeroMQ routing id the frontend expects from this process "
+                  "(default rank-<r>)");
   cmd->add_option("--device", o->device, "Backend: cpu (fp32 reference) or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--max-num-seqs", o->max_num_seqs,

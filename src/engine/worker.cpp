@@ -62,7 +62,7 @@ Worker::Worker(const WorkerOptions& options) : o_(options) {
   zmq::context_t* ctx = o_.context;
   if (ctx == nullptr) ctx = &own_ctx_.emplace(1);
   sock_ = zmq::socket_t(*ctx, zmq::socket_type::dealer);
-  sock_.set(zmq::sockopt::routing_id, "rank-" + std::to_string(o_.rank));
+  sock_.set(zmq::sockopt::routing_id, o_.routing_id.empty() ? "rank-" + std::to_string(o_.rank) : o_.routing_id);
   sock_.set(zmq::sockopt::sndhwm, 0);  // never drop or block on events; a dead frontend is noticed by --parent-pid
   sock_.set(zmq::sockopt::rcvhwm, 0);
   sock_.set(zmq::sockopt::linger, 2000);  // deliver the last events and status on exit
@@ -284,6 +284,7 @@ void validate_worker_options(const WorkerOptions& o) {
   BG_CHECK(!o.model_dir.empty(), "--model is required");
   BG_CHECK(!o.endpoint.empty(), "--endpoint is required");
   BG_CHECK(o.rank >= 0, "--rank {} must be >= 0", o.rank);
+  BG_CHECK(o.routing_id.size() <= 255, "--routing-id must be at most 255 bytes (a ZeroMQ routing id)");
   BG_CHECK(o.device == "cpu" || o.device == "cuda", "--device '{}' must be cpu or cuda", o.device);
   BG_CHECK(o.max_num_seqs >= 0, "--max-num-seqs {} must be >= 1", o.max_num_seqs);
   BG_CHECK(o.max_model_len == 0 || o.max_model_len >= 2, "--max-model-len {} must be >= 2", o.max_model_len);

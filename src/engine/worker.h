@@ -19,6 +19,8 @@ struct WorkerOptions {
   std::filesystem::path model_dir;        // --model
   std::string endpoint;                   // --endpoint: the frontend's ROUTER (ipc://..., tcp://..., inproc://...)
   int32_t rank = 0;                       // --rank
+  std::string routing_id;                 // --routing-id: the DEALER's id, matched exactly by the frontend
+                                          // ("": rank-<r>)
   std::string device = "cpu";             // --device cpu|cuda
   int64_t max_num_seqs = 0;               // --max-num-seqs (0: planner default, 16 on cpu, 256 on cuda)
   int64_t max_model_len = 0;              // --max-model-len (0: the model's context capped by memory)
@@ -28,7 +30,7 @@ struct WorkerOptions {
   int64_t kv_cache_memory_bytes = 0;      // --kv-cache-memory-bytes (0: from the device's memory)
   double gpu_memory_utilization = 0.9;    // --gpu-memory-utilization
   int64_t parent_pid = 0;                 // --parent-pid: exit when this process is gone (0: never)
-  int64_t status_interval_ms = 1000;      // a status at least this often
+  int64_t status_interval_ms = 1000;      // a status (the frontend's heartbeat) at least this often, between steps
   int64_t idle_poll_ms = 100;             // longest wait for a message while idle
   zmq::context_t* context = nullptr;      // inproc endpoints need the frontend's context (tests); null: own
   bool exit_process_on_stop_while_loading = false;  // the CLI: _exit at once instead of waiting for the load

@@ -70,6 +70,31 @@ TEST(DeepSeekV3Chat, ParserThinkingContentAndCalls) {
   EXPECT_EQ(p.calls[1].arguments, "{}");
 }
 
+// The generation prompt ends with <think> only when thinking (after tool outputs nothing is added): the server sets
+// starts_in_reasoning from this.
+TEST(DeepSeekV3Chat, ReasoningOpenAfterFollowsThePrompt) {
+  const Tokenizer& tok = testing::ds_tokenizer();
+  auto fmt = make_deepseek_v3_chat_format(tok);
+  const json hello = json::parse(R"([{"role": "user", "content": "Hi"}])");
+  EXPECT_TRUE(fmt->reasoning_open_after(fmt->render(hello, nullptr, testing::options(true))));
+  EXPECT_FALSE(fmt->reasoning_open_after(fmt->render(hello, nullptr, testing::options(false))));
+  const json after_tool = json::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "",
+      "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+      {"role": "tool", "tool_call_id": "c", "content": "42"}])");
+  EXPECT_FALSE(fmt->reasoning_open_after(fmt->render(after_tool, nullptr, testing::options(true))));
+}
+
+// Tool schemas keep the client's key order in the tool section.
+TEST(DeepSeekV3Chat, ToolSchemaKeepsKeyOrder) {
+  const auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "f",
+      "parameters": {"type": "object", "required": ["z"], "properties": {"z": {}, "a": {}}}}}])");
+  const Tokenizer& tok = testing::ds_tokenizer();
+  const std::string text = tok.decode(make_deepseek_v3_chat_format(tok)->render(
+      json::parse(R"([{"role": "user", "content": "Hi"}])"), tools, testing::options(false)));
+  EXPECT_NE(text.find(R"({"type":"object","required":["z"],"properties":{"z":{},"a":{}}})"), std::string::npos)
+      << text;
+}
+
 TEST(DeepSeekV3Chat, GarbageStreamsNeverThrow) {
   const Tokenizer& tok = testing::ds_tokenizer();
   auto fmt = make_deepseek_v3_chat_format(tok);

@@ -1,5 +1,6 @@
 // A byte-level TextModel for frontend tests: ids 0..255 are bytes; 256 <eos>, 257 <think>, 258 </think>,
-// 259 <tool> (then "name:" and argument bytes), 260 </tool>. Chat renders "role: content\n" per message.
+// 259 <tool> (then "name:" and argument bytes), 260 </tool>. Chat renders "role: content\n" per message (then
+// <think> when opens_reasoning is set).
 #pragma once
 
 #include <memory>
@@ -27,7 +28,7 @@ class FakeTextStream : public frontend::TextStream {
 
 class FakeChatParser : public frontend::ChatStreamParser {
  public:
-  explicit FakeChatParser(bool thinking) : in_reasoning_(false), thinking_(thinking) {}
+  FakeChatParser(bool thinking, bool starts_in_reasoning) : in_reasoning_(starts_in_reasoning), thinking_(thinking) {}
   frontend::ChatPiece push(int32_t t) override {
     frontend::ChatPiece p;
     if (t == kThink && thinking_) {
@@ -74,9 +75,10 @@ class FakeChatParser : public frontend::ChatStreamParser {
 class FakeTextModel : public frontend::TextModel {
  public:
   std::vector<int32_t> encode(std::string_view text) const override { return bytes_to_ids(std::string(text)); }
+  std::vector<int32_t> encode_prompt(std::string_view text) const override { return encode(text); }  // no BOS
   std::unique_ptr<frontend::TextStream> detokenizer() const override { return std::make_unique<FakeTextStream>(); }
   std::string token_bytes(int32_t t) const override { return t < 256 ? std::string(1, static_cast<char>(t)) : ""; }
-  std::vector<int32_t> render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
+  std::vector<int32_t> render_chat(const nlohmann::json& messages, const nlohmann::ordered_json& tools,
                                    const frontend::ChatParams& params) const override {
     std::string text;
     for (const auto& m : messages) {
@@ -85,13 +87,21 @@ class FakeTextModel : public frontend::TextModel {
     }
     if (!tools.empty()) text += "tools: " + std::to_string(tools.size()) + "\n";
     if (!params.thinking.value_or(true)) text += "nothink\n";
-    return bytes_to_ids(text);
+    std::vector<int32_t> ids = bytes_to_ids(text);
+    if (opens_reasoning) ids.push_back(kThink);  // like a template that opens the assistant turn with <think>
+    return ids;
+  }
+  // The prompt ends inside the reasoning channel when render_chat appended <think> (opens_reasoning).
+  bool reasoning_open_after(const std::vector<int32_t>& prompt) const override {
+    return !prompt.empty() && prompt.back() == kThink;
   }
   std::vector<int32_t> chat_stop_ids() const override { return {kEos}; }
   std::unique_ptr<frontend::ChatStreamParser> chat_parser(const frontend::ChatParams& p) const override {
-    return std::make_unique<FakeChatParser>(p.thinking.value_or(true));
+    return std::make_unique<FakeChatParser>(p.thinking.value_or(true), p.starts_in_reasoning.value_or(false));
   }
   int64_t vocab_size() const override { return 261; }
+
+  bool opens_reasoning = false;  // render_chat ends the prompt with <think>
 };
 
 }  // namespace bg::testing

@@ -24,9 +24,10 @@ class FakeWorker {
   using Script = std::function<std::vector<int32_t>(const proto::GenerateRequest&)>;
 
   FakeWorker(zmq::context_t& ctx, const std::string& endpoint, Script script, int64_t max_len = 64,
-             int64_t vocab = 261)
-      : max_model_len(max_len), vocab_size(vocab), sock_(ctx, zmq::socket_type::dealer), script_(std::move(script)) {
-    sock_.set(zmq::sockopt::routing_id, "rank-0");
+             int64_t vocab = 261, const std::string& identity = "rank-0", int32_t rank = 0)
+      : max_model_len(max_len), vocab_size(vocab), rank_(rank), sock_(ctx, zmq::socket_type::dealer),
+        script_(std::move(script)) {
+    sock_.set(zmq::sockopt::routing_id, identity);
     sock_.set(zmq::sockopt::linger, 0);
     sock_.connect(endpoint);
     thread_ = std::thread([this] { run(); });
@@ -37,6 +38,9 @@ class FakeWorker {
   }
 
   std::atomic<int32_t> reject_code{0};          // non-zero: reject every generate with this code
+  std::atomic<int64_t> fail_after{-1};          // >= 0: fail each request with fail_code after this many tokens
+  std::atomic<int32_t> fail_code{500};
+  std::atomic<bool> paused{false};              // true: sends nothing at all (a hung worker)
   std::atomic<int64_t> token_delay_ms{2};
   std::atomic<int64_t> max_model_len;
   const int64_t vocab_size;
@@ -67,6 +71,7 @@ class FakeWorker {
   }
   void send_status() {
     proto::WorkerStatus st;
+    st.rank = rank_;
     st.phase = "ready";
     st.arch = "fake";
     st.vocab_size = vocab_size;
@@ -120,7 +125,12 @@ class FakeWorker {
       Active& a = it->second;
       proto::TokenEvent ev;
       const int32_t tok = a.next < a.script.size() ? a.script[a.next] : -1;
-      if (tok >= 0) {
+      if (fail_after >= 0 && static_cast<int64_t>(a.next) >= fail_after) {
+        ev = event(a);
+        ev.finish_reason = "error";
+        ev.error = "the step failed";
+        ev.error_code = fail_code;
+      } else if (tok >= 0) {
         ++a.next;
         ev = event(a);
         ev.tokens = {tok};
@@ -149,6 +159,10 @@ class FakeWorker {
     auto last_status = std::chrono::steady_clock::now();
     auto last_step = last_status;
     while (!stop_) {
+      if (paused) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;
+      }
       std::vector<zmq::pollitem_t> items = {{sock_.handle(), 0, ZMQ_POLLIN, 0}};
       zmq::poll(items, std::chrono::milliseconds(1));
       if (items[0].revents & ZMQ_POLLIN) {
@@ -174,6 +188,7 @@ class FakeWorker {
     }
   }
 
+  const int32_t rank_;
   zmq::socket_t sock_;
   Script script_;
   std::thread thread_;

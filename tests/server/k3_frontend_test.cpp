@@ -2,12 +2,12 @@
 // against the scripted fake worker: K3 tool-call output becomes OpenAI tool_calls, streamed and not; the rendered
 // prompt and the chat format's stop id reach the worker.
 #include <gtest/gtest.h>
-#include <httplib.h>
 
 #include <fstream>
 #include <thread>
 
 #include "fake_worker.h"
+#include "http_test_client.h"
 #include "server/frontend/http_server.h"
 #include "server/frontend/worker_link.h"
 #include "server/tokenizer/tokenizer.h"
@@ -65,9 +65,8 @@ class K3FrontendTest : public ::testing::Test {
     worker_.reset();
     link_->stop();
   }
-  httplib::Result post(const json& body) {
-    httplib::Client cli("127.0.0.1", port_);
-    return cli.Post("/v1/chat/completions", body.dump(), "application/json");
+  bg::testing::HttpResult post(const json& body) {
+    return bg::testing::http_request(port_, "POST", "/v1/chat/completions", body.dump());
   }
 
   bg::testing::TempDir dir_;
@@ -90,9 +89,9 @@ const json kTools = json::array({{{"type", "function"},
 
 TEST_F(K3FrontendTest, ToolCallsNonStreamed) {
   auto res = post({{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}}, {"tools", kTools}});
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  json r = json::parse(res->body);
+  ASSERT_NE(res.status, 0);
+  ASSERT_EQ(res.status, 200) << res.body;
+  json r = json::parse(res.body);
   const json& c = r["choices"][0];
   EXPECT_EQ(c["finish_reason"], "tool_calls");
   EXPECT_EQ(c["message"]["reasoning_content"], "Need weather.");
@@ -112,13 +111,13 @@ TEST_F(K3FrontendTest, ToolCallsNonStreamed) {
 TEST_F(K3FrontendTest, ToolCallsStreamedAndToolResultRoundTrip) {
   json messages = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
   auto res = post({{"messages", messages}, {"tools", kTools}, {"stream", true}});
-  ASSERT_EQ(res->status, 200) << res->body;
+  ASSERT_EQ(res.status, 200) << res.body;
   std::string args, name, id, content;
   std::string finish;
   size_t pos = 0;
-  while ((pos = res->body.find("data: ", pos)) != std::string::npos) {
-    const size_t end = res->body.find("\n\n", pos);
-    const std::string data = res->body.substr(pos + 6, end - pos - 6);
+  while ((pos = res.body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = res.body.find("\n\n", pos);
+    const std::string data = res.body.substr(pos + 6, end - pos - 6);
     pos = end;
     if (data == "[DONE]") break;
     const json c = json::parse(data)["choices"][0];
@@ -143,12 +142,12 @@ TEST_F(K3FrontendTest, ToolCallsStreamedAndToolResultRoundTrip) {
                                        {"function", {{"name", name}, {"arguments", args}}}}}}});
   messages.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", "sunny"}});
   res = post({{"messages", messages}, {"tools", kTools}, {"max_tokens", 4}});
-  ASSERT_EQ(res->status, 200) << res->body;
+  ASSERT_EQ(res.status, 200) << res.body;
   EXPECT_NE(tok_->decode(worker_->received().back().prompt).find("sunny"), std::string::npos);
   messages.back()["tool_call_id"] = "call_unknown";
   res = post({{"messages", messages}, {"tools", kTools}});
-  EXPECT_EQ(res->status, 400) << res->body;
-  EXPECT_EQ(json::parse(res->body)["error"]["param"], "messages");
+  EXPECT_EQ(res.status, 400) << res.body;
+  EXPECT_EQ(json::parse(res.body)["error"]["param"], "messages");
 }
 
 }  // namespace

@@ -48,7 +48,19 @@ TEST(Metrics, RenderCountersAndWorkerGauges) {
   w.kv_blocks_free = 90;
   w.state_slots_total = 8;
   w.state_slots_free = 5;
-  const std::string t = m.render({w});
+  RankState rank0;
+  rank0.connected = true;
+  rank0.status = w;
+  rank0.restarts = 2;
+  rank0.status_age_s = 0.25;
+  RankState rank1;  // a rank whose process died: not ready, not up, whatever its last status said
+  rank1.rank = 1;
+  rank1.connected = true;
+  rank1.status = w;
+  rank1.status.rank = 1;
+  rank1.process_alive = false;
+  rank1.restarts = 2;
+  const std::string t = m.render({rank0, rank1});
   EXPECT_TRUE(has_line(t, "batchgen_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"} 1")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_requests_finished_total{reason=\"stop\"} 1")) << t;
@@ -59,6 +71,12 @@ TEST(Metrics, RenderCountersAndWorkerGauges) {
   EXPECT_TRUE(has_line(t, "batchgen_time_to_first_token_seconds_count 1")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_inter_token_latency_seconds_count 1")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_worker_ready{rank=\"0\"} 1")) << t;
+  EXPECT_TRUE(has_line(t, "batchgen_worker_ready{rank=\"1\"} 0")) << t;
+  EXPECT_TRUE(has_line(t, "batchgen_worker_up{rank=\"1\"} 0")) << t;
+  EXPECT_TRUE(has_line(t, "batchgen_worker_state{rank=\"0\",state=\"ready\"} 1")) << t;
+  EXPECT_TRUE(has_line(t, "batchgen_worker_state{rank=\"1\",state=\"exited\"} 1")) << t;
+  EXPECT_TRUE(has_line(t, "batchgen_worker_heartbeat_age_seconds{rank=\"0\"} 0.250")) << t;
+  EXPECT_TRUE(has_line(t, "batchgen_worker_restarts_total 2")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_num_requests_running{rank=\"0\"} 3")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_num_requests_waiting{rank=\"0\"} 2")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_batch_size{rank=\"0\"} 3")) << t;

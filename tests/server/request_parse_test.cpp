@@ -1,8 +1,11 @@
 // Request validation: accepted shapes, and a 400 naming the parameter for each bad one.
 #include <gtest/gtest.h>
 
+#include "server/chat/chat_messages.h"
 #include "server/frontend/api_error.h"
+#include "server/frontend/json_body.h"
 #include "server/frontend/request_parse.h"
+#include "server/frontend/routes.h"
 
 namespace bg::frontend {
 namespace {
@@ -126,6 +129,112 @@ TEST(RequestParse, CompletionPrompts) {
   expect_400(comp(json{{"prompt", 5}}), "prompt");
   expect_400(comp(json{{"prompt", "x"}, {"echo", true}}), "echo");
   expect_400(comp(json{{"prompt", "x"}, {"logprobs", true}}), "logprobs");
+}
+
+TEST(RequestParse, NonStringTypesAreClientErrors) {
+  auto chat = [](json extra) { return [extra] { parse_chat_request(chat_body(extra)); }; };
+  expect_400(chat({{"tools", {{{"type", 5}, {"function", {{"name", "f"}}}}}}}), "tools[0]");
+  expect_400(chat({{"tools", {{{"type", "function"}, {"function", {{"name", 5}}}}}}}), "tools[0].function");
+  expect_400(chat({{"response_format", {{"type", {1}}}}}), "response_format");
+  expect_400(chat({{"functions", json::array()}}), "functions");
+  expect_400(chat({{"parallel_tool_calls", false}}), "parallel_tool_calls");
+  EXPECT_NO_THROW(parse_chat_request(chat_body({{"parallel_tool_calls", true}, {"user", "u"}, {"store", false}})));
+}
+
+TEST(RequestParse, JsonDepthLimitNamesTheField) {
+  const std::string ok = "{\"a\": " + std::string(kMaxJsonDepth - 1, '[') + std::string(kMaxJsonDepth - 1, ']') + "}";
+  EXPECT_NO_THROW(parse_body(ok));
+  const std::string deep = "{\"tools\": [{\"function\": {\"parameters\": {\"x\": " + std::string(100000, '[') +
+                           std::string(100000, ']') + "}}}]}";
+  try {
+    parse_body(deep);
+    FAIL() << "accepted 100000 levels";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param().rfind("tools[0].function.parameters.x[0][0]", 0), 0u) << e.param().substr(0, 100);
+    EXPECT_NE(std::string(e.what()).find("nests deeper than 128"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RequestParse, OrderedParseKeepsDocumentOrderAndLastDuplicate) {
+  const auto o = parse_json_bounded_ordered(R"({"z": 1, "a": {"y": [1, {"q": 2, "b": 3}], "c": 4}, "z": 5})");
+  EXPECT_EQ(o.dump(), R"({"z":5,"a":{"y":[1,{"q":2,"b":3}],"c":4}})");  // a repeated key: first place, last value
+  EXPECT_THROW(parse_json_bounded_ordered("[[[[1]]]]", 3), ApiError);
+  // Many keys in one object stay linear (the key index, not ordered_map's search): 200k keys parse at once.
+  std::string many = "{";
+  for (int i = 0; i < 200000; ++i) many += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":0";
+  many += "}";
+  EXPECT_EQ(parse_json_bounded_ordered(many).size(), 200000u);
+}
+
+TEST(RequestParse, ChatBodyKeepsToolKeyOrder) {
+  const ChatRequest r = parse_chat_body(R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type":
+      "function", "function": {"name": "f", "parameters": {"type": "object", "required": ["z"], "properties":
+      {"z": {"type": "string"}, "a": {"type": "string"}}}}}]})");
+  EXPECT_EQ(r.tools[0]["function"]["parameters"].dump(),
+            R"({"type":"object","required":["z"],"properties":{"z":{"type":"string"},"a":{"type":"string"}}})");
+  EXPECT_EQ(r.tools[0].begin().key(), "type");
+  // tool_choice "none" still drops the tools; errors are those of parse_chat_request.
+  EXPECT_TRUE(parse_chat_body(R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "none",
+      "tools": [{"type": "function", "function": {"name": "f"}}]})").tools.empty());
+  expect_400([] { parse_chat_body(R"({"messages": [], "tools": 3})"); }, "messages");
+  expect_400([] { parse_chat_body("[1]"); }, "");
+}
+
+TEST(RequestParse, NumbersOutOfRangeAndParseErrorsAreCleanClientErrors) {
+  try {
+    parse_body(R"({"temperature": 1e400})");
+    FAIL();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param(), "temperature");
+  }
+  try {
+    parse_body("{\"a\": tru}");
+    FAIL();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(std::string(e.what()).find("[json.exception"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("line 1"), std::string::npos) << e.what();
+  }
+  // Repeated keys: the last wins (as before); big numbers that fit are kept.
+  EXPECT_EQ(parse_body(R"({"a": 1, "a": 2, "b": 1e300})")["a"], 2);
+}
+
+TEST(RequestParse, UnknownFieldsAreListedOrRejected) {
+  ChatRequest r = parse_chat_request(chat_body({{"temprature", 0.1}, {"frobnicate", 1}}));
+  EXPECT_EQ(r.common.unknown_fields, (std::vector<std::string>{"frobnicate", "temprature"}));
+  EXPECT_EQ(describe_unknown_field("temprature", true), "'temprature' (did you mean 'temperature'?)");
+  EXPECT_EQ(describe_unknown_field("max_token", false), "'max_token' (did you mean 'max_tokens'?)");
+  EXPECT_EQ(describe_unknown_field("frobnicate", true), "'frobnicate'");
+  ParseOptions strict;
+  strict.strict_params = true;
+  expect_400([&] { parse_chat_request(chat_body({{"temprature", 0.1}}), strict); }, "temprature");
+  expect_400([&] { parse_completion_request(json{{"prompt", "x"}, {"messages", json::array()}}, strict); },
+             "messages");
+  EXPECT_NO_THROW(parse_completion_request(json{{"prompt", "x"}, {"user", "u"}}, strict));
+}
+
+TEST(HttpChecks, ConstantTimeKeyCompareAndHostNames) {
+  EXPECT_TRUE(constant_time_equal("sekrit", "sekrit"));
+  EXPECT_FALSE(constant_time_equal("sekriT", "sekrit"));
+  EXPECT_FALSE(constant_time_equal("sekrit2", "sekrit"));
+  EXPECT_FALSE(constant_time_equal("", "sekrit"));
+  EXPECT_FALSE(constant_time_equal("", ""));
+  EXPECT_EQ(host_of("Example.COM:8000"), "example.com");
+  EXPECT_EQ(host_of("[::1]:80"), "::1");
+  EXPECT_EQ(host_of(" localhost "), "localhost");
+}
+
+// The chat formats' Python-style JSON writer walks values iteratively: arguments nested far deeper than any stack
+// allows are written, not crashed on.
+TEST(ChatJsonWriters, DeepValuesDoNotOverflowTheStack) {
+  const size_t depth = 200000;
+  const std::string text = std::string(depth, '[') + "1" + std::string(depth, ']');
+  const auto value = nlohmann::ordered_json::parse(text);
+  const std::string out = python_json_dumps(value);
+  EXPECT_EQ(out, text);
+  EXPECT_EQ(python_json_dumps(nlohmann::ordered_json::parse(R"({"a": [1, "x", {"b": null}], "c": {}})")),
+            R"({"a": [1, "x", {"b": null}], "c": {}})");
 }
 
 }  // namespace

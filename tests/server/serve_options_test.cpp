@@ -43,7 +43,12 @@ TEST(ServeOptions, UnavailableFeaturesAndBadValuesAreErrors) {
 
   ServeOptions o = base;
   o.k3_moe_exchange = "ll";
-  EXPECT_EQ(validation_error(o), "");
+  EXPECT_EQ(validation_error(o), "");  // one rank (or CPU ranks): no CUDA exchange runs
+  o.device = "cuda";
+  o.parallel.ep = 2;
+  EXPECT_NE(validation_error(o).find("--k3-moe-exchange ll is not available on CUDA ranks"), std::string::npos)
+      << validation_error(o);
+  o = base;
   o.k3_moe_exchange = "mpi";
   EXPECT_NE(validation_error(o).find("must be nccl or ll"), std::string::npos);
 
@@ -71,15 +76,55 @@ TEST(ServeOptions, UnavailableFeaturesAndBadValuesAreErrors) {
   EXPECT_NE(validation_error(o).find("--device"), std::string::npos);
   o = base;
   o.parallel.dp = 2;
-  o.parallel.ep = 8;
   o.parallel.tp = 2;
+  o.parallel.ep = 8;
   EXPECT_NE(validation_error(o).find("--ep must equal --dp x --tp"), std::string::npos) << validation_error(o);
   o = base;
   o.parallel.ep = 4;
   o.parallel.nnodes = 2;
-  EXPECT_NE(validation_error(o).find("--dist-init-addr"), std::string::npos) << validation_error(o);
-  o.dist_init_addr = "10.0.0.1:29500";
-  EXPECT_NE(validation_error(o).find("one host"), std::string::npos) << validation_error(o);
+  EXPECT_NE(validation_error(o).find("several hosts is not available yet"), std::string::npos) << validation_error(o);
+  o = base;
+  o.moe_exchange_tokens = -1;
+  EXPECT_NE(validation_error(o).find("--moe-exchange-tokens"), std::string::npos);
+  o = base;
+  o.max_connections = 0;
+  EXPECT_NE(validation_error(o).find("--max-connections"), std::string::npos);
+  o = base;
+  o.header_timeout_s = 0;
+  EXPECT_NE(validation_error(o).find("--header-timeout"), std::string::npos);
+  o = base;
+  o.shutdown_timeout_s = -1;
+  EXPECT_NE(validation_error(o).find("--shutdown-timeout"), std::string::npos);
+  o = base;
+  o.worker_heartbeat_timeout_s = 0.5;
+  EXPECT_NE(validation_error(o).find("--worker-heartbeat-timeout"), std::string::npos);
+  o = base;
+  o.max_worker_restarts = -1;
+  EXPECT_NE(validation_error(o).find("--max-worker-restarts"), std::string::npos);
+  o = base;
+  o.allowed_hosts = {"example.com:8000"};
+  EXPECT_NE(validation_error(o).find("--allowed-hosts"), std::string::npos);
+  o = base;
+  o.allowed_hosts = {"http://x"};
+  EXPECT_NE(validation_error(o).find("--allowed-hosts"), std::string::npos);
+  o = base;
+  o.allowed_hosts = {"LocalHost", "[::1]", "10.0.0.1"};
+  validate_serve_options(o);
+  EXPECT_EQ(o.allowed_hosts, (std::vector<std::string>{"localhost", "::1", "10.0.0.1"}));
+}
+
+TEST(ServeOptions, WorkerCommandLine) {
+  ServeOptions opt;
+  opt.model_dir = "/m";
+  opt.max_model_len = 512;
+  auto argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 0, "rank-0-i3");
+  const std::vector<std::string> head = {"/bin/batchgen", "worker", "--model", "/m", "--endpoint",
+                                         "ipc:///tmp/x/workers.sock", "--rank", "0", "--routing-id", "rank-0-i3",
+                                         "--parent-pid"};
+  ASSERT_GE(argv.size(), head.size());
+  EXPECT_EQ(std::vector<std::string>(argv.begin(), argv.begin() + static_cast<long>(head.size())), head);
+  const std::vector<std::string> tail = {"--device", "cpu", "--max-model-len", "512"};
+  EXPECT_EQ(std::vector<std::string>(argv.end() - static_cast<long>(tail.size()), argv.end()), tail);
 }
 
 TEST(ServeOptions, WorkerCommandLineOfARankSet) {
@@ -87,25 +132,12 @@ TEST(ServeOptions, WorkerCommandLineOfARankSet) {
   opt.model_dir = "/m";
   opt.parallel.dp = 2;
   opt.parallel.ep = 4;
-  opt.k3_moe_exchange = "ll";
-  auto argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 3, "ipc:///tmp/x/r.sock");
-  const std::vector<std::string> tail = {"--dp", "2", "--tp", "2", "--nnodes", "1", "--rendezvous",
-                                         "ipc:///tmp/x/r.sock", "--k3-moe-exchange", "ll", "--moe-exchange-tokens", "0"};
+  auto argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 3, "rank-3-i1", "ipc:///tmp/x/r.sock");
+  const std::vector<std::string> tail = {"--dp", "2", "--tp", "2", "--rendezvous", "ipc:///tmp/x/r.sock",
+                                         "--k3-moe-exchange", "nccl", "--moe-exchange-tokens", "0"};
+  ASSERT_GE(argv.size(), tail.size());
   EXPECT_EQ(std::vector<std::string>(argv.end() - static_cast<long>(tail.size()), argv.end()), tail);
   EXPECT_EQ(argv[7], "3");
-}
-
-TEST(ServeOptions, WorkerCommandLine) {
-  ServeOptions opt;
-  opt.model_dir = "/m";
-  opt.max_model_len = 512;
-  auto argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 0);
-  const std::vector<std::string> head = {"/bin/batchgen", "worker", "--model", "/m", "--endpoint",
-                                         "ipc:///tmp/x/workers.sock", "--rank", "0", "--parent-pid"};
-  ASSERT_GE(argv.size(), head.size());
-  EXPECT_EQ(std::vector<std::string>(argv.begin(), argv.begin() + static_cast<long>(head.size())), head);
-  const std::vector<std::string> tail = {"--device", "cpu", "--max-model-len", "512"};
-  EXPECT_EQ(std::vector<std::string>(argv.end() - static_cast<long>(tail.size()), argv.end()), tail);
 }
 
 }  // namespace

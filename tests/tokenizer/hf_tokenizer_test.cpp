@@ -145,6 +145,34 @@ TEST(HfTokenizer, PostProcessorTemplate) {
   EXPECT_NE(error_of(j).find("special token '<missing>' is not in"), std::string::npos);
 }
 
+// LlamaTokenizerFast (DeepSeek-V3's tokenizer_class) rebuilds the template from add_bos_token (default true) and
+// add_eos_token (default false), as transformers does when it loads; other classes keep tokenizer.json's.
+TEST(HfTokenizer, LlamaConfigFlagsReplaceThePostProcessor) {
+  json j = tiny_tokenizer({});
+  j["added_tokens"] = json::array({{{"id", 300}, {"content", "<bos>"}, {"special", true}},
+                                   {{"id", 301}, {"content", "<eos>"}, {"special", true}}});
+  j["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", {{{"SpecialToken", {{"id", "<bos>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+      {"special_tokens", {{"<bos>", {{"id", "<bos>"}, {"ids", {300}}, {"tokens", {"<bos>"}}}}}}};
+  json config = {{"bos_token", "<bos>"}, {"eos_token", "<eos>"}, {"tokenizer_class", "LlamaTokenizerFast"}};
+  const std::vector<int32_t> a{'a'};
+  auto with = [&](const json& c) { return Tokenizer::from_hf_json(j, c, "tokenizer.json").with_template(a); };
+  EXPECT_EQ(with(config), (std::vector<int32_t>{300, 'a'}));  // the defaults: BOS, no EOS
+  config["add_bos_token"] = false;
+  EXPECT_EQ(with(config), a);
+  config["add_eos_token"] = true;
+  EXPECT_EQ(with(config), (std::vector<int32_t>{'a', 301}));
+  config["tokenizer_class"] = "PreTrainedTokenizerFast";  // not Llama's: tokenizer.json's template stands
+  EXPECT_EQ(with(config), (std::vector<int32_t>{300, 'a'}));
+  config["tokenizer_class"] = "LlamaTokenizerFast";
+  config["add_bos_token"] = "yes";
+  EXPECT_THROW(with(config), Error);
+  config["add_bos_token"] = true;
+  config.erase("bos_token");
+  EXPECT_THROW(with(config), Error);  // asks for a BOS it does not name
+}
+
 TEST(HfTokenizer, ValidationErrorsNameTheField) {
   json j = tiny_tokenizer({{"a", "b"}});
   j["model"]["merges"].push_back(bl("q") + " " + bl("zz"));

@@ -67,10 +67,10 @@ class ChatFormat {
   // OpenAI `messages` (system/developer/user/assistant incl. tool_calls/tool roles; content as string or an array
   // of {type:"text"} parts) and `tools` (OpenAI function tools, may be null) -> prompt ids. Throws bg::Error with a
   // message fit for an HTTP 400 naming the bad field (e.g. "messages[2].role: unknown role 'foo'").
-  virtual std::vector<int32_t> render(const nlohmann::json& messages, const nlohmann::json& tools,
+  virtual std::vector<int32_t> render(const nlohmann::json& messages, const nlohmann::ordered_json& tools,
                                       const ChatOptions& options) const = 0;
   // The prompt as text: a template's rendered output (before tokenization), else the decoded ids.
-  virtual std::string render_text(const nlohmann::json& messages, const nlohmann::json& tools,
+  virtual std::string render_text(const nlohmann::json& messages, const nlohmann::ordered_json& tools,
                                   const ChatOptions& options) const = 0;
   virtual std::vector<int32_t> stop_token_ids() const = 0;
   // Thinking when the request does not say: on for Kimi-K3 (a reasoning model), off for DeepSeek-V3 (V3.1's template

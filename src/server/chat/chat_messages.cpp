@@ -4,14 +4,18 @@
 
 #include <fmt/format.h>
 
+#include <vector>
+
 #include "core/error.h"
 
 namespace bg {
 namespace {
 
 using nlohmann::json;
+using nlohmann::ordered_json;
 
 const char* type_name(const json& v) { return v.type_name(); }
+const char* type_name(const ordered_json& v) { return v.type_name(); }
 
 // content: a string, an array of {"type": "text", "text": string} parts, or (where allowed) null/absent.
 void parse_content(const json& m, const std::string& where, bool nullable, ChatMessage& out) {
@@ -110,16 +114,16 @@ std::vector<ChatMessage> parse_chat_messages(const json& messages) {
   return out;
 }
 
-void validate_chat_tools(const json& tools) {
+void validate_chat_tools(const ordered_json& tools) {
   if (tools.is_null()) return;
   BG_CHECK(tools.is_array(), "tools: must be an array, not {}", type_name(tools));
   for (size_t i = 0; i < tools.size(); ++i) {
-    const json& t = tools[i];
+    const ordered_json& t = tools[i];
     const std::string where = fmt::format("tools[{}]", i);
     BG_CHECK(t.is_object(), "{}: must be an object, not {}", where, type_name(t));
-    BG_CHECK(t.value("type", json()) == "function", "{}.type: must be 'function'", where);
+    BG_CHECK(t.value("type", ordered_json()) == "function", "{}.type: must be 'function'", where);
     BG_CHECK(t.contains("function") && t["function"].is_object(), "{}.function: missing", where);
-    const json& fn = t["function"];
+    const ordered_json& fn = t["function"];
     BG_CHECK(fn.contains("name") && fn["name"].is_string() && !fn["name"].get<std::string>().empty(),
              "{}.function.name: missing", where);
     BG_CHECK(!fn.contains("description") || fn["description"].is_string() || fn["description"].is_null(),
@@ -155,33 +159,52 @@ std::string json_escape(std::string_view text) {
 
 namespace {
 
-void append_python_json(std::string& out, const nlohmann::ordered_json& value) {
-  if (value.is_object()) {
-    out.push_back('{');
-    bool first = true;
-    for (const auto& [k, v] : value.items()) {
-      if (!first) out.append(", ");
-      first = false;
-      out.push_back('"');
-      out.append(json_escape(k));
-      out.append("\": ");
-      append_python_json(out, v);
-    }
-    out.push_back('}');
-  } else if (value.is_array()) {
-    out.push_back('[');
-    for (size_t i = 0; i < value.size(); ++i) {
-      if (i > 0) out.append(", ");
-      append_python_json(out, value[i]);
-    }
-    out.push_back(']');
-  } else if (value.is_string()) {
+void append_python_scalar(std::string& out, const nlohmann::ordered_json& value) {
+  if (value.is_string()) {
     out.push_back('"');
     out.append(json_escape(value.get_ref<const std::string&>()));
     out.push_back('"');
   } else {
     // Numbers, booleans, null: nlohmann's shortest round-trip form, as Python's repr for floats.
     out.append(value.dump());
+  }
+}
+
+// Iterative (an explicit stack of open containers), so a value nested arbitrarily deep — tool-call arguments are
+// client text, parsed here — cannot overflow the call stack.
+void append_python_json(std::string& out, const nlohmann::ordered_json& root) {
+  using It = nlohmann::ordered_json::const_iterator;
+  struct Open {
+    const nlohmann::ordered_json* container;
+    It next;
+  };
+  std::vector<Open> stack;
+  const nlohmann::ordered_json* value = &root;
+  for (;;) {
+    if (value != nullptr) {
+      if (value->is_object() || value->is_array()) {
+        out.push_back(value->is_object() ? '{' : '[');
+        stack.push_back(Open{value, value->cbegin()});
+      } else {
+        append_python_scalar(out, *value);
+      }
+      value = nullptr;
+    }
+    if (stack.empty()) return;
+    Open& top = stack.back();
+    if (top.next == top.container->cend()) {
+      out.push_back(top.container->is_object() ? '}' : ']');
+      stack.pop_back();
+      continue;
+    }
+    if (top.next != top.container->cbegin()) out.append(", ");
+    if (top.container->is_object()) {
+      out.push_back('"');
+      out.append(json_escape(top.next.key()));
+      out.append("\": ");
+    }
+    value = &*top.next;
+    ++top.next;
   }
 }
 

@@ -31,7 +31,7 @@ std::vector<ChatMessage> parse_chat_messages(const nlohmann::json& messages);
 
 // null or an array of {"type": "function", "function": {"name": ..., "description"?, "parameters"?}}. Throws
 // bg::Error naming the field ("tools[0].function.name: ...").
-void validate_chat_tools(const nlohmann::json& tools);
+void validate_chat_tools(const nlohmann::ordered_json& tools);
 
 // Python's json.dumps(value, ensure_ascii=False) with its default separators ", " and ": " (what Kimi's encoder
 // writes for non-string tool argument values and what the parser emits as arguments).

@@ -14,6 +14,7 @@ namespace bg {
 namespace {
 
 using nlohmann::json;
+using nlohmann::ordered_json;
 
 struct DsMarkers {
   int32_t bos, eos, user, assistant, think, end_think;
@@ -75,14 +76,14 @@ class DsWriter {
 };
 
 // The tool section of the system prompt (DeepSeek-V3.1 model card; its template itself does not render `tools`).
-void write_tools_section(DsWriter& w, const json& tools, const DsMarkers& m) {
+void write_tools_section(DsWriter& w, const ordered_json& tools, const DsMarkers& m) {
   w.text("## Tools\nYou have access to the following tools:\n\n");
   for (const auto& t : tools) {
-    const json& fn = t["function"];
-    const json description = fn.value("description", json(""));
+    const ordered_json& fn = t["function"];
+    const ordered_json description = fn.value("description", ordered_json(""));
     w.text(fmt::format("### {}\nDescription: {}\n\nParameters: {}\n\n", fn["name"].get<std::string>(),
                        description.is_string() ? description.get<std::string>() : std::string(),
-                       fn.value("parameters", json::object()).dump()));
+                       fn.value("parameters", ordered_json::object()).dump()));
   }
   w.text("IMPORTANT: ALWAYS adhere to this exact format for tool use:\n");
   w.control(m.calls_begin);
@@ -103,7 +104,7 @@ class DeepSeekV3ChatFormat : public ChatFormat {
   bool default_thinking() const override { return false; }
   explicit DeepSeekV3ChatFormat(const Tokenizer& tok) : tok_(tok), m_(DsMarkers::from(tok)) {}
 
-  std::vector<int32_t> render(const json& messages, const json& tools, const ChatOptions& options) const override {
+  std::vector<int32_t> render(const json& messages, const ordered_json& tools, const ChatOptions& options) const override {
     const std::vector<ChatMessage> msgs = parse_chat_messages(messages);
     validate_chat_tools(tools);
     BG_CHECK(options.reasoning_effort.empty() ||
@@ -166,10 +167,14 @@ class DeepSeekV3ChatFormat : public ChatFormat {
     return w.take();
   }
 
-  std::string render_text(const json& messages, const json& tools, const ChatOptions& options) const override {
+  std::string render_text(const json& messages, const ordered_json& tools, const ChatOptions& options) const override {
     return tok_.decode(render(messages, tools, options));
   }
   std::vector<int32_t> stop_token_ids() const override { return {m_.eos}; }
+  // The generation prompt ends with <think> when thinking is on (after tool outputs nothing is added: no reasoning).
+  bool reasoning_open_after(std::span<const int32_t> prompt) const override {
+    return !prompt.empty() && prompt.back() == m_.think;
+  }
   std::unique_ptr<ChatOutputParser> make_parser(const ChatOptions& options) const override;
   std::string describe() const override { return "built-in DeepSeek-V3.1 style (the checkpoint ships no chat_template)"; }
 

@@ -22,9 +22,9 @@ inline constexpr std::string_view kK3EndOfMsg = "<|end_of_msg|>";
 class KimiK3ChatFormat : public ChatFormat {
  public:
   explicit KimiK3ChatFormat(const Tokenizer& tok) : tok_(tok), markers_(K3Markers::from(tok)) {}
-  std::vector<int32_t> render(const nlohmann::json& messages, const nlohmann::json& tools,
+  std::vector<int32_t> render(const nlohmann::json& messages, const nlohmann::ordered_json& tools,
                               const ChatOptions& options) const override;
-  std::string render_text(const nlohmann::json& messages, const nlohmann::json& tools,
+  std::string render_text(const nlohmann::json& messages, const nlohmann::ordered_json& tools,
                           const ChatOptions& options) const override {
     return tok_.decode(render(messages, tools, options));
   }

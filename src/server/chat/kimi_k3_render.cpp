@@ -163,7 +163,7 @@ K3Markers K3Markers::from(const Tokenizer& tok) {
   return {need(kK3Open), need(kK3Close), need(kK3Sep), need(kK3EndOfMsg)};
 }
 
-std::vector<int32_t> KimiK3ChatFormat::render(const json& messages, const json& tools,
+std::vector<int32_t> KimiK3ChatFormat::render(const json& messages, const ordered_json& tools,
                                               const ChatOptions& options) const {
   const std::vector<ChatMessage> msgs = parse_chat_messages(messages);
   validate_chat_tools(tools);

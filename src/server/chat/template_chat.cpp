@@ -16,6 +16,7 @@ namespace bg {
 namespace {
 
 using nlohmann::json;
+using nlohmann::ordered_json;
 
 std::optional<int32_t> id_of(const Tokenizer& tok, std::string_view name) { return tok.special_id(name); }
 
@@ -176,11 +177,11 @@ class TemplateChatFormat : public ChatFormat {
     BG_CHECK(!stops_.empty(), "{}: the tokenizer has no end-of-sequence token to stop generation at", name);
   }
 
-  std::vector<int32_t> render(const json& messages, const json& tools, const ChatOptions& options) const override {
+  std::vector<int32_t> render(const json& messages, const ordered_json& tools, const ChatOptions& options) const override {
     return tok_.encode_with_special(render_text(messages, tools, options));
   }
 
-  std::string render_text(const json& messages, const json& tools, const ChatOptions& options) const override {
+  std::string render_text(const json& messages, const ordered_json& tools, const ChatOptions& options) const override {
     const std::vector<ChatMessage> msgs = parse_chat_messages(messages);  // validation: errors name the field
     validate_chat_tools(tools);
     if (!options.reasoning_effort.empty()) {
@@ -188,7 +189,8 @@ class TemplateChatFormat : public ChatFormat {
                    std::end(kReasoningEfforts),
                "reasoning_effort: unsupported value '{}' (low, medium, high, max)", options.reasoning_effort);
     }
-    json vars = json::object();
+    // Ordered: the tools keep the client's key order, as Python dicts do for the reference template engines.
+    ordered_json vars = ordered_json::object();
     json list = json::array();
     for (size_t i = 0; i < messages.size(); ++i) {
       json m = messages[i];

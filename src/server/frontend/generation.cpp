@@ -103,6 +103,8 @@ std::optional<OutputDelta> Generation::next(std::chrono::milliseconds timeout) {
   return d;
 }
 
+void Generation::set_notify(std::function<void()> notify) { events_->set_notify(std::move(notify)); }
+
 void Generation::on_event(const proto::TokenEvent& ev) {
   if (ev.tokens.empty()) return;
   const auto now = Clock::now();

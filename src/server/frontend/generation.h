@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -32,6 +33,7 @@ struct ServingContext {
   WorkerLink& link;
   Metrics& metrics;
   std::string served_model_name;
+  ParseOptions parse;
 };
 
 class Generation {
@@ -42,8 +44,10 @@ class Generation {
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;
 
-  // Waits up to `timeout` for the next worker event; nullopt on timeout or when done.
+  // Waits up to `timeout` (0: does not wait) for the next worker event; nullopt on timeout or when done.
   std::optional<OutputDelta> next(std::chrono::milliseconds timeout);
+  // Called (from the worker link's thread) whenever an event arrives for this generation.
+  void set_notify(std::function<void()> notify);
   bool done() const { return asm_.done(); }
   // The client went away: cancel at the worker now.
   void cancel_by_client();

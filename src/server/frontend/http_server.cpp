@@ -1,166 +1,215 @@
-// Routes, authentication, error mapping and the server lifecycle.
+// The listener and the server's lifecycle: bind (no SO_REUSEPORT: a port in use is an error), accept with the
+// connection cap and its probe-only reserve, the I/O threads, the preparation pool, drain and stop.
 #include "server/frontend/http_server.h"
 
 #include <fmt/format.h>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+
+#include <thread>
+
 #include "core/error.h"
 #include "core/log.h"
-#include "server/frontend/api_error.h"
-#include "server/frontend/openai_handlers.h"
+#include "server/frontend/http_connection.h"
 
 namespace bg::frontend {
 
-using nlohmann::json;
-
 namespace {
 
-void respond_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "",
-                   const std::string& code = "") {
-  res.status = status;
-  res.set_content(dump_json(error_body(status, message, param, code)), "application/json");
-}
+// At most one line a second about refused connections (a flood must not flood the log).
+class RateLimitedWarning {
+ public:
+  void warn(const std::string& what) {
+    ++n_;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_ < std::chrono::seconds(1)) return;
+    last_ = now;
+    log::warn("frontend: {} ({} so far)", what, n_);
+  }
 
-using EndpointFn = void (*)(ServingContext&, const httplib::Request&, httplib::Response&);
+ private:
+  std::chrono::steady_clock::time_point last_;
+  uint64_t n_ = 0;
+};
 
-// Runs an endpoint; every exception becomes an OpenAI error body with the right status.
-httplib::Server::Handler guarded(ServingContext& ctx, EndpointFn fn) {
-  return [&ctx, fn](const httplib::Request& req, httplib::Response& res) {
-    try {
-      fn(ctx, req, res);
-    } catch (const ApiError& e) {
-      respond_error(res, e.status(), e.what(), e.param(), e.code());
-    } catch (const std::exception& e) {
-      log::error("frontend: {} {}: {}", req.method, req.path, e.what());
-      respond_error(res, 500, fmt::format("internal error: {}", e.what()));
-    }
-  };
-}
-
-json rank_json(const RankState& s) {
-  json j = {{"rank", s.rank},
-            {"phase", s.status.phase},
-            {"process_alive", s.process_alive},
-            {"connected", s.connected},
-            {"ready", s.ready()},
-            {"seconds_since_status", s.status_age_s}};
-  if (!s.ready()) j["reason"] = s.not_ready_reason();
-  return j;
-}
-
-bool bearer_matches(const httplib::Request& req, const std::string& key) {
-  const std::string auth = req.get_header_value("Authorization");
-  const std::string prefix = "Bearer ";
-  return auth.size() == prefix.size() + key.size() && auth.compare(0, prefix.size(), prefix) == 0 &&
-         auth.compare(prefix.size(), std::string::npos, key) == 0;
+tcp::endpoint resolve_endpoint(const std::string& host, int port) {
+  beast::error_code ec;
+  const net::ip::address addr = net::ip::make_address(host, ec);
+  if (!ec) return tcp::endpoint(addr, static_cast<unsigned short>(port));
+  net::io_context ioc;
+  tcp::resolver resolver(ioc);
+  auto results = resolver.resolve(host, std::to_string(port), ec);
+  BG_CHECK(!ec && !results.empty(), "--host {}: cannot resolve the address: {}", host, ec.message());
+  return results.begin()->endpoint();
 }
 
 }  // namespace
 
-std::string endpoint_label(const std::string& path) {
-  static const char* kKnown[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready",
-                                 "/metrics"};
-  for (const char* k : kKnown) {
-    if (path == k) return k;
+struct FrontendServer::Impl {
+  Impl(FrontendConfig c, const TextModel& model, WorkerLink& link, Metrics& metrics)
+      : cfg(std::move(c)),
+        ctx{model, link, metrics, cfg.served_model_name, ParseOptions{cfg.strict_params}},
+        router(RouteConfig{cfg.api_key, cfg.allowed_hosts, cfg.max_body_bytes}, ctx),
+        prep(std::max<size_t>(cfg.n_prep_threads, 1)),
+        core(cfg, router, metrics, prep),
+        ioc(static_cast<int>(std::max<size_t>(cfg.n_io_threads, 1))),
+        work(net::make_work_guard(ioc)),
+        acceptor(net::make_strand(ioc)),
+        retry_timer(acceptor.get_executor()) {}
+
+  void accept();
+  void on_accept(beast::error_code ec, tcp::socket socket);
+
+  FrontendConfig cfg;
+  ServingContext ctx;
+  Router router;
+  net::thread_pool prep;
+  HttpCore core;
+  net::io_context ioc;  // destroyed before `core`: pending handlers release their connections first
+  net::executor_work_guard<net::io_context::executor_type> work;
+  tcp::acceptor acceptor;
+  net::steady_timer retry_timer;
+  std::vector<std::thread> threads;
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  bool stopped = false;
+  RateLimitedWarning refused;
+};
+
+void FrontendServer::Impl::accept() {
+  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    on_accept(ec, std::move(socket));
+  });
+}
+
+void FrontendServer::Impl::on_accept(beast::error_code ec, tcp::socket socket) {
+  if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+  if (ec) {
+    // Out of file descriptors (or similar): wait a little instead of spinning on the error.
+    refused.warn(fmt::format("accept failed: {}", ec.message()));
+    retry_timer.expires_after(std::chrono::milliseconds(50));
+    retry_timer.async_wait([this](beast::error_code e) {
+      if (!e) accept();
+    });
+    return;
   }
-  return "other";
+  beast::error_code ignored;
+  socket.set_option(tcp::no_delay(true), ignored);
+  bool limited = false;
+  if (core.n_connections.fetch_add(1) >= cfg.max_connections) {
+    --core.n_connections;
+    if (core.n_limited.fetch_add(1) >= cfg.reserve_connections) {
+      --core.n_limited;
+      refused.warn(fmt::format("refused a connection: {} connections plus {} reserve are open (--max-connections)",
+                               cfg.max_connections, cfg.reserve_connections));
+      socket.close(ignored);
+      accept();
+      return;
+    }
+    limited = true;
+  }
+  std::make_shared<Connection>(std::move(socket), core, limited)->start();
+  accept();
 }
 
 FrontendServer::FrontendServer(FrontendConfig cfg, const TextModel& model, WorkerLink& link, Metrics& metrics)
-    : cfg_(std::move(cfg)), ctx_{model, link, metrics, cfg_.served_model_name} {
-  const size_t n = cfg_.n_http_threads;
-  svr_.new_task_queue = [n] { return new httplib::ThreadPool(n); };
-  svr_.set_payload_max_length(cfg_.max_body_bytes);
-  svr_.set_keep_alive_max_count(1000);
-  svr_.set_tcp_nodelay(true);
-  install_routes();
-}
+    : impl_(std::make_unique<Impl>(std::move(cfg), model, link, metrics)) {}
 
-void FrontendServer::handle_ready(httplib::Response& res) const {
-  json ranks = json::array();
-  bool ready = true;
-  std::string why;
-  for (const RankState& s : ctx_.link.ranks()) {
-    ranks.push_back(rank_json(s));
-    if (!s.ready()) {
-      ready = false;
-      if (why.empty()) why = fmt::format("rank {} is not ready: {}", s.rank, s.not_ready_reason());
-    }
-  }
-  json body = {{"ready", ready}, {"ranks", std::move(ranks)}};
-  if (!ready) body["reason"] = why;
-  res.status = ready ? 200 : 503;
-  res.set_content(dump_json(body), "application/json");
-}
-
-void FrontendServer::handle_health(httplib::Response& res) const {
-  json ranks = json::array();
-  bool alive = true;
-  for (const RankState& s : ctx_.link.ranks()) {
-    ranks.push_back(rank_json(s));
-    alive = alive && s.process_alive;
-  }
-  res.status = alive ? 200 : 503;
-  res.set_content(dump_json(json{{"status", alive ? "ok" : "unhealthy"}, {"ranks", std::move(ranks)}}),
-                  "application/json");
-}
-
-void FrontendServer::install_routes() {
-  svr_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (cfg_.api_key.empty() || req.path.rfind("/v1/", 0) != 0 || bearer_matches(req, cfg_.api_key)) {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    respond_error(res, 401, "Incorrect or missing API key: pass it as 'Authorization: Bearer <key>'", "",
-                  "invalid_api_key");
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  svr_.Post("/v1/chat/completions", guarded(ctx_, handle_chat_completions));
-  svr_.Post("/v1/completions", guarded(ctx_, handle_completions));
-  svr_.Get("/v1/models", guarded(ctx_, handle_models));
-  svr_.Get("/health", [this](const httplib::Request&, httplib::Response& res) { handle_health(res); });
-  svr_.Get("/ready", [this](const httplib::Request&, httplib::Response& res) { handle_ready(res); });
-  svr_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(ctx_.metrics.render(ctx_.link.statuses()), "text/plain; version=0.0.4");
-  });
-  // Statuses set by httplib itself (unknown route, body too large, unreadable request) get an OpenAI body too.
-  svr_.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 404) {
-      respond_error(res, 404, fmt::format("Unknown route: {} {}", req.method, req.path), "", "unknown_route");
-    } else if (res.status == 413) {
-      respond_error(res, 413, fmt::format("The request body is larger than the limit of {} bytes",
-                                          cfg_.max_body_bytes), "", "request_too_large");
-    } else {
-      respond_error(res, res.status, fmt::format("HTTP error {}", res.status));
-    }
-  });
-  svr_.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    log::error("frontend: {} {}: {}", req.method, req.path, what);
-    respond_error(res, 500, "internal error: " + what);
-  });
-  svr_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    ctx_.metrics.count_request(endpoint_label(req.path), res.status);
-  });
-}
+FrontendServer::~FrontendServer() { stop(); }
 
 int FrontendServer::bind(const std::string& host, int port) {
-  if (port == 0) {
-    const int bound = svr_.bind_to_any_port(host);
-    BG_CHECK(bound > 0, "cannot listen on {} (any port)", host);
-    return bound;
+  const tcp::endpoint ep = resolve_endpoint(host, port);
+  tcp::acceptor& a = impl_->acceptor;
+  beast::error_code ec;
+  a.open(ep.protocol(), ec);
+  BG_CHECK(!ec, "cannot listen on {}:{}: {}", host, port, ec.message());
+  // SO_REUSEADDR only lets a restarted server bind past connections in TIME_WAIT; without SO_REUSEPORT a second
+  // server on the same port fails here instead of silently sharing (and stealing) its traffic.
+  a.set_option(net::socket_base::reuse_address(true), ec);
+  a.bind(ep, ec);
+  if (ec == net::error::address_in_use) {
+    fail("cannot listen on {}:{}: the address is already in use (is another `batchgen serve` running on port {}? "
+         "choose another --port)", host, port, port);
   }
-  BG_CHECK(svr_.bind_to_port(host, port), "cannot listen on {}:{} (address in use or not available)", host, port);
-  return port;
+  BG_CHECK(!ec, "cannot listen on {}:{}: {}", host, port, ec.message());
+  a.listen(net::socket_base::max_listen_connections, ec);
+  BG_CHECK(!ec, "cannot listen on {}:{}: {}", host, port, ec.message());
+  return a.local_endpoint().port();
 }
 
-bool FrontendServer::listen() { return svr_.listen_after_bind(); }
+void FrontendServer::start() {
+  Impl& s = *impl_;
+  if (!s.threads.empty()) return;
+  BG_CHECK(s.acceptor.is_open(), "FrontendServer::start: bind() first");
+  net::post(s.acceptor.get_executor(), [&s] { s.accept(); });
+  for (size_t i = 0; i < std::max<size_t>(s.cfg.n_io_threads, 1); ++i) {
+    s.threads.emplace_back([&s] {
+      for (;;) {
+        try {
+          s.ioc.run();
+          return;
+        } catch (const std::exception& e) {
+          // A handler threw: log and keep the I/O thread serving the other connections.
+          log::error("frontend: HTTP I/O thread: {}", e.what());
+        }
+      }
+    });
+  }
+}
 
-void FrontendServer::stop() { svr_.stop(); }
+bool FrontendServer::listen() {
+  start();
+  std::unique_lock lock(impl_->stop_mu);
+  impl_->stop_cv.wait(lock, [&] { return impl_->stopped; });
+  return true;
+}
+
+void FrontendServer::begin_drain() {
+  Impl& s = *impl_;
+  s.core.draining = true;
+  s.router.set_draining();
+  net::post(s.acceptor.get_executor(), [&s] {
+    beast::error_code ignored;
+    s.acceptor.close(ignored);
+    s.retry_timer.cancel();
+  });
+  for (const auto& c : s.core.snapshot()) c->drain();
+}
+
+size_t FrontendServer::active_requests() const { return impl_->core.n_active.load(); }
+
+void FrontendServer::stop() {
+  Impl& s = *impl_;
+  {
+    std::lock_guard lock(s.stop_mu);
+    if (s.stopped) return;
+    s.stopped = true;
+  }
+  s.stop_cv.notify_all();
+  s.core.draining = true;
+  s.router.set_draining();
+  if (!s.threads.empty()) {
+    net::post(s.acceptor.get_executor(), [&s] {
+      beast::error_code ignored;
+      s.acceptor.close(ignored);
+      s.retry_timer.cancel();
+    });
+    for (const auto& c : s.core.snapshot()) c->abort();
+    // Let the closes run (each cancels its generation at the worker) before the I/O threads stop.
+    for (int i = 0; i < 100 && s.core.n_connections + s.core.n_limited > 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    s.prep.join();  // requests being prepared finish; their results find their connections closed
+    s.work.reset();
+    s.ioc.stop();
+    for (std::thread& t : s.threads) t.join();
+    s.threads.clear();
+  } else {
+    s.prep.join();
+  }
+}
 
 }  // namespace bg::frontend

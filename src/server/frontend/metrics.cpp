@@ -63,16 +63,34 @@ void gauge_header(std::string& out, const char* name, const char* help, const ch
 
 // One gauge per rank: name{rank="r"} value.
 template <typename F>
-void per_rank(std::string& out, const char* name, const char* help, const std::vector<proto::WorkerStatus>& ws,
-              F value) {
+void per_rank(std::string& out, const char* name, const char* help, const std::vector<RankState>& rs, F value) {
   gauge_header(out, name, help);
-  for (const proto::WorkerStatus& w : ws) out += fmt::format("{}{{rank=\"{}\"}} {}\n", name, w.rank, value(w));
+  for (const RankState& s : rs) out += fmt::format("{}{{rank=\"{}\"}} {}\n", name, s.rank, value(s.status));
 }
 
-void render_workers(std::string& out, const std::vector<proto::WorkerStatus>& ws) {
+// Gauges of the supervisor's view (they stay true while a worker is dead, hung or restarting).
+void render_supervision(std::string& out, const std::vector<RankState>& rs) {
+  gauge_header(out, "batchgen_worker_ready", "1 when the rank is loaded, serving and its heartbeat is on time");
+  for (const RankState& s : rs) out += fmt::format("batchgen_worker_ready{{rank=\"{}\"}} {}\n", s.rank, s.ready() ? 1 : 0);
+  gauge_header(out, "batchgen_worker_up", "1 while the rank's current process runs");
+  for (const RankState& s : rs) {
+    out += fmt::format("batchgen_worker_up{{rank=\"{}\"}} {}\n", s.rank, s.process_alive ? 1 : 0);
+  }
+  gauge_header(out, "batchgen_worker_state", "1 for the rank's current supervision state");
+  for (const RankState& s : rs) {
+    out += fmt::format("batchgen_worker_state{{rank=\"{}\",state=\"{}\"}} 1\n", s.rank, s.state());
+  }
+  gauge_header(out, "batchgen_worker_heartbeat_age_seconds", "Seconds since the rank's last status or token event");
+  for (const RankState& s : rs) {
+    out += fmt::format("batchgen_worker_heartbeat_age_seconds{{rank=\"{}\"}} {:.3f}\n", s.rank, s.status_age_s);
+  }
+  gauge_header(out, "batchgen_worker_restarts_total", "Restarts of the worker set since serve started", "counter");
+  out += fmt::format("batchgen_worker_restarts_total {}\n", rs.empty() ? 0 : rs.front().restarts);
+}
+
+void render_workers(std::string& out, const std::vector<RankState>& ws) {
   using W = proto::WorkerStatus;
-  per_rank(out, "batchgen_worker_ready", "1 when the rank is loaded and serving", ws,
-           [](const W& w) { return w.phase == "ready" ? 1 : 0; });
+  render_supervision(out, ws);
   per_rank(out, "batchgen_num_requests_running", "Sequences in the worker's running batch", ws,
            [](const W& w) { return w.running; });
   per_rank(out, "batchgen_num_requests_waiting", "Requests queued at the worker (queue depth)", ws,
@@ -95,7 +113,7 @@ void render_workers(std::string& out, const std::vector<proto::WorkerStatus>& ws
 
 }  // namespace
 
-std::string Metrics::render(const std::vector<proto::WorkerStatus>& workers) const {
+std::string Metrics::render(const std::vector<RankState>& workers) const {
   std::string out;
   {
     std::lock_guard lock(mu_);

@@ -1,5 +1,6 @@
 // Frontend metrics (request counters, token counters, latency histograms) and their Prometheus text rendering,
-// together with the workers' scheduler and memory gauges from their status messages. Thread-safe.
+// together with the workers' scheduler and memory gauges from their status messages and their supervision state
+// (ready, process up, heartbeat age, restarts). Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -10,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "server/protocol.h"
+#include "server/frontend/rank_state.h"
 
 namespace bg::frontend {
 
@@ -43,8 +44,8 @@ class Metrics {
   void observe_e2e(double seconds) { e2e_.observe(seconds); }
   void add_in_flight(int64_t delta) { in_flight_ += delta; }
 
-  // Worker gauges come from the latest status of each rank.
-  std::string render(const std::vector<proto::WorkerStatus>& workers) const;
+  // Worker gauges come from each rank's latest status and the supervisor's view of it.
+  std::string render(const std::vector<RankState>& ranks) const;
 
  private:
   mutable std::mutex mu_;

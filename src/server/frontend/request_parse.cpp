@@ -3,10 +3,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 
 #include "server/frontend/api_error.h"
+#include "server/frontend/json_body.h"
 
 namespace bg::frontend {
 
@@ -104,9 +107,16 @@ void reject_unsupported(const Fields& f) {
   if (auto v = f.boolean("echo"); v && *v) bad("echo", "'echo' is not supported yet");
   if (f.find("suffix") != nullptr) bad("suffix", "'suffix' is not supported");
   if (const json* v = f.find("response_format"); v != nullptr) {
-    if (!v->is_object() || v->value("type", std::string()) != "text") {
+    auto type = v->is_object() ? v->find("type") : v->end();
+    if (!v->is_object() || type == v->end() || *type != "text") {
       bad("response_format", "only response_format {\"type\": \"text\"} is supported yet");
     }
+  }
+  for (const char* key : {"functions", "function_call"}) {
+    if (f.find(key) != nullptr) bad(key, fmt::format("'{}' (the legacy functions API) is not supported; use 'tools'", key));
+  }
+  if (auto v = f.boolean("parallel_tool_calls"); v && !*v) {
+    bad("parallel_tool_calls", "'parallel_tool_calls': false is not supported (the model may call several tools)");
   }
 }
 
@@ -181,11 +191,13 @@ json validate_tools(const Fields& f) {
   for (size_t i = 0; i < tools->size(); ++i) {
     const json& t = (*tools)[i];
     const std::string param = fmt::format("tools[{}]", i);
-    if (!t.is_object() || t.value("type", std::string()) != "function") {
+    auto type = t.is_object() ? t.find("type") : t.end();
+    if (!t.is_object() || type == t.end() || !type->is_string() || *type != "function") {
       bad(param, fmt::format("'{}' must be an object with type \"function\"", param));
     }
     auto fn = t.find("function");
-    if (fn == t.end() || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) {
+    auto name = fn != t.end() && fn->is_object() ? fn->find("name") : t.end();
+    if (fn == t.end() || !fn->is_object() || name == fn->end() || !name->is_string()) {
       bad(param + ".function", fmt::format("'{}.function' must be an object with a string name", param));
     }
   }
@@ -212,21 +224,81 @@ ChatParams parse_chat_params(const Fields& f) {
   return p;
 }
 
+
+// Every field the endpoints know, including those accepted and ignored by design (user, metadata, store,
+// service_tier) and those rejected unless at their default (reject_unsupported).
+constexpr std::string_view kCommonFields[] = {
+    "model", "stream", "stream_options", "n", "max_tokens", "stop", "temperature", "top_p", "top_k", "seed",
+    "stop_token_ids", "ignore_eos", "presence_penalty", "frequency_penalty", "logit_bias", "best_of", "echo",
+    "suffix", "response_format", "logprobs", "user", "metadata", "store", "service_tier"};
+constexpr std::string_view kChatFields[] = {
+    "messages", "tools", "tool_choice", "top_logprobs", "chat_template_kwargs", "reasoning_effort",
+    "max_completion_tokens", "parallel_tool_calls", "functions", "function_call"};
+constexpr std::string_view kCompletionFields[] = {"prompt", "max_completion_tokens"};
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  if (a.size() > 64 || b.size() > 64) return a == b ? 0 : 64;  // only short names can be typos
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+bool known_field(const std::string& key, bool chat) {
+  auto in = [&](std::span<const std::string_view> list) {
+    return std::find(list.begin(), list.end(), key) != list.end();
+  };
+  return in(kCommonFields) || in(chat ? std::span<const std::string_view>(kChatFields)
+                                      : std::span<const std::string_view>(kCompletionFields));
+}
+
+// Collects (or, strictly, rejects) the fields no endpoint knows.
+void check_fields(const json& body, bool chat, const ParseOptions& options, CommonRequest& r) {
+  for (const auto& [key, value] : body.items()) {
+    if (known_field(key, chat)) continue;
+    if (options.strict_params) {
+      throw ApiError(400, fmt::format("unknown field {} (--strict-params is on)", describe_unknown_field(key, chat)),
+                     key.size() <= 64 ? key : key.substr(0, 64));
+    }
+    r.unknown_fields.push_back(key);
+  }
+}
 }  // namespace
 
 json parse_body(std::string_view body) {
-  json j;
-  try {
-    j = json::parse(body.begin(), body.end());
-  } catch (const json::parse_error& e) {
-    throw ApiError(400, fmt::format("the request body is not valid JSON (or not valid UTF-8): {}", e.what()));
-  }
+  json j = parse_json_bounded(body);
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
   return j;
 }
 
-ChatRequest parse_chat_request(const json& body) {
+std::string describe_unknown_field(const std::string& field, bool chat) {
+  const std::string shown = field.size() <= 64 ? field : field.substr(0, 64) + "...";
+  std::string best;
+  size_t best_distance = 3;  // suggest only within two edits
+  auto consider = [&](std::string_view known) {
+    const size_t d = edit_distance(field, known);
+    if (d < best_distance) {
+      best_distance = d;
+      best = known;
+    }
+  };
+  for (std::string_view k : kCommonFields) consider(k);
+  for (std::string_view k : chat ? std::span<const std::string_view>(kChatFields)
+                                  : std::span<const std::string_view>(kCompletionFields)) {
+    consider(k);
+  }
+  return best.empty() ? fmt::format("'{}'", shown) : fmt::format("'{}' (did you mean '{}'?)", shown, best);
+}
+
+ChatRequest parse_chat_request(const json& body, const ParseOptions& options) {
   ChatRequest r;
+  check_fields(body, /*chat=*/true, options, r.common);
   parse_common(body, r.common);
   Fields f(body);
   if (auto lp = f.boolean("logprobs")) r.common.logprobs = *lp;
@@ -248,8 +320,17 @@ ChatRequest parse_chat_request(const json& body) {
   return r;
 }
 
-CompletionRequest parse_completion_request(const json& body) {
+ChatRequest parse_chat_body(std::string_view body, const ParseOptions& options) {
+  const nlohmann::ordered_json ordered = parse_json_bounded_ordered(body);
+  if (!ordered.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  ChatRequest r = parse_chat_request(json(ordered), options);  // the copy's depth is bounded by the parse
+  if (!r.tools.empty()) r.tools = ordered.at("tools");
+  return r;
+}
+
+CompletionRequest parse_completion_request(const json& body, const ParseOptions& options) {
   CompletionRequest r;
+  check_fields(body, /*chat=*/false, options, r.common);
   parse_common(body, r.common);
   Fields f(body);
   if (auto lp = f.integer("logprobs")) {

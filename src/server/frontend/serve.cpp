@@ -1,17 +1,18 @@
-// The serve lifecycle: validate -> text model -> private IPC dir -> worker link -> bind HTTP -> start the rank set
-// (with its rendezvous; restarted when a rank dies) -> serve until a signal -> stop HTTP, shut workers down (never
-// leaving one behind), remove the IPC dir. Node k > 0 of several (--node-rank) serves no HTTP: it runs its ranks,
-// which join node 0's rendezvous and worker link over TCP.
+// The serve lifecycle: validate -> text model -> sweep stale IPC dirs, private IPC dir -> worker link -> bind HTTP ->
+// supervised workers -> serve until a signal (then drain) or a worker that fails before it was ever ready -> stop
+// HTTP, shut workers down (never leaving one behind), remove the IPC dir.
 #include "server/frontend/serve.h"
 
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -19,11 +20,12 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "server/frontend/http_server.h"
-#include "server/frontend/worker_link.h"
-#include "server/frontend/worker_manager.h"
 #include "dist/rendezvous.h"
 #include "moe/make_exchange.h"
+#include "server/frontend/http_server.h"
+#include "server/frontend/ipc_dir.h"
+#include "server/frontend/worker_link.h"
+#include "server/frontend/worker_manager.h"
 
 namespace bg::frontend {
 
@@ -64,20 +66,34 @@ void validate_serve_options(ServeOptions& opt) {
   check_positive(opt.max_num_seqs, "--max-num-seqs");
   check_positive(opt.max_model_len, "--max-model-len");
   check_positive(opt.chunked_prefill_size, "--chunked-prefill-size");
+  check_positive(opt.max_connections, "--max-connections");
   BG_CHECK(!opt.max_queue || *opt.max_queue >= 0, "--max-queue {} must be >= 0", opt.max_queue.value_or(0));
+  auto check_seconds = [](double v, const char* flag, double lo) {
+    BG_CHECK(std::isfinite(v) && v >= lo && v <= 86400.0, "{} {} must be in [{}, 86400] seconds", flag, v, lo);
+  };
+  check_seconds(opt.header_timeout_s, "--header-timeout", 0.1);
+  check_seconds(opt.keep_alive_timeout_s, "--keep-alive-timeout", 0.1);
+  check_seconds(opt.shutdown_timeout_s, "--shutdown-timeout", 0.0);
+  check_seconds(opt.worker_heartbeat_timeout_s, "--worker-heartbeat-timeout", 1.5);
+  BG_CHECK(opt.max_worker_restarts >= 0 && opt.max_worker_restarts <= 1000, "--max-worker-restarts {} must be in "
+           "[0, 1000]", opt.max_worker_restarts);
+  for (std::string& h : opt.allowed_hosts) {
+    std::transform(h.begin(), h.end(), h.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);  // [::1] -> ::1
+    const bool host_and_port = std::count(h.begin(), h.end(), ':') == 1;
+    BG_CHECK(!h.empty() && h.find_first_of(" /\t") == std::string::npos && !host_and_port,
+             "--allowed-hosts: '{}' is not a host name or address (give names without port or scheme, e.g. "
+             "localhost,api.example.com)", h);
+  }
   BG_CHECK(opt.k3_moe_exchange == "nccl" || opt.k3_moe_exchange == "ll", "--k3-moe-exchange {} must be nccl or ll",
            opt.k3_moe_exchange);
   BG_CHECK(opt.moe_exchange_tokens >= 0, "--moe-exchange-tokens {} must be >= 0", opt.moe_exchange_tokens);
-  const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(opt.parallel);
+  const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(opt.parallel);  // throws on a bad layout
   if (opt.device == "cuda" && layout.multi_rank()) {
     BG_CHECK(opt.k3_moe_exchange == "nccl", "{}", moe::kLlNotAvailable);
   }
-  if (layout.nnodes() > 1) {
-    BG_CHECK(!opt.dist_init_addr.empty(), "--nnodes {} needs --dist-init-addr host:port (node 0's rendezvous)",
-             layout.nnodes());
-    dist::parse_host_port(opt.dist_init_addr, "--dist-init-addr");
-    BG_CHECK(opt.device == "cuda", "--nnodes {}: CPU rank sets share memory, so they run on one host", layout.nnodes());
-  }
+  BG_CHECK(layout.nnodes() == 1, "--nnodes {}: serving across several hosts is not available yet (one serve runs its "
+           "whole rank set on this host; docs/PARALLEL.md)", layout.nnodes());
   validate_distributed_config(opt.distributed_weight_config);
   if (opt.served_model_name.empty()) {
     fs::path p = fs::weakly_canonical(opt.model_dir, ec);
@@ -87,10 +103,11 @@ void validate_serve_options(ServeOptions& opt) {
 }
 
 std::vector<std::string> worker_command(const ServeOptions& opt, const std::string& exe, const std::string& endpoint,
-                                        int32_t rank, const std::string& rendezvous) {
-  std::vector<std::string> argv = {exe,        "worker",   "--model",       opt.model_dir,
-                                   "--endpoint", endpoint, "--rank",        std::to_string(rank),
-                                   "--parent-pid", std::to_string(getpid()), "--device", opt.device};
+                                        int32_t rank, const std::string& identity, const std::string& rendezvous) {
+  std::vector<std::string> argv = {exe,          "worker",       "--model",      opt.model_dir,
+                                   "--endpoint", endpoint,       "--rank",       std::to_string(rank),
+                                   "--routing-id", identity,     "--parent-pid", std::to_string(getpid()),
+                                   "--device",   opt.device};
   auto add = [&](const char* flag, const std::optional<int64_t>& v) {
     if (v) {
       argv.push_back(flag);
@@ -104,10 +121,9 @@ std::vector<std::string> worker_command(const ServeOptions& opt, const std::stri
   const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(opt.parallel);
   if (layout.multi_rank()) {
     for (const std::string& a : {std::string("--dp"), std::to_string(layout.dp()), std::string("--tp"),
-                                 std::to_string(layout.tp()), std::string("--nnodes"), std::to_string(layout.nnodes()),
-                                 std::string("--rendezvous"), rendezvous, std::string("--k3-moe-exchange"),
-                                 opt.k3_moe_exchange, std::string("--moe-exchange-tokens"),
-                                 std::to_string(opt.moe_exchange_tokens)}) {
+                                 std::to_string(layout.tp()), std::string("--rendezvous"), rendezvous,
+                                 std::string("--k3-moe-exchange"), opt.k3_moe_exchange,
+                                 std::string("--moe-exchange-tokens"), std::to_string(opt.moe_exchange_tokens)}) {
       argv.push_back(a);
     }
   }
@@ -116,109 +132,88 @@ std::vector<std::string> worker_command(const ServeOptions& opt, const std::stri
 
 namespace {
 
-// A private directory for the IPC socket: mkdtemp creates it with mode 0700.
-class PrivateDir {
- public:
-  PrivateDir() {
-    std::string tmpl = (fs::temp_directory_path() / "batchgen-serve-XXXXXX").string();
-    BG_CHECK(mkdtemp(tmpl.data()) != nullptr, "serve: cannot create a private directory under {}",
-             fs::temp_directory_path().string());
-    path_ = tmpl;
+using Ms = std::chrono::milliseconds;
+
+Ms to_ms(double seconds) { return Ms(static_cast<int64_t>(std::llround(seconds * 1000.0))); }
+
+// Raises the soft file-descriptor limit to the hard one and fits the connection cap into it (each connection is
+// one descriptor; 256 are kept for the rest of the process).
+size_t connection_cap(const ServeOptions& opt, size_t reserve) {
+  rlimit lim{};
+  getrlimit(RLIMIT_NOFILE, &lim);
+  if (lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+    getrlimit(RLIMIT_NOFILE, &lim);
   }
-  ~PrivateDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
+  const size_t fds = lim.rlim_cur == RLIM_INFINITY ? size_t{1} << 20 : static_cast<size_t>(lim.rlim_cur);
+  const size_t usable = fds > 256 + reserve ? fds - 256 - reserve : 1;
+  if (opt.max_connections) {
+    BG_CHECK(static_cast<size_t>(*opt.max_connections) <= usable, "--max-connections {} needs more file descriptors "
+             "than the limit allows ({}; raise it with ulimit -n)", *opt.max_connections, fds);
+    return static_cast<size_t>(*opt.max_connections);
   }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-// Waits for SIGINT/SIGTERM (blocked in every thread), forwards it to the workers and stops the HTTP server.
-class SignalWatcher {
- public:
-  SignalWatcher(FrontendServer& server, WorkerManager& workers)
-      : thread_([this, &server, &workers] { watch(server, workers); }) {}
-  ~SignalWatcher() {
-    done_ = true;
-    thread_.join();
-  }
-
- private:
-  void watch(FrontendServer& server, WorkerManager& workers) {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    const timespec tick{0, 200'000'000};
-    while (!done_) {
-      const int sig = sigtimedwait(&set, nullptr, &tick);
-      if (sig <= 0) continue;
-      log::info("serve: {} received; shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
-      workers.forward_shutdown_signal(sig);
-      server.stop();
-    }
-  }
-  std::atomic<bool> done_{false};
-  std::thread thread_;
-};
-
-}  // namespace
-
-namespace {
-
-// Where the workers meet: the worker link's ROUTER and each generation's rendezvous. One node: IPC sockets in the
-// private directory. Several: TCP on --dist-init-addr (rendezvous on its port, the worker link on port + 1).
-struct Endpoints {
-  std::string link_bind, link_connect;
-  std::string rendezvous_bind(int64_t generation) const {
-    return tcp_rendezvous.empty() ? fmt::format("ipc://{}/rendezvous-{}.sock", dir, generation) : tcp_rendezvous;
-  }
-  std::string dir, tcp_rendezvous;
-};
-
-Endpoints endpoints_for(const ServeOptions& opt, const dist::ParallelLayout& layout, const fs::path& dir) {
-  Endpoints e;
-  e.dir = dir.string();
-  if (layout.nnodes() == 1) {
-    e.link_bind = e.link_connect = "ipc://" + (dir / "workers.sock").string();
-    return e;
-  }
-  const dist::HostPort hp = dist::parse_host_port(opt.dist_init_addr, "--dist-init-addr");
-  BG_CHECK(hp.port < 65535, "--dist-init-addr {}: the worker link uses the next port", opt.dist_init_addr);
-  e.tcp_rendezvous = fmt::format("tcp://{}:{}", hp.host, hp.port);
-  e.link_bind = e.link_connect = fmt::format("tcp://{}:{}", hp.host, hp.port + 1);
-  return e;
+  const size_t cap = std::min<size_t>(4096, usable);
+  if (cap < 4096) log::info("serve: at most {} connections (the file-descriptor limit is {})", cap, fds);
+  return cap;
 }
 
-// Node k > 0: no HTTP; its ranks connect to node 0. Runs until a signal; the ranks are restarted when one dies.
-int run_serve_node(const ServeOptions& opt, const dist::ParallelLayout& layout, int32_t node_rank) {
-  const Endpoints ep = endpoints_for(opt, layout, fs::temp_directory_path());
-  zmq::context_t zmq_ctx;
-  // A local link only for this node's bookkeeping (exits, readiness in the log); the ranks report to node 0.
-  WorkerLink link(zmq_ctx, "inproc://bg-node-link", layout.world(), layout.tp());
-  WorkerManager workers(link);
-  const std::string exe = fs::read_symlink("/proc/self/exe").string();
-  RankSetSpec spec;
-  spec.first_rank = layout.first_rank_of(node_rank);
-  spec.n_ranks = layout.ranks_per_node();
-  spec.command = [&](int32_t rank, int64_t) {
-    return worker_command(opt, exe, ep.link_connect, rank, ep.tcp_rendezvous);
-  };
-  workers.start_set(spec);
-  log::info("serve: node {} of {} runs ranks [{}, {}) for {}", node_rank, layout.nnodes(), spec.first_rank,
-            spec.first_rank + spec.n_ranks, opt.dist_init_addr);
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  int sig = 0;
-  sigwait(&set, &sig);
-  log::info("serve: node {}: {} received; stopping its ranks", node_rank, sig == SIGINT ? "SIGINT" : "SIGTERM");
-  workers.forward_shutdown_signal(sig);
-  workers.stop(std::chrono::seconds(10));
-  return 0;
+FrontendConfig frontend_config(const ServeOptions& opt) {
+  FrontendConfig c;
+  c.served_model_name = opt.served_model_name;
+  c.api_key = opt.api_key;
+  c.allowed_hosts = opt.allowed_hosts;
+  c.strict_params = opt.strict_params;
+  c.max_body_bytes = opt.max_body_bytes;
+  c.max_connections = connection_cap(opt, c.reserve_connections);
+  c.header_timeout = to_ms(opt.header_timeout_s);
+  c.keep_alive_timeout = to_ms(opt.keep_alive_timeout_s);
+  const auto hw = static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency()));
+  c.n_io_threads = std::clamp<size_t>(hw / 4, 2, 4);  // two at least: one busy thread never delays a probe
+  c.n_prep_threads = std::clamp<size_t>(hw / 2, 2, 8);
+  return c;
+}
+
+SupervisorConfig supervisor_config(const ServeOptions& opt) {
+  SupervisorConfig c;
+  c.heartbeat_timeout = to_ms(opt.worker_heartbeat_timeout_s);
+  c.max_restarts = static_cast<int>(opt.max_worker_restarts);
+  return c;
+}
+
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+// Waits for SIGINT/SIGTERM (blocked in every thread) or a worker set that failed before it was ever ready.
+// Returns the signal, or 0 for the failure.
+int wait_for_stop(const sigset_t& signals, const WorkerManager& workers) {
+  const timespec tick{0, 200'000'000};
+  for (;;) {
+    const int sig = sigtimedwait(&signals, nullptr, &tick);
+    if (sig > 0) return sig;
+    if (workers.phase() == WorkerManager::Phase::failed_at_start) return 0;
+  }
+}
+
+// Stop accepting, let the requests in flight finish (up to the timeout, or until a second signal), then return.
+void drain(FrontendServer& server, const WorkerLink& link, const sigset_t& signals, double timeout_s) {
+  server.begin_drain();
+  const auto deadline = std::chrono::steady_clock::now() + to_ms(timeout_s);
+  size_t active = server.active_requests();
+  log::info("serve: draining: {} request(s) in flight, up to {:.1f} s (--shutdown-timeout); a second signal stops "
+            "at once", active, timeout_s);
+  const timespec tick{0, 50'000'000};
+  while ((active = server.active_requests()) > 0 || link.n_in_flight() > 0) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      log::warn("serve: {} request(s) still in flight after {:.1f} s; stopping them", active, timeout_s);
+      return;
+    }
+    const int sig = sigtimedwait(&signals, nullptr, &tick);
+    if (sig > 0) {
+      log::warn("serve: second {}; stopping {} request(s) in flight now", signal_name(sig), active);
+      return;
+    }
+  }
+  log::info("serve: every request finished");
 }
 
 }  // namespace
@@ -226,68 +221,70 @@ int run_serve_node(const ServeOptions& opt, const dist::ParallelLayout& layout, 
 int run_serve(ServeOptions opt) {
   validate_serve_options(opt);
   const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(opt.parallel);
-  if (!layout.multi_rank()) {
-    log::info("serve: one rank, so no expert exchange runs (--k3-moe-exchange {} applies to several ranks)",
-              opt.k3_moe_exchange);
-  } else {
+  if (layout.multi_rank()) {
     log::info("serve: {}; expert exchange: {}", layout.describe(),
               opt.device == "cpu" ? std::string("shm (CPU ranks)") : opt.k3_moe_exchange);
   }
-  // Before any thread starts: SIGINT/SIGTERM only reach the signal watcher; a gone client must not kill us.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // Before any thread starts: SIGINT/SIGTERM only reach sigtimedwait below; a gone client must not kill us.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  if (opt.parallel.node_rank > 0) return run_serve_node(opt, layout, opt.parallel.node_rank);
 
+  const FrontendConfig http_cfg = frontend_config(opt);
   std::unique_ptr<TextModel> model = load_text_model(opt.model_dir, opt.chat_template);
-  PrivateDir ipc_dir;
-  const Endpoints ep = endpoints_for(opt, layout, ipc_dir.path());
+  sweep_stale_ipc_dirs();
+  IpcDir ipc_dir;
+  const std::string endpoint = "ipc://" + (ipc_dir.path() / "workers.sock").string();
   zmq::context_t zmq_ctx;
   Metrics metrics;
-  WorkerLink link(zmq_ctx, ep.link_bind, layout.world(), layout.tp());
-  link.start();
-  FrontendServer server(FrontendConfig{opt.served_model_name, opt.api_key, opt.max_body_bytes, opt.n_http_threads},
-                        *model, link, metrics);
-  const int port = server.bind(opt.host, opt.port);
-
-  const std::string exe = fs::read_symlink("/proc/self/exe").string();
-  // The rendezvous of the current generation of the rank set (replaced on each restart, from the supervisor thread).
-  std::mutex rendezvous_mu;
+  WorkerLink link(zmq_ctx, endpoint, layout.world(), layout.tp());
+  // One rendezvous per incarnation of the rank set, bound when the supervisor builds rank 0's command line (it spawns
+  // rank 0 first), so a restarted set never meets the old one's. Only the supervisor thread touches these.
   std::unique_ptr<dist::RendezvousServer> rendezvous;
-  WorkerManager workers(link);
-  RankSetSpec spec;
-  spec.n_ranks = layout.ranks_per_node();
-  spec.command = [&](int32_t rank, int64_t generation) {
-    return worker_command(opt, exe, ep.link_connect, rank, layout.multi_rank() ? ep.rendezvous_bind(generation) : "");
-  };
-  if (layout.multi_rank()) {
-    spec.on_generation = [&](int64_t generation) {
-      std::lock_guard lock(rendezvous_mu);
+  int64_t n_sets = 0;
+  auto rendezvous_for = [&](int32_t rank) -> std::string {
+    if (!layout.multi_rank()) return "";
+    if (rank == 0 || !rendezvous) {
       rendezvous.reset();
-      rendezvous = std::make_unique<dist::RendezvousServer>(zmq_ctx, ep.rendezvous_bind(generation), layout.world(),
-                                                            layout.describe());
-    };
-  }
-  workers.start_set(spec);
-  bool ok = true;
+      rendezvous = std::make_unique<dist::RendezvousServer>(
+          zmq_ctx, fmt::format("ipc://{}/rendezvous-{}.sock", ipc_dir.path().string(), n_sets++), layout.world(),
+          layout.describe());
+    }
+    return rendezvous->endpoint();
+  };
+  link.start();
+  int rc = 0;
   {
-    SignalWatcher watcher(server, workers);
+    FrontendServer server(http_cfg, *model, link, metrics);
+    const int port = server.bind(opt.host, opt.port);
+    const std::string exe = fs::read_symlink("/proc/self/exe").string();
+    WorkerManager workers(
+        link, layout.world(),
+        [&](int32_t rank, const std::string& id) {
+          return worker_command(opt, exe, endpoint, rank, id, rendezvous_for(rank));
+        },
+        supervisor_config(opt));
+    workers.start();
+    server.start();
     log::info("serve: model '{}' from {}; listening on http://{}:{}", opt.served_model_name, opt.model_dir, opt.host,
               port);
-    ok = server.listen();
+    const int sig = wait_for_stop(signals, workers);
+    if (sig > 0) {
+      log::info("serve: {} received; shutting down", signal_name(sig));
+      drain(server, link, signals, opt.shutdown_timeout_s);
+    } else {
+      log::error("serve: the worker failed before it was ready: {}", workers.failure());
+      rc = 1;
+    }
+    server.stop();
+    log::info("serve: stopping workers");
+    workers.stop(std::chrono::seconds(10));
   }
-  log::info("serve: stopping workers");
-  link.shutdown_workers();
-  workers.stop(std::chrono::seconds(10));
   link.stop();
-  {
-    std::lock_guard lock(rendezvous_mu);
-    rendezvous.reset();
-  }
-  return ok ? 0 : 1;
+  return rc;
 }
 
 }  // namespace bg::frontend

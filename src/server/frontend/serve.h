@@ -26,22 +26,32 @@ struct ServeOptions {
   std::string served_model_name;                // "": the model directory's name
   std::string k3_moe_exchange = "nccl";         // nccl | ll: the expert exchange between CUDA ranks
   int64_t moe_exchange_tokens = 0;              // tokens per rank per exchange call (0: the exchange's default)
-  dist::ParallelFlags parallel;                 // --tp / --dp / --ep / --nnodes / --node-rank
-  std::string dist_init_addr;                   // host:port of node 0's rendezvous (several nodes)
+  dist::ParallelFlags parallel;                 // --tp / --dp / --ep (docs/PARALLEL.md)
   std::string distributed_weight_config;        // path; not supported yet
   size_t max_body_bytes = size_t{16} << 20;
-  size_t n_http_threads = 64;
+  // HTTP
+  std::optional<int64_t> max_connections;       // unset: 4096, lowered to what the file-descriptor limit allows
+  double header_timeout_s = 10.0;
+  double keep_alive_timeout_s = 5.0;
+  std::vector<std::string> allowed_hosts;       // empty: any Host header
+  bool strict_params = false;
+  // lifecycle and supervision
+  double shutdown_timeout_s = 30.0;             // SIGTERM: in-flight requests get this long to finish
+  double worker_heartbeat_timeout_s = 60.0;
+  int64_t max_worker_restarts = 5;
 };
 
 // Checks every option; fills served_model_name. Throws bg::Error with a message for the user.
 void validate_serve_options(ServeOptions& opt);
 
-// The `batchgen worker` command line for one rank (argv[0] = exe); with several ranks it carries the layout and the
-// rendezvous endpoint.
+// The `batchgen worker` command line for one rank's process with routing id `identity` (argv[0] = exe); with several
+// ranks it carries the layout and the rank set's rendezvous endpoint.
 std::vector<std::string> worker_command(const ServeOptions& opt, const std::string& exe, const std::string& endpoint,
-                                        int32_t rank, const std::string& rendezvous = "");
+                                        int32_t rank, const std::string& identity, const std::string& rendezvous = "");
 
-// Runs until SIGINT/SIGTERM; returns the process exit code.
+// Runs until SIGINT/SIGTERM (then drains: stops accepting, lets in-flight requests finish up to the shutdown
+// timeout) or until the worker set fails before it was ever ready; returns the process exit code (0 after a
+// signal, 1 with the worker's error logged when it failed to start).
 int run_serve(ServeOptions opt);
 
 }  // namespace bg::frontend

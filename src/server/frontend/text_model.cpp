@@ -1,4 +1,5 @@
-// The real TextModel: the model directory's tiktoken tokenizer and its chat format behind the frontend's seam.
+// The real TextModel: the model directory's tokenizer (tokenizer.json or tiktoken) and its chat format behind the
+// frontend's seam.
 #include "server/frontend/text_model.h"
 
 #include "core/log.h"
@@ -47,11 +48,14 @@ class ModelDirTextModel : public TextModel {
   }
 
   std::vector<int32_t> encode(std::string_view text) const override { return tok_.encode(text); }
+  std::vector<int32_t> encode_prompt(std::string_view text) const override {
+    return tok_.with_template(tok_.encode(text));
+  }
   std::unique_ptr<TextStream> detokenizer() const override { return std::make_unique<DetokenizerStream>(tok_); }
   std::string token_bytes(int32_t token) const override {
     return tok_.is_known(token) ? std::string(tok_.token_bytes(token)) : std::string();
   }
-  std::vector<int32_t> render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
+  std::vector<int32_t> render_chat(const nlohmann::json& messages, const nlohmann::ordered_json& tools,
                                    const ChatParams& params) const override {
     ChatOptions opt;
     opt.thinking = params.thinking.value_or(chat_->default_thinking());
@@ -59,11 +63,15 @@ class ModelDirTextModel : public TextModel {
     opt.add_generation_prompt = true;
     return chat_->render(messages, tools, opt);
   }
+  bool reasoning_open_after(const std::vector<int32_t>& prompt) const override {
+    return chat_->reasoning_open_after(prompt);
+  }
   std::vector<int32_t> chat_stop_ids() const override { return chat_->stop_token_ids(); }
   std::unique_ptr<ChatStreamParser> chat_parser(const ChatParams& params) const override {
     ChatOptions opt;
     opt.thinking = params.thinking.value_or(chat_->default_thinking());
     opt.reasoning_effort = params.reasoning_effort;
+    opt.starts_in_reasoning = params.starts_in_reasoning;
     return std::make_unique<ParserStream>(chat_->make_parser(opt));
   }
   int64_t vocab_size() const override { return tok_.vocab_size(); }

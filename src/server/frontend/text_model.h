@@ -31,6 +31,10 @@ struct ChatPiece {
 struct ChatParams {
   std::optional<bool> thinking;  // unset: the chat format's default (Kimi-K3 on, DeepSeek-V3 off)
   std::string reasoning_effort;  // "": the format's default; else a level the format knows (low, high, max, ...)
+  // Whether the rendered prompt leaves the model inside its reasoning channel (TextModel::reasoning_open_after of the
+  // prompt: a template may open the assistant turn with <think>, or not, whatever `thinking` says); unset: as
+  // `thinking` says.
+  std::optional<bool> starts_in_reasoning;
 };
 
 // Token ids -> text, never emitting broken UTF-8 in the middle of a stream.
@@ -54,12 +58,19 @@ class TextModel {
   virtual ~TextModel() = default;
   // Plain text -> ids (special-token text is not interpreted).
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // A /v1/completions text prompt -> ids as Hugging Face's `tokenizer(text)` returns them (add_special_tokens): the
+  // tokenizer's template around `encode(text)`, i.e. BOS (or EOS) where the tokenizer files say so (tokenizer.json's
+  // post-processor; tokenizer_config.json's add_bos_token/add_eos_token for LlamaTokenizerFast); tiktoken: none.
+  virtual std::vector<int32_t> encode_prompt(std::string_view text) const = 0;
   virtual std::unique_ptr<TextStream> detokenizer() const = 0;
   // The raw bytes of one token (may be a partial UTF-8 sequence); "" for special tokens.
   virtual std::string token_bytes(int32_t token) const = 0;
   // messages/tools are the request's JSON; throws bg::Error (-> 400) on a message the format cannot render.
-  virtual std::vector<int32_t> render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
+  virtual std::vector<int32_t> render_chat(const nlohmann::json& messages, const nlohmann::ordered_json& tools,
                                            const ChatParams& params) const = 0;
+  // Whether a prompt from render_chat ends inside the reasoning channel (it ends with <think>, or K3's open think
+  // element): the request's ChatParams::starts_in_reasoning, so the output parser starts in the right channel.
+  virtual bool reasoning_open_after(const std::vector<int32_t>& prompt) const = 0;
   virtual std::vector<int32_t> chat_stop_ids() const = 0;
   virtual std::unique_ptr<ChatStreamParser> chat_parser(const ChatParams& params) const = 0;
   virtual int64_t vocab_size() const = 0;

@@ -1,6 +1,7 @@
 // The frontend's side of the worker protocol: one thread owns the ZeroMQ ROUTER socket (sockets are not thread-safe),
-// forwards commands that handler threads queue through an inproc PUSH/PULL pair, routes "tokens" events to
-// per-request queues and keeps each rank's latest status and readiness.
+// forwards commands that other threads queue through an inproc PUSH/PULL pair, routes "tokens" events to
+// per-request queues and keeps each rank's latest status, heartbeat age and readiness. Messages are accepted only
+// from the routing id of each rank's current incarnation, and a token event only from the rank its request went to.
 #pragma once
 
 #include <atomic>
@@ -8,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,39 +20,33 @@
 
 #include <zmq.hpp>
 
+#include "server/frontend/rank_state.h"
 #include "server/protocol.h"
 
 namespace bg::frontend {
 
-// Events of one request, filled by the router thread, drained by the handler thread.
+// Events of one request, filled by the router thread, drained by the connection that answers the request.
 class RequestEvents {
  public:
   void push(proto::TokenEvent ev);
-  // Waits up to `timeout` for an event; nullopt on timeout.
+  // Waits up to `timeout` (0: not at all) for an event; nullopt on timeout.
   std::optional<proto::TokenEvent> pop(std::chrono::milliseconds timeout);
+  // Called after every push, outside the lock (it must not block). Events already queued are not re-announced.
+  void set_notify(std::function<void()> notify);
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<proto::TokenEvent> events_;
-};
-
-// What /ready and /health report about one rank.
-struct RankState {
-  int32_t rank = 0;
-  bool connected = false;        // a status message has arrived
-  bool process_alive = true;     // the worker manager has not seen it exit
-  std::string exit_reason;       // why the process is gone
-  proto::WorkerStatus status;    // latest status (phase "starting" before the first one)
-  double status_age_s = 0.0;     // seconds since the latest status
-  bool ready() const { return process_alive && connected && status.phase == "ready"; }
-  std::string not_ready_reason() const;
+  std::function<void()> notify_;
 };
 
 class WorkerLink {
  public:
-  // Binds the ROUTER on `endpoint` (e.g. "ipc:///tmp/bg-x/router.sock"); n_ranks workers are expected, in DP groups
-  // of `tp` ranks whose first rank (the group's leader) takes the group's requests.
+  // Binds the ROUTER on `endpoint` (e.g. "ipc:///tmp/bg-x/router.sock"); n_ranks workers are expected, rank r with
+  // routing id "rank-<r>" until begin_incarnation says otherwise.
+  // With several ranks they form DP groups of `tp` consecutive ranks; each group's first rank (its leader) takes the
+  // group's requests.
   WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t n_ranks, int32_t tp = 1);
   ~WorkerLink();
   WorkerLink(const WorkerLink&) = delete;
@@ -59,19 +55,27 @@ class WorkerLink {
   void start();
   void stop();
 
-  // Registers the request and sends it to the least-loaded DP group (its leader): the fewest tokens in flight
-  // relative to its KV capacity plus its KV / state memory in use. Throws ApiError(503) when no rank is ready.
+  // Registers the request and sends it to the least-loaded DP group leader (tokens in flight relative to its KV
+  // capacity plus its KV / state use). With several ranks every rank must be ready. Throws ApiError(503) otherwise.
   std::shared_ptr<RequestEvents> submit(const proto::GenerateRequest& req);
   // Tells the worker to drop the request; its final ("abort") event is still routed to the queue if it is alive.
   void cancel(const std::string& id);
   // Asks every rank to shut down cleanly.
   void shutdown_workers();
 
-  // From the worker manager: the rank's process has exited; its in-flight requests fail with `reason` (with several
-  // ranks every request fails: the set cannot step without that rank).
+  // From the supervisor. A new process of `rank` with this routing id: only its messages are accepted from now on,
+  // and its state starts over (not connected, heartbeat age counted from now).
+  void begin_incarnation(int32_t rank, const std::string& identity, int64_t pid);
+  void set_pid(int32_t rank, int64_t pid);
+  // The rank's process has exited; its in-flight requests fail with `reason` (503).
   void mark_exited(int32_t rank, const std::string& reason);
-  // From the worker manager, before it starts a rank set again: every rank is "starting" (not connected, alive).
-  void reset_ranks();
+  // Every in-flight request fails with `reason` (the worker set is being restarted).
+  void fail_all(const std::string& reason, int32_t code);
+  void set_supervisor_note(int32_t rank, const std::string& note, bool gave_up);
+  void count_restart();
+  void set_heartbeat_timeout(std::chrono::milliseconds timeout);
+  // Requests in flight at the workers.
+  size_t n_in_flight() const;
 
   std::vector<RankState> ranks() const;
   std::vector<proto::WorkerStatus> statuses() const;
@@ -85,14 +89,18 @@ class WorkerLink {
     int64_t tokens = 0;  // prompt + max_tokens: what it may still hold in its group's KV
     std::shared_ptr<RequestEvents> events;
   };
-  // The load of a DP group (its leader `rank`) for balancing; lower is better. Caller holds mu_.
-  double load_of(int32_t rank) const;
+  double load_of(size_t rank) const;  // mu_ held
 
   void run();
   void send_command(int32_t rank, const std::string& frame);
   void on_worker_message(const std::string& identity, const std::string& frame);
   void forward_command(const std::string& identity, const std::string& frame);
+  bool send_to(const std::string& identity, const std::string& frame);
   void fail_rank_requests(int32_t rank, const std::string& reason, int32_t code);
+  void fail_requests_locked(int32_t rank, const std::string& reason, int32_t code);  // rank -1: all
+  std::optional<int32_t> rank_of(const std::string& identity) const;                  // mu_ held
+  bool ready_locked(size_t r, std::chrono::steady_clock::time_point now) const;
+  void warn_dropped(const std::string& what);
 
   zmq::context_t& ctx_;
   std::string endpoint_;
@@ -108,9 +116,13 @@ class WorkerLink {
   std::vector<RankState> ranks_;
   std::vector<std::chrono::steady_clock::time_point> last_status_;
   std::map<std::string, Live> live_;
-  std::vector<int64_t> in_flight_;         // per rank
+  std::vector<int64_t> in_flight_;   // per rank
   std::vector<int64_t> in_flight_tokens_;  // per rank
   int32_t tp_ = 1;
+  std::chrono::milliseconds heartbeat_timeout_{60000};
+  int64_t restarts_ = 0;
+  int64_t n_dropped_ = 0;            // messages dropped (unknown sender, wrong rank), for rate-limited logging
+  std::chrono::steady_clock::time_point last_drop_log_;
 };
 
 }  // namespace bg::frontend

@@ -1,4 +1,5 @@
-// fork/exec, reaping, signalling and restarting of worker processes.
+// The supervisor thread: spawns the worker set, watches exits (waitpid), heartbeats and failed statuses through the
+// WorkerLink, and restarts the set with backoff; stop() shuts the set down and reaps every child.
 #include "server/frontend/worker_manager.h"
 
 #include <fmt/format.h>
@@ -17,8 +18,21 @@
 
 namespace bg::frontend {
 
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr std::chrono::milliseconds kReapWait{10'000};  // longest wait for a SIGKILLed child to be reaped
+
+double seconds(std::chrono::milliseconds d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
 std::string describe_exit(int wait_status) {
-  if (WIFEXITED(wait_status)) return fmt::format("the worker process exited with status {}", WEXITSTATUS(wait_status));
+  if (WIFEXITED(wait_status)) {
+    if (WEXITSTATUS(wait_status) == 127) return "the worker could not be started (exec failed)";
+    return fmt::format("the worker process exited with status {}", WEXITSTATUS(wait_status));
+  }
   if (WIFSIGNALED(wait_status)) {
     const int sig = WTERMSIG(wait_status);
     return fmt::format("the worker process was killed by signal {} ({})", sig, strsignal(sig));
@@ -26,23 +40,55 @@ std::string describe_exit(int wait_status) {
   return fmt::format("the worker process ended (wait status {})", wait_status);
 }
 
-WorkerManager::WorkerManager(WorkerLink& link) : link_(link) {}
+WorkerManager::WorkerManager(WorkerLink& link, int32_t n_ranks, WorkerCommand command, SupervisorConfig cfg)
+    : link_(link), n_ranks_(n_ranks), command_(std::move(command)), cfg_(cfg) {
+  BG_CHECK(n_ranks >= 1, "worker manager: n_ranks {} must be >= 1", n_ranks);
+  BG_CHECK(cfg.max_restarts >= 0, "--max-worker-restarts {} must be >= 0", cfg.max_restarts);
+  link_.set_heartbeat_timeout(cfg.heartbeat_timeout);
+}
 
 WorkerManager::~WorkerManager() { stop(std::chrono::milliseconds(2000)); }
 
-void WorkerManager::start_set(RankSetSpec spec) {
-  BG_CHECK(spec.n_ranks >= 1 && spec.command, "worker manager: an empty rank set");
-  spec_ = std::move(spec);
-  spawn_generation();
-  if (spec_.restart) supervisor_ = std::thread([this] { supervise(); });
+void WorkerManager::start() {
+  BG_CHECK(!thread_.joinable(), "worker manager: started twice");
+  thread_ = std::thread([this] { run(); });
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return first_spawn_done_; });
 }
 
-void WorkerManager::spawn_generation() {
-  if (spec_.on_generation) spec_.on_generation(generation_);
-  for (int32_t r = spec_.first_rank; r < spec_.first_rank + spec_.n_ranks; ++r) spawn(r, spec_.command(r, generation_));
+void WorkerManager::stop(std::chrono::milliseconds grace) {
+  stop_grace_ = grace;
+  stop_requested_ = true;
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
 }
 
-void WorkerManager::spawn(int32_t rank, const std::vector<std::string>& argv) {
+WorkerManager::Phase WorkerManager::phase() const {
+  std::lock_guard lock(mu_);
+  return phase_;
+}
+
+std::string WorkerManager::failure() const {
+  std::lock_guard lock(mu_);
+  return failure_;
+}
+
+WorkerManager::Phase WorkerManager::wait_change(Phase from, std::chrono::milliseconds timeout) const {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return phase_ != from; });
+  return phase_;
+}
+
+void WorkerManager::set_phase(Phase p) {
+  {
+    std::lock_guard lock(mu_);
+    phase_ = p;
+  }
+  cv_.notify_all();
+}
+
+pid_t WorkerManager::spawn(int32_t rank, const std::string& identity) {
+  const std::vector<std::string> argv = command_(rank, identity);
   BG_CHECK(!argv.empty(), "worker manager: empty command line for rank {}", rank);
   // Everything the child touches is prepared before fork: after it only async-signal-safe calls are allowed.
   std::vector<char*> cargv;
@@ -51,164 +97,211 @@ void WorkerManager::spawn(int32_t rank, const std::vector<std::string>& argv) {
   const pid_t parent = getpid();
   sigset_t none;
   sigemptyset(&none);
+  link_.begin_incarnation(rank, identity, 0);  // before fork: the child's first status must find its identity
 
   const pid_t pid = fork();
   BG_CHECK(pid >= 0, "worker manager: fork failed for rank {}: {}", rank, std::strerror(errno));
   if (pid == 0) {
-    sigprocmask(SIG_SETMASK, &none, nullptr);  // the frontend blocks SIGINT/SIGTERM for its signal thread
+    sigprocmask(SIG_SETMASK, &none, nullptr);  // the frontend blocks SIGINT/SIGTERM for its signal handling
     signal(SIGPIPE, SIG_DFL);
+    setpgid(0, 0);  // its own process group: a terminal's Ctrl-C reaches the frontend, which drains, not the worker
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);  // the frontend died before prctl took effect
     execv(cargv[0], cargv.data());
     _exit(127);
   }
+  link_.set_pid(rank, pid);
   log::info("frontend: started rank {} (pid {}): {}", rank, pid, fmt::join(argv, " "));
-  auto child = std::make_unique<Child>();
-  child->rank = rank;
-  child->pid = pid;
-  child->generation = generation_;
-  Child* c = child.get();
-  c->reaper = std::thread([this, c] { reap(*c); });
-  std::lock_guard lock(mu_);
-  children_.push_back(std::move(child));
+  return pid;
 }
 
-void WorkerManager::reap(Child& child) {
-  int status = 0;
-  while (waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
+void WorkerManager::spawn_set() {
+  ++incarnation_;
+  children_.clear();
+  for (int32_t r = 0; r < n_ranks_; ++r) {
+    Child c;
+    c.rank = r;
+    c.spawned = Clock::now();
+    c.pid = spawn(r, fmt::format("rank-{}-i{}", r, incarnation_));
+    children_.push_back(c);
   }
-  child.exited = true;
-  const std::string why = WIFEXITED(status) && WEXITSTATUS(status) == 127
-                              ? "the worker could not be started (exec failed)"
-                              : describe_exit(status);
-  std::string reason = why;
-  {
-    std::lock_guard lock(mu_);
-    if (stopping_) {
-      log::info("frontend: rank {} (pid {}) stopped: {}", child.rank, child.pid, why);
-    } else if (set_failed_ && child.generation == generation_) {
-      // Stopped by the restart of the set (or failing with it): name the rank that started it.
-      log::info("frontend: rank {} (pid {}) stopped with its rank set: {}", child.rank, child.pid, why);
-      reason = fmt::format("{} (the rank set is restarting: {})", why, failure_);
-    } else {
-      log::error("frontend: rank {} (pid {}): {}", child.rank, child.pid, why);
-      if (!set_failed_ && child.generation == generation_) {
-        set_failed_ = true;
-        failure_ = fmt::format("rank {}: {}", child.rank, why);
-      }
+}
+
+void WorkerManager::reap_nonblocking() {
+  for (Child& c : children_) {
+    if (c.exited) continue;
+    int status = 0;
+    const pid_t got = waitpid(c.pid, &status, WNOHANG);
+    if (got == c.pid) {
+      c.exited = true;
+      c.wait_status = status;
     }
   }
-  cv_.notify_all();
-  if (child.generation == generation_) link_.mark_exited(child.rank, reason);
 }
 
-// Waits for a failed generation, stops what is left of it, waits out the backoff and starts the next generation.
-void WorkerManager::supervise() {
-  auto backoff = spec_.initial_backoff;
-  auto started = std::chrono::steady_clock::now();
-  std::unique_lock lock(mu_);
-  while (!stopping_) {
-    cv_.wait(lock, [&] { return stopping_ || set_failed_; });
-    if (stopping_) return;
-    if (std::chrono::steady_clock::now() - started >= spec_.stable_after) backoff = spec_.initial_backoff;
-    log::warn("frontend: the rank set failed ({}); stopping its other ranks and restarting it in {} ms", failure_,
-              backoff.count());
-    lock.unlock();
-    terminate_children(std::chrono::milliseconds(5000));
-    lock.lock();
-    if (cv_.wait_for(lock, backoff, [&] { return stopping_.load(); })) return;
-    backoff = std::min(backoff * 2, spec_.max_backoff);
-    ++generation_;
-    set_failed_ = false;
-    lock.unlock();
-    link_.reset_ranks();
-    log::info("frontend: starting generation {} of the rank set", generation_.load());
-    try {
-      spawn_generation();
-    } catch (const std::exception& e) {
-      log::error("frontend: restarting the rank set failed: {}", e.what());
+// The first rank that is gone, hung or failed, with why ("" when the set is healthy).
+std::string WorkerManager::find_failure(int32_t& rank) {
+  const std::vector<RankState> states = link_.ranks();
+  for (const Child& c : children_) {
+    const RankState& s = states[static_cast<size_t>(c.rank)];
+    rank = c.rank;
+    if (c.exited) {
+      std::string why = describe_exit(c.wait_status);
+      if (s.status.phase == "failed" && !s.status.error.empty()) why = s.status.error + " (" + why + ")";
+      return why;
     }
-    started = std::chrono::steady_clock::now();
-    lock.lock();
+    if (s.status.phase == "failed") return s.status.error.empty() ? "failed while loading" : s.status.error;
+    if (!s.heartbeat_ok()) {
+      return s.connected ? fmt::format("stopped responding (no heartbeat for {:.1f} s; --worker-heartbeat-timeout "
+                                       "{:.1f} s)", s.status_age_s, seconds(cfg_.heartbeat_timeout))
+                         : fmt::format("did not connect within {:.1f} s (--worker-heartbeat-timeout)",
+                                       seconds(cfg_.heartbeat_timeout));
+    }
   }
+  return "";
 }
 
-void WorkerManager::terminate_children(std::chrono::milliseconds grace) {
-  signal_all(SIGTERM);
-  const auto deadline = std::chrono::steady_clock::now() + grace;
-  while (any_alive() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+// SIGKILL to every rank still running (their state is lost with the failed rank's), reaped before returning.
+void WorkerManager::kill_set() {
+  for (Child& c : children_) {
+    if (!c.exited) kill(c.pid, SIGKILL);
   }
-  if (any_alive()) {
-    log::warn("frontend: workers did not exit within {} ms; killing them", grace.count());
-    signal_all(SIGKILL);
-  }
-  // Reapers take mu_ after they set `exited`: join them without holding it.
-  std::vector<std::unique_ptr<Child>> done;
-  {
-    std::lock_guard lock(mu_);
-    for (auto it = children_.begin(); it != children_.end();) {
-      if ((*it)->exited) {
-        done.push_back(std::move(*it));
-        it = children_.erase(it);
+  const auto deadline = Clock::now() + kReapWait;
+  for (Child& c : children_) {
+    while (!c.exited) {
+      int status = 0;
+      const pid_t got = waitpid(c.pid, &status, WNOHANG);
+      if (got == c.pid || (got < 0 && errno == ECHILD)) {
+        c.exited = true;
+        c.wait_status = status;
+      } else if (Clock::now() > deadline) {
+        log::error("frontend: rank {} (pid {}) was not reaped {} s after SIGKILL", c.rank, c.pid,
+                   seconds(kReapWait));
+        break;
       } else {
-        ++it;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
     }
   }
-  for (auto& c : done) {
-    if (c->reaper.joinable()) c->reaper.join();
-  }
 }
 
-void WorkerManager::signal_all(int sig) {
-  std::lock_guard lock(mu_);
-  for (const auto& c : children_) {
-    if (!c->exited) kill(c->pid, sig);
+void WorkerManager::on_failure(int32_t rank, const std::string& failure) {
+  kill_set();
+  for (const Child& c : children_) {
+    link_.mark_exited(c.rank, c.rank == rank ? failure : fmt::format("stopped with the worker set (rank {} {})", rank,
+                                                                    failure));
   }
+  const std::string what = fmt::format("rank {}: {}", rank, failure);
+  if (!ever_ready_) {
+    log::error("frontend: {} (before the worker set was ready)", what);
+    {
+      std::lock_guard lock(mu_);
+      failure_ = what;
+    }
+    set_phase(Phase::failed_at_start);
+    return;
+  }
+  if (streak_ >= cfg_.max_restarts) {
+    const std::string note = fmt::format("gave up after {} restarts in a row (--max-worker-restarts); restart "
+                                         "batchgen serve once the cause is fixed", streak_);
+    log::error("frontend: {}; {}", what, note);
+    for (int32_t r = 0; r < n_ranks_; ++r) link_.set_supervisor_note(r, note, /*gave_up=*/true);
+    {
+      std::lock_guard lock(mu_);
+      failure_ = what + "; " + note;
+    }
+    set_phase(Phase::gave_up);
+    return;
+  }
+  ++streak_;
+  const auto factor = int64_t{1} << std::min(streak_ - 1, 20);
+  const auto delay = std::min(cfg_.backoff_initial * factor, cfg_.backoff_max);
+  restart_at_ = Clock::now() + delay;
+  link_.count_restart();
+  const std::string note = fmt::format("restarting the worker set in {:.1f} s (restart {} of at most {} in a row)",
+                                       seconds(delay), streak_, cfg_.max_restarts);
+  log::error("frontend: {}; {}", what, note);
+  for (int32_t r = 0; r < n_ranks_; ++r) link_.set_supervisor_note(r, note, /*gave_up=*/false);
+  set_phase(Phase::restarting);
 }
 
-void WorkerManager::forward_shutdown_signal(int sig) {
+void WorkerManager::shutdown_set() {
+  bool any = false;
+  for (const Child& c : children_) any = any || !c.exited;
+  if (any) {
+    link_.shutdown_workers();
+    const auto deadline = Clock::now() + stop_grace_;
+    while (Clock::now() < deadline) {
+      reap_nonblocking();
+      bool alive = false;
+      for (const Child& c : children_) alive = alive || !c.exited;
+      if (!alive) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    for (const Child& c : children_) {
+      if (!c.exited) log::warn("frontend: rank {} (pid {}) did not exit within {:.1f} s; killing it", c.rank, c.pid,
+                               seconds(stop_grace_));
+    }
+    kill_set();
+  }
+  for (const Child& c : children_) {
+    log::info("frontend: rank {} (pid {}) stopped: {}", c.rank, c.pid, describe_exit(c.wait_status));
+    link_.mark_exited(c.rank, "the server is shutting down");
+  }
+  children_.clear();
+}
+
+void WorkerManager::run() {
+  try {
+    spawn_set();
+  } catch (const std::exception& e) {
+    {
+      std::lock_guard lock(mu_);
+      failure_ = e.what();
+    }
+    set_phase(Phase::failed_at_start);
+  }
   {
     std::lock_guard lock(mu_);
-    stopping_ = true;
+    first_spawn_done_ = true;
   }
   cv_.notify_all();
-  signal_all(sig);
-}
-
-bool WorkerManager::any_alive() const {
-  std::lock_guard lock(mu_);
-  for (const auto& c : children_) {
-    if (!c->exited) return true;
+  while (!stop_requested_) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait_for(lock, cfg_.tick, [&] { return stop_requested_.load(); });
+    }
+    if (stop_requested_) break;
+    reap_nonblocking();
+    const Phase p = phase();
+    const auto now = Clock::now();
+    if (p == Phase::gave_up || p == Phase::failed_at_start) continue;
+    if (p == Phase::restarting) {
+      if (now >= restart_at_) {
+        log::info("frontend: restarting the worker set");
+        spawn_set();
+        set_phase(Phase::starting);
+      }
+      continue;
+    }
+    int32_t rank = 0;
+    if (const std::string failure = find_failure(rank); !failure.empty()) {
+      on_failure(rank, failure);
+      continue;
+    }
+    if (!link_.all_ready()) continue;
+    if (p != Phase::serving) {
+      if (ever_ready_) log::info("frontend: the worker set is serving again");
+      ever_ready_ = true;
+      ready_since_ = now;
+      for (int32_t r = 0; r < n_ranks_; ++r) link_.set_supervisor_note(r, "", false);
+      set_phase(Phase::serving);
+    } else if (streak_ > 0 && now - ready_since_ >= cfg_.stable_after) {
+      streak_ = 0;
+    }
   }
-  return false;
-}
-
-void WorkerManager::stop(std::chrono::milliseconds grace) {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (supervisor_.joinable()) supervisor_.join();
-  signal_all(SIGTERM);
-  const auto deadline = std::chrono::steady_clock::now() + grace;
-  while (any_alive() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (any_alive()) {
-    log::warn("frontend: workers did not exit within {} ms; killing them", grace.count());
-    signal_all(SIGKILL);
-  }
-  std::vector<std::unique_ptr<Child>> all;
-  {
-    std::lock_guard lock(mu_);
-    all.swap(children_);
-  }
-  for (auto& c : all) {
-    if (c->reaper.joinable()) c->reaper.join();
-  }
+  shutdown_set();
+  set_phase(Phase::stopped);
 }
 
 }  // namespace bg::frontend

@@ -213,6 +213,25 @@ void read_post_processor(const json& p, const std::string& where, const std::fun
   BG_CHECK(seen_a, "{}.single: has no Sequence 'A'", where);
 }
 
+// transformers' LlamaTokenizerFast (DeepSeek-V3's tokenizer_class) rebuilds the post-processor from the config's
+// add_bos_token (default true) and add_eos_token (default false) when it loads, whatever tokenizer.json says: what
+// `tokenizer(text)` returns, and so what a text prompt of /v1/completions starts with.
+void apply_llama_bos_eos(const json& config, const std::string& where, int32_t bos, int32_t eos, HfModel& hf) {
+  if (!config.is_object()) return;
+  const json& cls = config.value("tokenizer_class", json());
+  if (cls != "LlamaTokenizerFast" && cls != "LlamaTokenizer") return;
+  auto flag_of = [&](const char* key, bool fallback) {
+    const json& v = config.value(key, json(fallback));
+    BG_CHECK(v.is_boolean(), "{}: tokenizer_config.json {} must be true or false", where, key);
+    return v.get<bool>();
+  };
+  const bool add_bos = flag_of("add_bos_token", true), add_eos = flag_of("add_eos_token", false);
+  BG_CHECK(!add_bos || bos >= 0, "{}: tokenizer_config.json add_bos_token is true but there is no bos_token", where);
+  BG_CHECK(!add_eos || eos >= 0, "{}: tokenizer_config.json add_eos_token is true but there is no eos_token", where);
+  hf.prefix_ids = add_bos ? std::vector<int32_t>{bos} : std::vector<int32_t>{};
+  hf.suffix_ids = add_eos ? std::vector<int32_t>{eos} : std::vector<int32_t>{};
+}
+
 void check_decoder(const json& d, const std::string& where) {
   BG_CHECK(d.is_object() && d.contains("type") && d["type"].is_string(), "{}.type: missing (a byte-level "
            "vocabulary needs the ByteLevel decoder)", where);
@@ -327,6 +346,7 @@ Tokenizer Tokenizer::from_hf_json(const json& j, const json& config, const std::
   if (const auto n = config_token_name(config, "bos_token")) impl->bos = id_of(*n);
   if (const auto n = config_token_name(config, "eos_token")) impl->eos = id_of(*n);
   if (const auto n = config_token_name(config, "pad_token")) impl->pad = id_of(*n);
+  apply_llama_bos_eos(config, where, impl->bos, impl->eos, *hf);
   if (config.is_object() && config.value("clean_up_tokenization_spaces", false) == true) {
     log::warn("{}: tokenizer_config.json asks for clean_up_tokenization_spaces, which batchgen does not apply: "
               "decoded text keeps spaces before punctuation", where);

@@ -1,6 +1,6 @@
 # CTest fixture hf_reference (cmake -P): writes random checkpoints of the three chat-template layouts with
 # `batchgen make-random` (DeepSeek-V3.1 and DeepSeek-V3: tokenizer.json; Kimi-K2: tiktoken.model) into OUT_DIR, then
-# runs generate.mjs with the node_modules that scripts/install-deps.sh installed in SOURCE_DIR (nothing is fetched
+# runs generate.mjs with the node_modules that scripts/install-npm.sh installed in SOURCE_DIR (nothing is fetched
 # here), so OUT_DIR/expected.json holds @huggingface/tokenizers' ids and @huggingface/jinja's prompts.
 foreach(var BATCHGEN SOURCE_DIR OUT_DIR CORPUS EXTRA_CORPUS CASES)
   if(NOT DEFINED ${var})
@@ -14,7 +14,7 @@ endif()
 foreach(pkg jinja tokenizers)
   if(NOT EXISTS "${SOURCE_DIR}/node_modules/@huggingface/${pkg}/package.json")
     message(FATAL_ERROR "hf_reference: ${SOURCE_DIR}/node_modules/@huggingface/${pkg} is missing: run "
-                        "scripts/install-deps.sh (it runs `npm ci` there); tests never fetch packages")
+                        "scripts/install-npm.sh (the setup step, run by scripts/install-deps.sh); tests never fetch packages")
   endif()
 endforeach()
 if(NOT EXISTS "${BATCHGEN}")

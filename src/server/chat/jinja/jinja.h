@@ -32,7 +32,7 @@ class Template {
   // `vars` (a JSON object) are the template's variables (messages, tools, add_generation_prompt, ...). Besides them
   // the globals true/false/none, namespace(), range(), raise_exception() and strftime_now() exist. Throws bg::Error
   // "<name>:<line>: <message>" on a runtime error (raise_exception's message is passed through).
-  std::string render(const nlohmann::json& vars) const;
+  std::string render(const nlohmann::ordered_json& vars) const;  // objects keep their key order
   const std::string& name() const { return name_; }
 
  private:

@@ -224,7 +224,7 @@ bool strict_equal(const Value& a, const Value& b) {
   }
 }
 
-Value from_json(const nlohmann::json& j, int depth, int max_depth) {
+Value from_json(const nlohmann::ordered_json& j, int depth, int max_depth) {
   BG_CHECK(depth <= max_depth, "value nested deeper than {} levels", max_depth);
   switch (j.type()) {
     case nlohmann::json::value_t::null: return Value::null();

@@ -513,7 +513,7 @@ Template::~Template() = default;
 Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 
-std::string Template::render(const nlohmann::json& vars) const {
+std::string Template::render(const nlohmann::ordered_json& vars) const {
   BG_CHECK(vars.is_object(), "{}: template variables must be a JSON object", name_);
   Env globals(nullptr);
   install_globals(globals);

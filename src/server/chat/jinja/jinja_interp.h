@@ -61,7 +61,7 @@ Value apply_filter(Interpreter& in, const Value& operand, const Node& filter, En
 bool apply_test(Interpreter& in, const std::string& name, const Value& operand);
 Value builtin_member(Interpreter& in, const Value& object, const std::string& name);  // undefined when none
 void install_globals(Env& env);
-Value from_json(const nlohmann::json& j, int depth, int max_depth);
+Value from_json(const nlohmann::ordered_json& j, int depth, int max_depth);  // objects in key order
 bool loose_equal(const Value& a, const Value& b);   // `==` as @huggingface/jinja (JavaScript ==)
 bool strict_equal(const Value& a, const Value& b);  // membership (`in`): JavaScript ===
 Value slice_value(Interpreter& in, const Value& v, const Value& start, const Value& stop, const Value& step);

@@ -1,0 +1,230 @@
+// What the frontend trusts from workers and how it supervises them: exact routing ids (a former incarnation or an
+// impostor is ignored), token events only from the rank that owns the request, heartbeat deadlines, failing every
+// in-flight request on a restart; the supervisor's start failures (a worker that exits or never connects); the sweep
+// of stale IPC directories.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <thread>
+
+#include "fake_worker.h"
+#include "server/frontend/ipc_dir.h"
+#include "server/frontend/worker_link.h"
+#include "server/frontend/worker_manager.h"
+#include "temp_dir.h"
+
+namespace bg::frontend {
+namespace {
+
+using namespace std::chrono_literals;
+
+template <typename F>
+bool eventually(F cond, std::chrono::milliseconds limit = 5000ms) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return cond();
+}
+
+std::string endpoint() {
+  static int n = 0;
+  return "inproc://supervision-test-" + std::to_string(n++);
+}
+
+// A DEALER that speaks for whoever its routing id says (the test drives it from its own thread).
+class Impostor {
+ public:
+  Impostor(zmq::context_t& ctx, const std::string& ep, const std::string& identity) : sock_(ctx, zmq::socket_type::dealer) {
+    sock_.set(zmq::sockopt::routing_id, identity);
+    sock_.set(zmq::sockopt::linger, 0);
+    sock_.connect(ep);
+  }
+  void send(const std::string& type, const nlohmann::json& body) {
+    const std::string f = proto::encode(type, body);
+    sock_.send(zmq::buffer(f), zmq::send_flags::none);
+  }
+  void ready_status(int32_t rank) {
+    proto::WorkerStatus st;
+    st.rank = rank;
+    st.phase = "ready";
+    st.max_model_len = 64;
+    send("status", st);
+  }
+
+ private:
+  zmq::socket_t sock_;
+};
+
+TEST(WorkerLinkTrust, OnlyTheCurrentIncarnationsRoutingIdIsAccepted) {
+  zmq::context_t ctx;
+  const std::string ep = endpoint();
+  WorkerLink link(ctx, ep, 1);
+  link.start();
+  link.begin_incarnation(0, "rank-0-i2", 1234);
+  Impostor old_one(ctx, ep, "rank-0-i1"), near_miss(ctx, ep, "rank-0-i2x"), padded(ctx, ep, "rank-00");
+  old_one.ready_status(0);
+  near_miss.ready_status(0);
+  padded.ready_status(0);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(link.ranks()[0].connected);
+  Impostor current(ctx, ep, "rank-0-i2");
+  current.ready_status(1);  // the right id claiming the wrong rank
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(link.ranks()[0].connected);
+  current.ready_status(0);
+  EXPECT_TRUE(eventually([&] { return link.all_ready(); }));
+  EXPECT_EQ(link.ranks()[0].pid, 1234);
+  link.stop();
+}
+
+TEST(WorkerLinkTrust, TokenEventsCountOnlyFromTheRankThatOwnsTheRequest) {
+  zmq::context_t ctx;
+  const std::string ep = endpoint();
+  WorkerLink link(ctx, ep, 2);
+  link.start();
+  bg::testing::FakeWorker rank0(ctx, ep, [](const proto::GenerateRequest&) { return std::vector<int32_t>{'a', 'b'}; },
+                                64, 261, "rank-0", 0);
+  rank0.token_delay_ms = 300;
+  Impostor rank1(ctx, ep, "rank-1");  // connected, never ready: requests go to rank 0
+  ASSERT_TRUE(eventually([&] { return link.ranks()[0].ready(); }));
+  proto::GenerateRequest req;
+  req.id = "req-1";
+  req.prompt = {1, 2};
+  req.params.max_tokens = 2;
+  auto events = link.submit(req);
+  proto::TokenEvent forged;
+  forged.id = "req-1";
+  forged.tokens = {99};
+  forged.finish_reason = "stop";
+  rank1.send("tokens", forged);
+  std::vector<int32_t> got;
+  for (int i = 0; i < 50 && (got.empty() || got.back() != 'b'); ++i) {
+    if (auto ev = events->pop(100ms)) got.insert(got.end(), ev->tokens.begin(), ev->tokens.end());
+  }
+  EXPECT_EQ(got, (std::vector<int32_t>{'a', 'b'}));
+  link.stop();
+}
+
+TEST(WorkerLinkTrust, HeartbeatDeadlineMakesARankNotReady) {
+  zmq::context_t ctx;
+  const std::string ep = endpoint();
+  WorkerLink link(ctx, ep, 1);
+  link.set_heartbeat_timeout(300ms);
+  link.start();
+  bg::testing::FakeWorker w(ctx, ep, [](const proto::GenerateRequest&) { return std::vector<int32_t>{'a'}; });
+  ASSERT_TRUE(eventually([&] { return link.all_ready(); }));
+  w.paused = true;  // a stopped process sends nothing
+  ASSERT_TRUE(eventually([&] { return !link.all_ready(); }));
+  const RankState s = link.ranks()[0];
+  EXPECT_EQ(s.state(), "hung");
+  EXPECT_NE(s.not_ready_reason().find("stopped responding"), std::string::npos) << s.not_ready_reason();
+  w.paused = false;
+  EXPECT_TRUE(eventually([&] { return link.all_ready(); }));
+  link.stop();
+}
+
+TEST(WorkerLinkTrust, FailAllEndsEveryRequestWithItsReason) {
+  zmq::context_t ctx;
+  const std::string ep = endpoint();
+  WorkerLink link(ctx, ep, 1);
+  link.start();
+  bg::testing::FakeWorker w(ctx, ep, [](const proto::GenerateRequest&) { return std::vector<int32_t>(100, 'a'); });
+  w.token_delay_ms = 1000;
+  ASSERT_TRUE(eventually([&] { return link.all_ready(); }));
+  proto::GenerateRequest req;
+  req.prompt = {1};
+  req.params.max_tokens = 100;
+  req.id = "a";
+  auto ea = link.submit(req);
+  req.id = "b";
+  auto eb = link.submit(req);
+  EXPECT_EQ(link.n_in_flight(), 2u);
+  link.fail_all("rank 0: restarting", 503);
+  for (auto* e : {&ea, &eb}) {
+    std::optional<proto::TokenEvent> ev;
+    while ((ev = (*e)->pop(1000ms)) && ev->finish_reason.empty()) {
+    }
+    ASSERT_TRUE(ev);
+    EXPECT_EQ(ev->finish_reason, "error");
+    EXPECT_EQ(ev->error_code, 503);
+    EXPECT_EQ(ev->error, "rank 0: restarting");
+  }
+  EXPECT_EQ(link.n_in_flight(), 0u);
+  link.stop();
+}
+
+TEST(Supervisor, AWorkerThatExitsBeforeReadyFailsTheStartWithItsStatus) {
+  zmq::context_t ctx;
+  WorkerLink link(ctx, endpoint(), 1);
+  link.start();
+  WorkerManager m(link, 1, [](int32_t, const std::string&) {
+    return std::vector<std::string>{"/bin/sh", "-c", "exit 3"};
+  });
+  m.start();
+  EXPECT_EQ(m.wait_change(WorkerManager::Phase::starting, 5000ms), WorkerManager::Phase::failed_at_start);
+  EXPECT_NE(m.failure().find("exited with status 3"), std::string::npos) << m.failure();
+  m.stop(1000ms);
+  link.stop();
+}
+
+TEST(Supervisor, AWorkerThatNeverConnectsIsKilledAfterTheDeadline) {
+  zmq::context_t ctx;
+  WorkerLink link(ctx, endpoint(), 1);
+  link.start();
+  SupervisorConfig cfg;
+  cfg.heartbeat_timeout = 400ms;
+  WorkerManager m(link, 1, [](int32_t, const std::string&) {
+    return std::vector<std::string>{"/bin/sleep", "30"};
+  }, cfg);
+  m.start();
+  const int64_t pid = link.ranks()[0].pid;
+  ASSERT_GT(pid, 0);
+  EXPECT_EQ(m.wait_change(WorkerManager::Phase::starting, 5000ms), WorkerManager::Phase::failed_at_start);
+  EXPECT_NE(m.failure().find("did not connect"), std::string::npos) << m.failure();
+  EXPECT_NE(kill(static_cast<pid_t>(pid), 0), 0) << "the hung process is killed and reaped";
+  m.stop(1000ms);
+  link.stop();
+}
+
+TEST(IpcDirSweep, RemovesDirectoriesOfGoneProcessesOnly) {
+  bg::testing::TempDir tmp;
+  // A process that is gone: a child that exited and was reaped.
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  waitpid(child, nullptr, 0);
+  const auto dead = tmp / "batchgen-serve-dead01";
+  std::filesystem::create_directories(dead);
+  std::ofstream(dead / "owner") << child << " 12345\n";
+  // This process, with the right and with a wrong start time (a reused pid).
+  const auto alive = tmp / "batchgen-serve-alive1";
+  std::filesystem::create_directories(alive);
+  std::ofstream(alive / "owner") << getpid() << ' ' << process_start_time(getpid()) << '\n';
+  const auto reused = tmp / "batchgen-serve-reuse1";
+  std::filesystem::create_directories(reused);
+  std::ofstream(reused / "owner") << getpid() << ' ' << process_start_time(getpid()) + 1 << '\n';
+  // Without an owner file (an older serve): removed only when old and its socket is dead.
+  const auto old_unowned = tmp / "batchgen-serve-old001";
+  std::filesystem::create_directories(old_unowned);
+  std::filesystem::last_write_time(old_unowned, std::filesystem::file_time_type::clock::now() - std::chrono::hours(2));
+  const auto new_unowned = tmp / "batchgen-serve-new001";
+  std::filesystem::create_directories(new_unowned);
+  const auto other = tmp / "something-else";
+  std::filesystem::create_directories(other);
+  IpcDir mine(tmp.path());
+
+  EXPECT_EQ(sweep_stale_ipc_dirs(tmp.path()), 3u);
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_FALSE(std::filesystem::exists(reused));
+  EXPECT_FALSE(std::filesystem::exists(old_unowned));
+  EXPECT_TRUE(std::filesystem::exists(alive));
+  EXPECT_TRUE(std::filesystem::exists(new_unowned));
+  EXPECT_TRUE(std::filesystem::exists(other));
+  EXPECT_TRUE(std::filesystem::exists(mine.path()));
+}
+
+}  // namespace
+}  // namespace bg::frontend
