@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session's checks from a carried bundle (scripts/gpu-bundle.sh): unpacks .gpu/bundle.tar.xz when present, then
 # runs the named steps, each with a time limit, logging to $OUT/<step>.log and a one-line status to $OUT/summary.txt.
-#   scripts/gpu-check.sh STEP...     steps: parity, wgmma, w4a16-bench, mla-bench, bench, bench-quick, serve, golden
+#   scripts/gpu-check.sh STEP...     steps: parity, wgmma, w4a16-bench, mla-bench, bench, bench-quick, serve, load, golden
 # Meant for the H200 machine (torch's CUDA libraries beside the bundle's own).
 set -u
 OUT=${OUT:-$PWD/gpu-out}
@@ -27,8 +27,9 @@ for step in "$@"; do
     mla-bench) run mla_bench 240 $B/test_cuda --gtest_also_run_disabled_tests --gtest_filter='MlaDecodeBench.*' ;;
     golden) run golden 300 $B/test_cuda --gtest_filter='*Golden*:*StepGpu*' ;;
     bench-quick) run bench_quick 300 $B/batchgen bench all --device cuda --quick --json "$OUT/bench_quick.json" ;;
-    bench) run bench 560 $B/batchgen bench all --device cuda --json "$OUT/h200.json" ;;
+    bench) run bench "${BG_BENCH_LIMIT_S:-560}" bench/run-h200.sh $B ${BG_BENCH_ARGS:-} ;;
     serve) run serve 240 scripts/gpu-serve-check.sh $B ;;
+    load) run load 400 scripts/gpu-load-check.sh $B ;;
     *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
   esac
 done

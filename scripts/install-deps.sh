@@ -14,6 +14,7 @@ PACKAGES=(
   libpcre2-dev                      # tokenizer pre-tokenizer regex
   libicu-dev                        # tokenizer.json normalizers (NFC/NFKC, lower-casing)
   libzmq3-dev cppzmq-dev            # frontend <-> worker IPC
+  liburing-dev libnuma-dev libucx-dev libssl-dev  # weight store: io_uring loads, NUMA placement, peers + their HMAC
   curl git python3
 )
 

@@ -19,11 +19,12 @@ inline double mixed_step_vs_alone(Model& m, const std::vector<int32_t>& p) {
   const std::vector<int32_t> head(p.begin(), p.begin() + 3), tail(p.begin() + 3, p.end()), one(1, p[0]);
   const std::vector<std::vector<int32_t>> first{std::vector<int32_t>{}, head, p};
   const std::vector<std::vector<int32_t>> step{p, tail, one};
+  auto state = make_state(m, 6, 6 * static_cast<int64_t>(p.size() + 1));
   auto run = [&](bool batched) {
     std::vector<std::unique_ptr<Sequence>> seqs;
     std::vector<float> scratch;
     for (const auto& f : first) {
-      seqs.push_back(m.new_sequence());
+      seqs.push_back(state->new_sequence(static_cast<int64_t>(f.size() + p.size())));
       if (!f.empty()) {
         scratch.resize(f.size() * static_cast<size_t>(V));
         m.forward(*seqs.back(), f, scratch.data());

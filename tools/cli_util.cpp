@@ -29,4 +29,11 @@ std::vector<int32_t> parse_id_list(const std::string& text, const std::string& w
   return ids;
 }
 
+void add_weight_source_options(CLI::App* cmd, std::string& weight_store, std::string& distributed_weight_config) {
+  cmd->add_option("--weight-store", weight_store, "Attach to the weightd store NAME instead of reading the checkpoint "
+                  "files (`batchgen weightd start --model DIR --name NAME`)");
+  cmd->add_option("--distributed-weight-config", distributed_weight_config,
+                  "Fetch the tensors this node lacks from the peer daemons this JSON names (docs/WEIGHTS.md)");
+}
+
 }  // namespace bg::tools

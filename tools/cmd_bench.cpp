@@ -103,6 +103,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--replays", o.replays, "Timed decode steps per point (default 10, quick 3)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--kernels", o.kernel_filter, "Only kernel cases whose name contains this");
+  add_weight_source_options(cmd, o.weight_store, o.distributed_weight_config);
   cmd->callback([args] { run(*args); });
 }
 

@@ -33,6 +33,8 @@ struct GenerateArgs {
   bool ignore_eos = false;
   std::string device = "cpu";
   ParallelArgs par;
+  std::string weight_store;
+  std::string distributed_weight_config;
 };
 
 // Where generated text goes: ids (comma-separated), plain text, or chat deltas with labels.
@@ -156,8 +158,9 @@ void run_generate(const GenerateArgs& a) {
   Prepared p = prepare(a, -1);
   BG_CHECK(!p.prompt.empty(), "generate: the prompt is empty");
   const int64_t total = static_cast<int64_t>(p.prompt.size()) + a.max_tokens;
-  LoadOptions options{.max_sequences = 1, .max_total_tokens = total, .device = a.device};
-  std::unique_ptr<LocalRanks> ranks = LocalRanks::start(a.par, a.model_dir, options);  // null: one rank
+  LoadOptions options{.device = a.device, .weight_store = a.weight_store,
+                      .distributed_weight_config = a.distributed_weight_config};
+  std::unique_ptr<LocalRanks> ranks = LocalRanks::start(a.par, a.model_dir, options, {1, total});  // null: one rank
   if (ranks) options.ranks = ranks->context();
   auto model = load_model(a.model_dir, options);
   const int64_t V = model->info().vocab_size;
@@ -169,7 +172,8 @@ void run_generate(const GenerateArgs& a) {
   }
   ops::SamplingParams sp{a.temperature, a.top_k, a.top_p};
   std::mt19937_64 rng(a.seed);
-  auto seq = model->new_sequence();
+  auto state = make_state(*model, 1, total);
+  auto seq = state->new_sequence(total);
   std::vector<float> logits(p.prompt.size() * static_cast<size_t>(V));
   model->forward(*seq, p.prompt, logits.data());
   int32_t next = ops::sample_token(sp, logits.data() + (p.prompt.size() - 1) * static_cast<size_t>(V), V, rng);
@@ -210,6 +214,7 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence id");
   cmd->add_option("--device", args->device, "Backend: cpu (fp32 reference) or cuda (bf16 on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
   add_parallel_flags(cmd, args->par, false);
+  add_weight_source_options(cmd, args->weight_store, args->distributed_weight_config);
   cmd->callback([args] { run_generate(*args); });
 }
 

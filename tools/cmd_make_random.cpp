@@ -13,9 +13,28 @@ struct MakeRandomArgs {
   RandomCheckpointSpec spec;
   std::string config_patch;
   std::string chat_template;  // deepseek_v3 only: the layout of the chat_template written (deepseek_v3.1 default)
+  std::vector<std::string> poison;  // "LAYER:EXPERT"
 };
 
+ExpertRef parse_expert_ref(const std::string& text) {
+  const size_t colon = text.find(':');
+  int64_t layer = -1, expert = -1;
+  size_t used_l = 0, used_e = 0;
+  try {
+    if (colon != std::string::npos) {
+      layer = std::stoll(text.substr(0, colon), &used_l);
+      expert = std::stoll(text.substr(colon + 1), &used_e);
+    }
+  } catch (const std::exception&) {
+    layer = -1;
+  }
+  BG_CHECK(colon != std::string::npos && used_l == colon && used_e == text.size() - colon - 1 && layer >= 0 &&
+               expert >= 0, "--poison-expert '{}': expected LAYER:EXPERT (two non-negative integers, e.g. 3:5)", text);
+  return {layer, expert};
+}
+
 void run_make_random(MakeRandomArgs a) {
+  for (const std::string& p : a.poison) a.spec.poison_experts.push_back(parse_expert_ref(p));
   if (!a.config_patch.empty()) {
     auto patch = nlohmann::json::parse(a.config_patch, nullptr, /*allow_exceptions=*/false);
     BG_CHECK(!patch.is_discarded() && (patch.is_object() || patch.is_array()),
@@ -62,6 +81,9 @@ void register_make_random(CLI::App& app) {
   cmd->add_option("--threads", s.n_threads,
                   "Generation threads (default 0: all cores, or BG_NUM_THREADS); the output does not depend on it")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--poison-expert", args->poison,
+                  "LAYER:EXPERT (repeatable): overwrite that routed expert's down projection with NaN, for "
+                  "fault-containment tests (requests routed to it must fail alone; docs/GPU.md)");
   s.show_progress = true;
   cmd->callback([args] { run_make_random(*args); });
 }

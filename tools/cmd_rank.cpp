@@ -7,7 +7,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "dist/rank_setup.h"
+#include "kv/state_manager.h"
 #include "model/model.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/parallel_cli.h"
 
@@ -20,6 +22,8 @@ struct RankArgs {
   std::string device = "cpu";
   int32_t rank = 1;
   std::string rendezvous;
+  std::string weight_store;
+  std::string distributed_weight_config;
 };
 
 int run_rank(const RankArgs& a) {
@@ -31,17 +35,18 @@ int run_rank(const RankArgs& a) {
   s.exchange = a.par.exchange;
   s.rendezvous = a.rendezvous;
   constexpr int64_t kAny = std::numeric_limits<int64_t>::max();  // rank 0's plan wins (the set takes the minimum)
-  s.plan = {kAny, kAny, kAny};
+  s.plan = {kAny, kAny};
   s.max_tokens_per_call = a.par.max_tokens_per_call;
   const dist::StartedRank started = dist::start_rank(s);
   LoadOptions o;
-  o.max_sequences = started.plan.at(0);
-  o.max_total_tokens = started.plan.at(1);
-  o.kv_block_size = started.plan.at(2);
   o.device = a.device;
+  o.weight_store = a.weight_store;
+  o.distributed_weight_config = a.distributed_weight_config;
   o.ranks = started.ranks;
   auto model = load_model(a.model_dir, o);
-  while (model->sync_idle(false)) {
+  // The same state as rank 0's (LocalRanks::StateSize): a TP follower runs rank 0's layouts on it.
+  auto state = make_state(*model, started.plan.at(0), started.plan.at(1));
+  while (model->sync_idle(false, state->step_pools())) {
   }
   log::debug("rank {}: the set stopped", a.rank);
   return 0;
@@ -58,6 +63,7 @@ void register_rank(CLI::App& app) {
   cmd->add_option("--rank", a->rank, "This rank")->required();
   cmd->add_option("--rendezvous", a->rendezvous, "The rendezvous endpoint of rank 0")->required();
   add_parallel_flags(cmd, a->par, false);
+  add_weight_source_options(cmd, a->weight_store, a->distributed_weight_config);
   cmd->callback([a] {
     int code = 1;
     try {

@@ -24,6 +24,8 @@ struct ScoreArgs {
   std::string out;
   std::string device = "cpu";
   ParallelArgs par;
+  std::string weight_store;
+  std::string distributed_weight_config;
 };
 
 void run_score(const ScoreArgs& a) {
@@ -39,14 +41,16 @@ void run_score(const ScoreArgs& a) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t prefill = a.prefill < 0 ? n : a.prefill;
   BG_CHECK(prefill >= 1 && prefill <= n, "--prefill {} must be in [1, {}] (the number of tokens)", prefill, n);
-  LoadOptions options{.max_sequences = 1, .max_total_tokens = n, .device = a.device};
-  std::unique_ptr<LocalRanks> ranks = LocalRanks::start(a.par, a.model_dir, options);  // null: one rank
+  LoadOptions options{.device = a.device, .weight_store = a.weight_store,
+                      .distributed_weight_config = a.distributed_weight_config};
+  std::unique_ptr<LocalRanks> ranks = LocalRanks::start(a.par, a.model_dir, options, {1, n});  // null: one rank
   if (ranks) options.ranks = ranks->context();
   auto model = load_model(a.model_dir, options);
   const int64_t V = model->info().vocab_size;
   HostTensor logits(DType::kF32, {n, V});
   auto* out = reinterpret_cast<float*>(logits.data());
-  auto seq = model->new_sequence();
+  auto state = make_state(*model, 1, n);
+  auto seq = state->new_sequence(n);
   auto t0 = std::chrono::steady_clock::now();
   std::span<const int32_t> all(tokens);
   model->forward(*seq, all.subspan(0, static_cast<size_t>(prefill)), out);
@@ -70,6 +74,7 @@ void register_score(CLI::App& app) {
   cmd->add_option("--out", args->out, "Output .safetensors (tensor 'logits' float32 [T, vocab])")->required();
   cmd->add_option("--device", args->device, "Backend: cpu (fp32 reference) or cuda (bf16 on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
   add_parallel_flags(cmd, args->par, false);
+  add_weight_source_options(cmd, args->weight_store, args->distributed_weight_config);
   cmd->callback([args] { run_score(*args); });
 }
 

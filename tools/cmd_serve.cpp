@@ -21,6 +21,9 @@ struct ServeArgs {
   int64_t chunked_prefill_size = -1;
   int64_t max_queue = -1;
   int64_t max_connections = -1;
+  int64_t prefix_snapshot_interval = -1;
+  double host_memory_gb = -1.0;
+  int64_t swap_quantum_steps = -1;
 };
 
 std::optional<int64_t> given(int64_t v) { return v == -1 ? std::nullopt : std::optional<int64_t>(v); }
@@ -66,10 +69,22 @@ void register_serve(CLI::App& app) {
                   "which a worker counts as hung and the worker set is restarted (default 60)");
   cmd->add_option("--max-worker-restarts", o.max_worker_restarts, "Restarts of the worker set in a row before the "
                   "supervisor gives up (default 5; backoff 1 s doubling to 30 s)");
+  cmd->add_flag("--no-prefix-cache", [a](int64_t) { a->opt.prefix_cache = false; }, "Do not reuse the KV / state "
+               "of earlier requests that share a prompt prefix (default: on)");
+  cmd->add_option("--prefix-snapshot-interval", a->prefix_snapshot_interval, "Tokens between KDA state snapshots in "
+                  "the prefix cache (default: the worker's, 512)");
+  cmd->add_option("--host-memory-gb", a->host_memory_gb, "Host memory (GiB) for offloaded sequences and prefix-cache "
+                  "entries (default 0: no host tier)");
+  cmd->add_option("--state-offload-dtype", o.state_offload_dtype, "Offloaded KDA state: f32 (exact, default), bf16 or "
+                  "fp8 (lossy)")->check(CLI::IsMember({"f32", "bf16", "fp8"}));
+  cmd->add_option("--swap-quantum-steps", a->swap_quantum_steps, "With a host tier: steps a request runs before it "
+                  "yields its GPU place to a waiting one (default 0: never)");
   cmd->add_option("--chat-template", o.chat_template, "A Jinja chat template file used instead of the checkpoint's");
   add_parallel_flags(cmd, a->par, true);  // --tp/--dp/--ep, --nnodes..., --k3-moe-exchange, --moe-exchange-tokens
-  cmd->add_option("--distributed-weight-config", o.distributed_weight_config, "Cross-node weight placement JSON (not "
-                  "available yet)");
+  cmd->add_option("--distributed-weight-config", o.distributed_weight_config, "Fetch the tensors this node lacks from "
+                  "the peer weight daemons this JSON names (docs/WEIGHTS.md)");
+  cmd->add_option("--weight-store", o.weight_store, "Workers attach to the weightd store NAME instead of reading the "
+                  "checkpoint files (docs/WEIGHTS.md)");
   cmd->callback([a] {
     BG_CHECK(!a->model_positional.empty() || !a->model_flag.empty(),
              "serve: a model directory is required (batchgen serve DIR, or --model DIR)");
@@ -85,6 +100,9 @@ void register_serve(CLI::App& app) {
     a->opt.parallel = a->par.flags();
     a->opt.k3_moe_exchange = a->par.exchange;
     a->opt.moe_exchange_tokens = a->par.max_tokens_per_call;
+    a->opt.prefix_snapshot_interval = given(a->prefix_snapshot_interval);
+    a->opt.swap_quantum_steps = given(a->swap_quantum_steps);
+    if (a->host_memory_gb >= 0.0) a->opt.host_memory_gb = a->host_memory_gb;
     const int rc = frontend::run_serve(a->opt);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "engine/worker.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/parallel_cli.h"
 
@@ -35,6 +36,17 @@ void register_worker(CLI::App& app) {
                   "--gpu-memory-utilization)");
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
                   "cuda: fraction of free GPU memory for weights + KV cache + state (default 0.9)");
+  add_weight_source_options(cmd, o->weight_store, o->distributed_weight_config);
+  cmd->add_flag("--no-prefix-cache", [o](int64_t) { o->prefix_cache = false; },
+               "Do not reuse KV / state of earlier requests that share a prefix (default: on)");
+  cmd->add_option("--prefix-snapshot-interval", o->snapshot_interval, "Tokens between KDA state snapshots in the "
+                  "prefix cache; a multiple of the KV block size and 64 (default 512)");
+  cmd->add_option("--host-memory-gb", o->host_memory_gb, "Host memory (GiB, pinned on cuda) for offloaded sequences "
+                  "and prefix-cache entries (default 0: no host tier)");
+  cmd->add_option("--state-offload-dtype", o->state_offload_dtype, "How offloaded KDA state is stored: f32 (exact, "
+                  "default), bf16 or fp8 (per-row scales; lossy)")->check(CLI::IsMember({"f32", "bf16", "fp8"}));
+  cmd->add_option("--swap-quantum-steps", o->swap_quantum_steps, "With a host tier: steps a request runs before it "
+                  "gives its GPU place to a waiting one (time slicing; default 0: never)");
   cmd->add_option("--parent-pid", o->parent_pid, "Exit when this process (the frontend) is gone (default: never)");
   auto par = std::make_shared<ParallelArgs>();
   add_parallel_flags(cmd, *par, true);

@@ -10,8 +10,11 @@ void register_commands(CLI::App& app) {
   register_serve(app);
   register_worker(app);
   register_rank(app);
+  register_bench_multiturn(app);
   register_tokenize(app);
   register_bench(app);
+  register_weightd(app);
+  register_convert(app);
 }
 
 }  // namespace bg::tools

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -43,7 +45,7 @@ void add_parallel_flags(CLI::App* cmd, ParallelArgs& a, bool with_nodes) {
 }
 
 std::unique_ptr<LocalRanks> LocalRanks::start(const ParallelArgs& args, const fs::path& model_dir,
-                                              const LoadOptions& options) {
+                                              const LoadOptions& options, StateSize state) {
   const dist::ParallelLayout layout = args.layout();
   if (!layout.multi_rank()) return nullptr;
   BG_CHECK(layout.nnodes() == 1, "score / generate run every rank on this host (--nnodes {})", layout.nnodes());
@@ -58,11 +60,18 @@ std::unique_ptr<LocalRanks> LocalRanks::start(const ParallelArgs& args, const fs
   dist::RendezvousServer server(zctx, endpoint, layout.world(), layout.describe());
   const std::string exe = fs::read_symlink("/proc/self/exe").string();
   for (int32_t r = 1; r < layout.world(); ++r) {
-    set->children_.spawn(r, {exe, "rank", "--model", model_dir.string(), "--device", options.device,
-                             "--rank", std::to_string(r), "--dp", std::to_string(layout.dp()),
-                             "--tp", std::to_string(layout.tp()), "--k3-moe-exchange", args.exchange,
-                             "--moe-exchange-tokens", std::to_string(args.max_tokens_per_call),
-                             "--rendezvous", endpoint});
+    std::vector<std::string> argv{exe, "rank", "--model", model_dir.string(), "--device", options.device,
+                                  "--rank", std::to_string(r), "--dp", std::to_string(layout.dp()),
+                                  "--tp", std::to_string(layout.tp()), "--k3-moe-exchange", args.exchange,
+                                  "--moe-exchange-tokens", std::to_string(args.max_tokens_per_call),
+                                  "--rendezvous", endpoint};
+    for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"--weight-store", options.weight_store},
+                                      {"--distributed-weight-config", options.distributed_weight_config}}) {
+      if (value.empty()) continue;
+      argv.push_back(flag);
+      argv.push_back(value);
+    }
+    set->children_.spawn(r, argv);
   }
   log::info("{}: rank 0 here, ranks 1..{} started", layout.describe(), layout.world() - 1);
   dist::RankSetup s;
@@ -70,7 +79,7 @@ std::unique_ptr<LocalRanks> LocalRanks::start(const ParallelArgs& args, const fs
   s.device = options.device;
   s.exchange = args.exchange;
   s.rendezvous = endpoint;
-  s.plan = {options.max_sequences, options.max_total_tokens, options.kv_block_size};
+  s.plan = {state.max_sequences, state.max_tokens};
   s.max_tokens_per_call = args.max_tokens_per_call;
   s.abandon = [&set] { return set->children_.any_exited(); };  // a child died before the set was complete
   set->ctx_ = dist::start_rank(s).ranks;
@@ -84,7 +93,7 @@ LocalRanks::~LocalRanks() {
 }
 
 void LocalRanks::finish(Model& model) {
-  model.sync_idle(true);
+  model.sync_idle(true, {});  // a stop vote runs no step: no pools needed
   if (!children_.wait_all(std::chrono::seconds(30))) fail("a rank process failed: {}", children_.failures());
 }
 

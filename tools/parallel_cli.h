@@ -34,10 +34,16 @@ void add_parallel_flags(CLI::App* cmd, ParallelArgs& args, bool with_nodes);
 // The ranks of a single-process CLI on this host.
 class LocalRanks {
  public:
-  // One rank: returns null (the model runs alone). Otherwise spawns ranks 1.. (each loads the model with `options`)
-  // and joins the set as rank 0; the returned object's context() goes into LoadOptions::ranks.
+  // The state every rank builds (make_state): TP ranks mirror rank 0's pools, so all build the same.
+  struct StateSize {
+    int64_t max_sequences = 1;
+    int64_t max_tokens = 0;
+  };
+  // One rank: returns null (the model runs alone). Otherwise spawns ranks 1.. (each loads the model with `options`:
+  // device and weight source, and builds `state`) and joins the set as rank 0; the returned object's context() goes
+  // into LoadOptions::ranks.
   static std::unique_ptr<LocalRanks> start(const ParallelArgs& args, const std::filesystem::path& model_dir,
-                                           const LoadOptions& options);
+                                           const LoadOptions& options, StateSize state);
   ~LocalRanks();
   std::shared_ptr<dist::RankContext> context() const { return ctx_; }
   // After the work: every rank stops (the children leave their loop and exit 0); throws naming a child that failed.

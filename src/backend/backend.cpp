@@ -1,6 +1,10 @@
 // Backend helpers shared by every implementation, and backend selection.
 #include "backend/backend.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 
@@ -16,6 +20,13 @@ Tensor Backend::zeros(Shape shape, DType dtype) {
   return t;
 }
 
+std::vector<std::unique_ptr<LinearHandle>> Backend::prepare_linears(const LinearBatch& batch) {
+  std::vector<std::unique_ptr<LinearHandle>> out;
+  out.reserve(batch.weights.size());
+  for (const QuantWeight* w : batch.weights) out.push_back(prepare_linear(*w));
+  return out;
+}
+
 RopeHandle Backend::prepare_rope(const ops::RopeTable& table) {
   RopeHandle h;
   h.table = table;
@@ -23,6 +34,31 @@ RopeHandle Backend::prepare_rope(const ops::RopeTable& table) {
     h.inv_freq = upload_f32(table.inv_freq, {static_cast<int64_t>(table.inv_freq.size())}, DType::kF32);
   }
   return h;
+}
+
+// Host tier defaults for backends whose device memory is host memory (the CPU): plain memory, copies at once.
+std::shared_ptr<std::byte> Backend::alloc_host(size_t bytes) {
+  void* p = std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
+  BG_CHECK(p != nullptr, "host tier: out of host memory allocating {} bytes", bytes);
+  return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), std::free);
+}
+
+CopyFence Backend::copy_to_host(std::span<const HostCopy> copies) {
+  for (const HostCopy& c : copies) {
+    BG_CHECK(c.device_offset + c.bytes <= c.device.nbytes(), "copy_to_host: bytes [{}, {}) outside a tensor of {}",
+             c.device_offset, c.device_offset + c.bytes, c.device.nbytes());
+    std::memcpy(c.host, static_cast<const std::byte*>(c.device.data) + c.device_offset, c.bytes);
+  }
+  return ++copies_issued_;
+}
+
+CopyFence Backend::copy_from_host(std::span<const HostCopy> copies) {
+  for (const HostCopy& c : copies) {
+    BG_CHECK(c.device_offset + c.bytes <= c.device.nbytes(), "copy_from_host: bytes [{}, {}) outside a tensor of {}",
+             c.device_offset, c.device_offset + c.bytes, c.device.nbytes());
+    std::memcpy(static_cast<std::byte*>(c.device.data) + c.device_offset, c.host, c.bytes);
+  }
+  return ++copies_issued_;
 }
 
 MoeRouting Backend::moe_routing(const ops::MoeRoutingShape& shape) {

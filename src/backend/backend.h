@@ -12,6 +12,7 @@
 
 #include "backend/tensor.h"
 #include "formats/quant.h"
+#include "formats/weight_source.h"
 #include "ops/kda/kda.h"
 #include "ops/mla/mla.h"
 #include "ops/moe/moe.h"
@@ -70,12 +71,32 @@ struct StateRef {
   int64_t slot_stride = 0;
 };
 
+// ---- host tier (kv::StateManager): pinned host memory and copies on a copy stream ----------------------------------
+// One device <-> host copy: `bytes` at byte `device_offset` of `device` and at `host`.
+struct HostCopy {
+  Tensor device;
+  size_t device_offset = 0;
+  std::byte* host = nullptr;
+  size_t bytes = 0;
+};
+// Completion of a batch of copies: increasing numbers, 0 = nothing to wait for. Copies complete in issue order.
+using CopyFence = uint64_t;
+
 enum class GluKind : uint8_t { kSwiGlu, kSitu };
 
 struct GluSpec {
   GluKind kind = GluKind::kSwiGlu;
   float situ_beta = 4.0f;
   float situ_linear_beta = 25.0f;
+};
+
+// Linear weights prepared together (CUDA: one device allocation for the batch, copied from pinned memory or through a
+// pinned staging buffer, no per-weight cudaMalloc). n_experts > 0: the batch is one layer's routed experts, expert e's
+// weights at [e * k, (e + 1) * k) in table order (k = size / n_experts), each expert laid out as one block
+// (formats/expert_block.h), as the weight store lays it out in host memory.
+struct LinearBatch {
+  std::vector<const QuantWeight*> weights;
+  int64_t n_experts = 0;
 };
 
 // Expert weights of one MoE layer: expert e's FFN is down(glu(gate(x), up(x))). Indexed by global expert id when it
@@ -159,6 +180,20 @@ class Backend {
   virtual void write_bytes(Tensor& dst, std::span<const std::byte> src) = 0;
   virtual void synchronize() = 0;
 
+  // ---- host tier --------------------------------------------------------------------------------------------
+  // Host memory for offloaded state: page-locked on CUDA (so copies are asynchronous DMA), plain on the CPU.
+  virtual std::shared_ptr<std::byte> alloc_host(size_t bytes);
+  // Device -> host / host -> device copies, issued after every op issued so far and run on a copy stream in issue
+  // order (CPU: done at once). Ops issued after copy_from_host wait for it on the device, without a host wait. The
+  // host memory must stay valid until the fence is done; device memory a device -> host copy reads must not be
+  // rewritten by ops issued before compute_wait(fence).
+  virtual CopyFence copy_to_host(std::span<const HostCopy> copies);
+  virtual CopyFence copy_from_host(std::span<const HostCopy> copies);
+  virtual bool fence_done(CopyFence fence) { return fence <= copies_issued_; }
+  virtual void wait_fence(CopyFence fence) { (void)fence; }
+  // Ops issued from now on run after the fence's copies (device side; the host does not wait).
+  virtual void compute_wait(CopyFence fence) { (void)fence; }
+
   // ---- steps --------------------------------------------------------------------------------------------------
   // Makes `step` the current step (CUDA: one stream-ordered upload of its metadata, no host synchronisation).
   void begin_step(StepLayout step) {
@@ -184,6 +219,14 @@ class Backend {
 
   // ---- weights ------------------------------------------------------------------------------------------------
   virtual std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) = 0;
+  // One handle per weight, in batch order. Default: prepare_linear one by one.
+  virtual std::vector<std::unique_ptr<LinearHandle>> prepare_linears(const LinearBatch& batch);
+  // Pins host memory weights are read from (CUDA: cudaHostRegister, read-only), so uploads (and later streamed
+  // experts) copy at the pinned rate; unpinned when the handle is destroyed. Default: nothing to do (null).
+  virtual std::shared_ptr<void> pin_host_memory(std::span<const HostRegion> regions) {
+    (void)regions;
+    return nullptr;
+  }
   RopeHandle prepare_rope(const ops::RopeTable& table);
 
   // ---- ops (shapes [rows, cols]; `out` tensors are allocated by the caller) -----------------------------------
@@ -255,6 +298,7 @@ class Backend {
   virtual void upload_step() {}
   StepLayout step_;
   OpProfiler* profiler_ = nullptr;
+  CopyFence copies_issued_ = 0;
 };
 
 // "cpu" or "cuda" (CUDA only when built with it and a GPU is present); throws naming what is missing.

@@ -93,26 +93,37 @@ Plan make_plan(const BenchOptions& o) {
   for (int64_t c : p.contexts) BG_CHECK(c >= 1, "bench: --contexts value {} must be >= 1", c);
   for (int64_t t : p.prefill_tokens) BG_CHECK(t >= 1, "bench: --prefill-tokens value {} must be >= 1", t);
   BG_CHECK(o.prefill_chunk >= 0, "bench: --prefill-chunk {} must be >= 1", o.prefill_chunk);
+  BG_CHECK((o.weight_store.empty() && o.distributed_weight_config.empty()) || o.models.size() == 1,
+           "bench: --weight-store and --distributed-weight-config name the weights of one --model (got {})",
+           o.models.size());
   return p;
 }
 
 int64_t max_of(const std::vector<int64_t>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
 
-// Pools sized for the largest step (every sequence fabricated to the longest context, plus the decode tokens the
-// bench adds), the longest prompt and the engine's requests.
+// Load options: graphs up to the largest batch.
 LoadOptions load_options(const BenchOptions& o, const Plan& p) {
   LoadOptions lo;
   lo.device = o.device;
-  const int64_t max_batch = max_of(p.batches);
-  lo.max_sequences = std::max<int64_t>(max_batch, 1);
+  lo.weight_store = o.weight_store;
+  lo.distributed_weight_config = o.distributed_weight_config;
+  lo.cuda_graphs = true;
+  lo.max_graph_batch = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(max_of(p.batches), 1))));
+  return lo;
+}
+
+// State (KV blocks, KDA slots) sized for the largest step (every sequence fabricated to the longest context, plus the
+// decode tokens the bench adds) and the longest prompt.
+struct StateSize {
+  int64_t max_sequences = 1;
+  int64_t max_tokens = 64;
+};
+
+StateSize state_size(const Plan& p) {
+  const int64_t max_batch = std::max<int64_t>(max_of(p.batches), 1);
   const int64_t step_tokens = p.steps ? max_batch * (max_of(p.contexts) + 192) : 0;
   const int64_t prefill_tokens = p.prefill ? max_of(p.prefill_tokens) + 128 : 0;
-  const int64_t engine_tokens = p.host ? max_batch * 192 : 0;
-  lo.max_total_tokens = std::max({step_tokens, prefill_tokens, engine_tokens, int64_t{64}});
-  lo.kv_block_size = 64;
-  lo.cuda_graphs = true;
-  lo.max_graph_batch = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(lo.max_sequences)));
-  return lo;
+  return {max_batch, std::max({step_tokens, prefill_tokens, int64_t{64}})};
 }
 
 void check_fits(const Model& model, const Plan& p, const std::string& name) {
@@ -142,32 +153,37 @@ void bench_model(const fs::path& dir, bool first, const BenchOptions& o, const P
                  BenchReport& r) {
   const std::string name = dir.filename().string();
   const LoadOptions lo = load_options(o, p);
-  log::info("bench: loading {} ({} sequences, {} KV tokens)", dir.string(), lo.max_sequences, lo.max_total_tokens);
+  const StateSize size = state_size(p);
+  log::info("bench: loading {} ({} sequences, {} KV tokens)", dir.string(), size.max_sequences, size.max_tokens);
   std::unique_ptr<Model> model = load_model(dir, lo);
   check_fits(*model, p, name);
-  // One eager multi-token step first: the CUDA backend uploads each MoE layer's expert table on first use, which a
-  // graph capture (the first decode step) must not be the one to do.
   {
-    std::unique_ptr<Sequence> seq = model->new_sequence();
-    const std::vector<int32_t> tokens = {1, 2};
-    const BatchEntry entry{seq.get(), tokens};
-    std::vector<float> logits(static_cast<size_t>(model->info().vocab_size));
-    model->forward_batch(std::span<const BatchEntry>(&entry, 1), logits.data());
-  }
-  const StepCostModel cost = StepCostModel::load(dir, device.act_bytes());
-  if (p.steps) {
-    attempt(r, "steps " + name, [&] {
-      const int64_t graphs = o.device == "cuda" ? lo.max_graph_batch : 0;
-      auto steps = bench_steps(*model, {name, p.batches, p.contexts, p.replays, graphs}, device, cost, r.ceilings);
-      r.steps.insert(r.steps.end(), steps.begin(), steps.end());
-    });
-  }
-  if (p.prefill) {
-    attempt(r, "prefill " + name, [&] {
-      auto prefill = bench_prefill(*model, {name, p.prefill_tokens, p.chunk}, cost, r.ceilings);
-      r.prefill.insert(r.prefill.end(), prefill.begin(), prefill.end());
-    });
-  }
+    std::unique_ptr<kv::StateManager> state = make_state(*model, size.max_sequences, size.max_tokens);
+    // One eager multi-token step first: the CUDA backend prepares per-layer MoE data on first use, which a graph
+    // capture (the first decode step) must not be the one to do.
+    {
+      const std::vector<int32_t> tokens = {1, 2};
+      std::unique_ptr<Sequence> seq = state->new_sequence(static_cast<int64_t>(tokens.size()));
+      const BatchEntry entry{seq.get(), tokens};
+      std::vector<float> logits(static_cast<size_t>(model->info().vocab_size));
+      model->forward_batch(std::span<const BatchEntry>(&entry, 1), logits.data());
+    }
+    const StepCostModel cost = StepCostModel::load(dir, device.act_bytes());
+    if (p.steps) {
+      attempt(r, "steps " + name, [&] {
+        const int64_t graphs = o.device == "cuda" ? lo.max_graph_batch : 0;
+        auto steps =
+            bench_steps(*model, *state, {name, p.batches, p.contexts, p.replays, graphs}, device, cost, r.ceilings);
+        r.steps.insert(r.steps.end(), steps.begin(), steps.end());
+      });
+    }
+    if (p.prefill) {
+      attempt(r, "prefill " + name, [&] {
+        auto prefill = bench_prefill(*model, *state, {name, p.prefill_tokens, p.chunk}, cost, r.ceilings);
+        r.prefill.insert(r.prefill.end(), prefill.begin(), prefill.end());
+      });
+    }
+  }  // the state goes before the model moves to the engine
   if (p.host && first) {
     attempt(r, "host " + name, [&] {
       HostBenchSpec spec;

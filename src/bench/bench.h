@@ -23,6 +23,9 @@ struct BenchOptions {
   int64_t prefill_chunk = 0;  // 0: the scheduler's default chunked_prefill_size
   int replays = 0;            // timed decode steps per point; 0: 10 (quick: 3)
   std::string kernel_filter;  // only kernel cases whose name contains it
+  // The weight source of the (one) --model: a weightd store to attach, peers to fetch from (docs/WEIGHTS.md).
+  std::string weight_store;
+  std::string distributed_weight_config;
   std::string command;        // the command line, for the report
 };
 

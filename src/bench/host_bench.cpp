@@ -148,7 +148,8 @@ HostResult bench_host(std::unique_ptr<Model> model, const HostBenchSpec& spec) {
   config.max_num_seqs = max_batch;
   config.max_model_len = std::min<int64_t>(model->info().max_position_embeddings, 16 + spec.engine_steps + 64);
   config.chunked_prefill_size = std::max<int64_t>(config.chunked_prefill_size, 16 * max_batch);
-  engine::Engine engine(std::move(model), config);
+  const kv::StatePlan state = kv::StatePlan::simple(max_batch, max_batch * config.max_model_len + 64);
+  engine::Engine engine(std::move(model), state, config);
   for (HostBatch& h : r.batches) {
     h.engine_step_ms = engine_step_ms(engine, h.batch, r.vocab, spec.engine_steps);
     log::info("bench host {} B={}: upload {:.3f} ms, logits D2H {:.3f} ms, greedy {:.3f} ms, top_p {:.3f} ms, "

@@ -11,6 +11,7 @@
 #include "bench/bench_report.h"
 #include "bench/device_bench.h"
 #include "bench/roofline.h"
+#include "kv/state_manager.h"
 #include "model/model.h"
 
 namespace bg::bench {
@@ -26,7 +27,8 @@ struct StepBenchSpec {
 // (captures the graph), one eager step under a route hook that counts the experts each MoE layer touches, `replays`
 // timed steps (device time from the profiler, wall time around forward_batch), then one eager step with a per-op
 // profiler for the breakdown.
-std::vector<StepResult> bench_steps(Model& model, const StepBenchSpec& spec, DeviceBench& device,
+// `state`: the model's state (make_state), with room for the largest batch at the longest context.
+std::vector<StepResult> bench_steps(Model& model, kv::StateManager& state, const StepBenchSpec& spec, DeviceBench& device,
                                     const StepCostModel& cost, const Ceilings& ceilings);
 
 struct PrefillBenchSpec {
@@ -36,8 +38,8 @@ struct PrefillBenchSpec {
 };
 
 // One sequence per prompt length, its prompt run in chunks; tokens/s beside the FLOP roofline of the same chunks.
-std::vector<PrefillResult> bench_prefill(Model& model, const PrefillBenchSpec& spec, const StepCostModel& cost,
-                                         const Ceilings& ceilings);
+std::vector<PrefillResult> bench_prefill(Model& model, kv::StateManager& state, const PrefillBenchSpec& spec,
+                                         const StepCostModel& cost, const Ceilings& ceilings);
 
 struct HostBenchSpec {
   std::string model_name;

@@ -8,6 +8,7 @@
 #include "bench/model_bench.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "model/fabricate_context.h"
 
 namespace bg::bench {
 namespace {
@@ -36,8 +37,8 @@ void warn_if_not_finite(const std::vector<float>& logits, const std::string& wha
 // Detaches the profiler however the scope ends (a throwing step must not leave a dangling pointer in the backend).
 class ProfilerAttachment {
  public:
-  ProfilerAttachment(Model& model, OpProfiler* profiler) : model_(model) { model_.set_op_profiler(profiler); }
-  ~ProfilerAttachment() { model_.set_op_profiler(nullptr); }
+  ProfilerAttachment(Model& model, OpProfiler* profiler) : model_(model) { model_.backend().set_profiler(profiler); }
+  ~ProfilerAttachment() { model_.backend().set_profiler(nullptr); }
   ProfilerAttachment(const ProfilerAttachment&) = delete;
   ProfilerAttachment& operator=(const ProfilerAttachment&) = delete;
 
@@ -62,13 +63,15 @@ std::vector<double> count_touched_experts(Model& model, std::span<const BatchEnt
   return touched;
 }
 
-StepResult bench_one_step(Model& model, const StepBenchSpec& spec, int64_t batch_size, int64_t context,
-                          DeviceBench& device, const StepCostModel& cost, const Ceilings& ceilings) {
+StepResult bench_one_step(Model& model, kv::StateManager& state, const StepBenchSpec& spec, int64_t batch_size,
+                          int64_t context, DeviceBench& device, const StepCostModel& cost, const Ceilings& ceilings) {
   const int64_t vocab = model.info().vocab_size;
   std::vector<std::unique_ptr<Sequence>> seqs;
   for (int64_t i = 0; i < batch_size; ++i) {
-    seqs.push_back(model.new_sequence());
-    model.fabricate_context(*seqs.back(), context, static_cast<uint64_t>(i + 1));
+    seqs.push_back(state.new_sequence());
+    fabricate_sequence_context(state, *seqs.back(), context, static_cast<uint64_t>(i + 1));
+    // Room for every decode token the bench runs on these sequences (warm-up, counting, replays, profiled replay).
+    state.reserve(*seqs.back(), context + 8 + spec.replays);
   }
   const std::vector<int32_t> tokens = random_ids(batch_size, vocab, 7);
   std::vector<BatchEntry> batch;
@@ -120,14 +123,14 @@ StepResult bench_one_step(Model& model, const StepBenchSpec& spec, int64_t batch
 
 }  // namespace
 
-std::vector<StepResult> bench_steps(Model& model, const StepBenchSpec& spec, DeviceBench& device,
+std::vector<StepResult> bench_steps(Model& model, kv::StateManager& state, const StepBenchSpec& spec, DeviceBench& device,
                                     const StepCostModel& cost, const Ceilings& ceilings) {
   BG_CHECK(spec.replays >= 1, "bench: --replays must be >= 1");
   std::vector<StepResult> out;
   for (int64_t context : spec.contexts) {
     for (int64_t batch : spec.batches) {
       const auto t0 = Clock::now();
-      out.push_back(bench_one_step(model, spec, batch, context, device, cost, ceilings));
+      out.push_back(bench_one_step(model, state, spec, batch, context, device, cost, ceilings));
       log::info("bench step {} B={} ctx={}: {:.3f} ms (roofline {:.3f}, {:.2f}x) [{:.1f} s]", spec.model_name, batch,
                 context, out.back().ms, out.back().roofline_ms, out.back().ratio, ms_since(t0) / 1e3);
     }
@@ -135,8 +138,8 @@ std::vector<StepResult> bench_steps(Model& model, const StepBenchSpec& spec, Dev
   return out;
 }
 
-std::vector<PrefillResult> bench_prefill(Model& model, const PrefillBenchSpec& spec, const StepCostModel& cost,
-                                         const Ceilings& ceilings) {
+std::vector<PrefillResult> bench_prefill(Model& model, kv::StateManager& state, const PrefillBenchSpec& spec,
+                                         const StepCostModel& cost, const Ceilings& ceilings) {
   BG_CHECK(spec.chunk_tokens >= 1, "bench: prefill chunk {} must be >= 1", spec.chunk_tokens);
   const int64_t vocab = model.info().vocab_size;
   std::vector<float> logits(static_cast<size_t>(vocab));
@@ -145,7 +148,7 @@ std::vector<PrefillResult> bench_prefill(Model& model, const PrefillBenchSpec& s
   for (int64_t n_prompt : spec.prompt_tokens) {
     const std::vector<int32_t> prompt = random_ids(n_prompt, vocab, static_cast<uint64_t>(n_prompt));
     auto run = [&](int64_t n) {
-      std::unique_ptr<Sequence> seq = model.new_sequence();
+      std::unique_ptr<Sequence> seq = state.new_sequence(n);
       StepCost total;
       for (int64_t start = 0; start < n; start += spec.chunk_tokens) {
         const int64_t len = std::min(spec.chunk_tokens, n - start);

@@ -1,6 +1,7 @@
 // Engine: request intake, the step (schedule -> execute -> sample -> postprocess), failure isolation, events.
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <random>
 
 #include "core/error.h"
@@ -21,8 +22,10 @@ proto::TokenEvent error_event(const std::string& id, int32_t code, const std::st
   return ev;
 }
 
-Engine::Engine(std::unique_ptr<Model> model, const sched::SchedulerConfig& config)
-    : model_(std::move(model)), scheduler_(*model_, config) {
+Engine::Engine(std::unique_ptr<Model> model, const kv::StatePlan& state_plan, const sched::SchedulerConfig& config)
+    : model_(std::move(model)),
+      state_(model_->backend(), model_->state_geometry(), state_plan),
+      scheduler_(state_, config) {
   BG_CHECK(config.max_model_len <= model_->info().max_position_embeddings,
            "--max-model-len {} exceeds the model's context (max_position_embeddings {})", config.max_model_len,
            model_->info().max_position_embeddings);
@@ -32,7 +35,9 @@ bool Engine::step() {
   sched::StepPlan plan = scheduler_.schedule();  // decode tokens first, then prefill chunks within the budget
   if (plan.empty()) {
     // One rank of a set: take part in the step anyway (another rank may have work; the collectives must meet).
-    if (model_->collective() && !model_->sync_idle(false)) throw dist::SetStopping("the rank set is stopping");
+    if (model_->collective() && !model_->sync_idle(false, state_.step_pools())) {
+      throw dist::SetStopping("the rank set is stopping");
+    }
     return false;
   }
   std::vector<Outcome> outcomes = execute(plan);  // one forward_batch over the whole step
@@ -61,8 +66,9 @@ std::vector<Engine::Outcome> Engine::execute(const sched::StepPlan& plan) {
     isolate_failure(plan, e.what(), outcomes);
   }
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
-    if (outcomes[i].error.empty()) sched::Scheduler::complete(plan.chunks[i]);
+    if (outcomes[i].error.empty()) scheduler_.complete(plan.chunks[i]);
   }
+  stats_.computed_tokens_total += plan.n_tokens;
   return outcomes;
 }
 
@@ -80,8 +86,7 @@ void Engine::isolate_failure(const sched::StepPlan& plan, const std::string& wha
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const sched::Chunk& c = plan.chunks[i];
     try {
-      scheduler_.reset_sequence(*c.req);
-      c.req->seq->reserve_kv(c.start + c.n_tokens);
+      scheduler_.reset_sequence(*c.req, c.start + c.n_tokens);
       const BatchEntry alone{c.req->seq.get(), c.req->span(0, c.start + c.n_tokens)};
       model_->forward_batch(std::span<const BatchEntry>(&alone, 1), logits_.data() + i * vocab);
       c.req->n_computed = c.start;  // complete() adds the chunk
@@ -140,6 +145,7 @@ void Engine::postprocess(const sched::StepPlan& plan, std::vector<Outcome>& outc
     } else {
       ev.id = r->id;
       ev.prompt_tokens = r->n_prompt;
+      ev.cached_tokens = std::max<int64_t>(r->n_cached, 0);
       ev.completion_tokens = r->n_generated();
       ev.tokens.push_back(o.sampled->token);
       if (o.sampled->logprob) ev.logprobs.push_back(std::move(*o.sampled->logprob));
@@ -209,7 +215,7 @@ std::vector<proto::TokenEvent> Engine::take_events() {
 
 void Engine::fill_status(proto::WorkerStatus& s) const {
   const ModelInfo& info = model_->info();
-  const MemoryUsage m = model_->memory_usage();
+  const kv::StateUsage m = state_.usage();
   s.arch = info.arch;
   s.vocab_size = info.vocab_size;
   s.max_model_len = scheduler_.config().max_model_len;
@@ -226,9 +232,24 @@ void Engine::fill_status(proto::WorkerStatus& s) const {
   s.state_slots_total = m.state_slots_total;
   s.state_slots_free = m.state_slots_free;
   s.state_bytes = m.state_bytes;
+  s.kv_bytes_used = m.kv_bytes_used;
+  s.state_bytes_used = m.state_bytes_used;
+  s.kv_blocks_cached = m.kv_blocks_cached;
+  s.state_slots_cached = m.state_slots_cached;
+  s.host_bytes_total = m.host_bytes_total;
+  s.host_kv_bytes = m.host_kv_bytes;
+  s.host_state_bytes = m.host_state_bytes;
+  s.seqs_offloaded = m.seqs_offloaded;
+  s.prefix_cache_lookups_total = m.cache_lookups;
+  s.prefix_cache_hits_total = m.cache_hits;
+  s.prefix_cache_lookup_tokens_total = m.cache_lookup_tokens;
+  s.prefix_cache_hit_tokens_total = m.cache_hit_tokens;
+  s.offloads_total = m.offloads;
+  s.restores_total = m.restores;
   s.prompt_tokens_total = stats_.prompt_tokens_total;
   s.generation_tokens_total = stats_.generation_tokens_total;
   s.preemptions_total = scheduler_.preemptions_total();
+  s.rotations_total = scheduler_.rotations_total();
   s.steps_total = stats_.steps_total;
 }
 

@@ -20,6 +20,7 @@ struct EngineStats {
   int64_t steps_total = 0;
   int64_t prompt_tokens_total = 0;      // prompts of accepted requests
   int64_t generation_tokens_total = 0;  // sampled tokens
+  int64_t computed_tokens_total = 0;    // tokens run through the model (prefill pieces and decodes)
   int64_t last_batch_size = 0;          // sequences in the last step
   int64_t last_batch_tokens = 0;        // tokens in the last step
 };
@@ -30,7 +31,8 @@ proto::TokenEvent error_event(const std::string& id, int32_t code, const std::st
 
 class Engine {
  public:
-  Engine(std::unique_ptr<Model> model, const sched::SchedulerConfig& config);
+  // The state manager is built over the model's backend and geometry with `state_plan` (the planner's sizes).
+  Engine(std::unique_ptr<Model> model, const kv::StatePlan& state_plan, const sched::SchedulerConfig& config);
 
   // Validates and queues a request; a rejection (400 bad input / too long, 503 queue full) becomes its final event.
   void submit(proto::GenerateRequest request);
@@ -50,6 +52,7 @@ class Engine {
   void fill_status(proto::WorkerStatus& status) const;
 
   Model& model() { return *model_; }
+  const kv::StateManager& state() const { return state_; }
   const sched::Scheduler& scheduler() const { return scheduler_; }
   const EngineStats& stats() const { return stats_; }
 
@@ -66,7 +69,10 @@ class Engine {
   void reject(const proto::GenerateRequest& request, int32_t code, const std::string& message);
   std::string validate(const proto::GenerateRequest& request) const;
 
+  // Declaration order is the lifetime rule (destroyed bottom up): the scheduler's requests hold sequences that hand
+  // their memory back to the state manager, whose pools live in the model's backend.
   std::unique_ptr<Model> model_;
+  kv::StateManager state_;
   sched::Scheduler scheduler_;
   std::vector<float> logits_;  // [batch, vocab] of the current step
   std::vector<proto::TokenEvent> outbox_;

@@ -175,7 +175,7 @@ int Worker::serve_ranks() {
     try {
       if (stop_) {
         engine_->fail_all("the worker is shutting down");
-        engine_->model().sync_idle(true);
+        engine_->model().sync_idle(true, {});  // a stop vote runs no step
         break;
       }
       progressed = engine_->step();
@@ -296,6 +296,11 @@ void validate_worker_options(const WorkerOptions& o) {
   BG_CHECK(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0,
            "--gpu-memory-utilization {} must be in (0, 1]", o.gpu_memory_utilization);
   BG_CHECK(o.parent_pid >= 0, "--parent-pid {} must be >= 0", o.parent_pid);
+  BG_CHECK(o.host_memory_gb >= 0.0 && o.host_memory_gb <= 1e6, "--host-memory-gb {} must be in [0, 1e6]",
+           o.host_memory_gb);
+  BG_CHECK(o.snapshot_interval >= 0, "--prefix-snapshot-interval {} must be >= 1", o.snapshot_interval);
+  BG_CHECK(o.swap_quantum_steps >= 0, "--swap-quantum-steps {} must be >= 0", o.swap_quantum_steps);
+  kv::parse_state_codec(o.state_offload_dtype);
   BG_CHECK(o.status_interval_ms >= 1 && o.idle_poll_ms >= 1, "status interval {} ms and idle poll {} ms must be >= 1",
            o.status_interval_ms, o.idle_poll_ms);
   const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(o.parallel);
@@ -320,6 +325,17 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
   in.max_model_len = o.max_model_len;
   in.kv_cache_memory_bytes = o.kv_cache_memory_bytes;
   in.gpu_memory_utilization = o.gpu_memory_utilization;
+  in.host_memory_bytes = static_cast<int64_t>(o.host_memory_gb * static_cast<double>(int64_t{1} << 30));
+  // TP ranks run their leader's step layouts on pools of their own, so those pools must hold what the leader's hold:
+  // the prefix cache and the host tier, which move state only in the leader's pools, are not available with TP.
+  const bool tp = place.layout.tp() > 1;
+  BG_CHECK(!tp || in.host_memory_bytes == 0, "--host-memory-gb is not available with --tp {} (docs/PARALLEL.md)",
+           place.layout.tp());
+  in.prefix_cache = o.prefix_cache && !tp;
+  if (o.prefix_cache && tp) log::info("worker rank {}: prefix cache off with --tp {} (docs/PARALLEL.md)", o.rank,
+                                      place.layout.tp());
+  in.snapshot_interval = o.snapshot_interval;
+  in.state_codec = kv::parse_state_codec(o.state_offload_dtype);
   sched::Plan plan = sched::make_plan(geo, in);
   log::info("worker rank {}: {}", o.rank, plan.describe());
   std::shared_ptr<dist::RankContext> ranks;
@@ -331,7 +347,7 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
     s.device = o.device;
     s.exchange = o.moe_exchange;
     s.rendezvous = o.rendezvous;
-    s.plan = {plan.max_num_seqs, plan.kv_blocks, plan.max_model_len};
+    s.plan = {plan.max_num_seqs, plan.running_kv_blocks(), plan.max_model_len};
     s.max_tokens_per_call = o.moe_exchange_tokens;
     s.abandon = abandon;
     dist::StartedRank started = dist::start_rank(s);
@@ -347,9 +363,12 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
   sc.max_model_len = plan.max_model_len;
   sc.chunked_prefill_size = o.chunked_prefill_size;
   sc.max_queue = o.max_queue;
+  sc.swap_quantum_steps = o.swap_quantum_steps;
   LoadOptions lo = plan.load_options();
   lo.ranks = ranks;
-  auto engine = std::make_unique<Engine>(load_model(o.model_dir, lo), sc);
+  lo.weight_store = o.weight_store;
+  lo.distributed_weight_config = o.distributed_weight_config;
+  auto engine = std::make_unique<Engine>(load_model(o.model_dir, lo), plan.state_plan(), sc);
   if (ranks) ranks->world->barrier();  // ready only once every rank has loaded
   return engine;
 }

@@ -29,6 +29,11 @@ struct WorkerOptions {
   int64_t kv_block_size = 64;             // --kv-block-size: tokens per KV block
   int64_t kv_cache_memory_bytes = 0;      // --kv-cache-memory-bytes (0: from the device's memory)
   double gpu_memory_utilization = 0.9;    // --gpu-memory-utilization
+  bool prefix_cache = true;               // --no-prefix-cache turns it off
+  int64_t snapshot_interval = 0;          // --prefix-snapshot-interval (0: the planner's default)
+  double host_memory_gb = 0.0;            // --host-memory-gb: the host tier (0: none)
+  std::string state_offload_dtype = "f32";  // --state-offload-dtype f32|bf16|fp8
+  int64_t swap_quantum_steps = 0;         // --swap-quantum-steps (needs the host tier)
   int64_t parent_pid = 0;                 // --parent-pid: exit when this process is gone (0: never)
   int64_t status_interval_ms = 1000;      // a status (the frontend's heartbeat) at least this often, between steps
   int64_t idle_poll_ms = 100;             // longest wait for a message while idle
@@ -41,6 +46,8 @@ struct WorkerOptions {
   std::string moe_exchange = "nccl";      // --k3-moe-exchange
   int64_t moe_exchange_tokens = 0;        // --moe-exchange-tokens (0: the exchange's default)
   int64_t multi_rank_idle_poll_ms = 5;    // longest wait for a message between step agreements when idle
+  std::string weight_store = "";          // --weight-store: attach to this weightd store
+  std::string distributed_weight_config = "";  // --distributed-weight-config
 };
 
 // Flag checks (the planner and scheduler check the rest); throws bg::Error naming the flag.

@@ -90,12 +90,6 @@ std::optional<TensorView> Checkpoint::find(const std::string& name) const {
   return files_[it->second]->view(name);
 }
 
-TensorView Checkpoint::get(const std::string& name) const {
-  auto v = find(name);
-  BG_CHECK(v.has_value(), "checkpoint {}: missing tensor '{}'", dir_.string(), name);
-  return *v;
-}
-
 std::string Checkpoint::file_of(const std::string& name) const {
   auto it = where_.find(name);
   return it == where_.end() ? std::string("<none>") : files_[it->second]->path().filename().string();

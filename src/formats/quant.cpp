@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "formats/checkpoint.h"
+#include "formats/weight_source.h"
 
 namespace bg {
 namespace {
@@ -84,7 +84,7 @@ std::vector<float> QuantWeight::decode_all() const {
   return out;
 }
 
-QuantWeight load_linear(const Checkpoint& ckpt, const std::string& prefix, int64_t n_out, int64_t n_in) {
+QuantWeight load_linear(const WeightSource& ckpt, const std::string& prefix, int64_t n_out, int64_t n_in) {
   QuantWeight w;
   w.n_out = n_out;
   w.n_in = n_in;

@@ -10,7 +10,7 @@
 
 namespace bg {
 
-class Checkpoint;
+class WeightSource;
 
 enum class WeightFormat : uint8_t {
   kDense,     // <p>.weight F32/BF16/F16 [out, in]
@@ -42,7 +42,7 @@ struct QuantWeight {
 // [n_out, n_in]: dense `.weight`; FP8 `.weight` + `.weight_scale_inv`; MXFP4 `.weight_blocks` [out, in/32, 16] +
 // `.weight_scales` [out, in/32]; compressed-tensors MXFP4 `.weight_packed` [out, in/2] + `.weight_scale`
 // [out, in/32]. The format is decided by which tensors the file holds. Throws naming the tensor and file.
-QuantWeight load_linear(const Checkpoint& ckpt, const std::string& prefix, int64_t n_out, int64_t n_in);
+QuantWeight load_linear(const WeightSource& ckpt, const std::string& prefix, int64_t n_out, int64_t n_in);
 
 // Names of every checkpoint tensor that load_linear would read for `prefix` in `format` (for the tensor table).
 std::vector<std::string> linear_tensor_names(const std::string& prefix, WeightFormat format, bool mxfp4_packed_naming);

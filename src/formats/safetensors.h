@@ -48,6 +48,8 @@ class SafetensorsFile {
 
   const std::filesystem::path& path() const { return path_; }
   const SafetensorsHeader& header() const { return header_; }
+  // The whole file as mapped (read-only).
+  std::span<const std::byte> mapping() const { return {static_cast<const std::byte*>(map_), map_bytes_}; }
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   // Throws naming the file if the tensor is absent.
   TensorView view(const std::string& name) const;

@@ -1,4 +1,4 @@
-// KdaStatePool: slots in one backend allocation, zeroed when handed out.
+// KdaStatePool: slots in one backend allocation.
 #include "kv/kda_state_pool.h"
 
 #include "core/error.h"
@@ -10,30 +10,41 @@ KdaStatePool::KdaStatePool(Backend& backend, const KdaStateGeometry& geometry, i
   BG_CHECK(n_slots >= 0 && geometry.conv_width >= 1, "KdaStatePool: bad geometry");
   if (n_slots > 0 && geometry.slot_floats() > 0) storage_ = backend.zeros({n_slots + 1, geometry.slot_floats()}, DType::kF32);
   in_use_.assign(static_cast<size_t>(n_slots), 0);
-  for (int64_t s = n_slots - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
+  for (int64_t s = n_slots - 1; s >= 0; --s) free_.push_back({static_cast<int32_t>(s), 0});
 }
 
-int32_t KdaStatePool::alloc_slot() {
+int32_t KdaStatePool::alloc_slot(bool zero) {
   BG_CHECK(!free_.empty(), "KDA state pool is full: all {} slots are in use", n_slots_);
-  int32_t s = free_.back();
+  const FreeSlot f = free_.back();
   free_.pop_back();
-  in_use_[static_cast<size_t>(s)] = 1;
-  zero_slot(s);
-  return s;
+  if (f.reading != 0) backend_.compute_wait(f.reading);
+  in_use_[static_cast<size_t>(f.slot)] = 1;
+  if (zero) zero_slot(f.slot);
+  return f.slot;
 }
 
-void KdaStatePool::zero_slot(int32_t slot) {
+void KdaStatePool::zero_slot(int32_t slot) const {
   BG_CHECK(slot >= 0 && slot <= n_slots_, "KdaStatePool: slot {} of {}", slot, n_slots_);
   if (storage_.empty()) return;
   Tensor t = storage_.rows_view(slot, 1);
   backend_.fill_zero(t);
 }
 
-void KdaStatePool::free_slot(int32_t slot) {
-  BG_CHECK(slot >= 0 && slot < n_slots_ && in_use_[static_cast<size_t>(slot)], "KdaStatePool: freeing slot {} that "
-           "is not in use", slot);
+void KdaStatePool::free_slot(int32_t slot, CopyFence reading) {
+  BG_CHECK(in_use(slot), "KdaStatePool: freeing slot {} that is not in use", slot);
   in_use_[static_cast<size_t>(slot)] = 0;
-  free_.push_back(slot);
+  free_.push_back({slot, reading});
+}
+
+bool KdaStatePool::in_use(int32_t slot) const {
+  return slot >= 0 && slot < n_slots_ && in_use_[static_cast<size_t>(slot)] != 0;
+}
+
+void KdaStatePool::copy_slot(int32_t src, int32_t dst) {
+  BG_CHECK(in_use(src) && in_use(dst) && src != dst, "KdaStatePool: copying slot {} into {}", src, dst);
+  if (storage_.empty()) return;
+  Tensor to = storage_.rows_view(dst, 1);
+  backend_.copy(storage_.rows_view(src, 1), to);
 }
 
 Tensor KdaStatePool::layer_view(int32_t slot, int64_t kda_layer) const {

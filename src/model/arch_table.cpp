@@ -6,7 +6,6 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "formats/checkpoint.h"
 
 namespace bg {
 namespace {
@@ -38,14 +37,13 @@ uint64_t ModelWeights::key(int id, int64_t layer, int64_t expert) {
 }
 
 ModelWeights::KeyParts ModelWeights::split_key(uint64_t key) {
-  return {static_cast<int>(key >> 48), static_cast<int64_t>((key >> 24) & 0xFFFFFF) - 1,
-          static_cast<int64_t>(key & 0xFFFFFF) - 1};
+  return {static_cast<int>(key >> 48), key_layer(key), key_expert(key)};
 }
 
-ModelWeights ModelWeights::bind(std::shared_ptr<const Checkpoint> ckpt, const ArchTable& table) {
+ModelWeights ModelWeights::bind(std::shared_ptr<const WeightSource> source, const ArchTable& table) {
   ModelWeights w;
-  w.ckpt_ = std::move(ckpt);
-  const Checkpoint& c = *w.ckpt_;
+  w.source_ = std::move(source);
+  const WeightSource& c = *w.source_;
   std::set<std::string> consumed;
   auto bind_one = [&](const TensorSpec& spec, int64_t layer, int64_t expert) {
     std::string name = expand_pattern(spec.pattern, layer, expert);
@@ -54,7 +52,8 @@ ModelWeights ModelWeights::bind(std::shared_ptr<const Checkpoint> ckpt, const Ar
       QuantWeight q = load_linear(c, name, shape.at(0), shape.at(1));
       bool packed = c.contains(name + ".weight_packed");
       for (auto& n : linear_tensor_names(name, q.format, packed)) consumed.insert(n);
-      w.linears_[key(spec.id, layer, expert)] = std::move(q);
+      const uint64_t k = key(spec.id, layer, expert);
+      if (w.linears_.emplace(k, std::move(q)).second) w.linear_order_.push_back(k);
       return;
     }
     TensorView t = c.get(name);
@@ -90,8 +89,8 @@ ModelWeights ModelWeights::bind(std::shared_ptr<const Checkpoint> ckpt, const Ar
       ++n_skipped;
       continue;
     }
-    fail("tensor '{}' in {} is not part of the {} architecture (checkpoint {})", name, c.file_of(name), table.arch,
-         c.dir().string());
+    fail("tensor '{}' in {} is not part of the {} architecture ({})", name, c.file_of(name), table.arch,
+         c.describe());
   }
   if (n_skipped > 0) log::info("{}: skipped {} tensors this engine does not use (MTP / vision)", table.arch, n_skipped);
   return w;
@@ -100,6 +99,12 @@ ModelWeights ModelWeights::bind(std::shared_ptr<const Checkpoint> ckpt, const Ar
 const QuantWeight& ModelWeights::linear(int id, int64_t layer, int64_t expert) const {
   auto it = linears_.find(key(id, layer, expert));
   BG_CHECK(it != linears_.end(), "internal: linear weight {} (layer {}, expert {}) was not bound", id, layer, expert);
+  return it->second;
+}
+
+const QuantWeight& ModelWeights::linear_by_key(uint64_t key) const {
+  auto it = linears_.find(key);
+  BG_CHECK(it != linears_.end(), "internal: no linear weight with key {:#x}", key);
   return it->second;
 }
 

@@ -12,10 +12,9 @@
 
 #include "core/tensor.h"
 #include "formats/quant.h"
+#include "formats/weight_source.h"
 
 namespace bg {
-
-class Checkpoint;
 
 enum class TensorKind : uint8_t {
   kLinear,  // a [out, in] matrix in any stored linear format (dense, FP8 block, MXFP4); pattern has no ".weight"
@@ -46,21 +45,23 @@ struct ArchTable {
 // Expands `pattern` for a layer and expert.
 std::string expand_pattern(const std::string& pattern, int64_t layer, int64_t expert);
 
-// Weights bound to a table: the model's weight source. Views point into the checkpoint's mappings, which the
-// ModelWeights keeps alive.
+// Weights bound to a table. Views point into the weight source's memory (checkpoint mappings or weight-store
+// segments), which the ModelWeights keeps alive.
 class ModelWeights {
  public:
-  // Validates the whole checkpoint against the table; throws bg::Error naming the first bad tensor and its file.
-  static ModelWeights bind(std::shared_ptr<const Checkpoint> ckpt, const ArchTable& table);
+  // Validates the whole source against the table; throws bg::Error naming the first bad tensor and its file.
+  static ModelWeights bind(std::shared_ptr<const WeightSource> source, const ArchTable& table);
 
   const QuantWeight& linear(int id, int64_t layer = -1, int64_t expert = -1) const;
+  const QuantWeight& linear_by_key(uint64_t key) const;
   const TensorView& tensor(int id, int64_t layer = -1) const;
   std::vector<float> tensor_f32(int id, int64_t layer = -1) const { return tensor(id, layer).to_f32(); }
   bool has(int id, int64_t layer = -1, int64_t expert = -1) const;
-  const Checkpoint& checkpoint() const { return *ckpt_; }
-  // Visits every bound linear weight with its key (see key()).
+  const WeightSource& source() const { return *source_; }
+  // Visits every bound linear weight with its key (see key()), in table order: spec by spec, then layer, then expert
+  // (the order the weight store lays tensors out in, so uploads can copy contiguous runs).
   void for_each_linear(const std::function<void(uint64_t key, const QuantWeight& w)>& fn) const {
-    for (const auto& [k, w] : linears_) fn(k, w);
+    for (uint64_t k : linear_order_) fn(k, linears_.at(k));
   }
   static uint64_t key(int id, int64_t layer, int64_t expert);
   struct KeyParts {
@@ -68,9 +69,13 @@ class ModelWeights {
     int64_t layer = -1, expert = -1;
   };
   static KeyParts split_key(uint64_t key);
+  // The (layer, expert) of a key (-1 where it has none).
+  static int64_t key_layer(uint64_t key) { return static_cast<int64_t>((key >> 24) & 0xffffff) - 1; }
+  static int64_t key_expert(uint64_t key) { return static_cast<int64_t>(key & 0xffffff) - 1; }
 
  private:
-  std::shared_ptr<const Checkpoint> ckpt_;
+  std::shared_ptr<const WeightSource> source_;
+  std::vector<uint64_t> linear_order_;
   std::unordered_map<uint64_t, QuantWeight> linears_;
   std::unordered_map<uint64_t, TensorView> tensors_;
 };

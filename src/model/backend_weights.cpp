@@ -1,5 +1,10 @@
-// BackendLinears: one prepare_linear per bound weight.
+// BackendLinears: the weights' host memory pinned, then every linear prepared in batches: per layer its routed experts
+// (one block per expert, expert-major) and its other linears, and the global ones.
 #include "model/backend_weights.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -7,20 +12,61 @@
 namespace bg {
 
 BackendLinears::BackendLinears(Backend& backend, const ModelWeights& weights, const ShareFn& share) {
+  const auto t0 = std::chrono::steady_clock::now();
+  pinned_ = backend.pin_host_memory(weights.source().pinnable_regions());
+  // This rank's share of each linear: skipped (another rank's expert), whole (the stored weight, pinned memory), or
+  // a tensor-parallel slice (a copy kept in owned_ for the CPU handles that point into it).
+  std::map<int64_t, std::vector<uint64_t>> dense, experts;  // layer -> keys in table order
+  std::unordered_map<uint64_t, SharedWeight> parts;           // keys whose share is a slice
   int64_t n_dequantized = 0;
   weights.for_each_linear([&](uint64_t key, const QuantWeight& w) {
     const ModelWeights::KeyParts k = ModelWeights::split_key(key);
     const LinearShare s = share ? share(k.id, k.layer, k.expert) : LinearShare{};
     if (s.kind == ShareKind::kSkip) return;
-    SharedWeight part = share_linear(w, s);
-    handles_[key] = backend.prepare_linear(part.w);
-    n_dequantized += part.dequantized ? 1 : 0;
-    owned_.insert(owned_.end(), part.storage.begin(), part.storage.end());
+    if (s.kind != ShareKind::kAll) {
+      SharedWeight part = share_linear(w, s);
+      n_dequantized += part.dequantized ? 1 : 0;
+      parts.emplace(key, std::move(part));
+    }
+    (k.expert >= 0 ? experts : dense)[k.layer].push_back(key);
   });
   if (n_dequantized > 0) {
     log::warn("{} tensor-parallel weight shares cut through FP8/MXFP4 blocks and are held dequantized (fp32)",
               n_dequantized);
   }
+  uint64_t bytes = 0;
+  auto prepare = [&](const std::vector<uint64_t>& keys, int64_t n_experts) {
+    LinearBatch batch;
+    batch.n_experts = n_experts;
+    for (uint64_t k : keys) {
+      auto it = parts.find(k);
+      const QuantWeight& w = it != parts.end() ? it->second.w : weights.linear_by_key(k);
+      batch.weights.push_back(&w);
+      bytes += w.data.nbytes + w.scale.nbytes;
+    }
+    auto handles = backend.prepare_linears(batch);
+    BG_CHECK(handles.size() == keys.size(), "internal: {} handles prepared for {} weights", handles.size(), keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) handles_[keys[i]] = std::move(handles[i]);
+  };
+  for (const auto& [layer, keys] : dense) prepare(keys, 0);
+  for (auto& [layer, keys] : experts) {
+    // Expert-major; within an expert the table order (gate, up, down) that for_each_linear gave. With expert
+    // parallelism the batch holds only this rank's experts, so it counts the experts present, not the highest id.
+    std::stable_sort(keys.begin(), keys.end(), [](uint64_t a, uint64_t b) {
+      return ModelWeights::key_expert(a) < ModelWeights::key_expert(b);
+    });
+    int64_t n_experts = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (i == 0 || ModelWeights::key_expert(keys[i]) != ModelWeights::key_expert(keys[i - 1])) ++n_experts;
+    }
+    const bool uniform = static_cast<int64_t>(keys.size()) % n_experts == 0;
+    prepare(keys, uniform ? n_experts : 0);
+  }
+  // The CPU handles view the slices' storage: keep it for the handles' lifetime.
+  for (auto& [key, part] : parts) owned_.insert(owned_.end(), part.storage.begin(), part.storage.end());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  log::info("{}: prepared {} linear weights ({:.2f} GB) in {:.2f} s ({:.2f} GB/s)", backend.name(), handles_.size(),
+            static_cast<double>(bytes) / 1e9, s, s > 0 ? static_cast<double>(bytes) / s / 1e9 : 0.0);
 }
 
 const LinearHandle& BackendLinears::get(int id, int64_t layer, int64_t expert) const {

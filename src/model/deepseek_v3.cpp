@@ -9,12 +9,12 @@
 #include "core/log.h"
 #include "formats/checkpoint.h"
 #include "model/backend_weights.h"
-#include "model/fabricate_context.h"
 #include "model/forward_common.h"
 #include "model/mla_block.h"
 #include "model/rank_share.h"
 #include "model/step_model.h"
 #include "moe/moe_layer.h"
+#include "weights/open_source.h"
 
 namespace bg {
 namespace {
@@ -32,18 +32,11 @@ class DeepseekV3Model final : public StepModel {
   DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, std::unique_ptr<Backend> backend,
                   const LoadOptions& options);
   const ModelInfo& info() const override { return info_; }
-  std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<Sequence>(&kv_pool_, nullptr); }
-  void fabricate_context(Sequence& seq, int64_t n_tokens, uint64_t seed) override {
-    fabricate_sequence_context(*be_, &kv_pool_, nullptr, seq, n_tokens, seed);
-  }
-  MemoryUsage memory_usage() const override {
-    return {kv_pool_.block_size(), kv_pool_.n_blocks(), kv_pool_.n_free_blocks(), kv_pool_.bytes(), 0, 0, 0};
-  }
+  const StateGeometry& state_geometry() const override { return state_geometry_; }
+  Backend& backend() const override { return *be_; }
 
  private:
-  Tensor step_body(bool all_rows, const TapFn* tap) override;
-  Backend& backend() const override { return *be_; }
-  StepPadding padding() const override { return {kv_pool_.pad_block(), -1}; }
+  Tensor step_body(const StepPools& pools, bool all_rows, const TapFn* tap) override;
   void ffn(int64_t layer, const Tensor& x, Tensor& out);
 
   DeepseekV3Config c_;
@@ -58,7 +51,7 @@ class DeepseekV3Model final : public StepModel {
   std::vector<DsLayer> layers_;
   Tensor embed_, final_norm_;
   std::unique_ptr<LinearHandle> tied_lm_head_;
-  MlaKvPool kv_pool_;
+  StateGeometry state_geometry_;
 };
 
 DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, std::unique_ptr<Backend> backend,
@@ -71,8 +64,7 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
       lin_(*be_, w_, [this](int id, int64_t, int64_t expert) {
                return deepseek_v3_share(id, expert, {tp_size(), tp_rank(), &experts_at_});
              }),
-      kv_pool_(*be_, c_.n_layers, c_.kv_lora_rank, c_.qk_rope_head_dim, options.kv_block_size,
-               kv_blocks_for(c_.max_position_embeddings, options)) {
+      state_geometry_(bg::state_geometry(c_)) {
   Backend& be = *be_;
   info_ = {"deepseek_v3", c_.vocab_size, c_.hidden_size, c_.n_layers, c_.max_position_embeddings, c_.bos_token_id,
            c_.eos_token_id};
@@ -127,7 +119,7 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
 }
 
 
-Tensor DeepseekV3Model::step_body(bool all_rows, const TapFn* tap) {
+Tensor DeepseekV3Model::step_body(const StepPools& pools, bool all_rows, const TapFn* tap) {
   Backend& be = *be_;
   const int64_t n = be.step().n_tokens(), H = c_.hidden_size;
   Tensor h = be.act(n, H), x = be.act(n, H), y = be.act(n, H);  // [n, H]
@@ -137,7 +129,7 @@ Tensor DeepseekV3Model::step_body(bool all_rows, const TapFn* tap) {
   for (int64_t l = 0; l < c_.n_layers; ++l) {
     const DsLayer& L = layers_[static_cast<size_t>(l)];
     be.rmsnorm(h, L.input_norm, eps, x);
-    mla_block_forward(be, mla_dims_, L.mla, kv_pool_.layer_ref(l), x, y);
+    mla_block_forward(be, mla_dims_, L.mla, pools.kv->layer_ref(l), x, y);
     tp_all_reduce(y);  // TP: each rank's heads gave a partial o_proj sum
     tap_tensor(be, tap, "attn", l + 1, y);
     be.add(h, y);
@@ -192,8 +184,8 @@ void DeepseekV3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
 
 std::unique_ptr<Model> load_deepseek_v3(const std::filesystem::path& dir, const DeepseekV3Config& config,
                                         const LoadOptions& options) {
-  std::shared_ptr<const Checkpoint> ckpt = Checkpoint::open(dir);
-  ModelWeights weights = ModelWeights::bind(ckpt, deepseek_v3_table(config));
+  auto source = weights::open_weight_source(dir, {options.weight_store, options.distributed_weight_config});
+  ModelWeights weights = ModelWeights::bind(source, deepseek_v3_table(config));
   auto backend = make_backend(options.device);
   log::info("loaded deepseek_v3 checkpoint {} on {}: {} layers, {} routed experts, hidden {}", dir.string(),
             backend->name(), config.n_layers, config.n_routed_experts, config.hidden_size);

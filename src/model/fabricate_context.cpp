@@ -65,14 +65,14 @@ void fill_kda(Backend& be, const KdaStatePool& pool, int32_t slot, uint64_t seed
 
 }  // namespace
 
-void fabricate_sequence_context(Backend& backend, MlaKvPool* kv_pool, KdaStatePool* kda_pool, Sequence& seq,
-                                int64_t n_tokens, uint64_t seed) {
+void fabricate_sequence_context(kv::StateManager& state, Sequence& seq, int64_t n_tokens, uint64_t seed) {
   BG_CHECK(seq.n_past() == 0, "fabricate_context: the sequence already holds {} tokens", seq.n_past());
   BG_CHECK(n_tokens >= 0, "fabricate_context: {} tokens", n_tokens);
   if (n_tokens == 0) return;
-  seq.reserve_kv(n_tokens);  // throws naming the pool when it is too small
-  if (kv_pool != nullptr) fill_kv(backend, *kv_pool, seq.kv_blocks(), seed);
-  if (kda_pool != nullptr) fill_kda(backend, *kda_pool, seq.kda_slot(), seed);
+  state.reserve(seq, n_tokens);  // throws when the pool is too small
+  const StateGeometry& g = state.geometry();
+  if (g.n_mla_layers > 0) fill_kv(state.backend(), state.kv_pool(), seq.kv_blocks(), seed);
+  if (g.has_state()) fill_kda(state.backend(), state.state_pool(), seq.kda_slot(), seed);
   seq.advance(n_tokens);
 }
 

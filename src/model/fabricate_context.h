@@ -5,19 +5,16 @@
 
 #include <cstdint>
 
-#include "backend/backend.h"
-#include "kv/kda_state_pool.h"
-#include "kv/mla_kv_pool.h"
 #include "kv/sequence.h"
+#include "kv/state_manager.h"
 
 namespace bg {
 
-// seq must be empty (n_past 0). Reserves the KV blocks for n_tokens positions and fills them (every MLA layer) with
-// latents of standard deviation 1 (8 seeded block patterns copied on the device: cheap at 256 x 32k tokens), fills
-// the sequence's KDA recurrent state (std 0.05) and conv state (std 1) with seeded values, then sets n_past =
-// n_tokens. What matters for timing is that every byte a real context would hold is there and finite. Either pool may
-// be null (an architecture without MLA or KDA layers). Throws when a pool is too small.
-void fabricate_sequence_context(Backend& backend, MlaKvPool* kv_pool, KdaStatePool* kda_pool, Sequence& seq,
-                                int64_t n_tokens, uint64_t seed);
+// seq must be empty (n_past 0) and belong to `state`. Reserves its KV blocks for n_tokens positions and fills them
+// (every MLA layer) with latents of standard deviation 1 (8 seeded block patterns copied on the device: cheap at
+// 256 x 32k tokens), fills the sequence's KDA recurrent state (std 0.05) and conv state (std 1) with seeded values,
+// then sets n_past = n_tokens. What matters for timing is that every byte a real context would hold is there and
+// finite. Throws when the pools are too small.
+void fabricate_sequence_context(kv::StateManager& state, Sequence& seq, int64_t n_tokens, uint64_t seed);
 
 }  // namespace bg

@@ -9,12 +9,20 @@
 
 namespace bg {
 
-int64_t kv_blocks_for(int64_t max_position_embeddings, const LoadOptions& o) {
-  int64_t tokens = o.max_total_tokens > 0 ? o.max_total_tokens : o.max_sequences * max_position_embeddings;
-  return (tokens + o.kv_block_size - 1) / o.kv_block_size;
+StepPools step_pools_of(std::span<const BatchEntry> batch) {
+  BG_CHECK(!batch.empty() && batch[0].seq != nullptr, "forward: a step needs at least one sequence");
+  const kv::StateManager& manager = batch[0].seq->manager();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Sequence* seq = batch[i].seq;
+    BG_CHECK(seq != nullptr && &seq->manager() == &manager, "forward: entry {} has no sequence or one of another "
+             "state manager", i);
+    BG_CHECK(seq->residency() == Residency::kGpu, "forward: entry {} is offloaded to the host tier (restore it first)",
+             i);
+  }
+  return manager.step_pools();
 }
 
-StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info, const StepPadding& pad) {
+StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info, const StepPools& pools) {
   std::unordered_set<const Sequence*> seen;
   for (size_t i = 0; i < batch.size(); ++i) {
     const BatchEntry& e = batch[i];
@@ -23,6 +31,9 @@ StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info,
     const int64_t end = e.seq->n_past() + static_cast<int64_t>(e.tokens.size());
     BG_CHECK(end <= info.max_position_embeddings, "context of {} tokens exceeds max_position_embeddings {}", end,
              info.max_position_embeddings);
+    const auto reserved = static_cast<int64_t>(e.seq->kv_blocks().size()) * pools.kv->block_size();
+    BG_CHECK(end <= reserved, "forward: entry {} runs up to position {} but KV is reserved for {} tokens "
+             "(kv::StateManager::reserve)", i, end, reserved);
     for (int32_t id : e.tokens) {
       BG_CHECK(id >= 0 && id < info.vocab_size, "token id {} is outside [0, {})", id, info.vocab_size);
     }
@@ -33,7 +44,6 @@ StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info,
   for (size_t i = 0; i < batch.size(); ++i) {
     const BatchEntry& e = batch[i];
     const int64_t start = e.seq->n_past(), n = static_cast<int64_t>(e.tokens.size());
-    e.seq->reserve_kv(start + n);
     widest = std::max(widest, e.seq->kv_blocks().size());
     for (int64_t t = 0; t < n; ++t) {
       s.token_ids.push_back(e.tokens[static_cast<size_t>(t)]);
@@ -47,7 +57,7 @@ StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info,
   BG_CHECK(s.state_slots.empty() || s.state_slots.size() == batch.size(), "forward: sequences of one step must all "
            "have KDA state slots or none");
   s.max_blocks = static_cast<int64_t>(std::bit_ceil(std::max<size_t>(widest, 1)));
-  s.block_tables.assign(batch.size() * static_cast<size_t>(s.max_blocks), pad.block);
+  s.block_tables.assign(batch.size() * static_cast<size_t>(s.max_blocks), pools.kv->pad_block());
   for (size_t i = 0; i < batch.size(); ++i) {
     const std::vector<int32_t>& blocks = batch[i].seq->kv_blocks();
     std::copy(blocks.begin(), blocks.end(), s.block_tables.begin() + static_cast<std::ptrdiff_t>(i * s.max_blocks));
@@ -55,19 +65,20 @@ StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info,
   return s;
 }
 
-void pad_decode_step(StepLayout& s, int64_t n_seqs, const StepPadding& pad) {
+void pad_decode_step(StepLayout& s, int64_t n_seqs, const StepPools& pools) {
+  const int32_t pad_block = pools.kv->pad_block(), pad_slot = pools.state != nullptr ? pools.state->pad_slot() : -1;
   BG_CHECK(s.all_single_token() && n_seqs >= s.n_seqs(), "pad_decode_step: {} sequences of {} tokens cannot be padded "
            "to {}", s.n_seqs(), s.n_tokens(), n_seqs);
   // An empty step (a rank without work) gets state slots exactly when the model has KDA state.
-  const bool with_state = !s.state_slots.empty() || (s.n_seqs() == 0 && pad.slot >= 0);
+  const bool with_state = !s.state_slots.empty() || (s.n_seqs() == 0 && pad_slot >= 0);
   while (s.n_seqs() < n_seqs) {
     s.token_ids.push_back(0);
     s.positions.push_back(0);
     s.token_seq.push_back(static_cast<int32_t>(s.n_seqs()));
     s.last_rows.push_back(static_cast<int32_t>(s.n_tokens() - 1));
     s.seq_begin.push_back(s.n_tokens());
-    if (with_state) s.state_slots.push_back(pad.slot);
-    s.block_tables.insert(s.block_tables.end(), static_cast<size_t>(s.max_blocks), pad.block);
+    if (with_state) s.state_slots.push_back(pad_slot);
+    s.block_tables.insert(s.block_tables.end(), static_cast<size_t>(s.max_blocks), pad_block);
   }
 }
 

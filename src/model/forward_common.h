@@ -1,5 +1,5 @@
-// Steps every forward file shares: KV block budget from the load options, validating a call and laying out its
-// positions, and handing a backend tensor to a tap.
+// Steps every forward file shares: validating a call and laying out its positions over the sequences' pools, and
+// handing a backend tensor to a tap.
 #pragma once
 
 #include <cstdint>
@@ -13,23 +13,17 @@
 
 namespace bg {
 
-// MLA cache blocks for the options: max_total_tokens, or max_sequences full contexts.
-int64_t kv_blocks_for(int64_t max_position_embeddings, const LoadOptions& options);
+// The pools of a batch's sequences: all on the GPU tier of one kv::StateManager (else bg::Error).
+StepPools step_pools_of(std::span<const BatchEntry> batch);
 
-// Where padding goes: the pools' padding block and slot (-1 without KDA).
-struct StepPadding {
-  int32_t block = 0;
-  int32_t slot = -1;
-};
-
-// Checks every entry (a sequence, tokens, ids in range, the context limit, no sequence twice), reserves the KV blocks
-// the step writes, and lays the step out (block tables max_blocks wide: the step's longest table rounded up to a power
-// of two, the rest filled with the padding block). Throws bg::Error before any sequence changes. An empty batch gives
+// Checks every entry (a sequence, tokens, ids in range, the context limit, no sequence twice, KV reserved for the
+// tokens) and lays the step out (block tables max_blocks wide: the step's longest table rounded up to a power of two,
+// the rest filled with the pools' padding block). Throws bg::Error before any sequence changes. An empty batch gives
 // an empty layout (a rank without work pads it: pad_decode_step).
-StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info, const StepPadding& pad);
+StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info, const StepPools& pools);
 
-// Appends single-token padding sequences (token 0 at position 0, the padding block and slot) up to n_seqs.
-void pad_decode_step(StepLayout& step, int64_t n_seqs, const StepPadding& pad);
+// Appends single-token padding sequences (token 0 at position 0, the pools' padding block and slot) up to n_seqs.
+void pad_decode_step(StepLayout& step, int64_t n_seqs, const StepPools& pools);
 
 // The CUDA-graph batch size for a decode step of n sequences: the next power of two, or 0 when n exceeds max_batch.
 int64_t graph_bucket(int64_t n_seqs, int64_t max_batch);

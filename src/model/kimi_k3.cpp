@@ -9,13 +9,13 @@
 #include "core/log.h"
 #include "formats/checkpoint.h"
 #include "model/backend_weights.h"
-#include "model/fabricate_context.h"
 #include "model/forward_common.h"
 #include "model/mla_block.h"
 #include "model/rank_share.h"
 #include "model/step_model.h"
 #include "model/tp_shard.h"
 #include "moe/moe_layer.h"
+#include "weights/open_source.h"
 
 namespace bg {
 namespace {
@@ -38,22 +38,13 @@ class KimiK3Model final : public StepModel {
   KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_ptr<Backend> backend,
               const LoadOptions& options);
   const ModelInfo& info() const override { return info_; }
-  std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<Sequence>(&kv_pool_, &kda_pool_); }
-  void fabricate_context(Sequence& seq, int64_t n_tokens, uint64_t seed) override {
-    fabricate_sequence_context(*be_, &kv_pool_, &kda_pool_, seq, n_tokens, seed);
-  }
-  MemoryUsage memory_usage() const override {
-    return {kv_pool_.block_size(), kv_pool_.n_blocks(), kv_pool_.n_free_blocks(), kv_pool_.bytes(),
-            kda_pool_.n_slots(), kda_pool_.n_free_slots(), kda_pool_.bytes()};
-  }
+  const StateGeometry& state_geometry() const override { return state_geometry_; }
+  Backend& backend() const override { return *be_; }
 
  private:
-  Tensor step_body(bool all_rows, const TapFn* tap) override;
-  Backend& backend() const override { return *be_; }
-  StepPadding padding() const override { return {kv_pool_.pad_block(), kda_pool_.pad_slot()}; }
-  void reset_state_slot(int32_t slot) override { kda_pool_.zero_slot(slot); }
+  Tensor step_body(const StepPools& pools, bool all_rows, const TapFn* tap) override;
   void load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda);
-  void kda(int64_t layer, const Tensor& x, Tensor& out);
+  void kda(const KdaStatePool& state, int64_t layer, const Tensor& x, Tensor& out);
   void ffn(int64_t layer, const Tensor& x, Tensor& out);
   void situ_mlp(T gate, T up, T down, int64_t layer, int64_t inter, const Tensor& x, Tensor& out);
   void latent_moe(int64_t layer, const Tensor& x, Tensor& out);
@@ -71,8 +62,7 @@ class KimiK3Model final : public StepModel {
   std::vector<K3Layer> layers_;
   Tensor embed_, final_norm_, out_res_norm_, out_res_proj_;
   std::unique_ptr<LinearHandle> tied_lm_head_;
-  MlaKvPool kv_pool_;
-  KdaStatePool kda_pool_;
+  StateGeometry state_geometry_;
 };
 
 int64_t count_mla(const KimiK3Config& c) {
@@ -90,11 +80,7 @@ KimiK3Model::KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_
       lin_(*be_, w_, [this](int id, int64_t, int64_t expert) {
                return kimi_k3_share(id, expert, {tp_size(), tp_rank(), &experts_at_});
              }),
-      kv_pool_(*be_, count_mla(c_), c_.kv_lora_rank, c_.qk_rope_head_dim, options.kv_block_size,
-               kv_blocks_for(c_.max_position_embeddings, options)),
-      kda_pool_(*be_, {c_.n_layers - count_mla(c_), kda_heads_, c_.kda_head_dim, kda_heads_ * c_.kda_head_dim,
-                       c_.conv_kernel},
-                options.max_sequences) {
+      state_geometry_(tp_state_geometry(bg::state_geometry(c_), tp_size())) {
   BG_CHECK(c_.n_heads % tp_size() == 0 && c_.kda_heads % tp_size() == 0, "--tp {} does not divide the {} MLA heads "
            "and {} KDA heads", tp_size(), c_.n_heads, c_.kda_heads);
   info_ = {"kimi_k3", c_.vocab_size, c_.hidden_size, c_.n_layers, c_.max_position_embeddings, c_.bos_token_id,
@@ -175,7 +161,7 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
     L.v_conv = conv(T::kKdaVConv);
     const TensorView& a_log = w_.tensor(int(T::kKdaALog), l);
     BG_CHECK(a_log.rank() == 1 && a_log.dim(0) >= c_.kda_heads, "tensor '{}' in {}: shape {} but at least [{}] "
-             "(one per KDA head) is needed", a_log.name, w_.checkpoint().file_of(a_log.name), shape_str(a_log.shape),
+             "(one per KDA head) is needed", a_log.name, w_.source().file_of(a_log.name), shape_str(a_log.shape),
              c_.kda_heads);
     std::vector<float> a = a_log.to_f32();
     a.resize(static_cast<size_t>(c_.kda_heads));  // the stored tail beyond num_heads is padding
@@ -188,7 +174,7 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
   layers_.push_back(std::move(L));
 }
 
-Tensor KimiK3Model::step_body(bool all_rows, const TapFn* tap) {
+Tensor KimiK3Model::step_body(const StepPools& pools, bool all_rows, const TapFn* tap) {
   Backend& be = *be_;
   const int64_t n = be.step().n_tokens(), H = c_.hidden_size, B = c_.attn_res_block_size;
 
@@ -217,9 +203,9 @@ Tensor KimiK3Model::step_body(bool all_rows, const TapFn* tap) {
     }
     be.rmsnorm(h, L.input_norm, eps, x);
     if (c_.is_mla(l)) {
-      mla_block_forward(be, mla_dims_, L.mla, kv_pool_.layer_ref(L.sub_index), x, y);
+      mla_block_forward(be, mla_dims_, L.mla, pools.kv->layer_ref(L.sub_index), x, y);
     } else {
-      kda(l, x, y);
+      kda(*pools.state, l, x, y);
     }
     tp_all_reduce(y);  // TP: each rank's heads gave a partial o_proj sum
     tap_tensor(be, tap, "attn", l + 1, y);
@@ -245,7 +231,7 @@ Tensor KimiK3Model::step_body(bool all_rows, const TapFn* tap) {
   return lm_head_logits(tied_lm_head_ ? *tied_lm_head_ : lin_.get(int(T::kLmHead)), x, all_rows);
 }
 
-void KimiK3Model::kda(int64_t layer, const Tensor& x, Tensor& out) {
+void KimiK3Model::kda(const KdaStatePool& state, int64_t layer, const Tensor& x, Tensor& out) {
   Backend& be = *be_;
   const int64_t n = x.rows(), nh = kda_heads_, K = c_.kda_head_dim, P = nh * K;  // this rank's heads
   const K3Layer& L = layers_[static_cast<size_t>(layer)];
@@ -253,11 +239,11 @@ void KimiK3Model::kda(int64_t layer, const Tensor& x, Tensor& out) {
   // Projections, then causal short conv + SiLU continuing the sequence's conv state: each [n, P] = [n, nh, K].
   Tensor raw = be.act(n, P), q = be.act(n, P), k = be.act(n, P), v = be.act(n, P);
   be.linear(lin_.get(int(T::kKdaQ), layer), x, raw);
-  be.short_conv(raw, L.q_conv, kda_pool_.conv_ref(idx, 0), q);
+  be.short_conv(raw, L.q_conv, state.conv_ref(idx, 0), q);
   be.linear(lin_.get(int(T::kKdaK), layer), x, raw);
-  be.short_conv(raw, L.k_conv, kda_pool_.conv_ref(idx, 1), k);
+  be.short_conv(raw, L.k_conv, state.conv_ref(idx, 1), k);
   be.linear(lin_.get(int(T::kKdaV), layer), x, raw);
-  be.short_conv(raw, L.v_conv, kda_pool_.conv_ref(idx, 2), v);
+  be.short_conv(raw, L.v_conv, state.conv_ref(idx, 2), v);
   // Per-head L2 norm (eps inside the sqrt), q scaled by K^-0.5.
   be.kda_l2norm(K, static_cast<float>(1.0 / std::sqrt(static_cast<double>(K))), q);
   be.kda_l2norm(K, 1.0f, k);
@@ -271,7 +257,7 @@ void KimiK3Model::kda(int64_t layer, const Tensor& x, Tensor& out) {
   be.kda_beta(b, beta);
   // Gated delta rule over each sequence's recurrent state (chunked for a prefill, recurrent for one token).
   Tensor o = be.act(n, P);
-  be.kda({n, nh, K, K}, q, k, v, g, beta, kda_pool_.recurrent_ref(idx), o);
+  be.kda({n, nh, K, K}, q, k, v, g, beta, state.recurrent_ref(idx), o);
   // Output: per-head RMSNorm x sigmoid(g_proj x), then o_proj.
   be.linear(lin_.get(int(T::kKdaG), layer), x, raw);
   be.gated_rmsnorm(nh, static_cast<float>(c_.rms_norm_eps), o, raw, L.o_norm, o);
@@ -331,8 +317,8 @@ void KimiK3Model::latent_moe(int64_t layer, const Tensor& x, Tensor& out) {
 
 std::unique_ptr<Model> load_kimi_k3(const std::filesystem::path& dir, const KimiK3Config& config,
                                     const LoadOptions& options) {
-  std::shared_ptr<const Checkpoint> ckpt = Checkpoint::open(dir);
-  ModelWeights weights = ModelWeights::bind(ckpt, kimi_k3_table(config));
+  auto source = weights::open_weight_source(dir, {options.weight_store, options.distributed_weight_config});
+  ModelWeights weights = ModelWeights::bind(source, kimi_k3_table(config));
   log::info("loaded kimi_k3 checkpoint {}: {} layers ({} MLA), {} experts top-{}, hidden {}", dir.string(),
             config.n_layers, count_mla(config), config.n_experts, config.n_experts_per_token, config.hidden_size);
   auto backend = make_backend(options.device);

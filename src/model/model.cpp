@@ -25,12 +25,6 @@ void Model::forward_batch(std::span<const BatchEntry> batch, float* last_logits)
   }
 }
 
-void Model::fabricate_context(Sequence&, int64_t, uint64_t) {
-  fail("fabricate_context: not supported by {} models", info().arch);
-}
-
-void Model::set_op_profiler(OpProfiler*) { fail("set_op_profiler: not supported by {} models", info().arch); }
-
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
   BG_CHECK(std::filesystem::is_directory(dir), "model directory '{}' does not exist", dir.string());
   auto config_path = dir / "config.json";
@@ -42,6 +36,11 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
       return load_kimi_k3(dir, parse_kimi_k3_config(config, config_path.string()), options);
   }
   fail("{}: unknown architecture", config_path.string());
+}
+
+std::unique_ptr<kv::StateManager> make_state(Model& model, int64_t max_sequences, int64_t max_tokens) {
+  return std::make_unique<kv::StateManager>(model.backend(), model.state_geometry(),
+                                            kv::StatePlan::simple(max_sequences, max_tokens));
 }
 
 }  // namespace bg

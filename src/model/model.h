@@ -1,4 +1,5 @@
-// The engine's view of a model: load a checkpoint directory, make sequences, run tokens through them.
+// The engine's view of a model: load a checkpoint directory, run tokens through sequences whose state a
+// kv::StateManager holds (the model reads the pools its sequences point to and owns none).
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,10 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/backend.h"
 #include "kv/sequence.h"
+#include "kv/state_geometry.h"
+#include "kv/state_manager.h"
 
 namespace bg::dist {
 struct RankContext;
@@ -34,33 +38,22 @@ using TapFn = std::function<void(std::string_view name, int64_t layer, const flo
                                  int64_t dim)>;
 
 struct LoadOptions {
-  int64_t max_sequences = 4;      // sequences alive at once (pool slots)
-  int64_t max_total_tokens = 0;   // KV capacity in tokens over all sequences (0: max_sequences x max positions)
-  int64_t kv_block_size = 64;     // tokens per MLA cache block
   std::string device = "cpu";     // "cpu" | "cuda"
   bool cuda_graphs = true;        // CUDA: replay decode steps (forward_batch, one token per sequence) as graphs
   int64_t max_graph_batch = 64;   // largest decode batch run as a graph (a power of two; larger runs eagerly)
   // One rank of a set (null: a single rank). The model loads its share of the weights, runs tensor-parallel
   // attention over ranks->tp and the expert exchange over ranks->world, and agrees every step with the other ranks.
   std::shared_ptr<dist::RankContext> ranks = nullptr;
+  std::string weight_store = "";           // attach to this weightd store instead of reading the files (docs/WEIGHTS.md)
+  std::string distributed_weight_config = "";  // fetch what the node lacks from the peers this config names
 };
 
 // One sequence's part of a batched step: `tokens` run after what `seq` already holds (a prefill chunk or one decode
-// token). Sequences in one batch are distinct.
+// token), with KV reserved for them (kv::StateManager::reserve). Sequences in one batch are distinct and belong to
+// the same kv::StateManager.
 struct BatchEntry {
   Sequence* seq = nullptr;
   std::span<const int32_t> tokens;
-};
-
-// What the sequence pools hold now (for admission, preemption and /metrics).
-struct MemoryUsage {
-  int64_t kv_block_tokens = 0;   // tokens per MLA KV block
-  int64_t kv_blocks_total = 0;
-  int64_t kv_blocks_free = 0;
-  int64_t kv_bytes = 0;          // whole KV pool
-  int64_t state_slots_total = 0; // KDA state slots (0 without KDA layers)
-  int64_t state_slots_free = 0;
-  int64_t state_bytes = 0;       // whole state pool
 };
 
 // Diagnostic hook on every MoE layer's routing: sees the router's ids [n_tokens, top_k] and weights [n_tokens, top_k]
@@ -74,22 +67,16 @@ class Model {
  public:
   virtual ~Model() = default;
   virtual const ModelInfo& info() const = 0;
-  // A new empty sequence; throws when the pools are full.
-  virtual std::unique_ptr<Sequence> new_sequence() = 0;
+  // The shape of one sequence's state (kv::state_geometry of the config); a kv::StateManager for this model is
+  // built from it over backend().
+  virtual const StateGeometry& state_geometry() const = 0;
+  virtual Backend& backend() const = 0;
   // Runs `tokens` after what `seq` already holds (prefill of any length, or one decode step) and writes logits
   // [tokens.size(), vocab] (every row). Throws on invalid ids or when the context would exceed the model's limit.
   virtual void forward(Sequence& seq, std::span<const int32_t> tokens, float* logits, const TapFn* tap = nullptr) = 0;
   // One step over several sequences; writes only each entry's last-token logits: [batch.size(), vocab]. Results equal
   // running each entry alone through forward(). Entries with empty tokens are not allowed.
   virtual void forward_batch(std::span<const BatchEntry> batch, float* last_logits);
-  virtual MemoryUsage memory_usage() const = 0;
-  // Benchmarks only (`batchgen bench`): makes the empty sequence `seq` look as if it had processed n_tokens tokens
-  // without running them — its KV blocks and KDA state filled with seeded random values, n_past = n_tokens — so
-  // decode steps at long contexts can be timed without prefilling (model/fabricate_context.h). The default throws.
-  virtual void fabricate_context(Sequence& seq, int64_t n_tokens, uint64_t seed);
-  // Benchmarks: attaches a per-op profiler to the model's backend (backend.h OpProfiler; not owned, null detaches).
-  // The default throws.
-  virtual void set_op_profiler(OpProfiler* profiler);
   void set_route_hook(RouteHook hook) { route_hook_ = std::move(hook); }
   // CUDA graphs captured for decode steps so far (0 on the CPU or with graphs off).
   virtual int64_t n_graphs_captured() const { return 0; }
@@ -98,8 +85,12 @@ class Model {
   virtual bool collective() const { return false; }
   // A rank with nothing to run takes part in the next step agreement: runs an empty step (padding only) when another
   // rank has work, nothing when none has. stop = true votes to end the set. Returns false once any rank voted stop.
-  // Single rank: returns !stop.
-  virtual bool sync_idle(bool stop) { return !stop; }
+  // Single rank: returns !stop. `pools`: this rank's (kv::StateManager::step_pools), where an empty step's padding
+  // entries write.
+  virtual bool sync_idle(bool stop, const StepPools& pools) {
+    (void)pools;
+    return !stop;
+  }
 
  protected:
   RouteHook route_hook_;
@@ -107,5 +98,10 @@ class Model {
 
 // Reads config.json, picks the architecture, binds and validates every tensor.
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options = {});
+
+// State for running sequences of `model` by hand (tools, tests; the engine builds its own from the planner):
+// `max_sequences` state slots and KV blocks for `max_tokens` tokens over all of them, no prefix cache, no host tier.
+// Destroy its sequences before it, and it before the model.
+std::unique_ptr<kv::StateManager> make_state(Model& model, int64_t max_sequences, int64_t max_tokens);
 
 }  // namespace bg

@@ -159,6 +159,7 @@ void write_random_checkpoint(const RandomCheckpointSpec& spec) {
   write_random_tensors(table, policy,
                        {format, spec.seed, spec.n_shards, spec.n_threads, spec.show_progress, spec.piece_elements},
                        spec.out_dir);
+  for (const ExpertRef& e : spec.poison_experts) poison_random_expert(spec.out_dir, e);
   log::info("make-random: wrote {} {} checkpoint (preset {}, seed {}) to {}", spec.arch,
             random_weight_format_name(format), spec.preset, spec.seed, spec.out_dir.string());
 }

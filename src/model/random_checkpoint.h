@@ -31,6 +31,12 @@ enum class RandomWeightFormat : uint8_t {
 RandomWeightFormat parse_random_weight_format(const std::string& name);
 std::string_view random_weight_format_name(RandomWeightFormat format);
 
+// A routed expert: layer index (0-based, as in tensor names) and expert index.
+struct ExpertRef {
+  int64_t layer = 0;
+  int64_t expert = 0;
+};
+
 struct RandomCheckpointSpec {
   std::string arch = "deepseek_v3";
   std::string preset = "tiny";
@@ -53,10 +59,17 @@ struct RandomCheckpointSpec {
   // ([{"op":"replace","path":"/rope_parameters","value":{...}}, {"op":"remove","path":"/n_group"}]) for replacing
   // whole objects or removing keys. Derived fields (e.g. DeepSeek's head_dim) are recomputed afterwards.
   nlohmann::json config_patch = nlohmann::json::object();
+  // Experts whose down projection is overwritten with NaN after writing (fault-containment tests; MXFP4 experts get
+  // NaN E8M0 scales, which the GPU's W4A16 layout refuses at load; use a float format to test requests at run time).
+  std::vector<ExpertRef> poison_experts;
 };
 
 // Validates the spec, then writes config.json, the shards and the index. Throws bg::Error.
 void write_random_checkpoint(const RandomCheckpointSpec& spec);
+
+// Overwrites the down projection of one routed expert of a written checkpoint with NaN (see poison_experts). Throws
+// bg::Error when the layer has no such expert.
+void poison_random_expert(const std::filesystem::path& dir, const ExpertRef& target);
 
 // The config.json write_random_checkpoint would write for `spec` (preset + patch + derived fields + the format's
 // quantization_config), without touching the disk.

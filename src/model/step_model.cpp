@@ -3,9 +3,11 @@
 
 #include <bit>
 #include <cstring>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kv/state_manager.h"
 #include "model/step_sync.h"
 #include "moe/make_exchange.h"
 
@@ -79,22 +81,24 @@ void StepModel::forward(Sequence& seq, std::span<const int32_t> tokens, float* l
   if (tokens.empty()) return;
   const BatchEntry entry{&seq, tokens};
   if (!collective()) return forward_single({&entry, 1}, true, logits, tap);
-  if (!forward_ranks({&entry, 1}, true, logits, tap, false)) throw dist::SetStopping("the rank set is stopping");
+  if (!forward_ranks({&entry, 1}, {}, true, logits, tap, false)) throw dist::SetStopping("the rank set is stopping");
 }
 
 void StepModel::forward_batch(std::span<const BatchEntry> batch, float* last_logits) {
   if (!collective()) return forward_single(batch, false, last_logits, nullptr);
-  if (!forward_ranks(batch, false, last_logits, nullptr, false)) throw dist::SetStopping("the rank set is stopping");
+  if (!forward_ranks(batch, {}, false, last_logits, nullptr, false)) {
+    throw dist::SetStopping("the rank set is stopping");
+  }
 }
 
-bool StepModel::sync_idle(bool stop) {
+bool StepModel::sync_idle(bool stop, const StepPools& pools) {
   if (!collective()) return !stop;
-  return forward_ranks({}, false, nullptr, nullptr, stop);
+  return forward_ranks({}, pools, false, nullptr, nullptr, stop);
 }
 
 void StepModel::forward_single(std::span<const BatchEntry> batch, bool all_rows, float* logits, const TapFn* tap) {
-  if (batch.empty()) return;
-  StepLayout step = layout_step(batch, info(), padding());
+  const StepPools pools = step_pools_of(batch);
+  StepLayout step = layout_step(batch, info(), pools);
   const int64_t n_rows = all_rows ? step.n_tokens() : step.n_seqs();
   // Decode steps on CUDA replay a graph of the next power-of-two batch (padding sequences write only the pools'
   // padding block and slot). A route hook synchronises, so it forces eager steps; so does a per-op profiler.
@@ -103,26 +107,37 @@ void StepModel::forward_single(std::span<const BatchEntry> batch, bool all_rows,
   const bool graph_ok = !all_rows && graphs_ && !route_hook_ && !per_op_profile && be.device() == DeviceKind::kCuda &&
                         step.all_single_token();
   const int64_t bucket = graph_ok ? graph_bucket(step.n_seqs(), max_graph_batch_) : 0;
-  if (bucket > 0) pad_decode_step(step, bucket, padding());
-  run_layout(std::move(step), bucket, all_rows, n_rows, logits, tap);
+  if (bucket > 0) pad_decode_step(step, bucket, pools);
+  run_layout(std::move(step), pools, bucket, all_rows, n_rows, logits, tap);
   finish_step(batch);
 }
 
 // One step as a rank of a set: vote, (TP) receive the group leader's layout, pad, run. A layout error of this rank's
-// own batch is raised after the step ran empty here, so the others are not left waiting.
-bool StepModel::forward_ranks(std::span<const BatchEntry> batch, bool all_rows, float* logits, const TapFn* tap,
-                              bool stop) {
+// own batch is raised after the step ran empty here, so the others are not left waiting. `idle_pools`: the rank's
+// pools when it has no batch (sync_idle); with a batch, its sequences' pools.
+bool StepModel::forward_ranks(std::span<const BatchEntry> batch, const StepPools& idle_pools, bool all_rows,
+                              float* logits, const TapFn* tap, bool stop) {
   const dist::RankContext& rc = *ranks_;
   const bool leader = rc.place.is_leader();
   BG_CHECK(leader || batch.empty(), "internal: TP rank {} of DP group {} was given work; only the group's leader "
            "schedules", rc.tp_rank(), rc.place.dp_group());
   std::string error;
-  StepLayout step;
+  StepPools pools = idle_pools;
+  StepLayout step;  // empty (what layout_step gives for no entries) unless this rank has a batch
+  step.seq_begin.push_back(0);
+  step.max_blocks = 1;
   try {
-    step = layout_step(batch, info(), padding());
+    if (!batch.empty()) {
+      pools = step_pools_of(batch);
+      step = layout_step(batch, info(), pools);
+    }
   } catch (const Error& e) {
     error = e.what();
-    step = layout_step({}, info(), padding());
+    if (pools.kv == nullptr && batch[0].seq != nullptr) pools = batch[0].seq->manager().step_pools();
+  }
+  if (pools.kv == nullptr && !stop) {  // no pools to pad an empty step on: the set cannot step with this rank
+    rc.world->mark_failed(fmt::format("rank {}: a step without state pools ({})", rc.rank(), error));
+    throw dist::RankFailure(fmt::format("rank {}: a step without state pools: {}", rc.rank(), error));
   }
   const int32_t tp = tp_size();
   // forward() (every row's logits, taps) always runs eagerly: it counts as a prefill in the vote.
@@ -142,16 +157,16 @@ bool StepModel::forward_ranks(std::span<const BatchEntry> batch, bool all_rows, 
         step = decode_step(wire, &all_rows);
         for (int64_t s = 0; s < step.n_seqs(); ++s) {  // sequences that start now: fresh state, as on the leader
           if (!step.state_slots.empty() && step.positions[static_cast<size_t>(step.seq_begin[s])] == 0) {
-            reset_state_slot(step.state_slots[static_cast<size_t>(s)]);
+            pools.state->zero_slot(step.state_slots[static_cast<size_t>(s)]);
           }
         }
       }
     }
     const int64_t n_rows = step.n_seqs() == 0 ? 0 : (all_rows ? step.n_tokens() : step.n_seqs());
-    if (step.n_seqs() == 0 || bucket > 0) pad_decode_step(step, std::max<int64_t>(bucket, 1), padding());
+    if (step.n_seqs() == 0 || bucket > 0) pad_decode_step(step, std::max<int64_t>(bucket, 1), pools);
     exchange_->set_step_tokens(std::max(a.max_moe_tokens, ceil_div(std::max<int64_t>(bucket, 1), tp)));
     try {
-      run_layout(std::move(step), bucket, all_rows && n_rows > 0, leader ? n_rows : 0, logits, tap);
+      run_layout(std::move(step), pools, bucket, all_rows && n_rows > 0, leader ? n_rows : 0, logits, tap);
     } catch (const dist::RankFailure&) {
       throw;
     } catch (const std::exception& e) {
@@ -165,13 +180,25 @@ bool StepModel::forward_ranks(std::span<const BatchEntry> batch, bool all_rows, 
   return true;
 }
 
-void StepModel::run_layout(StepLayout step, int64_t bucket, bool all_rows, int64_t n_rows, float* logits,
-                           const TapFn* tap) {
+void StepModel::run_layout(StepLayout step, const StepPools& pools, int64_t bucket, bool all_rows, int64_t n_rows,
+                           float* logits, const TapFn* tap) {
   Backend& be = backend();
-  const int64_t key = (bucket << 32) | step.max_blocks;
+  const int64_t key = bucket > 0 ? (graph_pools_index(pools) << 48) | (bucket << 32) | step.max_blocks : 0;
   be.begin_step(std::move(step));
-  Tensor out = bucket > 0 ? be.run_graph(key, [this] { return step_body(false, nullptr); }) : step_body(all_rows, tap);
+  Tensor out = bucket > 0 ? be.run_graph(key, [this, &pools] { return step_body(pools, false, nullptr); })
+                          : step_body(pools, all_rows, tap);
   download_logits(be, out, tp_size(), n_rows, logits);
+}
+
+// A captured graph bakes in the pools' addresses and block size: graphs are keyed by them too, so sequences of
+// another kv::StateManager never replay a graph of this one.
+int64_t StepModel::graph_pools_index(const StepPools& pools) {
+  const auto id = std::make_tuple(pools.kv->storage().data, pools.state ? pools.state->storage().data : nullptr,
+                                  pools.kv->block_size());
+  auto it = graph_pools_.find(id);
+  if (it == graph_pools_.end()) it = graph_pools_.emplace(id, static_cast<int64_t>(graph_pools_.size())).first;
+  BG_CHECK(it->second < (int64_t{1} << 15), "cuda graphs: too many distinct state pools");
+  return it->second;
 }
 
 }  // namespace bg

@@ -1,14 +1,16 @@
 // StepModel: the step driver both architectures share. It lays a batch out (forward_common), runs the architecture's
-// step body on the backend's current step — eagerly, or for decode steps on CUDA as a graph captured once per
-// (bucketed batch size, block-table width) and replayed — then downloads the logits and advances the sequences.
-// As one rank of a set (LoadOptions::ranks) every step is first agreed with the other ranks (step_sync.h), a DP
-// group's leader sends its layout to its TP followers, and a rank without work runs a padding-only step, so the
-// collectives of tensor parallelism and the expert exchange always meet.
+// step body on the backend's current step over the pools the batch's sequences live in — eagerly, or for decode steps
+// on CUDA as a graph captured once per (bucketed batch size, block-table width) and replayed — then downloads the
+// logits and advances the sequences. As one rank of a set (LoadOptions::ranks) every step is first agreed with the
+// other ranks (step_sync.h), a DP group's leader sends its layout to its TP followers, and a rank without work runs a
+// padding-only step on its own pools, so the collectives of tensor parallelism and the expert exchange always meet.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <span>
 #include <utility>
+#include <tuple>
 
 #include "backend/backend.h"
 #include "dist/rank_context.h"
@@ -26,19 +28,14 @@ class StepModel : public Model {
   void forward_batch(std::span<const BatchEntry> batch, float* last_logits) final;
   int64_t n_graphs_captured() const final { return backend().n_graphs(); }
   bool collective() const final { return ranks_ != nullptr && ranks_->world_size() > 1; }
-  bool sync_idle(bool stop) final;
-  void set_op_profiler(OpProfiler* profiler) final { backend().set_profiler(profiler); }
+  bool sync_idle(bool stop, const StepPools& pools) final;
 
  protected:
   explicit StepModel(const LoadOptions& options);
-  // The architecture's ops over backend().step(): logits F32, one row per token when all_rows, else one row per
-  // sequence (its last token); with TP, lm_head_logits' gathered form. Must not synchronise when tap is null and no
-  // route hook is set (graph capture).
-  virtual Tensor step_body(bool all_rows, const TapFn* tap) = 0;
-  virtual Backend& backend() const = 0;
-  virtual StepPadding padding() const = 0;
-  // TP followers: zeroes the state slot of a sequence that starts in this step (its leader zeroed it at allocation).
-  virtual void reset_state_slot(int32_t slot) { (void)slot; }
+  // The architecture's ops over backend().step() and the sequences' pools: logits F32, one row per token when
+  // all_rows, else one row per sequence (its last token); with TP, lm_head_logits' gathered form. Must not
+  // synchronise when tap is null and no route hook is set (graph capture).
+  virtual Tensor step_body(const StepPools& pools, bool all_rows, const TapFn* tap) = 0;
 
   // Builds the MoE exchange once the expert geometry is known: loopback on one rank, else the rank context's
   // (collective: every rank calls it at the same point of loading).
@@ -62,14 +59,18 @@ class StepModel : public Model {
 
  private:
   void forward_single(std::span<const BatchEntry> batch, bool all_rows, float* logits, const TapFn* tap);
-  bool forward_ranks(std::span<const BatchEntry> batch, bool all_rows, float* logits, const TapFn* tap, bool stop);
+  bool forward_ranks(std::span<const BatchEntry> batch, const StepPools& pools, bool all_rows, float* logits,
+                     const TapFn* tap, bool stop);
   // Runs a laid-out step (graph or eager) and downloads n_rows logits rows into `logits` (may be null).
-  void run_layout(StepLayout step, int64_t bucket, bool all_rows, int64_t n_rows, float* logits, const TapFn* tap);
+  void run_layout(StepLayout step, const StepPools& pools, int64_t bucket, bool all_rows, int64_t n_rows,
+                  float* logits, const TapFn* tap);
+  int64_t graph_pools_index(const StepPools& pools);
 
   std::shared_ptr<dist::RankContext> ranks_;
   std::unique_ptr<moe::Exchange> exchange_;
   bool graphs_;
   int64_t max_graph_batch_;
+  std::map<std::tuple<const void*, const void*, int64_t>, int64_t> graph_pools_;
 };
 
 }  // namespace bg

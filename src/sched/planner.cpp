@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -22,7 +23,8 @@ namespace {
 int64_t checkpoint_bytes(const std::filesystem::path& dir) {
   int64_t total = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") {
+    const bool store_segment = entry.path().filename().string().rfind("store-seg-", 0) == 0;  // batchgen convert
+    if (entry.is_regular_file() && (entry.path().extension() == ".safetensors" || store_segment)) {
       total += static_cast<int64_t>(entry.file_size());
     }
   }
@@ -42,6 +44,18 @@ void validate_input(const PlannerInput& in) {
   BG_CHECK(in.gpu_memory_utilization > 0.0 && in.gpu_memory_utilization <= 1.0,
            "--gpu-memory-utilization {} must be in (0, 1]", in.gpu_memory_utilization);
   BG_CHECK(in.cpu_budget_bytes > 0, "cpu memory budget {} must be > 0", in.cpu_budget_bytes);
+  BG_CHECK(in.host_memory_bytes >= 0, "--host-memory-gb must be >= 0");
+  BG_CHECK(in.snapshot_interval >= 0, "--prefix-snapshot-interval {} must be >= 1", in.snapshot_interval);
+}
+
+// The host tier must fit in the machine's RAM next to what the worker keeps there anyway (cpu: the KV budget).
+void check_host_tier(const PlannerInput& in, int64_t budget_bytes, const MemoryProbe& probe) {
+  if (in.host_memory_bytes == 0) return;
+  const DeviceMemory ram = probe("cpu");
+  const int64_t resident = in.device == "cpu" ? budget_bytes : 0;
+  BG_CHECK(in.host_memory_bytes + resident <= ram.total_bytes, "--host-memory-gb {:.2f} does not fit in this "
+           "machine's {:.2f} GiB of RAM{}", gib(in.host_memory_bytes), gib(ram.total_bytes),
+           resident > 0 ? fmt::format(" next to the {:.2f} GiB KV budget", gib(resident)) : std::string());
 }
 
 }  // namespace
@@ -55,27 +69,21 @@ ModelGeometry read_model_geometry(const std::filesystem::path& dir, const dist::
     case Arch::kDeepseekV3: {
       DeepseekV3Config c = parse_deepseek_v3_config(config, path.string());
       g.arch = "deepseek_v3";
-      g.n_mla_layers = c.n_layers;
-      g.kv_entry_dim = c.kv_cache_dim();
+      g.state = state_geometry(c);
       g.max_position_embeddings = c.max_position_embeddings;
       break;
     }
     case Arch::kKimiK3: {
       KimiK3Config c = parse_kimi_k3_config(config, path.string());
       g.arch = "kimi_k3";
-      g.n_mla_layers = std::count(c.layer_kinds.begin(), c.layer_kinds.end(), K3LayerKind::kMla);
-      g.kv_entry_dim = c.kv_cache_dim();
-      g.kda = {c.n_layers - g.n_mla_layers, c.kda_heads, c.kda_head_dim, c.kda_proj_dim(), c.conv_kernel};
+      g.state = state_geometry(c);
       g.max_position_embeddings = c.max_position_embeddings;
       break;
     }
   }
   g.weight_bytes = checkpoint_bytes(dir);
   if (place.layout.multi_rank()) {
-    const int32_t tp = place.layout.tp();
-    BG_CHECK(g.kda.n_heads % tp == 0, "--tp {} does not divide the {} KDA heads", tp, g.kda.n_heads);
-    g.kda.n_heads /= tp;  // each TP rank keeps the state of its own heads
-    g.kda.conv_channels /= tp;
+    g.state = tp_state_geometry(g.state, place.layout.tp());  // each TP rank keeps the state of its own heads
     g.weight_share = rank_weight_bytes(dir, place);
     g.weight_bytes = g.weight_share.total();
   }
@@ -114,18 +122,49 @@ int64_t memory_budget_bytes(const ModelGeometry& geo, const PlannerInput& in, co
   return budget;
 }
 
+namespace {
+
+// The prefix cache's own room: budget the running sequences leave unused, at most as much again as they take, in
+// units of one snapshot interval (its KV blocks and, with KDA layers, one snapshot slot). Without it every snapshot
+// would evict another as soon as the running sequences hold all slots. Cached entries are evicted on demand, so the
+// sequences can still use this room.
+void plan_cache_share(Plan& p, int64_t block_size) {
+  const int64_t used = p.pool_bytes(p.state_slots, p.kv_blocks);
+  const int64_t share = std::min(p.budget_bytes - used, used - p.pool_bytes(0, 0));
+  const int64_t unit_blocks = p.state_bytes_per_seq > 0 ? p.snapshot_interval / block_size : 1;
+  const int64_t unit_bytes = p.state_bytes_per_seq + unit_blocks * block_size * p.kv_bytes_per_token;
+  const int64_t units = std::max<int64_t>(share, 0) / unit_bytes;
+  p.cache_blocks = units * unit_blocks;
+  p.cache_slots = p.state_bytes_per_seq > 0 ? units : 0;
+  p.kv_blocks += p.cache_blocks;
+  p.state_slots += p.cache_slots;
+}
+
+}  // namespace
+
 Plan make_plan(const ModelGeometry& geo, const PlannerInput& in, const MemoryProbe& probe) {
   validate_input(in);
-  BG_CHECK(geo.n_mla_layers > 0 && geo.kv_entry_dim > 0, "planner: model has no MLA KV cache ({} layers x {})",
-           geo.n_mla_layers, geo.kv_entry_dim);
+  BG_CHECK(geo.state.n_mla_layers > 0 && geo.state.entry_dim() > 0, "planner: model has no MLA KV cache ({} layers "
+           "x {})", geo.state.n_mla_layers, geo.state.entry_dim());
   Plan p;
   p.device = in.device;
   p.act_bytes = in.device == "cpu" ? 4 : 2;
-  p.kv_bytes_per_token = geo.n_mla_layers * geo.kv_entry_dim * p.act_bytes;
-  p.state_bytes_per_seq = geo.kda.slot_floats() * 4;
+  p.kv_bytes_per_token = geo.state.kv_bytes_per_token(p.act_bytes);
+  p.state_bytes_per_seq = geo.state.state_bytes_per_seq();
   p.kv_block_size = in.kv_block_size;
   p.weight_bytes = geo.weight_bytes;
   p.budget_bytes = memory_budget_bytes(geo, in, in.kv_cache_memory_bytes > 0 ? DeviceMemory{} : probe(in.device));
+  check_host_tier(in, p.budget_bytes, probe);
+  p.host_bytes = in.host_memory_bytes;
+  p.prefix_cache = in.prefix_cache;
+  p.state_codec = in.state_codec;
+  // Snapshots sit on block boundaries and KDA chunk boundaries.
+  const int64_t unit = std::lcm(in.kv_block_size, geo.state.prefill_align_tokens);
+  p.snapshot_interval =
+      in.snapshot_interval > 0 ? in.snapshot_interval : ceil_div(kDefaultSnapshotInterval, unit) * unit;
+  BG_CHECK(!geo.state.has_state() || p.snapshot_interval % unit == 0, "--prefix-snapshot-interval {} must be a "
+           "multiple of {} (the KV block size {} and the KDA chunk {})", p.snapshot_interval, unit, in.kv_block_size,
+           geo.state.prefill_align_tokens);
   const int64_t block_bytes = in.kv_block_size * p.kv_bytes_per_token;
 
   // max_model_len: as asked (within the model's context), else the context capped by what one sequence can hold.
@@ -161,6 +200,7 @@ Plan make_plan(const ModelGeometry& geo, const PlannerInput& in, const MemoryPro
   // KV blocks: the rest of the budget, but never more than every sequence at full length needs.
   p.kv_blocks = std::min((p.budget_bytes - p.state_bytes()) / block_bytes - kPoolPadding,
                          p.max_num_seqs * blocks_per_seq);
+  if (p.prefix_cache) plan_cache_share(p, in.kv_block_size);
   return p;
 }
 
@@ -171,29 +211,44 @@ int64_t Plan::pool_bytes(int64_t n_slots, int64_t n_blocks) const {
 
 LoadOptions Plan::load_options() const {
   LoadOptions o;
-  o.max_sequences = std::max<int64_t>(max_num_seqs, 1);
-  o.max_total_tokens = kv_blocks * kv_block_size;
-  o.kv_block_size = kv_block_size;
   o.device = device;
   return o;
 }
 
-std::string Plan::describe() const {
-  return fmt::format("planner ({}): weights {:.3f} GiB on this rank; KV + state budget {:.3f} GiB -> {} sequences "
-                     "(state {} B each), {} KV blocks x {} tokens ({} B/token, {:.3f} GiB), max_model_len {}", device,
-                     gib(weight_bytes), gib(budget_bytes), max_num_seqs, state_bytes_per_seq, kv_blocks,
-                     kv_block_size, kv_bytes_per_token, gib(kv_bytes()), max_model_len);
+kv::StatePlan Plan::state_plan() const {
+  kv::StatePlan s;
+  s.kv_block_tokens = kv_block_size;
+  s.kv_blocks = kv_blocks;
+  s.state_slots = state_slots;
+  s.host_bytes = host_bytes;
+  s.prefix_cache = prefix_cache;
+  s.snapshot_interval = snapshot_interval;
+  s.state_codec = state_codec;
+  return s;
 }
 
+std::string Plan::describe() const {
+  return fmt::format("planner ({}): weights {:.3f} GiB on this rank; KV + state budget {:.3f} GiB -> {} sequences "
+                     "(state {} B each), {} KV blocks x {} tokens ({} B/token, {:.3f} GiB), max_model_len {}; host "
+                     "tier {:.3f} GiB; prefix cache {} (its own room: {} blocks, {} slots){}", device, gib(weight_bytes),
+                     gib(budget_bytes), max_num_seqs, state_bytes_per_seq, kv_blocks, kv_block_size,
+                     kv_bytes_per_token, gib(kv_bytes()), max_model_len, gib(host_bytes), prefix_cache ? "on" : "off",
+                     cache_blocks, cache_slots,
+                     prefix_cache && state_bytes_per_seq > 0
+                         ? fmt::format(" (KDA snapshots every {} tokens)", snapshot_interval) : std::string());
+}
+
+// The set agrees on the running sequences' room (the prefix cache's own room stays this rank's: with TP, where ranks
+// mirror their leader's pools, the cache is off and that room is 0).
 void Plan::agree(int64_t n_seqs, int64_t n_kv_blocks, int64_t model_len) {
-  BG_CHECK(n_seqs >= 1 && n_kv_blocks >= 1 && model_len >= 1 && n_seqs <= max_num_seqs && n_kv_blocks <= kv_blocks &&
-               model_len <= max_model_len,
+  BG_CHECK(n_seqs >= 1 && n_kv_blocks >= 1 && model_len >= 1 && n_seqs <= max_num_seqs &&
+               n_kv_blocks <= running_kv_blocks() && model_len <= max_model_len,
            "planner: the rank set agreed on {} sequences, {} KV blocks, max_model_len {}, beyond this rank's plan",
            n_seqs, n_kv_blocks, model_len);
   max_num_seqs = n_seqs;
-  kv_blocks = n_kv_blocks;
+  kv_blocks = n_kv_blocks + cache_blocks;
   max_model_len = model_len;
-  if (state_slots > 0) state_slots = n_seqs;
+  if (state_slots > 0) state_slots = n_seqs + cache_slots;
 }
 
 }  // namespace bg::sched

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "dist/parallel_layout.h"
-#include "kv/kda_state_pool.h"
+#include "kv/state_manager.h"
 #include "model/model.h"
 #include "model/rank_share.h"
 
@@ -17,9 +17,7 @@ namespace bg::sched {
 // What the planner needs to know about a checkpoint (read from config.json and the shard sizes, no weights loaded).
 struct ModelGeometry {
   std::string arch;                     // "deepseek_v3" | "kimi_k3"
-  int64_t n_mla_layers = 0;
-  int64_t kv_entry_dim = 0;             // kv_lora_rank + qk_rope_head_dim (576 for DeepSeek-V3 / Kimi)
-  KdaStateGeometry kda;                 // n_kda_layers 0 without KDA layers
+  StateGeometry state;                  // kv::state_geometry of the config: what the loaded model reports too
   int64_t max_position_embeddings = 0;
   int64_t weight_bytes = 0;             // the weights this rank holds (one rank: the *.safetensors files)
   RankWeightBytes weight_share;         // several ranks: its experts / TP share / replicated parts
@@ -47,7 +45,14 @@ struct PlannerInput {
   int64_t kv_cache_memory_bytes = 0;     // > 0: the KV + state budget, exactly (overrides the two below)
   double gpu_memory_utilization = 0.9;   // cuda: fraction of free device memory for weights + KV + state
   int64_t cpu_budget_bytes = int64_t{2} << 30;  // cpu: at most this, and at most a quarter of RAM
+  int64_t host_memory_bytes = 0;         // the host tier (pinned on cuda); 0: none
+  bool prefix_cache = true;
+  int64_t snapshot_interval = 0;         // tokens between KDA snapshots; 0: the default (kDefaultSnapshotInterval,
+                                         // rounded up to a multiple of the KV block size)
+  kv::StateCodec state_codec = kv::StateCodec::kF32;
 };
+
+inline constexpr int64_t kDefaultSnapshotInterval = 512;
 
 inline constexpr int64_t kDefaultMaxNumSeqsCpu = 16;
 // Each pool keeps this many units (a KV block, a state slot) that no sequence owns, for padding batch entries.
@@ -57,14 +62,20 @@ inline constexpr int64_t kDefaultMaxNumSeqsCuda = 256;
 struct Plan {
   std::string device;
   int64_t act_bytes = 4;                 // bytes per cached value: 4 (fp32) on cpu, 2 (bf16) on cuda
-  int64_t kv_bytes_per_token = 0;        // n_mla_layers x kv_entry_dim x act_bytes
+  int64_t kv_bytes_per_token = 0;        // n_mla_layers x entry_dim x act_bytes
   int64_t state_bytes_per_seq = 0;       // KdaStateGeometry::slot_floats x 4 (fp32)
   int64_t budget_bytes = 0;              // KV + state
   int64_t max_num_seqs = 0;
   int64_t max_model_len = 0;
   int64_t kv_block_size = 0;
-  int64_t kv_blocks = 0;
-  int64_t state_slots = 0;               // = max_num_seqs with KDA layers, 0 without
+  int64_t kv_blocks = 0;                 // the running sequences' + cache_blocks
+  int64_t state_slots = 0;               // max_num_seqs + cache_slots with KDA layers, 0 without
+  int64_t cache_blocks = 0;              // of kv_blocks: room the prefix cache keeps beyond the running sequences
+  int64_t cache_slots = 0;               // of state_slots: room for KDA snapshots
+  int64_t host_bytes = 0;                // host tier
+  bool prefix_cache = true;
+  int64_t snapshot_interval = 0;
+  kv::StateCodec state_codec = kv::StateCodec::kF32;
 
   // Bytes of pools holding n_slots state slots and n_blocks KV blocks for sequences, padding included.
   int64_t pool_bytes(int64_t n_slots, int64_t n_blocks) const;
@@ -72,8 +83,12 @@ struct Plan {
   int64_t state_bytes() const { return pool_bytes(state_slots, 0) - pool_bytes(0, 0); }
   int64_t weight_bytes = 0;              // this rank's weights (from the geometry)
   LoadOptions load_options() const;
+  kv::StatePlan state_plan() const;      // what the engine's kv::StateManager is built with
   std::string describe() const;          // one log line
-  // Adopts the rank set's agreement (the minimum over every rank's plan): sequences, KV blocks, max_model_len.
+  // KV blocks for running sequences (kv_blocks less the prefix cache's own room).
+  int64_t running_kv_blocks() const { return kv_blocks - cache_blocks; }
+  // Adopts the rank set's agreement (the minimum over every rank's plan): sequences, running sequences' KV blocks,
+  // max_model_len.
   void agree(int64_t n_seqs, int64_t n_kv_blocks, int64_t model_len);
 };
 

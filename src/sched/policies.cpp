@@ -12,9 +12,9 @@ int64_t blocks_for_tokens(int64_t n_tokens, int64_t block_tokens) {
   return (n_tokens + block_tokens - 1) / block_tokens;
 }
 
-PoolState PoolState::of(const MemoryUsage& m) {
-  return {std::max<int64_t>(m.kv_block_tokens, 1), m.kv_blocks_free, m.kv_blocks_total, m.state_slots_free,
-          m.state_slots_total};
+PoolState PoolState::of(const kv::StateUsage& u) {
+  return {std::max<int64_t>(u.kv_block_tokens, 1), u.kv_blocks_free + u.kv_blocks_cached, u.kv_blocks_total,
+          u.state_slots_free + u.state_slots_cached, u.state_slots_total};
 }
 
 int64_t TokenBudget::take(int64_t want) {
@@ -30,10 +30,13 @@ int64_t AdmissionPolicy::headroom_blocks(const PoolState& pools, int64_t n_runni
 }
 
 bool AdmissionPolicy::admit(const PoolState& pools, int64_t n_running, int64_t n_tokens) const {
+  return admit_blocks(pools, n_running, blocks_for_tokens(n_tokens, pools.block_tokens));
+}
+
+bool AdmissionPolicy::admit_blocks(const PoolState& pools, int64_t n_running, int64_t need_blocks) const {
   if (n_running >= max_num_seqs_) return false;
   if (pools.total_slots > 0 && pools.free_slots == 0) return false;
-  const int64_t need = blocks_for_tokens(n_tokens, pools.block_tokens) + headroom_blocks(pools, n_running);
-  return pools.free_blocks >= need;
+  return pools.free_blocks >= need_blocks + headroom_blocks(pools, n_running);
 }
 
 LengthDecision check_length(int64_t n_prompt, int64_t max_tokens, int64_t max_model_len) {

@@ -5,13 +5,14 @@
 #include <cstdint>
 #include <string>
 
-#include "model/model.h"
+#include "kv/state_manager.h"
 
 namespace bg::sched {
 
 int64_t blocks_for_tokens(int64_t n_tokens, int64_t block_tokens);
 
-// The pools as admission sees them (a MemoryUsage without the byte counts).
+// The GPU pools as admission sees them: what a new sequence can get counts free units and prefix-cache entries the
+// state manager would evict for it.
 struct PoolState {
   int64_t block_tokens = 1;
   int64_t free_blocks = 0;
@@ -19,7 +20,7 @@ struct PoolState {
   int64_t free_slots = 0;
   int64_t total_slots = 0;  // 0: the model has no state slots (no KDA layers)
 
-  static PoolState of(const MemoryUsage& m);
+  static PoolState of(const kv::StateUsage& u);
 };
 
 // Tokens one step may run (--chunked-prefill-size): decodes take one each first, prefill chunks take the rest, so a
@@ -43,14 +44,17 @@ class AdmissionPolicy {
   AdmissionPolicy(int64_t max_num_seqs, double watermark) : max_num_seqs_(max_num_seqs), watermark_(watermark) {}
   int64_t headroom_blocks(const PoolState& pools, int64_t n_running) const;
   bool admit(const PoolState& pools, int64_t n_running, int64_t n_tokens) const;
+  // The same with the blocks counted by the caller (a prefix-cache hit shares some; a restore brings its own back).
+  bool admit_blocks(const PoolState& pools, int64_t n_running, int64_t need_blocks) const;
 
  private:
   int64_t max_num_seqs_;
   double watermark_;
 };
 
-// Recompute preemption: when a decode step cannot get a KV block, the most recently admitted running request gives
-// its blocks and slot back and returns to the head of the waiting queue. `running` is in admission order.
+// Preemption: when a decode step cannot get a KV block, the most recently admitted running request gives its blocks
+// and slot back and returns to the head of the waiting queue (its state offloaded to the host tier when there is
+// room, else recomputed when it runs again). `running` is in admission order.
 class PreemptionPolicy {
  public:
   size_t victim(size_t n_running) const { return n_running - 1; }

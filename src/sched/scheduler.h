@@ -1,6 +1,8 @@
 // Continuous-batching scheduler of one worker: a bounded waiting queue and the running set; each step it picks
-// decode tokens first, then prefill chunks within the token budget, admits waiting requests when the pools allow,
-// and preempts (recompute) the newest request when a decode cannot get a KV block. Single-threaded (the engine's).
+// decode tokens first, then prefill pieces within the token budget, admits waiting requests when the GPU tier allows
+// (starting from the prefix cache, or bringing an offloaded request back), and preempts the newest request when a
+// decode cannot get a KV block (to the host tier when it has room, else recompute). Every byte of state it hands out
+// comes from the kv::StateManager. Single-threaded (the engine's).
 #pragma once
 
 #include <cstdint>
@@ -10,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "model/model.h"
+#include "kv/state_manager.h"
 #include "sched/policies.h"
 #include "sched/request.h"
 
@@ -19,9 +21,13 @@ namespace bg::sched {
 struct SchedulerConfig {
   int64_t max_num_seqs = 16;           // running at once
   int64_t max_model_len = 0;           // prompt + completion
-  int64_t chunked_prefill_size = 512;  // tokens per step (decodes + prefill chunks); >= max_num_seqs
+  int64_t chunked_prefill_size = 512;  // tokens per step (decodes + prefill pieces); >= max_num_seqs
   int64_t max_queue = 1024;            // waiting requests beyond free running places; more are rejected (503)
   double kv_watermark = 0.01;          // fraction of KV blocks admission leaves free for running sequences
+  // With a host tier: a request that has run this many steps since it started or came back gives its GPU place to
+  // the head of the queue when that one cannot start otherwise (offloaded, to the back of the queue), so more
+  // requests progress at once than the GPU holds. 0: never (requests wait for a running one to finish).
+  int64_t swap_quantum_steps = 0;
 };
 
 // Why a request was not accepted: an HTTP-like code (400 too long, 503 queue full) and a message for the client.
@@ -39,7 +45,7 @@ struct Chunk {
 };
 
 struct StepPlan {
-  std::vector<Chunk> chunks;  // decodes first (admission order), then prefill chunks
+  std::vector<Chunk> chunks;  // decodes first (admission order), then prefill pieces
   int64_t n_tokens = 0;
   bool empty() const { return chunks.empty(); }
 };
@@ -47,7 +53,7 @@ struct StepPlan {
 class Scheduler {
  public:
   // Throws bg::Error naming the flag when the config is out of range.
-  Scheduler(Model& model, const SchedulerConfig& config);
+  Scheduler(kv::StateManager& state, const SchedulerConfig& config);
 
   const SchedulerConfig& config() const { return config_; }
   // Queues a request whose id, prompt and params were validated by the caller. On a rejection (prompt too long: 400,
@@ -57,12 +63,17 @@ class Scheduler {
   std::unique_ptr<Request> cancel(const std::string& id);
   // This step's work. Reserves the KV blocks every chunk needs, preempting when decodes run out of blocks.
   StepPlan schedule();
-  // After the forward: the chunk's tokens are in the sequence.
-  static void complete(const Chunk& chunk) { chunk.req->n_computed += chunk.n_tokens; }
+  // After the forward: the chunk's tokens are in the sequence; what prefill computed goes into the prefix cache.
+  void complete(const Chunk& chunk);
   // Removes a running request (finished or failed) and frees its sequence.
   std::unique_ptr<Request> finish(const Request* request);
-  // Replaces a running request's sequence by an empty one (its tokens must then be recomputed from 0).
-  void reset_sequence(Request& request);
+  // Replaces a running request's sequence by an empty one with KV for n_tokens (it must then recompute from 0; none
+  // of it goes into the prefix cache). Throws bg::Error when the memory is not there.
+  void reset_sequence(Request& request, int64_t n_tokens);
+  // Tokens of a prefill piece of `r` starting at r.n_computed with `budget` tokens left: never across a multiple of
+  // the snapshot interval (models with KDA layers), and ending at a multiple of the prefill alignment unless it ends
+  // the input, so the pieces compute what one prefill would (kv::StateGeometry::prefill_align_tokens).
+  int64_t piece_tokens(const Request& r, int64_t budget) const;
 
   const Request* find(const std::string& id) const;
   std::vector<std::string> ids() const;  // running, then waiting
@@ -70,22 +81,31 @@ class Scheduler {
   int64_t n_running() const { return static_cast<int64_t>(running_.size()); }
   int64_t n_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t preemptions_total() const { return preemptions_total_; }
+  int64_t recomputes_total() const { return recomputes_total_; }  // preemptions the host tier could not take
+  int64_t rotations_total() const { return rotations_total_; }    // quantum swaps to the host tier
 
  private:
+  void rotate();
+  bool fits(const Request& r) const;
   void schedule_decodes(StepPlan& plan, TokenBudget& budget);
   void schedule_prefills(StepPlan& plan, TokenBudget& budget);
   void admit_waiting(StepPlan& plan, TokenBudget& budget);
+  bool start(Request& r);
   bool reserve_decode_kv(size_t running_idx);
   void preempt(size_t running_idx);
   static void add_chunk(StepPlan& plan, Request& r, int64_t n_tokens);
 
-  Model& model_;
+  kv::StateManager& state_;
   SchedulerConfig config_;
   AdmissionPolicy admission_;
   PreemptionPolicy preemption_;
+  int64_t align_ = 1;              // prefill pieces end at multiples of this (the KDA chunk), unless at the input end
+  int64_t split_ = 0;              // ... and never cross a multiple of this (the snapshot interval; 0: no KDA layers)
   std::deque<std::unique_ptr<Request>> waiting_;
   std::vector<std::unique_ptr<Request>> running_;  // admission order: the back is the newest
   int64_t preemptions_total_ = 0;
+  int64_t recomputes_total_ = 0;
+  int64_t rotations_total_ = 0;
 };
 
 }  // namespace bg::sched

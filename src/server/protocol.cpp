@@ -77,6 +77,7 @@ void to_json(json& j, const TokenEvent& v) {
            {"error", v.error},
            {"error_code", v.error_code},
            {"prompt_tokens", v.prompt_tokens},
+           {"cached_tokens", v.cached_tokens},
            {"completion_tokens", v.completion_tokens}};
 }
 void from_json(const json& j, TokenEvent& v) {
@@ -88,6 +89,7 @@ void from_json(const json& j, TokenEvent& v) {
   opt(j, "error", v.error);
   opt(j, "error_code", v.error_code);
   opt(j, "prompt_tokens", v.prompt_tokens);
+  opt(j, "cached_tokens", v.cached_tokens);
   opt(j, "completion_tokens", v.completion_tokens);
 }
 
@@ -95,7 +97,10 @@ void from_json(const json& j, TokenEvent& v) {
   X(rank) X(phase) X(error) X(arch) X(vocab_size) X(max_model_len) X(eos_token_id) X(max_num_seqs) X(running)       \
   X(waiting) X(last_batch_size) X(last_batch_tokens) X(kv_blocks_total) X(kv_blocks_free) X(kv_block_tokens)        \
   X(kv_bytes) X(state_slots_total) X(state_slots_free) X(state_bytes) X(prompt_tokens_total)                        \
-  X(generation_tokens_total) X(preemptions_total) X(steps_total)
+  X(generation_tokens_total) X(preemptions_total) X(steps_total) X(kv_blocks_cached) X(state_slots_cached)         \
+  X(host_bytes_total) X(host_kv_bytes) X(host_state_bytes) X(seqs_offloaded) X(prefix_cache_lookups_total)          \
+  X(prefix_cache_hits_total) X(prefix_cache_lookup_tokens_total) X(prefix_cache_hit_tokens_total) X(offloads_total) \
+  X(restores_total) X(kv_bytes_used) X(state_bytes_used) X(rotations_total)
 
 void to_json(json& j, const WorkerStatus& v) {
   j = json::object();

@@ -55,6 +55,7 @@ struct TokenEvent {
   std::string error;                       // with finish_reason "error" (or a rejection): what went wrong
   int32_t error_code = 0;                  // HTTP-like status for rejections: 400 (too long), 429/503 (full), 500
   int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;               // prompt tokens reused from the worker's prefix cache
   int64_t completion_tokens = 0;           // total so far
 };
 
@@ -81,11 +82,26 @@ struct WorkerStatus {
   int64_t state_slots_total = 0;
   int64_t state_slots_free = 0;
   int64_t state_bytes = 0;
+  int64_t kv_bytes_used = 0;               // GPU KV blocks in use (sequences + prefix cache)
+  int64_t state_bytes_used = 0;            // GPU state slots in use (sequences + snapshots)
+  int64_t kv_blocks_cached = 0;            // GPU KV blocks held only by the prefix cache
+  int64_t state_slots_cached = 0;          // GPU state slots holding prefix-cache snapshots
+  int64_t host_bytes_total = 0;            // host tier
+  int64_t host_kv_bytes = 0;
+  int64_t host_state_bytes = 0;
+  int64_t seqs_offloaded = 0;              // preempted sequences waiting in the host tier
   // counters since start
   int64_t prompt_tokens_total = 0;
   int64_t generation_tokens_total = 0;
   int64_t preemptions_total = 0;
   int64_t steps_total = 0;
+  int64_t prefix_cache_lookups_total = 0;        // sequences started with the prefix cache on
+  int64_t prefix_cache_hits_total = 0;           // ... that reused at least one token
+  int64_t prefix_cache_lookup_tokens_total = 0;  // their input tokens
+  int64_t prefix_cache_hit_tokens_total = 0;     // tokens reused (prefill saved)
+  int64_t offloads_total = 0;                    // sequences moved to the host tier
+  int64_t restores_total = 0;                    // ... and brought back
+  int64_t rotations_total = 0;                   // requests that yielded their GPU place (--swap-quantum-steps)
 };
 
 void to_json(nlohmann::json& j, const SamplingParams& v);

@@ -97,7 +97,7 @@ TEST(BenchCli, CpuQuickWritesTheDocumentedJson) {
       ops.insert(o["name"].get<std::string>());
       share += o["share"].get<double>();
     }
-    EXPECT_TRUE(ops.count("linear") && ops.count("mla_attention") && ops.count("routed_experts")) << s.dump();
+    EXPECT_TRUE(ops.count("linear") && ops.count("mla_attention") && ops.count("moe_experts")) << s.dump();
     EXPECT_NEAR(share, 1.0, 1e-6);
     EXPECT_TRUE(positive(s["touched_experts"])) << s.dump();
   }

@@ -9,6 +9,8 @@
 #include "bench/op_profiler.h"
 #include "bench/roofline.h"
 #include "formats/checkpoint.h"
+#include "kv/state_manager.h"
+#include "model/fabricate_context.h"
 #include "model/model_testing.h"
 #include "model/random_checkpoint.h"
 
@@ -28,13 +30,14 @@ std::filesystem::path tiny(const TempDir& tmp, const std::string& arch) {
 TEST(OpProfilerHook, SeesEveryOpOfAStepByName) {
   TempDir tmp;
   auto model = load_model(tiny(tmp, "kimi_k3"));
-  auto seq = model->new_sequence();
+  auto state = make_state(*model, 1, 64);
+  auto seq = state->new_sequence(64);
   std::vector<int32_t> prompt = {3, 5, 7, 11};
   std::vector<float> logits(4 * static_cast<size_t>(model->info().vocab_size));
   auto profiler = bench::make_wall_profiler(true);
-  model->set_op_profiler(profiler.get());
+  model->backend().set_profiler(profiler.get());
   model->forward(*seq, prompt, logits.data());
-  model->set_op_profiler(nullptr);
+  model->backend().set_profiler(nullptr);
   const std::vector<bench::OpRecord> records = profiler->take();
   std::set<std::string> names;
   for (const auto& r : records) {
@@ -43,7 +46,7 @@ TEST(OpProfilerHook, SeesEveryOpOfAStepByName) {
     EXPECT_GE(r.end_ms, r.begin_ms) << r.name;
   }
   for (const char* op : {"embedding", "rmsnorm", "linear", "attn_res_mix", "short_conv", "kda", "mla_write",
-                         "mla_attention", "route", "routed_experts", "download_f32"}) {
+                         "mla_attention", "route", "moe_dispatch", "moe_experts", "moe_combine", "download_f32"}) {
     EXPECT_TRUE(names.count(op)) << op;
   }
   // Detached: nothing more is recorded.
@@ -70,12 +73,11 @@ TEST(OpRecords, SpanAndAggregation) {
 TEST(FabricateContext, FillsBlocksAndStateAndDecodesOn) {
   TempDir tmp;
   for (const char* arch : {"kimi_k3", "deepseek_v3"}) {
-    LoadOptions lo;
-    lo.max_sequences = 3;
-    lo.max_total_tokens = 512;
-    auto model = load_model(tiny(tmp, arch), lo);
-    auto seq = model->new_sequence();
-    model->fabricate_context(*seq, 100, 9);
+    auto model = load_model(tiny(tmp, arch));
+    auto state = make_state(*model, 3, 512);
+    auto seq = state->new_sequence();
+    fabricate_sequence_context(*state, *seq, 100, 9);
+    state->reserve(*seq, 101);
     EXPECT_EQ(seq->n_past(), 100) << arch;
     EXPECT_EQ(seq->kv_blocks().size(), 2u) << arch;  // 64-token blocks
     std::vector<float> logits(static_cast<size_t>(model->info().vocab_size));
@@ -85,15 +87,17 @@ TEST(FabricateContext, FillsBlocksAndStateAndDecodesOn) {
     EXPECT_TRUE(all_finite(logits)) << arch;
     EXPECT_EQ(seq->n_past(), 101) << arch;
     // The context changes the result: a fresh sequence at position 0 gives other logits.
-    auto fresh = model->new_sequence();
+    auto fresh = state->new_sequence(1);
     std::vector<float> fresh_logits(logits.size());
     const BatchEntry e2{fresh.get(), std::span<const int32_t>(&token, 1)};
     model->forward_batch(std::span<const BatchEntry>(&e2, 1), fresh_logits.data());
     EXPECT_NE(logits, fresh_logits) << arch;
     // Only an empty sequence can be fabricated; a pool too small is an error naming it.
-    EXPECT_NE(bg_error_of([&] { model->fabricate_context(*seq, 10, 1); }).find("already holds"), std::string::npos);
-    auto big = model->new_sequence();
-    EXPECT_NE(bg_error_of([&] { model->fabricate_context(*big, 100000, 1); }).find("full"), std::string::npos);
+    EXPECT_NE(bg_error_of([&] { fabricate_sequence_context(*state, *seq, 10, 1); }).find("already holds"),
+              std::string::npos);
+    auto big = state->new_sequence();
+    EXPECT_NE(bg_error_of([&] { fabricate_sequence_context(*state, *big, 100000, 1); }).find("full"),
+              std::string::npos);
   }
 }
 

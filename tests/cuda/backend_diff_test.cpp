@@ -28,10 +28,11 @@ void diff_case(const std::string& arch, const std::string& name, int64_t prefill
   const double bound = bf16_logit_bound(arch);
   GoldenCase gc(golden_dir() / arch / name);
   GoldenPrompt g = gc.prompt(gc.n_prompts() - 1);
-  auto cpu = load_model(gc.model_dir(), LoadOptions{.max_sequences = 1, .max_total_tokens = 1024, .device = "cpu"});
-  auto gpu = load_model(gc.model_dir(), LoadOptions{.max_sequences = 1, .max_total_tokens = 1024, .device = "cuda"});
-  auto sc = cpu->new_sequence();
-  auto sg = gpu->new_sequence();
+  auto cpu = load_model(gc.model_dir(), LoadOptions{.device = "cpu"});
+  auto gpu = load_model(gc.model_dir(), LoadOptions{.device = "cuda"});
+  auto cpu_state = make_state(*cpu, 1, 1024), gpu_state = make_state(*gpu, 1, 1024);
+  auto sc = cpu_state->new_sequence(1024);
+  auto sg = gpu_state->new_sequence(1024);
   RoutingTape routing;  // the CPU's, per MoE layer of a step
   cpu->set_route_hook(routing.recorder());
   std::span<const int32_t> all(g.tokens);

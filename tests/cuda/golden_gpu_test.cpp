@@ -40,7 +40,8 @@ void run_case(Model& model, const GoldenPrompt& g, std::vector<float>& logits) {
   const int64_t V = model.info().vocab_size, L = static_cast<int64_t>(g.prompt.size());
   const int64_t total = static_cast<int64_t>(g.tokens.size());
   logits.assign(static_cast<size_t>(total * V), 0.0f);
-  auto seq = model.new_sequence();
+  auto state = make_state(model, 1, total);
+  auto seq = state->new_sequence(total);
   model.forward(*seq, g.prompt, logits.data());
   for (int64_t t = L; t < total; ++t) {
     model.forward(*seq, std::span<const int32_t>(&g.tokens[static_cast<size_t>(t)], 1), logits.data() + t * V);
@@ -74,7 +75,9 @@ double row_rms_error(const float* got, const float* ref, int64_t n) {
 // the reference continuation (reported, not asserted: see the top of the file).
 int64_t free_running_agreement(Model& model, const GoldenPrompt& g) {
   const int64_t V = model.info().vocab_size, L = static_cast<int64_t>(g.prompt.size());
-  auto seq = model.new_sequence();
+  const auto total = static_cast<int64_t>(g.tokens.size());
+  auto state = make_state(model, 1, total);
+  auto seq = state->new_sequence(total);
   std::vector<float> logits(static_cast<size_t>(L * V));
   model.forward(*seq, g.prompt, logits.data());
   int32_t next = argmax_row(logits.data() + (L - 1) * V, V);
@@ -115,7 +118,7 @@ class GoldenGpu : public ::testing::TestWithParam<GpuCase> {};
 TEST_P(GoldenGpu, WithinBf16BoundUnderReferenceRouting) {
   BG_REQUIRE_GPU();
   GoldenCase gc(golden_dir() / GetParam().arch / GetParam().name);
-  const LoadOptions cpu_opts{.max_sequences = 2, .max_total_tokens = 4096, .device = "cpu"};
+  const LoadOptions cpu_opts{.device = "cpu"};
   LoadOptions gpu_opts = cpu_opts;
   gpu_opts.device = "cuda";
   auto cpu = load_model(gc.model_dir(), cpu_opts);

@@ -18,7 +18,7 @@ constexpr double kBatchBound = 1e-2;    // mixed batch vs alone: only bf16 GEMM 
 constexpr double kPaddedBound = 1e-3;   // graph at a padded bucket vs eager at the real size
 
 std::unique_ptr<Model> load(const std::string& name, bool graphs) {
-  LoadOptions o{.max_sequences = 8, .max_total_tokens = 8192, .device = "cuda"};
+  LoadOptions o{.device = "cuda"};
   o.cuda_graphs = graphs;
   return load_model(golden_dir() / name / "model", o);
 }
@@ -27,12 +27,13 @@ std::unique_ptr<Model> load(const std::string& name, bool graphs) {
 // Returns every decode step's logits [steps, n, V].
 std::vector<float> decode_batch(Model& m, const std::vector<int32_t>& tokens, int64_t n, int64_t steps) {
   const int64_t V = m.info().vocab_size;
+  auto state = make_state(m, 8, 8192);
   std::vector<std::unique_ptr<Sequence>> seqs;
   std::vector<std::vector<int32_t>> prompts;
   for (int64_t i = 0; i < n; ++i) {
     std::vector<int32_t> p(tokens.begin() + i % 3, tokens.end() - i % 2);
     prompts.push_back(p);
-    seqs.push_back(m.new_sequence());
+    seqs.push_back(state->new_sequence(static_cast<int64_t>(p.size()) + steps));
   }
   std::vector<BatchEntry> batch;
   for (int64_t i = 0; i < n; ++i) batch.push_back({seqs[static_cast<size_t>(i)].get(), prompts[static_cast<size_t>(i)]});

@@ -27,8 +27,10 @@ async function metrics() {
   const text = await (await fetch(`${baseURL}/metrics`)).text();
   const get = (name) => Number(text.split('\n').find((l) => l.startsWith(name + ' '))?.split(' ')[1]);
   return {
-    kvUsed: get('batchgen_kv_blocks_used{rank="0"}'), kvTotal: get('batchgen_kv_blocks_total{rank="0"}'),
-    slotsUsed: get('batchgen_state_slots_used{rank="0"}'), slotsTotal: get('batchgen_state_slots_total{rank="0"}'),
+    // KV blocks held by sequences: in use minus those only the prefix cache keeps (evictable).
+    kvUsed: get('batchgen_kv_blocks_used{rank="0"}') - (get('batchgen_kv_blocks_cached{rank="0"}') || 0),
+    kvTotal: get('batchgen_kv_blocks_total{rank="0"}'),
+    slotsUsed: get('batchgen_state_slots_used{rank="0"}') - (get('batchgen_state_slots_cached{rank="0"}') || 0), slotsTotal: get('batchgen_state_slots_total{rank="0"}'),
     inFlight: get('batchgen_requests_in_flight'), restarts: get('batchgen_worker_restarts_total'),
     generated: get('batchgen_generation_tokens_total'), running: get('batchgen_num_requests_running{rank="0"}'),
   };

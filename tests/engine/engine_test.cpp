@@ -38,7 +38,7 @@ proto::GenerateRequest request(const std::string& id, int32_t first, int64_t n_p
 
 struct Harness {
   explicit Harness(const FakeModelOptions& mo = {}, sched::SchedulerConfig sc = {4, 256, 64, 64, 0.0})
-      : model(new FakeModel(mo)), engine(std::unique_ptr<Model>(model), sc) {}
+      : model(new FakeModel(mo)), engine(std::unique_ptr<Model>(model), mo.state_plan(), sc) {}
 
   void collect() {
     for (proto::TokenEvent& ev : engine.take_events()) {
@@ -139,7 +139,7 @@ TEST(Engine, AFailingRequestDoesNotTakeItsBatchDown) {
     EXPECT_EQ(h.results[id].finish_reason, "length") << id;
     EXPECT_EQ(h.results[id].tokens, ref.results[id].tokens) << id;
   }
-  EXPECT_EQ(h.model->memory_usage().kv_blocks_free, h.model->memory_usage().kv_blocks_total);
+  EXPECT_EQ(h.engine.state().usage().kv_blocks_free, h.engine.state().usage().kv_blocks_total);
 }
 
 TEST(Engine, RejectionsAreFinalErrorEvents) {

@@ -163,7 +163,7 @@ TEST_F(WorkerTest, ReportsLoadingThenReady) {
   EXPECT_EQ(s.vocab_size, 1024);
   EXPECT_EQ(s.max_model_len, 256);
   EXPECT_EQ(s.max_num_seqs, 16);
-  EXPECT_EQ(s.state_slots_total, 16);
+  EXPECT_GE(s.state_slots_total, 16);  // the running sequences' slots + the prefix cache's own room for snapshots
   EXPECT_EQ(s.kv_blocks_total, s.kv_blocks_free);
   EXPECT_GT(s.kv_blocks_total, 0);
   EXPECT_EQ(s.eos_token_id, 770);

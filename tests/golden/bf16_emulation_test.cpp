@@ -21,10 +21,11 @@ class Bf16Emulation : public ::testing::TestWithParam<Case> {};
 TEST_P(Bf16Emulation, WithinTheGpuBoundUnderReferenceRouting) {
   const Case& c = GetParam();
   GoldenCase gc(golden_dir() / c.arch / c.name);
-  LoadOptions o{.max_sequences = 1, .max_total_tokens = 4096};
+  LoadOptions o;
   auto ref = load_model(gc.model_dir(), o);
   o.device = "cpu-bf16";
   auto emu = load_model(gc.model_dir(), o);
+  auto ref_state = make_state(*ref, 1, 4096), emu_state = make_state(*emu, 1, 4096);
   const int64_t V = ref->info().vocab_size;
   double worst_all = 0.0;
   for (int64_t i = 0; i < gc.n_prompts(); ++i) {
@@ -33,10 +34,10 @@ TEST_P(Bf16Emulation, WithinTheGpuBoundUnderReferenceRouting) {
     ref->set_route_hook(routing.recorder());
     // One prefill of the whole golden sequence on each (the rows are the golden's teacher-forced rows).
     std::vector<float> a(g.tokens.size() * static_cast<size_t>(V)), b(a.size());
-    auto sa = ref->new_sequence();
+    auto sa = ref_state->new_sequence(static_cast<int64_t>(g.tokens.size()));
     ref->forward(*sa, g.tokens, a.data());
     emu->set_route_hook(routing.replayer());
-    auto sb = emu->new_sequence();
+    auto sb = emu_state->new_sequence(static_cast<int64_t>(g.tokens.size()));
     emu->forward(*sb, g.tokens, b.data());
     EXPECT_EQ(routing.next, routing.records.size());
     double worst = 0.0, worst_ref = 0.0;

@@ -50,7 +50,8 @@ TEST_P(DeepseekGolden, HiddenStatesPerLayer) {
     bool wanted = name == "embed" || name == "final_norm" || (name == "layer" && layer < n_layers);
     if (wanted) got[static_cast<size_t>(layer)].assign(data, data + n * dim);
   };
-  auto seq = model->new_sequence();
+  auto state = make_state(*model, 1, static_cast<int64_t>(g.tokens.size()));
+  auto seq = state->new_sequence(static_cast<int64_t>(g.tokens.size()));
   std::vector<float> logits(g.tokens.size() * static_cast<size_t>(model->info().vocab_size));
   model->forward(*seq, g.tokens, logits.data(), &tap);
   for (int64_t l = 0; l <= n_layers; ++l) {

@@ -21,7 +21,8 @@ inline GoldenReport check_prefill_and_decode(Model& model, const GoldenPrompt& g
   GoldenReport rep;
   const int64_t V = model.info().vocab_size;
   const int64_t L = static_cast<int64_t>(g.prompt.size()), total = static_cast<int64_t>(g.tokens.size());
-  auto seq = model.new_sequence();
+  auto state = make_state(model, 1, total);
+  auto seq = state->new_sequence(total);
   std::vector<float> logits(static_cast<size_t>(L * V));
   model.forward(*seq, g.prompt, logits.data());
   for (int64_t t = 0; t < L; ++t) {
@@ -45,7 +46,8 @@ inline GoldenReport check_prefill_and_decode(Model& model, const GoldenPrompt& g
 // Free-running greedy generation from the prompt reproduces the reference continuation.
 inline void check_greedy_generation(Model& model, const GoldenPrompt& g) {
   const int64_t V = model.info().vocab_size;
-  auto seq = model.new_sequence();
+  auto state = make_state(model, 1, static_cast<int64_t>(g.tokens.size()));
+  auto seq = state->new_sequence(static_cast<int64_t>(g.tokens.size()));
   std::vector<float> logits(g.prompt.size() * static_cast<size_t>(V));
   model.forward(*seq, g.prompt, logits.data());
   int32_t next = argmax_row(logits.data() + (g.prompt.size() - 1) * static_cast<size_t>(V), V);
@@ -62,9 +64,10 @@ inline void check_greedy_generation(Model& model, const GoldenPrompt& g) {
 inline void check_split_prefill(Model& model, const GoldenPrompt& g, int64_t cut) {
   const int64_t V = model.info().vocab_size, n = static_cast<int64_t>(g.tokens.size());
   std::vector<float> whole(static_cast<size_t>(n * V)), split(whole.size());
-  auto a = model.new_sequence();
+  auto state = make_state(model, 2, 2 * n);
+  auto a = state->new_sequence(n);
   model.forward(*a, g.tokens, whole.data());
-  auto b = model.new_sequence();
+  auto b = state->new_sequence(n);
   std::span<const int32_t> all(g.tokens);
   model.forward(*b, all.subspan(0, static_cast<size_t>(cut)), split.data());
   model.forward(*b, all.subspan(static_cast<size_t>(cut)), split.data() + cut * V);

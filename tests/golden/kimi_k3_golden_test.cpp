@@ -54,7 +54,8 @@ TEST_P(KimiK3Golden, HiddenStatesPerLayer) {
                                         : std::string(name) + ".0";
     got[key].assign(data, data + n * dim);
   };
-  auto seq = model->new_sequence();
+  auto state = make_state(*model, 1, static_cast<int64_t>(g.tokens.size()));
+  auto seq = state->new_sequence(static_cast<int64_t>(g.tokens.size()));
   std::vector<float> logits(g.tokens.size() * static_cast<size_t>(model->info().vocab_size));
   model->forward(*seq, g.tokens, logits.data(), &tap);
   std::vector<std::string> names = {"attnres_out.0", "final_norm.0"};

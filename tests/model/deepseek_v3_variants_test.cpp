@@ -204,7 +204,7 @@ TEST_P(DeepseekV3Variants, EngineMatchesIndependentReference) {
   spec.config_patch = v.patch;
   write_random_checkpoint(spec);
 
-  auto model = load_model(spec.out_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = 64});
+  auto model = load_model(spec.out_dir);
   const int64_t V = model->info().vocab_size;
   EngineRun run = run_prefill_then_decode(*model, random_prompt(kPromptTokens, V, spec.seed), kDecodeSteps);
   DeepseekV3Reference ref(spec.out_dir);

@@ -211,7 +211,7 @@ TEST_P(KimiK3Variants, EngineMatchesIndependentReference) {
   TempDir tmp;
   RandomCheckpointSpec spec = variant_spec(v, tmp / "model");
   write_random_checkpoint(spec);
-  auto model = load_model(spec.out_dir, LoadOptions{.max_sequences = 1, .max_total_tokens = 128});
+  auto model = load_model(spec.out_dir);
   const int64_t V = model->info().vocab_size;
   EngineRun run = run_prefill_then_decode(*model, random_prompt(kPromptTokens, V, spec.seed), kDecodeSteps);
   KimiK3Reference ref(spec.out_dir);

@@ -54,7 +54,8 @@ inline EngineRun run_prefill_then_decode(Model& model, const std::vector<int32_t
   r.tokens = prompt;
   r.n_prompt = L;
   r.logits.resize(static_cast<size_t>((L + n_decode) * V));
-  auto seq = model.new_sequence();
+  auto state = make_state(model, 1, L + n_decode);
+  auto seq = state->new_sequence(L + n_decode);
   model.forward(*seq, prompt, r.logits.data());
   for (int64_t t = L; t < L + n_decode; ++t) {
     int32_t next = argmax_row(r.logits.data() + (t - 1) * V, V);

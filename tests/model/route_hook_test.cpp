@@ -11,7 +11,7 @@ namespace {
 class ModelSeams : public ::testing::TestWithParam<std::string> {
  protected:
   std::unique_ptr<Model> load() {
-    return load_model(golden_dir() / GetParam() / "model", LoadOptions{.max_sequences = 4, .max_total_tokens = 2048});
+    return load_model(golden_dir() / GetParam() / "model");
   }
   std::vector<int32_t> prompt() {
     GoldenCase gc(golden_dir() / GetParam());
@@ -40,7 +40,8 @@ TEST_P(ModelSeams, ForcingTheRecordedRoutingReproducesTheRunAndOtherRoutingChang
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i % static_cast<size_t>(k)) % E);
     return true;
   });
-  auto seq = model->new_sequence();
+  auto state = make_state(*model, 2, 2 * static_cast<int64_t>(p.size()));
+  auto seq = state->new_sequence(static_cast<int64_t>(p.size()));
   const int64_t V = model->info().vocab_size;
   std::vector<float> moved(p.size() * static_cast<size_t>(V));
   model->forward(*seq, p, moved.data());
@@ -54,7 +55,7 @@ TEST_P(ModelSeams, ForcingTheRecordedRoutingReproducesTheRunAndOtherRoutingChang
     ids.pop_back();
     return true;
   });
-  auto seq2 = model->new_sequence();
+  auto seq2 = state->new_sequence(static_cast<int64_t>(p.size()));
   std::string msg = bg_error_of([&] { model->forward(*seq2, p, moved.data()); });
   EXPECT_NE(msg.find("route hook"), std::string::npos) << msg;
 }

@@ -42,10 +42,11 @@ TEST(Planner, TinyKimiK3Geometry) {
   TempDir tmp;
   ModelGeometry g = tiny_k3_geometry(tmp);
   EXPECT_EQ(g.arch, "kimi_k3");
-  EXPECT_EQ(g.n_mla_layers, 4);    // full_attn_layers 3, 6, 9, 10
-  EXPECT_EQ(g.kv_entry_dim, 48);   // kv_lora_rank 32 + rope 16
-  EXPECT_EQ(g.kda.n_kda_layers, 6);
-  EXPECT_EQ(g.kda.slot_floats(), 6 * (4 * 32 * 32 + 3 * 128 * 3));  // recurrent [4,32,32] + conv 3 x [128, 3]
+  EXPECT_EQ(g.state.n_mla_layers, 4);    // full_attn_layers 3, 6, 9, 10
+  EXPECT_EQ(g.state.entry_dim(), 48);    // kv_lora_rank 32 + rope 16
+  EXPECT_EQ(g.state.kda.n_kda_layers, 6);
+  EXPECT_EQ(g.state.kda.slot_floats(), 6 * (4 * 32 * 32 + 3 * 128 * 3));  // recurrent [4,32,32] + conv 3 x [128, 3]
+  EXPECT_EQ(g.state.prefill_align_tokens, 64);                           // the KDA chunk
   EXPECT_EQ(g.max_position_embeddings, 4096);
   EXPECT_EQ(g.weight_bytes, 0);
 }
@@ -67,9 +68,13 @@ TEST(Planner, SplitsABudgetIntoSlotsAndBlocks) {
   EXPECT_EQ(p.kv_bytes(), 169 * 49152);
   EXPECT_EQ(p.state_bytes(), 17 * 125952);
   EXPECT_LE(p.kv_bytes() + p.state_bytes(), in.kv_cache_memory_bytes);
-  LoadOptions lo = p.load_options();
-  EXPECT_EQ(lo.max_sequences, 16);
-  EXPECT_EQ(lo.max_total_tokens, 168 * 64);
+  const kv::StatePlan sp = p.state_plan();
+  EXPECT_EQ(sp.state_slots, 16);
+  EXPECT_EQ(sp.kv_blocks, 168);
+  EXPECT_EQ(sp.kv_block_tokens, 64);
+  EXPECT_TRUE(sp.prefix_cache);
+  EXPECT_EQ(sp.snapshot_interval, 512);
+  EXPECT_EQ(sp.host_bytes, 0);
 }
 
 TEST(Planner, LowersMaxNumSeqsToWhatStateSlotsFit) {
@@ -97,9 +102,22 @@ TEST(Planner, CapsMaxModelLenByMemoryAndKvBlocksByNeed) {
   in.kv_cache_memory_bytes = 64 << 20;
   in.max_model_len = 100;
   in.max_num_seqs = 4;
+  in.prefix_cache = false;
   p = make_plan(g, in);
   EXPECT_EQ(p.max_model_len, 100);
   EXPECT_EQ(p.kv_blocks, 4 * 2);
+  EXPECT_EQ(p.state_slots, 4);
+  // With the prefix cache, what is left gives it room of its own: as much again as the sequences take, in snapshot
+  // intervals (512 tokens = 8 blocks + one slot).
+  in.prefix_cache = true;
+  Plan c = make_plan(g, in);
+  EXPECT_GT(c.cache_slots, 0);
+  EXPECT_EQ(c.cache_blocks, 8 * c.cache_slots);
+  EXPECT_EQ(c.kv_blocks, 8 + c.cache_blocks);
+  EXPECT_EQ(c.state_slots, 4 + c.cache_slots);
+  const int64_t sequences = p.pool_bytes(4, 8) - p.pool_bytes(0, 0);
+  EXPECT_LE(c.pool_bytes(c.state_slots, c.kv_blocks) - p.pool_bytes(4, 8), sequences);
+  EXPECT_LE(c.pool_bytes(c.state_slots, c.kv_blocks), in.kv_cache_memory_bytes);
 }
 
 TEST(Planner, ClearErrors) {
@@ -126,8 +144,9 @@ TEST(Planner, ClearErrors) {
 TEST(Planner, CudaBudgetIsAFractionOfFreeMemoryMinusWeights) {
   ModelGeometry g;
   g.arch = "deepseek_v3";
-  g.n_mla_layers = 61;
-  g.kv_entry_dim = 576;
+  g.state.n_mla_layers = 61;
+  g.state.kv_lora_rank = 512;
+  g.state.rope_dim = 64;
   g.max_position_embeddings = 163840;
   g.weight_bytes = int64_t{10} << 30;
   PlannerInput in;
@@ -160,6 +179,30 @@ TEST(Planner, CpuDefaultBudgetIsCappedByRam) {
   EXPECT_EQ(make_plan(g, in, big).budget_bytes, int64_t{2} << 30);  // the fixed cap
 }
 
+TEST(Planner, HostTierAndSnapshotInterval) {
+  TempDir tmp;
+  ModelGeometry g = tiny_k3_geometry(tmp);
+  PlannerInput in;
+  in.kv_cache_memory_bytes = 10 << 20;
+  in.kv_block_size = 48;
+  Plan p = make_plan(g, in);
+  EXPECT_EQ(p.snapshot_interval, 576);  // 512 rounded up to a multiple of lcm(48, 64) = 192
+  in.snapshot_interval = 100;
+  EXPECT_NE(error_of([&] { make_plan(g, in); }).find("--prefix-snapshot-interval 100 must be a multiple of 192"),
+            std::string::npos) << error_of([&] { make_plan(g, in); });
+  in.snapshot_interval = 0;
+  in.host_memory_bytes = int64_t{3} << 30;
+  const MemoryProbe ram = [](const std::string& device) {
+    EXPECT_EQ(device, "cpu");
+    return DeviceMemory{int64_t{2} << 30, int64_t{4} << 30};
+  };
+  p = make_plan(g, in, ram);
+  EXPECT_EQ(p.state_plan().host_bytes, int64_t{3} << 30);
+  in.host_memory_bytes = int64_t{4} << 30;  // + the 10 MiB KV budget > 4 GiB of RAM
+  EXPECT_NE(error_of([&] { make_plan(g, in, ram); }).find("--host-memory-gb 4.00 does not fit"), std::string::npos)
+      << error_of([&] { make_plan(g, in, ram); });
+}
+
 TEST(Planner, PlanMatchesThePoolsTheModelAllocates) {
   TempDir tmp;
   write_random_checkpoint(tiny_k3(tmp / "model"));
@@ -171,7 +214,9 @@ TEST(Planner, PlanMatchesThePoolsTheModelAllocates) {
   in.max_num_seqs = 3;
   Plan p = make_plan(g, in);
   auto model = load_model(tmp / "model", p.load_options());
-  MemoryUsage m = model->memory_usage();
+  EXPECT_EQ(model->state_geometry(), g.state);  // one derivation for the planner and the model
+  kv::StateManager state(model->backend(), model->state_geometry(), p.state_plan());
+  const kv::StateUsage m = state.usage();
   EXPECT_EQ(m.kv_blocks_total, p.kv_blocks);
   EXPECT_EQ(m.state_slots_total, p.state_slots);
   // The planner counts one padding block and slot per pool; a pool without padding allocates one unit less.

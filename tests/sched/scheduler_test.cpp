@@ -13,6 +13,7 @@ namespace {
 
 using bg::testing::FakeModel;
 using bg::testing::FakeModelOptions;
+using bg::testing::FakeSetup;
 
 std::unique_ptr<Request> make_request(const std::string& id, int64_t n_prompt, int64_t max_tokens = 8) {
   auto r = std::make_unique<Request>();
@@ -36,7 +37,7 @@ std::vector<std::unique_ptr<Request>> run_step(Scheduler& s, FakeModel& m, StepP
   std::vector<std::unique_ptr<Request>> done;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const Chunk& c = plan.chunks[i];
-    Scheduler::complete(c);
+    s.complete(c);
     if (!c.samples) continue;
     c.req->tokens.push_back(ops::argmax(logits.data() + i * static_cast<size_t>(m.info().vocab_size),
                                         m.info().vocab_size));
@@ -51,8 +52,9 @@ SchedulerConfig config(int64_t max_num_seqs, int64_t budget, int64_t max_model_l
 }
 
 TEST(Scheduler, LongPromptSpansStepsAndSamplesOnlyAtItsEnd) {
-  FakeModel m;
-  Scheduler s(m, config(4, 16));
+  FakeSetup f;
+  FakeModel& m = f.model;
+  Scheduler s(f.state, config(4, 16));
   ASSERT_FALSE(s.add(make_request("a", 40)));
   StepPlan p;
   run_step(s, m, &p);
@@ -75,8 +77,9 @@ TEST(Scheduler, LongPromptSpansStepsAndSamplesOnlyAtItsEnd) {
 }
 
 TEST(Scheduler, DecodesComeFirstAndPrefillsShareTheRest) {
-  FakeModel m;
-  Scheduler s(m, config(4, 10));
+  FakeSetup f;
+  FakeModel& m = f.model;
+  Scheduler s(f.state, config(4, 10));
   ASSERT_FALSE(s.add(make_request("a", 3)));
   run_step(s, m);  // a: whole prompt, one token
   ASSERT_FALSE(s.add(make_request("b", 20)));
@@ -102,13 +105,14 @@ TEST(Scheduler, DecodesComeFirstAndPrefillsShareTheRest) {
 }
 
 TEST(Scheduler, AdmissionWaitsForAStateSlot) {
-  FakeModel m(FakeModelOptions{.n_slots = 2});
-  Scheduler s(m, config(4, 64));
+  FakeSetup f(FakeModelOptions{.n_slots = 2});
+  FakeModel& m = f.model;
+  Scheduler s(f.state, config(4, 64));
   for (const char* id : {"a", "b", "c"}) ASSERT_FALSE(s.add(make_request(id, 4, 2)));
   run_step(s, m);
   EXPECT_EQ(s.n_running(), 2);
   EXPECT_EQ(s.n_waiting(), 1);
-  EXPECT_EQ(m.memory_usage().state_slots_free, 0);
+  EXPECT_EQ(f.state.usage().state_slots_free, 0);
   auto done = run_step(s, m);  // a and b reach max_tokens 2
   ASSERT_EQ(done.size(), 2u);
   StepPlan p;
@@ -119,18 +123,19 @@ TEST(Scheduler, AdmissionWaitsForAStateSlot) {
 
 TEST(Scheduler, AdmissionNeedsKvBlocksForThePrompt) {
   // 8 blocks of 4 tokens; a's 20-token prompt takes 5; b (16 tokens = 4 blocks) must wait for a to finish.
-  FakeModel m(FakeModelOptions{.block_tokens = 4, .n_blocks = 8});
-  Scheduler s(m, config(4, 64, 32));
+  FakeSetup f(FakeModelOptions{.block_tokens = 4, .n_blocks = 8});
+  FakeModel& m = f.model;
+  Scheduler s(f.state, config(4, 64, 32));
   ASSERT_FALSE(s.add(make_request("a", 20, 3)));
   ASSERT_FALSE(s.add(make_request("b", 16, 3)));
   run_step(s, m);
   EXPECT_EQ(s.n_running(), 1);
-  EXPECT_EQ(m.memory_usage().kv_blocks_free, 3);
+  EXPECT_EQ(f.state.usage().kv_blocks_free, 3);
   run_step(s, m);
   auto done = run_step(s, m);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0]->id, "a");
-  EXPECT_EQ(m.memory_usage().kv_blocks_free, 8);
+  EXPECT_EQ(f.state.usage().kv_blocks_free, 8);
   StepPlan p;
   run_step(s, m, &p);
   EXPECT_EQ(p.chunks[0].req->id, "b");
@@ -138,8 +143,9 @@ TEST(Scheduler, AdmissionNeedsKvBlocksForThePrompt) {
 
 TEST(Scheduler, PreemptsTheNewestWhenDecodeRunsOutOfBlocksAndRecomputesIt) {
   // 6 blocks of 4 tokens. a and b (7-token prompts) take 2 blocks each; growing to 9 tokens each needs a third.
-  FakeModel m(FakeModelOptions{.block_tokens = 4, .n_blocks = 6});
-  Scheduler s(m, config(2, 64, 24));
+  FakeSetup f(FakeModelOptions{.block_tokens = 4, .n_blocks = 6});
+  FakeModel& m = f.model;
+  Scheduler s(f.state, config(2, 64, 24));
   ASSERT_FALSE(s.add(make_request("a", 7, 10)));
   ASSERT_FALSE(s.add(make_request("b", 7, 10)));
   run_step(s, m);  // both prefilled (8 tokens each incl. the sampled one), 4 blocks used
@@ -149,7 +155,7 @@ TEST(Scheduler, PreemptsTheNewestWhenDecodeRunsOutOfBlocksAndRecomputesIt) {
   StepPlan p;
   run_step(s, m, &p);  // position 8 needs a third block each: a gets the 5th, b the 6th
   EXPECT_EQ(s.preemptions_total(), 0);
-  EXPECT_EQ(m.memory_usage().kv_blocks_free, 0);
+  EXPECT_EQ(f.state.usage().kv_blocks_free, 0);
   for (int i = 0; i < 3; ++i) run_step(s, m);  // positions 9..11 fit in block 3
   run_step(s, m, &p);  // position 12: a needs a 4th block -> b (newest) is preempted
   EXPECT_EQ(s.preemptions_total(), 1);
@@ -167,14 +173,15 @@ TEST(Scheduler, PreemptsTheNewestWhenDecodeRunsOutOfBlocksAndRecomputesIt) {
 TEST(Scheduler, PreemptsItselfWhenItIsTheNewest) {
   // 4 blocks of 4 tokens: a (4-token prompt) takes 1, b (7 tokens) 2; a's decode takes the last free block, then b,
   // the newest, needs one and gives up its own.
-  FakeModel m(FakeModelOptions{.block_tokens = 4, .n_blocks = 4});
-  Scheduler s(m, config(2, 64, 12));
+  FakeSetup f(FakeModelOptions{.block_tokens = 4, .n_blocks = 4});
+  FakeModel& m = f.model;
+  Scheduler s(f.state, config(2, 64, 12));
   ASSERT_FALSE(s.add(make_request("a", 4, 8)));
   ASSERT_FALSE(s.add(make_request("b", 7, 8)));
   run_step(s, m);  // both prefilled
   EXPECT_EQ(s.n_running(), 2);
   run_step(s, m);  // a position 4 takes block 2 (the last free one); b position 7 is in its block 2
-  EXPECT_EQ(m.memory_usage().kv_blocks_free, 0);
+  EXPECT_EQ(f.state.usage().kv_blocks_free, 0);
   StepPlan p;
   run_step(s, m, &p);  // b position 8 needs a third block: b is the newest -> b is preempted, a continues
   EXPECT_EQ(s.preemptions_total(), 1);
@@ -184,28 +191,30 @@ TEST(Scheduler, PreemptsItselfWhenItIsTheNewest) {
 }
 
 TEST(Scheduler, CancelFreesBlocksAndSlotAtOnce) {
-  FakeModel m;
-  const MemoryUsage before = m.memory_usage();
-  Scheduler s(m, config(4, 64));
+  FakeSetup f;
+  FakeModel& m = f.model;
+  const kv::StateUsage before = f.state.usage();
+  Scheduler s(f.state, config(4, 64));
   ASSERT_FALSE(s.add(make_request("a", 30)));
   ASSERT_FALSE(s.add(make_request("b", 5)));
   run_step(s, m);
-  EXPECT_LT(m.memory_usage().kv_blocks_free, before.kv_blocks_free);
-  EXPECT_EQ(m.memory_usage().state_slots_free, before.state_slots_free - 2);
+  EXPECT_LT(f.state.usage().kv_blocks_free, before.kv_blocks_free);
+  EXPECT_EQ(f.state.usage().state_slots_free, before.state_slots_free - 2);
   auto a = s.cancel("a");
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(a->seq, nullptr);
   auto b = s.cancel("b");
   ASSERT_NE(b, nullptr);
-  EXPECT_EQ(m.memory_usage().kv_blocks_free, before.kv_blocks_free);
-  EXPECT_EQ(m.memory_usage().state_slots_free, before.state_slots_free);
+  EXPECT_EQ(f.state.usage().kv_blocks_free, before.kv_blocks_free);
+  EXPECT_EQ(f.state.usage().state_slots_free, before.state_slots_free);
   EXPECT_EQ(s.cancel("a"), nullptr);
   EXPECT_FALSE(s.has_work());
 }
 
 TEST(Scheduler, CancelRemovesAWaitingRequest) {
-  FakeModel m;
-  Scheduler s(m, config(1, 64));
+  FakeSetup f;
+  FakeModel& m = f.model;
+  Scheduler s(f.state, config(1, 64));
   ASSERT_FALSE(s.add(make_request("a", 4)));
   ASSERT_FALSE(s.add(make_request("b", 4)));
   run_step(s, m);
@@ -215,8 +224,9 @@ TEST(Scheduler, CancelRemovesAWaitingRequest) {
 }
 
 TEST(Scheduler, FullQueueRejectsWith503) {
-  FakeModel m;
-  Scheduler s(m, config(1, 64, 256, /*max_queue=*/2));
+  FakeSetup f;
+  FakeModel& m = f.model;
+  Scheduler s(f.state, config(1, 64, 256, /*max_queue=*/2));
   // One running place + 2 queued.
   ASSERT_FALSE(s.add(make_request("a", 4)));
   ASSERT_FALSE(s.add(make_request("b", 4)));
@@ -232,16 +242,16 @@ TEST(Scheduler, FullQueueRejectsWith503) {
 }
 
 TEST(Scheduler, ZeroQueueAcceptsOnlyWhatCanRunNow) {
-  FakeModel m;
-  Scheduler s(m, config(2, 64, 256, /*max_queue=*/0));
+  FakeSetup f;
+  Scheduler s(f.state, config(2, 64, 256, /*max_queue=*/0));
   ASSERT_FALSE(s.add(make_request("a", 4)));
   ASSERT_FALSE(s.add(make_request("b", 4)));
   EXPECT_TRUE(s.add(make_request("c", 4)));
 }
 
 TEST(Scheduler, TooLongPromptRejectedWith400AndMaxTokensCapped) {
-  FakeModel m;
-  Scheduler s(m, config(4, 64, /*max_model_len=*/32));
+  FakeSetup f;
+  Scheduler s(f.state, config(4, 64, /*max_model_len=*/32));
   auto r = s.add(make_request("long", 32));
   ASSERT_TRUE(r);
   EXPECT_EQ(r->code, 400);
@@ -250,11 +260,45 @@ TEST(Scheduler, TooLongPromptRejectedWith400AndMaxTokensCapped) {
   EXPECT_EQ(s.find("capped")->max_new_tokens, 2);
 }
 
+TEST(Scheduler, PrefillPiecesEndAtSnapshotsAndChunkBoundaries) {
+  // KDA-like: pieces end at multiples of 4 (the chunk) unless they end the input, and never cross a multiple of 12.
+  FakeSetup f(FakeModelOptions{.prefill_align = 4, .snapshot_interval = 12});
+  FakeModel& m = f.model;
+  Scheduler s(f.state, config(2, 14));
+  ASSERT_FALSE(s.add(make_request("a", 30, 2)));
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  for (int i = 0; i < 6 && s.n_running() + s.n_waiting() > 0; ++i) {
+    StepPlan p;
+    run_step(s, m, &p);
+    if (!p.chunks.empty() && p.chunks[0].start < 30) pieces.emplace_back(p.chunks[0].start, p.chunks[0].n_tokens);
+  }
+  // [0, 12) stops at the interval; [12, 24) likewise; [24, 30) ends the input.
+  EXPECT_EQ(pieces, (std::vector<std::pair<int64_t, int64_t>>{{0, 12}, {12, 12}, {24, 6}}));
+  // A budget cut lands on a chunk boundary: with 2 decodes running, 14 - 2 = 12 tokens are left -> pieces of 12 are
+  // fine, but 10 would be cut to 8.
+  ASSERT_FALSE(s.add(make_request("b", 20, 2)));
+  Request probe;
+  probe.tokens.assign(20, 1);
+  probe.n_computed = 0;
+  EXPECT_EQ(s.piece_tokens(probe, 10), 8);
+  EXPECT_EQ(s.piece_tokens(probe, 14), 12);
+  probe.n_computed = 12;
+  EXPECT_EQ(s.piece_tokens(probe, 7), 4);   // 16 is a chunk boundary
+  EXPECT_EQ(s.piece_tokens(probe, 8), 8);   // the input ends at 20
+  EXPECT_EQ(s.piece_tokens(probe, 3), 0);   // not even one chunk: wait for the next step
+}
+
+TEST(Scheduler, BudgetMustLeaveRoomForOneChunk) {
+  FakeSetup f(FakeModelOptions{.prefill_align = 8});
+  EXPECT_THROW(Scheduler(f.state, config(4, 11)), Error);  // 4 decodes + one 8-token chunk > 11
+  EXPECT_NO_THROW(Scheduler(f.state, config(4, 12)));
+}
+
 TEST(Scheduler, ConfigIsValidated) {
-  FakeModel m;
-  EXPECT_THROW(Scheduler(m, config(16, 8)), Error);  // budget below max_num_seqs
-  EXPECT_THROW(Scheduler(m, config(0, 8)), Error);
-  EXPECT_THROW(Scheduler(m, config(4, 8, 256, -1)), Error);
+  FakeSetup f;
+  EXPECT_THROW(Scheduler(f.state, config(16, 8)), Error);  // budget below max_num_seqs
+  EXPECT_THROW(Scheduler(f.state, config(0, 8)), Error);
+  EXPECT_THROW(Scheduler(f.state, config(4, 8, 256, -1)), Error);
 }
 
 }  // namespace

@@ -18,7 +18,8 @@ TEST_F(FrontendTest, NonStreamedCompletionAndChat) {
   EXPECT_EQ(r["object"], "text_completion");
   EXPECT_EQ(r["choices"][0]["text"], "Hello");
   EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(r["usage"], (json{{"prompt_tokens", 2}, {"completion_tokens", 5}, {"total_tokens", 7}}));
+  EXPECT_EQ(r["usage"], (json{{"prompt_tokens", 2}, {"completion_tokens", 5}, {"total_tokens", 7},
+                              {"prompt_tokens_details", {{"cached_tokens", 0}}}}));
 
   res = post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
                                          "logprobs": true, "top_logprobs": 2})");

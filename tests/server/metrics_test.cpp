@@ -48,6 +48,10 @@ TEST(Metrics, RenderCountersAndWorkerGauges) {
   w.kv_blocks_free = 90;
   w.state_slots_total = 8;
   w.state_slots_free = 5;
+  w.prefix_cache_lookup_tokens_total = 200;
+  w.prefix_cache_hit_tokens_total = 50;
+  w.host_kv_bytes = 4096;
+  w.state_bytes_used = 1000;
   RankState rank0;
   rank0.connected = true;
   rank0.status = w;
@@ -61,6 +65,10 @@ TEST(Metrics, RenderCountersAndWorkerGauges) {
   rank1.process_alive = false;
   rank1.restarts = 2;
   const std::string t = m.render({rank0, rank1});
+  EXPECT_TRUE(has_line(t, "batchgen_prefix_cache_hit_tokens_total{rank=\"0\"} 50")) << t;
+  EXPECT_TRUE(has_line(t, "batchgen_prefix_cache_hit_rate{rank=\"0\"} 0.25")) << t;
+  EXPECT_TRUE(has_line(t, "batchgen_kv_host_bytes_used{rank=\"0\"} 4096")) << t;
+  EXPECT_TRUE(has_line(t, "batchgen_state_gpu_bytes_used{rank=\"0\"} 1000")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"} 1")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_requests_finished_total{reason=\"stop\"} 1")) << t;

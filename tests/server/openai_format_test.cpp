@@ -48,7 +48,9 @@ TEST(OpenAiFormat, ChatChunks) {
 
   json u = usage_chunk(kMeta, true, Usage{5, 3});
   EXPECT_TRUE(u["choices"].empty());
-  EXPECT_EQ(u["usage"], (json{{"prompt_tokens", 5}, {"completion_tokens", 3}, {"total_tokens", 8}}));
+  EXPECT_EQ(u["usage"], (json{{"prompt_tokens", 5}, {"completion_tokens", 3}, {"total_tokens", 8},
+                              {"prompt_tokens_details", {{"cached_tokens", 0}}}}));
+  EXPECT_EQ(usage_json(Usage{5, 3, 4})["prompt_tokens_details"]["cached_tokens"], 4);
 }
 
 TEST(OpenAiFormat, ChatResponseWithToolCallsAndLogprobs) {

@@ -60,7 +60,7 @@ TEST(ServeOptions, UnavailableFeaturesAndBadValuesAreErrors) {
   EXPECT_NE(validation_error(o).find("not valid JSON"), std::string::npos) << validation_error(o);
   std::ofstream(tmp / "ok.json") << R"({"nodes": []})";
   o.distributed_weight_config = (tmp / "ok.json").string();
-  EXPECT_NE(validation_error(o).find("not available yet"), std::string::npos) << validation_error(o);
+  EXPECT_NE(validation_error(o).find("'version' must be 1"), std::string::npos) << validation_error(o);
 
   o = base;
   o.model_dir = (tmp / "nope").string();
@@ -125,6 +125,13 @@ TEST(ServeOptions, WorkerCommandLine) {
   EXPECT_EQ(std::vector<std::string>(argv.begin(), argv.begin() + static_cast<long>(head.size())), head);
   const std::vector<std::string> tail = {"--device", "cpu", "--max-model-len", "512"};
   EXPECT_EQ(std::vector<std::string>(argv.end() - static_cast<long>(tail.size()), argv.end()), tail);
+  opt.prefix_cache = false;
+  opt.host_memory_gb = 1.5;
+  opt.state_offload_dtype = "bf16";
+  argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 0, "rank-0-i0");
+  const std::vector<std::string> state = {"--no-prefix-cache", "--host-memory-gb", "1.5", "--state-offload-dtype",
+                                          "bf16"};
+  EXPECT_EQ(std::vector<std::string>(argv.end() - static_cast<long>(state.size()), argv.end()), state);
 }
 
 TEST(ServeOptions, WorkerCommandLineOfARankSet) {

@@ -17,7 +17,8 @@ using nlohmann::json;
 
 // A tiny DeepSeek-V3 checkpoint's tokenizer files with the chat-template layout `layout` ("deepseek_v3.1" or
 // "deepseek_v3"); `tokenizer_config` entries replace the written ones.
-void write_ds_checkpoint(const std::filesystem::path& dir, const std::string& layout, const json& tokenizer_config = {}) {
+void write_ds_checkpoint(const std::filesystem::path& dir, const std::string& layout,
+                         const json& tokenizer_config = {}) {
   const json config = {{"model_type", "deepseek_v3"}, {"vocab_size", 512}, {"bos_token_id", 0}, {"eos_token_id", 1}};
   std::ofstream(dir / "config.json") << config.dump();
   write_random_tokenizer("deepseek_v3", config, dir, layout);

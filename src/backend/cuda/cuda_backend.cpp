@@ -1,13 +1,14 @@
 // CudaBackend: maps the backend op API onto the CUDA launchers. A step's metadata (ids, positions, block tables,
 // state slots) is packed into pinned host memory and uploaded once per step into a persistent device buffer, so the
-// ops of a step never synchronise and decode steps can be captured and replayed as CUDA graphs. Everything runs on one
-// stream in order.
+// ops of a step never synchronise and decode steps can be captured and replayed as CUDA graphs. Ops run on one stream
+// in order; host-tier copies (kv::StateManager) run on a copy stream ordered against it by events.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <type_traits>
 #include <utility>
@@ -16,6 +17,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/device_buffer.h"
+#include "backend/cuda/weight_uploader.h"
 #include "core/log.h"
 #include "ops/attn_res/attn_res_cuda.h"
 #include "ops/elementwise/elementwise_cuda.h"
@@ -76,6 +78,11 @@ class CudaBackend final : public Backend {
     graphs_.clear();
     if (step_host_ != nullptr) cudaFreeHost(step_host_);
     if (step_uploaded_ != nullptr) cudaEventDestroy(step_uploaded_);
+    if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
+    for (auto& [fence, ev] : copies_in_flight_) cudaEventDestroy(ev);
+    for (cudaEvent_t ev : spare_copy_events_) cudaEventDestroy(ev);
+    if (copy_after_ != nullptr) cudaEventDestroy(copy_after_);
+    if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
     if (errors_host_ != nullptr) cudaFreeHost(errors_host_);
     cublas_ws_.reset();
     cublasDestroy(cublas_);
@@ -147,8 +154,20 @@ class CudaBackend final : public Backend {
     check_device_errors();
   }
 
+  // Weights go up in batches through the uploader (one allocation per batch, pinned copies); see weight_uploader.h.
   std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) override {
-    return std::make_unique<cuda::CudaLinear>(ops::upload_weight(w), w);
+    return std::move(prepare_linears({{&w}, 0}).front());
+  }
+  std::vector<std::unique_ptr<LinearHandle>> prepare_linears(const LinearBatch& batch) override {
+    std::vector<std::unique_ptr<LinearHandle>> out;
+    std::vector<ops::DeviceWeightStorage> up = uploader().upload(batch.weights, batch.n_experts);
+    for (size_t i = 0; i < up.size(); ++i) {
+      out.push_back(std::make_unique<cuda::CudaLinear>(std::move(up[i]), *batch.weights[i]));
+    }
+    return out;
+  }
+  std::shared_ptr<void> pin_host_memory(std::span<const HostRegion> regions) override {
+    return uploader().pin(regions);
   }
 
   void embedding(const Tensor& table, Tensor& out) override {
@@ -335,6 +354,20 @@ class CudaBackend final : public Backend {
   Tensor run_graph(int64_t key, const std::function<Tensor()>& body) override;
   int64_t n_graphs() const override { return static_cast<int64_t>(graphs_.size()); }
 
+  // Host tier: pinned memory; copies on a second stream, ordered after the compute stream by an event (see below).
+  std::shared_ptr<std::byte> alloc_host(size_t bytes) override;
+  CopyFence copy_to_host(std::span<const HostCopy> copies) override {
+    return issue_copies(copies, cudaMemcpyDeviceToHost);
+  }
+  CopyFence copy_from_host(std::span<const HostCopy> copies) override {
+    const CopyFence fence = issue_copies(copies, cudaMemcpyHostToDevice);
+    compute_wait(fence);
+    return fence;
+  }
+  bool fence_done(CopyFence fence) override;
+  void wait_fence(CopyFence fence) override;
+  void compute_wait(CopyFence fence) override;
+
  private:
   // Device copies of the current step's metadata (one buffer, see upload_step).
   struct StepDevice {
@@ -352,6 +385,9 @@ class CudaBackend final : public Backend {
   };
 
   void upload_step() override;
+  CopyFence issue_copies(std::span<const HostCopy> copies, cudaMemcpyKind kind);
+  cudaEvent_t fence_event(CopyFence fence) const;
+  void retire_copies();
   cuda::MoeContext moe_ctx() const { return {alloc_.get(), errors_.as<int32_t>(), stream_, false}; }
   // Device error flags (MoE / MLA kernels raise bits instead of trapping): read after each synchronisation; a raised
   // flag is reset and reported as an error of this step (the context stays usable).
@@ -422,12 +458,24 @@ class CudaBackend final : public Backend {
   StepDevice dev_;
   std::map<int64_t, Graph> graphs_;
   bool capturing_ = false;
+  // Host-tier copies: their stream, the event it waits on (the compute stream's position at issue), and one event per
+  // batch in flight (completed in issue order; completed ones are reused).
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t copy_after_ = nullptr;
+  std::deque<std::pair<CopyFence, cudaEvent_t>> copies_in_flight_;
+  std::vector<cudaEvent_t> spare_copy_events_;
+  CopyFence copies_done_ = 0;
   cuda::DeviceBuffer errors_;         // int32 kernel error flags (see check_device_errors)
   int32_t* errors_host_ = nullptr;    // pinned
   int64_t n_sms_ = 1;
   std::shared_ptr<void> mla_ws_;  // MLA decode workspace (see mla_decode)
   size_t mla_ws_bytes_ = 0;
   std::vector<std::shared_ptr<void>> mla_ws_retired_;
+  std::unique_ptr<cuda::WeightUploader> uploader_;
+  cuda::WeightUploader& uploader() {
+    if (!uploader_) uploader_ = std::make_unique<cuda::WeightUploader>(stream_);
+    return *uploader_;
+  }
 };
 
 // Packs the step's arrays (8-byte aligned) into pinned memory and copies them to the device buffer in one transfer.
@@ -504,6 +552,82 @@ Tensor CudaBackend::run_graph(int64_t key, const std::function<Tensor()>& body) 
   BG_PROFILE_OP("graph", stream_);
   BG_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
   return it->second.out;
+}
+
+// ---- host tier ----------------------------------------------------------------------------------------------------
+std::shared_ptr<std::byte> CudaBackend::alloc_host(size_t bytes) {
+  void* p = nullptr;
+  BG_CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(bytes, 1)));
+  return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { cudaFreeHost(q); });
+}
+
+// One batch: the copy stream first waits for everything issued on the compute stream so far (a device -> host copy
+// reads what the last step wrote), then copies, then records the batch's event.
+CopyFence CudaBackend::issue_copies(std::span<const HostCopy> copies, cudaMemcpyKind kind) {
+  BG_CHECK(!capturing_, "cuda backend: host-tier copies during graph capture");
+  if (copy_stream_ == nullptr) {
+    BG_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    BG_CUDA_CHECK(cudaEventCreateWithFlags(&copy_after_, cudaEventDisableTiming));
+  }
+  retire_copies();
+  BG_CUDA_CHECK(cudaEventRecord(copy_after_, stream_));
+  BG_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, copy_after_, 0));
+  for (const HostCopy& c : copies) {
+    BG_CHECK(c.device.device == DeviceKind::kCuda && c.device_offset + c.bytes <= c.device.nbytes(),
+             "cuda backend: host copy of bytes [{}, {}) outside a device tensor of {}", c.device_offset,
+             c.device_offset + c.bytes, c.device.nbytes());
+    std::byte* dev = static_cast<std::byte*>(c.device.data) + c.device_offset;
+    if (kind == cudaMemcpyDeviceToHost) {
+      BG_CUDA_CHECK(cudaMemcpyAsync(c.host, dev, c.bytes, kind, copy_stream_));
+    } else {
+      BG_CUDA_CHECK(cudaMemcpyAsync(dev, c.host, c.bytes, kind, copy_stream_));
+    }
+  }
+  cudaEvent_t done = nullptr;
+  if (spare_copy_events_.empty()) {
+    BG_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  } else {
+    done = spare_copy_events_.back();
+    spare_copy_events_.pop_back();
+  }
+  BG_CUDA_CHECK(cudaEventRecord(done, copy_stream_));
+  copies_in_flight_.emplace_back(++copies_issued_, done);
+  return copies_issued_;
+}
+
+void CudaBackend::retire_copies() {
+  while (!copies_in_flight_.empty()) {
+    const cudaError_t err = cudaEventQuery(copies_in_flight_.front().second);
+    if (err == cudaErrorNotReady) return;
+    BG_CUDA_CHECK(err);
+    copies_done_ = copies_in_flight_.front().first;
+    spare_copy_events_.push_back(copies_in_flight_.front().second);
+    copies_in_flight_.pop_front();
+  }
+}
+
+cudaEvent_t CudaBackend::fence_event(CopyFence fence) const {
+  for (const auto& [f, ev] : copies_in_flight_) {
+    if (f == fence) return ev;
+  }
+  fail("cuda backend: copy fence {} is not in flight", fence);
+}
+
+bool CudaBackend::fence_done(CopyFence fence) {
+  retire_copies();
+  return fence <= copies_done_;
+}
+
+void CudaBackend::wait_fence(CopyFence fence) {
+  if (fence_done(fence)) return;
+  BG_CUDA_CHECK(cudaEventSynchronize(fence_event(fence)));
+  retire_copies();
+}
+
+void CudaBackend::compute_wait(CopyFence fence) {
+  BG_CHECK(!capturing_, "cuda backend: waiting for a host-tier copy during graph capture");
+  if (fence_done(fence)) return;
+  BG_CUDA_CHECK(cudaStreamWaitEvent(stream_, fence_event(fence), 0));
 }
 
 }  // namespace

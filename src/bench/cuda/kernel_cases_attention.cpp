@@ -10,6 +10,7 @@
 #include "bench/cuda/kernel_case.h"
 #include "ops/kda/kda_cuda.h"
 #include "ops/mla/mla_cuda.h"
+#include "ops/mla/mla_decode_cuda.h"
 #include "ops/short_conv/short_conv_cuda.h"
 
 namespace bg::bench::cuda {
@@ -62,14 +63,16 @@ MlaSet make_mla_set(CaseMemory& mem, int64_t n_seqs, int64_t context, const std:
   return s;
 }
 
-// Absorbed MLA decode: `batch` sequences of one token at position context - 1 (attending `context` keys).
-KernelCase mla_decode_case(int64_t batch, int64_t context) {
+// Absorbed MLA decode: `batch` sequences of one token at position context - 1 (attending `context` keys). tensor_cores:
+// the split-KV tensor-core kernel the backend runs for decode steps (mla_decode_cuda, docs/MLA_DECODE.md); else the
+// general kernel (mla_attention_cuda) it uses for prefill and mixed steps.
+KernelCase mla_decode_case(int64_t batch, int64_t context, bool tensor_cores = true) {
   KernelCase c;
-  c.name = "mla_decode";
+  c.name = tensor_cores ? "mla_decode" : "mla_decode_general";
   c.shape = fmt::format("B={} ctx={}", batch, context);
   const double kv = d(batch * context * kEntry) * 2;
   c.set_bytes = kv;
-  c.prepare = [=](const CudaEnv&, CaseMemory& mem, int n_sets) {
+  c.prepare = [=](const CudaEnv& env, CaseMemory& mem, int n_sets) {
     const bf16* w_uk = mem.bf16(z(kHeads * kNope * kLora), 0.05f);
     const bf16* w_uv = mem.bf16(z(kHeads * kV * kLora), 0.05f);
     std::vector<int64_t> positions(z(batch), context - 1);
@@ -85,9 +88,19 @@ KernelCase mla_decode_case(int64_t batch, int64_t context) {
     // (128 x 512).
     const double flops = d(batch * kHeads) * (2.0 * d(context) * d(kEntry + kLora) + 2.0 * d((kNope + kV) * kLora));
     k.cost = {kv + weights + io, flops};
+    if (!tensor_cores) {
+      k.launch = [=](int s, cudaStream_t stream) {
+        const MlaSet& m = sets[z(s)];
+        ops::mla_attention_cuda(p, m.q, w_uk, w_uv, m.cache, m.out, stream);
+      };
+      return k;
+    }
+    const ops::MlaDecodePlan plan = ops::mla_decode_plan(p, env.n_sms);
+    const ops::MlaDecodeContext ctx{env.cublas, env.cublas_workspace, env.cublas_workspace_bytes,
+                                    mem.zeros(plan.ws.total_bytes), plan.ws.total_bytes};
     k.launch = [=](int s, cudaStream_t stream) {
       const MlaSet& m = sets[z(s)];
-      ops::mla_attention_cuda(p, m.q, w_uk, w_uv, m.cache, m.out, stream);
+      ops::mla_decode_cuda(plan, {m.q, w_uk, w_uv, m.out}, m.cache, ctx, stream);
     };
     return k;
   };
@@ -266,6 +279,7 @@ void register_attention_cases(KernelRegistry& r, bool quick) {
   const std::vector<int64_t> contexts = quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 32768};
   for (int64_t ctx : contexts) {
     for (int64_t b : decode) r.add(mla_decode_case(b, ctx));
+    if (ctx == 4096) r.add(mla_decode_case(quick ? 1 : 16, ctx, /*tensor_cores=*/false));
   }
   // The absorbed kernel is O(T^2) on CUDA cores today (~0.12 s at 4k, ~2 s at 16k): 64k would take minutes.
   for (int64_t t : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384}) r.add(mla_prefill_case(t));

@@ -1,13 +1,16 @@
 // Kernel cases of the routed-expert path at the K3 EP16 rank's shapes: 56 local MXFP4 experts (gate / up [3072 x
 // 3584], down [3584 x 3072], SiTU), top-16 routing of each token, the router over K3's 896 global experts.
 //   router_topk         the top-16 of 896 router (fp32 logits -> ids, weights)
-//   moe_decode_w4a16    the expert FFN alone (dispatch and gather done in setup), decode batches
-//   moe_decode_routed   dispatch + gather + FFN + combine, as Backend::routed_experts runs them
-//   moe_prefill_grouped the expert FFN at prefill token counts (hundreds to thousands of rows per expert)
+//   moe_decode_w4a16    the fused W4A16 kernel (gate/up + GLU, down + weighted combine; dispatch done in setup) over
+//                       the load-time layout, what Backend::moe_routed_local runs at decode (ops/moe_w4a16)
+//   moe_decode_stages   the stage kernels' expert FFN alone (dispatch and gather done in setup), decode batches
+//   moe_decode_routed   dispatch + gather + stage FFN + combine (the path when the fused kernel is not preferred)
+//   moe_prefill_grouped the stage expert FFN at prefill token counts (hundreds to thousands of rows per expert)
 //   moe_dispatch_prefill the device-side dispatch alone at a long prefill step
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <set>
@@ -15,11 +18,17 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "bench/cuda/kernel_case.h"
-#include "moe/moe_cuda.h"
+#include "ops/moe/moe_cuda.h"
+#include "ops/moe_w4a16/moe_w4a16_cuda.h"
 #include "ops/router/router_cuda.h"
 
 namespace bg::bench::cuda {
 namespace {
+
+using ops::ExpertWeightsCuda;
+using ops::MoeCudaParams;
+using ops::MoeDispatchBuffers;
+using ops::MoeOutType;
 
 using bf16 = __nv_bfloat16;
 
@@ -72,13 +81,11 @@ Routing random_routing(int64_t n_tokens, uint64_t seed) {
 
 MoeCudaParams moe_params(int64_t n_tokens) {
   MoeCudaParams p;
-  p.n_tokens = n_tokens;
-  p.top_k = kTopK;
-  p.n_experts = kExperts;
+  p.shape = {n_tokens, kTopK, kExperts, kExperts, true};
   p.hidden = kLatent;
   p.inter = kInter;
   p.expert_format = WeightFormat::kMxfp4;
-  p.act = {GluActivation::kSiTU, 4.0f, 25.0f};
+  p.act = {ops::MoeGlu::kSitu, 4.0f, 25.0f};
   p.out_type = MoeOutType::kBf16;
   p.accumulate = true;  // as the K3 latent MoE calls it
   return p;
@@ -91,47 +98,78 @@ double ffn_bytes(int64_t n_tokens, int64_t touched) {
   return d(touched) * expert_bytes() + slots * d(kLatent + 2 * kInter + kLatent) * 2;
 }
 
-enum class MoePart { kFfn, kRouted, kDispatch };
+enum class MoePart { kW4a16, kFfn, kRouted, kDispatch };
 
 KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
   KernelCase c;
   c.name = name;
   c.shape = fmt::format("T={} rows/expert={}", n_tokens, n_tokens * kTopK / kExperts);
   c.set_bytes = d(kExperts) * expert_bytes();  // far beyond the L2: one set
-  c.compute_ref = ComputeRef::kGroupedGemm;
+  // Decode (a few rows per expert) is bound by the weight bytes: its compute reference is the dense GEMM peak, not the
+  // grouped GEMM at the same rows per expert (itself memory-bound there, so a 4-bit kernel would score above 1).
+  c.compute_ref = part == MoePart::kW4a16 || n_tokens <= 256 ? ComputeRef::kGemm : ComputeRef::kGroupedGemm;
   c.rows_per_expert = std::max<int64_t>(1, n_tokens * kTopK / kExperts);
   c.prepare = [=](const CudaEnv& env, CaseMemory& mem, int) {
     const MoeCudaParams p = moe_params(n_tokens);
-    moe_check_params(p);
-    const ExpertWeightsCuda* experts = make_experts(mem);
+    ops::moe_check_params(p);
     const Routing routing = random_routing(n_tokens, 5);
     const int32_t* ids = mem.upload(routing.ids);
     const float* weights = mem.upload(routing.weights);
     const bf16* x = mem.bf16(z(n_tokens * kLatent));
     void* out = mem.zeros(z(n_tokens * kLatent) * 2);
-    const MoeWorkspace ws = moe_workspace_layout(p, mem.zeros(moe_workspace_bytes(p)));
-    // The FFN alone reads a dispatched workspace: dispatch and gather once here.
-    moe_dispatch_cuda(p, ids, weights, ws, env.stream);
-    moe_gather_cuda(p, x, ws, env.stream);
+    // The dispatch buffers live as long as the launch closure.
+    auto disp = std::make_shared<MoeDispatchBuffers>(p);
+    const ops::MoeWorkspace ws = disp->ws;
+    ops::moe_dispatch_cuda(p, ids, weights, ws, env.stream);
     PreparedKernel k;
     const double flops = 2.0 * d(n_tokens * kTopK) * expert_params();
     const double io = d(n_tokens * kLatent) * 2 * 2;  // x in, out read-modify-written
     const double slots = d(n_tokens * kTopK);
+    if (part == MoePart::kW4a16) {
+      // Random bytes in the load-time layout (codes and stored scales): timing does not depend on the values.
+      ops::MoeW4a16Weights w;
+      w.info = ops::moe_w4a16_layout_info(kExperts, kLatent, kInter);
+      w.data = mem.bytes(z(w.info.total_bytes));
+      const ops::MoeW4a16Params wp = ops::moe_w4a16_params(p);
+      const ops::MoeW4a16Workspace wws =
+          ops::moe_w4a16_workspace_layout(wp, mem.zeros(ops::moe_w4a16_workspace_bytes(wp)));
+      // Packed bytes of the touched experts + x in + out read-modify-written (h stays on chip or in L2).
+      k.cost = {d(routing.touched) * d(w.info.gate_up.slot_bytes + w.info.down.slot_bytes) + io, flops};
+      k.launch = [=](int, cudaStream_t s) {
+        (void)disp;
+        ops::moe_w4a16_cuda(wp, w, ws, {x, out}, wws, s);
+      };
+      return k;
+    }
+    // The stage FFN alone reads a gathered workspace: gather once here.
+    ops::moe_gather_cuda(p, x, ws, env.stream);
+    const ExpertWeightsCuda* experts = make_experts(mem);
     switch (part) {
+      case MoePart::kW4a16:
       case MoePart::kFfn:
         k.cost = {ffn_bytes(n_tokens, routing.touched), flops};
-        k.launch = [=](int, cudaStream_t s) { moe_expert_ffn_cuda(p, experts, ws, s); };
+        k.launch = [=](int, cudaStream_t s) {
+          (void)disp;
+          ops::moe_expert_ffn_cuda(p, experts, ws, s);
+        };
         break;
       case MoePart::kRouted:
         // + gather (x rows out to the slots), combine (expert outputs back, weighted) and ids / weights.
         k.cost = {ffn_bytes(n_tokens, routing.touched) + io + slots * d(kLatent) * 4 + slots * 8, flops};
         k.launch = [=](int, cudaStream_t s) {
-          moe_routed_experts_cuda(p, MoeCudaArgs{ids, weights, x, experts, out}, ws, s);
+          (void)disp;
+          ops::moe_dispatch_cuda(p, ids, weights, ws, s);
+          ops::moe_gather_cuda(p, x, ws, s);
+          ops::moe_expert_ffn_cuda(p, experts, ws, s);
+          ops::moe_combine_cuda(p, ws, out, s);
         };
         break;
       case MoePart::kDispatch:
         k.cost = {slots * (8 + 4 * 4), 0.0};  // ids + weights in; row token / weight / slot row / rank out
-        k.launch = [=](int, cudaStream_t s) { moe_dispatch_cuda(p, ids, weights, ws, s); };
+        k.launch = [=](int, cudaStream_t s) {
+          (void)disp;
+          ops::moe_dispatch_cuda(p, ids, weights, ws, s);
+        };
         break;
     }
     return k;
@@ -172,7 +210,8 @@ KernelCase router_case(int64_t n_tokens) {
 void register_moe_cases(KernelRegistry& r, bool quick) {
   const std::vector<int64_t> decode = quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 16, 64};
   for (int64_t b : decode) r.add(router_case(b));
-  for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16", b, MoePart::kFfn));
+  for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16", b, MoePart::kW4a16));
+  for (int64_t b : decode) r.add(moe_case("moe_decode_stages", b, MoePart::kFfn));
   for (int64_t b : decode) r.add(moe_case("moe_decode_routed", b, MoePart::kRouted));
   const std::vector<int64_t> prefill =
       quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 4096, 16384};

@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <utility>
 
 #include "backend/cuda/device_buffer.h"
 #include "formats/quant.h"
@@ -28,12 +30,17 @@ struct DeviceWeight {
   const void* scale = nullptr;
 };
 
-// A weight uploaded by upload_weight: the descriptor plus the buffers it points into (keep them alive together).
+// An uploaded weight: the descriptor plus what it points into (keep them alive together): its own buffers
+// (upload_weight), or a share of the one allocation of its batch (cuda::WeightUploader).
 struct DeviceWeightStorage {
   DeviceWeight desc;
   cuda::DeviceBuffer data;
   cuda::DeviceBuffer scale;
+  std::shared_ptr<cuda::DeviceBuffer> arena;
 };
+
+// Bytes the device copy of each part of `w` takes: {data, scale} (dense weights become bf16).
+std::pair<size_t, size_t> device_weight_bytes(const QuantWeight& w);
 
 // Copies a host QuantWeight into new device buffers (synchronous; load time only). Dense F32/F16 weights are rounded
 // to bf16 (round to nearest even) on the host first; BF16, FP8 and MXFP4 bytes are copied as stored.

@@ -61,3 +61,18 @@ DeviceWeightStorage upload_weight(const QuantWeight& w) {
 }
 
 }  // namespace bg::ops
+
+namespace bg::ops {
+
+std::pair<size_t, size_t> device_weight_bytes(const QuantWeight& w) {
+  const size_t n = static_cast<size_t>(w.n_out) * static_cast<size_t>(w.n_in);
+  switch (w.format) {
+    case WeightFormat::kDense: return {n * 2, 0};
+    case WeightFormat::kFp8Block:
+      return {n, static_cast<size_t>(((w.n_out + 127) / 128) * ((w.n_in + 127) / 128)) * sizeof(float)};
+    case WeightFormat::kMxfp4: return {n / 2, n / kMxfp4GroupSize};
+  }
+  return {0, 0};
+}
+
+}  // namespace bg::ops

@@ -104,7 +104,8 @@ class DeepSeekV3ChatFormat : public ChatFormat {
   bool default_thinking() const override { return false; }
   explicit DeepSeekV3ChatFormat(const Tokenizer& tok) : tok_(tok), m_(DsMarkers::from(tok)) {}
 
-  std::vector<int32_t> render(const json& messages, const ordered_json& tools, const ChatOptions& options) const override {
+  std::vector<int32_t> render(const json& messages, const ordered_json& tools,
+                              const ChatOptions& options) const override {
     const std::vector<ChatMessage> msgs = parse_chat_messages(messages);
     validate_chat_tools(tools);
     BG_CHECK(options.reasoning_effort.empty() ||
@@ -167,7 +168,8 @@ class DeepSeekV3ChatFormat : public ChatFormat {
     return w.take();
   }
 
-  std::string render_text(const json& messages, const ordered_json& tools, const ChatOptions& options) const override {
+  std::string render_text(const json& messages, const ordered_json& tools,
+                          const ChatOptions& options) const override {
     return tok_.decode(render(messages, tools, options));
   }
   std::vector<int32_t> stop_token_ids() const override { return {m_.eos}; }

@@ -177,11 +177,13 @@ class TemplateChatFormat : public ChatFormat {
     BG_CHECK(!stops_.empty(), "{}: the tokenizer has no end-of-sequence token to stop generation at", name);
   }
 
-  std::vector<int32_t> render(const json& messages, const ordered_json& tools, const ChatOptions& options) const override {
+  std::vector<int32_t> render(const json& messages, const ordered_json& tools,
+                              const ChatOptions& options) const override {
     return tok_.encode_with_special(render_text(messages, tools, options));
   }
 
-  std::string render_text(const json& messages, const ordered_json& tools, const ChatOptions& options) const override {
+  std::string render_text(const json& messages, const ordered_json& tools,
+                          const ChatOptions& options) const override {
     const std::vector<ChatMessage> msgs = parse_chat_messages(messages);  // validation: errors name the field
     validate_chat_tools(tools);
     if (!options.reasoning_effort.empty()) {

@@ -53,7 +53,9 @@ class Generation {
   void cancel_by_client();
 
   const OutputAssembler& output() const { return asm_; }
-  Usage usage() const { return Usage{static_cast<int64_t>(prompt_len_), asm_.completion_tokens()}; }
+  Usage usage() const {
+    return Usage{static_cast<int64_t>(prompt_len_), asm_.completion_tokens(), asm_.cached_tokens()};
+  }
   bool logprobs() const { return logprobs_; }
 
  private:

@@ -22,26 +22,33 @@ constexpr size_t kMaxKeyInPath = 64;  // bytes of one key shown in a path (keys 
 template <class json>
 class BoundedBuilder {
  public:
+  using number_integer_t = typename json::number_integer_t;
+  using number_unsigned_t = typename json::number_unsigned_t;
+  using number_float_t = typename json::number_float_t;
+  using string_t = typename json::string_t;
+  using binary_t = typename json::binary_t;
+  using exception_t = typename json::exception;
+
   BoundedBuilder(json& root, size_t max_depth) : root_(root), max_depth_(max_depth) {}
 
   bool null() { return add(json(nullptr)); }
   bool boolean(bool v) { return add(json(v)); }
-  bool number_integer(json::number_integer_t v) { return add(json(v)); }
-  bool number_unsigned(json::number_unsigned_t v) { return add(json(v)); }
-  bool number_float(json::number_float_t v, const json::string_t&) { return add(json(v)); }
-  bool string(json::string_t& v) { return add(json(std::move(v))); }
-  bool binary(json::binary_t&) { return add(json(nullptr)); }  // the text parser never produces binary values
+  bool number_integer(number_integer_t v) { return add(json(v)); }
+  bool number_unsigned(number_unsigned_t v) { return add(json(v)); }
+  bool number_float(number_float_t v, const string_t&) { return add(json(v)); }
+  bool string(string_t& v) { return add(json(std::move(v))); }
+  bool binary(binary_t&) { return add(json(nullptr)); }  // the text parser never produces binary values
 
   bool start_object(size_t) { return open(json::object()); }
   bool start_array(size_t) { return open(json::array()); }
-  bool key(json::string_t& k) {
+  bool key(string_t& k) {
     frames_.back().key = std::move(k);
     return true;
   }
   bool end_object() { return close(); }
   bool end_array() { return close(); }
 
-  bool parse_error(size_t, const std::string&, const json::exception& ex) {
+  bool parse_error(size_t, const std::string&, const exception_t& ex) {
     if (ex.id == 406) {  // out_of_range.406: a number that does not fit a double (1e400)
       throw ApiError(400, fmt::format("a number in {} is out of range (it does not fit a 64-bit float)", where()),
                      path());

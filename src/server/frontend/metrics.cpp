@@ -105,6 +105,43 @@ void render_workers(std::string& out, const std::vector<RankState>& ws) {
            [](const W& w) { return w.state_slots_total - w.state_slots_free; });
   per_rank(out, "batchgen_state_slots_total", "Recurrent (KDA) state slots in the pool", ws,
            [](const W& w) { return w.state_slots_total; });
+  per_rank(out, "batchgen_kv_blocks_cached", "MLA KV blocks held only by the prefix cache (evictable)", ws,
+           [](const W& w) { return w.kv_blocks_cached; });
+  per_rank(out, "batchgen_state_slots_cached", "Recurrent state slots holding prefix-cache snapshots", ws,
+           [](const W& w) { return w.state_slots_cached; });
+  per_rank(out, "batchgen_kv_gpu_bytes_used", "GPU bytes of MLA KV blocks in use", ws,
+           [](const W& w) { return w.kv_bytes_used; });
+  per_rank(out, "batchgen_state_gpu_bytes_used", "GPU bytes of recurrent state slots in use", ws,
+           [](const W& w) { return w.state_bytes_used; });
+  per_rank(out, "batchgen_host_tier_bytes_total", "Host tier (pinned host memory) size", ws,
+           [](const W& w) { return w.host_bytes_total; });
+  per_rank(out, "batchgen_kv_host_bytes_used", "Host-tier bytes holding MLA KV blocks", ws,
+           [](const W& w) { return w.host_kv_bytes; });
+  per_rank(out, "batchgen_state_host_bytes_used", "Host-tier bytes holding recurrent state", ws,
+           [](const W& w) { return w.host_state_bytes; });
+  per_rank(out, "batchgen_num_requests_offloaded", "Preempted sequences waiting in the host tier", ws,
+           [](const W& w) { return w.seqs_offloaded; });
+  per_rank(out, "batchgen_prefix_cache_queries_total", "Requests started with the prefix cache on", ws,
+           [](const W& w) { return w.prefix_cache_lookups_total; });
+  per_rank(out, "batchgen_prefix_cache_hits_total", "Requests that reused cached prompt tokens", ws,
+           [](const W& w) { return w.prefix_cache_hits_total; });
+  per_rank(out, "batchgen_prefix_cache_query_tokens_total", "Prompt tokens looked up in the prefix cache", ws,
+           [](const W& w) { return w.prefix_cache_lookup_tokens_total; });
+  per_rank(out, "batchgen_prefix_cache_hit_tokens_total", "Prompt tokens reused from the prefix cache (prefill "
+           "saved)", ws, [](const W& w) { return w.prefix_cache_hit_tokens_total; });
+  per_rank(out, "batchgen_prefix_cache_hit_rate", "Cached / looked-up prompt tokens since the worker started", ws,
+           [](const W& w) {
+             return w.prefix_cache_lookup_tokens_total > 0
+                        ? static_cast<double>(w.prefix_cache_hit_tokens_total) /
+                              static_cast<double>(w.prefix_cache_lookup_tokens_total)
+                        : 0.0;
+           });
+  per_rank(out, "batchgen_offloads_total", "Sequences moved to the host tier", ws,
+           [](const W& w) { return w.offloads_total; });
+  per_rank(out, "batchgen_restores_total", "Sequences brought back from the host tier", ws,
+           [](const W& w) { return w.restores_total; });
+  per_rank(out, "batchgen_rotations_total", "Requests that yielded their GPU place to a waiting one", ws,
+           [](const W& w) { return w.rotations_total; });
   per_rank(out, "batchgen_worker_preemptions_total", "Preemptions since the worker started", ws,
            [](const W& w) { return w.preemptions_total; });
   per_rank(out, "batchgen_worker_steps_total", "Engine steps since the worker started", ws,

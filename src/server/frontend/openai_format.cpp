@@ -47,7 +47,8 @@ std::string sanitize_utf8(const std::string& bytes) {
 json usage_json(const Usage& u) {
   return json{{"prompt_tokens", u.prompt_tokens},
               {"completion_tokens", u.completion_tokens},
-              {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+              {"total_tokens", u.prompt_tokens + u.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
 json chat_logprobs_json(const std::vector<LogprobEntry>& entries) {

@@ -19,6 +19,7 @@ struct ResponseMeta {
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens the worker reused from its prefix cache
 };
 
 nlohmann::json usage_json(const Usage& u);

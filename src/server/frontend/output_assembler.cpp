@@ -90,6 +90,7 @@ OutputDelta OutputAssembler::feed(const proto::TokenEvent& ev) {
   OutputDelta out;
   if (done_) return out;
   if (ev.prompt_tokens > 0) prompt_tokens_ = ev.prompt_tokens;
+  if (ev.cached_tokens > 0) cached_tokens_ = ev.cached_tokens;
   for (size_t i = 0; i < ev.tokens.size() && !done_; ++i) {
     ++completion_tokens_;
     if (want_logprobs_ && i < ev.logprobs.size()) out.logprobs.push_back(make_logprob(ev.logprobs[i]));

@@ -55,6 +55,7 @@ class OutputAssembler {
   const std::string& error() const { return error_; }
   int32_t error_code() const { return error_code_; }
   int64_t prompt_tokens() const { return prompt_tokens_; }
+  int64_t cached_tokens() const { return cached_tokens_; }
   int64_t completion_tokens() const { return completion_tokens_; }
 
  private:
@@ -76,6 +77,7 @@ class OutputAssembler {
   std::string error_;
   int32_t error_code_ = 0;
   int64_t prompt_tokens_ = 0;
+  int64_t cached_tokens_ = 0;
   int64_t completion_tokens_ = 0;
 };
 

@@ -26,6 +26,8 @@
 #include "server/frontend/ipc_dir.h"
 #include "server/frontend/worker_link.h"
 #include "server/frontend/worker_manager.h"
+#include "weights/dist_config.h"
+#include "weights/segment.h"
 
 namespace bg::frontend {
 
@@ -38,16 +40,7 @@ void validate_distributed_config(const std::string& path) {
   std::error_code ec;
   BG_CHECK(fs::exists(path, ec), "--distributed-weight-config {}: no such file", path);
   BG_CHECK(fs::is_regular_file(path, ec), "--distributed-weight-config {}: not a regular file", path);
-  std::ifstream in(path);
-  BG_CHECK(in.good(), "--distributed-weight-config {}: cannot be read", path);
-  try {
-    nlohmann::json parsed = nlohmann::json::parse(in);
-    BG_CHECK(parsed.is_object(), "--distributed-weight-config {}: must hold a JSON object", path);
-  } catch (const nlohmann::json::exception& e) {
-    fail("--distributed-weight-config {}: not valid JSON: {}", path, e.what());
-  }
-  fail("--distributed-weight-config {}: distributed weights are not available yet in this build (the cross-node "
-       "weight store has not been implemented); serve from a local checkpoint without this flag", path);
+  (void)weights::load_dist_config(path);  // every field checked; the worker uses it (docs/WEIGHTS.md)
 }
 
 void check_positive(const std::optional<int64_t>& v, const char* flag) {
@@ -85,16 +78,26 @@ void validate_serve_options(ServeOptions& opt) {
              "--allowed-hosts: '{}' is not a host name or address (give names without port or scheme, e.g. "
              "localhost,api.example.com)", h);
   }
+  check_positive(opt.prefix_snapshot_interval, "--prefix-snapshot-interval");
+  BG_CHECK(!opt.host_memory_gb || (*opt.host_memory_gb >= 0.0 && *opt.host_memory_gb <= 1e6),
+           "--host-memory-gb {} must be in [0, 1e6]", opt.host_memory_gb.value_or(0.0));
+  BG_CHECK(opt.state_offload_dtype.empty() || opt.state_offload_dtype == "f32" || opt.state_offload_dtype == "bf16" ||
+           opt.state_offload_dtype == "fp8", "--state-offload-dtype {} must be f32, bf16 or fp8",
+           opt.state_offload_dtype);
   BG_CHECK(opt.k3_moe_exchange == "nccl" || opt.k3_moe_exchange == "ll", "--k3-moe-exchange {} must be nccl or ll",
            opt.k3_moe_exchange);
   BG_CHECK(opt.moe_exchange_tokens >= 0, "--moe-exchange-tokens {} must be >= 0", opt.moe_exchange_tokens);
   const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(opt.parallel);  // throws on a bad layout
+  // TP ranks mirror their leader's pools; the host tier moves state in the leader's only (docs/PARALLEL.md).
+  BG_CHECK(layout.tp() == 1 || opt.host_memory_gb.value_or(0.0) == 0.0,
+           "--host-memory-gb is not available with --tp {} (docs/PARALLEL.md)", layout.tp());
   if (opt.device == "cuda" && layout.multi_rank()) {
     BG_CHECK(opt.k3_moe_exchange == "nccl", "{}", moe::kLlNotAvailable);
   }
   BG_CHECK(layout.nnodes() == 1, "--nnodes {}: serving across several hosts is not available yet (one serve runs its "
            "whole rank set on this host; docs/PARALLEL.md)", layout.nnodes());
   validate_distributed_config(opt.distributed_weight_config);
+  if (!opt.weight_store.empty()) weights::check_store_name(opt.weight_store);
   if (opt.served_model_name.empty()) {
     fs::path p = fs::weakly_canonical(opt.model_dir, ec);
     if (ec || p.filename().empty()) p = fs::path(opt.model_dir);
@@ -126,6 +129,24 @@ std::vector<std::string> worker_command(const ServeOptions& opt, const std::stri
                                  std::string("--moe-exchange-tokens"), std::to_string(opt.moe_exchange_tokens)}) {
       argv.push_back(a);
     }
+  }
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"--weight-store", opt.weight_store},
+                                    {"--distributed-weight-config", opt.distributed_weight_config}}) {
+    if (!value.empty()) {
+      argv.push_back(flag);
+      argv.push_back(value);
+    }
+  }
+  add("--prefix-snapshot-interval", opt.prefix_snapshot_interval);
+  add("--swap-quantum-steps", opt.swap_quantum_steps);
+  if (!opt.prefix_cache) argv.push_back("--no-prefix-cache");
+  if (opt.host_memory_gb) {
+    argv.push_back("--host-memory-gb");
+    argv.push_back(fmt::format("{}", *opt.host_memory_gb));
+  }
+  if (!opt.state_offload_dtype.empty()) {
+    argv.push_back("--state-offload-dtype");
+    argv.push_back(opt.state_offload_dtype);
   }
   return argv;
 }

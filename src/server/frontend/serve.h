@@ -22,12 +22,19 @@ struct ServeOptions {
   std::optional<int64_t> max_model_len;
   std::optional<int64_t> chunked_prefill_size;
   std::optional<int64_t> max_queue;
+  // Sequence state (the worker's kv::StateManager; docs/SERVING_ENGINE.md)
+  bool prefix_cache = true;                     // false: --no-prefix-cache
+  std::optional<int64_t> prefix_snapshot_interval;
+  std::optional<double> host_memory_gb;
+  std::string state_offload_dtype;              // "": the worker's (f32)
+  std::optional<int64_t> swap_quantum_steps;
   std::string api_key;
   std::string served_model_name;                // "": the model directory's name
   std::string k3_moe_exchange = "nccl";         // nccl | ll: the expert exchange between CUDA ranks
   int64_t moe_exchange_tokens = 0;              // tokens per rank per exchange call (0: the exchange's default)
   dist::ParallelFlags parallel;                 // --tp / --dp / --ep (docs/PARALLEL.md)
-  std::string distributed_weight_config;        // path; not supported yet
+  std::string distributed_weight_config;        // path (docs/WEIGHTS.md), passed to the workers
+  std::string weight_store = "";                // weightd store the workers attach to ("" = read the files)
   size_t max_body_bytes = size_t{16} << 20;
   // HTTP
   std::optional<int64_t> max_connections;       // unset: 4096, lowered to what the file-descriptor limit allows
