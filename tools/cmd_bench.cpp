@@ -32,6 +32,7 @@ std::string command_line(const BenchArgs& a) {
   const bench::BenchOptions& o = a.options;
   std::string cmd = fmt::format("batchgen bench {} --device {}", o.what, o.device);
   if (o.quick) cmd += " --quick";
+  if (o.deterministic) cmd += " --deterministic";
   for (const auto& m : o.models) cmd += " --model " + m.string();
   if (!a.batches.empty()) cmd += " --batches " + a.batches;
   if (!a.contexts.empty()) cmd += " --contexts " + a.contexts;
@@ -91,6 +92,8 @@ void register_bench(CLI::App& app) {
       ->check(CLI::IsMember({"kernels", "step", "prefill", "all"}));
   cmd->add_option("--device", o.device, "cuda (default) or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
   cmd->add_option("--json", args->json_path, "Write the full report as JSON to this file");
+  cmd->add_flag("--deterministic", o.deterministic, "Step and prefill with batch-invariant kernels (the cost of "
+               "serve --deterministic)");
   cmd->add_flag("--quick", o.quick, "Smaller sizes and fewer repeats (CI runs `bench all --device cpu --quick`)");
   cmd->add_option("--model", o.models,
                   "Checkpoint for step / prefill (repeatable); default on the CPU: tiny K3 and DeepSeek-V3 presets")

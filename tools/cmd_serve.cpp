@@ -79,6 +79,8 @@ void register_serve(CLI::App& app) {
                   "fp8 (lossy)")->check(CLI::IsMember({"f32", "bf16", "fp8"}));
   cmd->add_option("--swap-quantum-steps", a->swap_quantum_steps, "With a host tier: steps a request runs before it "
                   "yields its GPU place to a waiting one (default 0: never)");
+  cmd->add_flag("--deterministic", o.deterministic, "Batch-invariant results: a request gets the same tokens "
+               "whatever it is batched with (slower at small batches; docs/DETERMINISM.md)");
   cmd->add_option("--chat-template", o.chat_template, "A Jinja chat template file used instead of the checkpoint's");
   add_parallel_flags(cmd, a->par, true);  // --tp/--dp/--ep, --nnodes..., --k3-moe-exchange, --moe-exchange-tokens
   cmd->add_option("--distributed-weight-config", o.distributed_weight_config, "Fetch the tensors this node lacks from "

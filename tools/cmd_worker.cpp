@@ -39,6 +39,8 @@ void register_worker(CLI::App& app) {
   add_weight_source_options(cmd, o->weight_store, o->distributed_weight_config);
   cmd->add_flag("--no-prefix-cache", [o](int64_t) { o->prefix_cache = false; },
                "Do not reuse KV / state of earlier requests that share a prefix (default: on)");
+  cmd->add_flag("--deterministic", o->deterministic, "Batch-invariant results: fixed kernel choices and prefill "
+               "cut points whatever else runs (docs/DETERMINISM.md)");
   cmd->add_option("--prefix-snapshot-interval", o->snapshot_interval, "Tokens between KDA state snapshots in the "
                   "prefix cache; a multiple of the KV block size and 64 (default 512)");
   cmd->add_option("--host-memory-gb", o->host_memory_gb, "Host memory (GiB, pinned on cuda) for offloaded sequences "

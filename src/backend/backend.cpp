@@ -76,12 +76,12 @@ void Backend::moe_routed_local(const ExpertSlots& experts, const GluSpec& glu, c
   moe_combine(r, y, out);
 }
 
-std::unique_ptr<Backend> make_backend(std::string_view device) {
+std::unique_ptr<Backend> make_backend(std::string_view device, const BackendOptions& options) {
   if (device == "cpu") return make_cpu_backend();
   if (device == "cpu-bf16") return make_cpu_backend(true);
   if (device == "cuda") {
 #ifdef BG_HAVE_CUDA
-    return make_cuda_backend();
+    return make_cuda_backend({.deterministic = options.deterministic});
 #else
     fail("--device cuda: this batchgen was built without the CUDA backend (configure where nvcc is installed, with "
          "-DBG_CUDA=ON)");

@@ -301,7 +301,15 @@ class Backend {
   CopyFence copies_issued_ = 0;
 };
 
+// Choices that hold for every op of a backend.
+struct BackendOptions {
+  // Batch invariance (--deterministic): every op computes a row the same way whatever else is in the batch (fixed
+  // reduction orders and kernel choices independent of the batch size); CUDA pays for it at small batches
+  // (docs/DETERMINISM.md). The CPU backend is batch invariant anyway.
+  bool deterministic = false;
+};
+
 // "cpu" or "cuda" (CUDA only when built with it and a GPU is present); throws naming what is missing.
-std::unique_ptr<Backend> make_backend(std::string_view device);
+std::unique_ptr<Backend> make_backend(std::string_view device, const BackendOptions& options = {});
 
 }  // namespace bg

@@ -15,6 +15,7 @@ struct BenchOptions {
   std::string what = "all";     // "kernels" | "step" | "prefill" | "all"
   std::string device = "cuda";  // "cuda" | "cpu"
   bool quick = false;           // smaller sizes, fewer repeats (CI: seconds)
+  bool deterministic = false;   // step / prefill with batch-invariant kernels (LoadOptions::deterministic)
   // Checkpoints for step / prefill / host. Empty: on the CPU, tiny Kimi-K3 and DeepSeek-V3 presets written by
   // make-random into a temporary directory; on CUDA an error (the slice is 13 GB: make it once, pass --model).
   std::vector<std::filesystem::path> models;

@@ -364,11 +364,15 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
   sc.chunked_prefill_size = o.chunked_prefill_size;
   sc.max_queue = o.max_queue;
   sc.swap_quantum_steps = o.swap_quantum_steps;
+  sc.deterministic = o.deterministic;
   LoadOptions lo = plan.load_options();
   lo.ranks = ranks;
   lo.weight_store = o.weight_store;
   lo.distributed_weight_config = o.distributed_weight_config;
-  auto engine = std::make_unique<Engine>(load_model(o.model_dir, lo), plan.state_plan(), sc);
+  lo.deterministic = o.deterministic;
+  kv::StatePlan sp = plan.state_plan();
+  if (o.deterministic) sp.resume_align_tokens = sp.snapshot_interval;  // hits resume on the scheduler's grid
+  auto engine = std::make_unique<Engine>(load_model(o.model_dir, lo), sp, sc);
   if (ranks) ranks->world->barrier();  // ready only once every rank has loaded
   return engine;
 }

@@ -31,6 +31,7 @@ struct WorkerOptions {
   double gpu_memory_utilization = 0.9;    // --gpu-memory-utilization
   bool prefix_cache = true;               // --no-prefix-cache turns it off
   int64_t snapshot_interval = 0;          // --prefix-snapshot-interval (0: the planner's default)
+  bool deterministic = false;             // --deterministic: batch-invariant kernels and prefill cut points
   double host_memory_gb = 0.0;            // --host-memory-gb: the host tier (0: none)
   std::string state_offload_dtype = "f32";  // --state-offload-dtype f32|bf16|fp8
   int64_t swap_quantum_steps = 0;         // --swap-quantum-steps (needs the host tier)

@@ -19,7 +19,8 @@ struct Resume {
   CacheNode* snapshot = nullptr;
 };
 
-Resume find_resume(const PrefixMatch& m, int64_t n_tokens, bool has_state, int64_t block_tokens) {
+Resume find_resume(const PrefixMatch& m, int64_t n_tokens, bool has_state, int64_t block_tokens,
+                   int64_t resume_align) {
   Resume r;
   const int64_t limit = n_tokens - 1;  // at least one token is computed, for its logits
   if (has_state) {
@@ -35,7 +36,7 @@ Resume find_resume(const PrefixMatch& m, int64_t n_tokens, bool has_state, int64
     }
     return r;
   }
-  r.tokens = std::min(m.n_tokens(), limit);
+  r.tokens = std::min(m.n_tokens(), limit) / resume_align * resume_align;
   const int64_t n_whole = r.tokens / block_tokens;
   r.whole.assign(m.path.begin(), m.path.begin() + n_whole);
   if (r.tokens % block_tokens != 0) {
@@ -56,7 +57,7 @@ StartPlan StateManager::plan_start(std::span<const int32_t> tokens) const {
   p.slots_needed = geometry_.has_state() ? 1 : 0;
   p.blocks_needed = ceil_div(n, kv_.block_size());
   if (!plan_.prefix_cache || n == 0) return p;
-  const Resume r = find_resume(cache_.match(tokens), n, geometry_.has_state(), kv_.block_size());
+  const Resume r = find_resume(cache_.match(tokens), n, geometry_.has_state(), kv_.block_size(), plan_.resume_align_tokens);
   p.resume_tokens = r.tokens;
   for (const CacheNode* node : r.whole) {
     if (node->gpu_block < 0) continue;  // restored into a new block
@@ -75,7 +76,7 @@ std::unique_ptr<Sequence> StateManager::start_sequence(std::span<const int32_t> 
   }
   ++counters_.cache_lookups;
   counters_.cache_lookup_tokens += n;
-  const Resume r = find_resume(cache_.match(tokens), n, geometry_.has_state(), kv_.block_size());
+  const Resume r = find_resume(cache_.match(tokens), n, geometry_.has_state(), kv_.block_size(), plan_.resume_align_tokens);
   std::vector<CacheNode*> pinned = r.whole;
   if (r.cow != nullptr) pinned.push_back(r.cow);
   for (CacheNode* node : pinned) node->pinned = true;

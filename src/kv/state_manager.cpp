@@ -15,6 +15,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 void validate(const StateGeometry& g, const StatePlan& p) {
   BG_CHECK(g.n_mla_layers > 0 && g.entry_dim() > 0, "state manager: the model has no MLA KV cache");
   BG_CHECK(p.kv_block_tokens >= 1, "KV block size {} must be >= 1", p.kv_block_tokens);
+  BG_CHECK(p.resume_align_tokens >= 1, "prefix-cache resume alignment {} must be >= 1", p.resume_align_tokens);
   BG_CHECK(p.kv_blocks >= 0 && p.state_slots >= 0 && p.host_bytes >= 0, "state manager: negative sizes ({} blocks, "
            "{} slots, {} host bytes)", p.kv_blocks, p.state_slots, p.host_bytes);
   if (g.has_state()) {

@@ -33,6 +33,9 @@ struct StatePlan {
   int64_t host_bytes = 0;              // host tier (0: none)
   bool prefix_cache = true;
   int64_t snapshot_interval = 512;     // tokens between KDA snapshots (a multiple of the block size and of 64)
+  // Models without KDA layers: a prefix-cache hit is rounded down to a multiple of this (--deterministic sets the
+  // snapshot interval, the scheduler's piece grid, so a hit resumes where an uncached prefill would have cut).
+  int64_t resume_align_tokens = 1;
   StateCodec state_codec = StateCodec::kF32;  // how offloaded KDA state is stored
 
   // For tools and tests that run sequences by hand: `max_sequences` slots, KV blocks for `max_tokens` tokens over all

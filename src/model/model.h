@@ -46,6 +46,7 @@ struct LoadOptions {
   std::shared_ptr<dist::RankContext> ranks = nullptr;
   std::string weight_store = "";           // attach to this weightd store instead of reading the files (docs/WEIGHTS.md)
   std::string distributed_weight_config = "";  // fetch what the node lacks from the peers this config names
+  bool deterministic = false;  // batch-invariant kernels (BackendOptions::deterministic, docs/DETERMINISM.md)
 };
 
 // One sequence's part of a batched step: `tokens` run after what `seq` already holds (a prefill chunk or one decode

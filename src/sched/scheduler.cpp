@@ -23,6 +23,15 @@ Scheduler::Scheduler(kv::StateManager& state, const SchedulerConfig& config)
   BG_CHECK(config_.max_queue >= 0, "--max-queue {} must be >= 0", config_.max_queue);
   BG_CHECK(config_.kv_watermark >= 0.0 && config_.kv_watermark < 1.0, "KV watermark {} must be in [0, 1)",
            config_.kv_watermark);
+  if (config_.deterministic) {
+    // Pieces end on fixed positions: the snapshot interval (also for models without KDA layers, whose prefix-cache
+    // hits are then rounded to it) and the largest multiple of the alignment that always fits beside the decodes.
+    split_ = state.plan().snapshot_interval;
+    grid_ = (config_.chunked_prefill_size - config_.max_num_seqs) / align_ * align_;
+    BG_CHECK(grid_ >= 1 && split_ >= 1, "--deterministic needs --chunked-prefill-size {} > --max-num-seqs {} (a prefill "
+             "piece must fit beside a decode token of every running sequence)", config_.chunked_prefill_size,
+             config_.max_num_seqs);
+  }
   BG_CHECK(config_.swap_quantum_steps >= 0, "--swap-quantum-steps {} must be >= 0", config_.swap_quantum_steps);
   BG_CHECK(config_.swap_quantum_steps == 0 || state.plan().host_bytes > 0, "--swap-quantum-steps {} needs a host "
            "tier (--host-memory-gb)", config_.swap_quantum_steps);
@@ -90,6 +99,10 @@ int64_t Scheduler::piece_tokens(const Request& r, int64_t budget) const {
   const int64_t start = r.n_computed;
   int64_t end = r.n_tokens();
   if (split_ > 0) end = std::min(end, (start / split_ + 1) * split_);
+  if (grid_ > 0) {
+    end = std::min(end, (start / grid_ + 1) * grid_);
+    return end - start <= budget ? end - start : 0;
+  }
   int64_t stop = start + std::min(end - start, budget);
   // A piece cut short by the budget ends on a chunk boundary (a sequence off the grid, after a failure, is left be).
   if (stop < r.n_tokens() && stop != end && start % align_ == 0) stop = stop / align_ * align_;
@@ -104,6 +117,7 @@ void Scheduler::admit_waiting(StepPlan& plan, TokenBudget& budget) {
     waiting_.pop_front();
     const int64_t n = r.n_pending() == 1 ? 1 : piece_tokens(r, budget.left());
     add_chunk(plan, r, budget.take(n));
+    if (n == 0 && grid_ > 0) break;  // deterministic: its first piece waits for the next step, and so do the requests behind it
   }
 }
 

@@ -28,6 +28,10 @@ struct SchedulerConfig {
   // the head of the queue when that one cannot start otherwise (offloaded, to the back of the queue), so more
   // requests progress at once than the GPU holds. 0: never (requests wait for a running one to finish).
   int64_t swap_quantum_steps = 0;
+  // --deterministic: a prompt is cut into prefill pieces at fixed positions only (multiples of the piece grid and of
+  // the snapshot interval), whatever else runs; a piece the step has no room for waits for the next step. With the
+  // state plan's resume_align_tokens at the snapshot interval, a prefix-cache hit resumes on the same grid.
+  bool deterministic = false;
 };
 
 // Why a request was not accepted: an HTTP-like code (400 too long, 503 queue full) and a message for the client.
@@ -72,8 +76,10 @@ class Scheduler {
   void reset_sequence(Request& request, int64_t n_tokens);
   // Tokens of a prefill piece of `r` starting at r.n_computed with `budget` tokens left: never across a multiple of
   // the snapshot interval (models with KDA layers), and ending at a multiple of the prefill alignment unless it ends
-  // the input, so the pieces compute what one prefill would (kv::StateGeometry::prefill_align_tokens).
+  // the input, so the pieces compute what one prefill would (kv::StateGeometry::prefill_align_tokens). Deterministic:
+  // the piece up to the next grid point or nothing (0) when the budget is smaller.
   int64_t piece_tokens(const Request& r, int64_t budget) const;
+  int64_t piece_grid() const { return grid_; }  // deterministic: the fixed piece length (0: off)
 
   const Request* find(const std::string& id) const;
   std::vector<std::string> ids() const;  // running, then waiting
@@ -101,6 +107,7 @@ class Scheduler {
   PreemptionPolicy preemption_;
   int64_t align_ = 1;              // prefill pieces end at multiples of this (the KDA chunk), unless at the input end
   int64_t split_ = 0;              // ... and never cross a multiple of this (the snapshot interval; 0: no KDA layers)
+  int64_t grid_ = 0;               // deterministic: pieces never cross a multiple of this either (0: off)
   std::deque<std::unique_ptr<Request>> waiting_;
   std::vector<std::unique_ptr<Request>> running_;  // admission order: the back is the newest
   int64_t preemptions_total_ = 0;

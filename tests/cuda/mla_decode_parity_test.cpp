@@ -337,6 +337,27 @@ TEST_P(MlaDecode, DeterministicAndGraphReplayMatchesEager) {
   cudaStreamDestroy(stream);
 }
 
+// The per-token plan (--deterministic): a token's output bits do not depend on the other tokens of the step. With
+// the default plan, shortening the other contexts moves token 0's cut points.
+TEST_P(MlaDecode, PerTokenPlanIsBatchInvariant) {
+  BG_REQUIRE_GPU();
+  MlaDecodeOptions o = options();
+  o.per_token = true;
+  DecodeCase c(kK3, ragged(16, 911, 4096), 64, o, 912);
+  const std::vector<uint16_t> full = c.run();
+  c.check(full);
+  std::vector<int64_t> others = c.positions;
+  for (size_t i = 4; i < others.size(); ++i) others[i] /= 3;
+  c.set_positions(others);
+  const std::vector<uint16_t> changed = c.run();
+  c.check(changed);
+  const auto row = static_cast<std::ptrdiff_t>(c.shape.heads * c.shape.v);
+  for (std::ptrdiff_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(std::equal(full.begin() + i * row, full.begin() + (i + 1) * row, changed.begin() + i * row))
+        << "token " << i << " changed with the other tokens' contexts";
+  }
+}
+
 // Step-layout bugs are reported through the error word and leave the CUDA context usable.
 TEST_P(MlaDecode, BadPositionsAndBlockEntriesRaiseErrorFlags) {
   BG_REQUIRE_GPU();

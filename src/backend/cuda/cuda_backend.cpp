@@ -69,6 +69,7 @@ class CudaBackend final : public Backend {
     cudaDeviceProp prop{};
     BG_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     n_sms_ = prop.multiProcessorCount;
+    deterministic_ = o.deterministic;
     log::info("cuda backend: {} (sm_{}{}), {:.1f} GiB budget", prop.name, prop.major, prop.minor,
               static_cast<double>(alloc_->budget_bytes()) / (1 << 30));
   }
@@ -388,7 +389,7 @@ class CudaBackend final : public Backend {
   CopyFence issue_copies(std::span<const HostCopy> copies, cudaMemcpyKind kind);
   cudaEvent_t fence_event(CopyFence fence) const;
   void retire_copies();
-  cuda::MoeContext moe_ctx() const { return {alloc_.get(), errors_.as<int32_t>(), stream_, false}; }
+  cuda::MoeContext moe_ctx() const { return {alloc_.get(), errors_.as<int32_t>(), stream_, deterministic_}; }
   // Device error flags (MoE / MLA kernels raise bits instead of trapping): read after each synchronisation; a raised
   // flag is reset and reported as an error of this step (the context stays usable).
   void check_device_errors() {
@@ -422,7 +423,9 @@ class CudaBackend final : public Backend {
   // grows; a replaced buffer is kept while the backend lives, since graphs captured earlier may point into it.
   void mla_decode(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
                   const MlaCacheRef& c, Tensor& out) {
-    const ops::MlaDecodePlan plan = ops::mla_decode_plan(p, n_sms_);
+    ops::MlaDecodeOptions options;
+    options.per_token = deterministic_;  // one partition per token: no cut point depends on the other tokens
+    const ops::MlaDecodePlan plan = ops::mla_decode_plan(p, n_sms_, options);
     if (plan.ws.total_bytes > mla_ws_bytes_) {
       if (mla_ws_) mla_ws_retired_.push_back(std::move(mla_ws_));
       mla_ws_bytes_ = std::max(plan.ws.total_bytes, 2 * mla_ws_bytes_);
@@ -468,6 +471,7 @@ class CudaBackend final : public Backend {
   cuda::DeviceBuffer errors_;         // int32 kernel error flags (see check_device_errors)
   int32_t* errors_host_ = nullptr;    // pinned
   int64_t n_sms_ = 1;
+  bool deterministic_ = false;  // BackendOptions::deterministic
   std::shared_ptr<void> mla_ws_;  // MLA decode workspace (see mla_decode)
   size_t mla_ws_bytes_ = 0;
   std::vector<std::shared_ptr<void>> mla_ws_retired_;

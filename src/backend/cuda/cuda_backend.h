@@ -10,6 +10,7 @@ namespace bg {
 struct CudaBackendOptions {
   int device = -1;                // CUDA device ordinal; -1: the thread's current device (0, or a rank's GPU)
   size_t memory_budget_bytes = 0;  // 0: the free memory at start
+  bool deterministic = false;      // BackendOptions::deterministic: batch-invariant kernel choices
 };
 
 // Throws bg::Error when no CUDA device is usable.

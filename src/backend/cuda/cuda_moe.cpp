@@ -158,7 +158,8 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
   p.act = glu_params(glu);
   p.out_type = out.dtype == DType::kF32 ? ops::MoeOutType::kF32 : ops::MoeOutType::kBf16;
   p.accumulate = true;
-  if (w == nullptr || !r.shape.all_local || !w4a16_enabled() || !ops::moe_w4a16_preferred(p)) {
+  const bool fused = c.deterministic || (w4a16_enabled() && ops::moe_w4a16_preferred(p));
+  if (w == nullptr || !r.shape.all_local || !fused) {
     Tensor rows = Tensor{}, y = Tensor{};
     auto alloc_rows = [&] {
       Tensor t;
@@ -177,7 +178,7 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
     return MoeLocalPath::kStages;
   }
   expect_bf16(x, "moe input");
-  const ops::MoeW4a16Params wp = ops::moe_w4a16_params(p, c.deterministic_splits ? 1 : 0);
+  const ops::MoeW4a16Params wp = ops::moe_w4a16_params(p, c.deterministic ? 1 : 0);
   std::shared_ptr<void> mem = c.alloc->allocate(ops::moe_w4a16_workspace_bytes(wp));
   const ops::MoeW4a16Workspace ws = ops::moe_w4a16_workspace_layout(wp, mem.get());
   ops::moe_w4a16_workspace_init(ws, c.stream);  // stream-ordered memset of the counters (capturable)

@@ -60,7 +60,9 @@ struct MoeContext {
   CachingAllocator* alloc = nullptr;
   int32_t* error_flags = nullptr;  // the backend's device error word
   cudaStream_t stream = nullptr;
-  bool deterministic_splits = false;  // W4A16: a fixed split-K factor (results independent of the batch)
+  // Batch invariance (BackendOptions::deterministic): where the layer has the W4A16 layout, the fused kernel runs
+  // for every row count (the kernel choice would otherwise depend on rows per expert) with a fixed split-K factor.
+  bool deterministic = false;
 };
 
 void moe_dispatch(const MoeContext& c, const Tensor& slot_map, const Tensor& ids, const Tensor& weights,

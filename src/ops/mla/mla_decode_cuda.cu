@@ -28,6 +28,7 @@ struct PrepArgs {
   MlaPagedCache cache;
   int n_tokens, n_heads, nope, qk, block_size;
   int n_partitions, min_tiles;
+  bool per_token;  // MlaDecodePlan::per_token: partition t is token t, nothing split
 };
 
 // Exclusive prefix sum over the CTA (blockDim.x = kPrepThreads); *total receives the CTA's sum.
@@ -107,6 +108,21 @@ __device__ void write_schedule(const PrepArgs& a) {
       a.meta[MlaDecodeMeta::kTotalTiles] = static_cast<int32_t>(total);
       a.meta[MlaDecodeMeta::kPartitionsUsed] = 0;
       raise_error(a.cache, kMlaErrorBadPosition);
+    }
+    return;
+  }
+  if (a.per_token) {
+    for (int t = static_cast<int>(threadIdx.x); t < a.n_tokens; t += kPrepThreads) {
+      a.meta[MlaDecodeMeta::n_splits(a.n_tokens) + t] = 1;
+      a.meta[MlaDecodeMeta::slot_base(a.n_tokens) + t] = 0;
+      a.meta[MlaDecodeMeta::first_partition(a.n_tokens) + t] = t;
+      a.meta[MlaDecodeMeta::partition_begin(a.n_tokens) + t] = prefix[t];
+    }
+    if (threadIdx.x == 0) {
+      prefix[a.n_tokens] = static_cast<int32_t>(total);
+      a.meta[MlaDecodeMeta::partition_begin(a.n_tokens) + a.n_tokens] = static_cast<int32_t>(total);
+      a.meta[MlaDecodeMeta::kTotalTiles] = static_cast<int32_t>(total);
+      a.meta[MlaDecodeMeta::kPartitionsUsed] = a.n_tokens;
     }
     return;
   }
@@ -309,7 +325,8 @@ void mla_decode_cuda(const MlaDecodePlan& plan, const MlaDecodeTensors& x, const
   const int64_t copy_work = int64_t{n} * h * (vec ? 8 : 64);
   const int copy_ctas = static_cast<int>(std::min<int64_t>(kCopyCtas, (copy_work + kPrepThreads - 1) / kPrepThreads));
   const PrepArgs prep{x.q, q_full, meta, cache, n, h, nope, qk, static_cast<int>(p.block_size),
-                      static_cast<int>(plan.n_partitions), static_cast<int>(plan.min_tiles_per_partition)};
+                      static_cast<int>(plan.n_partitions), static_cast<int>(plan.min_tiles_per_partition),
+                      plan.per_token};
   if (vec) {
     prep_kernel<true><<<1 + copy_ctas, kPrepThreads, 0, stream>>>(prep);
   } else {
@@ -321,16 +338,18 @@ void mla_decode_cuda(const MlaDecodePlan& plan, const MlaDecodeTensors& x, const
   const AttentionArgs attn = mla_decode::attention_args(plan, cache, ctx.workspace);
   mla_decode::launch_attention(plan, attn, stream);
 
-  // 4. Merge the split tokens' partials.
-  const CombineArgs comb{attn.part_o, attn.part_ml, meta, o_lat, n, h, static_cast<int>(plan.n_groups),
-                         static_cast<int>(plan.group_heads)};
-  const size_t comb_smem = static_cast<size_t>(plan.n_partitions * plan.group_heads) * 4 +
-                           static_cast<size_t>(plan.group_heads) * 64 * 2;
-  BG_CUDA_CHECK(cudaFuncSetAttribute(combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(comb_smem)));
-  combine_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(plan.n_groups), 512 / 64), kCombineThreads,
-                   comb_smem, stream>>>(comb);
-  BG_CUDA_CHECK_LAUNCH();
+  // 4. Merge the split tokens' partials (a per-token plan splits nothing).
+  if (plan.max_slots > 0) {
+    const CombineArgs comb{attn.part_o, attn.part_ml, meta, o_lat, n, h, static_cast<int>(plan.n_groups),
+                           static_cast<int>(plan.group_heads)};
+    const size_t comb_smem = static_cast<size_t>(plan.n_partitions * plan.group_heads) * 4 +
+                             static_cast<size_t>(plan.group_heads) * 64 * 2;
+    BG_CUDA_CHECK(cudaFuncSetAttribute(combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(comb_smem)));
+    combine_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(plan.n_groups), 512 / 64), kCombineThreads,
+                     comb_smem, stream>>>(comb);
+    BG_CUDA_CHECK_LAUNCH();
+  }
 
   // 5. out[t, h, :] = o_lat[t, h] · W_UV[h]ᵀ. Column-major per head: C [v, n] (ld H·v) = Aᵀ with A [512, v]
   //    (W_UV[h] [v, 512] row-major, ld 512) · B [512, n] (o_lat rows, ld H·512).

@@ -38,6 +38,8 @@ MlaDecodePlan mla_decode_plan(const MlaParams& p, int64_t n_sms, const MlaDecode
   BG_CHECK(n_sms >= 1, "{}: n_sms {} must be positive", op, n_sms);
   BG_CHECK(options.n_partitions >= 0 && options.n_partitions <= 1024, "{}: n_partitions {} outside [0, 1024]", op,
            options.n_partitions);
+  BG_CHECK(!options.per_token || options.n_partitions == 0, "{}: per_token takes no n_partitions (got {})", op,
+           options.n_partitions);
   BG_CHECK(options.min_tiles_per_partition >= 1, "{}: min_tiles_per_partition {} must be positive", op,
            options.min_tiles_per_partition);
 
@@ -48,9 +50,17 @@ MlaDecodePlan mla_decode_plan(const MlaParams& p, int64_t n_sms, const MlaDecode
   // over the groups (K3 96 = 2 x 48 exactly; DeepSeek 128 = 3 x 48 with 16 zero heads in the last group).
   plan.n_groups = ceil_div(p.n_heads, kMlaDecodeMaxGroupHeads);
   plan.group_heads = ceil_div(ceil_div(p.n_heads, plan.n_groups), 16) * 16;
-  plan.n_partitions = options.n_partitions > 0 ? options.n_partitions : std::max<int64_t>(1, n_sms / plan.n_groups);
-  plan.min_tiles_per_partition = options.min_tiles_per_partition;
-  plan.max_slots = 2 * plan.n_partitions;
+  plan.per_token = options.per_token;
+  if (plan.per_token) {
+    plan.n_partitions = p.n_tokens;
+    plan.min_tiles_per_partition = 1;
+    plan.max_slots = 0;
+  } else {
+    plan.n_partitions = options.n_partitions > 0 ? options.n_partitions
+                                                 : std::max<int64_t>(1, n_sms / plan.n_groups);
+    plan.min_tiles_per_partition = options.min_tiles_per_partition;
+    plan.max_slots = 2 * plan.n_partitions;
+  }
 
   const auto n = static_cast<size_t>(p.n_tokens), h = static_cast<size_t>(p.n_heads);
   const auto slots = static_cast<size_t>(plan.max_slots), groups = static_cast<size_t>(plan.n_groups);
@@ -86,6 +96,14 @@ MlaDecodeSchedule mla_decode_schedule_cpu(const MlaDecodePlan& plan, const int64
   }
   s.tile_prefix[static_cast<size_t>(n)] = static_cast<int32_t>(total);
   s.total_tiles = total;
+  if (plan.per_token) {
+    s.n_used = n;
+    s.n_splits.assign(static_cast<size_t>(n), 1);
+    s.slot_base.assign(static_cast<size_t>(n), 0);
+    for (int64_t t = 0; t < n; ++t) s.first_partition[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+    s.partition_begin = s.tile_prefix;  // n_partitions = n_tokens: token t's tiles are partition t
+    return s;
+  }
   s.n_used = mla_partitions_used(total, plan.n_partitions, plan.min_tiles_per_partition);
   int64_t slots = 0;
   for (int64_t t = 0; t < n; ++t) {

@@ -7,7 +7,9 @@
 // than one partition is "split": each piece writes an unnormalised fp32 partial (o, max, sum) into a slot of the
 // workspace and a combine kernel merges the pieces in partition order (fixed order: bitwise reproducible). Which
 // partition a tile falls into depends only on the step's positions, so a graph replay computes what the eager launch
-// computes, bit for bit. (Not batch invariant: a token's cut points depend on the other tokens' lengths.)
+// computes, bit for bit. (Not batch invariant: a token's cut points depend on the other tokens' lengths.) The
+// per-token schedule (MlaDecodeOptions::per_token, used under --deterministic) is: one partition per token, no split,
+// so a token's result never depends on what else is in the step, at the price of fewer CTAs at small batches.
 #pragma once
 
 #include <cstddef>
@@ -43,6 +45,7 @@ struct MlaDecodeOptions {
   MlaDecodeMma mma = MlaDecodeMma::kMmaSync;
   int64_t n_partitions = 0;            // KV partitions; 0 = n_sms / head groups (one CTA per SM, one wave)
   int64_t min_tiles_per_partition = 2;  // fewer partitions when the step has few tiles
+  bool per_token = false;  // one partition per token, never split (batch invariant); n_partitions must be 0
 };
 
 // Byte offsets of the regions of one decode workspace (each 256-byte aligned).
@@ -81,7 +84,8 @@ struct MlaDecodePlan {
   int64_t n_groups = 0;      // ceil(n_heads / group_heads)
   int64_t n_partitions = 0;  // KV partitions (CTAs per head group)
   int64_t min_tiles_per_partition = 0;
-  int64_t max_slots = 0;  // partial slots: split pieces never exceed 2 * partitions
+  int64_t max_slots = 0;  // partial slots: split pieces never exceed 2 * partitions (0: per-token, nothing split)
+  bool per_token = false;  // partition g is token g (n_partitions = n_tokens)
   MlaDecodeMma mma = MlaDecodeMma::kMmaSync;
   MlaDecodeWorkspace ws;
 };

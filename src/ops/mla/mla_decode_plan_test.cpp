@@ -143,5 +143,30 @@ TEST(MlaDecodeSchedule, EdgeCases) {
   check_schedule(wide, mixed);  // one long token among many short ones
 }
 
+TEST(MlaDecodeSchedule, PerTokenPlanSplitsNothingAndCutsOnlyAtTokens) {
+  MlaDecodeOptions o;
+  o.per_token = true;
+  const MlaDecodePlan plan = mla_decode_plan(decode_params(5, 96), 132, o);
+  EXPECT_EQ(plan.n_partitions, 5);
+  EXPECT_EQ(plan.max_slots, 0);
+  const std::vector<int64_t> positions = {0, 63, 64, 262143, 4095};
+  const MlaDecodeSchedule s = mla_decode_schedule_cpu(plan, positions.data());
+  EXPECT_EQ(s.n_used, 5);
+  EXPECT_EQ(s.total_tiles, 1 + 1 + 2 + 4096 + 64);
+  for (size_t t = 0; t < positions.size(); ++t) {
+    EXPECT_EQ(s.n_splits[t], 1) << t;
+    EXPECT_EQ(s.first_partition[t], static_cast<int32_t>(t)) << t;
+  }
+  EXPECT_EQ(s.partition_begin, s.tile_prefix);  // partition g = token g
+  // A token's schedule does not depend on the other tokens: the same token alone gets one whole partition too.
+  const MlaDecodePlan alone = mla_decode_plan(decode_params(1, 96), 132, o);
+  const int64_t long_token = 262143;
+  const MlaDecodeSchedule a = mla_decode_schedule_cpu(alone, &long_token);
+  EXPECT_EQ(a.n_splits[0], 1);
+  EXPECT_EQ(a.partition_begin, (std::vector<int32_t>{0, 4096}));
+  o.n_partitions = 8;
+  EXPECT_THROW(mla_decode_plan(decode_params(5, 96), 132, o), Error);
+}
+
 }  // namespace
 }  // namespace bg::ops

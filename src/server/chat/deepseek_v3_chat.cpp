@@ -189,33 +189,15 @@ class DeepSeekV3ChatFormat : public ChatFormat {
 // <｜tool▁call▁end｜>)* <｜tool▁calls▁end｜>] <｜end▁of▁sentence｜>. Arguments stream as the model writes them. The
 // DeepSeek-V3 (0324) call layout `function<｜tool▁sep｜>name\n```json\nARGS\n```` is recognized by its `function`
 // type word: the call is buffered to its end, then the name and the fenced arguments are emitted.
-class DeepSeekV3Parser : public ChatOutputParser {
+class DeepSeekV3Parser final : public MarkerParser {
  public:
   DeepSeekV3Parser(const Tokenizer& tok, const DsMarkers& m, bool starts_in_reasoning)
-      : tok_(tok), m_(m), region_(starts_in_reasoning ? Region::kThink : Region::kContent) {}
-
-  ChatDelta push(int32_t token) override {
-    if (!tok_.is_known(token)) {
-      text(kReplacementChar);
-    } else if (!tok_.is_control(token)) {
-      text(tok_.token_bytes(token));
-    } else {
-      sink_.flush_text();
-      on_marker(token);
-    }
-    return sink_.take();
-  }
-
-  ChatDelta finish() override {
-    end_call();
-    sink_.flush_text();
-    return sink_.take();
-  }
+      : MarkerParser(tok), m_(m), region_(starts_in_reasoning ? Region::kThink : Region::kContent) {}
 
  private:
   enum class Region { kThink, kContent, kCalls, kCallName, kCallArgs, kCallV3 };
 
-  void text(std::string_view bytes) {
+  void text(std::string_view bytes) override {
     switch (region_) {
       case Region::kThink: sink_.reasoning(bytes); return;
       case Region::kCallName:
@@ -238,7 +220,7 @@ class DeepSeekV3Parser : public ChatOutputParser {
     return s;
   }
 
-  void on_marker(int32_t t) {
+  void on_marker(int32_t t) override {
     if (t == m_.think && (region_ == Region::kContent || region_ == Region::kThink)) {
       region_ = Region::kThink;
     } else if (t == m_.end_think && region_ == Region::kThink) {
@@ -285,7 +267,7 @@ class DeepSeekV3Parser : public ChatOutputParser {
     sink_.tool_arguments(call_index_, args.empty() ? "{}" : args);
   }
 
-  void end_call() {
+  void end_call() override {
     if (region_ == Region::kCallV3) emit_v3_call();
     if (region_ == Region::kCallArgs) {
       sink_.tool_arguments(call_index_, args_utf8_.flush());
@@ -296,10 +278,8 @@ class DeepSeekV3Parser : public ChatOutputParser {
     }
   }
 
-  Tokenizer tok_;  // a copy shares the immutable vocabulary: no lifetime coupling to the caller's object
   DsMarkers m_;
   Region region_;
-  DeltaSink sink_;
   std::string name_, v3_call_;
   Utf8Assembler args_utf8_;
   int n_calls_ = 0, call_index_ = 0;

@@ -1,5 +1,5 @@
 // Building ChatDelta values out of raw token bytes: per-channel UTF-8 assembly (never a broken sequence in a delta)
-// and tool call deltas merged per call within one push.
+// and tool call deltas merged per call within one push; MarkerParser, the token loop of the tool-call parsers.
 #pragma once
 
 #include <string>
@@ -38,6 +38,40 @@ class DeltaSink {
  private:
   Utf8Assembler reasoning_, content_;
   ChatDelta delta_;
+};
+
+// The token loop shared by the parsers whose structure is carried by control tokens (Kimi-K2, DeepSeek): an id the
+// vocabulary does not know is U+FFFD text, an ordinary token is text, a control token flushes the text channels and
+// is a marker. Subclasses route text by their region and close an open tool call at the end.
+class MarkerParser : public ChatOutputParser {
+ public:
+  ChatDelta push(int32_t token) final {
+    if (!tok_.is_known(token)) {
+      text(kReplacementChar);
+    } else if (!tok_.is_control(token)) {
+      text(tok_.token_bytes(token));
+    } else {
+      sink_.flush_text();
+      on_marker(token);
+    }
+    return sink_.take();
+  }
+
+  ChatDelta finish() final {
+    end_call();
+    sink_.flush_text();
+    return sink_.take();
+  }
+
+ protected:
+  explicit MarkerParser(const Tokenizer& tok) : tok_(tok) {}
+
+  virtual void text(std::string_view bytes) = 0;
+  virtual void on_marker(int32_t token) = 0;
+  virtual void end_call() = 0;  // end of generation inside a tool call: close it
+
+  Tokenizer tok_;  // a copy shares the immutable vocabulary: no lifetime coupling to the caller's object
+  DeltaSink sink_;
 };
 
 }  // namespace bg

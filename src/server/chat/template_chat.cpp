@@ -23,10 +23,10 @@ std::optional<int32_t> id_of(const Tokenizer& tok, std::string_view name) { retu
 // Kimi-K2: [<think> reasoning </think>] content [<|tool_calls_section_begin|> (<|tool_call_begin|> ID
 // <|tool_call_argument_begin|> ARGS <|tool_call_end|>)* <|tool_calls_section_end|>] <|im_end|>, ID =
 // "functions.NAME:INDEX". Arguments stream verbatim; the call id is the model's ID (the template writes it back).
-class KimiK2Parser : public ChatOutputParser {
+class KimiK2Parser final : public MarkerParser {
  public:
   KimiK2Parser(const Tokenizer& tok, bool starts_in_reasoning)
-      : tok_(tok), region_(starts_in_reasoning ? Region::kThink : Region::kContent) {
+      : MarkerParser(tok), region_(starts_in_reasoning ? Region::kThink : Region::kContent) {
     auto need = [&](std::string_view n) {
       auto id = id_of(tok, n);
       BG_CHECK(id.has_value(), "Kimi-K2 chat output: the tokenizer has no token '{}'", n);
@@ -42,28 +42,10 @@ class KimiK2Parser : public ChatOutputParser {
     end_think_ = id_of(tok, "</think>").value_or(-1);
   }
 
-  ChatDelta push(int32_t token) override {
-    if (!tok_.is_known(token)) {
-      text(kReplacementChar);
-    } else if (!tok_.is_control(token)) {
-      text(tok_.token_bytes(token));
-    } else {
-      sink_.flush_text();
-      on_marker(token);
-    }
-    return sink_.take();
-  }
-
-  ChatDelta finish() override {
-    end_call();
-    sink_.flush_text();
-    return sink_.take();
-  }
-
  private:
   enum class Region { kThink, kContent, kSection, kCallId, kCallArgs };
 
-  void text(std::string_view bytes) {
+  void text(std::string_view bytes) override {
     switch (region_) {
       case Region::kThink: sink_.reasoning(bytes); return;
       case Region::kContent: sink_.content(bytes); return;
@@ -78,7 +60,7 @@ class KimiK2Parser : public ChatOutputParser {
     }
   }
 
-  void on_marker(int32_t t) {
+  void on_marker(int32_t t) override {
     if (t == think_ && region_ == Region::kContent) {
       region_ = Region::kThink;
     } else if (t == end_think_ && region_ == Region::kThink) {
@@ -106,7 +88,7 @@ class KimiK2Parser : public ChatOutputParser {
     }
   }
 
-  void end_call() {
+  void end_call() override {
     if (region_ == Region::kCallArgs) {
       sink_.tool_arguments(index_, args_utf8_.flush());
       if (!args_any_) sink_.tool_arguments(index_, "{}");
@@ -114,10 +96,8 @@ class KimiK2Parser : public ChatOutputParser {
     if (region_ == Region::kCallArgs || region_ == Region::kCallId) region_ = Region::kSection;
   }
 
-  Tokenizer tok_;
   Region region_;
   int32_t section_begin_, section_end_, call_begin_, argument_begin_, call_end_, im_end_, think_, end_think_;
-  DeltaSink sink_;
   std::string id_;
   Utf8Assembler args_utf8_;
   int n_calls_ = 0, index_ = 0;

@@ -28,6 +28,7 @@ struct ServeOptions {
   std::optional<double> host_memory_gb;
   std::string state_offload_dtype;              // "": the worker's (f32)
   std::optional<int64_t> swap_quantum_steps;
+  bool deterministic = false;                   // --deterministic: batch-invariant results (docs/DETERMINISM.md)
   std::string api_key;
   std::string served_model_name;                // "": the model directory's name
   std::string k3_moe_exchange = "nccl";         // nccl | ll: the expert exchange between CUDA ranks
