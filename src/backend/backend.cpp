@@ -83,6 +83,7 @@ std::unique_ptr<Backend> make_backend(std::string_view device, const BackendOpti
 #ifdef BG_HAVE_CUDA
     return make_cuda_backend({.deterministic = options.deterministic});
 #else
+    (void)options;  // only the CUDA backend has options
     fail("--device cuda: this batchgen was built without the CUDA backend (configure where nvcc is installed, with "
          "-DBG_CUDA=ON)");
 #endif
