@@ -13,7 +13,10 @@ SP=/opt/torch/.venv/lib/python3.12/site-packages
 export LD_LIBRARY_PATH="$BUNDLE/lib:$SP/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
 model=$(mktemp -d)/k3-tiny
 "$BUNDLE/batchgen" make-random --arch kimi_k3 --preset tiny --seed 1 --out "$model" 2> "$OUT/make-random.log"
-"$BUNDLE/batchgen" serve "$model" --device "$DEVICE" --port "$PORT" --served-model-name k3 > "$OUT/serve.log" 2>&1 &
+# BG_SERVE_ARGS: extra serve flags, e.g. --deterministic (docs/DETERMINISM.md).
+# shellcheck disable=SC2086
+"$BUNDLE/batchgen" serve "$model" --device "$DEVICE" --port "$PORT" --served-model-name k3 ${BG_SERVE_ARGS:-} \
+  > "$OUT/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null && break; sleep 0.5; done
 curl -s "http://127.0.0.1:$PORT/ready" | tee "$OUT/ready.json"; echo
@@ -33,7 +36,7 @@ for i in $(seq 1 16); do
   a=$(sed -E 's/"(id|created)":[^,]*,//g' "$OUT/seq/$i.json"); b=$(sed -E 's/"(id|created)":[^,]*,//g' "$OUT/conc/$i.json")
   [[ "$a" == *'"choices"'* && "$a" == "$b" ]] && same=$((same + 1))
 done
-echo "concurrent == sequential: $same of 16" | tee "$OUT/serve-summary.txt"
+echo "concurrent == sequential: $same of 16 (serve ${BG_SERVE_ARGS:-})" | tee "$OUT/serve-summary.txt"
 for i in $(seq 1 16); do  # the first differing pair, for the record
   if ! cmp -s <(sed -E 's/"(id|created)":[^,]*,//g' "$OUT/seq/$i.json") <(sed -E 's/"(id|created)":[^,]*,//g' "$OUT/conc/$i.json"); then
     { echo "request $i sequential:"; cat "$OUT/seq/$i.json"; echo; echo "request $i concurrent:"; cat "$OUT/conc/$i.json"; echo; } \

@@ -17,7 +17,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 
+#include "backend/cuda/cuda_moe.h"
 #include "cuda/cuda_testing.h"
 #include "golden/golden_util.h"
 #include "model/model.h"
@@ -113,7 +115,14 @@ RowCheck check_rows(const GoldenPrompt& g, const std::vector<float>& got, int64_
   return rc;
 }
 
-class GoldenGpu : public ::testing::TestWithParam<GpuCase> {};
+// Every prefill step of the goldens takes the grouped expert path (dequantize once + cuBLAS grouped GEMMs,
+// ops/moe/moe_grouped_cuda.h): its threshold is lowered to one row per expert for these tiny prompts. Decode steps
+// (one token, fewer rows than experts) keep the decode kernels.
+class GoldenGpu : public ::testing::TestWithParam<GpuCase> {
+ protected:
+  void SetUp() override { setenv("BG_MOE_GROUPED_MIN_ROWS", "1", 1); }
+  void TearDown() override { unsetenv("BG_MOE_GROUPED_MIN_ROWS"); }
+};
 
 TEST_P(GoldenGpu, WithinBf16BoundUnderReferenceRouting) {
   BG_REQUIRE_GPU();
@@ -128,6 +137,7 @@ TEST_P(GoldenGpu, WithinBf16BoundUnderReferenceRouting) {
   auto emu = load_model(gc.model_dir(), emu_opts);
   const int64_t V = gpu->info().vocab_size;
   const double bound = bf16_logit_bound(GetParam().arch);
+  const uint64_t grouped_before = cuda::moe_grouped_calls();
   for (int64_t i = 0; i < gc.n_prompts(); ++i) {
     GoldenPrompt g = gc.prompt(i);
     const int64_t total = static_cast<int64_t>(g.tokens.size());
@@ -200,6 +210,7 @@ TEST_P(GoldenGpu, WithinBf16BoundUnderReferenceRouting) {
                 static_cast<long>(first_flip_step), static_cast<long>(clean_rows), fr.worst, free_worst,
                 static_cast<long>(free_checked), static_cast<long>(total - static_cast<int64_t>(g.prompt.size())));
   }
+  EXPECT_GT(cuda::moe_grouped_calls(), grouped_before) << "no prefill step took the grouped expert path";
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenGpu,

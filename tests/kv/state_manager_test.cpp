@@ -74,6 +74,23 @@ TEST(StateManager, ReservesInOnePlaceAndReleasesEverything) {
   EXPECT_EQ(f.state.n_sequences(), 0);
 }
 
+// --deterministic without KDA layers: a hit resumes on the scheduler's grid (here 4), where an uncached prefill
+// would also have cut, so both compute the rest the same way.
+TEST(StateManager, ResumeAlignmentRoundsAHitDown) {
+  const FakeModelOptions o{.n_blocks = 32, .prefix_cache = true, .with_state = false, .resume_align = 4};
+  FakeSetup f(o);
+  const auto first = tokens(10);
+  auto a = f.state.start_sequence(first);
+  run(f, *a, first, 10);
+  a.reset();
+  auto longer = first;
+  for (int32_t t : tokens(6, 30)) longer.push_back(t);
+  EXPECT_EQ(f.state.plan_start(longer).resume_tokens, 8);  // 10 cached tokens, rounded down to the grid
+  auto b = f.state.start_sequence(longer);
+  EXPECT_EQ(b->n_past(), 8);
+  EXPECT_EQ(run(f, *b, longer, 16), reference(o, longer));
+}
+
 // Without KDA layers (DeepSeek-V3): whole blocks are shared, a partly used last block is copied.
 TEST(StateManager, SharesCachedBlocksAndCopiesAPartlyUsedOne) {
   const FakeModelOptions o{.n_blocks = 32, .prefix_cache = true, .with_state = false};

@@ -30,6 +30,7 @@ struct FakeModelOptions {
   int64_t snapshot_interval = 256;  // prefill pieces never cross a multiple of it (with state)
   int64_t host_bytes = 0;
   bool with_state = true;         // false: no KDA slots (like DeepSeek-V3)
+  int64_t resume_align = 1;       // kv::StatePlan::resume_align_tokens
 
   kv::StatePlan state_plan() const {
     kv::StatePlan p;
@@ -39,6 +40,7 @@ struct FakeModelOptions {
     p.host_bytes = host_bytes;
     p.prefix_cache = prefix_cache;
     p.snapshot_interval = snapshot_interval;
+    p.resume_align_tokens = resume_align;
     return p;
   }
 };

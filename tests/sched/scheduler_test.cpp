@@ -288,6 +288,48 @@ TEST(Scheduler, PrefillPiecesEndAtSnapshotsAndChunkBoundaries) {
   EXPECT_EQ(s.piece_tokens(probe, 3), 0);   // not even one chunk: wait for the next step
 }
 
+// --deterministic: a prompt's pieces are the same whatever runs beside it (grid (14 - 2) / 4 * 4 = 12 and the
+// snapshot interval 12 here); a piece the budget cannot hold waits instead of being cut shorter.
+TEST(Scheduler, DeterministicPiecesDoNotDependOnOtherRequests) {
+  auto pieces_of = [](bool with_neighbour) {
+    FakeSetup f(FakeModelOptions{.prefill_align = 4, .snapshot_interval = 12});
+    SchedulerConfig c = config(2, 14);
+    c.deterministic = true;
+    Scheduler s(f.state, c);
+    EXPECT_EQ(s.piece_grid(), 12);
+    if (with_neighbour) {
+      EXPECT_FALSE(s.add(make_request("x", 9, 6)));  // takes part of the budget first
+    }
+    EXPECT_FALSE(s.add(make_request("a", 30, 2)));
+    std::vector<std::pair<int64_t, int64_t>> pieces;
+    for (int i = 0; i < 12 && s.n_running() + s.n_waiting() > 0; ++i) {
+      StepPlan p;
+      run_step(s, f.model, &p);
+      for (const Chunk& ch : p.chunks) {
+        if (ch.req->id == "a" && ch.start < 30) pieces.emplace_back(ch.start, ch.n_tokens);
+      }
+    }
+    return pieces;
+  };
+  const auto alone = pieces_of(false);
+  EXPECT_EQ(alone, (std::vector<std::pair<int64_t, int64_t>>{{0, 12}, {12, 12}, {24, 6}}));
+  EXPECT_EQ(pieces_of(true), alone);
+
+  FakeSetup f(FakeModelOptions{.prefill_align = 4, .snapshot_interval = 12});
+  SchedulerConfig c = config(2, 14);
+  c.deterministic = true;
+  Scheduler s(f.state, c);
+  Request probe;
+  probe.tokens.assign(20, 1);
+  EXPECT_EQ(s.piece_tokens(probe, 14), 12);
+  EXPECT_EQ(s.piece_tokens(probe, 10), 0);  // the non-deterministic scheduler would cut 8
+  probe.n_computed = 12;
+  EXPECT_EQ(s.piece_tokens(probe, 8), 8);   // the input ends at 20
+  EXPECT_EQ(s.piece_tokens(probe, 7), 0);
+  c.chunked_prefill_size = 2;  // == max_num_seqs: no room for a piece
+  EXPECT_THROW(Scheduler(f.state, c), Error);
+}
+
 TEST(Scheduler, BudgetMustLeaveRoomForOneChunk) {
   FakeSetup f(FakeModelOptions{.prefill_align = 8});
   EXPECT_THROW(Scheduler(f.state, config(4, 11)), Error);  // 4 decodes + one 8-token chunk > 11

@@ -86,6 +86,7 @@ class CudaBackend final : public Backend {
     if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
     if (errors_host_ != nullptr) cudaFreeHost(errors_host_);
     cublas_ws_.reset();
+    moe_grouped_scratch_.reset();
     cublasDestroy(cublas_);
     cudaStreamDestroy(stream_);
   }
@@ -389,7 +390,10 @@ class CudaBackend final : public Backend {
   CopyFence issue_copies(std::span<const HostCopy> copies, cudaMemcpyKind kind);
   cudaEvent_t fence_event(CopyFence fence) const;
   void retire_copies();
-  cuda::MoeContext moe_ctx() const { return {alloc_.get(), errors_.as<int32_t>(), stream_, deterministic_}; }
+  cuda::MoeContext moe_ctx() const {
+    return {alloc_.get(), errors_.as<int32_t>(), stream_, deterministic_, &moe_grouped_scratch_,
+            {cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes}};
+  }
   // Device error flags (MoE / MLA kernels raise bits instead of trapping): read after each synchronisation; a raised
   // flag is reset and reported as an error of this step (the context stays usable).
   void check_device_errors() {
@@ -472,6 +476,7 @@ class CudaBackend final : public Backend {
   int32_t* errors_host_ = nullptr;    // pinned
   int64_t n_sms_ = 1;
   bool deterministic_ = false;  // BackendOptions::deterministic
+  mutable cuda::MoeGroupedScratch moe_grouped_scratch_;  // grouped prefill MoE: bf16 expert weights (cuda_moe.h)
   std::shared_ptr<void> mla_ws_;  // MLA decode workspace (see mla_decode)
   size_t mla_ws_bytes_ = 0;
   std::vector<std::shared_ptr<void>> mla_ws_retired_;

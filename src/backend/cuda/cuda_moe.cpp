@@ -3,6 +3,7 @@
 
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <string_view>
 
@@ -111,6 +112,72 @@ void moe_gather(const MoeContext& c, const MoeRouting& r, const Tensor& x, Tenso
   ops::moe_gather_cuda(params(r, x.cols(), 1), x.as<bf16>(), ws, c.stream);
 }
 
+void* MoeGroupedScratch::ensure(CachingAllocator& alloc, size_t bytes) {
+  if (bytes_ < bytes) {
+    reset();  // release first: the old and new scratch need not fit together
+    mem_ = alloc.allocate(bytes);
+    bytes_ = bytes;
+    log::info("cuda moe: grouped prefill weight scratch of {} MiB", bytes >> 20);
+  }
+  return mem_.get();
+}
+
+namespace {
+
+std::atomic<uint64_t> g_grouped_calls{0};
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
+  BG_CUDA_CHECK(cudaStreamIsCapturing(stream, &s));
+  return s != cudaStreamCaptureStatusNone;
+}
+
+// Whether this call takes the grouped path (never under --deterministic). Under graph capture it cannot (its plan
+// reads the row counts on the host); captured steps are decode-sized (B <= 64), far below the threshold, so this only
+// matters for an override.
+bool use_grouped(const MoeContext& c, const ops::MoeCudaParams& p) {
+  if (c.grouped_scratch == nullptr || c.blas.cublas == nullptr) return false;
+  if (c.deterministic) return false;  // chosen by rows per expert, i.e. by the batch (docs/DETERMINISM.md)
+  const int64_t min_rows = ops::moe_grouped_min_rows_from_env();
+  if (!ops::moe_grouped_wanted(p.shape.n_tokens, p.shape.top_k, p.shape.n_experts, min_rows)) return false;
+  if (capturing(c.stream)) {
+    log::debug("cuda moe: {} tokens reach the grouped threshold under graph capture: tiled kernel", p.shape.n_tokens);
+    return false;
+  }
+  return true;
+}
+
+// Dequantize-once + grouped GEMMs (ops/moe/moe_grouped_cuda.h). Synchronises the stream once (the row counts).
+void run_grouped(const MoeContext& c, const CudaExpertSlots& slots, const ops::MoeCudaParams& p,
+                 const ops::MoeWorkspace& ws) {
+  const int64_t per_group = ops::moe_grouped_group_experts(p.hidden, p.inter, ops::kMoeGroupedScratchBudgetBytes);
+  const ops::MoeGroupedPlan plan = ops::moe_grouped_plan_from_device(p, ws, per_group, c.stream);
+  const size_t weight_bytes =
+      static_cast<size_t>(std::min(per_group, slots.n_slots())) * ops::moe_grouped_expert_bytes(p.hidden, p.inter);
+  ops::MoeGroupedArgs a;
+  a.plan = &plan;
+  a.experts = slots.device();
+  a.ws = ws;
+  a.ctx = c.blas;
+  a.ctx.api = ops::moe_grouped_gemm_api(std::getenv("BG_MOE_GROUPED_GEMM"));
+  a.bufs.weights = static_cast<bf16*>(c.grouped_scratch->ensure(*c.alloc, weight_bytes));
+  a.bufs.weight_bytes = c.grouped_scratch->bytes();
+  // Per call, freed in stream order: gate|up outputs of the largest group and the GEMMs' pointer arrays.
+  std::shared_ptr<void> gu = c.alloc->allocate(std::max<size_t>(ops::moe_grouped_gu_bytes(plan), 1));
+  std::shared_ptr<void> ptrs = c.alloc->allocate(std::max<size_t>(ops::moe_grouped_pointer_bytes(plan), 1));
+  a.bufs.gu = static_cast<bf16*>(gu.get());
+  a.bufs.gu_bytes = ops::moe_grouped_gu_bytes(plan);
+  a.bufs.pointers = static_cast<void**>(ptrs.get());
+  a.bufs.pointer_bytes = ops::moe_grouped_pointer_bytes(plan);
+  ops::moe_grouped_write_pointers(a, c.stream);
+  ops::moe_expert_ffn_grouped_cuda(p, a, c.stream);
+  g_grouped_calls.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+uint64_t moe_grouped_calls() { return g_grouped_calls.load(std::memory_order_relaxed); }
+
 void moe_experts(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu, const MoeRouting& r,
                  const Tensor& rows, Tensor& y_rows) {
   expect_bf16(rows, "moe_experts input");
@@ -125,6 +192,10 @@ void moe_experts(const MoeContext& c, const CudaExpertSlots& slots, const GluSpe
   ws.x_perm = rows.as<bf16>();
   ws.h = static_cast<bf16*>(h.get());  // [n_pairs, inter] GLU outputs, freed in stream order
   ws.y_perm = y_rows.as<bf16>();
+  if (use_grouped(c, p)) {
+    run_grouped(c, slots, p, ws);
+    return;
+  }
   ops::moe_expert_ffn_cuda(p, slots.device(), ws, c.stream);
 }
 
@@ -158,7 +229,10 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
   p.act = glu_params(glu);
   p.out_type = out.dtype == DType::kF32 ? ops::MoeOutType::kF32 : ops::MoeOutType::kBf16;
   p.accumulate = true;
-  const bool fused = c.deterministic || (w4a16_enabled() && ops::moe_w4a16_preferred(p));
+  // The grouped prefill path (taken inside moe_experts) goes before the decode kernel when the threshold says so (by
+  // default they meet at 32 rows per expert; BG_MOE_GROUPED_MIN_ROWS can lower it, e.g. for the golden tests).
+  // Deterministic: the fused kernel whatever the row count (a choice by rows per expert depends on the batch).
+  const bool fused = c.deterministic || (w4a16_enabled() && ops::moe_w4a16_preferred(p) && !use_grouped(c, p));
   if (w == nullptr || !r.shape.all_local || !fused) {
     Tensor rows = Tensor{}, y = Tensor{};
     auto alloc_rows = [&] {

@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_allocator.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/moe/moe_cuda.h"
+#include "ops/moe/moe_grouped_cuda.h"
 #include "ops/moe_w4a16/moe_w4a16_cuda.h"
 
 namespace bg::cuda {
@@ -55,6 +56,27 @@ class CudaExpertSlots final : public ExpertSlots {
   std::optional<ops::MoeW4a16DeviceLayer> w4a16_;
 };
 
+// The grouped prefill path's bf16 expert-weight scratch (ops/moe/moe_grouped.h): one per backend, i.e. per device,
+// shared by every MoE layer of every step, taken from the backend's caching allocator (so it counts against the
+// memory budget). Sized by ensure() for one group of the layer's shape (at most kMoeGroupedScratchBudgetBytes); all
+// MoE layers of a model share that shape, so it is allocated once, at the first prefill step that takes the path,
+// and kept until the backend goes. Only the backend's stream uses it; ensure() runs after the path's stream
+// synchronisation, so a regrowth never releases memory a queued kernel still reads.
+class MoeGroupedScratch {
+ public:
+  // Grows to at least `bytes` (contents not kept) and returns the buffer.
+  void* ensure(CachingAllocator& alloc, size_t bytes);
+  size_t bytes() const { return bytes_; }
+  void reset() {
+    mem_.reset();
+    bytes_ = 0;
+  }
+
+ private:
+  std::shared_ptr<void> mem_;
+  size_t bytes_ = 0;
+};
+
 // What the MoE stage ops need from the backend.
 struct MoeContext {
   CachingAllocator* alloc = nullptr;
@@ -63,11 +85,22 @@ struct MoeContext {
   // Batch invariance (BackendOptions::deterministic): where the layer has the W4A16 layout, the fused kernel runs
   // for every row count (the kernel choice would otherwise depend on rows per expert) with a fixed split-K factor.
   bool deterministic = false;
+  // The grouped prefill path (moe_experts): its scratch and the backend's cuBLAS handle and workspace. A null scratch
+  // or handle leaves the tiled kernel as the only prefill path.
+  MoeGroupedScratch* grouped_scratch = nullptr;
+  ops::MoeGroupedContext blas;
 };
+
+// Count of expert FFN calls that took the grouped prefill path, process-wide (tests check that a prefill routed
+// through it).
+uint64_t moe_grouped_calls();
 
 void moe_dispatch(const MoeContext& c, const Tensor& slot_map, const Tensor& ids, const Tensor& weights,
                   MoeRouting& r);
 void moe_gather(const MoeContext& c, const MoeRouting& r, const Tensor& x, Tensor& rows);
+// The expert FFN over the gathered rows: the grouped prefill path (dequantize the touched experts once, cuBLAS grouped
+// GEMMs) when c has its resources, the stream is not capturing and the expected rows per expert reach
+// BG_MOE_GROUPED_MIN_ROWS (default ops::kMoeGroupedMinRowsDefault); the skinny / tiled kernels otherwise.
 void moe_experts(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu, const MoeRouting& r,
                  const Tensor& rows, Tensor& y_rows);
 void moe_combine(const MoeContext& c, const MoeRouting& r, const Tensor& y_rows, Tensor& out);

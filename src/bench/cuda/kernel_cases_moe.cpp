@@ -5,7 +5,12 @@
 //                       the load-time layout, what Backend::moe_routed_local runs at decode (ops/moe_w4a16)
 //   moe_decode_stages   the stage kernels' expert FFN alone (dispatch and gather done in setup), decode batches
 //   moe_decode_routed   dispatch + gather + stage FFN + combine (the path when the fused kernel is not preferred)
-//   moe_prefill_grouped the stage expert FFN at prefill token counts (hundreds to thousands of rows per expert)
+//   moe_prefill_tiled   the tiled stage kernel (weights dequantized per tile in shared memory) at prefill token counts
+//   moe_prefill_grouped the dequantize-once path at prefill token counts: dequant of the touched experts into the bf16
+//                       scratch + cuBLAS grouped GEMMs + GLU (ops/moe/moe_grouped_cuda.h), dequant included; its
+//                       fraction is of the same run's bf16 grouped GEMM ceiling at the nearest rows per expert
+//   moe_prefill_grouped_per_expert  the same with one cublasGemmEx per expert instead of the grouped call
+//   moe_prefill_grouped_dequant  the dequant pass of that path alone (bytes: packed in, bf16 out)
 //   moe_dispatch_prefill the device-side dispatch alone at a long prefill step
 #include <fmt/format.h>
 
@@ -17,8 +22,10 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/log.h"
 #include "bench/cuda/kernel_case.h"
 #include "ops/moe/moe_cuda.h"
+#include "ops/moe/moe_grouped_cuda.h"
 #include "ops/moe_w4a16/moe_w4a16_cuda.h"
 #include "ops/router/router_cuda.h"
 
@@ -98,7 +105,51 @@ double ffn_bytes(int64_t n_tokens, int64_t touched) {
   return d(touched) * expert_bytes() + slots * d(kLatent + 2 * kInter + kLatent) * 2;
 }
 
-enum class MoePart { kW4a16, kFfn, kRouted, kDispatch };
+enum class MoePart { kW4a16, kFfn, kRouted, kDispatch, kGrouped, kGroupedPerExpert, kGroupedDequant };
+
+// The grouped path over a dispatched, gathered workspace: its plan (the row counts read once here, outside the
+// captured launches), scratch and pointer arrays. Launch = the whole FFN (dequant included) or the dequant alone.
+PreparedKernel grouped_kernel(const CudaEnv& env, CaseMemory& mem, const MoeCudaParams& p,
+                              const std::shared_ptr<MoeDispatchBuffers>& disp, const ExpertWeightsCuda* experts,
+                              MoePart part) {
+  const bool dequant_only = part == MoePart::kGroupedDequant;
+  const int64_t per_group = ops::moe_grouped_group_experts(p.hidden, p.inter, ops::kMoeGroupedScratchBudgetBytes);
+  auto plan = std::make_shared<ops::MoeGroupedPlan>(
+      ops::moe_grouped_plan_from_device(p, disp->ws, per_group, env.stream));
+  ops::MoeGroupedArgs a;
+  a.plan = plan.get();
+  a.experts = experts;
+  a.ws = disp->ws;
+  a.ctx = {env.cublas, env.cublas_workspace, env.cublas_workspace_bytes,
+           part == MoePart::kGroupedPerExpert ? ops::MoeGroupedGemmApi::kPerExpert : ops::MoeGroupedGemmApi::kGrouped};
+  a.bufs.weight_bytes = z(per_group) * ops::moe_grouped_expert_bytes(p.hidden, p.inter);
+  a.bufs.weights = static_cast<bf16*>(mem.zeros(a.bufs.weight_bytes));
+  a.bufs.gu_bytes = ops::moe_grouped_gu_bytes(*plan);
+  a.bufs.gu = static_cast<bf16*>(mem.zeros(std::max<size_t>(1, a.bufs.gu_bytes)));
+  a.bufs.pointer_bytes = ops::moe_grouped_pointer_bytes(*plan);
+  a.bufs.pointers = static_cast<void**>(mem.zeros(std::max<size_t>(1, a.bufs.pointer_bytes)));
+  ops::moe_grouped_write_pointers(a, env.stream);
+  BG_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+  const double touched = d(plan->n_active());
+  PreparedKernel k;
+  if (dequant_only) {
+    // Packed weights in, bf16 weights out.
+    k.cost = {touched * (expert_bytes() + d(ops::moe_grouped_expert_bytes(kLatent, kInter))), 0.0};
+    k.launch = [=](int, cudaStream_t s) {
+      (void)disp;
+      for (size_t g = 0; g < plan->groups.size(); ++g) ops::moe_grouped_dequant_cuda(p, a, g, s);
+    };
+  } else {
+    k.cost = {ffn_bytes(p.shape.n_tokens, plan->n_active()), 2.0 * d(p.shape.n_pairs()) * expert_params()};
+    k.launch = [=](int, cudaStream_t s) {
+      (void)disp;
+      ops::moe_expert_ffn_grouped_cuda(p, a, s);
+    };
+  }
+  log::info("bench moe_prefill_grouped: T={} {} touched experts in {} groups of <= {}", p.shape.n_tokens,
+            plan->n_active(), plan->groups.size(), per_group);
+  return k;
+}
 
 KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
   KernelCase c;
@@ -144,8 +195,14 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
     // The stage FFN alone reads a gathered workspace: gather once here.
     ops::moe_gather_cuda(p, x, ws, env.stream);
     const ExpertWeightsCuda* experts = make_experts(mem);
+    if (part == MoePart::kGrouped || part == MoePart::kGroupedPerExpert || part == MoePart::kGroupedDequant) {
+      return grouped_kernel(env, mem, p, disp, experts, part);
+    }
     switch (part) {
       case MoePart::kW4a16:
+      case MoePart::kGrouped:
+      case MoePart::kGroupedPerExpert:
+      case MoePart::kGroupedDequant:
       case MoePart::kFfn:
         k.cost = {ffn_bytes(n_tokens, routing.touched), flops};
         k.launch = [=](int, cudaStream_t s) {
@@ -215,7 +272,12 @@ void register_moe_cases(KernelRegistry& r, bool quick) {
   for (int64_t b : decode) r.add(moe_case("moe_decode_routed", b, MoePart::kRouted));
   const std::vector<int64_t> prefill =
       quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 4096, 16384};
-  for (int64_t t : prefill) r.add(moe_case("moe_prefill_grouped", t, MoePart::kFfn));
+  for (int64_t t : prefill) r.add(moe_case("moe_prefill_tiled", t, MoePart::kFfn));
+  // 1024 tokens = 292 rows per expert (an EP16 rank's share of a 16k-token step over 896 experts); 4096 and 16384 =
+  // 1170 and 4681 rows per expert.
+  for (int64_t t : prefill) r.add(moe_case("moe_prefill_grouped", t, MoePart::kGrouped));
+  for (int64_t t : prefill) r.add(moe_case("moe_prefill_grouped_per_expert", t, MoePart::kGroupedPerExpert));
+  for (int64_t t : prefill) r.add(moe_case("moe_prefill_grouped_dequant", t, MoePart::kGroupedDequant));
   r.add(moe_case("moe_dispatch_prefill", quick ? 4096 : 16384, MoePart::kDispatch));
 }
 

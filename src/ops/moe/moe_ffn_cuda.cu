@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
 #include "ops/moe/moe_cuda.h"
+#include "ops/moe/moe_glu_device.cuh"
 #include "ops/linear/linear_cuda_device.cuh"
 
 namespace bg::ops {
@@ -20,12 +21,6 @@ namespace dev = cudadev;
 
 // Which projection a launch computes: gate+up with the GLU epilogue (-> h), or down (-> y_perm).
 enum class Stage : uint8_t { kGateUp, kDown };
-
-__device__ __forceinline__ float glu(float g, float u, const MoeGluParams& a) {
-  const float sig = 1.0f / (1.0f + expf(-g));
-  if (a.kind == MoeGlu::kSwiGlu) return g * sig * u;
-  return a.beta * tanhf(g / a.beta) * sig * (a.beta_lin * tanhf(u / a.beta_lin));
-}
 
 // Stage geometry shared by both paths: the weights of expert e, input and output of the stage.
 template <Stage S>
@@ -89,7 +84,7 @@ __global__ void __launch_bounds__(dev::kSkinnyThreads) moe_skinny_kernel(const E
         [&](int64_t col, int t, const float (&v)[StageIo<S>::kMats]) {
           float o;
           if constexpr (S == Stage::kGateUp) {
-            o = glu(v[0], v[1], act);
+            o = moe_glu(v[0], v[1], act);
           } else {
             o = v[0];
           }
@@ -239,7 +234,7 @@ __global__ void __launch_bounds__(kTiledThreads) moe_tiled_kernel(const ExpertWe
     if (r >= n_rows || n0 + c >= io.n_out) continue;
     float o;
     if constexpr (S == Stage::kGateUp) {
-      o = glu(sm.c[0][r][c], sm.c[1][r][c], act);
+      o = moe_glu(sm.c[0][r][c], sm.c[1][r][c], act);
     } else {
       o = sm.c[0][r][c];
     }

@@ -1,0 +1,72 @@
+// The dequantize-once prefill path of the expert FFN, host side (backend-neutral, no CUDA types): when to take it
+// (rows per expert against a threshold), how many experts' bf16 weights one scratch holds, and the plan of a step —
+// the touched experts in slot order, their rows, and the groups of experts processed one after another through the
+// scratch. The device half (dequant, grouped GEMMs, GLU) is moe_grouped_cuda.h; design and numbers in docs/MOE_PREFILL.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace bg::ops {
+
+// Expected rows per local expert (n_tokens * top_k / n_experts, as a balanced router gives) from which the grouped
+// path runs instead of the tiled kernel. 32 is where the W4A16 decode kernel's range ends; below about 17 rows the
+// dequant pass (~17 us per K3 expert) costs more than the tiled kernel saves (docs/MOE_PREFILL.md has the estimate;
+// the bench case moe_prefill_grouped measures it). BG_MOE_GROUPED_MIN_ROWS overrides it.
+inline constexpr int64_t kMoeGroupedMinRowsDefault = 32;
+// Bytes of bf16 expert weights the scratch holds at most: the experts of a layer are processed in groups that fit.
+// 1 GiB = 16 Kimi-K3 experts (66 MB each) or 12 DeepSeek-V3 experts (88 MB).
+inline constexpr size_t kMoeGroupedScratchBudgetBytes = size_t{1} << 30;
+// Experts per group at most (the dequant kernel takes the group's slots as a kernel parameter).
+inline constexpr int64_t kMoeGroupedMaxGroupExperts = 64;
+
+// The threshold from the value of BG_MOE_GROUPED_MIN_ROWS: null or empty -> kMoeGroupedMinRowsDefault; "off" -> 0
+// (never); a positive integer -> that many rows. Anything else throws bg::Error naming the variable.
+int64_t moe_grouped_min_rows(const char* env_value);
+// Reads BG_MOE_GROUPED_MIN_ROWS now (each call, so tests and benchmarks can change it between steps).
+int64_t moe_grouped_min_rows_from_env();
+// Whether a layer call takes the grouped path: min_rows > 0 and n_tokens * top_k >= min_rows * n_experts.
+bool moe_grouped_wanted(int64_t n_tokens, int64_t top_k, int64_t n_experts, int64_t min_rows);
+
+// bf16 bytes of one expert in the scratch: gate|up [2 inter, hidden] then down [hidden, inter].
+size_t moe_grouped_expert_bytes(int64_t hidden, int64_t inter);
+// Experts per group for a scratch of `scratch_bytes`: min(kMoeGroupedMaxGroupExperts, scratch / expert bytes); 0
+// when not even one fits.
+int64_t moe_grouped_group_experts(int64_t hidden, int64_t inter, size_t scratch_bytes);
+
+// Consecutive touched experts [first, first + n_experts) of the plan, whose rows are contiguous in the dispatch's
+// permuted order: [row_begin, row_begin + n_rows).
+struct MoeGroupedGroup {
+  int32_t first = 0;
+  int32_t n_experts = 0;
+  int64_t row_begin = 0;
+  int64_t n_rows = 0;
+};
+
+struct MoeGroupedPlan {
+  int64_t hidden = 0;
+  int64_t inter = 0;
+  int64_t group_experts = 0;        // capacity of one group (what the weight scratch holds)
+  std::vector<int32_t> slots;       // touched local slots, ascending (the dispatch's active list)
+  std::vector<int32_t> rows;        // rows of each touched slot
+  std::vector<int64_t> row_begin;   // first permuted row of each touched slot (the dispatch's offsets)
+  std::vector<MoeGroupedGroup> groups;
+  int64_t max_group_rows = 0;
+  int64_t n_active() const { return static_cast<int64_t>(slots.size()); }
+};
+
+// The plan from the per-slot row counts of a dispatch (counts [n_slots], downloaded from the device): slots with rows
+// in ascending order, offsets as the dispatch computes them (exclusive prefix sum), groups of at most group_experts.
+// Throws for a negative count, a total above max_rows (the dispatch's n_pairs) or group_experts outside
+// [1, kMoeGroupedMaxGroupExperts].
+MoeGroupedPlan moe_grouped_plan(std::span<const int32_t> counts, int64_t hidden, int64_t inter, int64_t group_experts,
+                                int64_t max_rows);
+
+// Device bytes the plan needs beside the weight scratch: the gate|up outputs of the largest group (bf16
+// [max_group_rows, 2 inter]) and the pointer arrays of the grouped GEMM calls (6 per touched expert).
+size_t moe_grouped_gu_bytes(const MoeGroupedPlan& plan);
+size_t moe_grouped_pointer_bytes(const MoeGroupedPlan& plan);
+
+}  // namespace bg::ops
