@@ -64,7 +64,9 @@ std::string read_file(const std::filesystem::path& p) {
 std::vector<float> single_rank(Model& model, const GoldenPrompt& g) {
   const int64_t V = model.info().vocab_size, L = static_cast<int64_t>(g.prompt.size());
   std::vector<float> out(g.tokens.size() * static_cast<size_t>(V));
-  auto seq = model.new_sequence();
+  const int64_t n = static_cast<int64_t>(g.tokens.size());
+  auto state = make_state(model, 1, n);
+  auto seq = state->new_sequence(n);
   std::span<const int32_t> all(g.tokens);
   model.forward(*seq, all.subspan(0, static_cast<size_t>(L)), out.data());
   for (size_t t = static_cast<size_t>(L); t < g.tokens.size(); ++t) model.forward(*seq, all.subspan(t, 1), out.data() + t * V);
