@@ -11,6 +11,7 @@
 #include "server/tokenizer/tokenizer.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/parallel_cli.h"
 
 namespace bg::tools {
 namespace {
@@ -31,6 +32,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   bool ignore_eos = false;
   std::string device = "cpu";
+  ParallelArgs par;
   std::string weight_store;
   std::string distributed_weight_config;
 };
@@ -156,8 +158,11 @@ void run_generate(const GenerateArgs& a) {
   Prepared p = prepare(a, -1);
   BG_CHECK(!p.prompt.empty(), "generate: the prompt is empty");
   const int64_t total = static_cast<int64_t>(p.prompt.size()) + a.max_tokens;
-  auto model = load_model(a.model_dir, LoadOptions{.device = a.device, .weight_store = a.weight_store,
-                                                   .distributed_weight_config = a.distributed_weight_config});
+  LoadOptions options{.device = a.device, .weight_store = a.weight_store,
+                      .distributed_weight_config = a.distributed_weight_config};
+  std::unique_ptr<LocalRanks> ranks = LocalRanks::start(a.par, a.model_dir, options, {1, total});  // null: one rank
+  if (ranks) options.ranks = ranks->context();
+  auto model = load_model(a.model_dir, options);
   const int64_t V = model->info().vocab_size;
   if (model->info().eos_token_id >= 0) p.stop_ids.push_back(static_cast<int32_t>(model->info().eos_token_id));
   BG_CHECK(total <= model->info().max_position_embeddings, "prompt ({}) + --max-tokens ({}) exceeds the model's "
@@ -179,6 +184,7 @@ void run_generate(const GenerateArgs& a) {
     model->forward(*seq, std::span<const int32_t>(&next, 1), logits.data());
     next = ops::sample_token(sp, logits.data(), V, rng);
   }
+  if (ranks) ranks->finish(*model);
   p.out->finish();
 }
 
@@ -207,6 +213,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "Sampling seed (default 0)");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence id");
   cmd->add_option("--device", args->device, "Backend: cpu (fp32 reference) or cuda (bf16 on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
+  add_parallel_flags(cmd, args->par, false);
   add_weight_source_options(cmd, args->weight_store, args->distributed_weight_config);
   cmd->callback([args] { run_generate(*args); });
 }

@@ -11,6 +11,7 @@
 #include "server/tokenizer/tokenizer.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/parallel_cli.h"
 
 namespace bg::tools {
 namespace {
@@ -22,6 +23,7 @@ struct ScoreArgs {
   int64_t prefill = -1;
   std::string out;
   std::string device = "cpu";
+  ParallelArgs par;
   std::string weight_store;
   std::string distributed_weight_config;
 };
@@ -39,8 +41,11 @@ void run_score(const ScoreArgs& a) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t prefill = a.prefill < 0 ? n : a.prefill;
   BG_CHECK(prefill >= 1 && prefill <= n, "--prefill {} must be in [1, {}] (the number of tokens)", prefill, n);
-  auto model = load_model(a.model_dir, LoadOptions{.device = a.device, .weight_store = a.weight_store,
-                                                   .distributed_weight_config = a.distributed_weight_config});
+  LoadOptions options{.device = a.device, .weight_store = a.weight_store,
+                      .distributed_weight_config = a.distributed_weight_config};
+  std::unique_ptr<LocalRanks> ranks = LocalRanks::start(a.par, a.model_dir, options, {1, n});  // null: one rank
+  if (ranks) options.ranks = ranks->context();
+  auto model = load_model(a.model_dir, options);
   const int64_t V = model->info().vocab_size;
   HostTensor logits(DType::kF32, {n, V});
   auto* out = reinterpret_cast<float*>(logits.data());
@@ -51,6 +56,7 @@ void run_score(const ScoreArgs& a) {
   model->forward(*seq, all.subspan(0, static_cast<size_t>(prefill)), out);
   for (int64_t t = prefill; t < n; ++t) model->forward(*seq, all.subspan(static_cast<size_t>(t), 1), out + t * V);
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (ranks) ranks->finish(*model);
   write_safetensors(a.out, {{"logits", logits.view("logits")}});
   log::info("scored {} tokens ({} prefill + {} decode steps) in {:.1f} ms -> {}", n, prefill, n - prefill, ms, a.out);
 }
@@ -67,6 +73,7 @@ void register_score(CLI::App& app) {
   cmd->add_option("--prefill", args->prefill, "Tokens in the first (prefill) forward; default: all");
   cmd->add_option("--out", args->out, "Output .safetensors (tensor 'logits' float32 [T, vocab])")->required();
   cmd->add_option("--device", args->device, "Backend: cpu (fp32 reference) or cuda (bf16 on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
+  add_parallel_flags(cmd, args->par, false);
   add_weight_source_options(cmd, args->weight_store, args->distributed_weight_config);
   cmd->callback([args] { run_score(*args); });
 }

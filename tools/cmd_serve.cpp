@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "server/frontend/serve.h"
 #include "tools/commands.h"
+#include "tools/parallel_cli.h"
 
 namespace bg::tools {
 namespace {
@@ -12,6 +13,7 @@ namespace {
 // CLI11 fills plain integers; -1 stands for "not given" (the worker's default).
 struct ServeArgs {
   frontend::ServeOptions opt;
+  ParallelArgs par;
   std::string model_positional;
   std::string model_flag;
   int64_t max_num_seqs = -1;
@@ -80,8 +82,7 @@ void register_serve(CLI::App& app) {
   cmd->add_flag("--deterministic", o.deterministic, "Batch-invariant results: a request gets the same tokens "
                "whatever it is batched with (slower at small batches; docs/DETERMINISM.md)");
   cmd->add_option("--chat-template", o.chat_template, "A Jinja chat template file used instead of the checkpoint's");
-  cmd->add_option("--k3-moe-exchange", o.k3_moe_exchange, "Expert-parallel exchange: nccl (default) or ll (not "
-                  "available yet)")->check(CLI::IsMember({"nccl", "ll"}));
+  add_parallel_flags(cmd, a->par, true);  // --tp/--dp/--ep, --nnodes..., --k3-moe-exchange, --moe-exchange-tokens
   cmd->add_option("--distributed-weight-config", o.distributed_weight_config, "Fetch the tensors this node lacks from "
                   "the peer weight daemons this JSON names (docs/WEIGHTS.md)");
   cmd->add_option("--weight-store", o.weight_store, "Workers attach to the weightd store NAME instead of reading the "
@@ -98,6 +99,9 @@ void register_serve(CLI::App& app) {
     a->opt.chunked_prefill_size = given(a->chunked_prefill_size);
     a->opt.max_queue = given(a->max_queue);
     a->opt.max_connections = given(a->max_connections);
+    a->opt.parallel = a->par.flags();
+    a->opt.k3_moe_exchange = a->par.exchange;
+    a->opt.moe_exchange_tokens = a->par.max_tokens_per_call;
     a->opt.prefix_snapshot_interval = given(a->prefix_snapshot_interval);
     a->opt.swap_quantum_steps = given(a->swap_quantum_steps);
     if (a->host_memory_gb >= 0.0) a->opt.host_memory_gb = a->host_memory_gb;

@@ -6,6 +6,7 @@
 #include "engine/worker.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/parallel_cli.h"
 
 namespace bg::tools {
 
@@ -49,7 +50,13 @@ void register_worker(CLI::App& app) {
   cmd->add_option("--swap-quantum-steps", o->swap_quantum_steps, "With a host tier: steps a request runs before it "
                   "gives its GPU place to a waiting one (time slicing; default 0: never)");
   cmd->add_option("--parent-pid", o->parent_pid, "Exit when this process (the frontend) is gone (default: never)");
-  cmd->callback([o] {
+  auto par = std::make_shared<ParallelArgs>();
+  add_parallel_flags(cmd, *par, true);
+  cmd->add_option("--rendezvous", o->rendezvous, "The rank set's rendezvous endpoint (several ranks)");
+  cmd->callback([o, par] {
+    o->parallel = par->flags();
+    o->moe_exchange = par->exchange;
+    o->moe_exchange_tokens = par->max_tokens_per_call;
     const int code = engine::run_worker(*o);
     if (code != 0) std::exit(code);
   });

@@ -9,6 +9,7 @@ void register_commands(CLI::App& app) {
   register_make_random(app);
   register_serve(app);
   register_worker(app);
+  register_rank(app);
   register_bench_multiturn(app);
   register_tokenize(app);
   register_bench(app);

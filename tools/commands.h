@@ -12,6 +12,7 @@ void register_generate(CLI::App& app);
 void register_make_random(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_worker(CLI::App& app);
+void register_rank(CLI::App& app);
 void register_bench_multiturn(CLI::App& app);
 void register_tokenize(CLI::App& app);  // tokenize + detokenize
 void register_bench(CLI::App& app);

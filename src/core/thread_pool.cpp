@@ -32,6 +32,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     fn(0, n);
     return;
   }
+  std::lock_guard turn(callers_);
   std::unique_lock lock(mutex_);
   job_ = &fn;
   job_n_ = n;

@@ -19,13 +19,15 @@ class ThreadPool {
 
   int n_threads() const { return static_cast<int>(workers_.size()) + 1; }
   // Runs fn(begin, end) over [0, n) split into contiguous chunks of at least `grain`; the caller's thread works too.
-  // Blocks until every chunk is done. Not reentrant: a nested call runs inline.
+  // Blocks until every chunk is done. Not reentrant: a nested call runs inline. Calls from several threads (ranks run
+  // as threads in tests) take turns.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
   void worker_loop();
 
   std::vector<std::thread> workers_;
+  std::mutex callers_;  // one job at a time
   std::mutex mutex_;
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;

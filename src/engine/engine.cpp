@@ -7,6 +7,7 @@
 #include "core/device_fault.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/comm.h"
 
 namespace bg::engine {
 
@@ -33,7 +34,13 @@ Engine::Engine(std::unique_ptr<Model> model, const kv::StatePlan& state_plan, co
 
 bool Engine::step() {
   sched::StepPlan plan = scheduler_.schedule();  // decode tokens first, then prefill chunks within the budget
-  if (plan.empty()) return false;
+  if (plan.empty()) {
+    // One rank of a set: take part in the step anyway (another rank may have work; the collectives must meet).
+    if (model_->collective() && !model_->sync_idle(false, state_.step_pools())) {
+      throw dist::SetStopping("the rank set is stopping");
+    }
+    return false;
+  }
   std::vector<Outcome> outcomes = execute(plan);  // one forward_batch_sample: the step and its sampling
   apply_samples(plan, outcomes);                  // a token for each chunk that ends its request's input
   postprocess(plan, outcomes);                    // events; finished and failed requests free their sequences
@@ -63,6 +70,10 @@ std::vector<Engine::Outcome> Engine::execute(const sched::StepPlan& plan) {
     model_->forward_batch_sample(batch, rows_, samples_);
   } catch (const DeviceFault&) {
     throw;  // the device context is lost: no rerun can succeed (the worker restarts)
+  } catch (const dist::RankFailure&) {
+    throw;  // the rank set failed: nothing on this rank can continue
+  } catch (const dist::SetStopping&) {
+    throw;
   } catch (const std::exception& e) {
     isolate_failure(plan, e.what(), outcomes);
   }
@@ -77,8 +88,10 @@ std::vector<Engine::Outcome> Engine::execute(const sched::StepPlan& plan) {
 // chunk alone on a fresh sequence (sampling with the uniform already drawn); those that fail alone are the culprits
 // and get finish_reason "error".
 void Engine::isolate_failure(const sched::StepPlan& plan, const std::string& what, std::vector<Outcome>& outcomes) {
-  if (plan.chunks.size() == 1) {
-    outcomes[0].error = what;
+  // One request, or a rank of a set (a rerun would be a step of its own that the other ranks do not take part in):
+  // the whole step's requests fail.
+  if (plan.chunks.size() == 1 || model_->collective()) {
+    for (Outcome& o : outcomes) o.error = what;
     return;
   }
   log::warn("engine: a batch of {} requests failed ({}); rerunning each alone", plan.chunks.size(), what);

@@ -42,8 +42,10 @@ class Engine {
   // Ends every waiting and running request with finish_reason "error" (after an unexpected failure of a step).
   void fail_all(const std::string& message);
   bool has_work() const { return scheduler_.has_work(); }
-  // schedule -> execute (one forward_batch_sample: the step and its sampling) -> apply samples -> postprocess; the step's events go to the outbox. False when
-  // nothing could be scheduled.
+  // schedule -> execute (one forward_batch_sample: the step and its sampling) -> apply samples -> postprocess; the
+  // step's events go to the outbox. False when nothing could be scheduled. As a rank of a set it is a collective:
+  // with nothing scheduled it still takes part in the step (Model::sync_idle); throws dist::SetStopping once the set
+  // stops, dist::RankFailure when it failed.
   bool step();
   // The events produced since the last call, at most one per request per step, in order.
   std::vector<proto::TokenEvent> take_events();

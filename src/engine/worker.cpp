@@ -5,11 +5,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +19,8 @@
 #include "core/device_fault.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/comm.h"
+#include "dist/rank_setup.h"
 #include "sched/planner.h"
 
 namespace bg::engine {
@@ -34,6 +38,7 @@ class Worker {
   bool wait_for_engine(std::future<std::unique_ptr<Engine>>& loading);
   void serve();
   void on_device_fault(const std::string& what);
+  int serve_ranks();
   void poll_messages(int64_t timeout_ms);
   void handle(const zmq::message_t& frame);
   void on_generate(const proto::Message& m);
@@ -54,6 +59,9 @@ class Worker {
   bool parent_is_ppid_ = false;  // the frontend is our direct parent (then a changed getppid() also means it died)
   bool parent_dead_ = false;
   int exit_code_ = 0;  // kExitDeviceFault after a device fault
+  std::mutex phase_mu_;
+  std::string load_phase_ = "loading";  // written by the loading thread ("joining" while it waits for the set)
+  std::atomic<bool> abandon_{false};    // tells the loading thread to stop waiting for the other ranks
 };
 
 Worker::Worker(const WorkerOptions& options) : o_(options) {
@@ -83,13 +91,24 @@ int Worker::run() {
   status_.phase = "loading";
   send_status();
   log::info("worker rank {}: loading {}", o_.rank, o_.model_dir.string());
-  auto loading = std::async(std::launch::async, [this] { return load_engine(o_); });
+  auto on_phase = [this](const std::string& phase) {
+    std::lock_guard lock(phase_mu_);
+    load_phase_ = phase;
+  };
+  auto loading = std::async(std::launch::async, [this, on_phase] {
+    return load_engine(o_, on_phase, [this] { return abandon_.load(); });
+  });
   if (!wait_for_engine(loading)) return status_.phase == "failed" ? 1 : 0;
   status_.phase = "ready";
   send_status();
   log::info("worker rank {}: ready", o_.rank);
-  serve();
-  if (exit_code_ != 0) return exit_code_;
+  if (engine_->model().collective()) {
+    const int code = serve_ranks();
+    if (code != 0) return code;
+  } else {
+    serve();
+    if (exit_code_ != 0) return exit_code_;
+  }
   log::info("worker rank {}: stopping ({})", o_.rank, parent_dead_ ? "the frontend process is gone" : "shutdown");
   return 0;
 }
@@ -104,6 +123,14 @@ bool Worker::wait_for_engine(std::future<std::unique_ptr<Engine>>& loading) {
       std::_Exit(0);
     }
     if (gone) stop_ = true;
+    if (stop_) abandon_ = true;
+    {
+      std::lock_guard lock(phase_mu_);
+      if (load_phase_ != status_.phase) {
+        status_.phase = load_phase_;
+        last_status_ = {};  // report the new phase now
+      }
+    }
     if (ms_until_status() <= 0) send_status();
   }
   try {
@@ -172,6 +199,45 @@ void Worker::on_device_fault(const std::string& what) {
   abandoned->push_back(std::move(engine_));
   exit_code_ = kExitDeviceFault;
   stop_ = true;
+}
+
+// One rank of a set: every loop is a step agreement with the other ranks (Engine::step takes part even without work),
+// so the loop never waits long for messages. A stop (shutdown, frontend gone) is voted so the whole set stops; a
+// failed set (a peer died, a step failed) ends this worker with status "failed" and exit code 1, and the frontend
+// restarts the set.
+int Worker::serve_ranks() {
+  bool progressed = false;
+  for (;;) {
+    const bool busy = progressed && engine_->has_work();
+    poll_messages(busy ? 0 : std::min<int64_t>(o_.multi_rank_idle_poll_ms, ms_until_status()));
+    if (parent_gone()) stop_ = true;
+    try {
+      if (stop_) {
+        engine_->fail_all("the worker is shutting down");
+        engine_->model().sync_idle(true, {});  // a stop vote runs no step
+        break;
+      }
+      progressed = engine_->step();
+    } catch (const dist::SetStopping&) {
+      engine_->fail_all("the rank set is shutting down");
+      break;
+    } catch (const DeviceFault& e) {
+      on_device_fault(e.what());
+      return exit_code_;
+    } catch (const std::exception& e) {
+      log::error("worker rank {}: the rank set failed: {}", o_.rank, e.what());
+      engine_->fail_all(fmt::format("the rank set failed: {}", e.what()));
+      flush_events();
+      status_.phase = "failed";
+      status_.error = e.what();
+      send_status();
+      return 1;
+    }
+    flush_events();
+    if (ms_until_status() <= 0) send_status();
+  }
+  flush_events();
+  return 0;
 }
 
 void Worker::poll_messages(int64_t timeout_ms) {
@@ -279,11 +345,21 @@ void validate_worker_options(const WorkerOptions& o) {
   kv::parse_state_codec(o.state_offload_dtype);
   BG_CHECK(o.status_interval_ms >= 1 && o.idle_poll_ms >= 1, "status interval {} ms and idle poll {} ms must be >= 1",
            o.status_interval_ms, o.idle_poll_ms);
+  const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(o.parallel);
+  BG_CHECK(o.rank < layout.world(), "--rank {} is outside the {} ranks of {}", o.rank, layout.world(),
+           layout.describe());
+  BG_CHECK(!layout.multi_rank() || !o.rendezvous.empty(), "--rendezvous is required with several ranks ({})",
+           layout.describe());
+  BG_CHECK(o.moe_exchange == "nccl" || o.moe_exchange == "ll", "--k3-moe-exchange {} must be nccl or ll",
+           o.moe_exchange);
+  BG_CHECK(o.moe_exchange_tokens >= 0, "--moe-exchange-tokens {} must be >= 0", o.moe_exchange_tokens);
 }
 
-std::unique_ptr<Engine> load_engine(const WorkerOptions& o) {
+std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<void(const std::string&)>& on_phase,
+                                    const std::function<bool()>& abandon) {
   validate_worker_options(o);
-  const sched::ModelGeometry geo = sched::read_model_geometry(o.model_dir);
+  const dist::RankPlace place{dist::ParallelLayout::from_flags(o.parallel), o.rank};
+  const sched::ModelGeometry geo = sched::read_model_geometry(o.model_dir, place);
   sched::PlannerInput in;
   in.device = o.device;
   in.kv_block_size = o.kv_block_size;
@@ -292,11 +368,36 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o) {
   in.kv_cache_memory_bytes = o.kv_cache_memory_bytes;
   in.gpu_memory_utilization = o.gpu_memory_utilization;
   in.host_memory_bytes = static_cast<int64_t>(o.host_memory_gb * static_cast<double>(int64_t{1} << 30));
-  in.prefix_cache = o.prefix_cache;
+  // TP ranks run their leader's step layouts on pools of their own, so those pools must hold what the leader's hold:
+  // the prefix cache and the host tier, which move state only in the leader's pools, are not available with TP.
+  const bool tp = place.layout.tp() > 1;
+  BG_CHECK(!tp || in.host_memory_bytes == 0, "--host-memory-gb is not available with --tp {} (docs/PARALLEL.md)",
+           place.layout.tp());
+  in.prefix_cache = o.prefix_cache && !tp;
+  if (o.prefix_cache && tp) log::info("worker rank {}: prefix cache off with --tp {} (docs/PARALLEL.md)", o.rank,
+                                      place.layout.tp());
   in.snapshot_interval = o.snapshot_interval;
   in.state_codec = kv::parse_state_codec(o.state_offload_dtype);
-  const sched::Plan plan = sched::make_plan(geo, in);
+  sched::Plan plan = sched::make_plan(geo, in);
   log::info("worker rank {}: {}", o.rank, plan.describe());
+  std::shared_ptr<dist::RankContext> ranks;
+  if (place.layout.multi_rank()) {
+    // Join the set with this rank's plan; every rank then runs the smallest (TP ranks mirror their leader's pools).
+    if (on_phase) on_phase("joining");
+    dist::RankSetup s;
+    s.place = place;
+    s.device = o.device;
+    s.exchange = o.moe_exchange;
+    s.rendezvous = o.rendezvous;
+    s.plan = {plan.max_num_seqs, plan.running_kv_blocks(), plan.max_model_len};
+    s.max_tokens_per_call = o.moe_exchange_tokens;
+    s.abandon = abandon;
+    dist::StartedRank started = dist::start_rank(s);
+    plan.agree(started.plan.at(0), started.plan.at(1), started.plan.at(2));
+    log::info("worker rank {}: the set runs {}", o.rank, plan.describe());
+    ranks = std::move(started.ranks);
+    if (on_phase) on_phase("loading");
+  }
   BG_CHECK(o.chunked_prefill_size >= plan.max_num_seqs, "--chunked-prefill-size {} must be >= --max-num-seqs {} "
            "(every running sequence decodes one token per step)", o.chunked_prefill_size, plan.max_num_seqs);
   sched::SchedulerConfig sc;
@@ -307,12 +408,15 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o) {
   sc.swap_quantum_steps = o.swap_quantum_steps;
   sc.deterministic = o.deterministic;
   LoadOptions lo = plan.load_options();
+  lo.ranks = ranks;
   lo.weight_store = o.weight_store;
   lo.distributed_weight_config = o.distributed_weight_config;
   lo.deterministic = o.deterministic;
   kv::StatePlan sp = plan.state_plan();
   if (o.deterministic) sp.resume_align_tokens = sp.snapshot_interval;  // hits resume on the scheduler's grid
-  return std::make_unique<Engine>(load_model(o.model_dir, lo), sp, sc);
+  auto engine = std::make_unique<Engine>(load_model(o.model_dir, lo), sp, sc);
+  if (ranks) ranks->world->barrier();  // ready only once every rank has loaded
+  return engine;
 }
 
 int run_worker(const WorkerOptions& options) {

@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include <zmq.hpp>
 
+#include "dist/parallel_layout.h"
 #include "engine/engine.h"
 
 namespace bg::engine {
@@ -38,6 +40,13 @@ struct WorkerOptions {
   int64_t idle_poll_ms = 100;             // longest wait for a message while idle
   zmq::context_t* context = nullptr;      // inproc endpoints need the frontend's context (tests); null: own
   bool exit_process_on_stop_while_loading = false;  // the CLI: _exit at once instead of waiting for the load
+  // Several ranks (docs/PARALLEL.md): the layout (--tp/--dp/--ep/--nnodes), the rendezvous to join, the expert
+  // exchange between CUDA ranks and its tokens per call.
+  dist::ParallelFlags parallel;
+  std::string rendezvous;                 // --rendezvous (required with several ranks)
+  std::string moe_exchange = "nccl";      // --k3-moe-exchange
+  int64_t moe_exchange_tokens = 0;        // --moe-exchange-tokens (0: the exchange's default)
+  int64_t multi_rank_idle_poll_ms = 5;    // longest wait for a message between step agreements when idle
   std::string weight_store = "";          // --weight-store: attach to this weightd store
   std::string distributed_weight_config = "";  // --distributed-weight-config
 };
@@ -45,8 +54,12 @@ struct WorkerOptions {
 // Flag checks (the planner and scheduler check the rest); throws bg::Error naming the flag.
 void validate_worker_options(const WorkerOptions& options);
 
-// Plans memory, loads the model and builds the engine (what the loading thread runs). Throws bg::Error.
-std::unique_ptr<Engine> load_engine(const WorkerOptions& options);
+// Plans memory, joins the rank set (several ranks), loads the model and builds the engine (what the loading thread
+// runs). on_phase (may be null) hears "joining" / "loading"; abandon (may be null) stops a join that waits for
+// ranks that will not come. Throws bg::Error.
+std::unique_ptr<Engine> load_engine(const WorkerOptions& options,
+                                    const std::function<void(const std::string&)>& on_phase = {},
+                                    const std::function<bool()>& abandon = {});
 
 // Runs the worker to the end: 0 after "shutdown" or the parent's exit, 1 when loading failed (after reporting
 // phase "failed" with the error). Throws only when the endpoint cannot be connected.

@@ -19,11 +19,15 @@ int32_t KdaStatePool::alloc_slot(bool zero) {
   free_.pop_back();
   if (f.reading != 0) backend_.compute_wait(f.reading);
   in_use_[static_cast<size_t>(f.slot)] = 1;
-  if (zero && !storage_.empty()) {
-    Tensor slot = storage_.rows_view(f.slot, 1);
-    backend_.fill_zero(slot);
-  }
+  if (zero) zero_slot(f.slot);
   return f.slot;
+}
+
+void KdaStatePool::zero_slot(int32_t slot) const {
+  BG_CHECK(slot >= 0 && slot <= n_slots_, "KdaStatePool: slot {} of {}", slot, n_slots_);
+  if (storage_.empty()) return;
+  Tensor t = storage_.rows_view(slot, 1);
+  backend_.fill_zero(t);
 }
 
 void KdaStatePool::free_slot(int32_t slot, CopyFence reading) {

@@ -35,6 +35,10 @@ class KdaStatePool {
   bool in_use(int32_t slot) const;
   // Slot `dst` = slot `src` (a device copy in stream order).
   void copy_slot(int32_t src, int32_t dst);
+  // Zeroes a slot's state without handing it out (a TP follower mirrors its leader's allocations,
+  // docs/PARALLEL.md); ordered with the ops already issued. Const: the slot bookkeeping does not change (the step's
+  // ops write the slots' contents through the same const pool).
+  void zero_slot(int32_t slot) const;
   Tensor recurrent(int32_t slot, int64_t kda_layer) const;           // [heads, K, V]
   Tensor conv(int32_t slot, int64_t kda_layer, int which) const;     // which: 0 q, 1 k, 2 v -> [channels, width - 1]
 

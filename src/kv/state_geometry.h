@@ -47,4 +47,8 @@ struct StateGeometry {
 StateGeometry state_geometry(const DeepseekV3Config& config);
 StateGeometry state_geometry(const KimiK3Config& config);
 
+// One tensor-parallel rank's share (docs/PARALLEL.md): the KDA state of its n_heads / tp heads; the MLA latent cache
+// is whole on every rank. Throws bg::Error when tp does not divide the KDA heads.
+StateGeometry tp_state_geometry(const StateGeometry& g, int32_t tp);
+
 }  // namespace bg

@@ -36,6 +36,10 @@ uint64_t ModelWeights::key(int id, int64_t layer, int64_t expert) {
          static_cast<uint64_t>(expert + 1);
 }
 
+ModelWeights::KeyParts ModelWeights::split_key(uint64_t key) {
+  return {static_cast<int>(key >> 48), key_layer(key), key_expert(key)};
+}
+
 ModelWeights ModelWeights::bind(std::shared_ptr<const WeightSource> source, const ArchTable& table) {
   ModelWeights w;
   w.source_ = std::move(source);

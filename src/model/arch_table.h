@@ -64,6 +64,11 @@ class ModelWeights {
     for (uint64_t k : linear_order_) fn(k, linears_.at(k));
   }
   static uint64_t key(int id, int64_t layer, int64_t expert);
+  struct KeyParts {
+    int id = 0;
+    int64_t layer = -1, expert = -1;
+  };
+  static KeyParts split_key(uint64_t key);
   // The (layer, expert) of a key (-1 where it has none).
   static int64_t key_layer(uint64_t key) { return static_cast<int64_t>((key >> 24) & 0xffffff) - 1; }
   static int64_t key_expert(uint64_t key) { return static_cast<int64_t>(key & 0xffffff) - 1; }

@@ -11,19 +11,36 @@
 
 namespace bg {
 
-BackendLinears::BackendLinears(Backend& backend, const ModelWeights& weights) {
+BackendLinears::BackendLinears(Backend& backend, const ModelWeights& weights, const ShareFn& share) {
   const auto t0 = std::chrono::steady_clock::now();
   pinned_ = backend.pin_host_memory(weights.source().pinnable_regions());
+  // This rank's share of each linear: skipped (another rank's expert), whole (the stored weight, pinned memory), or
+  // a tensor-parallel slice (a copy kept in owned_ for the CPU handles that point into it).
   std::map<int64_t, std::vector<uint64_t>> dense, experts;  // layer -> keys in table order
-  weights.for_each_linear([&](uint64_t key, const QuantWeight&) {
-    (ModelWeights::key_expert(key) >= 0 ? experts : dense)[ModelWeights::key_layer(key)].push_back(key);
+  std::unordered_map<uint64_t, SharedWeight> parts;           // keys whose share is a slice
+  int64_t n_dequantized = 0;
+  weights.for_each_linear([&](uint64_t key, const QuantWeight& w) {
+    const ModelWeights::KeyParts k = ModelWeights::split_key(key);
+    const LinearShare s = share ? share(k.id, k.layer, k.expert) : LinearShare{};
+    if (s.kind == ShareKind::kSkip) return;
+    if (s.kind != ShareKind::kAll) {
+      SharedWeight part = share_linear(w, s);
+      n_dequantized += part.dequantized ? 1 : 0;
+      parts.emplace(key, std::move(part));
+    }
+    (k.expert >= 0 ? experts : dense)[k.layer].push_back(key);
   });
+  if (n_dequantized > 0) {
+    log::warn("{} tensor-parallel weight shares cut through FP8/MXFP4 blocks and are held dequantized (fp32)",
+              n_dequantized);
+  }
   uint64_t bytes = 0;
   auto prepare = [&](const std::vector<uint64_t>& keys, int64_t n_experts) {
     LinearBatch batch;
     batch.n_experts = n_experts;
     for (uint64_t k : keys) {
-      const QuantWeight& w = weights.linear_by_key(k);
+      auto it = parts.find(k);
+      const QuantWeight& w = it != parts.end() ? it->second.w : weights.linear_by_key(k);
       batch.weights.push_back(&w);
       bytes += w.data.nbytes + w.scale.nbytes;
     }
@@ -33,14 +50,20 @@ BackendLinears::BackendLinears(Backend& backend, const ModelWeights& weights) {
   };
   for (const auto& [layer, keys] : dense) prepare(keys, 0);
   for (auto& [layer, keys] : experts) {
-    // Expert-major; within an expert the table order (gate, up, down) that for_each_linear gave.
+    // Expert-major; within an expert the table order (gate, up, down) that for_each_linear gave. With expert
+    // parallelism the batch holds only this rank's experts, so it counts the experts present, not the highest id.
     std::stable_sort(keys.begin(), keys.end(), [](uint64_t a, uint64_t b) {
       return ModelWeights::key_expert(a) < ModelWeights::key_expert(b);
     });
-    const int64_t n_experts = ModelWeights::key_expert(keys.back()) + 1;
+    int64_t n_experts = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (i == 0 || ModelWeights::key_expert(keys[i]) != ModelWeights::key_expert(keys[i - 1])) ++n_experts;
+    }
     const bool uniform = static_cast<int64_t>(keys.size()) % n_experts == 0;
     prepare(keys, uniform ? n_experts : 0);
   }
+  // The CPU handles view the slices' storage: keep it for the handles' lifetime.
+  for (auto& [key, part] : parts) owned_.insert(owned_.end(), part.storage.begin(), part.storage.end());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   log::info("{}: prepared {} linear weights ({:.2f} GB) in {:.2f} s ({:.2f} GB/s)", backend.name(), handles_.size(),
             static_cast<double>(bytes) / 1e9, s, s > 0 ? static_cast<double>(bytes) / s / 1e9 : 0.0);
@@ -55,9 +78,13 @@ const LinearHandle& BackendLinears::get(int id, int64_t layer, int64_t expert) c
 ExpertWeights BackendLinears::experts(int gate_id, int up_id, int down_id, int64_t layer, int64_t n_experts) const {
   ExpertWeights e;
   for (int64_t i = 0; i < n_experts; ++i) {
-    e.gate.push_back(&get(gate_id, layer, i));
-    e.up.push_back(&get(up_id, layer, i));
-    e.down.push_back(&get(down_id, layer, i));
+    auto find = [&](int id) -> const LinearHandle* {
+      auto it = handles_.find(ModelWeights::key(id, layer, i));
+      return it == handles_.end() ? nullptr : it->second.get();
+    };
+    e.gate.push_back(find(gate_id));
+    e.up.push_back(find(up_id));
+    e.down.push_back(find(down_id));
   }
   return e;
 }

@@ -11,6 +11,7 @@
 #include "model/backend_weights.h"
 #include "model/forward_common.h"
 #include "model/mla_block.h"
+#include "model/rank_share.h"
 #include "model/step_model.h"
 #include "moe/moe_layer.h"
 #include "weights/open_source.h"
@@ -41,6 +42,7 @@ class DeepseekV3Model final : public StepModel {
   DeepseekV3Config c_;
   ModelWeights w_;
   std::unique_ptr<Backend> be_;
+  moe::ExpertPlacement experts_at_;  // where each routed expert lives (this rank loads only its own)
   BackendLinears lin_;
   ModelInfo info_;
   RopeHandle rope_;
@@ -58,7 +60,10 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
       c_(std::move(config)),
       w_(std::move(weights)),
       be_(std::move(backend)),
-      lin_(*be_, w_),
+      experts_at_(placement(c_.n_routed_experts)),
+      lin_(*be_, w_, [this](int id, int64_t, int64_t expert) {
+               return deepseek_v3_share(id, expert, {tp_size(), tp_rank(), &experts_at_});
+             }),
       state_geometry_(bg::state_geometry(c_)) {
   Backend& be = *be_;
   info_ = {"deepseek_v3", c_.vocab_size, c_.hidden_size, c_.n_layers, c_.max_position_embeddings, c_.bos_token_id,
@@ -68,8 +73,10 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
   }
   float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.qk_head_dim())) *
                                    ops::yarn_softmax_scale_multiplier(c_.rope));
-  mla_dims_ = {c_.n_heads, c_.q_lora_rank, c_.kv_lora_rank, c_.qk_nope_head_dim, c_.qk_rope_head_dim, c_.v_head_dim,
-               scale, c_.qk_rope_head_dim > 0 ? &rope_ : nullptr, c_.rope_interleave};
+  BG_CHECK(c_.n_heads % tp_size() == 0, "--tp {} does not divide the {} attention heads", tp_size(), c_.n_heads);
+  mla_dims_ = {c_.n_heads / tp_size(), c_.q_lora_rank, c_.kv_lora_rank, c_.qk_nope_head_dim, c_.qk_rope_head_dim,
+               c_.v_head_dim, scale, c_.qk_rope_head_dim > 0 ? &rope_ : nullptr, c_.rope_interleave};
+  init_exchange(c_.n_routed_experts, c_.n_experts_per_tok, c_.hidden_size);
   moe_spec_ = {{0, c_.n_routed_experts, c_.n_experts_per_tok, c_.n_group, c_.topk_group, c_.norm_topk_prob,
                 static_cast<float>(c_.routed_scaling_factor)},
                {GluKind::kSwiGlu}};
@@ -89,13 +96,13 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
     L.mla.kv_a = &lin_.get(int(T::kKvAProj), l);
     L.mla.kv_a_norm = vec(T::kKvANorm, l);
     L.mla.o = &lin_.get(int(T::kOProj), l);
-    L.mla.set_kv_b(be, w_.linear(int(T::kKvBProj), l), mla_dims_);
+    L.mla.set_kv_b(be, w_.linear(int(T::kKvBProj), l), mla_dims_, tp_rank() * mla_dims_.n_heads);
     L.input_norm = vec(T::kInputNorm, l);
     L.post_norm = vec(T::kPostAttnNorm, l);
     if (c_.is_moe_layer(l)) {
       L.moe.router = &lin_.get(int(T::kRouterGate), l);
       L.moe.router_bias = vec(T::kRouterBias, l);
-      L.moe.experts = moe::ExpertTable(be, placement(c_.n_routed_experts),
+      L.moe.experts = moe::ExpertTable(be, experts_at_,
                                        lin_.experts(int(T::kExpertGate), int(T::kExpertUp), int(T::kExpertDown), l,
                                                     c_.n_routed_experts));
     }
@@ -105,9 +112,12 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
   final_norm_ = vec(T::kFinalNorm, -1);
   if (c_.tie_word_embeddings) {
     const TensorView& e = w_.tensor(int(T::kEmbed));
-    tied_lm_head_ = be.prepare_linear(QuantWeight{WeightFormat::kDense, c_.vocab_size, c_.hidden_size, e, {}, "lm_head"});
+    const SharedWeight head = share_linear(
+        QuantWeight{WeightFormat::kDense, c_.vocab_size, c_.hidden_size, e, {}, "lm_head"}, tp_share(ShareKind::kRows));
+    tied_lm_head_ = be.prepare_linear(head.w);  // a row share views the embedding: nothing copied
   }
 }
+
 
 Tensor DeepseekV3Model::step_body(const StepPools& pools, bool all_rows, const TapFn* tap) {
   Backend& be = *be_;
@@ -120,17 +130,19 @@ Tensor DeepseekV3Model::step_body(const StepPools& pools, bool all_rows, const T
     const DsLayer& L = layers_[static_cast<size_t>(l)];
     be.rmsnorm(h, L.input_norm, eps, x);
     mla_block_forward(be, mla_dims_, L.mla, pools.kv->layer_ref(l), x, y);
+    tp_all_reduce(y);  // TP: each rank's heads gave a partial o_proj sum
     tap_tensor(be, tap, "attn", l + 1, y);
     be.add(h, y);
     be.rmsnorm(h, L.post_norm, eps, x);
     ffn(l, x, y);
+    tp_all_reduce(y);  // TP: partial down-projection sums (dense, shared experts) + each rank's routed rows
     tap_tensor(be, tap, "ffn", l + 1, y);
     be.add(h, y);
     tap_tensor(*be_, tap, "layer", l + 1, h);
   }
   be.rmsnorm(h, final_norm_, eps, x);
   tap_tensor(*be_, tap, "final_norm", c_.n_layers, x);
-  return lm_head_logits(be, tied_lm_head_ ? *tied_lm_head_ : lin_.get(int(T::kLmHead)), x, all_rows);
+  return lm_head_logits(tied_lm_head_ ? *tied_lm_head_ : lin_.get(int(T::kLmHead)), x, all_rows);
 }
 
 void DeepseekV3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
@@ -145,22 +157,27 @@ void DeepseekV3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
     be.linear(lin_.get(int(down), layer), g, out);
   };
   if (!c_.is_moe_layer(layer)) {
-    mlp(T::kMlpGate, T::kMlpUp, T::kMlpDown, c_.intermediate_size);
+    mlp(T::kMlpGate, T::kMlpUp, T::kMlpDown, c_.intermediate_size / tp_size());
     return;
   }
   const DsLayer& L = layers_[static_cast<size_t>(layer)];
-  // Route in fp32: logits [n, E] -> top-k ids / weights [n, k].
-  moe::MoeChoice choice = moe::moe_route(be, moe_spec_, L.moe, x);
-  apply_route_hook(be, route_hook_, layer, choice.ids, choice.weights);
-  // Shared experts on every token (while the routed rows are in flight), the routed experts accumulated on top.
+  // This TP rank routes rows [r0, r0 + rn) of the step (all of them without TP). Route in fp32: logits [rn, E] ->
+  // top-k ids / weights [rn, k].
+  const auto [r0, rn] = moe_rows(n);
+  const Tensor xs = x.rows_view(r0, rn);
+  moe::MoeChoice choice = moe::moe_route(be, moe_spec_, L.moe, xs);
+  if (rn > 0) apply_route_hook(be, route_hook_, layer, choice.ids, choice.weights);
+  // Shared experts on every token (while the routed rows are in flight; a partial sum with TP), the routed experts
+  // accumulated on top of this rank's rows.
   auto run_shared = [&] {
     if (c_.n_shared_experts > 0) {
-      mlp(T::kSharedGate, T::kSharedUp, T::kSharedDown, c_.moe_intermediate_size * c_.n_shared_experts);
+      mlp(T::kSharedGate, T::kSharedUp, T::kSharedDown, c_.moe_intermediate_size * c_.n_shared_experts / tp_size());
     } else {
       be.fill_zero(out);
     }
   };
-  moe::moe_routed(be, exchange(), moe_spec_, L.moe, choice, x, out, run_shared);
+  Tensor routed_out = out.rows_view(r0, rn);
+  moe::moe_routed(be, exchange(), moe_spec_, L.moe, choice, xs, routed_out, run_shared);
 }
 
 }  // namespace

@@ -23,7 +23,6 @@ StepPools step_pools_of(std::span<const BatchEntry> batch) {
 }
 
 StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info, const StepPools& pools) {
-  BG_CHECK(!batch.empty(), "forward: a step needs at least one sequence");
   std::unordered_set<const Sequence*> seen;
   for (size_t i = 0; i < batch.size(); ++i) {
     const BatchEntry& e = batch[i];
@@ -70,7 +69,8 @@ void pad_decode_step(StepLayout& s, int64_t n_seqs, const StepPools& pools) {
   const int32_t pad_block = pools.kv->pad_block(), pad_slot = pools.state != nullptr ? pools.state->pad_slot() : -1;
   BG_CHECK(s.all_single_token() && n_seqs >= s.n_seqs(), "pad_decode_step: {} sequences of {} tokens cannot be padded "
            "to {}", s.n_seqs(), s.n_tokens(), n_seqs);
-  const bool with_state = !s.state_slots.empty();
+  // An empty step (a rank without work) gets state slots exactly when the model has KDA state.
+  const bool with_state = !s.state_slots.empty() || (s.n_seqs() == 0 && pad_slot >= 0);
   while (s.n_seqs() < n_seqs) {
     s.token_ids.push_back(0);
     s.positions.push_back(0);

@@ -18,7 +18,8 @@ StepPools step_pools_of(std::span<const BatchEntry> batch);
 
 // Checks every entry (a sequence, tokens, ids in range, the context limit, no sequence twice, KV reserved for the
 // tokens) and lays the step out (block tables max_blocks wide: the step's longest table rounded up to a power of two,
-// the rest filled with the pools' padding block). Throws bg::Error before any sequence changes.
+// the rest filled with the pools' padding block). Throws bg::Error before any sequence changes. An empty batch gives
+// an empty layout (a rank without work pads it: pad_decode_step).
 StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info, const StepPools& pools);
 
 // Appends single-token padding sequences (token 0 at position 0, the pools' padding block and slot) up to n_seqs.

@@ -11,7 +11,9 @@
 #include "model/backend_weights.h"
 #include "model/forward_common.h"
 #include "model/mla_block.h"
+#include "model/rank_share.h"
 #include "model/step_model.h"
+#include "model/tp_shard.h"
 #include "moe/moe_layer.h"
 #include "weights/open_source.h"
 
@@ -50,6 +52,8 @@ class KimiK3Model final : public StepModel {
   KimiK3Config c_;
   ModelWeights w_;
   std::unique_ptr<Backend> be_;
+  moe::ExpertPlacement experts_at_;  // where each routed expert lives (this rank loads only its own)
+  int64_t kda_heads_ = 0;            // KDA heads on this rank (all, or its tensor-parallel range)
   BackendLinears lin_;
   ModelInfo info_;
   MlaDims mla_dims_;
@@ -71,17 +75,25 @@ KimiK3Model::KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_
       c_(std::move(config)),
       w_(std::move(weights)),
       be_(std::move(backend)),
-      lin_(*be_, w_),
-      state_geometry_(bg::state_geometry(c_)) {
+      experts_at_(placement(c_.n_experts)),
+      kda_heads_(c_.kda_heads / tp_size()),
+      lin_(*be_, w_, [this](int id, int64_t, int64_t expert) {
+               return kimi_k3_share(id, expert, {tp_size(), tp_rank(), &experts_at_});
+             }),
+      state_geometry_(tp_state_geometry(bg::state_geometry(c_), tp_size())) {
+  BG_CHECK(c_.n_heads % tp_size() == 0 && c_.kda_heads % tp_size() == 0, "--tp {} does not divide the {} MLA heads "
+           "and {} KDA heads", tp_size(), c_.n_heads, c_.kda_heads);
   info_ = {"kimi_k3", c_.vocab_size, c_.hidden_size, c_.n_layers, c_.max_position_embeddings, c_.bos_token_id,
            c_.eos_token_id};
   // Scores are (q_nope . k_nope + q_pe . k_pe) / sqrt(nope + pe); nothing is rotated.
-  mla_dims_ = {c_.n_heads, c_.q_lora_rank, c_.kv_lora_rank, c_.qk_nope_head_dim, c_.qk_rope_head_dim, c_.v_head_dim,
-               static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.qk_head_dim()))), nullptr, false};
+  mla_dims_ = {c_.n_heads / tp_size(), c_.q_lora_rank, c_.kv_lora_rank, c_.qk_nope_head_dim, c_.qk_rope_head_dim,
+               c_.v_head_dim, static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.qk_head_dim()))), nullptr,
+               false};
   situ_ = {GluKind::kSitu, static_cast<float>(c_.situ_beta), static_cast<float>(c_.situ_linear_beta)};
   moe_spec_ = {{0, c_.n_experts, c_.n_experts_per_token, c_.n_group, c_.topk_group, c_.renormalize,
                 static_cast<float>(c_.routed_scaling_factor)},
                situ_};
+  init_exchange(c_.n_experts, c_.n_experts_per_token, c_.latent_size);  // the routed experts run in the latent
   int64_t n_mla = 0, n_kda = 0;
   for (int64_t l = 0; l < c_.n_layers; ++l) load_layer(l, n_mla, n_kda);
   auto vec = [&](T id) {
@@ -94,10 +106,12 @@ KimiK3Model::KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_
   out_res_proj_ = vec(T::kOutResProj);
   if (c_.tie_word_embeddings) {
     const TensorView& e = w_.tensor(int(T::kEmbed));
-    tied_lm_head_ =
-        be_->prepare_linear(QuantWeight{WeightFormat::kDense, c_.vocab_size, c_.hidden_size, e, {}, "lm_head"});
+    const SharedWeight head = share_linear(
+        QuantWeight{WeightFormat::kDense, c_.vocab_size, c_.hidden_size, e, {}, "lm_head"}, tp_share(ShareKind::kRows));
+    tied_lm_head_ = be_->prepare_linear(head.w);  // a row share views the embedding: nothing copied
   }
 }
+
 
 void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
   Backend& be = *be_;
@@ -117,8 +131,7 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
     L.moe.router = &lin_.get(int(T::kRouterGate), l);
     L.moe.router_bias = vec(T::kRouterBias);
     L.moe.experts = moe::ExpertTable(
-        be, placement(c_.n_experts), lin_.experts(int(T::kExpertW1), int(T::kExpertW3), int(T::kExpertW2), l,
-                                                  c_.n_experts));
+        be, experts_at_, lin_.experts(int(T::kExpertW1), int(T::kExpertW3), int(T::kExpertW2), l, c_.n_experts));
   }
   if (c_.is_mla(l)) {
     L.sub_index = n_mla++;
@@ -133,11 +146,16 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
     L.mla.kv_a_norm = vec(T::kMlaKvANorm);
     L.mla.o = &lin_.get(int(T::kMlaO), l);
     if (c_.mla_output_gate) L.mla.gate = &lin_.get(int(T::kMlaG), l);
-    L.mla.set_kv_b(be, w_.linear(int(T::kMlaKvB), l), mla_dims_);
+    L.mla.set_kv_b(be, w_.linear(int(T::kMlaKvB), l), mla_dims_, tp_rank() * mla_dims_.n_heads);
   } else {
     L.sub_index = n_kda++;
-    const int64_t P = c_.kda_proj_dim(), W = c_.conv_kernel;
-    auto conv = [&](T id) { return be.upload_f32(w_.tensor_f32(int(id), l), {P, W}, DType::kF32); };
+    // This rank's heads: channel rows [tp_rank * P, (tp_rank + 1) * P) of the conv weights and dt_bias.
+    const int64_t P = kda_heads_ * c_.kda_head_dim, W = c_.conv_kernel;
+    const int32_t tp = tp_size(), part = tp_rank();
+    auto conv = [&](T id) {
+      return be.upload_f32(share_rows(w_.tensor_f32(int(id), l), c_.kda_proj_dim(), tp, part, "KDA conv"), {P, W},
+                           DType::kF32);
+    };
     L.q_conv = conv(T::kKdaQConv);
     L.k_conv = conv(T::kKdaKConv);
     L.v_conv = conv(T::kKdaVConv);
@@ -147,8 +165,10 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
              c_.kda_heads);
     std::vector<float> a = a_log.to_f32();
     a.resize(static_cast<size_t>(c_.kda_heads));  // the stored tail beyond num_heads is padding
-    L.a_log = be.upload_f32(a, {c_.kda_heads}, DType::kF32);
-    L.dt_bias = vec(T::kKdaDtBias);
+    L.a_log = be.upload_f32(share_rows(a, c_.kda_heads, tp, part, "KDA A_log"), {kda_heads_}, DType::kF32);
+    const std::vector<float> dt = share_rows(w_.tensor_f32(int(T::kKdaDtBias), l), c_.kda_proj_dim(), tp, part,
+                                             "KDA dt_bias");
+    L.dt_bias = be.upload_f32(dt, {P}, DType::kF32);
     L.o_norm = vec(T::kKdaONorm);
   }
   layers_.push_back(std::move(L));
@@ -187,6 +207,7 @@ Tensor KimiK3Model::step_body(const StepPools& pools, bool all_rows, const TapFn
     } else {
       kda(*pools.state, l, x, y);
     }
+    tp_all_reduce(y);  // TP: each rank's heads gave a partial o_proj sum
     tap_tensor(be, tap, "attn", l + 1, y);
     Tensor p = partial();
     if (partial_empty) {
@@ -198,6 +219,7 @@ Tensor KimiK3Model::step_body(const StepPools& pools, bool all_rows, const TapFn
     be.attn_res_mix(bank, n_banked + 1, L.mlp_res_norm, L.mlp_res_proj, eps, h);
     be.rmsnorm(h, L.post_norm, eps, x);
     ffn(l, x, y);
+    tp_all_reduce(y);  // TP: partial down-projection sums (dense, shared experts) + each rank's routed rows
     tap_tensor(be, tap, "ffn", l + 1, y);
     be.add(p, y);
     tap_tensor(*be_, tap, "layer", l + 1, p);
@@ -206,12 +228,12 @@ Tensor KimiK3Model::step_body(const StepPools& pools, bool all_rows, const TapFn
   tap_tensor(*be_, tap, "attnres_out", c_.n_layers, h);
   be.rmsnorm(h, final_norm_, eps, x);
   tap_tensor(*be_, tap, "final_norm", c_.n_layers, x);
-  return lm_head_logits(be, tied_lm_head_ ? *tied_lm_head_ : lin_.get(int(T::kLmHead)), x, all_rows);
+  return lm_head_logits(tied_lm_head_ ? *tied_lm_head_ : lin_.get(int(T::kLmHead)), x, all_rows);
 }
 
 void KimiK3Model::kda(const KdaStatePool& state, int64_t layer, const Tensor& x, Tensor& out) {
   Backend& be = *be_;
-  const int64_t n = x.rows(), P = c_.kda_proj_dim(), nh = c_.kda_heads, K = c_.kda_head_dim;
+  const int64_t n = x.rows(), nh = kda_heads_, K = c_.kda_head_dim, P = nh * K;  // this rank's heads
   const K3Layer& L = layers_[static_cast<size_t>(layer)];
   const int64_t idx = L.sub_index;
   // Projections, then causal short conv + SiLU continuing the sequence's conv state: each [n, P] = [n, nh, K].
@@ -255,7 +277,7 @@ void KimiK3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
   if (c_.is_moe_layer(layer)) {
     latent_moe(layer, x, out);
   } else {
-    situ_mlp(T::kMlpGate, T::kMlpUp, T::kMlpDown, layer, c_.intermediate_size, x, out);
+    situ_mlp(T::kMlpGate, T::kMlpUp, T::kMlpDown, layer, c_.intermediate_size / tp_size(), x, out);
   }
 }
 
@@ -263,23 +285,31 @@ void KimiK3Model::latent_moe(int64_t layer, const Tensor& x, Tensor& out) {
   Backend& be = *be_;
   const int64_t n = x.rows(), D = c_.latent_size;
   const K3Layer& L = layers_[static_cast<size_t>(layer)];
-  // Route on the full hidden vector in fp32: [n, E] -> top-k [n, k].
-  moe::MoeChoice choice = moe::moe_route(be, moe_spec_, L.moe, x);
-  apply_route_hook(be, route_hook_, layer, choice.ids, choice.weights);
-  // Routed path in the latent: z = down(x) [n, D]; y = sum_i w_i E_i(z) [n, D]; y = norm(y); up(y) [n, H]. The shared
-  // experts (full width, on the un-projected x) run while the routed rows are in flight.
-  Tensor z = be.act(n, D), y = be.zeros({n, D}, be.act_dtype());
-  be.linear(lin_.get(int(T::kLatentDown), layer), x, z);
+  // This TP rank routes rows [r0, r0 + rn) of the step (all of them without TP). Route on the full hidden vector in
+  // fp32: [rn, E] -> top-k [rn, k].
+  const auto [r0, rn] = moe_rows(n);
+  const Tensor xs = x.rows_view(r0, rn);
+  moe::MoeChoice choice = moe::moe_route(be, moe_spec_, L.moe, xs);
+  if (rn > 0) apply_route_hook(be, route_hook_, layer, choice.ids, choice.weights);
+  // Routed path in the latent: z = down(x) [rn, D]; y = sum_i w_i E_i(z) [rn, D]; y = norm(y); up(y) [rn, H]. The
+  // shared experts (full width, on the un-projected x of every row; a partial sum with TP) run while the routed rows
+  // are in flight.
+  Tensor z = be.act(rn, D), y = be.zeros({rn, D}, be.act_dtype());
+  if (rn > 0) be.linear(lin_.get(int(T::kLatentDown), layer), xs, z);
   Tensor shared;
   auto run_shared = [&] {
     if (c_.n_shared_experts == 0) return;
     shared = be.act(n, c_.hidden_size);  // [n, H]
-    situ_mlp(T::kSharedGate, T::kSharedUp, T::kSharedDown, layer, c_.n_shared_experts * c_.moe_intermediate_size, x,
-             shared);
+    situ_mlp(T::kSharedGate, T::kSharedUp, T::kSharedDown, layer,
+             c_.n_shared_experts * c_.moe_intermediate_size / tp_size(), x, shared);
   };
   moe::moe_routed(be, exchange(), moe_spec_, L.moe, choice, z, y, run_shared);
-  if (c_.latent_norm) be.rmsnorm(y, L.latent_norm, static_cast<float>(c_.rms_norm_eps), y);
-  be.linear(lin_.get(int(T::kLatentUp), layer), y, out);
+  if (rn < n) be.fill_zero(out);  // TP: the other rows' routed part comes from the other ranks (all-reduce)
+  if (rn > 0) {
+    if (c_.latent_norm) be.rmsnorm(y, L.latent_norm, static_cast<float>(c_.rms_norm_eps), y);
+    Tensor routed_out = out.rows_view(r0, rn);
+    be.linear(lin_.get(int(T::kLatentUp), layer), y, routed_out);
+  }
   if (c_.n_shared_experts > 0) be.add(out, shared);
 }
 

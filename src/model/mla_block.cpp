@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 namespace bg {
 namespace {
 
@@ -11,12 +13,15 @@ constexpr float kLatentNormEps = 1e-6f;
 
 }  // namespace
 
-void MlaLayerWeights::set_kv_b(Backend& be, const QuantWeight& kv_b, const MlaDims& d) {
+void MlaLayerWeights::set_kv_b(Backend& be, const QuantWeight& kv_b, const MlaDims& d, int64_t first_head) {
   const int64_t nope = d.qk_nope, vd = d.v_head, r = d.kv_lora_rank;
-  std::vector<float> all = kv_b.decode_all();  // [n_heads * (nope + v), kv_lora]
+  BG_CHECK(first_head >= 0 && (first_head + d.n_heads) * (nope + vd) <= kv_b.n_out && kv_b.n_in == r,
+           "'{}': [{}, {}] has no heads [{}, {}) of {} + {} rows", kv_b.name, kv_b.n_out, kv_b.n_in, first_head,
+           first_head + d.n_heads, nope, vd);
+  std::vector<float> all = kv_b.decode_all();  // [n_heads_total * (nope + v), kv_lora]
   std::vector<float> uk(static_cast<size_t>(d.n_heads * nope * r)), uv(static_cast<size_t>(d.n_heads * vd * r));
   for (int64_t h = 0; h < d.n_heads; ++h) {
-    const float* head = all.data() + h * (nope + vd) * r;
+    const float* head = all.data() + (first_head + h) * (nope + vd) * r;
     std::copy(head, head + nope * r, uk.begin() + h * nope * r);
     std::copy(head + nope * r, head + (nope + vd) * r, uv.begin() + h * vd * r);
   }

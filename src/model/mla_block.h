@@ -12,7 +12,7 @@
 namespace bg {
 
 struct MlaDims {
-  int64_t n_heads = 0;
+  int64_t n_heads = 0;  // heads this rank computes (all, or its tensor-parallel range)
   int64_t q_lora_rank = 0;  // 0: plain q_proj
   int64_t kv_lora_rank = 0;
   int64_t qk_nope = 0;
@@ -36,12 +36,15 @@ struct MlaLayerWeights {
   Tensor w_uk;  // [n_heads, qk_nope, kv_lora] (act dtype)
   Tensor w_uv;  // [n_heads, v_head, kv_lora]
 
-  // Splits kv_b_proj [n_heads * (nope + v), kv_lora] per head into w_uk / w_uv.
-  void set_kv_b(Backend& be, const QuantWeight& kv_b, const MlaDims& d);
+  // Splits kv_b_proj [n_heads_total * (nope + v), kv_lora] per head into w_uk / w_uv for the d.n_heads heads from
+  // first_head (tensor parallelism: this rank's head range).
+  void set_kv_b(Backend& be, const QuantWeight& kv_b, const MlaDims& d, int64_t first_head = 0);
 };
 
 // x: [n_tokens, hidden] (normed input) of the backend's current step; writes out [n_tokens, hidden]. `cache` is this
-// layer's view of the pool.
+// layer's view of the pool (the latent is shared by all heads, so every TP rank keeps the whole cache). With tensor
+// parallelism q/gate hold this rank's heads and o_proj its input columns: `out` is a partial sum the caller
+// all-reduces.
 void mla_block_forward(Backend& be, const MlaDims& d, const MlaLayerWeights& w, const MlaCacheRef& cache,
                        const Tensor& x, Tensor& out);
 

@@ -16,6 +16,10 @@
 #include "kv/state_geometry.h"
 #include "kv/state_manager.h"
 
+namespace bg::dist {
+struct RankContext;
+}
+
 namespace bg {
 
 struct ModelInfo {
@@ -37,6 +41,9 @@ struct LoadOptions {
   std::string device = "cpu";     // "cpu" | "cuda"
   bool cuda_graphs = true;        // CUDA: replay decode steps (forward_batch, one token per sequence) as graphs
   int64_t max_graph_batch = 64;   // largest decode batch run as a graph (a power of two; larger runs eagerly)
+  // One rank of a set (null: a single rank). The model loads its share of the weights, runs tensor-parallel
+  // attention over ranks->tp and the expert exchange over ranks->world, and agrees every step with the other ranks.
+  std::shared_ptr<dist::RankContext> ranks = nullptr;
   std::string weight_store = "";           // attach to this weightd store instead of reading the files (docs/WEIGHTS.md)
   std::string distributed_weight_config = "";  // fetch what the node lacks from the peers this config names
   bool deterministic = false;  // batch-invariant kernels (BackendOptions::deterministic, docs/DETERMINISM.md)
@@ -79,6 +86,17 @@ class Model {
   void set_route_hook(RouteHook hook) { route_hook_ = std::move(hook); }
   // CUDA graphs captured for decode steps so far (0 on the CPU or with graphs off).
   virtual int64_t n_graphs_captured() const { return 0; }
+  // True when this model is one rank of a set: forward / forward_batch are collectives (every rank must step
+  // together; a rank without work calls sync_idle), and a failed step cannot be retried alone.
+  virtual bool collective() const { return false; }
+  // A rank with nothing to run takes part in the next step agreement: runs an empty step (padding only) when another
+  // rank has work, nothing when none has. stop = true votes to end the set. Returns false once any rank voted stop.
+  // Single rank: returns !stop. `pools`: this rank's (kv::StateManager::step_pools), where an empty step's padding
+  // entries write.
+  virtual bool sync_idle(bool stop, const StepPools& pools) {
+    (void)pools;
+    return !stop;
+  }
 
  protected:
   RouteHook route_hook_;

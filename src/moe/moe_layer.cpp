@@ -1,10 +1,15 @@
 // The MoE layer: route -> dispatch -> experts -> combine.
 #include "moe/moe_layer.h"
 
+#include <algorithm>
+
+#include "core/error.h"
+
 namespace bg::moe {
 
 MoeChoice moe_route(Backend& be, const MoeLayerSpec& spec, const MoeLayerWeights& w, const Tensor& x) {
   const int64_t n = x.rows(), E = spec.router.n_experts, k = spec.router.top_k;
+  if (n == 0) return {be.alloc({0, k}, DType::kI32), be.alloc({0, k}, DType::kF32)};  // a rank without tokens here
   Tensor logits = be.alloc({n, E}, DType::kF32);  // [n, E] fp32: routing decisions need the full precision
   be.linear(*w.router, x, logits);
   MoeChoice c{be.alloc({n, k}, DType::kI32), be.alloc({n, k}, DType::kF32)};  // [n, k]
@@ -25,13 +30,25 @@ void moe_routed(Backend& be, Exchange& exchange, const MoeLayerSpec& spec, const
     be.moe_routed_local(w.experts.slots(), spec.glu, routing, x_expert, out);
     return;
   }
-  ExpertRows rows;
-  exchange.begin_dispatch(be, w.experts, {&choice.ids, &choice.weights, &x_expert}, rows);
-  if (overlap) overlap();
-  exchange.finish_dispatch(be, rows);
-  be.moe_experts(w.experts.slots(), spec.glu, rows.routing, rows.x, rows.y);  // [rows, hidden]
-  exchange.begin_combine(be, rows, out);
-  exchange.finish_combine(be, out);
+  // Rounds of at most `per` tokens (exchanges with fixed receive slots); every rank runs step_rounds() of them, with
+  // empty rounds once its own tokens are done, so the ranks meet in every dispatch and combine.
+  const int64_t n = x_expert.rows(), per = exchange.max_tokens_per_call();
+  const int64_t rounds = exchange.step_rounds();
+  BG_CHECK(per == 0 || n <= rounds * per, "moe: {} tokens on this rank but the step was agreed for at most {}", n,
+           rounds * per);
+  for (int64_t r = 0; r < rounds; ++r) {
+    const int64_t lo = per == 0 ? 0 : std::min(n, r * per), cnt = per == 0 ? n : std::min(per, n - lo);
+    const Tensor ids = choice.ids.rows_view(lo, cnt), wts = choice.weights.rows_view(lo, cnt);
+    const Tensor x = x_expert.rows_view(lo, cnt);
+    Tensor o = out.rows_view(lo, cnt);
+    ExpertRows rows;
+    exchange.begin_dispatch(be, w.experts, {&ids, &wts, &x}, rows);
+    if (r == 0 && overlap) overlap();
+    exchange.finish_dispatch(be, rows);
+    be.moe_experts(w.experts.slots(), spec.glu, rows.routing, rows.x, rows.y);  // [rows, hidden]
+    exchange.begin_combine(be, rows, o);
+    exchange.finish_combine(be, o);
+  }
 }
 
 }  // namespace bg::moe

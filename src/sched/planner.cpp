@@ -60,7 +60,7 @@ void check_host_tier(const PlannerInput& in, int64_t budget_bytes, const MemoryP
 
 }  // namespace
 
-ModelGeometry read_model_geometry(const std::filesystem::path& dir) {
+ModelGeometry read_model_geometry(const std::filesystem::path& dir, const dist::RankPlace& place) {
   BG_CHECK(std::filesystem::is_directory(dir), "model directory '{}' does not exist", dir.string());
   const auto path = dir / "config.json";
   const auto config = read_json_file(path);
@@ -82,6 +82,11 @@ ModelGeometry read_model_geometry(const std::filesystem::path& dir) {
     }
   }
   g.weight_bytes = checkpoint_bytes(dir);
+  if (place.layout.multi_rank()) {
+    g.state = tp_state_geometry(g.state, place.layout.tp());  // each TP rank keeps the state of its own heads
+    g.weight_share = rank_weight_bytes(dir, place);
+    g.weight_bytes = g.weight_share.total();
+  }
   return g;
 }
 
@@ -147,6 +152,7 @@ Plan make_plan(const ModelGeometry& geo, const PlannerInput& in, const MemoryPro
   p.kv_bytes_per_token = geo.state.kv_bytes_per_token(p.act_bytes);
   p.state_bytes_per_seq = geo.state.state_bytes_per_seq();
   p.kv_block_size = in.kv_block_size;
+  p.weight_bytes = geo.weight_bytes;
   p.budget_bytes = memory_budget_bytes(geo, in, in.kv_cache_memory_bytes > 0 ? DeviceMemory{} : probe(in.device));
   check_host_tier(in, p.budget_bytes, probe);
   p.host_bytes = in.host_memory_bytes;
@@ -222,13 +228,27 @@ kv::StatePlan Plan::state_plan() const {
 }
 
 std::string Plan::describe() const {
-  return fmt::format("planner ({}): budget {:.3f} GiB -> {} sequences (state {} B each), {} KV blocks x {} tokens "
-                     "({} B/token, {:.3f} GiB), max_model_len {}; host tier {:.3f} GiB; prefix cache {} (its own room: "
-                     "{} blocks, {} slots){}", device, gib(budget_bytes), max_num_seqs, state_bytes_per_seq, kv_blocks,
-                     kv_block_size, kv_bytes_per_token, gib(kv_bytes()), max_model_len, gib(host_bytes),
-                     prefix_cache ? "on" : "off", cache_blocks, cache_slots,
+  return fmt::format("planner ({}): weights {:.3f} GiB on this rank; KV + state budget {:.3f} GiB -> {} sequences "
+                     "(state {} B each), {} KV blocks x {} tokens ({} B/token, {:.3f} GiB), max_model_len {}; host "
+                     "tier {:.3f} GiB; prefix cache {} (its own room: {} blocks, {} slots){}", device, gib(weight_bytes),
+                     gib(budget_bytes), max_num_seqs, state_bytes_per_seq, kv_blocks, kv_block_size,
+                     kv_bytes_per_token, gib(kv_bytes()), max_model_len, gib(host_bytes), prefix_cache ? "on" : "off",
+                     cache_blocks, cache_slots,
                      prefix_cache && state_bytes_per_seq > 0
                          ? fmt::format(" (KDA snapshots every {} tokens)", snapshot_interval) : std::string());
+}
+
+// The set agrees on the running sequences' room (the prefix cache's own room stays this rank's: with TP, where ranks
+// mirror their leader's pools, the cache is off and that room is 0).
+void Plan::agree(int64_t n_seqs, int64_t n_kv_blocks, int64_t model_len) {
+  BG_CHECK(n_seqs >= 1 && n_kv_blocks >= 1 && model_len >= 1 && n_seqs <= max_num_seqs &&
+               n_kv_blocks <= running_kv_blocks() && model_len <= max_model_len,
+           "planner: the rank set agreed on {} sequences, {} KV blocks, max_model_len {}, beyond this rank's plan",
+           n_seqs, n_kv_blocks, model_len);
+  max_num_seqs = n_seqs;
+  kv_blocks = n_kv_blocks + cache_blocks;
+  max_model_len = model_len;
+  if (state_slots > 0) state_slots = n_seqs + cache_slots;
 }
 
 }  // namespace bg::sched

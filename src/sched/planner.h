@@ -7,8 +7,10 @@
 #include <functional>
 #include <string>
 
+#include "dist/parallel_layout.h"
 #include "kv/state_manager.h"
 #include "model/model.h"
+#include "model/rank_share.h"
 
 namespace bg::sched {
 
@@ -17,11 +19,13 @@ struct ModelGeometry {
   std::string arch;                     // "deepseek_v3" | "kimi_k3"
   StateGeometry state;                  // kv::state_geometry of the config: what the loaded model reports too
   int64_t max_position_embeddings = 0;
-  int64_t weight_bytes = 0;             // sum of the *.safetensors files (an estimate of resident weights)
+  int64_t weight_bytes = 0;             // the weights this rank holds (one rank: the *.safetensors files)
+  RankWeightBytes weight_share;         // several ranks: its experts / TP share / replicated parts
 };
 
-// Reads `dir`/config.json (deepseek_v3 / kimi_k2 / kimi_k3) and sizes the shards. Throws bg::Error.
-ModelGeometry read_model_geometry(const std::filesystem::path& dir);
+// Reads `dir`/config.json (deepseek_v3 / kimi_k2 / kimi_k3) and sizes the shards; as one rank of a set, the KDA
+// state holds this rank's heads only and the weights are its share (rank_share.h). Throws bg::Error.
+ModelGeometry read_model_geometry(const std::filesystem::path& dir, const dist::RankPlace& place = {});
 
 // Device memory as seen before loading: bytes free and total (host RAM for "cpu").
 struct DeviceMemory {
@@ -77,9 +81,15 @@ struct Plan {
   int64_t pool_bytes(int64_t n_slots, int64_t n_blocks) const;
   int64_t kv_bytes() const { return pool_bytes(0, kv_blocks); }
   int64_t state_bytes() const { return pool_bytes(state_slots, 0) - pool_bytes(0, 0); }
+  int64_t weight_bytes = 0;              // this rank's weights (from the geometry)
   LoadOptions load_options() const;
   kv::StatePlan state_plan() const;      // what the engine's kv::StateManager is built with
   std::string describe() const;          // one log line
+  // KV blocks for running sequences (kv_blocks less the prefix cache's own room).
+  int64_t running_kv_blocks() const { return kv_blocks - cache_blocks; }
+  // Adopts the rank set's agreement (the minimum over every rank's plan): sequences, running sequences' KV blocks,
+  // max_model_len.
+  void agree(int64_t n_seqs, int64_t n_kv_blocks, int64_t model_len);
 };
 
 // The plan for `geo` within the budget; throws bg::Error when one sequence of max_model_len does not fit, when

@@ -20,6 +20,9 @@ if(DEFINED REF_MODULES)
 endif()
 file(MAKE_DIRECTORY "${WORK_DIR}")
 set(ENV{BATCHGEN} "${BATCHGEN}")
+if(SERVE_ARGS)  # extra `serve` flags, e.g. a rank set (CTest e2e_serve_dp2_ep2)
+  set(ENV{BG_E2E_SERVE_ARGS} "${SERVE_ARGS}")
+endif()
 # The test file stays in SRC_DIR so its imports resolve from SRC_DIR/node_modules.
 execute_process(COMMAND "${NODE}" --test --test-concurrency=1 "${SRC_DIR}/${TEST_FILE}" WORKING_DIRECTORY "${WORK_DIR}"
                 RESULT_VARIABLE rc)

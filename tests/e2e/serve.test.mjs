@@ -10,6 +10,8 @@ import path from 'node:path';
 import OpenAI from 'openai';
 
 const BIN = process.env.BATCHGEN ?? path.resolve('../../build/batchgen');
+// Extra serve flags, e.g. a rank set: BG_E2E_SERVE_ARGS='--dp 2 --ep 2' (CTest e2e_serve_dp2_ep2).
+const EXTRA = (process.env.BG_E2E_SERVE_ARGS ?? '').split(' ').filter(Boolean);
 const MODEL = 'tiny-k3';
 const MAX_MODEL_LEN = 1024;
 
@@ -44,7 +46,7 @@ before(async () => {
   const modelDir = path.join(dir, MODEL);
   execFileSync(BIN, ['make-random', '--arch', 'kimi_k3', '--preset', 'tiny', '--out', modelDir], { stdio: 'inherit' });
   server = spawn(BIN, ['serve', modelDir, '--port', '0', '--max-model-len', String(MAX_MODEL_LEN),
-    '--max-num-seqs', '16'], { stdio: ['ignore', 'inherit', 'pipe'] });
+    '--max-num-seqs', '16', ...EXTRA], { stdio: ['ignore', 'inherit', 'pipe'], env: { ...process.env, BG_NUM_THREADS: '1' } });
   server.stderr.on('data', (d) => { logs += d; process.stderr.write(d); });
   const port = await waitFor('the listening line', async () => logs.match(/listening on http:\/\/[\d.]+:(\d+)/)?.[1],
     30_000);
@@ -86,9 +88,15 @@ test('models, health, ready', async () => {
 });
 
 test('flags for features that do not exist yet, and bad flag files, fail at startup with a clear message', () => {
-  let r = serveFails(['--k3-moe-exchange', 'll']);
+  let r = serveFails(['--device', 'cuda', '--ep', '2', '--k3-moe-exchange', 'll']);
   assert.equal(r.status, 1);
-  assert.match(r.stderr, /--k3-moe-exchange ll is not available yet/);
+  assert.match(r.stderr, /--k3-moe-exchange ll is not available on CUDA ranks/);
+  r = serveFails(['--dp', '2', '--tp', '2', '--ep', '8']);
+  assert.equal(r.status, 1);
+  assert.match(r.stderr, /--ep must equal --dp x --tp/);
+  r = serveFails(['--tp', '2', '--host-memory-gb', '1']);
+  assert.equal(r.status, 1);
+  assert.match(r.stderr, /--host-memory-gb is not available with --tp 2/);
   r = serveFails(['--distributed-weight-config', path.join(dir, 'missing.json')]);
   assert.equal(r.status, 1);
   assert.match(r.stderr, /missing\.json: no such file/);
@@ -288,9 +296,9 @@ test('a wrong method gets 405 with Allow; serve --model DIR is the same as serve
   assert.equal(res.headers.get('allow'), 'POST');
   assert.equal((await res.json()).error.code, 'method_not_allowed');
   // --model reaches the same validation as the positional form (here: the flag error comes after the model).
-  const r = serveFails(['--model', path.join(dir, MODEL), '--k3-moe-exchange', 'll']);
+  const r = serveFails(['--model', path.join(dir, MODEL), '--device', 'cuda', '--ep', '2', '--k3-moe-exchange', 'll']);
   assert.equal(r.status, 1);
-  assert.match(r.stderr, /--k3-moe-exchange ll is not available yet/);
+  assert.match(r.stderr, /--k3-moe-exchange ll is not available on CUDA ranks/);
   const both = spawnSync(BIN, ['serve', path.join(dir, MODEL), '--model', dir, '--port', '0'], { encoding: 'utf8' });
   assert.equal(both.status, 1);
   assert.match(both.stderr, /two different model directories/);
@@ -302,3 +310,29 @@ test('a worker that fails before it is ready makes serve exit 1 with the worker\
   assert.equal(r.status, 1, r.stderr);
   assert.match(r.stderr, /worker failed before it was ready: rank 0: .*max[-_]model[-_]len/i);
 });
+
+// A rank set (BG_E2E_SERVE_ARGS with several ranks): kill -9 of one rank fails what is in flight with 503, /ready
+// names that rank, every process of the old set is reaped (no orphan), and the supervisor starts the set again.
+test('kill -9 of one rank of a set: clean 503s, /ready names it, no orphan, the set restarts',
+  { skip: EXTRA.length === 0 }, async () => {
+    const started = [...logs.matchAll(/started rank (\d+) \(pid (\d+)\)/g)].map((m) => ({ rank: +m[1], pid: +m[2] }));
+    const victim = started.filter((s) => s.rank === 1).at(-1);
+    assert.ok(victim, 'rank 1 was started');
+    const inFlight = client.completions.create({ model: MODEL, prompt: 'Tell me a long story', max_tokens: 400,
+      temperature: 0, ignore_eos: true });
+    await new Promise((r) => setTimeout(r, 300));
+    process.kill(victim.pid, 'SIGKILL');
+    await assert.rejects(inFlight, (e) => e.status === 503);
+    const ready = await waitFor('/ready 503', async () => {
+      const res = await fetch(`${baseURL}/ready`);
+      return res.status === 503 ? res.text() : undefined;
+    }, 10_000);
+    assert.match(ready, /rank 1/);
+    await waitFor('the old ranks to be reaped', async () => started.every((s) => {
+      try { process.kill(s.pid, 0); return false; } catch { return true; }
+    }), 20_000);
+    await waitFor('/ready 200 after the restart', async () => (await fetch(`${baseURL}/ready`)).status === 200, 120_000);
+    const ok = await client.completions.create({ model: MODEL, prompt: 'again', max_tokens: 2, temperature: 0 });
+    assert.equal(ok.choices.length, 1);
+    workerPid = Number([...logs.matchAll(/started rank 0 \(pid (\d+)\)/g)].at(-1)[1]);
+  });

@@ -51,6 +51,44 @@ TEST(Planner, TinyKimiK3Geometry) {
   EXPECT_EQ(g.weight_bytes, 0);
 }
 
+// A TP rank keeps the KDA state of its own heads; the MLA latent cache stays whole (docs/PARALLEL.md).
+TEST(Planner, TpRankStateGeometry) {
+  TempDir tmp;
+  const StateGeometry whole = tiny_k3_geometry(tmp).state;
+  const StateGeometry half = tp_state_geometry(whole, 2);
+  EXPECT_EQ(half.kda.n_heads, 2);
+  EXPECT_EQ(half.kda.conv_channels, 64);
+  EXPECT_EQ(half.kda.slot_floats(), 6 * (2 * 32 * 32 + 3 * 64 * 3));
+  EXPECT_EQ(half.n_mla_layers, whole.n_mla_layers);
+  EXPECT_EQ(half.entry_dim(), whole.entry_dim());
+  EXPECT_EQ(tp_state_geometry(whole, 1), whole);
+  EXPECT_NE(error_of([&] { tp_state_geometry(whole, 3); }).find("--tp 3 does not divide the 4 KDA heads"),
+            std::string::npos);
+}
+
+// The rank set agrees on the running sequences' room; this rank's prefix-cache room stays on top of it.
+TEST(Planner, RankSetAgreementKeepsThePrefixCacheRoom) {
+  TempDir tmp;
+  ModelGeometry g = tiny_k3_geometry(tmp);
+  PlannerInput in;
+  in.kv_cache_memory_bytes = 10 << 20;
+  in.max_num_seqs = 2;
+  in.max_model_len = 512;
+  Plan p = make_plan(g, in);
+  ASSERT_GT(p.cache_blocks, 0);
+  ASSERT_GT(p.cache_slots, 0);
+  const int64_t cache_blocks = p.cache_blocks, cache_slots = p.cache_slots, running = p.running_kv_blocks();
+  EXPECT_EQ(running, 2 * 8);  // two sequences of 512 tokens in blocks of 64
+  p.agree(1, running - 4, 256);
+  EXPECT_EQ(p.max_num_seqs, 1);
+  EXPECT_EQ(p.max_model_len, 256);
+  EXPECT_EQ(p.running_kv_blocks(), running - 4);
+  EXPECT_EQ(p.kv_blocks, running - 4 + cache_blocks);
+  EXPECT_EQ(p.state_slots, 1 + cache_slots);
+  EXPECT_EQ(p.state_plan().kv_blocks, p.kv_blocks);
+  EXPECT_NE(error_of([&] { p.agree(2, 1, 1); }).find("beyond this rank's plan"), std::string::npos);
+}
+
 TEST(Planner, SplitsABudgetIntoSlotsAndBlocks) {
   TempDir tmp;
   ModelGeometry g = tiny_k3_geometry(tmp);

@@ -43,7 +43,12 @@ TEST(ServeOptions, UnavailableFeaturesAndBadValuesAreErrors) {
 
   ServeOptions o = base;
   o.k3_moe_exchange = "ll";
-  EXPECT_NE(validation_error(o).find("not available yet"), std::string::npos) << validation_error(o);
+  EXPECT_EQ(validation_error(o), "");  // one rank (or CPU ranks): no CUDA exchange runs
+  o.device = "cuda";
+  o.parallel.ep = 2;
+  EXPECT_NE(validation_error(o).find("--k3-moe-exchange ll is not available on CUDA ranks"), std::string::npos)
+      << validation_error(o);
+  o = base;
   o.k3_moe_exchange = "mpi";
   EXPECT_NE(validation_error(o).find("must be nccl or ll"), std::string::npos);
 
@@ -69,6 +74,18 @@ TEST(ServeOptions, UnavailableFeaturesAndBadValuesAreErrors) {
   o = base;
   o.device = "tpu";
   EXPECT_NE(validation_error(o).find("--device"), std::string::npos);
+  o = base;
+  o.parallel.dp = 2;
+  o.parallel.tp = 2;
+  o.parallel.ep = 8;
+  EXPECT_NE(validation_error(o).find("--ep must equal --dp x --tp"), std::string::npos) << validation_error(o);
+  o = base;
+  o.parallel.ep = 4;
+  o.parallel.nnodes = 2;
+  EXPECT_NE(validation_error(o).find("several hosts is not available yet"), std::string::npos) << validation_error(o);
+  o = base;
+  o.moe_exchange_tokens = -1;
+  EXPECT_NE(validation_error(o).find("--moe-exchange-tokens"), std::string::npos);
   o = base;
   o.max_connections = 0;
   EXPECT_NE(validation_error(o).find("--max-connections"), std::string::npos);
@@ -115,6 +132,19 @@ TEST(ServeOptions, WorkerCommandLine) {
   const std::vector<std::string> state = {"--no-prefix-cache", "--host-memory-gb", "1.5", "--state-offload-dtype",
                                           "bf16"};
   EXPECT_EQ(std::vector<std::string>(argv.end() - static_cast<long>(state.size()), argv.end()), state);
+}
+
+TEST(ServeOptions, WorkerCommandLineOfARankSet) {
+  ServeOptions opt;
+  opt.model_dir = "/m";
+  opt.parallel.dp = 2;
+  opt.parallel.ep = 4;
+  auto argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 3, "rank-3-i1", "ipc:///tmp/x/r.sock");
+  const std::vector<std::string> tail = {"--dp", "2", "--tp", "2", "--rendezvous", "ipc:///tmp/x/r.sock",
+                                         "--k3-moe-exchange", "nccl", "--moe-exchange-tokens", "0"};
+  ASSERT_GE(argv.size(), tail.size());
+  EXPECT_EQ(std::vector<std::string>(argv.end() - static_cast<long>(tail.size()), argv.end()), tail);
+  EXPECT_EQ(argv[7], "3");
 }
 
 }  // namespace

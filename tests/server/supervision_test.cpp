@@ -84,13 +84,14 @@ TEST(WorkerLinkTrust, OnlyTheCurrentIncarnationsRoutingIdIsAccepted) {
 TEST(WorkerLinkTrust, TokenEventsCountOnlyFromTheRankThatOwnsTheRequest) {
   zmq::context_t ctx;
   const std::string ep = endpoint();
-  WorkerLink link(ctx, ep, 2);
+  WorkerLink link(ctx, ep, 2, /*tp=*/2);  // one DP group of two ranks: its leader, rank 0, takes every request
   link.start();
   bg::testing::FakeWorker rank0(ctx, ep, [](const proto::GenerateRequest&) { return std::vector<int32_t>{'a', 'b'}; },
                                 64, 261, "rank-0", 0);
   rank0.token_delay_ms = 300;
-  Impostor rank1(ctx, ep, "rank-1");  // connected, never ready: requests go to rank 0
-  ASSERT_TRUE(eventually([&] { return link.ranks()[0].ready(); }));
+  Impostor rank1(ctx, ep, "rank-1");  // connected and ready (a rank set steps together), but owns no request
+  rank1.ready_status(1);
+  ASSERT_TRUE(eventually([&] { return link.all_ready(); }));
   proto::GenerateRequest req;
   req.id = "req-1";
   req.prompt = {1, 2};

@@ -57,8 +57,10 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const CudaBackendOptions& o) {
     int n = cuda::device_count();
     BG_CHECK(n > 0, "--device cuda: no CUDA device is visible (driver missing or no GPU)");
-    BG_CHECK(o.device >= 0 && o.device < n, "--device cuda: device {} does not exist ({} visible)", o.device, n);
-    BG_CUDA_CHECK(cudaSetDevice(o.device));
+    int device = o.device;
+    if (device < 0) BG_CUDA_CHECK(cudaGetDevice(&device));
+    BG_CHECK(device >= 0 && device < n, "--device cuda: device {} does not exist ({} visible)", device, n);
+    BG_CUDA_CHECK(cudaSetDevice(device));
     BG_CUDA_CHECK(cudaStreamCreate(&stream_));
     BG_CUBLAS_CHECK(cublasCreate(&cublas_));
     alloc_ = cuda::make_cuda_allocator(o.memory_budget_bytes);
@@ -67,7 +69,7 @@ class CudaBackend final : public Backend {
     BG_CUDA_CHECK(cudaMemset(errors_.data(), 0, sizeof(int32_t)));
     BG_CUDA_CHECK(cudaMallocHost(&errors_host_, sizeof(int32_t)));
     cudaDeviceProp prop{};
-    BG_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
+    BG_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     n_sms_ = prop.multiProcessorCount;
     deterministic_ = o.deterministic;
     log::info("cuda backend: {} (sm_{}{}), {:.1f} GiB budget", prop.name, prop.major, prop.minor,

@@ -8,7 +8,7 @@
 namespace bg {
 
 struct CudaBackendOptions {
-  int device = 0;                 // CUDA device ordinal
+  int device = -1;                // CUDA device ordinal; -1: the thread's current device (0, or a rank's GPU)
   size_t memory_budget_bytes = 0;  // 0: the free memory at start
   bool deterministic = false;      // BackendOptions::deterministic: batch-invariant kernel choices
 };

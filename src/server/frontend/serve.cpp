@@ -20,6 +20,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/rendezvous.h"
+#include "moe/make_exchange.h"
 #include "server/frontend/http_server.h"
 #include "server/frontend/ipc_dir.h"
 #include "server/frontend/worker_link.h"
@@ -82,11 +84,18 @@ void validate_serve_options(ServeOptions& opt) {
   BG_CHECK(opt.state_offload_dtype.empty() || opt.state_offload_dtype == "f32" || opt.state_offload_dtype == "bf16" ||
            opt.state_offload_dtype == "fp8", "--state-offload-dtype {} must be f32, bf16 or fp8",
            opt.state_offload_dtype);
-  if (opt.k3_moe_exchange == "ll") {
-    fail("--k3-moe-exchange ll is not available yet (the low-latency expert exchange has not been implemented); "
-         "use --k3-moe-exchange nccl");
+  BG_CHECK(opt.k3_moe_exchange == "nccl" || opt.k3_moe_exchange == "ll", "--k3-moe-exchange {} must be nccl or ll",
+           opt.k3_moe_exchange);
+  BG_CHECK(opt.moe_exchange_tokens >= 0, "--moe-exchange-tokens {} must be >= 0", opt.moe_exchange_tokens);
+  const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(opt.parallel);  // throws on a bad layout
+  // TP ranks mirror their leader's pools; the host tier moves state in the leader's only (docs/PARALLEL.md).
+  BG_CHECK(layout.tp() == 1 || opt.host_memory_gb.value_or(0.0) == 0.0,
+           "--host-memory-gb is not available with --tp {} (docs/PARALLEL.md)", layout.tp());
+  if (opt.device == "cuda" && layout.multi_rank()) {
+    BG_CHECK(opt.k3_moe_exchange == "nccl", "{}", moe::kLlNotAvailable);
   }
-  BG_CHECK(opt.k3_moe_exchange == "nccl", "--k3-moe-exchange {} must be nccl or ll", opt.k3_moe_exchange);
+  BG_CHECK(layout.nnodes() == 1, "--nnodes {}: serving across several hosts is not available yet (one serve runs its "
+           "whole rank set on this host; docs/PARALLEL.md)", layout.nnodes());
   validate_distributed_config(opt.distributed_weight_config);
   if (!opt.weight_store.empty()) weights::check_store_name(opt.weight_store);
   if (opt.served_model_name.empty()) {
@@ -97,7 +106,7 @@ void validate_serve_options(ServeOptions& opt) {
 }
 
 std::vector<std::string> worker_command(const ServeOptions& opt, const std::string& exe, const std::string& endpoint,
-                                        int32_t rank, const std::string& identity) {
+                                        int32_t rank, const std::string& identity, const std::string& rendezvous) {
   std::vector<std::string> argv = {exe,          "worker",       "--model",      opt.model_dir,
                                    "--endpoint", endpoint,       "--rank",       std::to_string(rank),
                                    "--routing-id", identity,     "--parent-pid", std::to_string(getpid()),
@@ -112,6 +121,15 @@ std::vector<std::string> worker_command(const ServeOptions& opt, const std::stri
   add("--max-model-len", opt.max_model_len);
   add("--chunked-prefill-size", opt.chunked_prefill_size);
   add("--max-queue", opt.max_queue);
+  const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(opt.parallel);
+  if (layout.multi_rank()) {
+    for (const std::string& a : {std::string("--dp"), std::to_string(layout.dp()), std::string("--tp"),
+                                 std::to_string(layout.tp()), std::string("--rendezvous"), rendezvous,
+                                 std::string("--k3-moe-exchange"), opt.k3_moe_exchange,
+                                 std::string("--moe-exchange-tokens"), std::to_string(opt.moe_exchange_tokens)}) {
+      argv.push_back(a);
+    }
+  }
   for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"--weight-store", opt.weight_store},
                                     {"--distributed-weight-config", opt.distributed_weight_config}}) {
     if (!value.empty()) {
@@ -224,8 +242,10 @@ void drain(FrontendServer& server, const WorkerLink& link, const sigset_t& signa
 
 int run_serve(ServeOptions opt) {
   validate_serve_options(opt);
-  if (opt.k3_moe_exchange == "nccl") {
-    log::info("serve: --k3-moe-exchange nccl: one rank, so no expert exchange runs (experts are local)");
+  const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(opt.parallel);
+  if (layout.multi_rank()) {
+    log::info("serve: {}; expert exchange: {}", layout.describe(),
+              opt.device == "cpu" ? std::string("shm (CPU ranks)") : opt.k3_moe_exchange);
   }
   // Before any thread starts: SIGINT/SIGTERM only reach sigtimedwait below; a gone client must not kill us.
   sigset_t signals;
@@ -242,7 +262,21 @@ int run_serve(ServeOptions opt) {
   const std::string endpoint = "ipc://" + (ipc_dir.path() / "workers.sock").string();
   zmq::context_t zmq_ctx;
   Metrics metrics;
-  WorkerLink link(zmq_ctx, endpoint, 1);
+  WorkerLink link(zmq_ctx, endpoint, layout.world(), layout.tp());
+  // One rendezvous per incarnation of the rank set, bound when the supervisor builds rank 0's command line (it spawns
+  // rank 0 first), so a restarted set never meets the old one's. Only the supervisor thread touches these.
+  std::unique_ptr<dist::RendezvousServer> rendezvous;
+  int64_t n_sets = 0;
+  auto rendezvous_for = [&](int32_t rank) -> std::string {
+    if (!layout.multi_rank()) return "";
+    if (rank == 0 || !rendezvous) {
+      rendezvous.reset();
+      rendezvous = std::make_unique<dist::RendezvousServer>(
+          zmq_ctx, fmt::format("ipc://{}/rendezvous-{}.sock", ipc_dir.path().string(), n_sets++), layout.world(),
+          layout.describe());
+    }
+    return rendezvous->endpoint();
+  };
   link.start();
   int rc = 0;
   {
@@ -250,7 +284,10 @@ int run_serve(ServeOptions opt) {
     const int port = server.bind(opt.host, opt.port);
     const std::string exe = fs::read_symlink("/proc/self/exe").string();
     WorkerManager workers(
-        link, 1, [&](int32_t rank, const std::string& id) { return worker_command(opt, exe, endpoint, rank, id); },
+        link, layout.world(),
+        [&](int32_t rank, const std::string& id) {
+          return worker_command(opt, exe, endpoint, rank, id, rendezvous_for(rank));
+        },
         supervisor_config(opt));
     workers.start();
     server.start();

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "dist/parallel_layout.h"
+
 namespace bg::frontend {
 
 struct ServeOptions {
@@ -29,7 +31,9 @@ struct ServeOptions {
   bool deterministic = false;                   // --deterministic: batch-invariant results (docs/DETERMINISM.md)
   std::string api_key;
   std::string served_model_name;                // "": the model directory's name
-  std::string k3_moe_exchange = "nccl";         // nccl | ll
+  std::string k3_moe_exchange = "nccl";         // nccl | ll: the expert exchange between CUDA ranks
+  int64_t moe_exchange_tokens = 0;              // tokens per rank per exchange call (0: the exchange's default)
+  dist::ParallelFlags parallel;                 // --tp / --dp / --ep (docs/PARALLEL.md)
   std::string distributed_weight_config;        // path (docs/WEIGHTS.md), passed to the workers
   std::string weight_store = "";                // weightd store the workers attach to ("" = read the files)
   size_t max_body_bytes = size_t{16} << 20;
@@ -48,9 +52,10 @@ struct ServeOptions {
 // Checks every option; fills served_model_name. Throws bg::Error with a message for the user.
 void validate_serve_options(ServeOptions& opt);
 
-// The `batchgen worker` command line for one rank's process with routing id `identity` (argv[0] = exe).
+// The `batchgen worker` command line for one rank's process with routing id `identity` (argv[0] = exe); with several
+// ranks it carries the layout and the rank set's rendezvous endpoint.
 std::vector<std::string> worker_command(const ServeOptions& opt, const std::string& exe, const std::string& endpoint,
-                                        int32_t rank, const std::string& identity);
+                                        int32_t rank, const std::string& identity, const std::string& rendezvous = "");
 
 // Runs until SIGINT/SIGTERM (then drains: stops accepting, lets in-flight requests finish up to the shutdown
 // timeout) or until the worker set fails before it was ever ready; returns the process exit code (0 after a

@@ -5,6 +5,8 @@
 
 #include <zmq_addon.hpp>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "server/frontend/api_error.h"
@@ -79,7 +81,7 @@ proto::TokenEvent error_event(const std::string& id, const std::string& reason, 
 
 }  // namespace
 
-WorkerLink::WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t n_ranks)
+WorkerLink::WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t n_ranks, int32_t tp)
     : ctx_(ctx),
       endpoint_(endpoint),
       cmd_endpoint_(fmt::format("inproc://bg-frontend-cmd-{}", static_cast<const void*>(this))),
@@ -87,7 +89,9 @@ WorkerLink::WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t
       cmd_pull_(ctx, zmq::socket_type::pull),
       cmd_push_(ctx, zmq::socket_type::push),
       last_status_(static_cast<size_t>(n_ranks), Clock::now()),
-      in_flight_(static_cast<size_t>(n_ranks), 0) {
+      in_flight_(static_cast<size_t>(n_ranks), 0),
+      in_flight_tokens_(static_cast<size_t>(n_ranks), 0),
+      tp_(tp) {
   BG_CHECK(n_ranks >= 1, "WorkerLink: n_ranks {} must be >= 1", n_ranks);
   for (int32_t r = 0; r < n_ranks; ++r) {
     RankState s;
@@ -134,6 +138,7 @@ std::shared_ptr<RequestEvents> WorkerLink::submit(const proto::GenerateRequest& 
     const auto now = Clock::now();
     for (size_t r = 0; r < ranks_.size(); ++r) {
       if (!ready_locked(r, now)) {
+        if (ranks_.size() > 1) rank = -2;  // a rank set steps together: no request until every rank is ready
         if (why.empty()) {
           RankState s = ranks_[r];
           s.status_age_s = std::chrono::duration<double>(now - last_status_[r]).count();
@@ -141,15 +146,28 @@ std::shared_ptr<RequestEvents> WorkerLink::submit(const proto::GenerateRequest& 
         }
         continue;
       }
-      if (rank < 0 || in_flight_[r] < in_flight_[static_cast<size_t>(rank)]) rank = static_cast<int32_t>(r);
+      if (r % static_cast<size_t>(tp_) != 0 || rank == -2) continue;  // only DP group leaders schedule
+      if (rank < 0 || load_of(r) < load_of(static_cast<size_t>(rank))) rank = static_cast<int32_t>(r);
     }
     if (rank < 0) throw ApiError(503, "the model is not ready to serve: " + why, "", "model_not_ready");
     BG_CHECK(live_.count(req.id) == 0, "duplicate request id {}", req.id);
-    live_[req.id] = Live{rank, events};
+    const int64_t tokens = static_cast<int64_t>(req.prompt.size()) + req.params.max_tokens;
+    live_[req.id] = Live{rank, tokens, events};
     ++in_flight_[static_cast<size_t>(rank)];
+    in_flight_tokens_[static_cast<size_t>(rank)] += tokens;
   }
   send_command(rank, proto::encode("generate", req));
   return events;
+}
+
+double WorkerLink::load_of(size_t rank) const {
+  const proto::WorkerStatus& st = ranks_[rank].status;
+  const auto used = [](int64_t total, int64_t free) {
+    return total > 0 ? static_cast<double>(total - free) / static_cast<double>(total) : 0.0;
+  };
+  const double capacity = static_cast<double>(std::max<int64_t>(1, st.kv_blocks_total * st.kv_block_tokens));
+  return static_cast<double>(in_flight_tokens_[rank]) / capacity +
+         std::max(used(st.kv_blocks_total, st.kv_blocks_free), used(st.state_slots_total, st.state_slots_free));
 }
 
 void WorkerLink::cancel(const std::string& id) {
@@ -179,7 +197,7 @@ void WorkerLink::fail_requests_locked(int32_t rank, const std::string& reason, i
     }
   }
   for (size_t r = 0; r < in_flight_.size(); ++r) {
-    if (rank < 0 || static_cast<int32_t>(r) == rank) in_flight_[r] = 0;
+    if (rank < 0 || static_cast<int32_t>(r) == rank) in_flight_[r] = in_flight_tokens_[r] = 0;
   }
 }
 
@@ -200,7 +218,8 @@ void WorkerLink::mark_exited(int32_t rank, const std::string& reason) {
     ranks_[static_cast<size_t>(rank)].process_alive = false;
     ranks_[static_cast<size_t>(rank)].exit_reason = reason;
   }
-  fail_rank_requests(rank, fmt::format("rank {}: {}", rank, reason), 503);
+  // With several ranks nobody can step without this one: every request fails.
+  fail_rank_requests(ranks_.size() > 1 ? -1 : rank, fmt::format("rank {}: {}", rank, reason), 503);
 }
 
 void WorkerLink::begin_incarnation(int32_t rank, const std::string& identity, int64_t pid) {
@@ -310,6 +329,7 @@ void WorkerLink::on_worker_message(const std::string& identity, const std::strin
     auto events = it->second.events;
     bool idle = false;
     if (final) {
+      in_flight_tokens_[r] = std::max<int64_t>(0, in_flight_tokens_[r] - it->second.tokens);
       live_.erase(it);
       if (--in_flight_[r] <= 0) {
         in_flight_[r] = 0;
@@ -373,6 +393,7 @@ void WorkerLink::forward_command(const std::string& identity, const std::string&
   it->second.events->push(error_event(id, fmt::format("{} is not connected or not reading its messages", identity),
                                       503));
   --in_flight_[static_cast<size_t>(it->second.rank)];
+  in_flight_tokens_[static_cast<size_t>(it->second.rank)] -= it->second.tokens;
   live_.erase(it);
 }
 

@@ -45,7 +45,9 @@ class WorkerLink {
  public:
   // Binds the ROUTER on `endpoint` (e.g. "ipc:///tmp/bg-x/router.sock"); n_ranks workers are expected, rank r with
   // routing id "rank-<r>" until begin_incarnation says otherwise.
-  WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t n_ranks);
+  // With several ranks they form DP groups of `tp` consecutive ranks; each group's first rank (its leader) takes the
+  // group's requests.
+  WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t n_ranks, int32_t tp = 1);
   ~WorkerLink();
   WorkerLink(const WorkerLink&) = delete;
   WorkerLink& operator=(const WorkerLink&) = delete;
@@ -53,7 +55,8 @@ class WorkerLink {
   void start();
   void stop();
 
-  // Registers the request and sends it to the least-loaded ready rank. Throws ApiError(503) when no rank is ready.
+  // Registers the request and sends it to the least-loaded DP group leader (tokens in flight relative to its KV
+  // capacity plus its KV / state use). With several ranks every rank must be ready. Throws ApiError(503) otherwise.
   std::shared_ptr<RequestEvents> submit(const proto::GenerateRequest& req);
   // Tells the worker to drop the request; its final ("abort") event is still routed to the queue if it is alive.
   void cancel(const std::string& id);
@@ -83,8 +86,10 @@ class WorkerLink {
  private:
   struct Live {
     int32_t rank = 0;
+    int64_t tokens = 0;  // prompt + max_tokens: what it may still hold in its group's KV
     std::shared_ptr<RequestEvents> events;
   };
+  double load_of(size_t rank) const;  // mu_ held
 
   void run();
   void send_command(int32_t rank, const std::string& frame);
@@ -112,6 +117,8 @@ class WorkerLink {
   std::vector<std::chrono::steady_clock::time_point> last_status_;
   std::map<std::string, Live> live_;
   std::vector<int64_t> in_flight_;   // per rank
+  std::vector<int64_t> in_flight_tokens_;  // per rank
+  int32_t tp_ = 1;
   std::chrono::milliseconds heartbeat_timeout_{60000};
   int64_t restarts_ = 0;
   int64_t n_dropped_ = 0;            // messages dropped (unknown sender, wrong rank), for rate-limited logging

@@ -1,0 +1,31 @@
+// Everything a model needs to run as one rank of a set: where it sits (layout, rank), its communicators (the world
+// and its DP group's TP ranks), which expert exchange to build, and the transport resources behind them. Built by
+// dist/rank_setup.h after the rendezvous; shared by the model and the worker loop.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "dist/comm.h"
+#include "dist/parallel_layout.h"
+
+namespace bg::dist {
+
+class ShmRankSet;
+
+struct RankContext {
+  RankPlace place;
+  std::string exchange = "shm";           // the MoE exchange between ranks: shm (CPU), nccl or ll (CUDA)
+  std::unique_ptr<Comm> world;             // every rank
+  std::unique_ptr<Comm> tp;                // this DP group's TP ranks (size 1 without TP)
+  std::shared_ptr<const ShmRankSet> shm;   // CPU rank sets: the shared segment (exchange waits use its rank set)
+  std::shared_ptr<void> transport;         // CUDA: the NCCL communicators behind world/tp
+  int64_t max_tokens_per_call = 0;         // exchange tokens per rank per call (0: the exchange's default)
+
+  int32_t rank() const { return place.rank; }
+  int32_t world_size() const { return place.layout.world(); }
+  int32_t tp_size() const { return place.layout.tp(); }
+  int32_t tp_rank() const { return place.tp_rank(); }
+};
+
+}  // namespace bg::dist

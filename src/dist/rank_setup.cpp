@@ -1,0 +1,97 @@
+// start_rank: transport id, rendezvous, communicators.
+#include "dist/rank_setup.h"
+
+#include <unistd.h>
+
+#include <zmq.hpp>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "dist/rendezvous.h"
+#include "dist/shm_comm.h"
+#include "moe/make_exchange.h"
+
+#ifdef BG_HAVE_CUDA
+#include "dist/cuda/nccl_comm.h"
+#endif
+
+namespace bg::dist {
+namespace {
+
+std::string host_name() {
+  char buf[256] = {};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+StartedRank start_cpu(const RankSetup& s, zmq::context_t& zctx, JoinInfo& me) {
+  ShmCommOptions opt;
+  opt.timeout_s = s.timeout_s;
+  std::shared_ptr<ShmRankSet> shm;
+  if (s.place.rank == 0) {
+    shm = ShmRankSet::create(unique_shm_name("comm"), s.place, opt);
+    me.transport_id = to_hex(shm->name().data(), shm->name().size());
+  }
+  const WorldInfo w = rendezvous_join(zctx, s.rendezvous, me, rank_timeout_s(s.timeout_s), s.abandon);
+  if (s.place.rank != 0) {
+    const std::vector<uint8_t> name = from_hex(w.transport_id);
+    shm = ShmRankSet::open(std::string(name.begin(), name.end()), s.place, opt);
+  }
+  shm->attach_and_wait();
+  auto ctx = std::make_shared<RankContext>();
+  ctx->place = s.place;
+  ctx->exchange = "shm";
+  ctx->world = shm->world_comm();
+  ctx->tp = shm->tp_comm();
+  ctx->shm = shm;
+  ctx->max_tokens_per_call = s.max_tokens_per_call;
+  return {ctx, w.plan};
+}
+
+}  // namespace
+
+StartedRank start_rank(const RankSetup& s) {
+  BG_CHECK(s.device == "cpu" || s.device == "cuda", "rank setup: device '{}'", s.device);
+  BG_CHECK(s.exchange == "nccl" || s.exchange == "ll", "--k3-moe-exchange {} must be nccl or ll", s.exchange);
+  BG_CHECK(!s.rendezvous.empty(), "rank {}: no rendezvous endpoint", s.place.rank);
+  zmq::context_t zctx(1);
+  JoinInfo me;
+  me.rank = s.place.rank;
+  me.world = s.place.layout.world();
+  me.layout = s.place.layout.describe();
+  me.plan = s.plan;
+  me.pid = getpid();
+  me.host = host_name();
+  log::info("rank {} of {} ({}): joining {}", s.place.rank, me.world, me.layout, s.rendezvous);
+  if (s.device == "cpu") {
+    if (s.place.rank == 0) {
+      log::info("rank set on CPU: the expert exchange is the shared-memory one (--k3-moe-exchange {} applies to "
+                "CUDA ranks)", s.exchange);
+    }
+    StartedRank r = start_cpu(s, zctx, me);
+    log::info("rank {}: joined; shared-memory comms up", s.place.rank);
+    return r;
+  }
+  // Before any rank joins: a choice that cannot run is an error now, not after minutes of loading.
+  BG_CHECK(s.exchange == "nccl", "rank {}: {}", s.place.rank, moe::kLlNotAvailable);
+#ifdef BG_HAVE_CUDA
+  NcclUniqueIdBytes id{};
+  if (s.place.rank == 0) {
+    id = nccl_unique_id();
+    me.transport_id = to_hex(id.data(), id.size());
+  }
+  const WorldInfo w = rendezvous_join(zctx, s.rendezvous, me, rank_timeout_s(s.timeout_s), s.abandon);
+  const std::vector<uint8_t> bytes = from_hex(w.transport_id);
+  BG_CHECK(bytes.size() == id.size(), "rank {}: an NCCL unique id of {} bytes", s.place.rank, bytes.size());
+  std::copy(bytes.begin(), bytes.end(), id.begin());
+  auto ctx = make_nccl_rank_context(id, s.place, rank_timeout_s(s.timeout_s));
+  ctx->exchange = s.exchange;
+  ctx->max_tokens_per_call = s.max_tokens_per_call;
+  log::info("rank {}: joined; NCCL comms up ({} exchange)", s.place.rank, s.exchange);
+  return {ctx, w.plan};
+#else
+  fail("rank {}: --device cuda needs a batchgen built with CUDA", s.place.rank);
+#endif
+}
+
+}  // namespace bg::dist

@@ -1,0 +1,39 @@
+// Which part of a checkpoint one rank holds: its routed experts (ExpertPlacement), its tensor-parallel share of the
+// split weights (each architecture's share rule), everything else whole. Used by the loaders (BackendLinears) and
+// by the planner, which sizes each rank from its own share.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+
+#include "dist/parallel_layout.h"
+#include "model/tp_shard.h"
+#include "moe/expert_table.h"
+
+namespace bg {
+
+struct ShareContext {
+  int32_t tp = 1;
+  int32_t tp_rank = 0;
+  const moe::ExpertPlacement* experts = nullptr;  // null: every expert here
+  LinearShare split(ShareKind kind) const { return {tp > 1 ? kind : ShareKind::kAll, tp, tp_rank}; }
+  LinearShare expert(int64_t e) const {
+    return {experts == nullptr || experts->owner(e) == experts->rank() ? ShareKind::kAll : ShareKind::kSkip};
+  }
+};
+
+// The architectures' rules (tensor ids of DsTensor / K3Tensor).
+LinearShare deepseek_v3_share(int id, int64_t expert, const ShareContext& c);
+LinearShare kimi_k3_share(int id, int64_t expert, const ShareContext& c);
+
+struct RankWeightBytes {
+  int64_t experts = 0;  // this rank's routed experts
+  int64_t split = 0;    // its share of the tensor-parallel weights
+  int64_t whole = 0;    // replicated on every rank (embedding, norms, router, latent projections, q_a / kv_a, ...)
+  int64_t total() const { return experts + split + whole; }
+};
+
+// For the checkpoint in `dir` (headers only; nothing is read into memory). Throws bg::Error like load_model.
+RankWeightBytes rank_weight_bytes(const std::filesystem::path& dir, const dist::RankPlace& place);
+
+}  // namespace bg

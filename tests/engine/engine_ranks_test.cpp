@@ -1,0 +1,110 @@
+// The engine as one rank of a CPU rank set (ranks as threads, tests/dist/rank_testing.h): each rank's engine owns
+// its state manager, a TP follower runs its leader's layouts on its own pools, an idle rank takes part in every step
+// with its pools (Model::sync_idle), and the requests' tokens equal one rank's.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dist/comm.h"
+#include "dist/rank_testing.h"
+#include "engine/engine.h"
+#include "model/random_checkpoint.h"
+#include "temp_dir.h"
+
+namespace bg::engine {
+namespace {
+
+using Outputs = std::map<std::string, std::vector<int32_t>>;
+
+// Three greedy requests (two of them batched with a third arriving later) through an engine; the engine runs until
+// they finish. `ranks` null: one rank.
+Outputs run_requests(const std::filesystem::path& model_dir, std::shared_ptr<dist::RankContext> ranks) {
+  auto model = load_model(model_dir, LoadOptions{.device = "cpu", .ranks = std::move(ranks)});
+  const int64_t V = model->info().vocab_size;
+  kv::StatePlan plan;
+  plan.kv_block_tokens = 16;
+  plan.kv_blocks = 128;
+  plan.state_slots = 4;
+  plan.prefix_cache = false;
+  Engine engine(std::move(model), plan, sched::SchedulerConfig{3, 512, 128, 64, 0.0});
+  std::mt19937 rng(5);
+  auto submit = [&](const std::string& id, int n_prompt) {
+    proto::GenerateRequest g;
+    g.id = id;
+    for (int i = 0; i < n_prompt; ++i) g.prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(V)));
+    g.params.temperature = 0.0f;
+    g.params.max_tokens = 10;
+    g.params.ignore_eos = true;
+    engine.submit(std::move(g));
+  };
+  Outputs out;
+  auto step = [&] {
+    engine.step();
+    for (const proto::TokenEvent& ev : engine.take_events()) {
+      EXPECT_NE(ev.finish_reason, "error") << ev.error;
+      out[ev.id].insert(out[ev.id].end(), ev.tokens.begin(), ev.tokens.end());
+    }
+  };
+  submit("a", 70);
+  submit("b", 33);
+  for (int i = 0; i < 4; ++i) step();
+  submit("c", 5);
+  for (int i = 0; i < 500 && engine.has_work(); ++i) step();
+  EXPECT_FALSE(engine.has_work());
+  if (engine.model().collective()) engine.model().sync_idle(true, {});  // end the set
+  return out;
+}
+
+// A rank without requests (a TP follower, or another DP group's leader): steps until rank 0 ends the set.
+void idle_rank(const std::filesystem::path& model_dir, std::shared_ptr<dist::RankContext> ranks) {
+  auto model = load_model(model_dir, LoadOptions{.device = "cpu", .ranks = std::move(ranks)});
+  kv::StatePlan plan;
+  plan.kv_block_tokens = 16;
+  plan.kv_blocks = 128;
+  plan.state_slots = 4;
+  plan.prefix_cache = false;
+  Engine engine(std::move(model), plan, sched::SchedulerConfig{3, 512, 128, 64, 0.0});
+  EXPECT_THROW(
+      for (int i = 0; i < 100000; ++i) engine.step(), dist::SetStopping);
+}
+
+class EngineRanks : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(EngineRanks, TokensEqualOneRank) {
+  testing::TempDir tmp;
+  RandomCheckpointSpec spec;
+  spec.arch = GetParam();
+  spec.preset = "tiny";
+  spec.seed = 3;
+  spec.out_dir = tmp / "model";
+  write_random_checkpoint(spec);
+  const Outputs one = run_requests(spec.out_dir, nullptr);
+  ASSERT_EQ(one.size(), 3u);
+  for (const auto& [tp, dp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    dist::ParallelFlags flags;
+    flags.tp = tp;
+    flags.dp = dp;
+    Outputs set;
+    testing::run_ranks(
+        dist::ParallelLayout::from_flags(flags),
+        [&](dist::RankContext& ctx) {
+          std::shared_ptr<dist::RankContext> ranks(std::shared_ptr<void>(), &ctx);  // not owned: lives for the call
+          if (ctx.rank() == 0) {
+            set = run_requests(spec.out_dir, ranks);
+          } else {
+            idle_rank(spec.out_dir, ranks);
+          }
+        },
+        {.slot_bytes = size_t{1} << 20, .timeout_s = 120.0});
+    EXPECT_EQ(set, one) << "--tp " << tp << " --dp " << dp;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, EngineRanks, ::testing::Values("kimi_k3", "deepseek_v3"));
+
+}  // namespace
+}  // namespace bg::engine

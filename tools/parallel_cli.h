@@ -1,0 +1,59 @@
+// The parallel-layout flags of every command (vLLM/SGLang style: --tp/--dp/--ep and their -size forms, --nnodes,
+// --node-rank, --dist-init-addr, --k3-moe-exchange) and, for the single-process CLIs (score, generate), the local
+// rank set: this process is rank 0, ranks 1.. run as `batchgen rank` children, and rank 0's output is the result.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "dist/child_ranks.h"
+#include "dist/parallel_layout.h"
+#include "dist/rank_context.h"
+#include "model/model.h"
+
+namespace bg::tools {
+
+struct ParallelArgs {
+  int32_t tp = 0, dp = 0, ep = 0;  // 0: not given (derived)
+  int32_t nnodes = 1, node_rank = 0;
+  std::string dist_init_addr;      // host:port of the rendezvous (node 0's frontend) for several nodes
+  std::string exchange = "nccl";   // --k3-moe-exchange
+  int64_t max_tokens_per_call = 0; // --moe-exchange-tokens (0: the exchange's default)
+
+  dist::ParallelFlags flags() const;
+  dist::ParallelLayout layout() const { return dist::ParallelLayout::from_flags(flags()); }
+};
+
+// Adds the flags to `cmd`; with_nodes adds --nnodes / --node-rank / --dist-init-addr.
+void add_parallel_flags(CLI::App* cmd, ParallelArgs& args, bool with_nodes);
+
+// The ranks of a single-process CLI on this host.
+class LocalRanks {
+ public:
+  // The state every rank builds (make_state): TP ranks mirror rank 0's pools, so all build the same.
+  struct StateSize {
+    int64_t max_sequences = 1;
+    int64_t max_tokens = 0;
+  };
+  // One rank: returns null (the model runs alone). Otherwise spawns ranks 1.. (each loads the model with `options`:
+  // device and weight source, and builds `state`) and joins the set as rank 0; the returned object's context() goes
+  // into LoadOptions::ranks.
+  static std::unique_ptr<LocalRanks> start(const ParallelArgs& args, const std::filesystem::path& model_dir,
+                                           const LoadOptions& options, StateSize state);
+  ~LocalRanks();
+  std::shared_ptr<dist::RankContext> context() const { return ctx_; }
+  // After the work: every rank stops (the children leave their loop and exit 0); throws naming a child that failed.
+  void finish(Model& model);
+
+ private:
+  LocalRanks() = default;
+  std::filesystem::path dir_;
+  dist::ChildRanks children_;
+  std::shared_ptr<dist::RankContext> ctx_;
+};
+
+}  // namespace bg::tools
