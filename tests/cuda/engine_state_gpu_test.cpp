@@ -1,10 +1,9 @@
 // Where state lives does not change outputs on the GPU: the tiny random Kimi-K3 and DeepSeek-V3 through the engine on
 // CUDA, with sequences offloaded to the host tier (pinned memory, copy stream) and restored vs never offloaded (the
-// same steps on the same data: tokens and logprobs bit for bit), and with the prefix cache on vs off (the suffix
-// prefills as a shorter piece, so GEMM shapes differ: the same greedy tokens wherever the reference's top two are
-// not within 0.05 nats, logprobs within bf16 rounding). Skipped without a GPU.
-#include <cmath>
-
+// same steps on the same data: tokens and logprobs bit for bit), and with the prefix cache on vs off under
+// --deterministic (tokens and logprobs bit for bit). Without --deterministic the cached run prefills a shorter suffix,
+// which can take another MoE path (the W4A16 or tiled kernel instead of the grouped prefill path): on the H200 the
+// logprobs then differed by up to 0.43 nats on these random models (docs/DETERMINISM.md). Skipped without a GPU.
 #include "cuda/cuda_testing.h"
 #include "engine/state_identity_testing.h"
 #include "temp_dir.h"
@@ -27,26 +26,6 @@ class EngineStateGpu : public ::testing::TestWithParam<std::string> {
 
 std::unique_ptr<TempDir> EngineStateGpu::dir_;
 
-// Greedy tokens equal up to the reference's first near tie (after it the continuations may rightly differ).
-void expect_same_tokens(const Outputs& got, const Outputs& want, float logprob_tolerance) {
-  ASSERT_EQ(got.size(), want.size());
-  for (const auto& [id, w] : want) {
-    const StateRunOutput& g = got.at(id);
-    ASSERT_EQ(g.tokens.size(), w.tokens.size()) << id;
-    ASSERT_EQ(w.logprobs.size(), w.tokens.size()) << id;
-    ASSERT_EQ(g.logprobs.size(), w.tokens.size()) << id;
-    for (size_t i = 0; i < w.tokens.size(); ++i) {
-      ASSERT_TRUE(std::isfinite(g.logprobs[i].logprob)) << id << " token " << i;
-      const auto& top = w.logprobs[i].top;
-      ASSERT_EQ(top.size(), 2u) << id;
-      if (top[0].second - top[1].second < 0.05f) break;
-      EXPECT_EQ(g.tokens[i], w.tokens[i]) << id << " token " << i;
-      EXPECT_NEAR(g.logprobs[i].logprob, w.logprobs[i].logprob, logprob_tolerance) << id << " token " << i;
-      if (g.tokens[i] != w.tokens[i]) break;
-    }
-  }
-}
-
 TEST_P(EngineStateGpu, OffloadedAndRestoredSequencesEqualRoomyOnes) {
   BG_REQUIRE_GPU();
   const Outputs roomy = run(StateRunConfig{});
@@ -64,16 +43,29 @@ TEST_P(EngineStateGpu, OffloadedAndRestoredSequencesEqualRoomyOnes) {
   }
 }
 
-TEST_P(EngineStateGpu, PrefixCacheOnGivesTheSameTokens) {
+void expect_identical(const Outputs& got, const Outputs& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [id, w] : want) {
+    const StateRunOutput& g = got.at(id);
+    EXPECT_EQ(g.tokens, w.tokens) << id;
+    ASSERT_EQ(g.logprobs.size(), w.logprobs.size()) << id;
+    for (size_t i = 0; i < w.logprobs.size(); ++i) {
+      EXPECT_EQ(g.logprobs[i].logprob, w.logprobs[i].logprob) << id << " token " << i;  // bit for bit
+    }
+  }
+}
+
+TEST_P(EngineStateGpu, DeterministicPrefixCacheOnGivesTheSameTokens) {
   BG_REQUIRE_GPU();
-  const Outputs off = run(StateRunConfig{});
+  const Outputs off = run(StateRunConfig{.deterministic = true});
   kv::StateUsage u;
-  const Outputs on = run(StateRunConfig{.prefix_cache = true}, &u);
+  const Outputs on = run(StateRunConfig{.prefix_cache = true, .deterministic = true}, &u);
   EXPECT_GT(u.cache_hit_tokens, 0);
   EXPECT_GT(on.at("t1.1").cached_tokens, 0);
-  expect_same_tokens(on, off, 0.1f);
-  const Outputs both = run(StateRunConfig{.prefix_cache = true, .kv_blocks = 20, .host_bytes = int64_t{64} << 20});
-  expect_same_tokens(both, off, 0.1f);
+  expect_identical(on, off);
+  const Outputs both =
+      run(StateRunConfig{.prefix_cache = true, .kv_blocks = 20, .host_bytes = int64_t{64} << 20, .deterministic = true});
+  expect_identical(both, off);
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, EngineStateGpu, ::testing::Values("kimi_k3", "deepseek_v3"));

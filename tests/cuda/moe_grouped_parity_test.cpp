@@ -101,7 +101,7 @@ void run_grouped_case(const GroupedCase& c, uint64_t seed) {
 }
 
 TEST(MoeGroupedParity, GemmApiFromEnvironment) {
-  EXPECT_EQ(moe_grouped_gemm_api(nullptr), MoeGroupedGemmApi::kGrouped);
+  EXPECT_EQ(moe_grouped_gemm_api(nullptr), MoeGroupedGemmApi::kPerExpert);
   EXPECT_EQ(moe_grouped_gemm_api("grouped"), MoeGroupedGemmApi::kGrouped);
   EXPECT_EQ(moe_grouped_gemm_api("per_expert"), MoeGroupedGemmApi::kPerExpert);
   EXPECT_THROW(moe_grouped_gemm_api("loop"), Error);

@@ -71,6 +71,19 @@ TEST_P(StateIdentity, OffloadedAndRestoredSequencesEqualRoomyOnes) {
   expect_identical(both, roomy);
 }
 
+// --deterministic (the scheduler's fixed piece grid, cache hits rounded to it): still bit for bit, and the cache still
+// saves prefill (DeepSeek's hit is rounded down to the 64-token grid).
+TEST_P(StateIdentity, DeterministicPrefixCacheOnEqualsOffBitForBit) {
+  auto off = run(Config{.deterministic = true});
+  auto on = run(Config{.prefix_cache = true, .deterministic = true});
+  expect_identical(on, off);
+  auto plain = run(Config{});
+  expect_identical(off, plain);  // the CPU backend is batch invariant anyway: the flag changes no bit there
+  EXPECT_EQ(on["t1.1"].cached_tokens, 64);
+  auto both = run(Config{.prefix_cache = true, .kv_blocks = 20, .host_bytes = int64_t{64} << 20, .deterministic = true});
+  expect_identical(both, off);
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, StateIdentity, ::testing::Values("kimi_k3", "deepseek_v3"));
 
 }  // namespace

@@ -27,6 +27,7 @@ struct StateRunConfig {
   bool prefix_cache = false;
   int64_t kv_blocks = 256;  // of 16 tokens
   int64_t host_bytes = 0;
+  bool deterministic = false;  // --deterministic: batch-invariant kernels, prefill pieces and cache hits on a grid
 };
 
 // The tiny random checkpoint of `arch` under `root` (written once).
@@ -49,7 +50,7 @@ inline std::filesystem::path state_run_model(const std::filesystem::path& root, 
 inline std::map<std::string, StateRunOutput> run_state_workload(const std::filesystem::path& model_dir,
                                                                 const StateRunConfig& c,
                                                                 kv::StateUsage* usage = nullptr) {
-  auto model = load_model(model_dir, LoadOptions{.device = c.device});
+  auto model = load_model(model_dir, LoadOptions{.device = c.device, .deterministic = c.deterministic});
   const int64_t V = model->info().vocab_size;
   kv::StatePlan plan;
   plan.kv_block_tokens = 16;
@@ -58,7 +59,12 @@ inline std::map<std::string, StateRunOutput> run_state_workload(const std::files
   plan.host_bytes = c.host_bytes;
   plan.prefix_cache = c.prefix_cache;
   plan.snapshot_interval = 64;
-  engine::Engine engine(std::move(model), plan, sched::SchedulerConfig{3, 512, 128, 64, 0.0});
+  sched::SchedulerConfig sc{3, 512, 128, 64, 0.0};
+  if (c.deterministic) {  // as the worker sets them for --deterministic
+    sc.deterministic = true;
+    plan.resume_align_tokens = plan.snapshot_interval;
+  }
+  engine::Engine engine(std::move(model), plan, sc);
   std::mt19937 rng(11);
   auto random_ids = [&](int n) {
     std::vector<int32_t> v(static_cast<size_t>(n));

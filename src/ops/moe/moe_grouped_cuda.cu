@@ -195,10 +195,10 @@ MoeGroupedPlan moe_grouped_plan_from_device(const MoeCudaParams& p, const MoeWor
 }
 
 MoeGroupedGemmApi moe_grouped_gemm_api(const char* env_value) {
-  if (env_value == nullptr || *env_value == '\0' || std::string_view(env_value) == "grouped") {
-    return MoeGroupedGemmApi::kGrouped;
+  if (env_value == nullptr || *env_value == '\0' || std::string_view(env_value) == "per_expert") {
+    return MoeGroupedGemmApi::kPerExpert;
   }
-  if (std::string_view(env_value) == "per_expert") return MoeGroupedGemmApi::kPerExpert;
+  if (std::string_view(env_value) == "grouped") return MoeGroupedGemmApi::kGrouped;
   fail("BG_MOE_GROUPED_GEMM='{}': expected 'grouped' or 'per_expert'", env_value);
 }
 
