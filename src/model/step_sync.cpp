@@ -48,6 +48,7 @@ class Reader {
  private:
   void take(void* dst, size_t n) {
     BG_CHECK(n <= in_.size() - pos_, "step layout: truncated at byte {}", pos_);
+    if (n == 0) return;  // an empty vector's data() may be null, which memcpy must not see
     std::memcpy(dst, in_.data() + pos_, n);
     pos_ += n;
   }

@@ -160,7 +160,7 @@ TEST_P(ShmExchangeStructured, RowsArriveWhereTheyWereRoutedAndCombineIsTheWeight
       Tensor o = upload(*be, {out.begin() + lo * hidden, out.begin() + (lo + cnt) * hidden}, {cnt, hidden});
       ex->begin_combine(*be, rows, o);
       ex->finish_combine(*be, o);
-      std::memcpy(out.data() + lo * hidden, o.data, static_cast<size_t>(cnt * hidden) * 4);
+      if (cnt > 0) std::memcpy(out.data() + lo * hidden, o.data, static_cast<size_t>(cnt * hidden) * 4);
     }
     // out[t] = 0.5 + sum_k w (e + 1) x, in k order (exactly the combine's arithmetic).
     for (int64_t t = 0; t < tk.n; ++t) {

@@ -304,7 +304,7 @@ TEST(Scheduler, DeterministicPiecesDoNotDependOnOtherRequests) {
     std::vector<std::pair<int64_t, int64_t>> pieces;
     for (int i = 0; i < 12 && s.n_running() + s.n_waiting() > 0; ++i) {
       StepPlan p;
-      run_step(s, f.model, &p);
+      const auto done = run_step(s, f.model, &p);  // keeps the step's finished requests alive while p is read
       for (const Chunk& ch : p.chunks) {
         if (ch.req->id == "a" && ch.start < 30) pieces.emplace_back(ch.start, ch.n_tokens);
       }

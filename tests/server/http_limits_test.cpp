@@ -123,6 +123,8 @@ TEST_F(FrontendTest, ConnectionCapKeepsProbesAnswered) {
   FrontendConfig cfg;
   cfg.max_connections = 4;
   cfg.reserve_connections = 2;
+  // The incomplete headers below must keep their reserve slots however slowly this test runs under load.
+  cfg.reserve_header_timeout = std::chrono::milliseconds(60'000);
   start(hello_script, cfg);
   std::vector<std::unique_ptr<TestConnection>> held;
   for (int i = 0; i < 4; ++i) {

@@ -22,7 +22,6 @@ namespace {
 
 constexpr size_t kReadChunk = 4096;
 constexpr size_t kMaxPipelinedBytes = 64 << 10;  // stop reading ahead (and watching) beyond this much buffered input
-constexpr std::chrono::milliseconds kLimitedHeaderTimeout{2000};
 // After a response that closes the connection, input is read and dropped this long (or until the client closes),
 // so the client reads the response instead of a reset caused by its own unread upload (nginx's lingering close).
 constexpr std::chrono::milliseconds kLingerTimeout{2000};
@@ -89,7 +88,7 @@ void Connection::start() {
 }
 
 std::chrono::milliseconds Connection::header_timeout() const {
-  return limited_ ? std::min(core_.cfg.header_timeout, kLimitedHeaderTimeout) : core_.cfg.header_timeout;
+  return limited_ ? std::min(core_.cfg.header_timeout, core_.cfg.reserve_header_timeout) : core_.cfg.header_timeout;
 }
 
 void Connection::drain() {

@@ -24,6 +24,7 @@ struct FrontendConfig {
   size_t max_connections = 4096;                    // open client connections served fully
   size_t reserve_connections = 64;                  // beyond the cap: only /health and /ready, then closed
   std::chrono::milliseconds header_timeout{10'000}; // a request header must be complete this long after it starts
+  std::chrono::milliseconds reserve_header_timeout{2'000};  // the same, for a connection in the reserve
   std::chrono::milliseconds keep_alive_timeout{5'000};  // an idle connection between requests is closed after this
   std::chrono::milliseconds body_timeout{60'000};   // a request body must arrive within this
   std::chrono::milliseconds write_timeout{60'000};  // one write to a client that does not read fails after this
