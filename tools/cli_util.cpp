@@ -36,4 +36,14 @@ void add_weight_source_options(CLI::App* cmd, std::string& weight_store, std::st
                   "Fetch the tensors this node lacks from the peer daemons this JSON names (docs/WEIGHTS.md)");
 }
 
+void add_expert_residency_options(CLI::App* cmd, double& resident_experts, std::string& expert_trace) {
+  cmd->add_option("--resident-experts", resident_experts, "Fraction of each MoE layer's experts kept in backend "
+                  "memory; the others are copied in from host memory when routed (same outputs; CPU backend; "
+                  "docs/WEIGHTS.md \"Streamed experts\"). Default 1")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--expert-trace", expert_trace, "Routing counts (JSON, docs/WEIGHTS.md) that choose the resident "
+                  "experts: the most routed stay")
+      ->check(CLI::ExistingFile);
+}
+
 }  // namespace bg::tools

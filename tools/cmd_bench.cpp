@@ -40,6 +40,8 @@ std::string command_line(const BenchArgs& a) {
   if (o.prefill_chunk > 0) cmd += fmt::format(" --prefill-chunk {}", o.prefill_chunk);
   if (o.replays > 0) cmd += fmt::format(" --replays {}", o.replays);
   if (!o.kernel_filter.empty()) cmd += " --kernels " + o.kernel_filter;
+  if (o.resident_experts < 1.0) cmd += fmt::format(" --resident-experts {}", o.resident_experts);
+  if (!o.expert_trace.empty()) cmd += " --expert-trace " + o.expert_trace;
   if (!a.json_path.empty()) cmd += " --json " + a.json_path;
   return cmd;
 }
@@ -107,6 +109,7 @@ void register_bench(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--kernels", o.kernel_filter, "Only kernel cases whose name contains this");
   add_weight_source_options(cmd, o.weight_store, o.distributed_weight_config);
+  add_expert_residency_options(cmd, o.resident_experts, o.expert_trace);
   cmd->callback([args] { run(*args); });
 }
 

@@ -34,6 +34,8 @@ struct GenerateArgs {
   std::string device = "cpu";
   ParallelArgs par;
   std::string weight_store;
+  double resident_experts = 1.0;
+  std::string expert_trace;
   std::string distributed_weight_config;
 };
 
@@ -159,7 +161,8 @@ void run_generate(const GenerateArgs& a) {
   BG_CHECK(!p.prompt.empty(), "generate: the prompt is empty");
   const int64_t total = static_cast<int64_t>(p.prompt.size()) + a.max_tokens;
   LoadOptions options{.device = a.device, .weight_store = a.weight_store,
-                      .distributed_weight_config = a.distributed_weight_config};
+                      .distributed_weight_config = a.distributed_weight_config,
+                      .resident_experts = a.resident_experts, .expert_trace = a.expert_trace};
   std::unique_ptr<LocalRanks> ranks = LocalRanks::start(a.par, a.model_dir, options, {1, total});  // null: one rank
   if (ranks) options.ranks = ranks->context();
   auto model = load_model(a.model_dir, options);
@@ -215,6 +218,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--device", args->device, "Backend: cpu (fp32 reference) or cuda (bf16 on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
   add_parallel_flags(cmd, args->par, false);
   add_weight_source_options(cmd, args->weight_store, args->distributed_weight_config);
+  add_expert_residency_options(cmd, args->resident_experts, args->expert_trace);
   cmd->callback([args] { run_generate(*args); });
 }
 

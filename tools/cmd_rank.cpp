@@ -24,6 +24,8 @@ struct RankArgs {
   std::string rendezvous;
   std::string weight_store;
   std::string distributed_weight_config;
+  double resident_experts = 1.0;
+  std::string expert_trace;
 };
 
 int run_rank(const RankArgs& a) {
@@ -42,6 +44,8 @@ int run_rank(const RankArgs& a) {
   o.device = a.device;
   o.weight_store = a.weight_store;
   o.distributed_weight_config = a.distributed_weight_config;
+  o.resident_experts = a.resident_experts;
+  o.expert_trace = a.expert_trace;
   o.ranks = started.ranks;
   auto model = load_model(a.model_dir, o);
   // The same state as rank 0's (LocalRanks::StateSize): a TP follower runs rank 0's layouts on it.
@@ -64,6 +68,7 @@ void register_rank(CLI::App& app) {
   cmd->add_option("--rendezvous", a->rendezvous, "The rendezvous endpoint of rank 0")->required();
   add_parallel_flags(cmd, a->par, false);
   add_weight_source_options(cmd, a->weight_store, a->distributed_weight_config);
+  add_expert_residency_options(cmd, a->resident_experts, a->expert_trace);
   cmd->callback([a] {
     int code = 1;
     try {

@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "formats/safetensors.h"
 #include "model/model.h"
+#include "model/step_model.h"
 #include "server/tokenizer/tokenizer.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
@@ -25,6 +26,9 @@ struct ScoreArgs {
   std::string device = "cpu";
   ParallelArgs par;
   std::string weight_store;
+  double resident_experts = 1.0;
+  std::string expert_trace;
+  std::string write_expert_trace;
   std::string distributed_weight_config;
 };
 
@@ -40,9 +44,12 @@ void run_score(const ScoreArgs& a) {
   }
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t prefill = a.prefill < 0 ? n : a.prefill;
+  BG_CHECK(a.write_expert_trace.empty() || a.resident_experts < 1.0, "--write-expert-trace needs --resident-experts "
+           "below 1: the streamed-expert pool keeps the routing counts (0 counts every expert)");
   BG_CHECK(prefill >= 1 && prefill <= n, "--prefill {} must be in [1, {}] (the number of tokens)", prefill, n);
   LoadOptions options{.device = a.device, .weight_store = a.weight_store,
-                      .distributed_weight_config = a.distributed_weight_config};
+                      .distributed_weight_config = a.distributed_weight_config,
+                      .resident_experts = a.resident_experts, .expert_trace = a.expert_trace};
   std::unique_ptr<LocalRanks> ranks = LocalRanks::start(a.par, a.model_dir, options, {1, n});  // null: one rank
   if (ranks) options.ranks = ranks->context();
   auto model = load_model(a.model_dir, options);
@@ -58,6 +65,14 @@ void run_score(const ScoreArgs& a) {
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (ranks) ranks->finish(*model);
   write_safetensors(a.out, {{"logits", logits.view("logits")}});
+  if (!a.write_expert_trace.empty()) {
+    const auto* sm = dynamic_cast<const StepModel*>(model.get());
+    BG_CHECK(sm != nullptr && sm->expert_stream() != nullptr, "--write-expert-trace: this model streams no experts");
+    moe::write_expert_trace(a.write_expert_trace, sm->expert_stream()->n_experts(),
+                            sm->expert_stream()->routing_counts());
+    log::info("routing counts of {} MoE layers (this rank's experts) -> {}",
+              sm->expert_stream()->routing_counts().size(), a.write_expert_trace);
+  }
   log::info("scored {} tokens ({} prefill + {} decode steps) in {:.1f} ms -> {}", n, prefill, n - prefill, ms, a.out);
 }
 
@@ -75,6 +90,9 @@ void register_score(CLI::App& app) {
   cmd->add_option("--device", args->device, "Backend: cpu (fp32 reference) or cuda (bf16 on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
   add_parallel_flags(cmd, args->par, false);
   add_weight_source_options(cmd, args->weight_store, args->distributed_weight_config);
+  add_expert_residency_options(cmd, args->resident_experts, args->expert_trace);
+  cmd->add_option("--write-expert-trace", args->write_expert_trace, "After scoring, write the routing counts seen by "
+                  "the streamed-expert pool as an --expert-trace file (needs --resident-experts below 1)");
   cmd->callback([args] { run_score(*args); });
 }
 

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "server/frontend/serve.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/parallel_cli.h"
 
@@ -87,6 +88,7 @@ void register_serve(CLI::App& app) {
                   "the peer weight daemons this JSON names (docs/WEIGHTS.md)");
   cmd->add_option("--weight-store", o.weight_store, "Workers attach to the weightd store NAME instead of reading the "
                   "checkpoint files (docs/WEIGHTS.md)");
+  add_expert_residency_options(cmd, o.resident_experts, o.expert_trace);
   cmd->callback([a] {
     BG_CHECK(!a->model_positional.empty() || !a->model_flag.empty(),
              "serve: a model directory is required (batchgen serve DIR, or --model DIR)");

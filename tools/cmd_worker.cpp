@@ -37,6 +37,7 @@ void register_worker(CLI::App& app) {
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
                   "cuda: fraction of free GPU memory for weights + KV cache + state (default 0.9)");
   add_weight_source_options(cmd, o->weight_store, o->distributed_weight_config);
+  add_expert_residency_options(cmd, o->resident_experts, o->expert_trace);
   cmd->add_flag("--no-prefix-cache", [o](int64_t) { o->prefix_cache = false; },
                "Do not reuse KV / state of earlier requests that share a prefix (default: on)");
   cmd->add_flag("--deterministic", o->deterministic, "Batch-invariant results: fixed kernel choices and prefill "

@@ -71,6 +71,14 @@ std::unique_ptr<LocalRanks> LocalRanks::start(const ParallelArgs& args, const fs
       argv.push_back(flag);
       argv.push_back(value);
     }
+    if (options.resident_experts < 1.0) {
+      argv.push_back("--resident-experts");
+      argv.push_back(fmt::format("{}", options.resident_experts));
+    }
+    if (!options.expert_trace.empty()) {
+      argv.push_back("--expert-trace");
+      argv.push_back(options.expert_trace);
+    }
     set->children_.spawn(r, argv);
   }
   log::info("{}: rank 0 here, ranks 1..{} started", layout.describe(), layout.world() - 1);

@@ -43,6 +43,11 @@ std::shared_ptr<std::byte> Backend::alloc_host(size_t bytes) {
   return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), std::free);
 }
 
+WritableLinear Backend::alloc_linear(const QuantWeight& like) {
+  fail("the {} backend cannot stream experts yet (--resident-experts below 1 runs on the CPU backend; "
+       "docs/WEIGHTS.md, \"Streamed experts\"); weight {}", name(), like.name);
+}
+
 CopyFence Backend::copy_to_host(std::span<const HostCopy> copies) {
   for (const HostCopy& c : copies) {
     BG_CHECK(c.device_offset + c.bytes <= c.device.nbytes(), "copy_to_host: bytes [{}, {}) outside a tensor of {}",

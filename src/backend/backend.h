@@ -30,6 +30,16 @@ class LinearHandle {
   virtual int64_t n_in() const = 0;
 };
 
+// A linear whose bytes live in backend memory the caller rewrites with copy_from_host (a streamed expert's buffer,
+// moe/expert_stream.h): `data` and `scale` (U8, empty when the format has no scales) hold exactly the bytes of a
+// QuantWeight of this format and shape, and `handle` reads them.
+struct WritableLinear {
+  std::unique_ptr<LinearHandle> handle;
+  Tensor data, scale;
+  WeightFormat format = WeightFormat::kDense;
+  int64_t n_out = 0, n_in = 0;
+};
+
 // A RoPE table prepared for one backend.
 struct RopeHandle {
   ops::RopeTable table;  // host copy (CPU backend uses it directly)
@@ -238,6 +248,9 @@ class Backend {
     return nullptr;
   }
   RopeHandle prepare_rope(const ops::RopeTable& table);
+  // A writable linear of `like`'s format and shape (its contents undefined until written). Default: throws (the
+  // backend cannot stream experts).
+  virtual WritableLinear alloc_linear(const QuantWeight& like);
 
   // ---- ops (shapes [rows, cols]; `out` tensors are allocated by the caller) -----------------------------------
   // out[t] = table[step().token_ids[t]].

@@ -107,6 +107,8 @@ LoadOptions load_options(const BenchOptions& o, const Plan& p) {
   lo.device = o.device;
   lo.weight_store = o.weight_store;
   lo.distributed_weight_config = o.distributed_weight_config;
+  lo.resident_experts = o.resident_experts;
+  lo.expert_trace = o.expert_trace;
   lo.deterministic = o.deterministic;
   lo.cuda_graphs = true;
   lo.max_graph_batch = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(max_of(p.batches), 1))));

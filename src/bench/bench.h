@@ -27,6 +27,8 @@ struct BenchOptions {
   // The weight source of the (one) --model: a weightd store to attach, peers to fetch from (docs/WEIGHTS.md).
   std::string weight_store;
   std::string distributed_weight_config;
+  double resident_experts = 1.0;  // --resident-experts (LoadOptions::resident_experts)
+  std::string expert_trace;       // --expert-trace
   std::string command;        // the command line, for the report
 };
 

@@ -411,6 +411,8 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
   lo.ranks = ranks;
   lo.weight_store = o.weight_store;
   lo.distributed_weight_config = o.distributed_weight_config;
+  lo.resident_experts = o.resident_experts;
+  lo.expert_trace = o.expert_trace;
   lo.deterministic = o.deterministic;
   kv::StatePlan sp = plan.state_plan();
   if (o.deterministic) sp.resume_align_tokens = sp.snapshot_interval;  // hits resume on the scheduler's grid

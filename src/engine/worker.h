@@ -49,6 +49,8 @@ struct WorkerOptions {
   int64_t multi_rank_idle_poll_ms = 5;    // longest wait for a message between step agreements when idle
   std::string weight_store = "";          // --weight-store: attach to this weightd store
   std::string distributed_weight_config = "";  // --distributed-weight-config
+  double resident_experts = 1.0;          // --resident-experts (LoadOptions::resident_experts)
+  std::string expert_trace = "";          // --expert-trace
 };
 
 // Flag checks (the planner and scheduler check the rest); throws bg::Error naming the flag.

@@ -43,6 +43,7 @@ class DeepseekV3Model final : public StepModel {
   ModelWeights w_;
   std::unique_ptr<Backend> be_;
   moe::ExpertPlacement experts_at_;  // where each routed expert lives (this rank loads only its own)
+  moe::ExpertResidency residency_;   // which of them stay in backend memory (the others stream)
   BackendLinears lin_;
   ModelInfo info_;
   RopeHandle rope_;
@@ -61,7 +62,9 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
       w_(std::move(weights)),
       be_(std::move(backend)),
       experts_at_(placement(c_.n_routed_experts)),
-      lin_(*be_, w_, [this](int id, int64_t, int64_t expert) {
+      residency_(plan_residency(experts_at_)),
+      lin_(*be_, w_, [this](int id, int64_t layer, int64_t expert) {
+               if (expert >= 0 && !residency_.resident(layer, expert)) return LinearShare{ShareKind::kSkip};
                return deepseek_v3_share(id, expert, {tp_size(), tp_rank(), &experts_at_});
              }),
       state_geometry_(bg::state_geometry(c_)) {
@@ -102,9 +105,14 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
     if (c_.is_moe_layer(l)) {
       L.moe.router = &lin_.get(int(T::kRouterGate), l);
       L.moe.router_bias = vec(T::kRouterBias, l);
+      auto source = [&](int32_t e) -> moe::ExpertSource {
+        return {w_.linear(int(T::kExpertGate), l, e), w_.linear(int(T::kExpertUp), l, e),
+                w_.linear(int(T::kExpertDown), l, e)};
+      };
       L.moe.experts = moe::ExpertTable(be, experts_at_,
                                        lin_.experts(int(T::kExpertGate), int(T::kExpertUp), int(T::kExpertDown), l,
-                                                    c_.n_routed_experts));
+                                                    c_.n_routed_experts),
+                                       streamed_experts(residency_, experts_at_, l, source));
     }
     layers_.push_back(std::move(L));
   }
@@ -160,7 +168,7 @@ void DeepseekV3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
     mlp(T::kMlpGate, T::kMlpUp, T::kMlpDown, c_.intermediate_size / tp_size());
     return;
   }
-  const DsLayer& L = layers_[static_cast<size_t>(layer)];
+  DsLayer& L = layers_[static_cast<size_t>(layer)];
   // This TP rank routes rows [r0, r0 + rn) of the step (all of them without TP). Route in fp32: logits [rn, E] ->
   // top-k ids / weights [rn, k].
   const auto [r0, rn] = moe_rows(n);

@@ -53,6 +53,7 @@ class KimiK3Model final : public StepModel {
   ModelWeights w_;
   std::unique_ptr<Backend> be_;
   moe::ExpertPlacement experts_at_;  // where each routed expert lives (this rank loads only its own)
+  moe::ExpertResidency residency_;   // which of them stay in backend memory (the others stream)
   int64_t kda_heads_ = 0;            // KDA heads on this rank (all, or its tensor-parallel range)
   BackendLinears lin_;
   ModelInfo info_;
@@ -76,8 +77,10 @@ KimiK3Model::KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_
       w_(std::move(weights)),
       be_(std::move(backend)),
       experts_at_(placement(c_.n_experts)),
+      residency_(plan_residency(experts_at_)),
       kda_heads_(c_.kda_heads / tp_size()),
-      lin_(*be_, w_, [this](int id, int64_t, int64_t expert) {
+      lin_(*be_, w_, [this](int id, int64_t layer, int64_t expert) {
+               if (expert >= 0 && !residency_.resident(layer, expert)) return LinearShare{ShareKind::kSkip};
                return kimi_k3_share(id, expert, {tp_size(), tp_rank(), &experts_at_});
              }),
       state_geometry_(tp_state_geometry(bg::state_geometry(c_), tp_size())) {
@@ -130,8 +133,13 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
     if (c_.latent_norm) L.latent_norm = vec(T::kLatentNorm);
     L.moe.router = &lin_.get(int(T::kRouterGate), l);
     L.moe.router_bias = vec(T::kRouterBias);
+    auto source = [&](int32_t e) -> moe::ExpertSource {
+      return {w_.linear(int(T::kExpertW1), l, e), w_.linear(int(T::kExpertW3), l, e),
+              w_.linear(int(T::kExpertW2), l, e)};
+    };
     L.moe.experts = moe::ExpertTable(
-        be, experts_at_, lin_.experts(int(T::kExpertW1), int(T::kExpertW3), int(T::kExpertW2), l, c_.n_experts));
+        be, experts_at_, lin_.experts(int(T::kExpertW1), int(T::kExpertW3), int(T::kExpertW2), l, c_.n_experts),
+        streamed_experts(residency_, experts_at_, l, source));
   }
   if (c_.is_mla(l)) {
     L.sub_index = n_mla++;
@@ -284,7 +292,7 @@ void KimiK3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
 void KimiK3Model::latent_moe(int64_t layer, const Tensor& x, Tensor& out) {
   Backend& be = *be_;
   const int64_t n = x.rows(), D = c_.latent_size;
-  const K3Layer& L = layers_[static_cast<size_t>(layer)];
+  K3Layer& L = layers_[static_cast<size_t>(layer)];
   // This TP rank routes rows [r0, r0 + rn) of the step (all of them without TP). Route on the full hidden vector in
   // fp32: [rn, E] -> top-k [rn, k].
   const auto [r0, rn] = moe_rows(n);

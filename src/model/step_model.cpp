@@ -35,6 +35,8 @@ void download_logits(Backend& be, const Tensor& out, int32_t tp, int64_t n_rows,
 StepModel::StepModel(const LoadOptions& options)
     : ranks_(options.ranks),
       exchange_(moe::make_loopback_exchange()),
+      resident_experts_(options.resident_experts),
+      expert_trace_(options.expert_trace),
       graphs_(options.cuda_graphs),
       max_graph_batch_(options.max_graph_batch) {
   BG_CHECK(max_graph_batch_ >= 1 && std::has_single_bit(static_cast<uint64_t>(max_graph_batch_)),
@@ -50,6 +52,30 @@ void StepModel::init_exchange(int64_t n_experts, int64_t top_k, int64_t expert_h
 moe::ExpertPlacement StepModel::placement(int64_t n_experts) const {
   if (!ranks_) return moe::ExpertPlacement::contiguous(n_experts, 1, 0);
   return moe::ExpertPlacement::contiguous(n_experts, ranks_->world_size(), ranks_->rank());
+}
+
+moe::ExpertResidency StepModel::plan_residency(const moe::ExpertPlacement& placement) const {
+  return moe::ExpertResidency::plan(placement, resident_experts_, expert_trace_);
+}
+
+moe::StreamedExperts StepModel::streamed_experts(const moe::ExpertResidency& residency,
+                                                 const moe::ExpertPlacement& placement, int64_t layer,
+                                                 const std::function<moe::ExpertSource(int32_t expert)>& source) {
+  moe::StreamedExperts out;
+  if (!residency.streaming()) return out;
+  for (int32_t e : placement.experts_of(placement.rank())) {
+    if (!residency.resident(layer, e)) out.sources.emplace(e, source(e));
+  }
+  if (out.sources.empty()) return out;
+  if (!expert_stream_) {
+    expert_stream_ = std::make_unique<moe::ExpertStream>(backend(), residency.n_streamed_per_layer(),
+                                                         out.sources.begin()->second, placement.n_experts());
+    log::info("streamed experts: {} of {} experts per MoE layer resident on this rank, a pool of {} expert buffers",
+              residency.n_resident_per_layer(), placement.n_local(), expert_stream_->n_buffers());
+  }
+  out.stream = expert_stream_.get();
+  out.layer = layer;
+  return out;
 }
 
 void StepModel::tp_all_reduce(Tensor& t) const {
@@ -122,8 +148,9 @@ Tensor StepModel::run_single(std::span<const BatchEntry> batch, bool all_rows, c
   // padding block and slot). A route hook synchronises, so it forces eager steps; so does a per-op profiler.
   Backend& be = backend();
   const bool per_op_profile = be.profiler() != nullptr && be.profiler()->per_op();
-  const bool graph_ok = !all_rows && graphs_ && !route_hook_ && !per_op_profile && be.device() == DeviceKind::kCuda &&
-                        step.all_single_token();
+  // Streamed experts wait for each layer's routing on the host: never captured.
+  const bool graph_ok = !all_rows && graphs_ && !route_hook_ && !expert_stream_ && !per_op_profile &&
+                        be.device() == DeviceKind::kCuda && step.all_single_token();
   const int64_t bucket = graph_ok ? graph_bucket(step.n_seqs(), max_graph_batch_) : 0;
   if (bucket > 0) pad_decode_step(step, bucket, pools);
   return run_layout(std::move(step), pools, bucket, all_rows, tap);
@@ -164,7 +191,7 @@ bool StepModel::forward_ranks(std::span<const BatchEntry> batch, const StepPools
   if (a.any_work) {
     // A captured step needs an exchange (and collectives) without host round trips; none of today's is (the nccl
     // exchange and the NCCL comms synchronise), so CUDA rank sets run their steps eagerly.
-    const bool graph_ok = graphs_ && exchange_->capturable() && !route_hook_ &&
+    const bool graph_ok = graphs_ && exchange_->capturable() && !route_hook_ && !expert_stream_ &&
                           backend().device() == DeviceKind::kCuda && !a.any_prefill;
     const int64_t bucket = graph_ok ? graph_bucket(a.max_seqs, max_graph_batch_) : 0;
     if (tp > 1) {

@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "model/tp_shard.h"
 #include "moe/exchange.h"
+#include "moe/expert_stream.h"
 #include "moe/expert_table.h"
 
 namespace bg {
@@ -32,6 +33,8 @@ class StepModel : public Model {
   int64_t n_graphs_captured() const final { return backend().n_graphs(); }
   bool collective() const final { return ranks_ != nullptr && ranks_->world_size() > 1; }
   bool sync_idle(bool stop, const StepPools& pools) final;
+  // The streamed-expert pool and its counters (null when every expert is resident).
+  const moe::ExpertStream* expert_stream() const { return expert_stream_.get(); }
 
  protected:
   explicit StepModel(const LoadOptions& options);
@@ -45,6 +48,14 @@ class StepModel : public Model {
   void init_exchange(int64_t n_experts, int64_t top_k, int64_t expert_hidden);
   moe::Exchange& exchange() const { return *exchange_; }
   moe::ExpertPlacement placement(int64_t n_experts) const;
+  // Which experts stay resident (LoadOptions::resident_experts / expert_trace); every expert when 1.
+  moe::ExpertResidency plan_residency(const moe::ExpertPlacement& placement) const;
+  // A MoE layer's streamed experts: this rank's non-resident ones with their host bytes (source(expert) -> gate, up,
+  // down), through the model's pool of expert buffers (made on the first streamed layer, one layer's worth of
+  // buffers). Empty when every expert is resident.
+  moe::StreamedExperts streamed_experts(const moe::ExpertResidency& residency, const moe::ExpertPlacement& placement,
+                                        int64_t layer,
+                                        const std::function<moe::ExpertSource(int32_t expert)>& source);
 
   // Tensor parallelism inside this rank's DP group (1 / 0 without).
   int32_t tp_size() const { return ranks_ ? ranks_->tp_size() : 1; }
@@ -73,6 +84,9 @@ class StepModel : public Model {
 
   std::shared_ptr<dist::RankContext> ranks_;
   std::unique_ptr<moe::Exchange> exchange_;
+  double resident_experts_;
+  std::string expert_trace_;
+  std::unique_ptr<moe::ExpertStream> expert_stream_;
   bool graphs_;
   int64_t max_graph_batch_;
   std::map<std::tuple<const void*, const void*, int64_t>, int64_t> graph_pools_;

@@ -4,6 +4,7 @@
 #include <span>
 
 #include "core/error.h"
+#include "moe/expert_stream.h"
 
 namespace bg::moe {
 
@@ -53,14 +54,24 @@ std::vector<int32_t> ExpertPlacement::local_slot_map() const {
   return map;
 }
 
-ExpertTable::ExpertTable(Backend& be, const ExpertPlacement& placement, const ExpertWeights& all_experts) {
+ExpertTable::ExpertTable(Backend& be, const ExpertPlacement& placement, const ExpertWeights& all_experts,
+                         StreamedExperts streamed)
+    : streamed_(std::move(streamed)) {
   BG_CHECK(all_experts.size() == placement.n_experts(), "expert table: {} expert weights for a placement of {}",
            all_experts.size(), placement.n_experts());
   host_map_ = placement.local_slot_map();
   slot_expert_ = placement.experts_of(placement.rank());
+  BG_CHECK(streamed_.sources.empty() || streamed_.stream != nullptr, "internal: streamed experts without a pool");
   ExpertWeights by_slot;
   for (int32_t e : slot_expert_) {
     auto i = static_cast<size_t>(e);
+    if (source(e) != nullptr) {
+      const ExpertHandles h = streamed_.stream->placeholder();
+      by_slot.gate.push_back(h.gate);
+      by_slot.up.push_back(h.up);
+      by_slot.down.push_back(h.down);
+      continue;
+    }
     BG_CHECK(all_experts.gate[i] && all_experts.up[i] && all_experts.down[i],
              "expert table: expert {} belongs to rank {} but its weights were not loaded", e, placement.rank());
     by_slot.gate.push_back(all_experts.gate[i]);
@@ -70,6 +81,23 @@ ExpertTable::ExpertTable(Backend& be, const ExpertPlacement& placement, const Ex
   slots_ = be.prepare_experts(by_slot);
   slot_map_ = be.alloc({n_experts()}, DType::kI32);
   upload_map(be);
+}
+
+const ExpertSource* ExpertTable::source(int32_t expert) const {
+  auto it = streamed_.sources.find(expert);
+  return it == streamed_.sources.end() ? nullptr : &it->second;
+}
+
+void ExpertTable::stage(Backend& be, std::span<const int32_t> rows_per_slot) {
+  if (!streams()) return;
+  BG_CHECK(static_cast<int64_t>(rows_per_slot.size()) == n_slots(), "expert table: {} row counts for {} slots",
+           rows_per_slot.size(), n_slots());
+  streamed_.stream->stage(be, streamed_.layer, *this, rows_per_slot);
+}
+
+void ExpertTable::point(Backend& be, int64_t slot, const ExpertHandles& w) {
+  BG_CHECK(slot >= 0 && slot < n_slots(), "expert table: slot {} of {}", slot, n_slots());
+  be.set_expert_slot(*slots_, slot, *w.gate, *w.up, *w.down);
 }
 
 void ExpertTable::upload_map(Backend& be) {

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -38,13 +40,37 @@ class ExpertPlacement {
   int64_t n_ranks_ = 1, rank_ = 0;
 };
 
+// One streamed expert's bytes in host memory (valid for the model's lifetime).
+struct ExpertSource {
+  QuantWeight gate, up, down;
+};
+
+// The weights one slot points at.
+struct ExpertHandles {
+  const LinearHandle* gate = nullptr;
+  const LinearHandle* up = nullptr;
+  const LinearHandle* down = nullptr;
+};
+
+class ExpertStream;
+
+// The experts of one layer that are not resident (expert_stream.h): where they stream from and through which pool.
+struct StreamedExperts {
+  ExpertStream* stream = nullptr;
+  int64_t layer = -1;
+  std::map<int32_t, ExpertSource> sources;  // global expert -> host bytes
+};
+
 // One MoE layer's experts on this rank: the device-resident expert -> slot table and the weights of each slot.
 class ExpertTable {
  public:
   ExpertTable() = default;
   // all_experts: the layer's expert weights by global id (entries of other ranks may be null). Prepares this rank's
-  // slots and uploads the slot map now (load time), so the first captured step finds everything in place.
-  ExpertTable(Backend& be, const ExpertPlacement& placement, const ExpertWeights& all_experts);
+  // slots and uploads the slot map now (load time), so the first captured step finds everything in place. The
+  // experts in `streamed` (this rank's, with null entries in all_experts) get the pool's placeholder weights until
+  // stage() copies them in.
+  ExpertTable(Backend& be, const ExpertPlacement& placement, const ExpertWeights& all_experts,
+              StreamedExperts streamed = {});
 
   const Tensor& slot_map() const { return slot_map_; }  // I32 [n_experts]
   const ExpertSlots& slots() const { return *slots_; }
@@ -56,6 +82,14 @@ class ExpertTable {
   void assign(Backend& be, int64_t slot, int32_t expert, const LinearHandle& gate, const LinearHandle& up,
               const LinearHandle& down);
 
+  // Streamed experts: whether any slot streams, the host bytes of a streamed expert (null when resident), and the
+  // staging before the layer's experts run: every slot with rows (rows_per_slot [n_slots]) holds its expert after.
+  bool streams() const { return streamed_.stream != nullptr && !streamed_.sources.empty(); }
+  const ExpertSource* source(int32_t expert) const;
+  void stage(Backend& be, std::span<const int32_t> rows_per_slot);
+  // Points `slot` at other weights of its own expert (a stream buffer), ordered with the ops already issued.
+  void point(Backend& be, int64_t slot, const ExpertHandles& w);
+
  private:
   void upload_map(Backend& be);
 
@@ -63,6 +97,7 @@ class ExpertTable {
   std::vector<int32_t> slot_expert_;  // [n_slots] global expert
   Tensor slot_map_;
   std::unique_ptr<ExpertSlots> slots_;
+  StreamedExperts streamed_;
 };
 
 }  // namespace bg::moe

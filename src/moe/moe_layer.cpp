@@ -6,6 +6,22 @@
 #include "core/error.h"
 
 namespace bg::moe {
+namespace {
+
+// Streamed experts: the routing's rows per slot on the host (one small device -> host copy and a wait), then the
+// slots with rows made to hold their experts.
+void stage_experts(Backend& be, ExpertTable& table, const MoeRouting& r) {
+  if (!table.streams()) return;
+  const ops::MoeRoutingArrays at = ops::moe_routing_layout(r.shape, r.buffer.data);  // addresses only, not read
+  const auto offset = reinterpret_cast<uintptr_t>(at.counts) - reinterpret_cast<uintptr_t>(r.buffer.data);
+  std::vector<int32_t> rows(static_cast<size_t>(r.shape.n_slots));
+  const HostCopy copy{r.buffer, static_cast<size_t>(offset),
+                      reinterpret_cast<std::byte*>(rows.data()), rows.size() * sizeof(int32_t)};
+  be.wait_fence(be.copy_to_host({&copy, 1}));
+  table.stage(be, rows);
+}
+
+}  // namespace
 
 MoeChoice moe_route(Backend& be, const MoeLayerSpec& spec, const MoeLayerWeights& w, const Tensor& x) {
   const int64_t n = x.rows(), E = spec.router.n_experts, k = spec.router.top_k;
@@ -19,13 +35,14 @@ MoeChoice moe_route(Backend& be, const MoeLayerSpec& spec, const MoeLayerWeights
   return c;
 }
 
-void moe_routed(Backend& be, Exchange& exchange, const MoeLayerSpec& spec, const MoeLayerWeights& w,
+void moe_routed(Backend& be, Exchange& exchange, const MoeLayerSpec& spec, MoeLayerWeights& w,
                 const MoeChoice& choice, const Tensor& x_expert, Tensor& out, const std::function<void()>& overlap) {
   if (exchange.local()) {  // one rank: no rows move; gather, experts and combine as one (fusable) backend op
     const ops::MoeRoutingShape shape{x_expert.rows(), choice.ids.cols(), w.experts.n_experts(), w.experts.n_slots(),
                                      /*all_local=*/true};
     MoeRouting routing = be.moe_routing(shape);
     be.moe_dispatch(w.experts.slot_map(), choice.ids, choice.weights, routing);
+    stage_experts(be, w.experts, routing);
     if (overlap) overlap();
     be.moe_routed_local(w.experts.slots(), spec.glu, routing, x_expert, out);
     return;
@@ -45,6 +62,7 @@ void moe_routed(Backend& be, Exchange& exchange, const MoeLayerSpec& spec, const
     exchange.begin_dispatch(be, w.experts, {&ids, &wts, &x}, rows);
     if (r == 0 && overlap) overlap();
     exchange.finish_dispatch(be, rows);
+    stage_experts(be, w.experts, rows.routing);
     be.moe_experts(w.experts.slots(), spec.glu, rows.routing, rows.x, rows.y);  // [rows, hidden]
     exchange.begin_combine(be, rows, o);
     exchange.finish_combine(be, o);

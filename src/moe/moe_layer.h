@@ -32,8 +32,9 @@ struct MoeChoice {
 MoeChoice moe_route(Backend& be, const MoeLayerSpec& spec, const MoeLayerWeights& w, const Tensor& x);
 
 // out[t] += sum_k w(t,k) Expert_{ids(t,k)}(x_expert[t]) through the exchange; `overlap` (may be empty) runs while the
-// dispatched rows are in flight (the shared experts).
-void moe_routed(Backend& be, Exchange& exchange, const MoeLayerSpec& spec, const MoeLayerWeights& w,
+// dispatched rows are in flight (the shared experts). Streamed experts (w.experts.streams()) are staged after the
+// dispatch: the step waits for the routing on the host, so such layers are never captured in a graph.
+void moe_routed(Backend& be, Exchange& exchange, const MoeLayerSpec& spec, MoeLayerWeights& w,
                 const MoeChoice& choice, const Tensor& x_expert, Tensor& out, const std::function<void()>& overlap);
 
 }  // namespace bg::moe

@@ -2,6 +2,7 @@
 // defaults are filled in, and the worker command line carries exactly the flags that were given.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "core/error.h"
@@ -132,6 +133,11 @@ TEST(ServeOptions, WorkerCommandLine) {
   const std::vector<std::string> state = {"--no-prefix-cache", "--host-memory-gb", "1.5", "--state-offload-dtype",
                                           "bf16"};
   EXPECT_EQ(std::vector<std::string>(argv.end() - static_cast<long>(state.size()), argv.end()), state);
+  opt.resident_experts = 0.25;
+  opt.expert_trace = "/t.json";
+  argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 0, "rank-0-i0");
+  const std::vector<std::string> streamed = {"--resident-experts", "0.25", "--expert-trace", "/t.json"};
+  EXPECT_NE(std::search(argv.begin(), argv.end(), streamed.begin(), streamed.end()), argv.end());
 }
 
 TEST(ServeOptions, WorkerCommandLineOfARankSet) {

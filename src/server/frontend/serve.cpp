@@ -137,6 +137,14 @@ std::vector<std::string> worker_command(const ServeOptions& opt, const std::stri
       argv.push_back(value);
     }
   }
+  if (opt.resident_experts < 1.0) {
+    argv.push_back("--resident-experts");
+    argv.push_back(fmt::format("{}", opt.resident_experts));
+  }
+  if (!opt.expert_trace.empty()) {
+    argv.push_back("--expert-trace");
+    argv.push_back(opt.expert_trace);
+  }
   add("--prefix-snapshot-interval", opt.prefix_snapshot_interval);
   add("--swap-quantum-steps", opt.swap_quantum_steps);
   if (!opt.prefix_cache) argv.push_back("--no-prefix-cache");

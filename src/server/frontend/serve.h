@@ -36,6 +36,8 @@ struct ServeOptions {
   dist::ParallelFlags parallel;                 // --tp / --dp / --ep (docs/PARALLEL.md)
   std::string distributed_weight_config;        // path (docs/WEIGHTS.md), passed to the workers
   std::string weight_store = "";                // weightd store the workers attach to ("" = read the files)
+  double resident_experts = 1.0;                // --resident-experts, passed to the workers
+  std::string expert_trace = "";                // --expert-trace, passed to the workers
   size_t max_body_bytes = size_t{16} << 20;
   // HTTP
   std::optional<int64_t> max_connections;       // unset: 4096, lowered to what the file-descriptor limit allows

@@ -1,0 +1,180 @@
+// Residency planning, routing traces and the streamed-expert pool.
+#include "moe/expert_stream.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "formats/json_fields.h"
+
+namespace bg::moe {
+namespace {
+
+constexpr std::string_view kTraceFormat = "batchgen-expert-trace";
+
+// [n_experts] 1 for the n_keep local experts with the highest counts (ties: lower id first), 1 for other ranks'.
+std::vector<uint8_t> choose(const ExpertPlacement& placement, int64_t n_keep, const std::vector<uint64_t>* counts) {
+  std::vector<int32_t> local = placement.experts_of(placement.rank());
+  std::stable_sort(local.begin(), local.end(), [&](int32_t a, int32_t b) {
+    return counts != nullptr && (*counts)[static_cast<size_t>(a)] > (*counts)[static_cast<size_t>(b)];
+  });
+  std::vector<uint8_t> keep(static_cast<size_t>(placement.n_experts()), 1);
+  for (size_t i = static_cast<size_t>(n_keep); i < local.size(); ++i) keep[static_cast<size_t>(local[i])] = 0;
+  return keep;
+}
+
+}  // namespace
+
+ExpertResidency ExpertResidency::plan(const ExpertPlacement& placement, double fraction,
+                                      const std::filesystem::path& trace) {
+  BG_CHECK(std::isfinite(fraction) && fraction >= 0.0 && fraction <= 1.0,
+           "--resident-experts must be a fraction in [0, 1], got {}", fraction);
+  ExpertResidency r;
+  r.fraction_ = fraction;
+  r.n_local_ = placement.n_local();
+  r.n_resident_ = std::clamp<int64_t>(std::llround(fraction * static_cast<double>(r.n_local_)), 0, r.n_local_);
+  if (r.n_resident_ == r.n_local_) r.fraction_ = 1.0;  // rounds to all: nothing streams
+  r.default_ = choose(placement, r.n_resident_, nullptr);
+  if (!trace.empty()) {
+    for (const auto& [layer, counts] : read_expert_trace(trace, placement.n_experts())) {
+      r.layer_[layer] = choose(placement, r.n_resident_, &counts);
+    }
+  }
+  return r;
+}
+
+bool ExpertResidency::resident(int64_t layer, int64_t expert) const {
+  if (!streaming()) return true;
+  auto it = layer_.find(layer);
+  const std::vector<uint8_t>& keep = it != layer_.end() ? it->second : default_;
+  BG_CHECK(expert >= 0 && expert < static_cast<int64_t>(keep.size()), "internal: expert {} of {}", expert,
+           keep.size());
+  return keep[static_cast<size_t>(expert)] != 0;
+}
+
+std::map<int64_t, std::vector<uint64_t>> read_expert_trace(const std::filesystem::path& path, int64_t n_experts) {
+  const nlohmann::json doc = read_json_file(path);
+  const std::string where = path.string();
+  BG_CHECK(doc.is_object(), "{}: an expert trace must be a JSON object", where);
+  JsonFields f(doc, where);
+  BG_CHECK(f.get_string("format") == kTraceFormat, "{}: \"format\" must be \"{}\"", where, kTraceFormat);
+  BG_CHECK(f.get_int("version") == 1, "{}: version {} is not supported (this build reads version 1)", where,
+           f.get_int("version"));
+  BG_CHECK(f.get_int("n_experts") == n_experts, "{}: a trace of {} experts for a model with {}", where,
+           f.get_int("n_experts"), n_experts);
+  BG_CHECK(f.has("layers") && doc["layers"].is_array(), "{}: \"layers\" must be an array", where);
+  const nlohmann::json& layers = doc["layers"];
+  std::map<int64_t, std::vector<uint64_t>> out;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::string at = fmt::format("{} layers[{}]", where, i);
+    BG_CHECK(layers[i].is_object(), "{}: must be an object", at);
+    JsonFields l(layers[i], at);
+    const int64_t layer = l.get_int("layer");
+    BG_CHECK(layer >= 0 && !out.contains(layer), "{}: layer {} is negative or repeated", at, layer);
+    BG_CHECK(l.has("counts") && layers[i]["counts"].is_array() &&
+                 static_cast<int64_t>(layers[i]["counts"].size()) == n_experts,
+             "{}: \"counts\" must be an array of {} integers", at, n_experts);
+    const nlohmann::json& counts = layers[i]["counts"];
+    std::vector<uint64_t> c;
+    for (const nlohmann::json& v : counts) {
+      BG_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0),
+               "{}: \"counts\" must hold non-negative integers", at);
+      c.push_back(v.get<uint64_t>());
+    }
+    out[layer] = std::move(c);
+  }
+  return out;
+}
+
+void write_expert_trace(const std::filesystem::path& path, int64_t n_experts,
+                        const std::map<int64_t, std::vector<uint64_t>>& counts) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& [layer, c] : counts) layers.push_back({{"layer", layer}, {"counts", c}});
+  const nlohmann::json doc = {{"format", kTraceFormat}, {"version", 1}, {"n_experts", n_experts}, {"layers", layers}};
+  std::ofstream out(path);
+  BG_CHECK(out.good(), "{}: cannot write the expert trace", path.string());
+  out << doc.dump() << "\n";
+  BG_CHECK(out.good(), "{}: cannot write the expert trace", path.string());
+}
+
+ExpertStream::ExpertStream(Backend& be, int64_t n_buffers, const ExpertSource& like, int64_t n_experts)
+    : n_experts_(n_experts) {
+  BG_CHECK(n_buffers >= 1, "internal: an expert pool of {} buffers", n_buffers);
+  buffers_.resize(static_cast<size_t>(n_buffers));
+  for (Buffer& b : buffers_) {
+    b.gate = be.alloc_linear(like.gate);
+    b.up = be.alloc_linear(like.up);
+    b.down = be.alloc_linear(like.down);
+  }
+}
+
+ExpertHandles ExpertStream::placeholder() const {
+  const Buffer& b = buffers_.front();
+  return {b.gate.handle.get(), b.up.handle.get(), b.down.handle.get()};
+}
+
+void ExpertStream::fill(Backend& be, Buffer& b, const ExpertSource& src) {
+  std::vector<HostCopy> copies;
+  auto add = [&](const WritableLinear& dst, const QuantWeight& w) {
+    BG_CHECK(w.format == dst.format && w.n_out == dst.n_out && w.n_in == dst.n_in &&
+                 w.data.nbytes == dst.data.nbytes() && w.scale.nbytes == (dst.scale.empty() ? 0 : dst.scale.nbytes()),
+             "streamed expert {}: [{}, {}] {} of {} + {} bytes does not fit the pool's [{}, {}] {} buffers", w.name,
+             w.n_out, w.n_in, weight_format_name(w.format), w.data.nbytes, w.scale.nbytes, dst.n_out, dst.n_in,
+             weight_format_name(dst.format));
+    // copy_from_host only reads the host side (the checkpoint mapping or the weight store is read-only).
+    copies.push_back({dst.data, 0, const_cast<std::byte*>(w.data.data), w.data.nbytes});
+    if (w.scale.nbytes > 0) copies.push_back({dst.scale, 0, const_cast<std::byte*>(w.scale.data), w.scale.nbytes});
+    stats_.bytes_copied += w.data.nbytes + w.scale.nbytes;
+  };
+  add(b.gate, src.gate);
+  add(b.up, src.up);
+  add(b.down, src.down);
+  be.compute_wait(be.copy_from_host(copies));  // the layer's experts run after the copies land
+  ++stats_.copies;
+}
+
+void ExpertStream::stage(Backend& be, int64_t layer, ExpertTable& table, std::span<const int32_t> rows_per_slot) {
+  ++epoch_;
+  std::vector<uint64_t>& counts = counts_[layer];
+  counts.resize(static_cast<size_t>(n_experts_), 0);
+  std::vector<int64_t> missing;  // slots whose streamed expert is in no buffer
+  for (int64_t s = 0; s < table.n_slots(); ++s) {
+    const int32_t rows = rows_per_slot[static_cast<size_t>(s)];
+    if (rows <= 0) continue;
+    const int32_t e = table.expert_in(s);
+    counts[static_cast<size_t>(e)] += static_cast<uint64_t>(rows);
+    if (table.source(e) == nullptr) continue;  // resident
+    auto it = where_.find({layer, e});
+    if (it != where_.end()) {
+      buffers_[it->second].last_use = epoch_;  // kept for this layer: not a victim below
+      ++stats_.hits;
+    } else {
+      missing.push_back(s);
+    }
+  }
+  for (int64_t s : missing) {
+    size_t victim = buffers_.size();
+    for (size_t b = 0; b < buffers_.size(); ++b) {
+      if (buffers_[b].last_use == epoch_) continue;
+      if (victim == buffers_.size() || buffers_[b].last_use < buffers_[victim].last_use) victim = b;
+    }
+    BG_CHECK(victim < buffers_.size(), "internal: the expert pool of {} buffers cannot hold layer {}'s streamed "
+             "experts", buffers_.size(), layer);
+    Buffer& b = buffers_[victim];
+    if (b.expert >= 0) where_.erase({b.layer, b.expert});
+    const int32_t e = table.expert_in(s);
+    fill(be, b, *table.source(e));
+    b.layer = layer;
+    b.expert = e;
+    b.last_use = epoch_;
+    where_[{layer, e}] = victim;
+    table.point(be, s, {b.gate.handle.get(), b.up.handle.get(), b.down.handle.get()});
+  }
+}
+
+}  // namespace bg::moe

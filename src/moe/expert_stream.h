@@ -1,0 +1,97 @@
+// Resident and streamed experts (--resident-experts, docs/WEIGHTS.md "Streamed experts"). A fraction of each MoE
+// layer's local experts stays in backend memory for good (ExpertResidency picks them by popularity: a routing trace,
+// else expert order); the others stay in host memory (the checkpoint mapping or the weight store, pinned on CUDA) and
+// are copied on demand into a pool of expert buffers shared by every layer (ExpertStream). Before a layer's experts
+// run, the slots that received rows and hold a streamed expert are staged: a buffer already holding that expert is
+// reused, else the least recently used buffer not needed by this layer is rewritten from the host bytes and the slot
+// pointed at it. The copies are byte for byte, so the outputs do not depend on the fraction.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "moe/expert_table.h"
+
+namespace bg::moe {
+
+// Which of this rank's experts stay in backend memory, per layer.
+class ExpertResidency {
+ public:
+  ExpertResidency() = default;  // everything resident
+  // round(fraction * n_local) experts per layer stay, the most routed first (trace counts; ties and layers the
+  // trace lacks: expert order). fraction in [0, 1]; 1 = every expert resident (no streaming).
+  static ExpertResidency plan(const ExpertPlacement& placement, double fraction,
+                              const std::filesystem::path& trace = {});
+
+  bool streaming() const { return fraction_ < 1.0; }
+  double fraction() const { return fraction_; }
+  // Whether this rank keeps `expert` of `layer` in backend memory (experts of other ranks: true, they are skipped
+  // by the placement before residency is asked).
+  bool resident(int64_t layer, int64_t expert) const;
+  int64_t n_resident_per_layer() const { return n_resident_; }
+  // Streamed experts per layer on this rank: the pool needs this many buffers for a layer whose rows reach them all.
+  int64_t n_streamed_per_layer() const { return n_local_ - n_resident_; }
+
+ private:
+  double fraction_ = 1.0;
+  int64_t n_local_ = 0, n_resident_ = 0;
+  std::vector<uint8_t> default_;                  // [n_experts] resident without a trace entry for the layer
+  std::map<int64_t, std::vector<uint8_t>> layer_;  // layer -> [n_experts] from the trace
+};
+
+// The routing counts of a trace file: layer -> routed (token, expert) pairs per expert. Format (JSON):
+//   {"format": "batchgen-expert-trace", "version": 1, "n_experts": E,
+//    "layers": [{"layer": 3, "counts": [E non-negative integers]}, ...]}
+// Throws bg::Error naming the file and the field.
+std::map<int64_t, std::vector<uint64_t>> read_expert_trace(const std::filesystem::path& path, int64_t n_experts);
+void write_expert_trace(const std::filesystem::path& path, int64_t n_experts,
+                        const std::map<int64_t, std::vector<uint64_t>>& counts);
+
+// The pool of expert buffers every streamed layer of one model shares, and the routing counters.
+class ExpertStream {
+ public:
+  struct Stats {
+    uint64_t copies = 0;        // experts copied into a buffer
+    uint64_t hits = 0;          // streamed experts found already in a buffer
+    uint64_t bytes_copied = 0;  // host -> backend bytes
+  };
+  // n_buffers expert buffers of `like`'s formats and shapes (every MoE layer's experts are alike).
+  ExpertStream(Backend& be, int64_t n_buffers, const ExpertSource& like, int64_t n_experts);
+
+  int64_t n_buffers() const { return static_cast<int64_t>(buffers_.size()); }
+  int64_t n_experts() const { return n_experts_; }
+  const Stats& stats() const { return stats_; }
+  // Routed (token, expert) pairs seen per layer on this rank, resident experts included (a trace for the planner).
+  const std::map<int64_t, std::vector<uint64_t>>& routing_counts() const { return counts_; }
+  // Buffer 0's handles: a streamed slot's weights until it is first staged (never read: a slot is staged before
+  // any row reaches it).
+  ExpertHandles placeholder() const;
+
+  // Makes every slot of `table` (MoE layer `layer`) with rows in `rows_per_slot` hold its expert: streamed experts
+  // not in a buffer are copied in (ordered before the ops issued after this call) and their slots rewritten.
+  void stage(Backend& be, int64_t layer, ExpertTable& table, std::span<const int32_t> rows_per_slot);
+
+ private:
+  struct Buffer {
+    WritableLinear gate, up, down;
+    int64_t layer = -1;
+    int32_t expert = -1;
+    uint64_t last_use = 0;  // stage() call that last needed it
+  };
+  void fill(Backend& be, Buffer& b, const ExpertSource& src);
+
+  std::vector<Buffer> buffers_;
+  std::map<std::pair<int64_t, int32_t>, size_t> where_;  // (layer, expert) -> buffer
+  std::map<int64_t, std::vector<uint64_t>> counts_;
+  int64_t n_experts_ = 0;
+  uint64_t epoch_ = 0;
+  Stats stats_;
+};
+
+}  // namespace bg::moe
