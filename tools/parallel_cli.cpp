@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "dist/rank_setup.h"
 #include "dist/rendezvous.h"
+#include "moe/expert_stream.h"
 
 namespace bg::tools {
 
@@ -71,13 +72,8 @@ std::unique_ptr<LocalRanks> LocalRanks::start(const ParallelArgs& args, const fs
       argv.push_back(flag);
       argv.push_back(value);
     }
-    if (options.resident_experts < 1.0) {
-      argv.push_back("--resident-experts");
-      argv.push_back(fmt::format("{}", options.resident_experts));
-    }
-    if (!options.expert_trace.empty()) {
-      argv.push_back("--expert-trace");
-      argv.push_back(options.expert_trace);
+    for (std::string& f : moe::residency_flags(options.resident_experts, options.expert_trace)) {
+      argv.push_back(std::move(f));
     }
     set->children_.spawn(r, argv);
   }

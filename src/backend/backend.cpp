@@ -43,9 +43,19 @@ std::shared_ptr<std::byte> Backend::alloc_host(size_t bytes) {
   return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), std::free);
 }
 
+WritableLinear writable_linear_storage(Backend& be, const QuantWeight& like) {
+  WritableLinear w;
+  w.format = like.format;
+  w.n_out = like.n_out;
+  w.n_in = like.n_in;
+  w.data = be.alloc({static_cast<int64_t>(like.data.nbytes)}, DType::kU8);
+  if (like.scale.nbytes > 0) w.scale = be.alloc({static_cast<int64_t>(like.scale.nbytes)}, DType::kU8);
+  return w;
+}
+
 WritableLinear Backend::alloc_linear(const QuantWeight& like) {
-  fail("the {} backend cannot stream experts yet (--resident-experts below 1 runs on the CPU backend; "
-       "docs/WEIGHTS.md, \"Streamed experts\"); weight {}", name(), like.name);
+  fail("the {} backend cannot stream experts (--resident-experts below 1; docs/WEIGHTS.md, \"Streamed experts\"); "
+       "weight {}", name(), like.name);
 }
 
 CopyFence Backend::copy_to_host(std::span<const HostCopy> copies) {

@@ -39,6 +39,9 @@ struct WritableLinear {
   WeightFormat format = WeightFormat::kDense;
   int64_t n_out = 0, n_in = 0;
 };
+class Backend;
+// `like`'s format, shape and byte tensors on `be`, without the handle (each backend's alloc_linear adds its own).
+WritableLinear writable_linear_storage(Backend& be, const QuantWeight& like);
 
 // A RoPE table prepared for one backend.
 struct RopeHandle {
@@ -114,6 +117,8 @@ struct LinearBatch {
 // comes from the checkpoint, by local slot when handed to Backend::prepare_experts.
 struct ExpertWeights {
   std::vector<const LinearHandle*> gate, up, down;
+  // Slots are repointed while serving (streamed experts, moe/expert_stream.h): CUDA keeps no packed per-layer copy.
+  bool streamed = false;
   int64_t size() const { return static_cast<int64_t>(gate.size()); }
 };
 

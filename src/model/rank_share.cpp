@@ -1,6 +1,10 @@
 // Share rules of both architectures and the per-rank weight bytes of a checkpoint.
 #include "model/rank_share.h"
 
+#include <algorithm>
+#include <cmath>
+#include <set>
+
 #include "core/error.h"
 #include "formats/checkpoint.h"
 #include "formats/json_fields.h"
@@ -105,6 +109,7 @@ RankWeightBytes rank_weight_bytes(const std::filesystem::path& dir, const dist::
   const ShareContext ctx{place.layout.tp(), place.tp_rank(), &experts};
   RankWeightBytes out;
   int64_t linear_total = 0;
+  std::set<std::pair<int64_t, int64_t>> blocks;  // this rank's (layer, expert)
   w.for_each_linear([&](uint64_t key, const QuantWeight& q) {
     const auto bytes = static_cast<int64_t>(q.data.nbytes + q.scale.nbytes);
     linear_total += bytes;
@@ -112,10 +117,13 @@ RankWeightBytes rank_weight_bytes(const std::filesystem::path& dir, const dist::
     const LinearShare s = rule(k.id, k.expert, ctx);
     if (k.expert >= 0) {
       out.experts += s.kind == ShareKind::kSkip ? 0 : bytes;
+      if (s.kind != ShareKind::kSkip) blocks.emplace(k.layer, k.expert);
     } else if (s.kind == ShareKind::kRows || s.kind == ShareKind::kCols) {
       out.split += bytes / s.parts;
     } else if (s.kind == ShareKind::kAll) {
       out.whole += bytes;
+    } else {
+      out.split += bytes / ctx.tp;  // kv_b_proj: not a linear, but set_kv_b keeps this rank's heads of it
     }
   });
   int64_t files = 0;
@@ -125,7 +133,18 @@ RankWeightBytes rank_weight_bytes(const std::filesystem::path& dir, const dist::
     }
   }
   out.whole += std::max<int64_t>(0, files - linear_total);  // norms, embedding, biases, conv weights, headers
+  out.n_expert_blocks = static_cast<int64_t>(blocks.size());
+  out.n_local_experts = experts.n_local();
   return out;
+}
+
+int64_t resident_expert_bytes(const RankWeightBytes& w, double fraction) {
+  const int64_t n_local = w.n_local_experts;
+  if (fraction >= 1.0 || n_local <= 0 || w.n_expert_blocks == 0) return w.experts;
+  const int64_t n_resident = std::clamp<int64_t>(std::llround(fraction * static_cast<double>(n_local)), 0, n_local);
+  const int64_t per_expert = w.experts / w.n_expert_blocks;
+  const int64_t n_layers = w.n_expert_blocks / n_local;
+  return per_expert * (n_layers * n_resident + (n_local - n_resident));  // resident + the pool
 }
 
 }  // namespace bg

@@ -28,6 +28,8 @@ LinearShare kimi_k3_share(int id, int64_t expert, const ShareContext& c);
 
 struct RankWeightBytes {
   int64_t experts = 0;  // this rank's routed experts
+  int64_t n_expert_blocks = 0;  // its (layer, expert) pairs (experts / n_expert_blocks: one expert's bytes)
+  int64_t n_local_experts = 0;  // its experts per MoE layer
   int64_t split = 0;    // its share of the tensor-parallel weights
   int64_t whole = 0;    // replicated on every rank (embedding, norms, router, latent projections, q_a / kv_a, ...)
   int64_t total() const { return experts + split + whole; }
@@ -35,5 +37,9 @@ struct RankWeightBytes {
 
 // For the checkpoint in `dir` (headers only; nothing is read into memory). Throws bg::Error like load_model.
 RankWeightBytes rank_weight_bytes(const std::filesystem::path& dir, const dist::RankPlace& place);
+
+// What backend memory the experts take with --resident-experts `fraction`: the resident ones plus the streamed-expert
+// pool (one layer's streamed experts, moe/expert_stream.h).
+int64_t resident_expert_bytes(const RankWeightBytes& w, double fraction);
 
 }  // namespace bg

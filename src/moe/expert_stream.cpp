@@ -57,6 +57,13 @@ bool ExpertResidency::resident(int64_t layer, int64_t expert) const {
   return keep[static_cast<size_t>(expert)] != 0;
 }
 
+std::vector<std::string> residency_flags(double resident_experts, const std::string& expert_trace) {
+  std::vector<std::string> out;
+  if (resident_experts < 1.0) out.insert(out.end(), {"--resident-experts", fmt::format("{}", resident_experts)});
+  if (!expert_trace.empty()) out.insert(out.end(), {"--expert-trace", expert_trace});
+  return out;
+}
+
 std::map<int64_t, std::vector<uint64_t>> read_expert_trace(const std::filesystem::path& path, int64_t n_experts) {
   const nlohmann::json doc = read_json_file(path);
   const std::string where = path.string();

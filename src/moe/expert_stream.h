@@ -45,6 +45,10 @@ class ExpertResidency {
   std::map<int64_t, std::vector<uint8_t>> layer_;  // layer -> [n_experts] from the trace
 };
 
+// --resident-experts / --expert-trace for a child process (a worker, a rank) that must stream the same experts;
+// nothing at the defaults.
+std::vector<std::string> residency_flags(double resident_experts, const std::string& expert_trace);
+
 // The routing counts of a trace file: layer -> routed (token, expert) pairs per expert. Format (JSON):
 //   {"format": "batchgen-expert-trace", "version": 1, "n_experts": E,
 //    "layers": [{"layer": 3, "counts": [E non-negative integers]}, ...]}

@@ -78,6 +78,7 @@ ExpertTable::ExpertTable(Backend& be, const ExpertPlacement& placement, const Ex
     by_slot.up.push_back(all_experts.up[i]);
     by_slot.down.push_back(all_experts.down[i]);
   }
+  by_slot.streamed = streams();
   slots_ = be.prepare_experts(by_slot);
   slot_map_ = be.alloc({n_experts()}, DType::kI32);
   upload_map(be);

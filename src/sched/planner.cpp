@@ -60,7 +60,8 @@ void check_host_tier(const PlannerInput& in, int64_t budget_bytes, const MemoryP
 
 }  // namespace
 
-ModelGeometry read_model_geometry(const std::filesystem::path& dir, const dist::RankPlace& place) {
+ModelGeometry read_model_geometry(const std::filesystem::path& dir, const dist::RankPlace& place,
+                                  double resident_experts) {
   BG_CHECK(std::filesystem::is_directory(dir), "model directory '{}' does not exist", dir.string());
   const auto path = dir / "config.json";
   const auto config = read_json_file(path);
@@ -84,7 +85,10 @@ ModelGeometry read_model_geometry(const std::filesystem::path& dir, const dist::
   g.weight_bytes = checkpoint_bytes(dir);
   if (place.layout.multi_rank()) {
     g.state = tp_state_geometry(g.state, place.layout.tp());  // each TP rank keeps the state of its own heads
+  }
+  if (place.layout.multi_rank() || resident_experts < 1.0) {
     g.weight_share = rank_weight_bytes(dir, place);
+    g.weight_share.experts = resident_expert_bytes(g.weight_share, resident_experts);
     g.weight_bytes = g.weight_share.total();
   }
   return g;

@@ -24,8 +24,10 @@ struct ModelGeometry {
 };
 
 // Reads `dir`/config.json (deepseek_v3 / kimi_k2 / kimi_k3) and sizes the shards; as one rank of a set, the KDA
-// state holds this rank's heads only and the weights are its share (rank_share.h). Throws bg::Error.
-ModelGeometry read_model_geometry(const std::filesystem::path& dir, const dist::RankPlace& place = {});
+// state holds this rank's heads only and the weights are its share (rank_share.h). With resident_experts below 1
+// the experts count as the resident ones plus the streamed-expert pool. Throws bg::Error.
+ModelGeometry read_model_geometry(const std::filesystem::path& dir, const dist::RankPlace& place = {},
+                                  double resident_experts = 1.0);
 
 // Device memory as seen before loading: bytes free and total (host RAM for "cpu").
 struct DeviceMemory {

@@ -50,10 +50,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, StreamedExpertsGolden,
                                                               "deepseek_v3/tiny-mxfp4", "kimi_k3/k3-tiny",
                                                               "kimi_k3/k3-tiny-long"),
                                             ::testing::Values(0.0, 0.5)),
-                         [](const auto& info) {
-                           std::string s = std::get<0>(info.param);
+                         [](const auto& param_info) {
+                           std::string s = std::get<0>(param_info.param);
                            for (char& c : s) c = (c == '/' || c == '-') ? '_' : c;
-                           return s + (std::get<1>(info.param) == 0.0 ? "_resident0" : "_resident0_5");
+                           return s + (std::get<1>(param_info.param) == 0.0 ? "_resident0" : "_resident0_5");
                          });
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "moe/expert_stream.h"
 #include "moe/moe_layer.h"
+#include "moe/moe_testing.h"
 
 namespace bg::moe {
 namespace {
@@ -143,18 +144,6 @@ struct Mxfp4Experts {
     return w;
   }
 };
-
-Tensor upload_i32(Backend& be, const std::vector<int32_t>& v, Shape shape) {
-  Tensor t = be.alloc(std::move(shape), DType::kI32);
-  be.write_bytes(t, std::as_bytes(std::span<const int32_t>(v)));
-  return t;
-}
-
-std::vector<float> download(Backend& be, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  be.download_f32(t, v.data());
-  return v;
-}
 
 // Three MoE layers of 12 experts share one pool; tokens routed over a few experts per call, a call repeated: the
 // outputs equal the all-resident layers bit for bit whatever the fraction, every streamed expert is copied when it

@@ -15,6 +15,7 @@
 #include "moe/exchange.h"
 #include "moe/expert_table.h"
 #include "moe/moe_layer.h"
+#include "moe/moe_testing.h"
 
 namespace bg::moe {
 namespace {
@@ -72,18 +73,6 @@ struct TinyExperts {
     }
   }
 };
-
-Tensor upload_i32(Backend& be, const std::vector<int32_t>& v, Shape shape) {
-  Tensor t = be.alloc(std::move(shape), DType::kI32);
-  be.write_bytes(t, std::as_bytes(std::span<const int32_t>(v)));
-  return t;
-}
-
-std::vector<float> download(Backend& be, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  be.download_f32(t, v.data());
-  return v;
-}
 
 TEST(ExpertTable, SlotMapFollowsPlacementAndAssign) {
   auto be = make_backend("cpu");

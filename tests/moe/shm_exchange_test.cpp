@@ -17,6 +17,7 @@
 #include "moe/exchange.h"
 #include "moe/expert_table.h"
 #include "moe/moe_layer.h"
+#include "moe/moe_testing.h"
 #include "moe/shm_exchange.h"
 #include "ops/moe_exchange/moe_exchange.h"
 
@@ -48,12 +49,6 @@ RankTokens make_tokens(int64_t rank, int64_t n, int64_t E, int64_t k, int64_t hi
     for (int64_t i = 2; i < hidden; ++i) r.x.push_back(d(rng));
   }
   return r;
-}
-
-Tensor upload_i32(Backend& be, const std::vector<int32_t>& v, Shape shape) {
-  Tensor t = be.alloc(std::move(shape), DType::kI32);
-  if (!v.empty()) be.write_bytes(t, std::as_bytes(std::span<const int32_t>(v)));
-  return t;
 }
 
 Tensor upload(Backend& be, const std::vector<float>& v, Shape shape) {

@@ -266,3 +266,31 @@ TEST(Planner, PlanMatchesThePoolsTheModelAllocates) {
 
 }  // namespace
 }  // namespace bg::sched
+
+namespace bg::sched {
+namespace {
+
+// --resident-experts: the planner counts the resident experts plus one layer's worth of pool buffers, so a model
+// whose experts do not fit can still be planned; at 1 the weights are the files, as without the flag.
+TEST(Planner, StreamedExpertsCountTheResidentOnesAndThePool) {
+  TempDir tmp;
+  write_random_checkpoint(tiny_k3(tmp / "model"));
+  const ModelGeometry all = read_model_geometry(tmp / "model");
+  const ModelGeometry same = read_model_geometry(tmp / "model", {}, 1.0);
+  EXPECT_EQ(same.weight_bytes, all.weight_bytes);
+  const ModelGeometry half = read_model_geometry(tmp / "model", {}, 0.5);
+  const ModelGeometry none = read_model_geometry(tmp / "model", {}, 0.0);
+  const RankWeightBytes w = rank_weight_bytes(tmp / "model", {});
+  ASSERT_GT(w.n_expert_blocks, 0);
+  ASSERT_GT(w.n_local_experts, 1);
+  const int64_t per_expert = w.experts / w.n_expert_blocks, n_layers = w.n_expert_blocks / w.n_local_experts;
+  const int64_t n_res = (w.n_local_experts + 1) / 2;  // round(0.5 n)
+  EXPECT_EQ(half.weight_share.experts, per_expert * (n_layers * n_res + w.n_local_experts - n_res));
+  EXPECT_EQ(none.weight_share.experts, per_expert * w.n_local_experts);
+  EXPECT_LT(none.weight_bytes, half.weight_bytes);
+  EXPECT_LT(half.weight_bytes, all.weight_bytes);
+  EXPECT_EQ(all.weight_bytes - half.weight_bytes, w.experts - half.weight_share.experts);
+}
+
+}  // namespace
+}  // namespace bg::sched

@@ -159,17 +159,10 @@ class CpuBackend final : public Backend {
     BG_CHECK(!(emulate_ && like.format == WeightFormat::kDense && like.data.dtype != DType::kBF16),
              "cpu-bf16: dense {} expert {} cannot be streamed (bf16 emulation rounds it when resident); use "
              "--resident-experts 1", dtype_name(like.data.dtype), like.name);
-    WritableLinear w;
-    w.format = like.format;
-    w.n_out = like.n_out;
-    w.n_in = like.n_in;
-    w.data = alloc({static_cast<int64_t>(like.data.nbytes)}, DType::kU8);
+    WritableLinear w = writable_linear_storage(*this, like);
     QuantWeight q = like;
     q.data.data = static_cast<const std::byte*>(w.data.data);
-    if (like.scale.nbytes > 0) {
-      w.scale = alloc({static_cast<int64_t>(like.scale.nbytes)}, DType::kU8);
-      q.scale.data = static_cast<const std::byte*>(w.scale.data);
-    }
+    if (!w.scale.empty()) q.scale.data = static_cast<const std::byte*>(w.scale.data);
     w.handle = std::make_unique<CpuLinear>(std::move(q));
     return w;
   }

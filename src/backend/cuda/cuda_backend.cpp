@@ -178,6 +178,17 @@ class CudaBackend final : public Backend {
     }
     return out;
   }
+  WritableLinear alloc_linear(const QuantWeight& like) override {
+    // The device holds dense F32/F16 weights as bf16 (rounded at upload); a streamed copy is the stored bytes.
+    BG_CHECK(like.format != WeightFormat::kDense || like.data.dtype == DType::kBF16,
+             "cuda: dense {} expert {} cannot be streamed (the device holds it rounded to bf16); use "
+             "--resident-experts 1", dtype_name(like.data.dtype), like.name);
+    WritableLinear w = writable_linear_storage(*this, like);
+    ops::DeviceWeightStorage s;  // the descriptor only: the tensors in `w` own the memory
+    s.desc = {like.format, like.n_out, like.n_in, w.data.data, w.scale.empty() ? nullptr : w.scale.data};
+    w.handle = std::make_unique<cuda::CudaLinear>(std::move(s), like);
+    return w;
+  }
   std::shared_ptr<void> pin_host_memory(std::span<const HostRegion> regions) override {
     return uploader().pin(regions);
   }

@@ -56,7 +56,8 @@ CudaExpertSlots::CudaExpertSlots(const ExpertWeights& by_slot) {
                       &cuda_linear(*by_slot.down[i]).host()});
   }
   dev_ = upload(host_);
-  pack_w4a16();
+  // Streamed slots are repointed at every stage; the packed layout would be re-packed from host views each time.
+  if (!by_slot.streamed) pack_w4a16();
 }
 
 // The decode kernel's layout of the whole layer, when it applies (MXFP4, widths multiples of 32, <= 1024 slots).

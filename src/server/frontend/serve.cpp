@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "dist/rendezvous.h"
+#include "moe/expert_stream.h"
 #include "moe/make_exchange.h"
 #include "server/frontend/http_server.h"
 #include "server/frontend/ipc_dir.h"
@@ -137,14 +138,7 @@ std::vector<std::string> worker_command(const ServeOptions& opt, const std::stri
       argv.push_back(value);
     }
   }
-  if (opt.resident_experts < 1.0) {
-    argv.push_back("--resident-experts");
-    argv.push_back(fmt::format("{}", opt.resident_experts));
-  }
-  if (!opt.expert_trace.empty()) {
-    argv.push_back("--expert-trace");
-    argv.push_back(opt.expert_trace);
-  }
+  for (std::string& f : moe::residency_flags(opt.resident_experts, opt.expert_trace)) argv.push_back(std::move(f));
   add("--prefix-snapshot-interval", opt.prefix_snapshot_interval);
   add("--swap-quantum-steps", opt.swap_quantum_steps);
   if (!opt.prefix_cache) argv.push_back("--no-prefix-cache");
