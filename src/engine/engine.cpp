@@ -260,6 +260,10 @@ void Engine::fill_status(proto::WorkerStatus& s) const {
   s.preemptions_total = scheduler_.preemptions_total();
   s.rotations_total = scheduler_.rotations_total();
   s.steps_total = stats_.steps_total;
+  const Model::ExpertStreamCounters e = model_->expert_stream_counters();
+  s.expert_copies_total = e.copies;
+  s.expert_pool_hits_total = e.hits;
+  s.expert_bytes_copied_total = e.bytes_copied;
 }
 
 }  // namespace bg::engine

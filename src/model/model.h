@@ -90,6 +90,12 @@ class Model {
   void set_route_hook(RouteHook hook) { route_hook_ = std::move(hook); }
   // CUDA graphs captured for decode steps so far (0 on the CPU or with graphs off).
   virtual int64_t n_graphs_captured() const { return 0; }
+  // Streamed experts (LoadOptions::resident_experts < 1) since load: experts copied into the pool, routed streamed
+  // experts found already there, bytes copied. All 0 when every expert is resident.
+  struct ExpertStreamCounters {
+    int64_t copies = 0, hits = 0, bytes_copied = 0;
+  };
+  virtual ExpertStreamCounters expert_stream_counters() const { return {}; }
   // True when this model is one rank of a set: forward / forward_batch are collectives (every rank must step
   // together; a rank without work calls sync_idle), and a failed step cannot be retried alone.
   virtual bool collective() const { return false; }

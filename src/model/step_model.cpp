@@ -78,6 +78,12 @@ moe::StreamedExperts StepModel::streamed_experts(const moe::ExpertResidency& res
   return out;
 }
 
+Model::ExpertStreamCounters StepModel::expert_stream_counters() const {
+  if (!expert_stream_) return {};
+  const moe::ExpertStream::Stats& s = expert_stream_->stats();
+  return {static_cast<int64_t>(s.copies), static_cast<int64_t>(s.hits), static_cast<int64_t>(s.bytes_copied)};
+}
+
 void StepModel::tp_all_reduce(Tensor& t) const {
   if (tp_size() > 1) ranks_->tp->all_reduce_sum(backend(), t);
 }

@@ -35,6 +35,7 @@ class StepModel : public Model {
   bool sync_idle(bool stop, const StepPools& pools) final;
   // The streamed-expert pool and its counters (null when every expert is resident).
   const moe::ExpertStream* expert_stream() const { return expert_stream_.get(); }
+  ExpertStreamCounters expert_stream_counters() const final;
 
  protected:
   explicit StepModel(const LoadOptions& options);

@@ -102,6 +102,9 @@ struct WorkerStatus {
   int64_t offloads_total = 0;                    // sequences moved to the host tier
   int64_t restores_total = 0;                    // ... and brought back
   int64_t rotations_total = 0;                   // requests that yielded their GPU place (--swap-quantum-steps)
+  int64_t expert_copies_total = 0;               // streamed experts copied into the pool (--resident-experts)
+  int64_t expert_pool_hits_total = 0;            // routed streamed experts already in the pool
+  int64_t expert_bytes_copied_total = 0;         // host -> backend bytes of those copies
 };
 
 void to_json(nlohmann::json& j, const SamplingParams& v);

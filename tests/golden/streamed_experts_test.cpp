@@ -7,6 +7,7 @@
 #include <string>
 #include <tuple>
 
+#include "engine/engine.h"
 #include "golden/golden_runner.h"
 #include "model/model_testing.h"
 #include "model/step_model.h"
@@ -32,6 +33,7 @@ TEST_P(StreamedExpertsGolden, MatchesReferenceAndTheResidentModel) {
   ASSERT_NE(step_model->expert_stream(), nullptr) << "a fraction below 1 streams";
   const moe::ExpertStream::Stats stats = step_model->expert_stream()->stats();
   EXPECT_GT(stats.copies, 0u);
+  EXPECT_EQ(streamed->expert_stream_counters().copies, static_cast<int64_t>(stats.copies));
   EXPECT_GT(stats.bytes_copied, 0u);
   std::printf("%s: %lu expert copies (%.2f MB), %lu pool hits, %ld buffers\n", name.c_str(),
               static_cast<unsigned long>(stats.copies), static_cast<double>(stats.bytes_copied) / 1e6,
@@ -43,6 +45,33 @@ TEST_P(StreamedExpertsGolden, MatchesReferenceAndTheResidentModel) {
   const EngineRun b = run_prefill_then_decode(*resident, p.prompt, 4);
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(a.logits, b.logits) << "bit-identical: streamed experts are copies of the same bytes";
+}
+
+// The engine reports the pool's counters in its status (the worker's /metrics lines batchgen_expert_*).
+TEST(StreamedExpertsEngine, StatusCountsTheCopies) {
+  GoldenCase gc(golden_dir() / "kimi_k3" / "k3-tiny");
+  LoadOptions lo;
+  lo.resident_experts = 0.25;
+  engine::Engine engine(load_model(gc.model_dir(), lo), kv::StatePlan::simple(2, 128),
+                        sched::SchedulerConfig{2, 32, 256, 64, 0.0});
+  proto::WorkerStatus before;
+  engine.fill_status(before);
+  EXPECT_EQ(before.expert_copies_total, 0);
+  proto::GenerateRequest g;
+  g.id = "r";
+  g.prompt = gc.prompt(0).prompt;
+  g.params.max_tokens = 3;
+  g.params.temperature = 0.0f;
+  g.params.ignore_eos = true;
+  engine.submit(std::move(g));
+  for (int step = 0; step < 100 && engine.has_work(); ++step) {
+    engine.step();
+    engine.take_events();
+  }
+  proto::WorkerStatus after;
+  engine.fill_status(after);
+  EXPECT_GT(after.expert_copies_total, 0);
+  EXPECT_GT(after.expert_bytes_copied_total, after.expert_copies_total);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, StreamedExpertsGolden,

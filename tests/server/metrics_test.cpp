@@ -52,6 +52,8 @@ TEST(Metrics, RenderCountersAndWorkerGauges) {
   w.prefix_cache_hit_tokens_total = 50;
   w.host_kv_bytes = 4096;
   w.state_bytes_used = 1000;
+  w.expert_copies_total = 7;
+  w.expert_bytes_copied_total = 7168;
   RankState rank0;
   rank0.connected = true;
   rank0.status = w;
@@ -69,6 +71,8 @@ TEST(Metrics, RenderCountersAndWorkerGauges) {
   EXPECT_TRUE(has_line(t, "batchgen_prefix_cache_hit_rate{rank=\"0\"} 0.25")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_kv_host_bytes_used{rank=\"0\"} 4096")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_state_gpu_bytes_used{rank=\"0\"} 1000")) << t;
+  EXPECT_TRUE(has_line(t, "batchgen_expert_copies_total{rank=\"0\"} 7")) << t;
+  EXPECT_TRUE(has_line(t, "batchgen_expert_bytes_copied_total{rank=\"0\"} 7168")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"} 1")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_requests_finished_total{reason=\"stop\"} 1")) << t;

@@ -146,6 +146,12 @@ void render_workers(std::string& out, const std::vector<RankState>& ws) {
            [](const W& w) { return w.preemptions_total; });
   per_rank(out, "batchgen_worker_steps_total", "Engine steps since the worker started", ws,
            [](const W& w) { return w.steps_total; });
+  per_rank(out, "batchgen_expert_copies_total", "Streamed experts copied into the expert pool (--resident-experts)",
+           ws, [](const W& w) { return w.expert_copies_total; });
+  per_rank(out, "batchgen_expert_pool_hits_total", "Routed streamed experts found already in the pool", ws,
+           [](const W& w) { return w.expert_pool_hits_total; });
+  per_rank(out, "batchgen_expert_bytes_copied_total", "Bytes copied into the expert pool", ws,
+           [](const W& w) { return w.expert_bytes_copied_total; });
 }
 
 }  // namespace
