@@ -209,10 +209,10 @@ void Engine::cancel(const std::string& id) {
   outbox_.push_back(std::move(ev));
 }
 
-void Engine::fail_all(const std::string& message) {
+void Engine::fail_all(const std::string& message, int32_t code) {
   for (const std::string& id : scheduler_.ids()) {
     std::unique_ptr<sched::Request> r = scheduler_.cancel(id);
-    outbox_.push_back(error_event(r->id, 500, message, r->n_prompt, r->n_generated()));
+    outbox_.push_back(error_event(r->id, code, message, r->n_prompt, r->n_generated()));
   }
 }
 

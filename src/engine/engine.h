@@ -39,8 +39,9 @@ class Engine {
   // Cancels a waiting or running request at once (its blocks and slot are freed; final event "abort"). Unknown ids
   // are ignored: the request may have finished already.
   void cancel(const std::string& id);
-  // Ends every waiting and running request with finish_reason "error" (after an unexpected failure of a step).
-  void fail_all(const std::string& message);
+  // Ends every waiting and running request with finish_reason "error" and HTTP status `code` (500: a step failed;
+  // 503: the worker or its rank set is going away, the request may be retried).
+  void fail_all(const std::string& message, int32_t code);
   bool has_work() const { return scheduler_.has_work(); }
   // schedule -> execute (one forward_batch_sample: the step and its sampling) -> apply samples -> postprocess; the
   // step's events go to the outbox. False when nothing could be scheduled. As a rank of a set it is a collective:

@@ -163,7 +163,7 @@ void Worker::serve() {
         return;
       } catch (const std::exception& e) {
         log::error("worker rank {}: step failed: {}; failing the running requests", o_.rank, e.what());
-        engine_->fail_all(fmt::format("internal error in the worker step: {}", e.what()));
+        engine_->fail_all(fmt::format("internal error in the worker step: {}", e.what()), 500);
       }
     }
     flush_events();
@@ -213,20 +213,22 @@ int Worker::serve_ranks() {
     if (parent_gone()) stop_ = true;
     try {
       if (stop_) {
-        engine_->fail_all("the worker is shutting down");
+        engine_->fail_all("the worker is shutting down", 503);
         engine_->model().sync_idle(true, {});  // a stop vote runs no step
         break;
       }
       progressed = engine_->step();
     } catch (const dist::SetStopping&) {
-      engine_->fail_all("the rank set is shutting down");
+      engine_->fail_all("the rank set is shutting down", 503);
       break;
     } catch (const DeviceFault& e) {
       on_device_fault(e.what());
       return exit_code_;
     } catch (const std::exception& e) {
       log::error("worker rank {}: the rank set failed: {}", o_.rank, e.what());
-      engine_->fail_all(fmt::format("the rank set failed: {}", e.what()));
+      // The server lost a rank, not the request: 503 like the frontend's own report of the dead process (whichever
+      // of the two reaches the client first).
+      engine_->fail_all(fmt::format("the rank set failed: {}", e.what()), 503);
       flush_events();
       status_.phase = "failed";
       status_.error = e.what();

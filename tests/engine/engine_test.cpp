@@ -218,3 +218,29 @@ TEST(Engine, StopTokensEosLogprobsAndCounters) {
 
 }  // namespace
 }  // namespace bg::engine
+
+namespace bg::engine {
+namespace {
+
+// fail_all ends every request, running and waiting, with the status the caller gives: 503 when the worker or its
+// rank set goes away (the client may retry), 500 for a failed step.
+TEST(Engine, FailAllEndsEveryRequestWithTheGivenStatus) {
+  for (int32_t code : {503, 500}) {
+    Harness h({}, {2, 256, 64, 64, 0.0});
+    for (int i = 0; i < 3; ++i) h.engine.submit(request(fmt::format("r{}", i), 1 + i, 4, 50));
+    h.engine.step();  // two run, one waits
+    h.collect();
+    h.engine.fail_all("the rank set failed: rank 1 exited", code);
+    h.collect();
+    EXPECT_FALSE(h.engine.has_work());
+    for (int i = 0; i < 3; ++i) {
+      const Result& r = h.results[fmt::format("r{}", i)];
+      EXPECT_EQ(r.finish_reason, "error");
+      EXPECT_EQ(r.error_code, code);
+      EXPECT_NE(r.error.find("rank 1 exited"), std::string::npos);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace bg::engine
