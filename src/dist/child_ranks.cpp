@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/spawn.h"
 
 namespace bg::dist {
 
@@ -21,21 +21,7 @@ ChildRanks::~ChildRanks() { wait_all(std::chrono::milliseconds(0)); }
 
 void ChildRanks::spawn(int32_t rank, const std::vector<std::string>& argv) {
   BG_CHECK(!argv.empty(), "child ranks: empty command line for rank {}", rank);
-  std::vector<char*> cargv;  // prepared before fork: the child only calls async-signal-safe functions
-  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  const pid_t parent = getpid();
-  sigset_t none;
-  sigemptyset(&none);
-  const pid_t pid = fork();
-  BG_CHECK(pid >= 0, "child ranks: fork failed for rank {}: {}", rank, std::strerror(errno));
-  if (pid == 0) {
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(1);  // the parent died before prctl took effect
-    execv(cargv[0], cargv.data());
-    _exit(127);
-  }
+  const pid_t pid = spawn_child(argv);
   log::debug("started rank {} (pid {}): {}", rank, pid, fmt::join(argv, " "));
   children_.push_back({rank, pid, false, 0});
 }

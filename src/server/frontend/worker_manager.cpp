@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include "core/device_fault.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/spawn.h"
 #include "server/frontend/worker_link.h"
 
 namespace bg::frontend {
@@ -98,26 +98,10 @@ void WorkerManager::set_phase(Phase p) {
 pid_t WorkerManager::spawn(int32_t rank, const std::string& identity) {
   const std::vector<std::string> argv = command_(rank, identity);
   BG_CHECK(!argv.empty(), "worker manager: empty command line for rank {}", rank);
-  // Everything the child touches is prepared before fork: after it only async-signal-safe calls are allowed.
-  std::vector<char*> cargv;
-  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  const pid_t parent = getpid();
-  sigset_t none;
-  sigemptyset(&none);
   link_.begin_incarnation(rank, identity, 0);  // before fork: the child's first status must find its identity
-
-  const pid_t pid = fork();
-  BG_CHECK(pid >= 0, "worker manager: fork failed for rank {}: {}", rank, std::strerror(errno));
-  if (pid == 0) {
-    sigprocmask(SIG_SETMASK, &none, nullptr);  // the frontend blocks SIGINT/SIGTERM for its signal handling
-    signal(SIGPIPE, SIG_DFL);
-    setpgid(0, 0);  // its own process group: a terminal's Ctrl-C reaches the frontend, which drains, not the worker
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(1);  // the frontend died before prctl took effect
-    execv(cargv[0], cargv.data());
-    _exit(127);
-  }
+  // Its own process group: a terminal's Ctrl-C reaches the frontend, which drains, not the worker. SIGPIPE back to
+  // its default (the frontend ignores it); the frontend blocks SIGINT/SIGTERM for its signal handling, the child not.
+  const pid_t pid = spawn_child(argv, SpawnOptions{.own_process_group = true, .default_sigpipe = true});
   link_.set_pid(rank, pid);
   log::info("frontend: started rank {} (pid {}): {}", rank, pid, fmt::join(argv, " "));
   return pid;
