@@ -38,7 +38,7 @@ void add_weight_source_options(CLI::App* cmd, std::string& weight_store, std::st
 
 void add_expert_residency_options(CLI::App* cmd, double& resident_experts, std::string& expert_trace) {
   cmd->add_option("--resident-experts", resident_experts, "Fraction of each MoE layer's experts kept in backend "
-                  "memory; the others are copied in from host memory when routed (same outputs; CPU backend; "
+                  "memory; the others are copied in from host memory when routed (same outputs; CPU and CUDA; "
                   "docs/WEIGHTS.md \"Streamed experts\"). Default 1")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--expert-trace", expert_trace, "Routing counts (JSON, docs/WEIGHTS.md) that choose the resident "

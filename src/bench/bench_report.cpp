@@ -61,6 +61,7 @@ json step_json(const StepResult& s) {
   return {{"model", s.model}, {"batch", s.batch}, {"context", s.context}, {"graph", s.graph}, {"ms", s.ms},
           {"wall_ms", s.wall_ms}, {"roofline_ms", s.roofline_ms}, {"roofline_bytes", s.roofline_bytes},
           {"roofline_flops", s.roofline_flops}, {"ratio", s.ratio}, {"touched_experts", s.touched_experts},
+          {"streamed_bytes", s.streamed_bytes}, {"copy_floor_ms", s.copy_floor_ms},
           {"replays", s.replays}, {"n_ops", s.n_ops}, {"ops", ops}};
 }
 
@@ -148,6 +149,15 @@ std::string format_table(const BenchReport& r) {
       }
       out += fmt::format("{:<16} {:>6} {:>8} {:>10.3f} {:>10.3f} {:>11.3f} {:>7.2f} {:>8.1f}  {}\n", s.model, s.batch,
                          s.context, s.ms, s.wall_ms, s.roofline_ms, s.ratio, s.touched_experts, top);
+      if (s.streamed_bytes > 0) {
+        out += fmt::format("{:<16} {:>6} {:>8}   streamed experts: {:.2f} MB copied a step", "", "", "",
+                           s.streamed_bytes / 1e6);
+        if (s.copy_floor_ms > 0) {
+          out += fmt::format(", {:.3f} ms at the pinned H2D rate (step / (roofline + copy floor) = {:.2f}x)",
+                             s.copy_floor_ms, s.ms / (s.roofline_ms + s.copy_floor_ms));
+        }
+        out += "\n";
+      }
     }
   }
   if (!r.prefill.empty()) {

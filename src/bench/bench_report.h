@@ -86,6 +86,10 @@ struct StepResult {
   double roofline_bytes = 0, roofline_flops = 0;
   double ratio = 0;        // ms / roofline_ms
   double touched_experts = 0;  // routed experts with rows, per MoE layer (mean over layers)
+  // Streamed experts (--resident-experts < 1): host -> device bytes one step copied (mean over the timed replays),
+  // and those bytes at the pinned H2D ceiling (the step's floor on the copy engine; 0 when nothing streams).
+  double streamed_bytes = 0;
+  double copy_floor_ms = 0;
   int64_t replays = 0;
   int64_t n_ops = 0;        // backend ops of one step (each one or more kernel launches)
   std::vector<OpTime> ops;  // eager, event-instrumented replay

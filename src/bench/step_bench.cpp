@@ -100,6 +100,7 @@ StepResult bench_one_step(Model& model, kv::StateManager& state, const StepBench
   r.touched_experts = touched.empty() ? 0.0 : touched_sum / static_cast<double>(touched.size());
 
   std::vector<double> device_ms, wall_ms;
+  const int64_t copied_before = model.expert_stream_counters().bytes_copied;
   {
     std::unique_ptr<StepProfiler> profiler = device.profiler(false);
     ProfilerAttachment attach(model, profiler.get());
@@ -110,6 +111,9 @@ StepResult bench_one_step(Model& model, kv::StateManager& state, const StepBench
       device_ms.push_back(step_span_ms(profiler->take()));
     }
   }
+  r.streamed_bytes = static_cast<double>(model.expert_stream_counters().bytes_copied - copied_before) /
+                     static_cast<double>(spec.replays);
+  if (ceilings.h2d_gbps && *ceilings.h2d_gbps > 0) r.copy_floor_ms = r.streamed_bytes / (*ceilings.h2d_gbps * 1e6);
   {
     std::unique_ptr<StepProfiler> profiler = device.profiler(true);
     ProfilerAttachment attach(model, profiler.get());
@@ -140,6 +144,10 @@ std::vector<StepResult> bench_steps(Model& model, kv::StateManager& state, const
       out.push_back(bench_one_step(model, state, spec, batch, context, device, cost, ceilings));
       log::info("bench step {} B={} ctx={}: {:.3f} ms (roofline {:.3f}, {:.2f}x) [{:.1f} s]", spec.model_name, batch,
                 context, out.back().ms, out.back().roofline_ms, out.back().ratio, ms_since(t0) / 1e3);
+      if (out.back().streamed_bytes > 0) {
+        log::info("bench step {} B={}: streamed experts copied {:.1f} MB a step ({:.3f} ms at the pinned H2D rate)",
+                  spec.model_name, batch, out.back().streamed_bytes / 1e6, out.back().copy_floor_ms);
+      }
     }
   }
   return out;

@@ -73,6 +73,7 @@ moe::StreamedExperts StepModel::streamed_experts(const moe::ExpertResidency& res
     log::info("streamed experts: {} of {} experts per MoE layer resident on this rank, a pool of {} expert buffers",
               residency.n_resident_per_layer(), placement.n_local(), expert_stream_->n_buffers());
   }
+  for (const auto& [e, src] : out.sources) expert_stream_->add_host_bytes(src);
   out.stream = expert_stream_.get();
   out.layer = layer;
   return out;

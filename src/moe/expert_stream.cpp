@@ -7,6 +7,8 @@
 #include <limits>
 #include <numeric>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -29,6 +31,31 @@ std::vector<uint8_t> choose(const ExpertPlacement& placement, int64_t n_keep, co
 }
 
 }  // namespace
+
+std::vector<HostRegion> page_aligned_regions(std::vector<HostRegion> ranges) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;
+  for (const HostRegion& r : ranges) {
+    if (r.bytes == 0) continue;
+    const auto begin = reinterpret_cast<uintptr_t>(r.data) / page * page;
+    const auto end = (reinterpret_cast<uintptr_t>(r.data) + r.bytes + page - 1) / page * page;
+    spans.emplace_back(begin, end);
+  }
+  std::sort(spans.begin(), spans.end());
+  std::vector<HostRegion> out;
+  uintptr_t begin = 0, end = 0;
+  for (const auto& [b, e] : spans) {
+    if (end != 0 && b <= end) {
+      end = std::max(end, e);
+      continue;
+    }
+    if (end != 0) out.push_back({reinterpret_cast<const std::byte*>(begin), end - begin});
+    begin = b;
+    end = e;
+  }
+  if (end != 0) out.push_back({reinterpret_cast<const std::byte*>(begin), end - begin});
+  return out;
+}
 
 ExpertResidency ExpertResidency::plan(const ExpertPlacement& placement, double fraction,
                                       const std::filesystem::path& trace) {
@@ -125,8 +152,7 @@ ExpertHandles ExpertStream::placeholder() const {
   return {b.gate.handle.get(), b.up.handle.get(), b.down.handle.get()};
 }
 
-void ExpertStream::fill(Backend& be, Buffer& b, const ExpertSource& src) {
-  std::vector<HostCopy> copies;
+void ExpertStream::fill(Buffer& b, const ExpertSource& src, std::vector<HostCopy>& copies) {
   auto add = [&](const WritableLinear& dst, const QuantWeight& w) {
     BG_CHECK(w.format == dst.format && w.n_out == dst.n_out && w.n_in == dst.n_in &&
                  w.data.nbytes == dst.data.nbytes() && w.scale.nbytes == (dst.scale.empty() ? 0 : dst.scale.nbytes()),
@@ -141,11 +167,23 @@ void ExpertStream::fill(Backend& be, Buffer& b, const ExpertSource& src) {
   add(b.gate, src.gate);
   add(b.up, src.up);
   add(b.down, src.down);
-  be.compute_wait(be.copy_from_host(copies));  // the layer's experts run after the copies land
   ++stats_.copies;
 }
 
+void ExpertStream::add_host_bytes(const ExpertSource& src) {
+  for (const QuantWeight* w : {&src.gate, &src.up, &src.down}) {
+    host_bytes_.push_back({w->data.data, w->data.nbytes});
+    if (w->scale.nbytes > 0) host_bytes_.push_back({w->scale.data, w->scale.nbytes});
+  }
+}
+
 void ExpertStream::stage(Backend& be, int64_t layer, ExpertTable& table, std::span<const int32_t> rows_per_slot) {
+  if (!pinned_once_) {
+    pinned_once_ = true;
+    const std::vector<HostRegion> regions = page_aligned_regions(std::move(host_bytes_));
+    host_bytes_ = {};
+    pinned_ = be.pin_host_memory(regions);
+  }
   ++epoch_;
   std::vector<uint64_t>& counts = counts_[layer];
   counts.resize(static_cast<size_t>(n_experts_), 0);
@@ -164,6 +202,7 @@ void ExpertStream::stage(Backend& be, int64_t layer, ExpertTable& table, std::sp
       missing.push_back(s);
     }
   }
+  std::vector<HostCopy> copies;  // every missing expert's bytes in one batch on the copy stream
   for (int64_t s : missing) {
     size_t victim = buffers_.size();
     for (size_t b = 0; b < buffers_.size(); ++b) {
@@ -175,13 +214,14 @@ void ExpertStream::stage(Backend& be, int64_t layer, ExpertTable& table, std::sp
     Buffer& b = buffers_[victim];
     if (b.expert >= 0) where_.erase({b.layer, b.expert});
     const int32_t e = table.expert_in(s);
-    fill(be, b, *table.source(e));
+    fill(b, *table.source(e), copies);
     b.layer = layer;
     b.expert = e;
     b.last_use = epoch_;
     where_[{layer, e}] = victim;
     table.point(be, s, {b.gate.handle.get(), b.up.handle.get(), b.down.handle.get()});
   }
+  if (!copies.empty()) be.compute_wait(be.copy_from_host(copies));  // the layer's experts run after the copies land
 }
 
 }  // namespace bg::moe

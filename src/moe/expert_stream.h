@@ -57,6 +57,10 @@ std::map<int64_t, std::vector<uint64_t>> read_expert_trace(const std::filesystem
 void write_expert_trace(const std::filesystem::path& path, int64_t n_experts,
                         const std::map<int64_t, std::vector<uint64_t>>& counts);
 
+// The ranges grown to whole pages, sorted, and merged where they touch or overlap (a page can be registered with
+// the device once); empty ranges are dropped.
+std::vector<HostRegion> page_aligned_regions(std::vector<HostRegion> ranges);
+
 // The pool of expert buffers every streamed layer of one model shares, and the routing counters.
 class ExpertStream {
  public:
@@ -77,6 +81,10 @@ class ExpertStream {
   // any row reaches it).
   ExpertHandles placeholder() const;
 
+  // Notes the host bytes of a streamed expert. On the first stage() every noted range is pinned (page-aligned and
+  // merged; CUDA: cudaHostRegister, read-only) so that the copies run at the DMA rate instead of through the
+  // driver's pageable staging; memory that is already pinned (a weight store) is left as it is.
+  void add_host_bytes(const ExpertSource& src);
   // Makes every slot of `table` (MoE layer `layer`) with rows in `rows_per_slot` hold its expert: streamed experts
   // not in a buffer are copied in (ordered before the ops issued after this call) and their slots rewritten.
   void stage(Backend& be, int64_t layer, ExpertTable& table, std::span<const int32_t> rows_per_slot);
@@ -88,9 +96,13 @@ class ExpertStream {
     int32_t expert = -1;
     uint64_t last_use = 0;  // stage() call that last needed it
   };
-  void fill(Backend& be, Buffer& b, const ExpertSource& src);
+  // Appends the copies that write `src` into `b`.
+  void fill(Buffer& b, const ExpertSource& src, std::vector<HostCopy>& copies);
 
   std::vector<Buffer> buffers_;
+  std::vector<HostRegion> host_bytes_;  // noted by add_host_bytes until pinned
+  bool pinned_once_ = false;
+  std::shared_ptr<void> pinned_;        // unpins when the pool goes
   std::map<std::pair<int64_t, int32_t>, size_t> where_;  // (layer, expert) -> buffer
   std::map<int64_t, std::vector<uint64_t>> counts_;
   int64_t n_experts_ = 0;

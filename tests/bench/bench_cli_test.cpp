@@ -100,6 +100,7 @@ TEST(BenchCli, CpuQuickWritesTheDocumentedJson) {
     EXPECT_TRUE(ops.count("linear") && ops.count("mla_attention") && ops.count("moe_experts")) << s.dump();
     EXPECT_NEAR(share, 1.0, 1e-6);
     EXPECT_TRUE(positive(s["touched_experts"])) << s.dump();
+    EXPECT_EQ(s["streamed_bytes"], 0.0) << "every expert is resident by default: " << s.dump();
   }
   EXPECT_EQ(models, (std::set<std::string>{"kimi_k3-tiny", "deepseek_v3-tiny"}));
 
@@ -118,6 +119,23 @@ TEST(BenchCli, CpuQuickWritesTheDocumentedJson) {
                 "host batch");
     EXPECT_TRUE(positive(b["sample_top_p_ms"]) && positive(b["engine_step_ms"])) << b.dump();
     EXPECT_TRUE(positive(b["step_sample_top_p_ms"]) && positive(b["engine_step_top_p_ms"])) << b.dump();
+  }
+}
+
+// --resident-experts below 1: each step reports the bytes its streamed experts copied (the pool holds one layer's
+// worth, so every step copies again) and the table says so.
+TEST(BenchCli, StreamedExpertsReportTheirCopiesPerStep) {
+  TempDir tmp;
+  const auto out = tmp / "stream.json";
+  const CommandResult r = run_batchgen("bench step --device cpu --quick --resident-experts 0.5 --json " + out.string(),
+                                       tmp / "log.txt");
+  ASSERT_EQ(r.exit_code, 0) << read_text(tmp / "log.txt");
+  EXPECT_NE(r.stdout_text.find("streamed experts:"), std::string::npos) << r.stdout_text;
+  const json j = json::parse(read_text(out));
+  ASSERT_FALSE(j["steps"].empty());
+  for (const json& s : j["steps"]) {
+    expect_keys(s, {"streamed_bytes", "copy_floor_ms"}, "step");
+    EXPECT_TRUE(positive(s["streamed_bytes"])) << s.dump();
   }
 }
 

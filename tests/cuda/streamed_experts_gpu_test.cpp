@@ -21,7 +21,11 @@ class StreamedExpertsGpu : public ::testing::TestWithParam<std::tuple<std::strin
 
 TEST_P(StreamedExpertsGpu, EqualsTheResidentModelBitForBit) {
   BG_REQUIRE_GPU();
-  ::setenv("BG_MOE_W4A16", "0", 1);  // read once per process, before the first MoE step (ctest: one test a process)
+  // Read at every MoE call: both models run the stage kernels; later tests of the process get the fused kernel back.
+  ::setenv("BG_MOE_W4A16", "0", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("BG_MOE_W4A16"); }
+  } unset;
   const auto& [name, fraction] = GetParam();
   GoldenCase gc(golden_dir() / name);
   LoadOptions resident_options{.device = "cuda"};

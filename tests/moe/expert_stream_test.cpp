@@ -2,6 +2,7 @@
 // validation, and the MoE layer with a fraction of its experts streamed through a shared pool giving bit-identical
 // outputs to the all-resident layer, with the copies and buffer hits the pool reports.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -144,6 +145,26 @@ struct Mxfp4Experts {
     return w;
   }
 };
+
+// The regions pinned for the copies: whole pages, merged where they touch (a page is registered once).
+TEST(ExpertStream, PinnedRegionsAreWholePagesMergedWhereTheyTouch) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<std::byte> memory(8 * page + page);
+  auto* base = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(memory.data()) + page - 1) / page * page);
+  const std::vector<HostRegion> got = page_aligned_regions({
+      {base + 5 * page + 10, 20},        // inside page 5
+      {base + 10, page},                 // pages 0-1
+      {base + 2 * page - 1, 2},          // pages 1-2: touches the range above
+      {base + 7 * page, 0},              // empty: dropped
+      {base + 5 * page + 100, page},     // pages 5-6: overlaps the first
+  });
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].data, base);
+  EXPECT_EQ(got[0].bytes, 3 * page);
+  EXPECT_EQ(got[1].data, base + 5 * page);
+  EXPECT_EQ(got[1].bytes, 2 * page);
+  EXPECT_TRUE(page_aligned_regions({}).empty());
+}
 
 // Three MoE layers of 12 experts share one pool; tokens routed over a few experts per call, a call repeated: the
 // outputs equal the all-resident layers bit for bit whatever the fraction, every streamed expert is copied when it

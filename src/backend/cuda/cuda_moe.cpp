@@ -211,13 +211,12 @@ void moe_combine(const MoeContext& c, const MoeRouting& r, const Tensor& y_rows,
 
 namespace {
 
-// BG_MOE_W4A16=0 turns the fused decode kernel off (the stage kernels run instead): for triage on a GPU machine.
+// BG_MOE_W4A16=0 turns the fused decode kernel off (the stage kernels run instead): for triage on a GPU machine, and
+// for tests that compare with a model whose streamed layers have no packed copy. Read at every MoE call (a few
+// hundred nanoseconds a layer), so a test may set it at any point of the process.
 bool w4a16_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("BG_MOE_W4A16");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  return on;
+  const char* v = std::getenv("BG_MOE_W4A16");
+  return v == nullptr || std::string_view(v) != "0";
 }
 
 }  // namespace

@@ -87,6 +87,10 @@ std::shared_ptr<void> WeightUploader::pin(std::span<const HostRegion> regions) {
   for (const HostRegion& r : regions) {
     const cudaError_t err = cudaHostRegister(const_cast<std::byte*>(r.data), r.bytes,
                                              cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+    if (err == cudaErrorHostMemoryAlreadyRegistered) {
+      cudaGetLastError();  // already pinned (e.g. a weight store segment): copies from it run at the DMA rate
+      continue;
+    }
     if (err != cudaSuccess) {
       cudaGetLastError();
       log::warn("cuda: cannot pin {} bytes of weight memory ({}); its uploads go through pinned staging", r.bytes,
