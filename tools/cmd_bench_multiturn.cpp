@@ -35,6 +35,8 @@ void register_bench_multiturn(CLI::App& app) {
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "cuda, without --kv-cache-memory-bytes");
   cmd->add_option("--prefix-snapshot-interval", o->snapshot_interval, "Tokens between KDA snapshots (default 512)");
   cmd->add_option("--host-memory-gb", o->host_memory_gb, "Host tier (part 1 uses it too; part 2 needs it)");
+  cmd->add_flag("--deterministic", o->deterministic, "Batch-invariant kernels and prefill cut points (as serve "
+               "--deterministic): the outputs with the cache on and off must then be identical on the GPU too");
   cmd->add_option("--seed", o->seed, "Token ids of the prompts (default 1)");
   cmd->add_option("--json", *json_path, "Write the report as JSON to this file");
   cmd->callback([o, json_path] {

@@ -44,8 +44,13 @@ std::unique_ptr<engine::Engine> make_engine(const MultiturnOptions& o, const Eng
   sc.chunked_prefill_size = o.chunked_prefill_size;
   sc.max_queue = 1 << 20;
   sc.swap_quantum_steps = e.swap_quantum_steps;
+  sc.deterministic = o.deterministic;
+  LoadOptions lo = plan.load_options();
+  lo.deterministic = o.deterministic;
+  kv::StatePlan sp = plan.state_plan();
+  if (o.deterministic) sp.resume_align_tokens = sp.snapshot_interval;  // as the worker: hits resume on the grid
   if (plan_out != nullptr) *plan_out = plan;
-  return std::make_unique<engine::Engine>(load_model(o.model_dir, plan.load_options()), plan.state_plan(), sc);
+  return std::make_unique<engine::Engine>(load_model(o.model_dir, lo), sp, sc);
 }
 
 proto::GenerateRequest greedy(const std::string& id, std::vector<int32_t> prompt, int64_t max_tokens) {
@@ -217,7 +222,8 @@ nlohmann::json run_multiturn_bench(const MultiturnOptions& o) {
   const nlohmann::json on = run_conversations(o, {true, o.host_memory_gb, 0}, on_out);
   report["multiturn"] = {{"conversations", o.conversations}, {"turns", o.turns}, {"system_tokens", o.system_tokens},
                          {"user_tokens", o.user_tokens}, {"reply_tokens", o.reply_tokens},
-                         {"cache_off", off}, {"cache_on", on}, {"outputs_identical", off_out == on_out}};
+                         {"deterministic", o.deterministic}, {"cache_off", off}, {"cache_on", on},
+                         {"outputs_identical", off_out == on_out}};
   log::info("bench-multiturn: {} conversations x {} turns, system prompt {} tokens", o.conversations, o.turns,
             o.system_tokens);
   for (const nlohmann::json* r : {&off, &on}) {

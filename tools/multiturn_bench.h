@@ -36,6 +36,7 @@ struct MultiturnOptions {
   double gpu_memory_utilization = 0.9;
   int64_t snapshot_interval = 0;
   double host_memory_gb = 0.0;         // part 1 runs with it too when > 0
+  bool deterministic = false;          // batch-invariant kernels and prefill cut points (as serve --deterministic)
   uint64_t seed = 1;
 };
 

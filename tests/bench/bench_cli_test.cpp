@@ -139,6 +139,37 @@ TEST(BenchCli, StreamedExpertsReportTheirCopiesPerStep) {
   }
 }
 
+// bench-multiturn on the tiny K3 golden model: the cache off computes every prompt token, the cache on reuses the
+// shared system prompt and earlier turns, the outputs are identical (--deterministic, as the H200 run), and part 2
+// generates every requested token without and with the host tier.
+TEST(BenchCli, MultiturnReportsTheCacheAndTheHostTier) {
+  TempDir tmp;
+  const auto out = tmp / "multiturn.json";
+  const std::string model = (std::filesystem::path(BG_GOLDEN_DIR) / "kimi_k3/k3-tiny/model").string();
+  const CommandResult r = run_batchgen(
+      "bench-multiturn --model " + model + " --conversations 3 --turns 3 --system-tokens 160 --user-tokens 8 "
+      "--reply-tokens 4 --max-model-len 512 --prefix-snapshot-interval 64 --deterministic --concurrency-requests 8 "
+      "--concurrency-prompt 64 --concurrency-tokens 8 --kv-cache-memory-bytes 2000000 --host-memory-gb 0.05 --json " +
+          out.string(),
+      tmp / "log.txt");
+  ASSERT_EQ(r.exit_code, 0) << read_text(tmp / "log.txt");
+  const json j = json::parse(read_text(out));
+  const json& m = j["multiturn"];
+  EXPECT_EQ(m["deterministic"], true);
+  EXPECT_EQ(m["outputs_identical"], true) << m.dump();
+  EXPECT_EQ(m["cache_off"]["cached_tokens"], 0) << m.dump();
+  EXPECT_GT(m["cache_on"]["cached_tokens"].get<int64_t>(), 128) << m.dump();
+  EXPECT_EQ(m["cache_off"]["prompt_tokens"], m["cache_on"]["prompt_tokens"]);
+  EXPECT_LT(m["cache_on"]["prefill_tokens_computed"].get<int64_t>(),
+            m["cache_off"]["prefill_tokens_computed"].get<int64_t>()) << m.dump();
+  for (const char* part : {"gpu_only", "host_tier"}) {
+    const json& c = j["concurrency"][part];
+    EXPECT_EQ(c["requests"], 8) << part;
+    EXPECT_EQ(c["generated_tokens"], 8 * 8) << part;
+    EXPECT_GE(c["most_in_flight"].get<int64_t>(), 1) << part;
+  }
+}
+
 TEST(BenchCli, BadRequestsAreClearErrors) {
   TempDir tmp;
   CommandResult r = run_batchgen("bench step --device cpu --quick --contexts 100000", tmp / "a.txt");

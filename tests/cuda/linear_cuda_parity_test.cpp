@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -165,4 +166,57 @@ TEST(LinearCudaParity, RejectsBadArguments) {
 }
 
 }  // namespace
+// --deterministic: a token's output row is the same bits whatever the token count of the call (dense: every GEMM on
+// kLinearFixedTokens rows; FP8/MXFP4: the skinny kernel), at K3's dense shapes; and it still matches the CPU.
+TEST(LinearCudaDeterministic, RowsDoNotDependOnTheTokenCount) {
+  BG_REQUIRE_GPU();
+  CublasFixture cub;
+  struct Shape {
+    WeightFormat format;
+    int64_t n_out, n_in;
+    LinearOutType out;
+  };
+  for (const Shape& sh : {Shape{WeightFormat::kDense, 7168, 7168, LinearOutType::kBf16},
+                          Shape{WeightFormat::kDense, 896, 7168, LinearOutType::kF32},
+                          Shape{WeightFormat::kDense, 2048, 1536, LinearOutType::kBf16},
+                          Shape{WeightFormat::kFp8Block, 3072, 7168, LinearOutType::kBf16}}) {
+    const HostWeight hw =
+        testing::random_weight(sh.format, sh.n_out, sh.n_in, 1.0f / std::sqrt(static_cast<float>(sh.n_in)), 7);
+    const DeviceWeightStorage dw = upload_weight(hw.w);
+    const int64_t n_all = 300;
+    std::vector<float> x;
+    const std::vector<uint16_t> x_bits = testing::random_bf16(static_cast<size_t>(n_all * sh.n_in), 1.0f, 11, &x);
+    const LinearCase c{sh.format, sh.n_out, sh.n_in, {}, sh.out};
+    auto run = [&](int64_t first, int64_t n) {
+      const std::vector<uint16_t> part(x_bits.begin() + first * sh.n_in, x_bits.begin() + (first + n) * sh.n_in);
+      LinearCudaParams p{n, sh.out, LinearPath::kAuto, true};
+      cuda::DeviceBuffer dx = cuda::upload(part);
+      const size_t out_elem = sh.out == LinearOutType::kF32 ? 4 : 2;
+      cuda::DeviceBuffer dy(static_cast<size_t>(n * sh.n_out) * out_elem);
+      cuda::DeviceBuffer scratch(linear_dequant_scratch_bytes(dw.desc, p));
+      const LinearCudaContext ctx{cub.handle, cub.workspace.data(), cub.workspace.bytes(), scratch.data(),
+                                  scratch.bytes()};
+      linear_cuda(p, dw.desc, dx.as<__nv_bfloat16>(), dy.data(), ctx, nullptr);
+      BG_CUDA_CHECK(cudaDeviceSynchronize());
+      if (sh.out == LinearOutType::kF32) return cuda::download<float>(dy, static_cast<size_t>(n * sh.n_out));
+      return testing::from_bf16(cuda::download<uint16_t>(dy, static_cast<size_t>(n * sh.n_out)));
+    };
+    const std::vector<float> all = run(0, n_all);
+    std::vector<float> ref(static_cast<size_t>(n_all * sh.n_out));
+    linear_cpu(hw.w, x.data(), n_all, ref.data());
+    testing::expect_parity(all, ref, tolerance(c, n_all), describe(c, n_all) + " deterministic");
+    for (const auto& [first, n] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 1}, {5, 1}, {17, 3}, {0, 16}, {40, 17}, {63, 64}, {1, 65}, {100, 128}, {7, 200}}) {
+      const std::vector<float> got = run(first, n);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < n * sh.n_out; ++i) {
+        const float a = got[static_cast<size_t>(i)], b = all[static_cast<size_t>(first * sh.n_out + i)];
+        differ += std::memcmp(&a, &b, sizeof a) != 0;
+      }
+      EXPECT_EQ(differ, 0) << describe(c, n) << ": rows " << first << ".." << first + n
+                           << " differ from the same rows in a call of " << n_all;
+    }
+  }
+}
+
 }  // namespace bg::ops

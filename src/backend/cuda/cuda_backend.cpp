@@ -220,7 +220,7 @@ class CudaBackend final : public Backend {
     BG_PROFILE_OP("linear", stream_);
     expect(x, DType::kBF16, "linear input");
     ops::LinearCudaParams p{x.rows(), y.dtype == DType::kF32 ? ops::LinearOutType::kF32 : ops::LinearOutType::kBf16,
-                            ops::LinearPath::kAuto};
+                            ops::LinearPath::kAuto, deterministic_};
     const ops::DeviceWeight& d = desc(w);
     size_t scratch_bytes = ops::linear_dequant_scratch_bytes(d, p);
     std::shared_ptr<void> scratch = scratch_bytes > 0 ? alloc_->allocate(scratch_bytes) : nullptr;
@@ -260,11 +260,12 @@ class CudaBackend final : public Backend {
   }
   // Decode steps (one token per sequence) at the production latent shape (kv_lora 512, rope 64) run the split-KV
   // tensor-core kernel (mla_decode_cuda.h); prefill and mixed steps, and the small latent shapes of test
-  // checkpoints, the general kernel (mla_cuda.h).
+  // checkpoints, the general kernel (mla_cuda.h). Under --deterministic every step takes the general kernel: which
+  // kernel a decode token gets must not depend on whether another sequence prefills in the same step.
   void mla_attention(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
                      const MlaCacheRef& c, Tensor& out) override {
     BG_PROFILE_OP("mla_attention", stream_);
-    if (step_.all_single_token() && ops::mla_decode_takes(p)) {
+    if (!deterministic_ && step_.all_single_token() && ops::mla_decode_takes(p)) {
       mla_decode(p, q, w_uk, w_uv, c, out);
       return;
     }
@@ -449,8 +450,9 @@ class CudaBackend final : public Backend {
   // grows; a replaced buffer is kept while the backend lives, since graphs captured earlier may point into it.
   void mla_decode(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
                   const MlaCacheRef& c, Tensor& out) {
+    // Never under --deterministic (mla_attention takes the general kernel then), so the balanced split-KV plan;
+    // the per-token plan (MlaDecodeOptions::per_token) stays a kernel option with its own batch-invariance test.
     ops::MlaDecodeOptions options;
-    options.per_token = deterministic_;  // one partition per token: no cut point depends on the other tokens
     const ops::MlaDecodePlan plan = ops::mla_decode_plan(p, n_sms_, options);
     if (plan.ws.total_bytes > mla_ws_bytes_) {
       if (mla_ws_) mla_ws_retired_.push_back(std::move(mla_ws_));

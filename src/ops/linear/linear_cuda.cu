@@ -69,7 +69,7 @@ void check_weight(const DeviceWeight& w) {
 
 // Whether a FP8/MXFP4 weight takes the skinny kernel (true) or dequant + cuBLAS (false); dense never asks.
 bool use_skinny(const LinearCudaParams& p) {
-  if (p.path == LinearPath::kSkinny) return true;
+  if (p.path == LinearPath::kSkinny || (p.deterministic && p.path == LinearPath::kAuto)) return true;
   if (p.path == LinearPath::kDequantGemm) return false;
   return p.n_tokens <= kLinearSkinnyMaxTokens;
 }
@@ -93,6 +93,44 @@ void gemm_bf16(const LinearCudaContext& ctx, cudaStream_t stream, const __nv_bfl
                                static_cast<int>(n_in), x, CUDA_R_16BF, static_cast<int>(n_in), &beta, c,
                                out_f32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(ldc), CUBLAS_COMPUTE_32F,
                                CUBLAS_GEMM_DEFAULT));
+}
+
+// Bytes of the padded tiles a deterministic dense GEMM of fewer than kLinearFixedTokens rows needs: x then y.
+size_t fixed_tile_bytes(const DeviceWeight& w, const LinearCudaParams& p) {
+  const size_t out_elem = p.out_type == LinearOutType::kF32 ? sizeof(float) : sizeof(__nv_bfloat16);
+  return static_cast<size_t>(kLinearFixedTokens) *
+         (static_cast<size_t>(w.n_in) * sizeof(__nv_bfloat16) + static_cast<size_t>(w.n_out) * out_elem);
+}
+
+// y = x W^T with every cuBLAS call on exactly kLinearFixedTokens rows, so that cuBLAS picks one kernel per weight
+// whatever the token count: full tiles in place, a last partial tile shifted back to overlap the one before (its
+// overlapping rows are written twice with the same values), and fewer rows than a tile through a padded scratch.
+void gemm_bf16_fixed_tiles(const LinearCudaParams& p, const DeviceWeight& w, const __nv_bfloat16* x, void* y,
+                           const LinearCudaContext& ctx, cudaStream_t stream) {
+  const auto* a = static_cast<const __nv_bfloat16*>(w.data);
+  const bool out_f32 = p.out_type == LinearOutType::kF32;
+  const size_t out_elem = out_f32 ? sizeof(float) : sizeof(__nv_bfloat16);
+  const int64_t tile = kLinearFixedTokens;
+  if (p.n_tokens >= tile) {
+    for (int64_t r0 = 0; r0 < p.n_tokens; r0 += tile) {
+      const int64_t start = std::min(r0, p.n_tokens - tile);
+      gemm_bf16(ctx, stream, a, w.n_out, w.n_in, x + start * w.n_in, tile,
+                static_cast<char*>(y) + static_cast<size_t>(start * w.n_out) * out_elem, out_f32, w.n_out);
+    }
+    return;
+  }
+  const size_t x_bytes = static_cast<size_t>(tile * w.n_in) * sizeof(__nv_bfloat16);
+  BG_CHECK(ctx.dequant_scratch != nullptr && ctx.dequant_scratch_bytes >= fixed_tile_bytes(w, p),
+           "linear_cuda: a deterministic GEMM of {} rows needs a scratch of {} bytes, got {}", p.n_tokens,
+           fixed_tile_bytes(w, p), ctx.dequant_scratch_bytes);
+  auto* x_tile = static_cast<__nv_bfloat16*>(ctx.dequant_scratch);
+  void* y_tile = static_cast<char*>(ctx.dequant_scratch) + x_bytes;
+  const size_t x_used = static_cast<size_t>(p.n_tokens * w.n_in) * sizeof(__nv_bfloat16);
+  BG_CUDA_CHECK(cudaMemcpyAsync(x_tile, x, x_used, cudaMemcpyDeviceToDevice, stream));
+  BG_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<char*>(x_tile) + x_used, 0, x_bytes - x_used, stream));
+  gemm_bf16(ctx, stream, a, w.n_out, w.n_in, x_tile, tile, y_tile, out_f32, w.n_out);
+  BG_CUDA_CHECK(cudaMemcpyAsync(y, y_tile, static_cast<size_t>(p.n_tokens * w.n_out) * out_elem,
+                                cudaMemcpyDeviceToDevice, stream));
 }
 
 template <WeightFormat F>
@@ -154,7 +192,10 @@ size_t linear_dequant_scratch_min_bytes(const DeviceWeight& w) {
 }
 
 size_t linear_dequant_scratch_bytes(const DeviceWeight& w, const LinearCudaParams& p) {
-  if (w.format == WeightFormat::kDense || use_skinny(p)) return 0;
+  if (w.format == WeightFormat::kDense) {
+    return p.deterministic && p.n_tokens > 0 && p.n_tokens < kLinearFixedTokens ? fixed_tile_bytes(w, p) : 0;
+  }
+  if (use_skinny(p)) return 0;
   return static_cast<size_t>(std::min(w.n_out, kLinearDequantChunkRows) * w.n_in) * sizeof(__nv_bfloat16);
 }
 
@@ -168,6 +209,10 @@ void linear_cuda(const LinearCudaParams& p, const DeviceWeight& w, const __nv_bf
     case WeightFormat::kDense:
       BG_CHECK(p.path == LinearPath::kAuto, "linear_cuda: dense weights always use cuBLAS; path {} was requested",
                static_cast<int>(p.path));
+      if (p.deterministic) {
+        gemm_bf16_fixed_tiles(p, w, x, y, ctx, stream);
+        return;
+      }
       gemm_bf16(ctx, stream, static_cast<const __nv_bfloat16*>(w.data), w.n_out, w.n_in, x, p.n_tokens, y,
                 p.out_type == LinearOutType::kF32, w.n_out);
       return;

@@ -63,7 +63,15 @@ struct LinearCudaParams {
   int64_t n_tokens = 0;                       // rows of x and y; 0 launches nothing
   LinearOutType out_type = LinearOutType::kBf16;
   LinearPath path = LinearPath::kAuto;
+  // Batch invariance (--deterministic): a row's result must not depend on n_tokens. cuBLAS picks its kernel by the
+  // GEMM's shape, so every dense GEMM then runs on exactly kLinearFixedTokens rows (tiles of x; a last partial tile
+  // overlaps the one before it, and fewer rows than a tile are padded through the scratch), and FP8/MXFP4 weights
+  // always take the skinny kernel (its per-token arithmetic never depends on the other tokens).
+  bool deterministic = false;
 };
+
+// The token count of every dense GEMM under LinearCudaParams::deterministic.
+inline constexpr int64_t kLinearFixedTokens = 64;
 
 // Caller-owned resources. The cuBLAS handle belongs to the backend; the launcher only binds it to `stream` and to
 // the workspace below (cublasSetStream / cublasSetWorkspace) before each GEMM, so a captured graph never allocates.
@@ -71,7 +79,8 @@ struct LinearCudaContext {
   cublasHandle_t cublas = nullptr;   // required by the dense and dequant paths
   void* cublas_workspace = nullptr;  // >= kCublasWorkspaceBytes recommended (cuBLAS guidance for Hopper)
   size_t cublas_workspace_bytes = 0;
-  void* dequant_scratch = nullptr;   // bf16 rows for the dequant path, see linear_dequant_scratch_bytes
+  void* dequant_scratch = nullptr;   // bf16 rows for the dequant path, or the padded tile of a deterministic dense GEMM
+                                     // of fewer than kLinearFixedTokens rows; see linear_dequant_scratch_bytes
   size_t dequant_scratch_bytes = 0;
 };
 
@@ -83,7 +92,8 @@ inline constexpr int64_t kLinearDequantChunkRows = 4096;
 
 // Scratch bytes the dequant path wants for this weight and token count: 0 where it does not run (dense weights,
 // skinny path), else min(n_out, kLinearDequantChunkRows) rows of n_in bf16. A smaller scratch of at least
-// linear_dequant_scratch_min_bytes also works, in more chunks.
+// linear_dequant_scratch_min_bytes also works, in more chunks. A deterministic dense GEMM of fewer than
+// kLinearFixedTokens rows wants one padded tile of x and of y instead (exactly that size).
 size_t linear_dequant_scratch_bytes(const DeviceWeight& w, const LinearCudaParams& p);
 size_t linear_dequant_scratch_min_bytes(const DeviceWeight& w);
 

@@ -318,7 +318,13 @@ void mla_decode_cuda(const MlaDecodePlan& plan, const MlaDecodeTensors& x, const
   BG_CUBLAS_CHECK(cublasSetWorkspace(ctx.cublas, ctx.cublas_workspace, ctx.cublas_workspace_bytes));
   // 1. q_full[t, h, 0:512] = q_nope[t, h] · W_UK[h]. Column-major per head: C [512, n] (rows of q_full, ld H·576) =
   //    A [512, nope] (W_UK[h] [nope, 512] row-major, ld 512) · B [nope, n] (q_nope rows, ld H·qk).
-  run_gemm(ctx, {CUBLAS_OP_N, 512, n, nope, x.w_uk, 512, int64_t{nope} * 512, x.q, h * qk, qk, q_full, h * 576, 576, h});
+  // A per-token plan (--deterministic) runs each token's GEMM on its own (n = 1): cuBLAS picks its kernel by the
+  // shape, so a token's result must not depend on how many tokens share the step.
+  const int gemm_tokens = plan.per_token ? 1 : n;
+  for (int t0 = 0; t0 < n; t0 += gemm_tokens) {
+    run_gemm(ctx, {CUBLAS_OP_N, 512, gemm_tokens, nope, x.w_uk, 512, int64_t{nope} * 512, x.q + int64_t{t0} * h * qk,
+                   h * qk, qk, q_full + int64_t{t0} * h * 576, h * 576, 576, h});
+  }
 
   // 2. Schedule (CTA 0) and q_pe -> q_full[:, :, 512:576] (the other CTAs).
   const bool vec = aligned(x.q, 16) && nope % 8 == 0 && qk % 8 == 0;
@@ -353,8 +359,10 @@ void mla_decode_cuda(const MlaDecodePlan& plan, const MlaDecodeTensors& x, const
 
   // 5. out[t, h, :] = o_lat[t, h] · W_UV[h]ᵀ. Column-major per head: C [v, n] (ld H·v) = Aᵀ with A [512, v]
   //    (W_UV[h] [v, 512] row-major, ld 512) · B [512, n] (o_lat rows, ld H·512).
-  run_gemm(ctx, {CUBLAS_OP_T, v_dim, n, 512, x.w_uv, 512, int64_t{v_dim} * 512, o_lat, h * 512, 512, x.out, h * v_dim,
-                 v_dim, h});
+  for (int t0 = 0; t0 < n; t0 += gemm_tokens) {
+    run_gemm(ctx, {CUBLAS_OP_T, v_dim, gemm_tokens, 512, x.w_uv, 512, int64_t{v_dim} * 512, o_lat + int64_t{t0} * h * 512,
+                   h * 512, 512, x.out + int64_t{t0} * h * v_dim, h * v_dim, v_dim, h});
+  }
 }
 
 namespace mla_decode {
