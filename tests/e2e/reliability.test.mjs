@@ -1,7 +1,8 @@
 // Reliability of `batchgen serve` (tiny random Kimi-K3 on CPU) under the attacks and faults of issue 14: deep
 // nesting and chunked bodies (4xx, the server stays up), 500 idle connections + 200 slow senders while /health
 // answers fast and 16 streams complete, a second serve on the same port, kill -9 and SIGSTOP of the worker
-// (in-flight requests get an error, none hangs; serving resumes after the supervisor's restart), a sticky device
+// (in-flight requests get an error, none hangs; serving resumes after the supervisor's restart; the restarted worker
+// holds none of the server's TCP sockets), a sticky device
 // fault injected into a step (BG_TEST_DEVICE_FAULT_FILE: in-flight requests get a clear error, the worker exits with
 // the device-fault status and is restarted), SIGTERM under load (in-flight requests complete, then a clean exit).
 // Run by CTest (e2e_reliability) or:
@@ -9,7 +10,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import net from 'node:net';
 import http from 'node:http';
@@ -231,6 +232,31 @@ async function longRequests(n) {
   return outcomes;
 }
 
+// Inodes of the TCP sockets (listening and accepted) whose local port is the server's, from /proc/net/tcp{,6}.
+function serverSocketInodes() {
+  const inodes = new Set();
+  for (const file of ['/proc/net/tcp', '/proc/net/tcp6']) {
+    if (!existsSync(file)) continue;
+    for (const line of readFileSync(file, 'utf8').split('\n').slice(1)) {
+      const f = line.trim().split(/\s+/);
+      if (f.length > 9 && parseInt(f[1].split(':')[1], 16) === port && f[9] !== '0') inodes.add(f[9]);
+    }
+  }
+  return inodes;
+}
+
+// Inodes of the sockets process `pid` holds.
+function socketInodesOf(pid) {
+  const out = new Set();
+  for (const fd of readdirSync(`/proc/${pid}/fd`)) {
+    try {
+      const m = readlinkSync(`/proc/${pid}/fd/${fd}`).match(/^socket:\[(\d+)\]$/);
+      if (m) out.add(m[1]);
+    } catch { /* closed meanwhile */ }
+  }
+  return out;
+}
+
 async function settledWithin(promises, ms) {
   const timeout = sleep(ms).then(() => 'hung');
   return Promise.all(promises.map((p) => Promise.race([p, timeout])));
@@ -249,6 +275,12 @@ test('kill -9 of the worker: in-flight requests get an error, none hangs, and se
   assert.equal(await metric('batchgen_worker_restarts_total'), restartsBefore + 1);
   const ok = await client.completions.create({ model: MODEL, prompt: 'again', max_tokens: 4 });
   assert.equal(ok.choices.length, 1);
+  // The worker was forked while client connections were open: it holds none of the server's TCP sockets (neither
+  // the listening one nor an accepted one), or a connection the frontend closes would stay open in the worker.
+  const server = serverSocketInodes();
+  assert.ok(server.size >= 1, 'the listening socket is in /proc/net/tcp');
+  const leaked = [...socketInodesOf(workerPid())].filter((i) => server.has(i));
+  assert.deepEqual(leaked, [], 'the restarted worker holds sockets of the HTTP server');
 });
 
 test('SIGSTOP of the worker: /ready 503 within the heartbeat deadline, then a restart', async (t) => {
