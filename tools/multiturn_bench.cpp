@@ -36,6 +36,7 @@ std::unique_ptr<engine::Engine> make_engine(const MultiturnOptions& o, const Eng
   in.host_memory_bytes = static_cast<int64_t>(e.host_memory_gb * static_cast<double>(int64_t{1} << 30));
   in.prefix_cache = e.prefix_cache;
   in.snapshot_interval = o.snapshot_interval;
+  in.deterministic = o.deterministic;
   const sched::Plan plan = sched::make_plan(geo, in);
   log::info("bench-multiturn: {}", plan.describe());
   sched::SchedulerConfig sc;
@@ -45,12 +46,8 @@ std::unique_ptr<engine::Engine> make_engine(const MultiturnOptions& o, const Eng
   sc.max_queue = 1 << 20;
   sc.swap_quantum_steps = e.swap_quantum_steps;
   sc.deterministic = o.deterministic;
-  LoadOptions lo = plan.load_options();
-  lo.deterministic = o.deterministic;
-  kv::StatePlan sp = plan.state_plan();
-  if (o.deterministic) sp.resume_align_tokens = sp.snapshot_interval;  // as the worker: hits resume on the grid
   if (plan_out != nullptr) *plan_out = plan;
-  return std::make_unique<engine::Engine>(load_model(o.model_dir, lo), sp, sc);
+  return std::make_unique<engine::Engine>(load_model(o.model_dir, plan.load_options()), plan.state_plan(), sc);
 }
 
 proto::GenerateRequest greedy(const std::string& id, std::vector<int32_t> prompt, int64_t max_tokens) {

@@ -380,6 +380,7 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
                                       place.layout.tp());
   in.snapshot_interval = o.snapshot_interval;
   in.state_codec = kv::parse_state_codec(o.state_offload_dtype);
+  in.deterministic = o.deterministic;
   sched::Plan plan = sched::make_plan(geo, in);
   log::info("worker rank {}: {}", o.rank, plan.describe());
   std::shared_ptr<dist::RankContext> ranks;
@@ -415,10 +416,7 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
   lo.distributed_weight_config = o.distributed_weight_config;
   lo.resident_experts = o.resident_experts;
   lo.expert_trace = o.expert_trace;
-  lo.deterministic = o.deterministic;
-  kv::StatePlan sp = plan.state_plan();
-  if (o.deterministic) sp.resume_align_tokens = sp.snapshot_interval;  // hits resume on the scheduler's grid
-  auto engine = std::make_unique<Engine>(load_model(o.model_dir, lo), sp, sc);
+  auto engine = std::make_unique<Engine>(load_model(o.model_dir, lo), plan.state_plan(), sc);
   if (ranks) ranks->world->barrier();  // ready only once every rank has loaded
   return engine;
 }

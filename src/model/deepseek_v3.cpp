@@ -116,6 +116,7 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
     }
     layers_.push_back(std::move(L));
   }
+  pin_streamed_experts();
   embed_ = be.upload_view(w_.tensor(int(T::kEmbed)));
   final_norm_ = vec(T::kFinalNorm, -1);
   if (c_.tie_word_embeddings) {

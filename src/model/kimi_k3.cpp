@@ -99,6 +99,7 @@ KimiK3Model::KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_
   init_exchange(c_.n_experts, c_.n_experts_per_token, c_.latent_size);  // the routed experts run in the latent
   int64_t n_mla = 0, n_kda = 0;
   for (int64_t l = 0; l < c_.n_layers; ++l) load_layer(l, n_mla, n_kda);
+  pin_streamed_experts();
   auto vec = [&](T id) {
     std::vector<float> v = w_.tensor_f32(int(id));
     return be_->upload_f32(v, {static_cast<int64_t>(v.size())}, DType::kF32);

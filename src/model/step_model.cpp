@@ -79,6 +79,10 @@ moe::StreamedExperts StepModel::streamed_experts(const moe::ExpertResidency& res
   return out;
 }
 
+void StepModel::pin_streamed_experts() {
+  if (expert_stream_) expert_stream_->pin_host_bytes(backend());
+}
+
 Model::ExpertStreamCounters StepModel::expert_stream_counters() const {
   if (!expert_stream_) return {};
   const moe::ExpertStream::Stats& s = expert_stream_->stats();

@@ -54,6 +54,9 @@ class StepModel : public Model {
   // A MoE layer's streamed experts: this rank's non-resident ones with their host bytes (source(expert) -> gate, up,
   // down), through the model's pool of expert buffers (made on the first streamed layer, one layer's worth of
   // buffers). Empty when every expert is resident.
+  // Pins the host bytes of every streamed expert noted by streamed_experts (call once, after the last layer), so that
+  // the copies run at the DMA rate from the first step on.
+  void pin_streamed_experts();
   moe::StreamedExperts streamed_experts(const moe::ExpertResidency& residency, const moe::ExpertPlacement& placement,
                                         int64_t layer,
                                         const std::function<moe::ExpertSource(int32_t expert)>& source);

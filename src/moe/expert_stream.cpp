@@ -177,13 +177,14 @@ void ExpertStream::add_host_bytes(const ExpertSource& src) {
   }
 }
 
+void ExpertStream::pin_host_bytes(Backend& be) {
+  BG_CHECK(!pinned_, "internal: the expert pool's host bytes are pinned twice");
+  const std::vector<HostRegion> regions = page_aligned_regions(std::move(host_bytes_));
+  host_bytes_ = {};
+  pinned_ = be.pin_host_memory(regions);
+}
+
 void ExpertStream::stage(Backend& be, int64_t layer, ExpertTable& table, std::span<const int32_t> rows_per_slot) {
-  if (!pinned_once_) {
-    pinned_once_ = true;
-    const std::vector<HostRegion> regions = page_aligned_regions(std::move(host_bytes_));
-    host_bytes_ = {};
-    pinned_ = be.pin_host_memory(regions);
-  }
   ++epoch_;
   std::vector<uint64_t>& counts = counts_[layer];
   counts.resize(static_cast<size_t>(n_experts_), 0);

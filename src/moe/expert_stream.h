@@ -81,10 +81,12 @@ class ExpertStream {
   // any row reaches it).
   ExpertHandles placeholder() const;
 
-  // Notes the host bytes of a streamed expert. On the first stage() every noted range is pinned (page-aligned and
+  // Notes the host bytes of a streamed expert; pin_host_bytes then pins every noted range at once (page-aligned and
   // merged; CUDA: cudaHostRegister, read-only) so that the copies run at the DMA rate instead of through the
-  // driver's pageable staging; memory that is already pinned (a weight store) is left as it is.
+  // driver's pageable staging. Memory that is already pinned (a weight store) is left as it is. At load: pinning a
+  // real rank's streamed experts takes seconds, which must not land on the first request.
   void add_host_bytes(const ExpertSource& src);
+  void pin_host_bytes(Backend& be);
   // Makes every slot of `table` (MoE layer `layer`) with rows in `rows_per_slot` hold its expert: streamed experts
   // not in a buffer are copied in (ordered before the ops issued after this call) and their slots rewritten.
   void stage(Backend& be, int64_t layer, ExpertTable& table, std::span<const int32_t> rows_per_slot);
@@ -101,7 +103,6 @@ class ExpertStream {
 
   std::vector<Buffer> buffers_;
   std::vector<HostRegion> host_bytes_;  // noted by add_host_bytes until pinned
-  bool pinned_once_ = false;
   std::shared_ptr<void> pinned_;        // unpins when the pool goes
   std::map<std::pair<int64_t, int32_t>, size_t> where_;  // (layer, expert) -> buffer
   std::map<int64_t, std::vector<uint64_t>> counts_;

@@ -161,6 +161,7 @@ Plan make_plan(const ModelGeometry& geo, const PlannerInput& in, const MemoryPro
   check_host_tier(in, p.budget_bytes, probe);
   p.host_bytes = in.host_memory_bytes;
   p.prefix_cache = in.prefix_cache;
+  p.deterministic = in.deterministic;
   p.state_codec = in.state_codec;
   // Snapshots sit on block boundaries and KDA chunk boundaries.
   const int64_t unit = std::lcm(in.kv_block_size, geo.state.prefill_align_tokens);
@@ -216,6 +217,7 @@ int64_t Plan::pool_bytes(int64_t n_slots, int64_t n_blocks) const {
 LoadOptions Plan::load_options() const {
   LoadOptions o;
   o.device = device;
+  o.deterministic = deterministic;
   return o;
 }
 
@@ -228,6 +230,7 @@ kv::StatePlan Plan::state_plan() const {
   s.prefix_cache = prefix_cache;
   s.snapshot_interval = snapshot_interval;
   s.state_codec = state_codec;
+  if (deterministic) s.resume_align_tokens = s.snapshot_interval;
   return s;
 }
 

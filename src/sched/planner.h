@@ -52,6 +52,7 @@ struct PlannerInput {
   int64_t snapshot_interval = 0;         // tokens between KDA snapshots; 0: the default (kDefaultSnapshotInterval,
                                          // rounded up to a multiple of the KV block size)
   kv::StateCodec state_codec = kv::StateCodec::kF32;
+  bool deterministic = false;            // --deterministic: batch-invariant kernels, prefix hits on the prefill grid
 };
 
 inline constexpr int64_t kDefaultSnapshotInterval = 512;
@@ -78,14 +79,17 @@ struct Plan {
   bool prefix_cache = true;
   int64_t snapshot_interval = 0;
   kv::StateCodec state_codec = kv::StateCodec::kF32;
+  bool deterministic = false;
 
   // Bytes of pools holding n_slots state slots and n_blocks KV blocks for sequences, padding included.
   int64_t pool_bytes(int64_t n_slots, int64_t n_blocks) const;
   int64_t kv_bytes() const { return pool_bytes(0, kv_blocks); }
   int64_t state_bytes() const { return pool_bytes(state_slots, 0) - pool_bytes(0, 0); }
   int64_t weight_bytes = 0;              // this rank's weights (from the geometry)
-  LoadOptions load_options() const;
-  kv::StatePlan state_plan() const;      // what the engine's kv::StateManager is built with
+  LoadOptions load_options() const;      // device, deterministic
+  // What the engine's kv::StateManager is built with; deterministic: prefix hits resume at multiples of the snapshot
+  // interval, where the uncached prefill also cut (StatePlan::resume_align_tokens).
+  kv::StatePlan state_plan() const;
   std::string describe() const;          // one log line
   // KV blocks for running sequences (kv_blocks less the prefix cache's own room).
   int64_t running_kv_blocks() const { return kv_blocks - cache_blocks; }

@@ -241,6 +241,23 @@ TEST(Planner, HostTierAndSnapshotInterval) {
       << error_of([&] { make_plan(g, in, ram); });
 }
 
+// --deterministic travels with the plan: the model loads batch-invariant kernels, and prefix hits resume only at
+// snapshot boundaries (where the uncached prefill also cut); without it a hit resumes at any token.
+TEST(Planner, DeterministicReachesTheLoadOptionsAndTheStatePlan) {
+  TempDir tmp;
+  ModelGeometry g = tiny_k3_geometry(tmp);
+  PlannerInput in;
+  in.kv_cache_memory_bytes = 10 << 20;
+  Plan p = make_plan(g, in);
+  EXPECT_FALSE(p.load_options().deterministic);
+  EXPECT_EQ(p.state_plan().resume_align_tokens, 1);
+  in.deterministic = true;
+  p = make_plan(g, in);
+  EXPECT_TRUE(p.load_options().deterministic);
+  EXPECT_EQ(p.state_plan().resume_align_tokens, p.snapshot_interval);
+  EXPECT_EQ(p.snapshot_interval, 512);
+}
+
 TEST(Planner, PlanMatchesThePoolsTheModelAllocates) {
   TempDir tmp;
   write_random_checkpoint(tiny_k3(tmp / "model"));
