@@ -2,7 +2,8 @@
 # Served decode throughput on the K3 ep16-rank slice (issue 9's serving figure), on the GPU machine from a carried
 # bundle: writes the slice once (kept in $BG_BENCH_MODEL), serves it on CUDA and runs ../shared/tools/load.py (copied into the bundle; 64
 # concurrent streamed completions of 64-token prompts, 64 new tokens each; greedy). Output in $OUT/load.txt.
-#   scripts/gpu-load-check.sh [BUNDLE] [CONCURRENCY] [MAX_TOKENS]
+#   scripts/gpu-load-check.sh [BUNDLE] [CONCURRENCY] [MAX_TOKENS]     (BG_SERVE_ARGS: more serve options; BG_LOAD_TAG:
+#                                                                      suffix of the output files)
 set -u
 BUNDLE=${1:-.gpu}
 CONC=${2:-64}
@@ -18,10 +19,11 @@ if [[ ! -f "$MODEL/model.safetensors.index.json" ]]; then
   "$BUNDLE/batchgen" make-random --arch kimi_k3 --preset ep16-rank --out "$MODEL" --force 2> "$OUT/make-random-ep16.log"
 fi
 "$BUNDLE/batchgen" serve "$MODEL" --device cuda --port "$PORT" --served-model-name k3 --max-num-seqs "$CONC" \
-  --max-model-len 1024 > "$OUT/serve-load.log" 2>&1 &
+  --max-model-len 1024 ${BG_SERVE_ARGS:-} > "$OUT/serve-load${BG_LOAD_TAG:-}.log" 2>&1 &
 server=$!
 for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null && break; sleep 0.5; done
-python3 "$LOAD" "$PORT" "$CONC" "$MAXT" > "$OUT/load.txt" 2>&1
-echo "rc=$?" >> "$OUT/load.txt"
+LOG="$OUT/load${BG_LOAD_TAG:-}.txt"
+python3 "$LOAD" "$PORT" "$CONC" "$MAXT" > "$LOG" 2>&1
+echo "rc=$?" >> "$LOG"
 kill "$server"; wait "$server" 2> /dev/null
-tail -1 "$OUT/load.txt"; tail -2 "$OUT/load.txt" | head -1
+tail -1 "$LOG"; tail -2 "$LOG" | head -1

@@ -27,7 +27,7 @@ void register_worker(CLI::App& app) {
   cmd->add_option("--max-model-len", o->max_model_len,
                   "Prompt + completion tokens per request (default: the model's context capped by memory)");
   cmd->add_option("--chunked-prefill-size", o->chunked_prefill_size,
-                  "Tokens per step: decodes first, then prefill chunks (default 512)");
+                  "Tokens per step: decodes first, then prefill chunks (default 2048)");
   cmd->add_option("--max-queue", o->max_queue, "Requests waiting beyond the free running places before new ones are "
                   "rejected with 503 (default 1024; 0: only what can start now)");
   cmd->add_option("--kv-block-size", o->kv_block_size, "Tokens per KV cache block (default 64)");
@@ -40,6 +40,9 @@ void register_worker(CLI::App& app) {
   add_expert_residency_options(cmd, o->resident_experts, o->expert_trace);
   cmd->add_flag("--no-prefix-cache", [o](int64_t) { o->prefix_cache = false; },
                "Do not reuse KV / state of earlier requests that share a prefix (default: on)");
+  cmd->add_flag("--no-warmup", [o](int64_t) { o->warmup = false; },
+               "cuda: report ready without running dummy requests first (default: a prefill and every decode graph "
+               "bucket are run before ready)");
   cmd->add_flag("--deterministic", o->deterministic, "Batch-invariant results: fixed kernel choices and prefill "
                "cut points whatever else runs (docs/DETERMINISM.md)");
   cmd->add_option("--prefix-snapshot-interval", o->snapshot_interval, "Tokens between KDA state snapshots in the "

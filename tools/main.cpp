@@ -1,5 +1,6 @@
 // batchgen CLI entry point: subcommands are registered by tools/cmd_*.cpp; parse errors come with suggestions.
 #include <CLI/CLI.hpp>
+#include <spdlog/cfg/env.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <iostream>
@@ -12,6 +13,7 @@
 int main(int argc, char** argv) {
   // Logs go to stderr so stdout carries only results (generated ids, text, JSON).
   spdlog::set_default_logger(spdlog::stderr_color_mt("batchgen"));
+  spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug: also the debug lines (e.g. the engine's per-step timing)
   CLI::App app{"batchgen: a serving engine for Kimi-K3 and DeepSeek-V3-family MoE models"};
   app.require_subcommand(1);
   app.set_version_flag("--version", bg::tools::version_text(), "Print the version, git commit, CUDA and NCCL "

@@ -2,6 +2,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <random>
 
 #include "core/device_fault.h"
@@ -41,13 +42,60 @@ bool Engine::step() {
     }
     return false;
   }
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<Outcome> outcomes = execute(plan);  // one forward_batch_sample: the step and its sampling
+  const auto t1 = std::chrono::steady_clock::now();
   apply_samples(plan, outcomes);                  // a token for each chunk that ends its request's input
   postprocess(plan, outcomes);                    // events; finished and failed requests free their sequences
+  if (spdlog::should_log(spdlog::level::debug)) {
+    const auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    int64_t n_decode = 0;
+    for (const sched::Chunk& c : plan.chunks) n_decode += c.n_tokens == 1 && c.start > 0 ? 1 : 0;
+    log::debug("engine: step {}: {} chunks ({} single-token), {} tokens, forward+sample {:.2f} ms, after {:.2f} ms",
+               stats_.steps_total, plan.chunks.size(), n_decode, plan.n_tokens, ms(t0, t1),
+               ms(t1, std::chrono::steady_clock::now()));
+  }
   ++stats_.steps_total;
   stats_.last_batch_size = static_cast<int64_t>(plan.chunks.size());
   stats_.last_batch_tokens = plan.n_tokens;
   return true;
+}
+
+int64_t Engine::warm_up() {
+  BG_CHECK(!model_->collective(), "engine: warm-up runs on a single rank only");
+  const sched::SchedulerConfig& cfg = scheduler_.config();
+  const int64_t vocab = model_->info().vocab_size;
+  int64_t steps = 0, round = 0;
+  auto run = [&](int64_t n_requests, int64_t prompt_len, int64_t max_tokens) {
+    for (int64_t k = 0; k < n_requests; ++k) {
+      proto::GenerateRequest r;
+      r.id = fmt::format("warmup-{}-{}", round, k);
+      r.prompt.resize(static_cast<size_t>(prompt_len));
+      for (int64_t i = 0; i < prompt_len; ++i) {
+        r.prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7 + 1) % vocab);
+      }
+      r.params.temperature = 0.0f;
+      r.params.max_tokens = max_tokens;
+      submit(std::move(r));
+    }
+    while (has_work() && step()) ++steps;
+    for (const proto::TokenEvent& e : take_events()) {
+      BG_CHECK(e.finish_reason != "error", "engine: warm-up request {} failed: {}", e.id, e.error);
+    }
+    ++round;
+  };
+  const int64_t block = state_.plan().kv_block_tokens;
+  const int64_t longest = cfg.max_model_len - 2;  // room for the generated tokens
+  if (longest < 1) return 0;
+  // Prefill: requests of the longest prompt a step holds, enough to fill one step.
+  const int64_t prefill = std::min(cfg.chunked_prefill_size, longest);
+  run(std::min((cfg.chunked_prefill_size + prefill - 1) / prefill, cfg.max_num_seqs), prefill, 1);
+  for (int64_t b = 1;; b = std::min(b * 2, cfg.max_num_seqs)) {
+    run(b, std::min(block + 1, longest), 2);
+    if (b == cfg.max_num_seqs) break;
+  }
+  stats_ = EngineStats{};
+  return steps;
 }
 
 // Each chunk that ends its request's input gets a sampling row, its uniform drawn now from the request's own

@@ -260,6 +260,7 @@ void Worker::handle(const zmq::message_t& frame) {
     return;
   }
   if (m.type == "generate") {
+    log::debug("worker rank {}: a generate request arrived", o_.rank);
     on_generate(m);
   } else if (m.type == "cancel") {
     try {
@@ -417,6 +418,14 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
   lo.resident_experts = o.resident_experts;
   lo.expert_trace = o.expert_trace;
   auto engine = std::make_unique<Engine>(load_model(o.model_dir, lo), plan.state_plan(), sc);
+  if (o.warmup && o.device == "cuda" && !ranks) {
+    if (on_phase) on_phase("warming up");
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t steps = engine->warm_up();
+    log::info("worker rank {}: warmed up in {:.2f} s ({} steps: a {}-token prefill step, then decode graphs of 1 to "
+              "{} sequences)", o.rank, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+              steps, sc.chunked_prefill_size, sc.max_num_seqs);
+  }
   if (ranks) ranks->world->barrier();  // ready only once every rank has loaded
   return engine;
 }

@@ -24,12 +24,13 @@ struct WorkerOptions {
   std::string device = "cpu";             // --device cpu|cuda
   int64_t max_num_seqs = 0;               // --max-num-seqs (0: planner default, 16 on cpu, 256 on cuda)
   int64_t max_model_len = 0;              // --max-model-len (0: the model's context capped by memory)
-  int64_t chunked_prefill_size = 512;     // --chunked-prefill-size: tokens per step
+  int64_t chunked_prefill_size = 2048;    // --chunked-prefill-size: tokens per step
   int64_t max_queue = 1024;               // --max-queue: waiting requests (beyond free running places) before 503
   int64_t kv_block_size = 64;             // --kv-block-size: tokens per KV block
   int64_t kv_cache_memory_bytes = 0;      // --kv-cache-memory-bytes (0: from the device's memory)
   double gpu_memory_utilization = 0.9;    // --gpu-memory-utilization
   bool prefix_cache = true;               // --no-prefix-cache turns it off
+  bool warmup = true;                     // --no-warmup: no dummy requests before "ready" (cuda, one rank)
   int64_t snapshot_interval = 0;          // --prefix-snapshot-interval (0: the planner's default)
   bool deterministic = false;             // --deterministic: batch-invariant kernels and prefill cut points
   double host_memory_gb = 0.0;            // --host-memory-gb: the host tier (0: none)

@@ -1,7 +1,8 @@
-// CUDA sampling against the CPU reference: argmax (ties to the lowest index, -0 == +0, all -inf, NaN rows), and
+// sample_rows_cuda against the CPU reference: greedy (ties to the lowest index, -0 == +0, NaN / Inf rows), and
 // temperature / top-k / top-p sampling that must pick exactly the CPU's id for the same uniform u, over vocabularies up
 // to Kimi's 163840 and ragged row counts, with per-row parameters (greedy rows mixed in), distinct logits, heavily
-// tied logits, and rows the CPU would reject (-1). Runs twice to check determinism.
+// tied logits (bins too large for shared memory: the radix fallback), very negative logits, and rows the CPU would
+// reject (-1). Runs twice to check determinism, and once more inside a larger batch to check batch invariance.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,13 +34,27 @@ void fill_distinct(float* row, int64_t vocab, float spread, std::mt19937_64& rng
   }
 }
 
+// The ids of sample_rows_cuda for row r = (params[r], u[r]) over logits row r; extra_rows other rows (greedy, copies of
+// row 0) run in the same batch after them.
 std::vector<int32_t> run_sample(const SamplingBatch& b, const std::vector<SamplingParams>& params,
-                                const std::vector<float>& logits, const std::vector<double>& u) {
-  const cuda::DeviceBuffer d_p = cuda::upload(params), d_l = cuda::upload(logits), d_u = cuda::upload(u);
-  cuda::DeviceBuffer ids = poisoned(static_cast<size_t>(b.n_rows) * 4);
-  ops::sample_cuda(b, d_p.as<SamplingParams>(), d_l.as<float>(), d_u.as<double>(), ids.as<int32_t>(), nullptr);
+                                const std::vector<float>& logits, const std::vector<double>& u, int64_t extra_rows = 0) {
+  std::vector<ops::RowSampling> rows;
+  for (int64_t r = 0; r < b.n_rows; ++r) {
+    rows.push_back({params[static_cast<size_t>(r)], u[static_cast<size_t>(r)], static_cast<int32_t>(r), -1});
+  }
+  for (int64_t r = 0; r < extra_rows; ++r) rows.push_back({{0.0f, 0, 1.0f}, 0.0, 0, -1});
+  const SamplingBatch all{static_cast<int64_t>(rows.size()), b.vocab};
+  const cuda::DeviceBuffer d_rows = cuda::upload(rows), d_l = cuda::upload(logits);
+  cuda::DeviceBuffer out = poisoned(rows.size() * sizeof(ops::RowSample));
+  const size_t scratch = ops::sample_rows_workspace_bytes(all);
+  cuda::DeviceBuffer ws = poisoned(std::max<size_t>(scratch, 1));
+  ops::sample_rows_cuda(all, d_rows.as<ops::RowSampling>(), d_l.as<float>(), out.as<ops::RowSample>(), ws.data(),
+                        scratch, nullptr);
   sync_device();
-  return cuda::download<int32_t>(ids, static_cast<size_t>(b.n_rows));
+  const std::vector<ops::RowSample> got = cuda::download<ops::RowSample>(out, rows.size());
+  std::vector<int32_t> ids;
+  for (int64_t r = 0; r < b.n_rows; ++r) ids.push_back(got[static_cast<size_t>(r)].token);
+  return ids;
 }
 
 const std::vector<SamplingParams> kParamSets = {
@@ -73,6 +88,7 @@ std::vector<int32_t> expect_same_choices(int64_t n_rows, int64_t vocab, const st
   }
   EXPECT_EQ(n_mismatch, 0) << "vocab " << vocab << " rows " << n_rows;
   EXPECT_EQ(run_sample(b, params, logits, u), got) << "not deterministic";
+  EXPECT_EQ(run_sample(b, params, logits, u, 300), got) << "not batch invariant";
   return got;
 }
 
@@ -105,32 +121,61 @@ TEST(SamplingParity, SameChoiceAsCpuNormalAndTiedLogits) {
     if (tied[i] == 0.0f) tied[i] = -0.0f;
   }
   expect_same_choices(64, 500, tied, 84);
-  // -inf logits are never chosen (zero mass) but count for top-k.
-  std::vector<float> with_inf = random_floats(static_cast<size_t>(24 * 300), 1.0f, 85);
-  for (size_t i = 0; i < with_inf.size(); i += 3) with_inf[i] = -kInf;
-  const std::vector<int32_t> ids = expect_same_choices(24, 300, with_inf, 86);
-  for (size_t r = 0; r < ids.size(); ++r) EXPECT_NE(with_inf[r * 300 + static_cast<size_t>(ids[r])], -kInf) << r;
+  // Logits far below the rest (zero mass) are never chosen but count for top-k.
+  std::vector<float> far = random_floats(static_cast<size_t>(24 * 300), 1.0f, 85);
+  for (size_t i = 0; i < far.size(); i += 3) far[i] = -1e30f;
+  const std::vector<int32_t> ids = expect_same_choices(24, 300, far, 86);
+  for (size_t r = 0; r < ids.size(); ++r) EXPECT_NE(far[r * 300 + static_cast<size_t>(ids[r])], -1e30f) << r;
+  // One value over a whole Kimi-size row, and two values: bins of more candidates than shared memory holds.
+  std::vector<float> flat(static_cast<size_t>(12 * 163840), 0.5f);
+  for (size_t i = 163840 * 6; i < flat.size(); i += 2) flat[i] = 1.25f;
+  expect_same_choices(12, 163840, flat, 87);
 }
 
 TEST(SamplingParity, RejectedRowsGiveMinusOne) {
   BG_REQUIRE_GPU();
   const int64_t vocab = 100;
-  std::vector<float> logits = random_floats(static_cast<size_t>(6 * vocab), 1.0f, 87);
-  logits[4 * vocab + 17] = std::numeric_limits<float>::quiet_NaN();  // row 4: NaN (sampled)
-  logits[5 * vocab + 3] = std::numeric_limits<float>::quiet_NaN();   // row 5: NaN (greedy)
-  const std::vector<SamplingParams> params = {{1.0f, 0, 0.0f}, {1.0f, -1, 1.0f}, {1.0f, 0, 1.0f},
-                                              {1.0f, 0, 0.9f}, {1.0f, 0, 1.0f},  {0.0f, 0, 1.0f}};
-  const std::vector<double> u = {0.5, 0.5, 1.0, 0.25, 0.5, 0.5};
-  const std::vector<int32_t> ids = run_sample({6, vocab}, params, logits, u);
+  std::vector<float> logits = random_floats(static_cast<size_t>(4 * vocab), 1.0f, 87);
+  // Parameters the CPU rejects (the engine checks them first; the kernel still never samples from them).
+  const std::vector<SamplingParams> params = {{1.0f, 0, 0.0f}, {1.0f, -1, 1.0f}, {1.0f, 0, 1.0f}, {1.0f, 0, 0.9f}};
+  const std::vector<double> u = {0.5, 0.5, 1.0, 0.25};
+  const std::vector<int32_t> ids = run_sample({4, vocab}, params, logits, u);
   EXPECT_EQ(ids[0], -1);  // top_p 0
   EXPECT_EQ(ids[1], -1);  // top_k < 0
   EXPECT_EQ(ids[2], -1);  // u = 1
   EXPECT_EQ(ids[3], ops::sample_token_with_uniform(params[3], logits.data() + 3 * vocab, vocab, 0.25));
-  EXPECT_EQ(ids[4], -1);
-  EXPECT_EQ(ids[5], -1);
 }
 
-TEST(SamplingParity, ArgmaxMatchesCpu) {
+TEST(SamplingParity, NonFiniteRowsGiveNoToken) {
+  BG_REQUIRE_GPU();
+  const int64_t vocab = 163840;
+  std::vector<float> logits = random_floats(static_cast<size_t>(4 * vocab), 1.0f, 88);
+  logits[static_cast<size_t>(0 * vocab + 17)] = std::numeric_limits<float>::quiet_NaN();
+  logits[static_cast<size_t>(1 * vocab + vocab - 1)] = kInf;
+  logits[static_cast<size_t>(2 * vocab + 5)] = -kInf;
+  std::vector<ops::RowSampling> rows;
+  for (int32_t r = 0; r < 4; ++r) {
+    rows.push_back({{1.0f, 0, 0.95f}, 0.5, r, 5});
+    rows.push_back({{0.0f, 0, 1.0f}, 0.0, r, -1});
+  }
+  const cuda::DeviceBuffer d_rows = cuda::upload(rows), d_l = cuda::upload(logits);
+  cuda::DeviceBuffer out = poisoned(rows.size() * sizeof(ops::RowSample));
+  const size_t scratch = ops::sample_rows_workspace_bytes({8, vocab});
+  cuda::DeviceBuffer ws = poisoned(scratch);
+  ops::sample_rows_cuda({8, vocab}, d_rows.as<ops::RowSampling>(), d_l.as<float>(), out.as<ops::RowSample>(),
+                        ws.data(), scratch, nullptr);
+  sync_device();
+  const std::vector<ops::RowSample> got = cuda::download<ops::RowSample>(out, rows.size());
+  std::vector<ops::RowSample> want(rows.size());
+  ops::sample_rows_cpu(rows, logits.data(), 4, vocab, want);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(got[i].finite, want[i].finite) << i;
+    EXPECT_EQ(got[i].token, want[i].token) << i;
+    EXPECT_EQ(got[i].finite, i >= 6) << i;  // rows 0..2 hold a NaN, +Inf, -Inf
+  }
+}
+
+TEST(SamplingParity, GreedyMatchesCpu) {
   BG_REQUIRE_GPU();
   for (int64_t vocab : {163840, 129280, 1000, 7, 1}) {
     for (int64_t n_rows : {1, 3, 17, 128}) {
@@ -144,39 +189,53 @@ TEST(SamplingParity, ArgmaxMatchesCpu) {
           const int64_t a = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
           const int64_t b = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
           row[a] = row[b] = 50.0f;
-        } else if (r % 3 == 2) {  // -0 and +0 tie as the maximum; all -inf elsewhere in part of the row
-          std::fill(row, row + vocab, -kInf);
+        } else if (r % 3 == 2) {  // -0 and +0 tie as the maximum; the lowest float elsewhere in part of the row
+          std::fill(row, row + vocab, std::numeric_limits<float>::lowest());
           row[vocab - 1] = -0.0f;
           row[vocab / 2] = 0.0f;
         }
       }
-      const cuda::DeviceBuffer d_l = cuda::upload(logits);
-      cuda::DeviceBuffer ids = poisoned(static_cast<size_t>(n_rows) * 4);
-      ops::argmax_cuda({n_rows, vocab}, d_l.as<float>(), ids.as<int32_t>(), nullptr);
-      sync_device();
-      const std::vector<int32_t> got = cuda::download<int32_t>(ids, static_cast<size_t>(n_rows));
+      const std::vector<SamplingParams> greedy(static_cast<size_t>(n_rows), SamplingParams{});
+      const std::vector<double> u(static_cast<size_t>(n_rows), 0.0);
+      const std::vector<int32_t> got = run_sample({n_rows, vocab}, greedy, logits, u);
       for (int64_t r = 0; r < n_rows; ++r) {
         ASSERT_EQ(got[static_cast<size_t>(r)], ops::argmax(logits.data() + r * vocab, vocab)) << "row " << r;
       }
     }
   }
-  // An all -inf row gives index 0 (as the CPU); a NaN row gives -1.
-  std::vector<float> rows(20, -kInf);
-  rows[13] = std::numeric_limits<float>::quiet_NaN();
-  const cuda::DeviceBuffer d_l = cuda::upload(rows);
-  cuda::DeviceBuffer ids = poisoned(8);
-  ops::argmax_cuda({2, 10}, d_l.as<float>(), ids.as<int32_t>(), nullptr);
-  sync_device();
-  EXPECT_EQ(cuda::download<int32_t>(ids, 2), (std::vector<int32_t>{0, -1}));
 }
 
 TEST(SamplingParity, RejectsBadBatches) {
   BG_REQUIRE_GPU();
   cuda::DeviceBuffer b(64);
-  EXPECT_THROW(ops::argmax_cuda({1, 0}, b.as<float>(), b.as<int32_t>(), nullptr), Error);
-  EXPECT_THROW(ops::argmax_cuda({1, ops::kSamplingMaxVocab + 1}, b.as<float>(), b.as<int32_t>(), nullptr), Error);
-  EXPECT_THROW(ops::sample_cuda({1, 8}, nullptr, b.as<float>(), b.as<double>(), b.as<int32_t>(), nullptr), Error);
-  EXPECT_NO_THROW(ops::sample_cuda({0, 8}, nullptr, nullptr, nullptr, nullptr, nullptr));
+  EXPECT_THROW(ops::sample_rows_workspace_bytes({1, 0}), Error);
+  EXPECT_THROW(ops::sample_rows_workspace_bytes({1, ops::kSamplingMaxVocab + 1}), Error);
+  EXPECT_THROW(ops::sample_rows_cuda({1, 8}, nullptr, b.as<float>(), b.as<ops::RowSample>(), b.data(), 64, nullptr),
+               Error);
+  // A workspace smaller than the batch needs.
+  EXPECT_THROW(ops::sample_rows_cuda({4, 163840}, b.as<ops::RowSampling>(), b.as<float>(), b.as<ops::RowSample>(),
+                                     b.data(), 64, nullptr),
+               Error);
+  EXPECT_NO_THROW(ops::sample_rows_cuda({0, 8}, nullptr, nullptr, nullptr, nullptr, 0, nullptr));
+}
+
+// For profiling (ncu -k regex:row_): one sample_rows_cuda at B = 1, 16 and 64 of top_p 0.95 rows over 163840 Normal(0,
+// 6) logits; nothing asserted beyond the launches succeeding.
+TEST(SamplingParity, DISABLED_ProfileOnce) {
+  BG_REQUIRE_GPU();
+  const int64_t vocab = 163840;
+  for (int64_t b : {1, 16, 64}) {
+    std::vector<float> logits = random_floats(static_cast<size_t>(b * vocab), 6.0f, 89);
+    std::vector<ops::RowSampling> rows;
+    for (int32_t r = 0; r < b; ++r) rows.push_back({{1.0f, 0, 0.95f}, (r + 1.0) / static_cast<double>(b + 2), r, -1});
+    const cuda::DeviceBuffer d_rows = cuda::upload(rows), d_l = cuda::upload(logits);
+    cuda::DeviceBuffer out(rows.size() * sizeof(ops::RowSample));
+    const size_t scratch = ops::sample_rows_workspace_bytes({b, vocab});
+    cuda::DeviceBuffer ws(scratch);
+    ops::sample_rows_cuda({b, vocab}, d_rows.as<ops::RowSampling>(), d_l.as<float>(), out.as<ops::RowSample>(),
+                          ws.data(), scratch, nullptr);
+    sync_device();
+  }
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 // same tokens, a failing request isolated from its batch, rejections, cancellation and status.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <set>
 #include <numeric>
 
 #include "engine/engine.h"
@@ -215,7 +217,6 @@ TEST(Engine, StopTokensEosLogprobsAndCounters) {
   EXPECT_EQ(h.engine.stats().generation_tokens_total, static_cast<int64_t>(r.tokens.size()));
   EXPECT_EQ(h.engine.stats().prompt_tokens_total, 4);
 }
-
 }  // namespace
 }  // namespace bg::engine
 
@@ -240,6 +241,32 @@ TEST(Engine, FailAllEndsEveryRequestWithTheGivenStatus) {
       EXPECT_NE(r.error.find("rank 1 exited"), std::string::npos);
     }
   }
+}
+
+TEST(Engine, WarmUpRunsEveryDecodeBucketAndLeavesNoTrace) {
+  Harness h;  // max_num_seqs 4, max_model_len 256, 64 tokens per step
+  const int64_t steps = h.engine.warm_up();
+  EXPECT_GT(steps, 0);
+  EXPECT_FALSE(h.engine.has_work());
+  EXPECT_TRUE(h.engine.take_events().empty());
+  EXPECT_EQ(h.engine.stats().steps_total, 0);
+  EXPECT_EQ(h.engine.stats().generation_tokens_total, 0);
+  EXPECT_EQ(static_cast<int64_t>(h.model->batches.size()), steps);
+  // A whole step of prefill first, then decode steps of 1, 2 and 4 sequences (the graph buckets up to max_num_seqs).
+  EXPECT_EQ(std::accumulate(h.model->batches[0].begin(), h.model->batches[0].end(), int64_t{0}), 64);
+  std::set<size_t> decode_batches;
+  for (const std::vector<int64_t>& b : h.model->batches) {
+    if (std::all_of(b.begin(), b.end(), [](int64_t n) { return n == 1; })) decode_batches.insert(b.size());
+  }
+  EXPECT_EQ(decode_batches, (std::set<size_t>{1, 2, 4}));
+  // A request afterwards gets the tokens it gets on a fresh engine.
+  Harness fresh;
+  for (Harness* e : {&h, &fresh}) {
+    e->engine.submit(request("a", 5, 40, 8));
+    e->run_to_end();
+  }
+  EXPECT_EQ(h.results["a"].tokens, fresh.results["a"].tokens);
+  EXPECT_EQ(h.results["a"].tokens.size(), 8u);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// StepSampler: pinned staging, one upload of the rows, sample_rows_cuda, one download of flags + results.
+// StepSampler: pinned staging, one upload of the rows, sample_rows_cuda (with its device workspace), one download of
+// flags + results.
 #include "backend/cuda/step_sampler.h"
 
 #include <algorithm>
@@ -48,8 +49,11 @@ int32_t StepSampler::run(const Tensor& logits, std::span<const ops::RowSampling>
   }
   std::byte* dev_flags = dev + results_offset();
   auto* dev_results = reinterpret_cast<ops::RowSample*>(dev_flags + kFlagsBytes);
-  ops::sample_rows_cuda({static_cast<int64_t>(rows.size()), logits.cols()}, reinterpret_cast<ops::RowSampling*>(dev),
-                        logits.as<float>(), dev_results, stream);
+  const ops::SamplingBatch batch{static_cast<int64_t>(rows.size()), logits.cols()};
+  const size_t scratch = ops::sample_rows_workspace_bytes(batch);
+  if (scratch > workspace_.bytes()) workspace_ = DeviceBuffer(std::max(scratch, workspace_.bytes() * 2));
+  ops::sample_rows_cuda(batch, reinterpret_cast<ops::RowSampling*>(dev), logits.as<float>(), dev_results,
+                        workspace_.data(), workspace_.bytes(), stream);
   BG_CUDA_CHECK(cudaMemcpyAsync(dev_flags, device_errors, sizeof(int32_t), cudaMemcpyDeviceToDevice, stream));
   const size_t out_bytes = kFlagsBytes + rows.size() * sizeof(ops::RowSample);
   std::byte* host_flags = host_ + results_offset();

@@ -246,8 +246,9 @@ void register_embedding_and_sampling(KernelRegistry& r, int64_t b) {
   };
   r.add(e);
   // The engine's step kernel (sample_rows_cuda, what CudaBackend::sample_rows launches): one RowSampling per row.
-  // Bytes: one read of the logits (the minimum; the top_p selects re-read the rows from L2). FLOPs: nominal
-  // operations per logit (greedy 1; top_p 4: the exp of the mass sums and selects; logprobs 2 more).
+  // Bytes: one read of the logits (the minimum; the statistics, histogram and gather passes re-read the rows from L2).
+  // FLOPs: nominal operations per logit (greedy 1; top_p 4: the exp of the mass histogram and the cuts; logprobs 2
+  // more).
   const double logits = d(b * kVocab) * 4;
   auto step_case = [b, logits](const char* name, ops::SamplingParams params, int32_t n_top, double ops_per_logit) {
     return small_case(name, b, logits, {logits, ops_per_logit * d(b * kVocab)}, [=](CaseMemory& m) {
@@ -258,11 +259,15 @@ void register_embedding_and_sampling(KernelRegistry& r, int64_t b) {
       }
       const ops::RowSampling* d_rows = m.upload(rows);
       auto* out = static_cast<ops::RowSample*>(m.zeros(z(b) * sizeof(ops::RowSample)));
-      return SetLaunch([=](cudaStream_t s) { ops::sample_rows_cuda({b, kVocab}, d_rows, x, out, s); });
+      const size_t scratch_bytes = ops::sample_rows_workspace_bytes({b, kVocab});
+      void* scratch = m.zeros(scratch_bytes);
+      return SetLaunch(
+          [=](cudaStream_t s) { ops::sample_rows_cuda({b, kVocab}, d_rows, x, out, scratch, scratch_bytes, s); });
     });
   };
   r.add(step_case("sampling_top_p_decode", {1.0f, 0, 0.95f}, -1, 4));
   r.add(step_case("sampling_top_p_logprobs_decode", {1.0f, 0, 0.95f}, 20, 6));
+  r.add(step_case("sampling_top_k_top_p_decode", {0.7f, 50, 0.9f}, -1, 4));
   r.add(step_case("sampling_greedy_decode", {0.0f, 0, 1.0f}, -1, 1));
 }
 

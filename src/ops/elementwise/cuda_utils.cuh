@@ -25,6 +25,10 @@ struct MaxOp {
   template <typename T>
   __device__ __forceinline__ T operator()(T a, T b) const { return a > b ? a : b; }
 };
+struct MinOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a < b ? a : b; }
+};
 
 // Butterfly reduction over the 32 lanes; every lane gets the result (same order on every lane and every run).
 template <typename T, typename Op>

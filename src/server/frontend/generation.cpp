@@ -80,6 +80,8 @@ Generation::Generation(ServingContext& ctx, GenerationInput in, std::string id, 
   req.prompt = std::move(in.prompt);
   events_ = ctx.link.submit(req);
   ctx.metrics.add_in_flight(1);
+  log::debug("frontend: {} submitted ({} prompt tokens, {:.2f} ms after its request arrived)", id_, prompt_len_,
+             std::chrono::duration<double, std::milli>(Clock::now() - arrival_).count());
 }
 
 Generation::~Generation() {

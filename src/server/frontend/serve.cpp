@@ -142,6 +142,7 @@ std::vector<std::string> worker_command(const ServeOptions& opt, const std::stri
   add("--prefix-snapshot-interval", opt.prefix_snapshot_interval);
   add("--swap-quantum-steps", opt.swap_quantum_steps);
   if (!opt.prefix_cache) argv.push_back("--no-prefix-cache");
+  if (!opt.warmup) argv.push_back("--no-warmup");
   if (opt.deterministic) argv.push_back("--deterministic");
   if (opt.host_memory_gb) {
     argv.push_back("--host-memory-gb");
