@@ -13,11 +13,12 @@ for lib in $(ldd "$BUILD/batchgen" "$BUILD/tests/test_cuda" | awk '$3 ~ /^\// {p
   esac
 done
 cp -r ../shared/golden .gpu/golden
-cp ../shared/tools/load.py .gpu/load.py  # the served-throughput client (scripts/gpu-load-check.sh)
+cp ../shared/tools/load.py .gpu/load.py  # the served-throughput clients (scripts/gpu-load-check.sh)
+cp scripts/load_async.py .gpu/load_async.py
 chmod -R u+w .gpu
 # One xz archive keeps the carried tree under the device tool's 64 MiB (scripts/gpu-check.sh unpacks it there).
 if [[ "${BG_BUNDLE_XZ:-1}" == 1 ]]; then
-  (cd .gpu && tar -cf - test_cuda batchgen lib golden load.py | xz -T2 -6 > ../.gpu-bundle.tar.xz)
+  (cd .gpu && tar -cf - test_cuda batchgen lib golden load.py load_async.py | xz -T2 -6 > ../.gpu-bundle.tar.xz)
   rm -rf .gpu && mkdir -p .gpu && mv .gpu-bundle.tar.xz .gpu/bundle.tar.xz
 fi
 du -sh .gpu

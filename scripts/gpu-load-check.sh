@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Served decode throughput on the K3 ep16-rank slice (issue 9's serving figure), on the GPU machine from a carried
-# bundle: writes the slice once (kept in $BG_BENCH_MODEL), serves it on CUDA and runs ../shared/tools/load.py (copied into the bundle; 64
-# concurrent streamed completions of 64-token prompts, 64 new tokens each; greedy). Output in $OUT/load.txt.
+# bundle: writes the slice once (kept in $BG_BENCH_MODEL), serves it on CUDA and runs the same workload (64 concurrent
+# streamed completions of 64-token prompts, 64 new tokens each; greedy) from scripts/load_async.py (one asyncio thread,
+# three rounds) and then from ../shared/tools/load.py (one thread per request; both copied into the bundle). Output in
+# $OUT/load.txt (docs/PERF.md, "Served throughput").
 #   scripts/gpu-load-check.sh [BUNDLE] [CONCURRENCY] [MAX_TOKENS]     (BG_SERVE_ARGS: more serve options; BG_LOAD_TAG:
 #                                                                      suffix of the output files)
 set -u
@@ -23,7 +25,7 @@ fi
 server=$!
 for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null && break; sleep 0.5; done
 LOG="$OUT/load${BG_LOAD_TAG:-}.txt"
-python3 "$LOAD" "$PORT" "$CONC" "$MAXT" > "$LOG" 2>&1
-echo "rc=$?" >> "$LOG"
+{ python3 "$BUNDLE/load_async.py" "$PORT" "$CONC" "$MAXT" 3; echo "load_async rc=$?"
+  python3 "$LOAD" "$PORT" "$CONC" "$MAXT" | tail -1; echo "load.py rc=$?"; } > "$LOG" 2>&1
 kill "$server"; wait "$server" 2> /dev/null
-tail -1 "$LOG"; tail -2 "$LOG" | head -1
+cat "$LOG"

@@ -36,7 +36,7 @@ class StepSampler {
 
   std::byte* host_ = nullptr;  // pinned (cudaMallocHost)
   DeviceBuffer device_;
-  DeviceBuffer workspace_;  // sample_rows_cuda's scratch, grown to the largest step seen (~29 KB per row)
+  DeviceBuffer workspace_;  // sample_rows_cuda's scratch, grown to the largest step seen (~95 KB per row)
   size_t capacity_rows_ = 0;
 };
 

@@ -18,13 +18,13 @@ struct SamplingBatch {
 
 inline constexpr int64_t kSamplingMaxVocab = int64_t{1} << 19;
 
-// Device scratch of sample_rows_cuda for a batch (bytes; about 29 KB per row at Kimi's vocabulary).
+// Device scratch of sample_rows_cuda for a batch (bytes; about 95 KB per row at Kimi's vocabulary).
 size_t sample_rows_workspace_bytes(const SamplingBatch& b);
 
 // One step's sampling (the engine's path): out[i] = sample_rows_cpu's result for rows[i], on the device:
 //   rows [n_rows] RowSampling (device; each .row indexes logits, checked by the caller with check_row_sampling),
 //   logits [any, vocab] fp32, out [n_rows] RowSample (device), workspace of at least sample_rows_workspace_bytes.
-// A row spreads over many CTAs (three kernels: statistics, histograms, the cuts). finite is false for a row with a
+// A row spreads over many CTAs (five kernels: statistics, histograms, windows, candidates, the cuts). finite is false for a row with a
 // NaN or +-Inf (token -1, nothing else). The id is sample_token_with_uniform's for the same u: probabilities are summed
 // as 2^-44 fixed point (exact, order-free integer sums), so it matches the CPU's double sums unless u * kept mass lands
 // within ~1e-9 of a boundary between two ids; a row given parameters the CPU rejects gets -1. Logprobs (n_top >= 0):
