@@ -320,6 +320,13 @@ class Backend {
   // out = softmax-weighted mix of candidates[0..n_candidates) of a packed [max_candidates, n, D] bank.
   virtual void attn_res_mix(const Tensor& bank, int64_t n_candidates, const Tensor& norm, const Tensor& proj,
                             float eps, Tensor& out) = 0;
+  // The mix, then the RMSNorm the model applies to it: h = attn_res_mix(...), x = rmsnorm(h, rms_weight, rms_eps).
+  // This default runs the two ops; a backend may fuse them (CUDA does).
+  virtual void attn_res_mix_rmsnorm(const Tensor& bank, int64_t n_candidates, const Tensor& norm, const Tensor& proj,
+                                    float eps, Tensor& h, const Tensor& rms_weight, float rms_eps, Tensor& x) {
+    attn_res_mix(bank, n_candidates, norm, proj, eps, h);
+    rmsnorm(h, rms_weight, rms_eps, x);
+  }
 
  protected:
   // Called by begin_step after step_ changed (CUDA uploads the metadata).

@@ -203,14 +203,15 @@ Tensor KimiK3Model::step_body(const StepPools& pools, bool all_rows, const TapFn
     const K3Layer& L = layers_[static_cast<size_t>(l)];
     if (n_banked == 0) {
       be.copy(partial(), h);
+      be.rmsnorm(h, L.input_norm, eps, x);
     } else {
-      be.attn_res_mix(bank, n_banked + (partial_empty ? 0 : 1), L.attn_res_norm, L.attn_res_proj, eps, h);
+      be.attn_res_mix_rmsnorm(bank, n_banked + (partial_empty ? 0 : 1), L.attn_res_norm, L.attn_res_proj, eps, h,
+                              L.input_norm, eps, x);
     }
     if (l % B == 0) {  // bank the RAW input of this block
       ++n_banked;
       partial_empty = true;
     }
-    be.rmsnorm(h, L.input_norm, eps, x);
     if (c_.is_mla(l)) {
       mla_block_forward(be, mla_dims_, L.mla, pools.kv->layer_ref(L.sub_index), x, y);
     } else {
@@ -225,17 +226,16 @@ Tensor KimiK3Model::step_body(const StepPools& pools, bool all_rows, const TapFn
     } else {
       be.add(p, y);
     }
-    be.attn_res_mix(bank, n_banked + 1, L.mlp_res_norm, L.mlp_res_proj, eps, h);
-    be.rmsnorm(h, L.post_norm, eps, x);
+    be.attn_res_mix_rmsnorm(bank, n_banked + 1, L.mlp_res_norm, L.mlp_res_proj, eps, h, L.post_norm, eps, x);
     ffn(l, x, y);
     tp_all_reduce(y);  // TP: partial down-projection sums (dense, shared experts) + each rank's routed rows
     tap_tensor(be, tap, "ffn", l + 1, y);
     be.add(p, y);
     tap_tensor(*be_, tap, "layer", l + 1, p);
   }
-  be.attn_res_mix(bank, n_banked + (partial_empty ? 0 : 1), out_res_norm_, out_res_proj_, eps, h);
+  be.attn_res_mix_rmsnorm(bank, n_banked + (partial_empty ? 0 : 1), out_res_norm_, out_res_proj_, eps, h, final_norm_,
+                          eps, x);
   tap_tensor(*be_, tap, "attnres_out", c_.n_layers, h);
-  be.rmsnorm(h, final_norm_, eps, x);
   tap_tensor(*be_, tap, "final_norm", c_.n_layers, x);
   return lm_head_logits(tied_lm_head_ ? *tied_lm_head_ : lin_.get(int(T::kLmHead)), x, all_rows);
 }

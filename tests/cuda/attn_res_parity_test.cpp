@@ -1,6 +1,7 @@
 // CUDA Attention-Residual mix against attn_res_mix_cpu on bf16-rounded candidates: 1 .. 16 candidates of very
-// different scales, hidden 7168, ragged token counts, large scores (softmax must subtract its max), an all-zero
-// candidate row, and the output written over the last candidate (the partial sum).
+// different scales, hidden 7168 (16-byte loads) and dims that are not a multiple of 8 (scalar loads), ragged token
+// counts, large scores (softmax must subtract its max), an all-zero candidate row, and the output written over the
+// last candidate (the partial sum). The fused mix + RMSNorm writes the same h bit for bit and x as rmsnorm_cuda of it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "cuda/small_ops_testing.h"
 #include "ops/attn_res/attn_res_cuda.h"
+#include "ops/rmsnorm/rmsnorm_cuda.h"
 
 namespace bg::testing {
 namespace {
@@ -22,7 +24,8 @@ struct MixCase {
 TEST(AttnResParity, MatchesCpu) {
   BG_REQUIRE_GPU();
   const MixCase cases[] = {{1, 3, 7168, 1.0f},   {9, 1, 7168, 1.0f},  {9, 17, 7168, 1.0f}, {10, 128, 7168, 1.0f},
-                           {16, 5, 256, 30.0f},  {5, 1000, 128, 1.0f}, {2, 7, 1, 1.0f},     {3, 17, 1000, 0.01f}};
+                           {16, 5, 256, 30.0f},  {5, 1000, 128, 1.0f}, {2, 7, 1, 1.0f},     {3, 17, 1000, 0.01f},
+                           {4, 9, 7172, 1.0f},   {16, 2, 12288, 1.0f}};
   for (const MixCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << "n " << c.n_candidates << " T " << c.n_tokens << " D " << c.dim);
     const size_t per = static_cast<size_t>(c.n_tokens * c.dim), total = per * static_cast<size_t>(c.n_candidates);
@@ -54,6 +57,24 @@ TEST(AttnResParity, MatchesCpu) {
     sync_device();
     const std::vector<float> all = download_bf16(d_packed, total);
     EXPECT_EQ(first_mismatch(std::vector<float>(all.end() - static_cast<std::ptrdiff_t>(per), all.end()), got), -1);
+
+    // Fused with the RMSNorm: h as above, x as rmsnorm_cuda(h) within its rounding (the sum of squares is reduced in
+    // another order), and both against the CPU.
+    std::vector<float> rms_w = random_floats(static_cast<size_t>(c.dim), 0.2f, 43);
+    for (auto& v : rms_w) v += 1.0f;
+    const cuda::DeviceBuffer d_rms_w = cuda::upload(rms_w);
+    const cuda::DeviceBuffer d_again = upload_bf16(packed);
+    cuda::DeviceBuffer h = poisoned(per * 2), x = poisoned(per * 2), x_ref = poisoned(per * 2);
+    ops::attn_res_mix_rmsnorm_cuda(p, bf16_ptr(d_again), d_norm.as<float>(), d_proj.as<float>(), d_rms_w.as<float>(),
+                                   1e-6f, bf16_ptr(h), bf16_ptr(x), nullptr);
+    ops::rmsnorm_cuda({c.n_tokens, c.dim, 1e-6f}, bf16_ptr(h), d_rms_w.as<float>(), bf16_ptr(x_ref), nullptr);
+    sync_device();
+    EXPECT_EQ(first_mismatch(download_bf16(h, per), got), -1) << "fused h differs from the mix";
+    const std::vector<float> got_x = download_bf16(x, per), want_x = download_bf16(x_ref, per);
+    EXPECT_LE(max_rel_error(got_x, want_x), kTolBf16Out);
+    std::vector<float> h_host = download_bf16(h, per), x_cpu(per);
+    ops::rmsnorm_cpu({c.n_tokens, c.dim, 1e-6f}, h_host.data(), rms_w.data(), x_cpu.data());
+    EXPECT_LE(max_rel_error(got_x, x_cpu), kTolBf16Out);
   }
 }
 
@@ -67,6 +88,12 @@ TEST(AttnResParity, RejectsBadParams) {
                                       nullptr),
                Error);
   EXPECT_NO_THROW(ops::attn_res_mix_cuda({2, 0, 4, 1e-5f}, nullptr, nullptr, nullptr, nullptr, nullptr));
+  EXPECT_THROW(ops::attn_res_mix_rmsnorm_cuda({2, 1, 4, 1e-5f}, bf16_ptr(b), b.as<float>(), b.as<float>(), b.as<float>(),
+                                              1e-6f, bf16_ptr(b), bf16_ptr(b), nullptr),
+               Error);  // x == h
+  EXPECT_THROW(ops::attn_res_mix_rmsnorm_cuda({2, 1, 4, 1e-5f}, bf16_ptr(b), b.as<float>(), b.as<float>(), b.as<float>(),
+                                              0.0f, bf16_ptr(b), bf16_ptr(b) + 4, nullptr),
+               Error);  // rms eps 0
 }
 
 }  // namespace

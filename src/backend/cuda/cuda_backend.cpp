@@ -374,6 +374,17 @@ class CudaBackend final : public Backend {
     ops::attn_res_mix_cuda({n_candidates, bank.shape.at(1), bank.shape.at(2), eps}, bank.as<bf16>(), norm.as<float>(),
                            proj.as<float>(), out.as<bf16>(), stream_);
   }
+  void attn_res_mix_rmsnorm(const Tensor& bank, int64_t n_candidates, const Tensor& norm, const Tensor& proj, float eps,
+                            Tensor& h, const Tensor& rms_weight, float rms_eps, Tensor& x) override {
+    BG_PROFILE_OP("attn_res_mix_rmsnorm", stream_);
+    BG_CHECK(h.rows() == bank.shape.at(1) && h.cols() == bank.shape.at(2) && x.rows() == h.rows() &&
+                 x.cols() == h.cols() && rms_weight.numel() == h.cols(),
+             "attn_res_mix_rmsnorm: h / x / weight do not match the bank's [{}, {}]", bank.shape.at(1),
+             bank.shape.at(2));
+    ops::attn_res_mix_rmsnorm_cuda({n_candidates, bank.shape.at(1), bank.shape.at(2), eps}, bank.as<bf16>(),
+                                   norm.as<float>(), proj.as<float>(), rms_weight.as<float>(), rms_eps,
+                                   h.as<bf16>(), x.as<bf16>(), stream_);
+  }
 
   Tensor run_graph(int64_t key, const std::function<Tensor()>& body) override;
   int64_t n_graphs() const override { return static_cast<int64_t>(graphs_.size()); }

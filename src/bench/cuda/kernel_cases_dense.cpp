@@ -172,6 +172,20 @@ void register_norms_and_mixes(KernelRegistry& r, int64_t b) {
     bf16* out = m.zeros_of<bf16>(z(b * kHidden));
     return SetLaunch([=](cudaStream_t s) { ops::attn_res_mix_cuda({n, b, kHidden, 1e-5f}, bank, norm, proj, out, s); });
   }));
+  // The same mix fused with the next sublayer's RMSNorm (what the K3 model runs): h and x written, h read back.
+  r.add(small_case("attn_res_mix_rmsnorm", b, d(n) * act + 3 * act,
+                   {d(n) * act + 3 * act + d(kHidden) * 4, 6 * d(n * b * kHidden) + 4 * d(b * kHidden)},
+                   [b](CaseMemory& m) {
+    const bf16* bank = m.bf16(z(n * b * kHidden));
+    const float* norm = m.f32(z(kHidden), 0.9f, 1.1f);
+    const float* proj = m.f32(z(kHidden), -0.02f, 0.02f);
+    const float* w = m.f32(z(kHidden), 0.9f, 1.1f);
+    bf16* h = m.zeros_of<bf16>(z(b * kHidden));
+    bf16* x = m.zeros_of<bf16>(z(b * kHidden));
+    return SetLaunch([=](cudaStream_t s) {
+      ops::attn_res_mix_rmsnorm_cuda({n, b, kHidden, 1e-5f}, bank, norm, proj, w, 1e-5f, h, x, s);
+    });
+  }));
   r.add(small_case("add", b, 2 * act, {3 * act, d(b * kHidden)}, [b](CaseMemory& m) {
     const bf16* x = m.bf16(z(b * kHidden));
     bf16* y = m.bf16(z(b * kHidden));

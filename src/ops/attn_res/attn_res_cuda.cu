@@ -1,5 +1,6 @@
-// CUDA Attention-Residual mix: one block per token. Pass 1 accumulates, for every candidate at once, the sum of squares
-// and the dot product with norm * proj; pass 2 writes the softmax-weighted sum of the raw candidates.
+// CUDA Attention-Residual mix: one 512-thread block per token, 16-byte loads. Pass 1 accumulates, for every candidate
+// at once, the sum of squares and the dot product with norm * proj; pass 2 writes the softmax-weighted sum of the raw
+// candidates; the fused variant then RMS-normalises it (the next sublayer's input norm) in the same block.
 #include "ops/attn_res/attn_res_cuda.h"
 
 #include "backend/cuda/cuda_check.h"
@@ -11,32 +12,81 @@ namespace {
 
 using cuda_util::bf16;
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMax = static_cast<int>(kAttnResMaxCandidates);
 
-// grid (n_tokens), block 256. Per-thread partials live in registers (the candidate loops are unrolled to kMax with a
-// bound check, so no local-memory arrays).
+// kVec consecutive values from p: one 16-byte load of 8 bf16 (or two of 4 fp32), else one scalar.
+template <int kVec>
+__device__ __forceinline__ void load_vec(const bf16* p, float (&v)[kVec]) {
+  if constexpr (kVec == 8) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const bf16* b = reinterpret_cast<const bf16*>(&u);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = cuda_util::to_f32(b[k]);
+  } else {
+    v[0] = cuda_util::to_f32(*p);
+  }
+}
+template <int kVec>
+__device__ __forceinline__ void load_vec(const float* p, float (&v)[kVec]) {
+  if constexpr (kVec == 8) {
+    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    v[0] = *p;
+  }
+}
+template <int kVec>
+__device__ __forceinline__ void store_vec(bf16* p, const float (&v)[kVec]) {
+  if constexpr (kVec == 8) {
+    uint4 u;
+    bf16* b = reinterpret_cast<bf16*>(&u);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) b[k] = cuda_util::to_bf16(v[k]);
+    *reinterpret_cast<uint4*>(p) = u;
+  } else {
+    *p = cuda_util::to_bf16(v[0]);
+  }
+}
+
+// grid (n_tokens), block kThreads; each thread takes kVec consecutive elements at a time (16-byte loads when kVec is
+// 8). Pass 1 accumulates, for every candidate at once, the sum of squares and the dot product with norm * proj (the
+// per-thread partials live in registers: the candidate loops are unrolled to kMax with a bound check); one thread
+// turns them into the softmax weights; pass 2 writes the weighted sum of the raw candidates to h. kNorm: then
+// x = rms_weight * (h * inv), inv = 1 / sqrt(mean(h^2) + rms_eps) over the bf16 values of h just written (rmsnorm_cuda's
+// formula), each thread reading back only what it wrote.
+template <int kVec, bool kNorm>
 __global__ void __launch_bounds__(kThreads) attn_res_kernel(AttnResParams p, const bf16* candidates,
-                                                            const float* norm, const float* proj, bf16* out) {
+                                                            const float* norm, const float* proj,
+                                                            const float* rms_weight, float rms_eps, bf16* h,
+                                                            bf16* x) {
   __shared__ float partial[kWarps][2 * kMax];  // per warp: sum of squares, then dot, of each candidate
   __shared__ float alpha[kMax];
+  __shared__ float scratch[32];
   const int n = static_cast<int>(p.n_candidates);
   const int64_t t = blockIdx.x, dim = p.dim;
   const int64_t cand_stride = p.n_tokens * dim;
   const bf16* base = candidates + t * dim;  // candidate i of this token: base + i * cand_stride
+  const int64_t first = static_cast<int64_t>(threadIdx.x) * kVec, step = int64_t{kThreads} * kVec;
 
   float ss[kMax], dot[kMax];
 #pragma unroll
   for (int i = 0; i < kMax; ++i) ss[i] = dot[i] = 0.0f;
-  for (int64_t d = threadIdx.x; d < dim; d += kThreads) {
-    const float np = norm[d] * proj[d];  // fp32 product, as the CPU reference precomputes it
+  for (int64_t d = first; d < dim; d += step) {
+    float nw[kVec], pw[kVec];
+    load_vec<kVec>(norm + d, nw);
+    load_vec<kVec>(proj + d, pw);
 #pragma unroll
     for (int i = 0; i < kMax; ++i) {
       if (i < n) {
-        const float v = cuda_util::to_f32(base[i * cand_stride + d]);
-        ss[i] += v * v;
-        dot[i] += v * np;
+        float v[kVec];
+        load_vec<kVec>(base + i * cand_stride + d, v);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          ss[i] += v[k] * v[k];
+          dot[i] += v[k] * (nw[k] * pw[k]);  // fp32 product, as the CPU reference precomputes it
+        }
       }
     }
   }
@@ -72,30 +122,89 @@ __global__ void __launch_bounds__(kThreads) attn_res_kernel(AttnResParams p, con
     for (int i = 0; i < n; ++i) alpha[i] = score[i] / sum;
   }
   __syncthreads();
-  bf16* ot = out + t * dim;
-  for (int64_t d = threadIdx.x; d < dim; d += kThreads) {
-    float acc = 0.0f;
+  bf16* ht = h + t * dim;
+  float hss = 0.0f;
+  for (int64_t d = first; d < dim; d += step) {
+    float acc[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) acc[k] = 0.0f;
 #pragma unroll
     for (int i = 0; i < kMax; ++i) {
-      if (i < n) acc += alpha[i] * cuda_util::to_f32(base[i * cand_stride + d]);
+      if (i < n) {
+        float v[kVec];
+        load_vec<kVec>(base + i * cand_stride + d, v);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) acc[k] += alpha[i] * v[k];
+      }
     }
-    ot[d] = cuda_util::to_bf16(acc);
+    store_vec<kVec>(ht + d, acc);
+    if constexpr (kNorm) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const float hb = cuda_util::to_f32(cuda_util::to_bf16(acc[k]));
+        hss += hb * hb;
+      }
+    }
   }
+  if constexpr (kNorm) {
+    hss = cuda_util::block_reduce(hss, cuda_util::SumOp{}, 0.0f, scratch);
+    const float inv = 1.0f / sqrtf(hss * (1.0f / static_cast<float>(dim)) + rms_eps);
+    bf16* xt = x + t * dim;
+    for (int64_t d = first; d < dim; d += step) {
+      float v[kVec], w[kVec];
+      load_vec<kVec>(ht + d, v);  // this thread's own stores
+      load_vec<kVec>(rms_weight + d, w);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) v[k] = w[k] * (v[k] * inv);
+      store_vec<kVec>(xt + d, v);
+    }
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+void check_mix(const AttnResParams& p, const char* who) {
+  BG_CHECK(p.n_candidates > 0 && p.n_candidates <= kAttnResMaxCandidates, "{}: n_candidates {} outside [1, {}]", who,
+           p.n_candidates, kAttnResMaxCandidates);
+  BG_CHECK(p.n_tokens >= 0 && p.n_tokens < (int64_t{1} << 31), "{}: bad n_tokens {}", who, p.n_tokens);
+  BG_CHECK(p.dim > 0, "{}: dim {} must be positive", who, p.dim);
+  BG_CHECK(p.eps > 0.0f, "{}: eps {} must be positive", who, p.eps);
+}
+
+template <bool kNorm>
+void launch(const AttnResParams& p, const bf16* candidates, const float* norm, const float* proj,
+            const float* rms_weight, float rms_eps, bf16* h, bf16* x, cudaStream_t stream) {
+  const bool vec = p.dim % 8 == 0 && aligned16(candidates) && aligned16(norm) && aligned16(proj) && aligned16(h) &&
+                   (!kNorm || (aligned16(rms_weight) && aligned16(x)));
+  const auto grid = static_cast<unsigned>(p.n_tokens);
+  if (vec) {
+    attn_res_kernel<8, kNorm><<<grid, kThreads, 0, stream>>>(p, candidates, norm, proj, rms_weight, rms_eps, h, x);
+  } else {
+    attn_res_kernel<1, kNorm><<<grid, kThreads, 0, stream>>>(p, candidates, norm, proj, rms_weight, rms_eps, h, x);
+  }
+  BG_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void attn_res_mix_cuda(const AttnResParams& p, const __nv_bfloat16* candidates, const float* norm, const float* proj,
                        __nv_bfloat16* out, cudaStream_t stream) {
-  BG_CHECK(p.n_candidates > 0 && p.n_candidates <= kAttnResMaxCandidates,
-           "attn_res_mix_cuda: n_candidates {} outside [1, {}]", p.n_candidates, kAttnResMaxCandidates);
-  BG_CHECK(p.n_tokens >= 0 && p.n_tokens < (int64_t{1} << 31), "attn_res_mix_cuda: bad n_tokens {}", p.n_tokens);
-  BG_CHECK(p.dim > 0, "attn_res_mix_cuda: dim {} must be positive", p.dim);
-  BG_CHECK(p.eps > 0.0f, "attn_res_mix_cuda: eps {} must be positive", p.eps);
+  check_mix(p, "attn_res_mix_cuda");
   if (p.n_tokens == 0) return;
   BG_CHECK(candidates && norm && proj && out, "attn_res_mix_cuda: null pointer with n_tokens {}", p.n_tokens);
-  attn_res_kernel<<<static_cast<unsigned>(p.n_tokens), kThreads, 0, stream>>>(p, candidates, norm, proj, out);
-  BG_CUDA_CHECK_LAUNCH();
+  launch<false>(p, candidates, norm, proj, nullptr, 0.0f, out, nullptr, stream);
+}
+
+void attn_res_mix_rmsnorm_cuda(const AttnResParams& p, const __nv_bfloat16* candidates, const float* norm,
+                               const float* proj, const float* rms_weight, float rms_eps, __nv_bfloat16* h,
+                               __nv_bfloat16* x, cudaStream_t stream) {
+  check_mix(p, "attn_res_mix_rmsnorm_cuda");
+  BG_CHECK(rms_eps > 0.0f, "attn_res_mix_rmsnorm_cuda: rms eps {} must be positive", rms_eps);
+  if (p.n_tokens == 0) return;
+  BG_CHECK(candidates && norm && proj && rms_weight && h && x,
+           "attn_res_mix_rmsnorm_cuda: null pointer with n_tokens {}", p.n_tokens);
+  BG_CHECK(x != h, "attn_res_mix_rmsnorm_cuda: x must not be h");
+  launch<true>(p, candidates, norm, proj, rms_weight, rms_eps, h, x, stream);
 }
 
 }  // namespace bg::ops

@@ -19,4 +19,11 @@ inline constexpr int64_t kAttnResMaxCandidates = 16;
 void attn_res_mix_cuda(const AttnResParams& p, const __nv_bfloat16* candidates, const float* norm, const float* proj,
                        __nv_bfloat16* out, cudaStream_t stream);
 
+// The mix followed by the RMSNorm the model applies to it, in one kernel: h = the mix (as attn_res_mix_cuda, h may be
+// one of the candidates), then x = rmsnorm_cuda(h, rms_weight, rms_eps) over the bf16 values of h. rms_weight [dim]
+// fp32; x [n_tokens, dim] bf16, distinct from h.
+void attn_res_mix_rmsnorm_cuda(const AttnResParams& p, const __nv_bfloat16* candidates, const float* norm,
+                               const float* proj, const float* rms_weight, float rms_eps, __nv_bfloat16* h,
+                               __nv_bfloat16* x, cudaStream_t stream);
+
 }  // namespace bg::ops
