@@ -4,6 +4,7 @@
 // expert's arrival rewrites it in place without recapturing CUDA graphs.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -85,6 +86,10 @@ class ExpertTable {
   // Streamed experts: whether any slot streams, the host bytes of a streamed expert (null when resident), and the
   // staging before the layer's experts run: every slot with rows (rows_per_slot [n_slots]) holds its expert after.
   bool streams() const { return streamed_.stream != nullptr && !streamed_.sources.empty(); }
+  // Every expert has a slot on this rank (one rank): what ExpertWeights::all_local tells the backend.
+  bool all_local() const {
+    return std::none_of(host_map_.begin(), host_map_.end(), [](int32_t slot) { return slot < 0; });
+  }
   const ExpertSource* source(int32_t expert) const;
   void stage(Backend& be, std::span<const int32_t> rows_per_slot);
   // Points `slot` at other weights of its own expert (a stream buffer), ordered with the ops already issued.

@@ -56,8 +56,12 @@ CudaExpertSlots::CudaExpertSlots(const ExpertWeights& by_slot) {
                       &cuda_linear(*by_slot.down[i]).host()});
   }
   dev_ = upload(host_);
-  // Streamed slots are repointed at every stage; the packed layout would be re-packed from host views each time.
-  if (!by_slot.streamed) pack_w4a16();
+  // Streamed slots are repointed at every stage; the packed layout would be re-packed from host views each time. An
+  // expert-parallel rank never runs the fused kernel (its rows come through the exchange): no second copy there.
+  if (!by_slot.streamed && by_slot.all_local) pack_w4a16();
+  if (!by_slot.all_local) {
+    log::debug("cuda moe: {} experts of an expert-parallel rank: per-slot kernels only, no W4A16 layout", n_slots());
+  }
 }
 
 // The decode kernel's layout of the whole layer, when it applies (MXFP4, widths multiples of 32, <= 1024 slots).
