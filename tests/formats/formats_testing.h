@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "error_testing.h"
 #include "temp_dir.h"
 
 namespace bg::testing {
@@ -38,22 +39,6 @@ inline std::string u64_le(uint64_t v) {
 // A safetensors file image with an arbitrary header text and data buffer (no validation: for corrupt inputs).
 inline std::string raw_safetensors(std::string_view header, std::string_view data) {
   return u64_le(header.size()) + std::string(header) + std::string(data);
-}
-
-// Runs f, which must throw bg::Error (no other type), and returns its message ("" plus a test failure otherwise).
-template <typename F>
-std::string error_of(F&& f, std::source_location loc = std::source_location::current()) {
-  ::testing::ScopedTrace trace(loc.file_name(), static_cast<int>(loc.line()), "error_of");
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-bg::Error exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
 }
 
 // Expects f to throw bg::Error whose message contains every one of `parts`.

@@ -9,11 +9,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <source_location>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
+#include "error_testing.h"
 #include "temp_dir.h"
 #include "golden/golden_util.h"
 #include "model/model.h"
@@ -25,19 +28,10 @@ inline std::string file_bytes(const std::filesystem::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// Runs f, which must throw bg::Error; returns its message ("" plus a test failure otherwise).
+// Runs f, which must throw bg::Error; returns its message (error_testing.h).
 template <typename F>
-std::string bg_error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-bg::Error exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
+std::string bg_error_of(F&& f, std::source_location loc = std::source_location::current()) {
+  return testing::error_of(std::forward<F>(f), loc);
 }
 
 // What the engine computed for prompt + greedy continuation: tokens [n_prompt + n_decode] and logits rows

@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "error_testing.h"
 #include "moe/expert_stream.h"
 #include "moe/moe_layer.h"
 #include "moe/moe_testing.h"
@@ -22,14 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 fs::path write_file(const std::string& name, const std::string& text) {
   const fs::path p = fs::temp_directory_path() / (std::to_string(::getpid()) + "-" + name);

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "error_testing.h"
 #include "model/random_checkpoint.h"
 #include "sched/planner.h"
 #include "temp_dir.h"
@@ -29,14 +30,7 @@ ModelGeometry tiny_k3_geometry(const TempDir& tmp) {
   return read_model_geometry(tmp.path());
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 TEST(Planner, TinyKimiK3Geometry) {
   TempDir tmp;
