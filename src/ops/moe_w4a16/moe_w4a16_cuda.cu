@@ -15,7 +15,11 @@
 //   experts (192 gate/up items) become 384 and fill 132 SMs in 3 even waves; fixed_splits pins S (batch invariance).
 // - Pipeline: 6 stages of (17408 B weights + 4608 B activations) = 129 KiB of shared memory; the producer (every
 //   thread, cp.async 16 B, plain L2 caching: see cp_async16) runs 5 stages ahead of the consumer across item
-//   boundaries, so the stream of weights never stops for an epilogue. One __syncthreads per 17 KiB stage.
+//   boundaries, so the stream of weights never stops for an epilogue. One __syncthreads per 17 KiB stage. The
+//   producer keeps its source addresses and steps them by one stage; they are recomputed only at a pass's start.
+// - The consumer runs one pass (chunk x split) at a time in a function templated on the pass's n8 blocks, so its
+//   accumulators are sized by the pass: a 1..8-row pass keeps 16 of them, not 64 (a single accumulator array for up
+//   to 4 blocks cost ~8 register moves per code word, measured with Nsight Compute on the H200).
 // - Split-K reduction, deterministic: each split writes its fp32 accumulators in fragment order (coalesced float4) to
 //   its own slot; the CTA whose arrival (an integer atomic) completes the tile adds slots 0..S-1 in that fixed order.
 //   Who arrives last never changes the sum. With > 32 tokens (several row passes per expert) a fixed S is run
@@ -36,7 +40,10 @@
 //   ~0.7 sustained by mma.sync on Hopper; 32 rows per expert is the tight case (wgmma would lift it).
 // - Fixed costs per kernel: pipeline fill (~1.5 us), the last wave's tail and the final reductions (~1-2 us).
 // - Predicted: >= 0.85 of read at 1-16 rows per expert (16 of 56 K3 experts: ~72 us for 281 MB), ~0.75-0.8 at 32.
-// Resources (nvcc 13.0 -Xptxas -v, sm_90a): 226 / 212 registers (down / gate-up), no stack, no spills; 129 KiB of
+//   Measured on the H200: 0.46-0.49 at 1 row, 0.43-0.46 at 4, 0.31 at 16, 0.23 at 32. The same pipeline with the
+//   decode and mma removed (copies, cursor, epilogues only) reaches 0.61-0.65 at 1 row and 0.33 at 32: the stream
+//   itself is a bound, beside the ~23 instructions per code word (docs/MOE_W4A16.md, "Where the time goes").
+// Resources (nvcc 13.0 -Xptxas -v, sm_90a): 232 / 224 registers (down / gate-up), no stack, no spills; 129 KiB of
 // dynamic shared memory, 1 CTA of 256 threads per SM. Full report and measurements: docs/MOE_W4A16.md.
 #include <algorithm>
 #include <mutex>
@@ -75,75 +82,84 @@ struct KernelArgs {
   float beta = 4.0f, beta_lin = 25.0f;
 };
 
-// The producer's per-thread activation row: thread tid copies 16-byte chunk (tid & 7) of row (tid >> 3).
-struct ActSource {
-  int64_t item = -1;
-  int chunk = -1;
-  const __nv_bfloat16* row = nullptr;  // null: zero-fill
+// The producer: its cursor and this thread's global source addresses for the stage it issues next. The addresses are
+// set up at the first stage of a pass (k-stage kb of a chunk x split) and then advance by one stage, so the common
+// stage costs a few adds, not the item's address arithmetic.
+struct Producer {
+  Cursor c;
+  const uint8_t* w = nullptr;          // this thread's first 16 bytes of the stage's weight block
+  const __nv_bfloat16* act = nullptr;  // this thread's 16-byte activation chunk; null: zero-fill (row past the chunk)
+  int64_t k = 0;                       // first input of that chunk (checked against n_in: the last stage may be partial)
 };
 
-// The stage's weight block: one contiguous 17408-byte copy (4.25 x 16 B per thread) (cp.async.cg).
-__device__ __forceinline__ void issue_weights(const Cursor& c, const KernelArgs& a, uint8_t* buf) {
-  const int tid = static_cast<int>(threadIdx.x);
-  const uint8_t* wsrc = a.weights + static_cast<int64_t>(c.e) * a.slot_bytes +
-                        (static_cast<int64_t>(c.m) * a.sched.n_kstages + c.ks) * kStageBytes;
-  const uint32_t wdst = smem_addr(buf);
-#pragma unroll
-  for (int i = 0; i < kCodeBytes / 16 / kThreads; ++i) {
-    const int off = (tid + i * kThreads) * 16;
-    cp_async16(wdst + off, wsrc + off);
-  }
-  if (tid < kScaleBytes / 16) cp_async16(wdst + kCodeBytes + tid * 16, wsrc + kCodeBytes + tid * 16);
-}
-
-// The stage's activation tile: thread tid copies 16-byte chunk (tid & 7) of row (tid >> 3); gate/up rows come
-// straight from x through row_token (the gather is fused here), down rows from h.
+// First stage of a pass: thread tid copies weight bytes tid * 16 + i * 4096 (and scale bytes tid * 16 for the first 64
+// threads) and activation chunk (tid & 7) of row (tid >> 3); gate/up rows come straight from x through row_token (the
+// gather is fused here), down rows from h.
 template <bool kGateUp>
-__device__ __forceinline__ void issue_acts(const Cursor& c, const KernelArgs& a, ActSource& src, uint8_t* buf) {
+__device__ __forceinline__ void producer_start_pass(Producer& p, const KernelArgs& a) {
   const int tid = static_cast<int>(threadIdx.x);
-  const int row = tid >> 3, q = tid & 7;
-  if (row >= c.nb * 8) return;  // rows the consumer does not read this pass
-  if (src.item != c.item || src.chunk != c.chunk) {
-    src.item = c.item;
-    src.chunk = c.chunk;
-    src.row = nullptr;
-    if (row < c.chunk_rows) {
-      const int prow = c.chunk_row0 + row;
-      const int64_t act_row = kGateUp ? static_cast<int64_t>(a.d.row_token[prow]) : prow;
-      src.row = a.act + act_row * a.n_in;
-    }
+  const Cursor& c = p.c;
+  p.w = a.weights + static_cast<int64_t>(c.e) * a.slot_bytes +
+        (static_cast<int64_t>(c.m) * a.sched.n_kstages + c.ks) * kStageBytes + tid * 16;
+  const int row = tid >> 3;
+  p.k = static_cast<int64_t>(c.ks) * kKStage + (tid & 7) * 8;
+  p.act = nullptr;
+  if (row < c.chunk_rows) {
+    const int prow = c.chunk_row0 + row;
+    const int64_t act_row = kGateUp ? static_cast<int64_t>(a.d.row_token[prow]) : prow;
+    p.act = a.act + act_row * a.n_in + p.k;
   }
-  const int64_t k = static_cast<int64_t>(c.ks) * kKStage + q * 8;
-  const bool valid = src.row != nullptr && k < a.n_in;
-  cp_async16_zfill(smem_addr(buf + kStageBytes + act_offset(row, q)), valid ? src.row + k : a.act, valid ? 16 : 0);
 }
 
-__device__ __forceinline__ void zero_acc(Acc& acc) {
+// The producer's stage: the weight block (one contiguous 17408-byte copy, 4.25 x 16 B per thread, cp.async.cg)...
+__device__ __forceinline__ void issue_weights(const Producer& p, uint8_t* buf) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const uint32_t dst = smem_addr(buf) + tid * 16;
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int nb = 0; nb < kMaxNb; ++nb)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mt][nb][i] = 0.0f;
+  for (int i = 0; i < kCodeBytes / 16 / kKThreads; ++i) cp_async16(dst + i * kKThreads * 16, p.w + i * kKThreads * 16);
+  if (tid < kScaleBytes / 16) cp_async16(dst + kCodeBytes, p.w + kCodeBytes);
+}
+
+// ... and the activation rows the consumer reads in this pass (NB n8 blocks); rows past the chunk are zero-filled.
+__device__ __forceinline__ void issue_acts(const Producer& p, const KernelArgs& a, uint8_t* buf) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int row = tid >> 3;
+  if (row >= p.c.nb * 8) return;
+  const bool valid = p.act != nullptr && p.k < a.n_in;
+  cp_async16_zfill(smem_addr(buf + kStageBytes + act_offset(row, tid & 7)), valid ? p.act : a.act, valid ? 16 : 0);
+}
+
+// Moves the producer to its next stage.
+template <bool kGateUp>
+__device__ __forceinline__ void producer_next(Producer& p, const KernelArgs& a, const Plan& pl, int grid) {
+  const bool same_pass = p.c.ks + 1 < p.c.ke;
+  advance(p.c, a.sched, pl, grid);
+  if (same_pass) {
+    p.w += kStageBytes;
+    p.k += kKStage;
+    if (p.act != nullptr) p.act += kKStage;
+  } else if (p.c.valid) {
+    producer_start_pass<kGateUp>(p, a);
+  }
 }
 
 // Fragment-order float4 index of (tile mt, n-block nb) for this thread inside a partial slot.
 __device__ __forceinline__ int64_t partial_index(const KernelArgs& a, int mt, int nb) {
-  return (static_cast<int64_t>(mt * a.sched.nb_cap + nb) * kThreads + threadIdx.x) * 4;
+  return (static_cast<int64_t>(mt * a.sched.nb_cap + nb) * kKThreads + threadIdx.x) * 4;
 }
 
 // Split-K bookkeeping at the end of a pass. Returns true when acc holds the full sum (this CTA finishes the tile).
-__device__ bool reduce_splits(Acc& acc, const Cursor& c, const KernelArgs& a, const Plan& pl, int* s_flag) {
+template <int NB>
+__device__ bool reduce_splits(Acc<NB>& acc, const Cursor& c, const KernelArgs& a, const Plan& pl, int* s_flag) {
   if (pl.splits == 1) return true;
   const int64_t slot = partial_slot(c, pl, a.ws.seq_slot_base, static_cast<int>(blockIdx.x));
   float* own = a.ws.partials + slot * a.ws.partial_slot_floats;
   if (!pl.parallel) {
     // Running sum ((p0 + p1) + p2) ... in this CTA's slot: the parallel path's additions, in its order.
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
+    for (int mt = 0; mt < kKTiles; ++mt)
 #pragma unroll
-      for (int nb = 0; nb < kMaxNb; ++nb) {
-        if (nb >= c.nb) continue;
+      for (int nb = 0; nb < NB; ++nb) {
         float4* p = reinterpret_cast<float4*>(own + partial_index(a, mt, nb));
         float4 v = make_float4(acc[mt][nb][0], acc[mt][nb][1], acc[mt][nb][2], acc[mt][nb][3]);
         if (c.s > 0) {
@@ -159,13 +175,11 @@ __device__ bool reduce_splits(Acc& acc, const Cursor& c, const KernelArgs& a, co
     return c.s + 1 == pl.splits;
   }
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
+  for (int mt = 0; mt < kKTiles; ++mt)
 #pragma unroll
-    for (int nb = 0; nb < kMaxNb; ++nb) {
-      if (nb < c.nb) {
-        __stcg(reinterpret_cast<float4*>(own + partial_index(a, mt, nb)),
-               make_float4(acc[mt][nb][0], acc[mt][nb][1], acc[mt][nb][2], acc[mt][nb][3]));
-      }
+    for (int nb = 0; nb < NB; ++nb) {
+      __stcg(reinterpret_cast<float4*>(own + partial_index(a, mt, nb)),
+             make_float4(acc[mt][nb][0], acc[mt][nb][1], acc[mt][nb][2], acc[mt][nb][3]));
     }
   // Release (every thread's partial, then the arrival) and acquire (the arrival, then the other partials): the same
   // fence / barrier / atomic / fence / barrier pattern as a grid-wide barrier.
@@ -180,10 +194,9 @@ __device__ bool reduce_splits(Acc& acc, const Cursor& c, const KernelArgs& a, co
   if (!*s_flag) return false;
   const float* first = a.ws.partials + static_cast<int64_t>(c.tile) * pl.splits * a.ws.partial_slot_floats;
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
+  for (int mt = 0; mt < kKTiles; ++mt)
 #pragma unroll
-    for (int nb = 0; nb < kMaxNb; ++nb) {
-      if (nb >= c.nb) continue;
+    for (int nb = 0; nb < NB; ++nb) {
       float4 v = __ldcg(reinterpret_cast<const float4*>(first + partial_index(a, mt, nb)));
       for (int s = 1; s < pl.splits; ++s) {
         const float4 p = __ldcg(reinterpret_cast<const float4*>(first + s * a.ws.partial_slot_floats +
@@ -197,17 +210,18 @@ __device__ bool reduce_splits(Acc& acc, const Cursor& c, const KernelArgs& a, co
 }
 
 // gate/up: h[row, col] = bf16(GLU(2^shift gate, 2^shift up)); tiles 2p / 2p+1 are gate / up of the same columns.
-__device__ void store_h(const Acc& acc, const Cursor& c, const KernelArgs& a) {
+template <int NB>
+__device__ void store_h(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
 #pragma unroll
-  for (int p = 0; p < kMTiles / 2; ++p)
+  for (int p = 0; p < kKTiles / 2; ++p)
 #pragma unroll
-    for (int nb = 0; nb < kMaxNb; ++nb)
+    for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int n = nb * 8 + (lane & 3) * 2 + (i & 1);
-        const int64_t col = gate_up_column(c.m, warp, 2 * p, (lane >> 2) + (i >> 1) * 8);
-        if (nb >= c.nb || n >= c.chunk_rows || col >= a.n_out) continue;
+        const int64_t col = gate_up_column(c.m, layout_warp(warp), layout_tile(warp, 2 * p), (lane >> 2) + (i >> 1) * 8);
+        if (n >= c.chunk_rows || col >= a.n_out) continue;
         const float v = glu(acc[2 * p][nb][i] * a.out_scale, acc[2 * p + 1][nb][i] * a.out_scale, a.act_kind, a.beta,
                             a.beta_lin);
         a.ws.h[static_cast<int64_t>(c.chunk_row0 + n) * a.n_out + col] = __float2bfloat16(v);
@@ -215,17 +229,18 @@ __device__ void store_h(const Acc& acc, const Cursor& c, const KernelArgs& a) {
 }
 
 // down: y[row, col] (fp32); then the fused combine of every token whose last slot this pass completed.
-__device__ void store_y_and_combine(const Acc& acc, const Cursor& c, const KernelArgs& a, int* s_done) {
+template <int NB>
+__device__ void store_y_and_combine(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a, int* s_done) {
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
+  for (int mt = 0; mt < kKTiles; ++mt)
 #pragma unroll
-    for (int nb = 0; nb < kMaxNb; ++nb)
+    for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int n = nb * 8 + (lane & 3) * 2 + (i & 1);
-        const int64_t col = down_row(c.m, warp, mt, (lane >> 2) + (i >> 1) * 8);
-        if (nb >= c.nb || n >= c.chunk_rows || col >= a.n_out) continue;
+        const int64_t col = down_row(c.m, layout_warp(warp), layout_tile(warp, mt), (lane >> 2) + (i >> 1) * 8);
+        if (n >= c.chunk_rows || col >= a.n_out) continue;
         __stcg(a.ws.y + static_cast<int64_t>(c.chunk_row0 + n) * a.n_out + col, acc[mt][nb][i] * a.out_scale);
       }
   // Release y, count the rows as done, acquire the other slots' y (pattern as in reduce_splits).
@@ -243,7 +258,7 @@ __device__ void store_y_and_combine(const Acc& acc, const Cursor& c, const Kerne
   for (int r = 0; r < c.chunk_rows; ++r) {
     const int token = s_done[r];
     if (token < 0) continue;  // uniform across the CTA
-    if (col < a.n_out) {      // n_out % 32 == 0: both columns valid
+    if (tid < kCombineCols / 2 && col < a.n_out) {  // n_out % 32 == 0: both columns valid
       const int64_t o = static_cast<int64_t>(token) * a.n_out + col;
       float2 acc2 = make_float2(0.0f, 0.0f);
       if (a.accumulate) {
@@ -271,84 +286,102 @@ __device__ void store_y_and_combine(const Acc& acc, const Cursor& c, const Kerne
   __syncthreads();  // s_done is rewritten by the next pass
 }
 
+// The consumer's shared state across passes: the ring position and whether the dependents were released.
+struct Consumer {
+  Cursor c;
+  int buf = 0;
+  bool triggered = false;
+};
+
+// One pass (a chunk of NB n8 token blocks x a split's k-stages) of the consumer, with the producer kStages - 1 stages
+// ahead (across pass and item boundaries), then its epilogue. The accumulators live in this function, sized by NB.
+template <bool kGateUp, int NB>
+__device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const KernelArgs& a, const Plan& pl,
+                                             int grid, uint8_t* smem, int* s_flag, int* s_done) {
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  Acc<NB> acc;
+#pragma unroll
+  for (int mt = 0; mt < kKTiles; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nb][i] = 0.0f;
+  // A token sent two rows to one expert (its expert ids were not distinct): flagged for the backend to report at the
+  // step's sync; the pass computes garbage for that chunk but stays in bounds (a trap would poison the context).
+  if (k.c.bad && threadIdx.x == 0) atomicOr(a.d.error_flags, kMoeErrorDuplicateExpert);
+#pragma unroll 1
+  for (int ks = k.c.ks; ks < k.c.ke; ++ks) {
+    cp_async_wait<kStages - 2>();  // this thread's copies of stage `buf` landed
+    __syncthreads();               // everyone's did, and everyone finished the stage before (its buffer is refilled now)
+    const int pbuf = k.buf == 0 ? kStages - 1 : k.buf - 1;
+    if (prod.c.valid) {
+      issue_weights(prod, smem + pbuf * kBufBytes);
+      issue_acts(prod, a, smem + pbuf * kBufBytes);
+      producer_next<kGateUp>(prod, a, pl, grid);
+    } else if (!k.triggered) {
+      // Nothing left to request: let the dependent grid (down, with a.pdl) start on SMs as they free up.
+      launch_dependents();
+      k.triggered = true;
+    }
+    cp_async_commit();
+    const uint8_t* wbuf = smem + k.buf * kBufBytes;
+    mma_stage<NB>(acc, wbuf, wbuf + kStageBytes, warp, lane);
+    k.buf = k.buf + 1 == kStages ? 0 : k.buf + 1;
+  }
+  k.c.ks = k.c.ke - 1;  // the pass's last stage: advance() moves to the next pass
+  if (reduce_splits<NB>(acc, k.c, a, pl, s_flag)) {
+    if constexpr (kGateUp) {
+      store_h<NB>(acc, k.c, a);
+    } else {
+      store_y_and_combine<NB>(acc, k.c, a, s_done);
+    }
+  }
+  advance(k.c, a.sched, pl, grid);
+}
+
 template <bool kGateUp>
-__global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs a) {
+__global__ void __launch_bounds__(kKThreads, 1) moe_w4a16_kernel(const KernelArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int s_flag;
   __shared__ int s_done[kChunkRows];
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int grid = static_cast<int>(gridDim.x);
   const Plan pl = make_plan(a.sched, *a.d.n_active, grid);
 
-  Cursor prod, cons;
-  prod.item = cons.item = blockIdx.x;
-  load_item(prod, a.sched, pl, grid);
-  load_item(cons, a.sched, pl, grid);
-  ActSource src;
+  Producer prod;
+  Consumer cons;
+  prod.c.item = cons.c.item = blockIdx.x;
+  load_item(prod.c, a.sched, pl, grid);
+  load_item(cons.c, a.sched, pl, grid);
+  if (prod.c.valid) producer_start_pass<kGateUp>(prod, a);
   // Prologue: the first stages' weights do not depend on the previous kernel, so they are requested before
   // griddepcontrol.wait (a no-op unless this grid was launched as a programmatic dependent, see a.pdl); the
   // activations (h, for down) only after it. Stage 0's group holds all those weights: waits stay in order.
   {
-    Cursor w = prod;
+    Producer w = prod;
 #pragma unroll 1
-    for (int i = 0; i < kStages - 1 && w.valid; ++i) {
-      issue_weights(w, a, smem + i * kBufBytes);
-      advance(w, a.sched, pl, grid);
+    for (int i = 0; i < kStages - 1 && w.c.valid; ++i) {
+      issue_weights(w, smem + i * kBufBytes);
+      producer_next<kGateUp>(w, a, pl, grid);
     }
   }
   grid_dependency_wait();
 #pragma unroll 1
   for (int i = 0; i < kStages - 1; ++i) {
-    if (prod.valid) {
-      issue_acts<kGateUp>(prod, a, src, smem + i * kBufBytes);
-      advance(prod, a.sched, pl, grid);
+    if (prod.c.valid) {
+      issue_acts(prod, a, smem + i * kBufBytes);
+      producer_next<kGateUp>(prod, a, pl, grid);
     }
     cp_async_commit();
   }
 
-  Acc acc;
-  zero_acc(acc);
-  int buf = 0;
-  bool triggered = false;
 #pragma unroll 1
-  while (cons.valid) {
-    cp_async_wait<kStages - 2>();  // this thread's copies of stage `buf` landed
-    __syncthreads();               // everyone's did, and everyone finished the stage before (its buffer is refilled now)
-    const int pbuf = buf == 0 ? kStages - 1 : buf - 1;
-    if (prod.valid) {
-      issue_weights(prod, a, smem + pbuf * kBufBytes);
-      issue_acts<kGateUp>(prod, a, src, smem + pbuf * kBufBytes);
-      advance(prod, a.sched, pl, grid);
-    } else if (!triggered) {
-      // Nothing left to request: let the dependent grid (down, with a.pdl) start on SMs as they free up.
-      launch_dependents();
-      triggered = true;
+  while (cons.c.valid) {
+    switch (cons.c.nb) {  // uniform across the CTA
+      case 1: consume_pass<kGateUp, 1>(cons, prod, a, pl, grid, smem, &s_flag, s_done); break;
+      case 2: consume_pass<kGateUp, 2>(cons, prod, a, pl, grid, smem, &s_flag, s_done); break;
+      case 3: consume_pass<kGateUp, 3>(cons, prod, a, pl, grid, smem, &s_flag, s_done); break;
+      default: consume_pass<kGateUp, 4>(cons, prod, a, pl, grid, smem, &s_flag, s_done); break;
     }
-    cp_async_commit();
-
-    // A token sent two rows to one expert (its expert ids were not distinct): flagged for the backend to report at the
-    // step's sync; the pass computes garbage for that chunk but stays in bounds (a trap would poison the context).
-    if (cons.bad && threadIdx.x == 0) atomicOr(a.d.error_flags, kMoeErrorDuplicateExpert);
-    const uint8_t* wbuf = smem + buf * kBufBytes;
-    const uint8_t* abuf = wbuf + kStageBytes;
-    switch (cons.nb) {
-      case 1: mma_stage<1>(acc, wbuf, abuf, warp, lane); break;
-      case 2: mma_stage<2>(acc, wbuf, abuf, warp, lane); break;
-      case 3: mma_stage<3>(acc, wbuf, abuf, warp, lane); break;
-      default: mma_stage<4>(acc, wbuf, abuf, warp, lane); break;
-    }
-    if (cons.ks + 1 == cons.ke) {  // end of a pass (chunk x split): uniform across the CTA
-      if (reduce_splits(acc, cons, a, pl, &s_flag)) {
-        if constexpr (kGateUp) {
-          store_h(acc, cons, a);
-        } else {
-          store_y_and_combine(acc, cons, a, s_done);
-        }
-      }
-      zero_acc(acc);
-    }
-    advance(cons, a.sched, pl, grid);
-    buf = buf + 1 == kStages ? 0 : buf + 1;
   }
   cp_async_wait<0>();
 }
@@ -487,11 +520,11 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
   set_smem_attribute<true>();
   set_smem_attribute<false>();
   const KernelArgs gu = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kGateUp);
-  moe_w4a16_kernel<true><<<ws.grid, kThreads, kSmemBytes, stream>>>(gu);
+  moe_w4a16_kernel<true><<<ws.grid, kKThreads, kSmemBytes, stream>>>(gu);
   BG_CUDA_CHECK_LAUNCH();
   const KernelArgs dn = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kDown);
   if (!p.pdl) {
-    moe_w4a16_kernel<false><<<ws.grid, kThreads, kSmemBytes, stream>>>(dn);
+    moe_w4a16_kernel<false><<<ws.grid, kKThreads, kSmemBytes, stream>>>(dn);
     BG_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -499,7 +532,7 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
   // they read h only after griddepcontrol.wait, which waits for gate/up to complete and flush.
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(ws.grid));
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(kKThreads);
   cfg.dynamicSmemBytes = kSmemBytes;
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
