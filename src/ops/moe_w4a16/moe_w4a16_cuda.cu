@@ -89,7 +89,7 @@ struct Producer {
   Cursor c;
   const uint8_t* w = nullptr;          // this thread's first 16 bytes of the stage's weight block
   const __nv_bfloat16* act = nullptr;  // this thread's 16-byte activation chunk; null: zero-fill (row past the chunk)
-  int64_t k = 0;                       // first input of that chunk (checked against n_in: the last stage may be partial)
+  int64_t k = 0;                       // its first input (checked against n_in: the last stage may be partial)
 };
 
 // First stage of a pass: thread tid copies weight bytes tid * 16 + i * 4096 (and scale bytes tid * 16 for the first 64
@@ -220,7 +220,8 @@ __device__ void store_h(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int n = nb * 8 + (lane & 3) * 2 + (i & 1);
-        const int64_t col = gate_up_column(c.m, layout_warp(warp), layout_tile(warp, 2 * p), (lane >> 2) + (i >> 1) * 8);
+        const int64_t col =
+            gate_up_column(c.m, layout_warp(warp), layout_tile(warp, 2 * p), (lane >> 2) + (i >> 1) * 8);
         if (n >= c.chunk_rows || col >= a.n_out) continue;
         const float v = glu(acc[2 * p][nb][i] * a.out_scale, acc[2 * p + 1][nb][i] * a.out_scale, a.act_kind, a.beta,
                             a.beta_lin);
