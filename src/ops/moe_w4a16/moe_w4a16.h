@@ -61,7 +61,8 @@ MoeW4a16LayoutInfo moe_w4a16_layout_info(int64_t n_slots, int64_t hidden, int64_
 
 // Builds the layout of experts [0, n_slots) into `dst` (info.total_bytes, host memory; uploaded as one allocation).
 // Checks every expert's format (MXFP4) and shape, and rejects an E8M0 scale of 0xFF (NaN) naming expert, projection,
-// row and group. Returns the info with the scale shifts it chose. Parallel over slots.
+// row and group. Returns the info with the scale shifts it chose. Parallel over slots. Writes every byte of dst (the
+// alignment gaps as zeros), so dst need not be initialised.
 MoeW4a16LayoutInfo moe_w4a16_pack(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter,
                                   std::span<std::byte> dst);
 

@@ -46,6 +46,7 @@
 // Resources (nvcc 13.0 -Xptxas -v, sm_90a): 232 / 224 registers (down / gate-up), no stack, no spills; 129 KiB of
 // dynamic shared memory, 1 CTA of 256 threads per SM. Full report and measurements: docs/MOE_W4A16.md.
 #include <algorithm>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -570,10 +571,13 @@ bool moe_w4a16_preferred(const MoeCudaParams& p) {
 
 MoeW4a16DeviceLayer moe_w4a16_upload(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter) {
   const MoeW4a16LayoutInfo shape = moe_w4a16_layout_info(static_cast<int64_t>(experts.size()), hidden, inter);
-  std::vector<std::byte> host(static_cast<size_t>(shape.total_bytes));
+  // Not zero-initialised: moe_w4a16_pack writes every byte (blocks and alignment gaps); a K3 layer is ~1 GB, and
+  // zeroing it first cost a pass over it at load time.
+  const auto bytes = static_cast<size_t>(shape.total_bytes);
+  const auto host = std::make_unique_for_overwrite<std::byte[]>(bytes);
   MoeW4a16DeviceLayer layer;
-  layer.weights.info = moe_w4a16_pack(experts, hidden, inter, host);
-  layer.storage = cuda::upload_bytes(host.data(), host.size());
+  layer.weights.info = moe_w4a16_pack(experts, hidden, inter, std::span<std::byte>(host.get(), bytes));
+  layer.storage = cuda::upload_bytes(host.get(), bytes);
   layer.weights.data = layer.storage.data();
   return layer;
 }

@@ -56,13 +56,6 @@ RowRef row_ref(const MoeW4a16ExpertView& ex, MoeW4a16Proj proj, int64_t n_out, i
   return {ex.down, row};
 }
 
-uint8_t code_at(const RowRef& r, int64_t k) {
-  if (r.w == nullptr || k >= r.w->n_in) return 0;
-  const auto* row = reinterpret_cast<const uint8_t*>(r.w->data.data) + r.row * (r.w->n_in / 2);
-  const uint8_t byte = row[k / 2];
-  return (k & 1) ? static_cast<uint8_t>(byte >> 4) : static_cast<uint8_t>(byte & 0xf);
-}
-
 uint8_t scale_at(const RowRef& r, int64_t group) {
   if (r.w == nullptr || group >= r.w->n_in / kMxfp4GroupSize) return 0;
   return reinterpret_cast<const uint8_t*>(r.w->scale.data)[r.row * (r.w->n_in / kMxfp4GroupSize) + group];
@@ -109,25 +102,47 @@ int max_scale(const QuantWeight& w, int64_t slot, const char* name) {
   return best;
 }
 
+// contribution of a source byte (two codes, k even in the low nibble, k + 1 in the high one) to a stored word, for
+// each of the word's four element pairs: pair p holds elements 2p, 2p + 1 (element_k: consecutive k, one byte;
+// element_row_half: p odd is row g + 8; p >= 2 is the next byte of the row). OR of 4 of these = one word.
+using PairTable = std::array<std::array<uint32_t, 256>, 4>;
+PairTable make_pair_table(const EncodeTable& enc) {
+  PairTable t{};
+  for (int p = 0; p < 4; ++p) {
+    for (int b = 0; b < 256; ++b) t[p][b] = enc[2 * p][b & 0xf] | enc[2 * p + 1][b >> 4];
+  }
+  return t;
+}
+
+// The 8 code bytes (16 inputs) a lane's thread t reads for its 4 k-steps of one row: inputs 16 t .. 16 t + 15 of the
+// stage (stage_k), i.e. bytes 8 t .. 8 t + 7 of the stage's 32; zeros past the real rows or inputs (n_in is a multiple
+// of 32, so a thread's 16 inputs are all real or all padding).
+std::array<uint8_t, 8> lane_row_bytes(const RowRef& r, int kstage, int t) {
+  std::array<uint8_t, 8> b{};
+  const int64_t k0 = static_cast<int64_t>(kstage) * w4::kKStage + 16 * t;
+  if (r.w == nullptr || k0 >= r.w->n_in) return b;
+  const auto* row = reinterpret_cast<const uint8_t*>(r.w->data.data) + r.row * (r.w->n_in / 2);
+  std::memcpy(b.data(), row + k0 / 2, b.size());
+  return b;
+}
+
 // One (slot, item, k-stage) block of 17408 bytes.
 void pack_block(const MoeW4a16ExpertView& ex, MoeW4a16Proj proj, const MoeW4a16MatrixInfo& m, int item, int kstage,
-                const EncodeTable& enc, uint8_t* block) {
+                const PairTable& pairs, uint8_t* block) {
+  static_assert(w4::kKStage == 64, "lane_row_bytes: 16 inputs per thread of 4");
   for (int warp = 0; warp < w4::kWarps; ++warp) {
     for (int mt = 0; mt < w4::kMTiles; ++mt) {
-      for (int lane = 0; lane < 32; ++lane) {
-        const int g = lane >> 2, t = lane & 3;
-        const RowRef rows[2] = {row_ref(ex, proj, m.n_out, item, warp, mt, g),
-                                row_ref(ex, proj, m.n_out, item, warp, mt, g + 8)};
-        uint32_t words[4];
-        for (int ks = 0; ks < 4; ++ks) {
-          uint32_t word = 0;
-          for (int i = 0; i < 8; ++i) {
-            const int64_t k = static_cast<int64_t>(kstage) * w4::kKStage + w4::element_k(t, ks, i);
-            word |= enc[static_cast<size_t>(i)][code_at(rows[w4::element_row_half(i)], k)];
+      for (int g = 0; g < 8; ++g) {
+        const RowRef row_g = row_ref(ex, proj, m.n_out, item, warp, mt, g);
+        const RowRef row_g8 = row_ref(ex, proj, m.n_out, item, warp, mt, g + 8);
+        for (int t = 0; t < 4; ++t) {
+          const std::array<uint8_t, 8> a = lane_row_bytes(row_g, kstage, t), b = lane_row_bytes(row_g8, kstage, t);
+          uint32_t words[4];
+          for (int ks = 0; ks < 4; ++ks) {  // k-step ks: inputs 16 t + 4 ks .. + 3 = bytes 2 ks, 2 ks + 1
+            words[ks] = pairs[0][a[2 * ks]] | pairs[1][b[2 * ks]] | pairs[2][a[2 * ks + 1]] | pairs[3][b[2 * ks + 1]];
           }
-          words[ks] = word;
+          std::memcpy(block + w4::code_offset(warp, mt, g * 4 + t), words, sizeof(words));
         }
-        std::memcpy(block + w4::code_offset(warp, mt, lane), words, sizeof(words));
       }
     }
     for (int g = 0; g < 8; ++g) {
@@ -176,9 +191,13 @@ MoeW4a16LayoutInfo moe_w4a16_pack(std::span<const MoeW4a16ExpertView> experts, i
   info.gate_up.scale_shift = std::max(0, max_gu - 128);
   info.down.scale_shift = std::max(0, max_dn - 128);
 
-  const EncodeTable enc = make_encode_table();
-  std::memset(dst.data(), 0, dst.size());  // alignment gaps
+  const PairTable pairs = make_pair_table(make_encode_table());
   auto* base = reinterpret_cast<uint8_t*>(dst.data());
+  // Every block is written whole; only the alignment gaps between and after the two projections need zeros.
+  const int64_t gu_end = info.gate_up.offset_bytes + info.n_slots * info.gate_up.slot_bytes;
+  const int64_t dn_end = info.down.offset_bytes + info.n_slots * info.down.slot_bytes;
+  std::memset(base + gu_end, 0, static_cast<size_t>(info.down.offset_bytes - gu_end));
+  std::memset(base + dn_end, 0, static_cast<size_t>(info.total_bytes - dn_end));
   for (MoeW4a16Proj proj : {MoeW4a16Proj::kGateUp, MoeW4a16Proj::kDown}) {
     const MoeW4a16MatrixInfo& m = proj == MoeW4a16Proj::kGateUp ? info.gate_up : info.down;
     const int64_t blocks_per_slot = static_cast<int64_t>(m.n_items) * m.n_kstages;
@@ -186,7 +205,7 @@ MoeW4a16LayoutInfo moe_w4a16_pack(std::span<const MoeW4a16ExpertView> experts, i
       for (int64_t i = b; i < e; ++i) {
         const int64_t slot = i / blocks_per_slot, in_slot = i % blocks_per_slot;
         const int item = static_cast<int>(in_slot / m.n_kstages), kstage = static_cast<int>(in_slot % m.n_kstages);
-        pack_block(experts[static_cast<size_t>(slot)], proj, m, item, kstage, enc,
+        pack_block(experts[static_cast<size_t>(slot)], proj, m, item, kstage, pairs,
                    base + m.offset_bytes + slot * m.slot_bytes + in_slot * w4::kStageBytes);
       }
     });

@@ -132,6 +132,16 @@ TEST(MoeW4a16Layout, PackUnpackRoundTripsBitExact) {
   expect_round_trip(big);
 }
 
+// The loader packs into uninitialised memory (moe_w4a16_upload): every byte must be written, the same whatever the
+// buffer held before.
+TEST(MoeW4a16Layout, PackWritesEveryByte) {
+  const Layer l = make_layer(3, 96, 160, 11);  // packed into zeroed memory
+  std::vector<std::byte> dirty(l.bytes.size(), std::byte{0xAB});
+  const MoeW4a16LayoutInfo info = moe_w4a16_pack(l.views, 96, 160, dirty);
+  EXPECT_EQ(info.total_bytes, l.info.total_bytes);
+  for (size_t i = 0; i < dirty.size(); ++i) ASSERT_EQ(dirty[i], l.bytes[i]) << "byte " << i << " was not written";
+}
+
 TEST(MoeW4a16Layout, RealShapesHaveNoPadding) {
   const MoeW4a16LayoutInfo k3 = moe_w4a16_layout_info(56, 3584, 3072);
   EXPECT_EQ(k3.gate_up.slot_bytes, 2 * 3072 * 3584 / 2 + 2 * 3072 * 3584 / 32);
