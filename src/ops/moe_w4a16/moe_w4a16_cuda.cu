@@ -117,7 +117,7 @@ __device__ __forceinline__ void issue_weights(const Producer& p, uint8_t* buf) {
   const int tid = static_cast<int>(threadIdx.x);
   const uint32_t dst = smem_addr(buf) + tid * 16;
 #pragma unroll
-  for (int i = 0; i < kCodeBytes / 16 / kKThreads; ++i) cp_async16(dst + i * kKThreads * 16, p.w + i * kKThreads * 16);
+  for (int i = 0; i < kCodeBytes / 16 / kThreads; ++i) cp_async16(dst + i * kThreads * 16, p.w + i * kThreads * 16);
   if (tid < kScaleBytes / 16) cp_async16(dst + kCodeBytes, p.w + kCodeBytes);
 }
 
@@ -146,7 +146,7 @@ __device__ __forceinline__ void producer_next(Producer& p, const KernelArgs& a, 
 
 // Fragment-order float4 index of (tile mt, n-block nb) for this thread inside a partial slot.
 __device__ __forceinline__ int64_t partial_index(const KernelArgs& a, int mt, int nb) {
-  return (static_cast<int64_t>(mt * a.sched.nb_cap + nb) * kKThreads + threadIdx.x) * 4;
+  return (static_cast<int64_t>(mt * a.sched.nb_cap + nb) * kThreads + threadIdx.x) * 4;
 }
 
 // Split-K bookkeeping at the end of a pass. Returns true when acc holds the full sum (this CTA finishes the tile).
@@ -158,7 +158,7 @@ __device__ bool reduce_splits(Acc<NB>& acc, const Cursor& c, const KernelArgs& a
   if (!pl.parallel) {
     // Running sum ((p0 + p1) + p2) ... in this CTA's slot: the parallel path's additions, in its order.
 #pragma unroll
-    for (int mt = 0; mt < kKTiles; ++mt)
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
         float4* p = reinterpret_cast<float4*>(own + partial_index(a, mt, nb));
@@ -176,7 +176,7 @@ __device__ bool reduce_splits(Acc<NB>& acc, const Cursor& c, const KernelArgs& a
     return c.s + 1 == pl.splits;
   }
 #pragma unroll
-  for (int mt = 0; mt < kKTiles; ++mt)
+  for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       __stcg(reinterpret_cast<float4*>(own + partial_index(a, mt, nb)),
@@ -195,7 +195,7 @@ __device__ bool reduce_splits(Acc<NB>& acc, const Cursor& c, const KernelArgs& a
   if (!*s_flag) return false;
   const float* first = a.ws.partials + static_cast<int64_t>(c.tile) * pl.splits * a.ws.partial_slot_floats;
 #pragma unroll
-  for (int mt = 0; mt < kKTiles; ++mt)
+  for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       float4 v = __ldcg(reinterpret_cast<const float4*>(first + partial_index(a, mt, nb)));
@@ -215,14 +215,13 @@ template <int NB>
 __device__ void store_h(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
 #pragma unroll
-  for (int p = 0; p < kKTiles / 2; ++p)
+  for (int p = 0; p < kMTiles / 2; ++p)
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int n = nb * 8 + (lane & 3) * 2 + (i & 1);
-        const int64_t col =
-            gate_up_column(c.m, layout_warp(warp), layout_tile(warp, 2 * p), (lane >> 2) + (i >> 1) * 8);
+        const int64_t col = gate_up_column(c.m, warp, 2 * p, (lane >> 2) + (i >> 1) * 8);
         if (n >= c.chunk_rows || col >= a.n_out) continue;
         const float v = glu(acc[2 * p][nb][i] * a.out_scale, acc[2 * p + 1][nb][i] * a.out_scale, a.act_kind, a.beta,
                             a.beta_lin);
@@ -235,13 +234,13 @@ template <int NB>
 __device__ void store_y_and_combine(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a, int* s_done) {
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
 #pragma unroll
-  for (int mt = 0; mt < kKTiles; ++mt)
+  for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int n = nb * 8 + (lane & 3) * 2 + (i & 1);
-        const int64_t col = down_row(c.m, layout_warp(warp), layout_tile(warp, mt), (lane >> 2) + (i >> 1) * 8);
+        const int64_t col = down_row(c.m, warp, mt, (lane >> 2) + (i >> 1) * 8);
         if (n >= c.chunk_rows || col >= a.n_out) continue;
         __stcg(a.ws.y + static_cast<int64_t>(c.chunk_row0 + n) * a.n_out + col, acc[mt][nb][i] * a.out_scale);
       }
@@ -260,7 +259,7 @@ __device__ void store_y_and_combine(const Acc<NB>& acc, const Cursor& c, const K
   for (int r = 0; r < c.chunk_rows; ++r) {
     const int token = s_done[r];
     if (token < 0) continue;  // uniform across the CTA
-    if (tid < kCombineCols / 2 && col < a.n_out) {  // n_out % 32 == 0: both columns valid
+    if (col < a.n_out) {      // n_out % 32 == 0: both columns valid
       const int64_t o = static_cast<int64_t>(token) * a.n_out + col;
       float2 acc2 = make_float2(0.0f, 0.0f);
       if (a.accumulate) {
@@ -303,7 +302,7 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   Acc<NB> acc;
 #pragma unroll
-  for (int mt = 0; mt < kKTiles; ++mt)
+  for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
@@ -314,7 +313,7 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
 #pragma unroll 1
   for (int ks = k.c.ks; ks < k.c.ke; ++ks) {
     cp_async_wait<kStages - 2>();  // this thread's copies of stage `buf` landed
-    __syncthreads();               // everyone's did, and everyone finished the stage before (its buffer is refilled now)
+    __syncthreads();  // everyone's did, and everyone finished the stage before (its buffer is refilled now)
     const int pbuf = k.buf == 0 ? kStages - 1 : k.buf - 1;
     if (prod.c.valid) {
       issue_weights(prod, smem + pbuf * kBufBytes);
@@ -342,7 +341,7 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
 }
 
 template <bool kGateUp>
-__global__ void __launch_bounds__(kKThreads, 1) moe_w4a16_kernel(const KernelArgs a) {
+__global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int s_flag;
   __shared__ int s_done[kChunkRows];
@@ -522,11 +521,11 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
   set_smem_attribute<true>();
   set_smem_attribute<false>();
   const KernelArgs gu = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kGateUp);
-  moe_w4a16_kernel<true><<<ws.grid, kKThreads, kSmemBytes, stream>>>(gu);
+  moe_w4a16_kernel<true><<<ws.grid, kThreads, kSmemBytes, stream>>>(gu);
   BG_CUDA_CHECK_LAUNCH();
   const KernelArgs dn = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kDown);
   if (!p.pdl) {
-    moe_w4a16_kernel<false><<<ws.grid, kKThreads, kSmemBytes, stream>>>(dn);
+    moe_w4a16_kernel<false><<<ws.grid, kThreads, kSmemBytes, stream>>>(dn);
     BG_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -534,7 +533,7 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
   // they read h only after griddepcontrol.wait, which waits for gate/up to complete and flush.
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(ws.grid));
-  cfg.blockDim = dim3(kKThreads);
+  cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = kSmemBytes;
   cfg.stream = stream;
   cudaLaunchAttribute attr{};

@@ -57,51 +57,23 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// The kernel may run each layout warp's 4 m16 tiles (moe_w4a16_layout.h: 8 warps x 4 tiles = 512 rows per item) on
-// kSplitWarp warps of kKTiles tiles each; a kernel warp's tiles are kKTiles (w % kSplitWarp) + {0, ..} of layout warp
-// w / kSplitWarp, so it holds gate and up tiles of the same columns (even / odd tiles) and the GLU stays in registers.
-// kSplitWarp = 2 (16 warps of 2 tiles, 512 threads) passed the parity tests on the H200 but ran slower (0.44 against
-// 0.46 of read at 1 row per expert): at 512 threads a thread gets at most 128 registers and the kernel spills, and
-// every per-stage cost (cursor, copies, barrier) is paid by twice the warps. Measurements: docs/MOE_W4A16.md.
-inline constexpr int kSplitWarp = 1;
-inline constexpr int kKWarps = kWarps * kSplitWarp;
-inline constexpr int kKTiles = kMTiles / kSplitWarp;  // m16 tiles per kernel warp
-inline constexpr int kKThreads = kKWarps * 32;
-static_assert(kKTiles % 2 == 0, "a kernel warp must hold whole gate/up tile pairs");
-static_assert(kKTiles == 2 || kKTiles == 4, "scale words per tile pair (mma_stage)");
-__host__ __device__ __forceinline__ int layout_warp(int warp) { return warp / kSplitWarp; }
-__host__ __device__ __forceinline__ int layout_tile(int warp, int mt) { return (warp % kSplitWarp) * kKTiles + mt; }
-
 // Accumulators of one warp for a pass of NB n8 token blocks: [m16 tile][n8 block][c0..c3]. Sized by the pass, so a
 // pass over fewer rows keeps (and moves) no unused accumulators.
 template <int NB>
-using Acc = float[kKTiles][NB][4];
+using Acc = float[kMTiles][NB][4];
 
-// One pipeline stage of one kernel warp: 64 inputs x (kKTiles m16 tiles) x (NB n8 token blocks).
+// One pipeline stage of one warp: 64 inputs x (4 m16 tiles) x (NB n8 token blocks).
 //   wbuf: the stage's 17408-byte weight block in shared memory; abuf: its activation tile (kActRowBytes rows).
-// Per thread: kKTiles LDS.128 of codes (tile mt, words = k-steps), one 32-bit word of E8M0' bytes per tile pair
-// ([mt][row half]),
+// Per thread: 4 LDS.128 of codes (tile mt, words = k-steps), 1 LDS.64 of scales (8 E8M0' bytes: [mt][row half]),
 // 2 NB LDS.128 of activations (chunks 2t, 2t+1 of tokens nb*8 + g). Per code word: 9 integer ops of decode, 4
 // bf16x2 scale multiplies, NB mma.
 template <int NB>
 __device__ __forceinline__ void mma_stage(Acc<NB>& acc, const uint8_t* wbuf, const uint8_t* abuf, int warp, int lane) {
   const int g = lane >> 2, t = lane & 3;
-  const int lw = layout_warp(warp);
-  uint4 code[kKTiles];
+  uint4 code[kMTiles];
 #pragma unroll
-  for (int mt = 0; mt < kKTiles; ++mt) {
-    code[mt] = *reinterpret_cast<const uint4*>(wbuf + code_offset(lw, layout_tile(warp, mt), lane));
-  }
-  // This warp's tiles' E8M0' bytes, [tile][row half]: one 32-bit word per pair of tiles (an LDS.32 or LDS.64).
-  const uint8_t* sp = wbuf + scale_offset(lw, g, t >> 1, layout_tile(warp, 0), 0);
-  uint32_t sc[kKTiles / 2];
-  if constexpr (kKTiles == 2) {
-    sc[0] = *reinterpret_cast<const uint32_t*>(sp);
-  } else {
-    const uint2 v = *reinterpret_cast<const uint2*>(sp);
-    sc[0] = v.x;
-    sc[1] = v.y;
-  }
+  for (int mt = 0; mt < kMTiles; ++mt) code[mt] = *reinterpret_cast<const uint4*>(wbuf + code_offset(warp, mt, lane));
+  const uint2 sc = *reinterpret_cast<const uint2*>(wbuf + scale_offset(warp, g, t >> 1, 0, 0));
   uint4 bch[NB][2];
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb) {
@@ -109,9 +81,9 @@ __device__ __forceinline__ void mma_stage(Acc<NB>& acc, const uint8_t* wbuf, con
     for (int h = 0; h < 2; ++h) bch[nb][h] = *reinterpret_cast<const uint4*>(abuf + act_offset(nb * 8 + g, 2 * t + h));
   }
 #pragma unroll
-  for (int mt = 0; mt < kKTiles; ++mt) {
-    const uint32_t sw = sc[mt >> 1] >> (16 * (mt & 1));
-    const uint32_t s_row_g = scale_bf16x2(sw & 0xffu), s_row_g8 = scale_bf16x2((sw >> 8) & 0xffu);
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    uint32_t s_row_g, s_row_g8;
+    tile_scales(sc.x, sc.y, mt, s_row_g, s_row_g8);
     const uint32_t words[4] = {code[mt].x, code[mt].y, code[mt].z, code[mt].w};
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
