@@ -3,6 +3,9 @@
 // and a mixed batch, each sequence on shuffled, non-contiguous blocks of a two-layer pool. Then the same at the small
 // dims of the golden and random test checkpoints (kv_lora 32 / 48, rope 8..32, nope 8..32, v 8..32) and at odd dims
 // (entries that are not a multiple of 8 elements, misaligned cache bases and latents: the element-wise paths).
+// Last, the non-absorbed prefill path (mla_prefill_cuda.h) with the absorbed kernel on the other tokens of the step,
+// as the CUDA backend runs it: fresh prompts, prefix + chunk, ragged mixed steps, contexts cut into several passes
+// (state carried in fp32), the production dims and the padded small ones.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,11 +14,14 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "cuda_testing.h"
 #include "ops/mla/mla.h"
 #include "ops/mla/mla_cuda.h"
+#include "ops/linear/linear_cuda.h"
+#include "ops/mla/mla_prefill_cuda.h"
 
 namespace bg::ops {
 namespace {
@@ -394,6 +400,153 @@ TEST(MlaCuda, RejectsUnsupportedShapes) {
   // A supported shape with null pointers.
   EXPECT_THROW(mla_attention_cuda(ok, nullptr, nullptr, nullptr, c, nullptr, nullptr), Error);
   EXPECT_THROW(mla_cache_write_cuda(ok, nullptr, c, nullptr), Error);
+}
+
+// ---- prefill path (mla_prefill_cuda.h) -----------------------------------------------------------------------------
+
+// One step: per sequence, the last n_query[s] of its written positions are the step's query tokens (in sequence
+// order, as the scheduler lays a step out). Sequences with at least options.min_tokens queries take the prefill path,
+// the others the absorbed kernel over their token ranges; every token is checked against the CPU reference.
+void run_prefill(PagedSequences& seqs, const std::vector<int64_t>& n_query, int64_t n_heads,
+                 const MlaPrefillOptions& options, uint64_t seed, bool expect_state) {
+  const Dims& d = seqs.dims;
+  const int64_t lora = d.lora, nope = d.nope, v_head = d.v, block = d.block, entry = d.entry();
+  const int64_t nh = n_heads, qk = d.nope + d.rope;
+  std::vector<int32_t> seq_idx;
+  std::vector<int64_t> positions, seq_begin{0};
+  for (size_t s = 0; s < n_query.size(); ++s) {
+    for (int64_t p = seqs.lengths[s] - n_query[s]; p < seqs.lengths[s]; ++p) {
+      seq_idx.push_back(static_cast<int32_t>(s));
+      positions.push_back(p);
+    }
+    seq_begin.push_back(static_cast<int64_t>(positions.size()));
+  }
+  const auto n = static_cast<int64_t>(positions.size());
+  const float w_scale = 1.0f / std::sqrt(static_cast<float>(lora));
+  std::vector<float> q = random_floats(static_cast<size_t>(n * nh * qk), 1.0f, seed);
+  std::vector<float> w_uk = random_floats(static_cast<size_t>(nh * nope * lora), w_scale, seed + 1);
+  std::vector<float> w_uv = random_floats(static_cast<size_t>(nh * v_head * lora), w_scale, seed + 2);
+  DeviceBuffer d_q = cuda::upload(to_bf16(q)), d_uk = cuda::upload(to_bf16(w_uk)), d_uv = cuda::upload(to_bf16(w_uv));
+  DeviceBuffer d_seq = cuda::upload(seq_idx), d_pos = cuda::upload(positions);
+  DeviceBuffer d_out(static_cast<size_t>(n * nh * v_head) * 2);
+  d_out.fill_bytes(0xff);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(qk));
+  const MlaParams p{n, nh, lora, nope, d.rope, v_head, block, scale};
+
+  const MlaPrefillPlan plan = mla_prefill_plan(positions, seq_begin, options);
+  ASSERT_FALSE(plan.empty());
+  EXPECT_EQ(plan.needs_state, expect_state);
+  const MlaPrefillWorkspace ws = mla_prefill_workspace(p, plan);
+  DeviceBuffer d_ws(ws.total_bytes);
+  d_ws.fill_bytes(0xff);  // poisoned: every region the launch reads it writes first (but the metadata)
+  const std::vector<std::byte> meta = mla_prefill_meta(plan, ws);
+  BG_CUDA_CHECK(cudaMemcpy(d_ws.data(), meta.data(), meta.size(), cudaMemcpyHostToDevice));
+  cublasHandle_t handle = nullptr;
+  BG_CUBLAS_CHECK(cublasCreate(&handle));
+  DeviceBuffer cublas_ws(kCublasWorkspaceBytes);
+  DeviceBuffer d_flags = cuda::upload(std::vector<int32_t>{0});
+  MlaPagedCache cache = seqs.cache_view(d_seq, d_pos);
+  cache.error_flags = d_flags.as<int32_t>();
+  const MlaPrefillContext ctx{handle, cublas_ws.data(), kCublasWorkspaceBytes, d_ws.data(), ws.total_bytes};
+  mla_prefill_cuda(p, plan, ws, d_q.as<__nv_bfloat16>(), d_uk.as<__nv_bfloat16>(), d_uv.as<__nv_bfloat16>(), cache,
+                   d_out.as<__nv_bfloat16>(), ctx, nullptr);
+  for (const auto& [b, e] : plan.absorbed_runs) {
+    MlaParams run = p;
+    run.n_tokens = e - b;
+    MlaPagedCache pc = cache;
+    pc.seq_idx += b;
+    pc.positions += b;
+    mla_attention_cuda(run, d_q.as<__nv_bfloat16>() + b * nh * qk, d_uk.as<__nv_bfloat16>(),
+                       d_uv.as<__nv_bfloat16>(), pc, d_out.as<__nv_bfloat16>() + b * nh * v_head, nullptr);
+  }
+  BG_CUDA_CHECK(cudaDeviceSynchronize());
+  cublasDestroy(handle);
+  EXPECT_EQ(cuda::download<int32_t>(d_flags, 1)[0], 0);
+  const std::vector<float> got = from_bf16(cuda::download<uint16_t>(d_out, static_cast<size_t>(n * nh * v_head)));
+
+  const size_t row = static_cast<size_t>(nh * v_head);
+  double worst = 0.0;
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t s = seq_idx[static_cast<size_t>(t)];
+    const std::vector<float>& lat = seqs.latents[static_cast<size_t>(s)];
+    std::vector<const float*> blocks;
+    for (size_t off = 0; off < lat.size(); off += static_cast<size_t>(block * entry)) blocks.push_back(&lat[off]);
+    MlaParams one = p;
+    one.n_tokens = 1;
+    std::vector<float> ref(row);
+    mla_attention_cpu(one, q.data() + t * nh * qk, w_uk.data(), w_uv.data(), blocks.data(),
+                      &positions[static_cast<size_t>(t)], ref.data());
+    const std::vector<float> got_row(got.begin() + static_cast<std::ptrdiff_t>(t * row),
+                                     got.begin() + static_cast<std::ptrdiff_t>((t + 1) * row));
+    const double err = testing::max_rel_error(got_row, ref);
+    worst = std::max(worst, err);
+    ASSERT_LE(err, testing::kTolBf16Out) << "token " << t << " seq " << s << " pos " << positions[size_t(t)]
+                                         << " lora/rope/nope/v " << lora << "/" << d.rope << "/" << nope << "/"
+                                         << v_head;
+  }
+  std::printf("[mla prefill] lora %lld rope %lld nope %lld v %lld block %lld, heads %lld, %lld tokens, %zu passes, "
+              "%zu items: max rel err %.3g\n",
+              static_cast<long long>(lora), static_cast<long long>(d.rope), static_cast<long long>(nope),
+              static_cast<long long>(v_head), static_cast<long long>(block), static_cast<long long>(nh),
+              static_cast<long long>(n), plan.passes.size(), plan.items.size(), worst);
+}
+
+TEST(MlaPrefillCuda, FreshPromptMatchesCpu) {
+  BG_REQUIRE_GPU();
+  PagedSequences seqs({300}, 900);
+  seqs.write_all(901);
+  run_prefill(seqs, {300}, 16, {}, 902, false);
+}
+
+TEST(MlaPrefillCuda, PrefixPlusChunkAcrossPassesMatchesCpu) {
+  BG_REQUIRE_GPU();
+  // 300 new tokens after a 700-token prefix, the 1000-row context cut into passes of 192 rows: the softmax state of
+  // every query tile crosses 5 pass boundaries.
+  PagedSequences seqs({1000}, 910);
+  seqs.write_all(911);
+  run_prefill(seqs, {300}, 8, {64, 192}, 912, true);
+  run_prefill(seqs, {300}, 8, {64, 16384}, 913, false);
+}
+
+TEST(MlaPrefillCuda, RaggedMixedStepMatchesCpu) {
+  BG_REQUIRE_GPU();
+  // Prefill pieces of 129, 64, 200 and 65 tokens (contexts 129, 64, 517, 1100) among decode tokens and a piece below
+  // min_tokens (absorbed kernel), passes of 320 rows cutting sequences mid-context.
+  PagedSequences seqs({129, 40, 64, 517, 30, 1100, 90}, 920);
+  seqs.write_all(921);
+  run_prefill(seqs, {129, 1, 64, 200, 1, 65, 63}, 12, {64, 320}, 922, true);
+}
+
+TEST(MlaPrefillCuda, SmallAndOddDimsMatchCpu) {
+  BG_REQUIRE_GPU();
+  // The padded path: golden / random checkpoint dims, odd entries, rope 0, a misaligned cache.
+  for (const auto& [d, heads, base_offset] : std::vector<std::tuple<Dims, int64_t, int64_t>>{
+           {{32, 16, 16, 16, 16}, 4, 0},
+           {{48, 8, 8, 24, 16}, 2, 0},
+           {{37, 5, 7, 3, 5}, 3, 0},
+           {{33, 0, 8, 8, 16}, 9, 0},
+           {{100, 64, 64, 40, 32}, 10, 0},
+           {{32, 16, 16, 16, 16}, 4, 1},
+           {kProd, 8, 1}}) {
+    PagedSequences seqs({150, 260}, 930 + heads, d, base_offset);
+    seqs.write_all(931 + heads);
+    run_prefill(seqs, {150, 100}, heads, {32, 128}, 932 + heads, true);
+  }
+}
+
+TEST(MlaPrefillCuda, RejectsUntakenShapes) {
+  BG_REQUIRE_GPU();
+  MlaParams p{4, 2, 32, 16, 16, 16, 16, 0.1f};
+  EXPECT_TRUE(mla_prefill_takes(p));
+  p.qk_nope_dim = 129;
+  EXPECT_FALSE(mla_prefill_takes(p));
+  EXPECT_THROW(mla_prefill_workspace(p, {}), Error);
+  p.qk_nope_dim = 16;
+  p.qk_rope_dim = 65;
+  EXPECT_FALSE(mla_prefill_takes(p));
+  p.qk_rope_dim = 16;
+  p.v_head_dim = 130;
+  EXPECT_FALSE(mla_prefill_takes(p));
 }
 
 }  // namespace

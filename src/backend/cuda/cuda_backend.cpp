@@ -30,6 +30,7 @@
 #include "ops/linear/linear_cuda.h"
 #include "ops/mla/mla_cuda.h"
 #include "ops/mla/mla_decode_cuda.h"
+#include "ops/mla/mla_prefill_cuda.h"
 #include "ops/moe/moe_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
 #include "ops/rope/rope_cuda.h"
@@ -269,6 +270,13 @@ class CudaBackend final : public Backend {
       mla_decode(p, q, w_uk, w_uv, c, out);
       return;
     }
+    if (!deterministic_ && !capturing_ && !step_.all_single_token() && ops::mla_prefill_takes(p)) {
+      const ops::MlaPrefillPlan& plan = mla_prefill_plan();
+      if (!plan.empty()) {
+        mla_prefill(p, plan, q, w_uk, w_uv, c, out);
+        return;
+      }
+    }
     ops::mla_attention_cuda(p, q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), paged(c), out.as<bf16>(), stream_);
   }
   void route(const ops::RouterParams& p, const Tensor& logits, const Tensor& bias, Tensor& ids,
@@ -475,6 +483,46 @@ class CudaBackend final : public Backend {
     ops::mla_decode_cuda(plan, {q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), out.as<bf16>()}, paged(c), ctx,
                          stream_);
   }
+  // Prefill steps (mla_prefill_plan.h): the plan is made once per step, its metadata uploaded once per step into the
+  // prefill workspace, and every MLA layer of the step reuses both. Tokens of the other sequences (decode tokens and
+  // short pieces in a mixed step) run the general absorbed kernel over their token ranges.
+  const ops::MlaPrefillPlan& mla_prefill_plan() {
+    if (prefill_plan_serial_ != step_serial_) {
+      prefill_plan_ = ops::mla_prefill_plan(step_.positions, step_.seq_begin);
+      prefill_plan_serial_ = step_serial_;
+    }
+    return prefill_plan_;
+  }
+  void mla_prefill(const ops::MlaParams& p, const ops::MlaPrefillPlan& plan, const Tensor& q, const Tensor& w_uk,
+                   const Tensor& w_uv, const MlaCacheRef& c, Tensor& out) {
+    const ops::MlaPrefillWorkspace ws = ops::mla_prefill_workspace(p, plan);
+    if (ws.total_bytes > prefill_ws_bytes_) {
+      BG_CUDA_CHECK(cudaStreamSynchronize(stream_));  // kernels of an earlier layer may still read the old buffer
+      prefill_ws_.reset();
+      prefill_ws_bytes_ = ws.total_bytes;
+      prefill_ws_ = alloc_->allocate(prefill_ws_bytes_);
+      prefill_meta_serial_ = -1;
+    }
+    if (prefill_meta_serial_ != step_serial_) {
+      const std::vector<std::byte> meta = ops::mla_prefill_meta(plan, ws);
+      copy_in(prefill_ws_.get(), meta.data(), meta.size());
+      prefill_meta_serial_ = step_serial_;
+    }
+    const ops::MlaPrefillContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, prefill_ws_.get(),
+                                     prefill_ws_bytes_};
+    ops::mla_prefill_cuda(p, plan, ws, q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), paged(c), out.as<bf16>(), ctx,
+                          stream_);
+    const int64_t qk = p.qk_nope_dim + p.qk_rope_dim;
+    for (const auto& [begin, end] : plan.absorbed_runs) {
+      ops::MlaParams run = p;
+      run.n_tokens = end - begin;
+      ops::MlaPagedCache pc = paged(c);
+      pc.seq_idx += begin;
+      pc.positions += begin;
+      ops::mla_attention_cuda(run, q.as<bf16>() + begin * p.n_heads * qk, w_uk.as<bf16>(), w_uv.as<bf16>(), pc,
+                              out.as<bf16>() + begin * p.n_heads * p.v_head_dim, stream_);
+    }
+  }
   ops::MlaPagedCache paged(const MlaCacheRef& c) const {
     ops::MlaPagedCache pc;
     pc.base = c.storage.as<bf16>() + c.layer * c.block_size * c.entry_dim;
@@ -516,6 +564,12 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> mla_ws_;  // MLA decode workspace (see mla_decode)
   size_t mla_ws_bytes_ = 0;
   std::vector<std::shared_ptr<void>> mla_ws_retired_;
+  int64_t step_serial_ = 0;  // bumped by every upload_step: what the per-step caches below are keyed by
+  ops::MlaPrefillPlan prefill_plan_;  // MLA prefill (see mla_prefill_plan)
+  int64_t prefill_plan_serial_ = -1;
+  std::shared_ptr<void> prefill_ws_;
+  size_t prefill_ws_bytes_ = 0;
+  int64_t prefill_meta_serial_ = -1;  // the step whose metadata prefill_ws_ holds
   std::unique_ptr<cuda::WeightUploader> uploader_;
   cuda::WeightUploader& uploader() {
     if (!uploader_) uploader_ = std::make_unique<cuda::WeightUploader>(stream_);
@@ -528,6 +582,7 @@ void CudaBackend::upload_step() {
   BG_PROFILE_OP("upload_step", stream_);
   inject_device_fault_if_armed(name());
   const StepLayout& s = step_;
+  ++step_serial_;
   auto bytes_of = [](const auto& v) { return (v.size() * sizeof(v[0]) + 7) / 8 * 8; };
   const size_t total = bytes_of(s.token_ids) + bytes_of(s.positions) + bytes_of(s.token_seq) +
                        bytes_of(s.block_tables) + bytes_of(s.state_slots) + bytes_of(s.last_rows);

@@ -1,0 +1,166 @@
+// MLA prefill plan: prefill sequences, passes, segments and work items (mla_prefill_plan.h).
+#include "ops/mla/mla_prefill_plan.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+
+namespace bg::ops {
+namespace {
+
+// Positions past this are refused by the prefill path (int32 arithmetic in the kernel, with room for a tile).
+constexpr int64_t kMaxPosition = (int64_t{1} << 31) - (int64_t{1} << 16);
+
+size_t align_up(size_t bytes, size_t alignment) { return (bytes + alignment - 1) / alignment * alignment; }
+
+// Adds the items of one segment: every query tile of its sequence that sees at least one of its keys.
+void add_items(const MlaPrefillSegment& seg, std::span<const int64_t> positions, int64_t begin, int64_t end,
+               MlaPrefillPlan& plan) {
+  for (int64_t t0 = begin; t0 < end; t0 += kMlaPrefillTileQ) {
+    const int64_t t1 = std::min(end, t0 + kMlaPrefillTileQ);
+    const auto [lo, hi] = std::minmax_element(positions.begin() + t0, positions.begin() + t1);
+    const int64_t pos_min = *lo, pos_max = *hi;
+    if (pos_max < seg.k0) continue;  // every key of the segment is in the future of the whole tile
+    MlaPrefillItem it;
+    it.q_row0 = static_cast<int32_t>(t0);
+    it.n_rows = static_cast<int32_t>(t1 - t0);
+    it.g0 = seg.row0;
+    it.k0 = seg.k0;
+    it.n_keys = static_cast<int32_t>(std::min<int64_t>(seg.len, pos_max + 1 - seg.k0));
+    it.mask_from = static_cast<int32_t>(std::max<int64_t>(0, pos_min + 1 - seg.k0));
+    it.flags = (seg.k0 > 0 ? kMlaPrefillLoadState : 0) | (seg.k0 + seg.len > pos_max ? kMlaPrefillFinal : 0);
+    if ((it.flags & kMlaPrefillFinal) == 0) plan.needs_state = true;
+    plan.items.push_back(it);
+  }
+}
+
+}  // namespace
+
+bool mla_prefill_takes(const MlaParams& p) {
+  return p.qk_nope_dim >= 1 && p.qk_nope_dim <= kMlaPrefillNope && p.qk_rope_dim >= 0 &&
+         p.qk_rope_dim <= kMlaPrefillRope && p.v_head_dim >= 1 && p.v_head_dim <= kMlaPrefillV &&
+         p.kv_lora_rank >= 1 && p.n_heads >= 1;
+}
+
+MlaPrefillPlan mla_prefill_plan(std::span<const int64_t> positions, std::span<const int64_t> seq_begin,
+                                const MlaPrefillOptions& options) {
+  constexpr const char* op = "mla_prefill_plan";
+  BG_CHECK(options.min_tokens >= 1, "{}: min_tokens {} must be positive", op, options.min_tokens);
+  BG_CHECK(options.max_pass_rows >= kMlaPrefillTileK && options.max_pass_rows <= (int64_t{1} << 30),
+           "{}: max_pass_rows {} outside [{}, 2^30]", op, options.max_pass_rows, kMlaPrefillTileK);
+  const auto n_tokens = static_cast<int64_t>(positions.size());
+  BG_CHECK(n_tokens < (int64_t{1} << 31), "{}: {} tokens exceed the int32 row range", op, n_tokens);
+  BG_CHECK(!seq_begin.empty() && seq_begin.front() == 0 && seq_begin.back() == n_tokens,
+           "{}: sequence ranges must start at 0 and end at the {} tokens", op, n_tokens);
+  for (size_t s = 1; s < seq_begin.size(); ++s) {
+    BG_CHECK(seq_begin[s] >= seq_begin[s - 1], "{}: sequence {} ends before it begins", op, s - 1);
+  }
+
+  MlaPrefillPlan plan;
+  const auto n_seqs = static_cast<int64_t>(seq_begin.size()) - 1;
+  std::vector<int64_t> context(static_cast<size_t>(n_seqs), 0);
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    const int64_t b = seq_begin[static_cast<size_t>(s)], e = seq_begin[static_cast<size_t>(s) + 1];
+    bool takes = e - b >= options.min_tokens;
+    int64_t pos_max = -1;
+    for (int64_t t = b; t < e && takes; ++t) {
+      const int64_t pos = positions[static_cast<size_t>(t)];
+      takes = pos >= 0 && pos < kMaxPosition;
+      pos_max = std::max(pos_max, pos);
+    }
+    if (takes) {
+      plan.prefill_seqs.push_back(static_cast<int32_t>(s));
+      context[static_cast<size_t>(s)] = pos_max + 1;
+    } else if (e > b) {
+      if (!plan.absorbed_runs.empty() && plan.absorbed_runs.back().second == b) {
+        plan.absorbed_runs.back().second = e;
+      } else {
+        plan.absorbed_runs.emplace_back(b, e);
+      }
+    }
+  }
+  if (plan.prefill_seqs.empty()) return plan;
+
+  // Cut the concatenated contexts into passes of at most max_pass_rows rows.
+  MlaPrefillPass pass;
+  auto close_pass = [&] {
+    pass.n_segments = static_cast<int64_t>(plan.segments.size()) - pass.segment_begin;
+    pass.item_begin = static_cast<int64_t>(plan.items.size());
+    for (int64_t i = pass.segment_begin; i < pass.segment_begin + pass.n_segments; ++i) {
+      const MlaPrefillSegment& seg = plan.segments[static_cast<size_t>(i)];
+      add_items(seg, positions, seq_begin[static_cast<size_t>(seg.seq)], seq_begin[static_cast<size_t>(seg.seq) + 1],
+                plan);
+    }
+    pass.n_items = static_cast<int64_t>(plan.items.size()) - pass.item_begin;
+    // Heaviest tiles first, so the causal tail does not leave SMs idle at the end of the launch.
+    std::stable_sort(plan.items.begin() + pass.item_begin, plan.items.end(),
+                     [](const MlaPrefillItem& a, const MlaPrefillItem& b) { return a.n_keys > b.n_keys; });
+    plan.max_pass_rows = std::max(plan.max_pass_rows, pass.rows);
+    plan.passes.push_back(pass);
+    pass = MlaPrefillPass{};
+    pass.segment_begin = static_cast<int64_t>(plan.segments.size());
+  };
+  for (int32_t s : plan.prefill_seqs) {
+    const int64_t ctx = context[static_cast<size_t>(s)];
+    for (int64_t k = 0; k < ctx;) {
+      const int64_t take = std::min(ctx - k, options.max_pass_rows - pass.rows);
+      plan.segments.push_back({s, static_cast<int32_t>(k), static_cast<int32_t>(take), static_cast<int32_t>(pass.rows)});
+      k += take;
+      pass.rows += take;
+      if (pass.rows == options.max_pass_rows) close_pass();
+    }
+  }
+  if (pass.rows > 0) close_pass();
+  return plan;
+}
+
+MlaPrefillWorkspace mla_prefill_workspace(const MlaParams& p, const MlaPrefillPlan& plan) {
+  BG_CHECK(mla_prefill_takes(p), "mla_prefill_workspace: head dims nope {} / rope {} / v {} not taken", p.qk_nope_dim,
+           p.qk_rope_dim, p.v_head_dim);
+  constexpr size_t kAlign = 256, kBf16 = 2, kF32 = 4;
+  const auto rows = static_cast<size_t>(plan.max_pass_rows), n = static_cast<size_t>(p.n_tokens),
+             h = static_cast<size_t>(p.n_heads);
+  const bool padded = p.qk_nope_dim != kMlaPrefillNope || p.qk_rope_dim != kMlaPrefillRope;
+  MlaPrefillWorkspace ws;
+  size_t at = 0;
+  auto region = [&](size_t bytes) {
+    const size_t offset = at;
+    at = align_up(at + bytes, kAlign);
+    return offset;
+  };
+  ws.segments = region(plan.segments.size() * sizeof(MlaPrefillSegment));
+  ws.items = region(plan.items.size() * sizeof(MlaPrefillItem));
+  ws.meta_bytes = at;
+  ws.q_pad = region(padded ? n * h * kMlaPrefillQk * kBf16 : 0);
+  ws.c_kv = region(rows * static_cast<size_t>(p.kv_lora_rank) * kBf16);
+  ws.k_pe = region(rows * kMlaPrefillRope * kBf16);
+  ws.k_nope = region(rows * h * kMlaPrefillNope * kBf16);
+  ws.v = region(rows * h * kMlaPrefillV * kBf16);
+  ws.state_o = region(plan.needs_state ? n * h * kMlaPrefillV * kF32 : 0);
+  ws.state_ml = region(plan.needs_state ? n * h * 2 * kF32 : 0);
+  ws.total_bytes = at;
+  return ws;
+}
+
+std::vector<std::byte> mla_prefill_meta(const MlaPrefillPlan& plan, const MlaPrefillWorkspace& ws) {
+  std::vector<std::byte> meta(ws.meta_bytes);
+  std::memcpy(meta.data() + ws.segments, plan.segments.data(), plan.segments.size() * sizeof(MlaPrefillSegment));
+  std::memcpy(meta.data() + ws.items, plan.items.data(), plan.items.size() * sizeof(MlaPrefillItem));
+  return meta;
+}
+
+double mla_prefill_flops(const MlaParams& p, std::span<const int64_t> positions, const MlaPrefillPlan& plan,
+                         std::span<const int64_t> seq_begin) {
+  double pairs = 0.0;
+  for (int32_t s : plan.prefill_seqs) {
+    for (int64_t t = seq_begin[static_cast<size_t>(s)]; t < seq_begin[static_cast<size_t>(s) + 1]; ++t) {
+      pairs += static_cast<double>(positions[static_cast<size_t>(t)] + 1);
+    }
+  }
+  return 2.0 * pairs * static_cast<double>(p.n_heads) *
+         static_cast<double>(p.qk_nope_dim + p.qk_rope_dim + p.v_head_dim);
+}
+
+}  // namespace bg::ops

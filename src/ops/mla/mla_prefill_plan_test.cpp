@@ -1,0 +1,149 @@
+// MLA prefill plan (CPU): which sequences take the path, passes cut at the row budget, segments covering every
+// context exactly once in order, work items with the right masks and state flags, and bad layouts refused.
+#include "ops/mla/mla_prefill_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "core/error.h"
+
+namespace bg::ops {
+namespace {
+
+struct Step {
+  std::vector<int64_t> positions, seq_begin{0};
+  // A sequence whose tokens are positions [first, first + n).
+  void add(int64_t first, int64_t n) {
+    for (int64_t p = first; p < first + n; ++p) positions.push_back(p);
+    seq_begin.push_back(static_cast<int64_t>(positions.size()));
+  }
+};
+
+// Every pass's segments tile its rows, every prefill sequence's context is covered once in increasing order, and
+// each query tile gets exactly one final item, after all its other items.
+void check_plan(const Step& st, const MlaPrefillPlan& plan, int64_t max_rows) {
+  std::map<int32_t, int64_t> covered;  // sequence -> next position expected
+  std::map<int32_t, int> finals;       // q_row0 -> final items seen
+  for (size_t pi = 0; pi < plan.passes.size(); ++pi) {
+    const MlaPrefillPass& pass = plan.passes[pi];
+    EXPECT_LE(pass.rows, max_rows);
+    EXPECT_GT(pass.n_items, 0);
+    int64_t row = 0;
+    for (int64_t i = pass.segment_begin; i < pass.segment_begin + pass.n_segments; ++i) {
+      const MlaPrefillSegment& seg = plan.segments[static_cast<size_t>(i)];
+      EXPECT_EQ(seg.row0, row);
+      EXPECT_EQ(seg.k0, covered[seg.seq]);
+      covered[seg.seq] += seg.len;
+      row += seg.len;
+    }
+    EXPECT_EQ(row, pass.rows);
+    for (int64_t i = pass.item_begin; i < pass.item_begin + pass.n_items; ++i) {
+      const MlaPrefillItem& it = plan.items[static_cast<size_t>(i)];
+      EXPECT_GE(it.n_keys, 1);
+      EXPECT_LE(it.n_rows, kMlaPrefillTileQ);
+      EXPECT_EQ(finals[it.q_row0], 0) << "an item after the tile's final one";
+      if ((it.flags & kMlaPrefillFinal) != 0) ++finals[it.q_row0];
+      EXPECT_EQ((it.flags & kMlaPrefillLoadState) != 0, it.k0 > 0);
+      // Keys before mask_from are visible to every row of the tile.
+      const auto b = st.positions.begin() + it.q_row0;
+      EXPECT_EQ(it.mask_from, std::max<int64_t>(0, *std::min_element(b, b + it.n_rows) + 1 - it.k0));
+      EXPECT_EQ(it.k0 + it.n_keys - 1 <= *std::max_element(b, b + it.n_rows), true);
+      if (i > pass.item_begin) {
+        EXPECT_LE(it.n_keys, plan.items[static_cast<size_t>(i - 1)].n_keys);
+      }
+    }
+  }
+  for (int32_t s : plan.prefill_seqs) {
+    const auto b = st.seq_begin[static_cast<size_t>(s)], e = st.seq_begin[static_cast<size_t>(s) + 1];
+    EXPECT_EQ(covered[s], st.positions[static_cast<size_t>(e) - 1] + 1);
+    for (int64_t t = b; t < e; t += kMlaPrefillTileQ) {
+      EXPECT_EQ(finals[static_cast<int32_t>(t)], 1) << t;
+    }
+  }
+}
+
+TEST(MlaPrefillPlan, FreshPromptIsOnePassWithoutState) {
+  Step st;
+  st.add(0, 4096);
+  const MlaPrefillPlan plan = mla_prefill_plan(st.positions, st.seq_begin);
+  ASSERT_EQ(plan.passes.size(), 1u);
+  EXPECT_EQ(plan.items.size(), 32u);
+  EXPECT_FALSE(plan.needs_state);
+  EXPECT_TRUE(plan.absorbed_runs.empty());
+  EXPECT_EQ(plan.items.front().n_keys, 4096);  // heaviest first
+  EXPECT_EQ(plan.items.back().n_keys, 128);
+  EXPECT_EQ(plan.items.back().mask_from, 1);
+  check_plan(st, plan, 16384);
+}
+
+TEST(MlaPrefillPlan, LongContextIsCutIntoPassesWithState) {
+  Step st;
+  st.add(60000, 8192);  // a chunk after a 60k prefix
+  const MlaPrefillOptions options{64, 16384};
+  const MlaPrefillPlan plan = mla_prefill_plan(st.positions, st.seq_begin, options);
+  EXPECT_EQ(plan.passes.size(), 5u);  // 68192 rows
+  EXPECT_EQ(plan.max_pass_rows, 16384);
+  EXPECT_TRUE(plan.needs_state);
+  check_plan(st, plan, 16384);
+}
+
+TEST(MlaPrefillPlan, MixedStepKeepsShortSequencesOnTheAbsorbedKernel) {
+  Step st;
+  st.add(500, 1);    // decode
+  st.add(900, 1);    // decode
+  st.add(0, 200);    // prefill
+  st.add(10, 63);    // below min_tokens
+  st.add(7000, 1);   // decode
+  st.add(100, 64);   // prefill (exactly min_tokens)
+  const MlaPrefillOptions options{64, 256};
+  const MlaPrefillPlan plan = mla_prefill_plan(st.positions, st.seq_begin, options);
+  EXPECT_EQ(plan.prefill_seqs, (std::vector<int32_t>{2, 5}));
+  const std::vector<std::pair<int64_t, int64_t>> runs{{0, 2}, {202, 266}};
+  EXPECT_EQ(plan.absorbed_runs, runs);
+  check_plan(st, plan, 256);
+}
+
+TEST(MlaPrefillPlan, DecodeOnlyStepIsEmpty) {
+  Step st;
+  for (int s = 0; s < 8; ++s) st.add(100 * s, 1);
+  const MlaPrefillPlan plan = mla_prefill_plan(st.positions, st.seq_begin);
+  EXPECT_TRUE(plan.empty());
+  ASSERT_EQ(plan.absorbed_runs.size(), 1u);
+  EXPECT_EQ(plan.absorbed_runs[0], (std::pair<int64_t, int64_t>{0, 8}));
+}
+
+TEST(MlaPrefillPlan, WorkspaceHoldsStateOnlyWhenNeeded) {
+  Step st;
+  st.add(0, 1000);
+  const MlaParams p{1000, 96, 512, 128, 64, 128, 64, 0.07f};
+  const MlaPrefillPlan one = mla_prefill_plan(st.positions, st.seq_begin);
+  const MlaPrefillPlan cut = mla_prefill_plan(st.positions, st.seq_begin, {64, 256});
+  const MlaPrefillWorkspace a = mla_prefill_workspace(p, one), b = mla_prefill_workspace(p, cut);
+  EXPECT_EQ(a.state_o, a.state_ml);  // empty regions
+  EXPECT_GE(b.total_bytes - b.state_o, size_t{1000} * 96 * 128 * 4);
+  EXPECT_EQ(a.q_pad, a.c_kv);  // production dims read q in place
+  EXPECT_GE(a.v - a.k_nope, size_t{1000} * 96 * 128 * 2);
+  const std::vector<std::byte> meta = mla_prefill_meta(one, a);
+  EXPECT_EQ(meta.size(), a.meta_bytes);
+  EXPECT_DOUBLE_EQ(mla_prefill_flops(p, st.positions, one, st.seq_begin), 2.0 * 500500.0 * 96 * 320);
+}
+
+TEST(MlaPrefillPlan, RefusesBadLayoutsAndOptions) {
+  Step st;
+  st.add(0, 100);
+  EXPECT_THROW(mla_prefill_plan(st.positions, std::vector<int64_t>{0, 99}), Error);
+  EXPECT_THROW(mla_prefill_plan(st.positions, std::vector<int64_t>{1, 100}), Error);
+  EXPECT_THROW(mla_prefill_plan(st.positions, std::vector<int64_t>{0, 60, 50, 100}), Error);
+  EXPECT_THROW(mla_prefill_plan(st.positions, std::vector<int64_t>{}), Error);
+  EXPECT_THROW(mla_prefill_plan(st.positions, st.seq_begin, {0, 1024}), Error);
+  EXPECT_THROW(mla_prefill_plan(st.positions, st.seq_begin, {64, 63}), Error);
+  // Negative positions never take the path.
+  st.positions[5] = -1;
+  EXPECT_TRUE(mla_prefill_plan(st.positions, st.seq_begin).empty());
+}
+
+}  // namespace
+}  // namespace bg::ops
