@@ -407,8 +407,8 @@ TEST(MlaCuda, RejectsUnsupportedShapes) {
 // One step: per sequence, the last n_query[s] of its written positions are the step's query tokens (in sequence
 // order, as the scheduler lays a step out). Sequences with at least options.min_tokens queries take the prefill path,
 // the others the absorbed kernel over their token ranges; every token is checked against the CPU reference.
-void run_prefill(PagedSequences& seqs, const std::vector<int64_t>& n_query, int64_t n_heads,
-                 const MlaPrefillOptions& options, uint64_t seed, bool expect_state) {
+void run_prefill_with(PagedSequences& seqs, const std::vector<int64_t>& n_query, int64_t n_heads,
+                      const MlaPrefillOptions& options, uint64_t seed, bool expect_state, MlaPrefillMma mma) {
   const Dims& d = seqs.dims;
   const int64_t lora = d.lora, nope = d.nope, v_head = d.v, block = d.block, entry = d.entry();
   const int64_t nh = n_heads, qk = d.nope + d.rope;
@@ -449,7 +449,7 @@ void run_prefill(PagedSequences& seqs, const std::vector<int64_t>& n_query, int6
   cache.error_flags = d_flags.as<int32_t>();
   const MlaPrefillContext ctx{handle, cublas_ws.data(), kCublasWorkspaceBytes, d_ws.data(), ws.total_bytes};
   mla_prefill_cuda(p, plan, ws, d_q.as<__nv_bfloat16>(), d_uk.as<__nv_bfloat16>(), d_uv.as<__nv_bfloat16>(), cache,
-                   d_out.as<__nv_bfloat16>(), ctx, nullptr);
+                   d_out.as<__nv_bfloat16>(), ctx, nullptr, mma);
   for (const auto& [b, e] : plan.absorbed_runs) {
     MlaParams run = p;
     run.n_tokens = e - b;
@@ -480,15 +480,24 @@ void run_prefill(PagedSequences& seqs, const std::vector<int64_t>& n_query, int6
                                      got.begin() + static_cast<std::ptrdiff_t>((t + 1) * row));
     const double err = testing::max_rel_error(got_row, ref);
     worst = std::max(worst, err);
-    ASSERT_LE(err, testing::kTolBf16Out) << "token " << t << " seq " << s << " pos " << positions[size_t(t)]
+    ASSERT_LE(err, testing::kTolBf16Out) << mla_prefill_mma_name(mma) << " token " << t << " seq " << s << " pos "
+                                         << positions[size_t(t)]
                                          << " lora/rope/nope/v " << lora << "/" << d.rope << "/" << nope << "/"
                                          << v_head;
   }
-  std::printf("[mla prefill] lora %lld rope %lld nope %lld v %lld block %lld, heads %lld, %lld tokens, %zu passes, "
-              "%zu items: max rel err %.3g\n",
-              static_cast<long long>(lora), static_cast<long long>(d.rope), static_cast<long long>(nope),
+  std::printf("[mla prefill %s] lora %lld rope %lld nope %lld v %lld block %lld, heads %lld, %lld tokens, %zu "
+              "passes, %zu items: max rel err %.3g\n",
+              mla_prefill_mma_name(mma), static_cast<long long>(lora), static_cast<long long>(d.rope), static_cast<long long>(nope),
               static_cast<long long>(v_head), static_cast<long long>(block), static_cast<long long>(nh),
               static_cast<long long>(n), plan.passes.size(), plan.items.size(), worst);
+}
+
+// Both tensor-core kernels on the same step.
+void run_prefill(PagedSequences& seqs, const std::vector<int64_t>& n_query, int64_t n_heads,
+                 const MlaPrefillOptions& options, uint64_t seed, bool expect_state) {
+  for (MlaPrefillMma mma : {MlaPrefillMma::kWgmma, MlaPrefillMma::kMmaSync}) {
+    run_prefill_with(seqs, n_query, n_heads, options, seed, expect_state, mma);
+  }
 }
 
 TEST(MlaPrefillCuda, FreshPromptMatchesCpu) {

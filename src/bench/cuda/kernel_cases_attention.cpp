@@ -111,11 +111,11 @@ KernelCase mla_decode_case(int64_t batch, int64_t context, bool tensor_cores = t
 // Prefill of one sequence of `n` tokens at positions 0 .. n - 1 (causal). FLOPs are those of causal attention with
 // q/k head dim 192 and v 128 (what a FlashAttention kernel does), so every implementation is held to the same count.
 // mla_prefill: the path the backend runs for prefill sequences (mla_prefill_cuda: gather, the two k_nope / v GEMMs
-// and the tensor-core attention, all timed); mla_prefill_absorbed: the general absorbed kernel it replaced (CUDA
+// and the wgmma attention, all timed); mla_prefill_mmasync: the same with the mma.sync kernel; mla_prefill_absorbed: the general absorbed kernel it replaced (CUDA
 // cores, O(T^2) over the 576-wide latent), kept as the reference point.
-KernelCase mla_prefill_case(int64_t n, bool absorbed = false) {
+KernelCase mla_prefill_case(int64_t n, bool absorbed = false, ops::MlaPrefillMma mma = ops::MlaPrefillMma::kWgmma) {
   KernelCase c;
-  c.name = absorbed ? "mla_prefill_absorbed" : "mla_prefill";
+  c.name = absorbed ? "mla_prefill_absorbed" : mma == ops::MlaPrefillMma::kWgmma ? "mla_prefill" : "mla_prefill_mmasync";
   c.shape = fmt::format("T={}", n);
   c.set_bytes = absorbed ? d(n * kEntry) * 2 : 0;  // compute-bound: one input set, no L2 rotation needed
   c.prepare = [=](const CudaEnv& env, CaseMemory& mem, int) {
@@ -142,7 +142,7 @@ KernelCase mla_prefill_case(int64_t n, bool absorbed = false) {
     const ops::MlaPrefillContext ctx{env.cublas, env.cublas_workspace, env.cublas_workspace_bytes, workspace,
                                      ws.total_bytes};
     k.launch = [=](int, cudaStream_t stream) {
-      ops::mla_prefill_cuda(p, plan, ws, m.q, w_uk, w_uv, m.cache, m.out, ctx, stream);
+      ops::mla_prefill_cuda(p, plan, ws, m.q, w_uk, w_uv, m.cache, m.out, ctx, stream, mma);
     };
     return k;
   };
@@ -302,8 +302,12 @@ void register_attention_cases(KernelRegistry& r, bool quick) {
   for (int64_t t : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384, 65536}) {
     r.add(mla_prefill_case(t));
   }
-  // The absorbed kernel on CUDA cores (~0.12 s at 4k, ~2 s at 16k): the reference point at 4k only.
-  if (!quick) r.add(mla_prefill_case(4096, /*absorbed=*/true));
+  if (!quick) {
+    // The mma.sync kernel (the FlashAttention-2 formulation) and the absorbed kernel on CUDA cores (~0.12 s at 4k,
+    // ~2 s at 16k) it replaced, as reference points.
+    for (int64_t t : {4096, 16384}) r.add(mla_prefill_case(t, false, ops::MlaPrefillMma::kMmaSync));
+    r.add(mla_prefill_case(4096, /*absorbed=*/true));
+  }
   for (int64_t b : decode) r.add(mla_cache_write_case(b));
   for (int64_t b : decode) r.add(kda_recurrent_case(b));
   r.add(kda_chunked_case(quick ? 2048 : 8192));

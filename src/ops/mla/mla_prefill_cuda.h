@@ -1,4 +1,4 @@
-// MLA prefill on the GPU in the non-absorbed form (FlashAttention-2 class, mma.sync tensor cores). For each pass of
+// MLA prefill on the GPU in the non-absorbed form (FlashAttention class: wgmma, or mma.sync tensor cores). For each pass of
 // the plan (mla_prefill_plan.h): gather the prefill sequences' latent context from the paged cache, expand it per
 // head with two batched cuBLAS GEMMs (k_nope = W_UK c, v = W_UV c), then one attention launch over (query tile, head)
 // with an online softmax, the causal mask by position, and the softmax state carried across passes in fp32.
@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "ops/mla/mla_cuda.h"
 #include "ops/mla/mla_prefill_plan.h"
@@ -26,6 +27,13 @@ struct MlaPrefillContext {
   size_t workspace_bytes = 0;
 };
 
+// Which tensor-core instruction the attention kernel uses (same work items, same results to rounding).
+enum class MlaPrefillMma : uint8_t {
+  kWgmma,    // sm_90a warpgroup MMA: Q·Kᵀ from shared memory, P·V with P in registers; 128 keys per tile (default)
+  kMmaSync,  // mma.sync.m16n8k16 fed by ldmatrix; 64 keys per tile (the FlashAttention-2 formulation)
+};
+const char* mla_prefill_mma_name(MlaPrefillMma mma);
+
 // The prefill sequences' tokens of the plan (same contract as mla_attention_cuda for those tokens):
 //   q    [n_tokens, n_heads, qk_nope + qk_rope] bf16 (rows of other tokens are not read)
 //   w_uk [n_heads, qk_nope, kv_lora] bf16,  w_uv [n_heads, v_head, kv_lora] bf16
@@ -36,7 +44,7 @@ struct MlaPrefillContext {
 void mla_prefill_cuda(const MlaParams& p, const MlaPrefillPlan& plan, const MlaPrefillWorkspace& ws,
                       const __nv_bfloat16* q, const __nv_bfloat16* w_uk, const __nv_bfloat16* w_uv,
                       const MlaPagedCache& cache, __nv_bfloat16* out, const MlaPrefillContext& ctx,
-                      cudaStream_t stream);
+                      cudaStream_t stream, MlaPrefillMma mma = MlaPrefillMma::kWgmma);
 
 // Registers per thread, local (spill) bytes and shared memory of the attention kernel, for the benchmark.
 struct MlaPrefillKernelInfo {
@@ -44,6 +52,6 @@ struct MlaPrefillKernelInfo {
   size_t local_bytes = 0;
   size_t smem_bytes = 0;
 };
-MlaPrefillKernelInfo mla_prefill_kernel_info();
+MlaPrefillKernelInfo mla_prefill_kernel_info(MlaPrefillMma mma = MlaPrefillMma::kWgmma);
 
 }  // namespace bg::ops
