@@ -21,6 +21,7 @@
 #include "ops/mla/mla.h"
 #include "ops/mla/mla_cuda.h"
 #include "ops/linear/linear_cuda.h"
+#include "ops/mla/mla_decode_cuda.h"
 #include "ops/mla/mla_prefill_cuda.h"
 
 namespace bg::ops {
@@ -450,17 +451,30 @@ void run_prefill_with(PagedSequences& seqs, const std::vector<int64_t>& n_query,
   const MlaPrefillContext ctx{handle, cublas_ws.data(), kCublasWorkspaceBytes, d_ws.data(), ws.total_bytes};
   mla_prefill_cuda(p, plan, ws, d_q.as<__nv_bfloat16>(), d_uk.as<__nv_bfloat16>(), d_uv.as<__nv_bfloat16>(), cache,
                    d_out.as<__nv_bfloat16>(), ctx, nullptr, mma);
+  // The other tokens as the backend runs them: runs of single-token sequences through the decode kernel at the
+  // production latent shape, anything else through the general kernel.
+  int n_sms = 0;
+  BG_CUDA_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, 0));
   for (const auto& [b, e] : plan.absorbed_runs) {
     MlaParams run = p;
     run.n_tokens = e - b;
     MlaPagedCache pc = cache;
     pc.seq_idx += b;
     pc.positions += b;
-    mla_attention_cuda(run, d_q.as<__nv_bfloat16>() + b * nh * qk, d_uk.as<__nv_bfloat16>(),
-                       d_uv.as<__nv_bfloat16>(), pc, d_out.as<__nv_bfloat16>() + b * nh * v_head, nullptr);
+    const MlaDecodeTensors t{d_q.as<__nv_bfloat16>() + b * nh * qk, d_uk.as<__nv_bfloat16>(),
+                             d_uv.as<__nv_bfloat16>(), d_out.as<__nv_bfloat16>() + b * nh * v_head};
+    if (plan.absorbed_single_tokens && mla_decode_takes(run)) {
+      const MlaDecodePlan dplan = mla_decode_plan(run, n_sms);
+      DeviceBuffer d_dws(dplan.ws.total_bytes);
+      mla_decode_cuda(dplan, t, pc, {handle, cublas_ws.data(), kCublasWorkspaceBytes, d_dws.data(),
+                                     dplan.ws.total_bytes}, nullptr);
+      BG_CUDA_CHECK(cudaDeviceSynchronize());  // d_dws is freed at the end of this scope
+    } else {
+      mla_attention_cuda(run, t.q, t.w_uk, t.w_uv, pc, t.out, nullptr);
+    }
   }
   BG_CUDA_CHECK(cudaDeviceSynchronize());
-  cublasDestroy(handle);
+  BG_CUBLAS_CHECK(cublasDestroy(handle));
   EXPECT_EQ(cuda::download<int32_t>(d_flags, 1)[0], 0);
   const std::vector<float> got = from_bf16(cuda::download<uint16_t>(d_out, static_cast<size_t>(n * nh * v_head)));
 
@@ -524,6 +538,9 @@ TEST(MlaPrefillCuda, RaggedMixedStepMatchesCpu) {
   PagedSequences seqs({129, 40, 64, 517, 30, 1100, 90}, 920);
   seqs.write_all(921);
   run_prefill(seqs, {129, 1, 64, 200, 1, 65, 63}, 12, {64, 320}, 922, true);
+  // The backend's default: every piece of two or more tokens on the prefill path, the single tokens on the decode
+  // kernel.
+  run_prefill(seqs, {129, 1, 64, 200, 1, 65, 2}, 12, {}, 923, false);
 }
 
 TEST(MlaPrefillCuda, SmallAndOddDimsMatchCpu) {

@@ -469,6 +469,10 @@ class CudaBackend final : public Backend {
   // grows; a replaced buffer is kept while the backend lives, since graphs captured earlier may point into it.
   void mla_decode(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
                   const MlaCacheRef& c, Tensor& out) {
+    mla_decode_launch(p, {q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), out.as<bf16>()}, paged(c));
+  }
+  // p.n_tokens tokens, each the only one of its sequence, at t.q / t.out with the cache view's per-token arrays.
+  void mla_decode_launch(const ops::MlaParams& p, const ops::MlaDecodeTensors& t, const ops::MlaPagedCache& cache) {
     // Never under --deterministic (mla_attention takes the general kernel then), so the balanced split-KV plan;
     // the per-token plan (MlaDecodeOptions::per_token) stays a kernel option with its own batch-invariance test.
     ops::MlaDecodeOptions options;
@@ -480,12 +484,11 @@ class CudaBackend final : public Backend {
     }
     const ops::MlaDecodeContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, mla_ws_.get(),
                                     mla_ws_bytes_};
-    ops::mla_decode_cuda(plan, {q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), out.as<bf16>()}, paged(c), ctx,
-                         stream_);
+    ops::mla_decode_cuda(plan, t, cache, ctx, stream_);
   }
-  // Prefill steps (mla_prefill_plan.h): the plan is made once per step, its metadata uploaded once per step into the
-  // prefill workspace, and every MLA layer of the step reuses both. Tokens of the other sequences (decode tokens and
-  // short pieces in a mixed step) run the general absorbed kernel over their token ranges.
+  // Prefill and mixed steps (mla_prefill_plan.h): the plan is made once per step, its metadata uploaded once per step
+  // into the prefill workspace, and every MLA layer of the step reuses both. The single-token sequences of a mixed
+  // step run the absorbed decode kernel over each of their token ranges (the general kernel at other latent shapes).
   const ops::MlaPrefillPlan& mla_prefill_plan() {
     if (prefill_plan_serial_ != step_serial_) {
       prefill_plan_ = ops::mla_prefill_plan(step_.positions, step_.seq_begin);
@@ -519,8 +522,13 @@ class CudaBackend final : public Backend {
       ops::MlaPagedCache pc = paged(c);
       pc.seq_idx += begin;
       pc.positions += begin;
-      ops::mla_attention_cuda(run, q.as<bf16>() + begin * p.n_heads * qk, w_uk.as<bf16>(), w_uv.as<bf16>(), pc,
-                              out.as<bf16>() + begin * p.n_heads * p.v_head_dim, stream_);
+      const ops::MlaDecodeTensors t{q.as<bf16>() + begin * p.n_heads * qk, w_uk.as<bf16>(), w_uv.as<bf16>(),
+                                    out.as<bf16>() + begin * p.n_heads * p.v_head_dim};
+      if (plan.absorbed_single_tokens && ops::mla_decode_takes(run)) {
+        mla_decode_launch(run, t, pc);
+      } else {
+        ops::mla_attention_cuda(run, t.q, t.w_uk, t.w_uv, pc, t.out, stream_);
+      }
     }
   }
   ops::MlaPagedCache paged(const MlaCacheRef& c) const {

@@ -74,6 +74,7 @@ MlaPrefillPlan mla_prefill_plan(std::span<const int64_t> positions, std::span<co
       plan.prefill_seqs.push_back(static_cast<int32_t>(s));
       context[static_cast<size_t>(s)] = pos_max + 1;
     } else if (e > b) {
+      if (e - b > 1) plan.absorbed_single_tokens = false;
       if (!plan.absorbed_runs.empty() && plan.absorbed_runs.back().second == b) {
         plan.absorbed_runs.back().second = e;
       } else {

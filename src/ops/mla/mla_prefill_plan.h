@@ -8,8 +8,10 @@
 // on tensor cores, each query token seeing the positions up to its own. The contexts of all prefill sequences,
 // concatenated in sequence order, are cut into passes of at most max_pass_rows gathered rows, so the expanded K/V
 // workspace is bounded whatever the context length; a query tile whose keys span several passes carries its
-// unnormalised softmax state (o, max, sum) from one pass to the next in fp32. Every other token (decode tokens, short
-// pieces) keeps the absorbed kernel: expanding a whole context for one query token would cost far more than it saves.
+// unnormalised softmax state (o, max, sum) from one pass to the next in fp32. The other sequences (by default those
+// of one token: decode tokens in a mixed step) keep the absorbed form, where one query token reads the 576-value
+// latents directly. Expanding a context costs about as much as one token's absorbed attention on the general
+// (CUDA-core) kernel, so from two query tokens on the expansion pays for itself.
 #pragma once
 
 #include <cstddef>
@@ -31,7 +33,7 @@ inline constexpr int64_t kMlaPrefillTileQ = 128;  // query tokens per CTA
 inline constexpr int64_t kMlaPrefillTileK = 64;   // keys per inner tile
 
 struct MlaPrefillOptions {
-  int64_t min_tokens = 64;          // query tokens a sequence needs in the step to take the prefill path
+  int64_t min_tokens = 2;           // query tokens a sequence needs in the step to take the prefill path
   int64_t max_pass_rows = 16384;    // gathered context rows per pass (bounds the K/V workspace)
 };
 
@@ -75,7 +77,10 @@ struct MlaPrefillPass {
 // layer of the step).
 struct MlaPrefillPlan {
   std::vector<int32_t> prefill_seqs;                       // step sequences that take the prefill path
-  std::vector<std::pair<int64_t, int64_t>> absorbed_runs;  // maximal token ranges [begin, end) of the other sequences
+  // Maximal token ranges [begin, end) of the other sequences (with the default min_tokens, single-token sequences
+  // only: the decode kernel can take each run).
+  std::vector<std::pair<int64_t, int64_t>> absorbed_runs;
+  bool absorbed_single_tokens = true;  // every sequence in absorbed_runs has one token in the step
   std::vector<MlaPrefillSegment> segments;
   std::vector<MlaPrefillItem> items;  // per pass, heaviest first
   std::vector<MlaPrefillPass> passes;

@@ -103,7 +103,14 @@ TEST(MlaPrefillPlan, MixedStepKeepsShortSequencesOnTheAbsorbedKernel) {
   EXPECT_EQ(plan.prefill_seqs, (std::vector<int32_t>{2, 5}));
   const std::vector<std::pair<int64_t, int64_t>> runs{{0, 2}, {202, 266}};
   EXPECT_EQ(plan.absorbed_runs, runs);
+  EXPECT_FALSE(plan.absorbed_single_tokens);  // the 63-token piece
   check_plan(st, plan, 256);
+  // By default every sequence of two or more tokens takes the path; only single tokens stay absorbed.
+  const MlaPrefillPlan by_default = mla_prefill_plan(st.positions, st.seq_begin);
+  EXPECT_EQ(by_default.prefill_seqs, (std::vector<int32_t>{2, 3, 5}));
+  const std::vector<std::pair<int64_t, int64_t>> singles{{0, 2}, {265, 266}};
+  EXPECT_EQ(by_default.absorbed_runs, singles);
+  EXPECT_TRUE(by_default.absorbed_single_tokens);
 }
 
 TEST(MlaPrefillPlan, DecodeOnlyStepIsEmpty) {
