@@ -92,6 +92,11 @@ std::vector<Variant> variants() {
         {"theta 50000", {{"rope_theta", 50000.0}}, {}}}},
       {"yarn_max_over_original_not_factor", "bf16", yarn_ratio,
        {{"ratio equal to factor", {{"max_position_embeddings", 256}}, {}}}},
+      // Issue 10: YaRN past the original context. Prompt and decode reach position 24, six times the original 4
+      // positions (factor 8 = 32 / 4): the long-context regime of a 128k-token DeepSeek-V3 prompt, scaled down.
+      {"yarn_past_4x_original", "bf16",
+       {{"max_position_embeddings", 32}, {"rope_parameters", {{"original_max_position_embeddings", 4}, {"factor", 8.0}}}},
+       {{"default rope, no YaRN", {{"rope_parameters", {{"rope_type", "default"}}}}, {}}, flip_interleave()}},
       {"yarn_attention_factor", "bf16", {{"rope_parameters", {{"mscale", 1.0}, {"mscale_all_dim", 0.5}}}},
        {unit_attention_factor()}},
       {"yarn_without_mscale_keys", "bf16", {{"rope_parameters", {{"mscale", nullptr}, {"mscale_all_dim", nullptr}}}},

@@ -67,9 +67,17 @@ MlaSet make_mla_set(CaseMemory& mem, int64_t n_seqs, int64_t context, const std:
 // Absorbed MLA decode: `batch` sequences of one token at position context - 1 (attending `context` keys). tensor_cores:
 // the split-KV tensor-core kernel the backend runs for decode steps (mla_decode_cuda, docs/MLA_DECODE.md); else the
 // general kernel (mla_attention_cuda) it uses for prefill and mixed steps.
-KernelCase mla_decode_case(int64_t batch, int64_t context, bool tensor_cores = true) {
+KernelCase mla_decode_case(int64_t batch, int64_t context, bool tensor_cores = true,
+                           ops::MlaDecodeMma mma = ops::MlaDecodeOptions{}.mma) {
   KernelCase c;
-  c.name = tensor_cores ? "mla_decode" : "mla_decode_general";
+  // mla_decode: the default policy; mla_decode_wgmma / _mmasync: the other one, measured beside it.
+  if (!tensor_cores) {
+    c.name = "mla_decode_general";
+  } else if (mma == ops::MlaDecodeOptions{}.mma) {
+    c.name = "mla_decode";
+  } else {
+    c.name = mma == ops::MlaDecodeMma::kWgmma ? "mla_decode_wgmma" : "mla_decode_mmasync";
+  }
   c.shape = fmt::format("B={} ctx={}", batch, context);
   const double kv = d(batch * context * kEntry) * 2;
   c.set_bytes = kv;
@@ -96,7 +104,9 @@ KernelCase mla_decode_case(int64_t batch, int64_t context, bool tensor_cores = t
       };
       return k;
     }
-    const ops::MlaDecodePlan plan = ops::mla_decode_plan(p, env.n_sms);
+    ops::MlaDecodeOptions options;
+    options.mma = mma;
+    const ops::MlaDecodePlan plan = ops::mla_decode_plan(p, env.n_sms, options);
     const ops::MlaDecodeContext ctx{env.cublas, env.cublas_workspace, env.cublas_workspace_bytes,
                                     mem.zeros(plan.ws.total_bytes), plan.ws.total_bytes};
     k.launch = [=](int s, cudaStream_t stream) {
@@ -298,6 +308,13 @@ void register_attention_cases(KernelRegistry& r, bool quick) {
   for (int64_t ctx : contexts) {
     for (int64_t b : decode) r.add(mla_decode_case(b, ctx));
     if (ctx == 4096) r.add(mla_decode_case(quick ? 1 : 16, ctx, /*tensor_cores=*/false));
+    // The other tensor-core policy of the decode kernel, beside the default (mla_decode_plan.h).
+    const ops::MlaDecodeMma other = ops::MlaDecodeOptions{}.mma == ops::MlaDecodeMma::kWgmma
+                                        ? ops::MlaDecodeMma::kMmaSync
+                                        : ops::MlaDecodeMma::kWgmma;
+    if (!quick) {
+      for (int64_t b : decode) r.add(mla_decode_case(b, ctx, true, other));
+    }
   }
   for (int64_t t : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384, 65536}) {
     r.add(mla_prefill_case(t));
