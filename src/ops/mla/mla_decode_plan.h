@@ -42,7 +42,7 @@ enum class MlaDecodeMma : uint8_t {
 const char* mla_decode_mma_name(MlaDecodeMma mma);
 
 struct MlaDecodeOptions {
-  MlaDecodeMma mma = MlaDecodeMma::kMmaSync;
+  MlaDecodeMma mma = MlaDecodeMma::kWgmma;
   int64_t n_partitions = 0;            // KV partitions; 0 = n_sms / head groups (one CTA per SM, one wave)
   int64_t min_tiles_per_partition = 2;  // fewer partitions when the step has few tiles
   bool per_token = false;  // one partition per token, never split (batch invariant); n_partitions must be 0
