@@ -501,7 +501,8 @@ void run_prefill_with(PagedSequences& seqs, const std::vector<int64_t>& n_query,
   }
   std::printf("[mla prefill %s] lora %lld rope %lld nope %lld v %lld block %lld, heads %lld, %lld tokens, %zu "
               "passes, %zu items: max rel err %.3g\n",
-              mla_prefill_mma_name(mma), static_cast<long long>(lora), static_cast<long long>(d.rope), static_cast<long long>(nope),
+              mla_prefill_mma_name(mma), static_cast<long long>(lora), static_cast<long long>(d.rope),
+              static_cast<long long>(nope),
               static_cast<long long>(v_head), static_cast<long long>(block), static_cast<long long>(nh),
               static_cast<long long>(n), plan.passes.size(), plan.items.size(), worst);
 }

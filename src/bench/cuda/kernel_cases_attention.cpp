@@ -1,6 +1,7 @@
 // Kernel cases of attention and state at K3 shapes: MLA (96 heads, latent 512 + 64, nope 128, v 128, 64-token cache
-// blocks) decode at 4k / 32k context and prefill (the FlashAttention-class path and the absorbed kernel it replaced); KDA (96 heads x 128) recurrent decode and chunked prefill; the KDA
-// short conv (12288 channels, kernel 4) at decode and prefill.
+// blocks) decode at 4k / 32k context and prefill (the FlashAttention-class path and the absorbed kernel it replaced);
+// KDA (96 heads x 128) recurrent decode and chunked prefill; the KDA short conv (12288 channels, kernel 4) at decode
+// and prefill.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -121,11 +122,15 @@ KernelCase mla_decode_case(int64_t batch, int64_t context, bool tensor_cores = t
 // Prefill of one sequence of `n` tokens at positions 0 .. n - 1 (causal). FLOPs are those of causal attention with
 // q/k head dim 192 and v 128 (what a FlashAttention kernel does), so every implementation is held to the same count.
 // mla_prefill: the path the backend runs for prefill sequences (mla_prefill_cuda: gather, the two k_nope / v GEMMs
-// and the wgmma attention, all timed); mla_prefill_mmasync: the same with the mma.sync kernel; mla_prefill_absorbed: the general absorbed kernel it replaced (CUDA
-// cores, O(T^2) over the 576-wide latent), kept as the reference point.
+// and the wgmma attention, all timed); mla_prefill_mmasync: the same with the mma.sync kernel; mla_prefill_absorbed:
+// the general absorbed kernel it replaced (CUDA cores, O(T^2) over the 576-wide latent), kept as the reference point.
 KernelCase mla_prefill_case(int64_t n, bool absorbed = false, ops::MlaPrefillMma mma = ops::MlaPrefillMma::kWgmma) {
   KernelCase c;
-  c.name = absorbed ? "mla_prefill_absorbed" : mma == ops::MlaPrefillMma::kWgmma ? "mla_prefill" : "mla_prefill_mmasync";
+  if (absorbed) {
+    c.name = "mla_prefill_absorbed";
+  } else {
+    c.name = mma == ops::MlaPrefillMma::kWgmma ? "mla_prefill" : "mla_prefill_mmasync";
+  }
   c.shape = fmt::format("T={}", n);
   c.set_bytes = absorbed ? d(n * kEntry) * 2 : 0;  // compute-bound: one input set, no L2 rotation needed
   c.prepare = [=](const CudaEnv& env, CaseMemory& mem, int) {

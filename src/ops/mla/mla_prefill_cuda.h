@@ -1,7 +1,7 @@
-// MLA prefill on the GPU in the non-absorbed form (FlashAttention class: wgmma, or mma.sync tensor cores). For each pass of
-// the plan (mla_prefill_plan.h): gather the prefill sequences' latent context from the paged cache, expand it per
-// head with two batched cuBLAS GEMMs (k_nope = W_UK c, v = W_UV c), then one attention launch over (query tile, head)
-// with an online softmax, the causal mask by position, and the softmax state carried across passes in fp32.
+// MLA prefill on the GPU in the non-absorbed form (FlashAttention class: wgmma, or mma.sync tensor cores). For each
+// pass of the plan (mla_prefill_plan.h): gather the prefill sequences' latent context from the paged cache, expand it
+// per head with two batched cuBLAS GEMMs (k_nope = W_UK c, v = W_UV c), then one attention launch over (query tile,
+// head) with an online softmax, the causal mask by position, and the softmax state carried across passes in fp32.
 #pragma once
 
 #include <cublas_v2.h>

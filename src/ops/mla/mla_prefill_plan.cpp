@@ -107,7 +107,8 @@ MlaPrefillPlan mla_prefill_plan(std::span<const int64_t> positions, std::span<co
     const int64_t ctx = context[static_cast<size_t>(s)];
     for (int64_t k = 0; k < ctx;) {
       const int64_t take = std::min(ctx - k, options.max_pass_rows - pass.rows);
-      plan.segments.push_back({s, static_cast<int32_t>(k), static_cast<int32_t>(take), static_cast<int32_t>(pass.rows)});
+      plan.segments.push_back(
+          {s, static_cast<int32_t>(k), static_cast<int32_t>(take), static_cast<int32_t>(pass.rows)});
       k += take;
       pass.rows += take;
       if (pass.rows == options.max_pass_rows) close_pass();

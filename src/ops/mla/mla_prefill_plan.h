@@ -47,7 +47,7 @@ struct MlaPrefillSegment {
 
 // Flags of a work item.
 inline constexpr int32_t kMlaPrefillLoadState = 1;  // continue from the state an earlier pass stored
-inline constexpr int32_t kMlaPrefillFinal = 2;      // the tile's last keys: write the normalised output (else the state)
+inline constexpr int32_t kMlaPrefillFinal = 2;      // the tile's last keys: write the normalised output, not the state
 
 // One CTA's work (times n_heads): query rows [q_row0, q_row0 + n_rows) of the step (tokens of one sequence) against
 // the keys of one segment: gathered rows g0 .. g0 + n_keys - 1, cache positions k0 .. k0 + n_keys - 1. Keys before
