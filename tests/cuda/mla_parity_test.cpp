@@ -85,6 +85,20 @@ struct PagedSequences {
   }
 
   int64_t pool_elems() const { return base_offset + n_blocks * kLayers * dims.block * dims.entry(); }
+  // The CPU reference for one query token of sequence s at position pos: [heads, v] (p.n_tokens is ignored).
+  std::vector<float> reference(const MlaParams& p, const float* q_row, const float* w_uk, const float* w_uv, int32_t s,
+                               int64_t pos) const {
+    const std::vector<float>& lat = latents[static_cast<size_t>(s)];
+    std::vector<const float*> blocks;
+    for (size_t off = 0; off < lat.size(); off += static_cast<size_t>(dims.block * dims.entry())) {
+      blocks.push_back(&lat[off]);
+    }
+    MlaParams one = p;
+    one.n_tokens = 1;
+    std::vector<float> ref(static_cast<size_t>(p.n_heads * p.v_head_dim));
+    mla_attention_cpu(one, q_row, w_uk, w_uv, blocks.data(), &pos, ref.data());
+    return ref;
+  }
   // Element index in the pool of (physical block, slot).
   int64_t pool_index(int32_t block, int64_t slot) const {
     return base_offset + ((block * kLayers + kLayer) * dims.block + slot) * dims.entry();
@@ -145,7 +159,7 @@ struct AttentionCase {
 
 void run_attention(PagedSequences& seqs, const AttentionCase& c, uint64_t seed) {
   const Dims& d = seqs.dims;
-  const int64_t lora = d.lora, nope = d.nope, v_head = d.v, block = d.block, entry = d.entry();
+  const int64_t lora = d.lora, nope = d.nope, v_head = d.v, block = d.block;
   const int64_t n = static_cast<int64_t>(c.tokens.size()), nh = c.n_heads, qk = d.nope + d.rope;
   const float w_scale = 1.0f / std::sqrt(static_cast<float>(lora));
   std::vector<float> q = random_floats(static_cast<size_t>(n * nh * qk), 1.0f, seed);
@@ -171,14 +185,8 @@ void run_attention(PagedSequences& seqs, const AttentionCase& c, uint64_t seed) 
   double worst = 0.0;
   for (size_t i : c.checked) {
     const auto& [s, pos] = c.tokens[i];
-    const std::vector<float>& lat = seqs.latents[static_cast<size_t>(s)];
-    std::vector<const float*> blocks;
-    for (size_t off = 0; off < lat.size(); off += static_cast<size_t>(block * entry)) blocks.push_back(&lat[off]);
-    MlaParams one = p;
-    one.n_tokens = 1;
-    std::vector<float> ref(row);
-    mla_attention_cpu(one, q.data() + i * static_cast<size_t>(nh * qk), w_uk.data(), w_uv.data(), blocks.data(), &pos,
-                      ref.data());
+    const std::vector<float> ref =
+        seqs.reference(p, q.data() + i * static_cast<size_t>(nh * qk), w_uk.data(), w_uv.data(), s, pos);
     const std::vector<float> got_row(got.begin() + static_cast<std::ptrdiff_t>(i * row),
                                      got.begin() + static_cast<std::ptrdiff_t>((i + 1) * row));
     const double err = testing::max_rel_error(got_row, ref);
@@ -411,7 +419,7 @@ TEST(MlaCuda, RejectsUnsupportedShapes) {
 void run_prefill_with(PagedSequences& seqs, const std::vector<int64_t>& n_query, int64_t n_heads,
                       const MlaPrefillOptions& options, uint64_t seed, bool expect_state, MlaPrefillMma mma) {
   const Dims& d = seqs.dims;
-  const int64_t lora = d.lora, nope = d.nope, v_head = d.v, block = d.block, entry = d.entry();
+  const int64_t lora = d.lora, nope = d.nope, v_head = d.v, block = d.block;
   const int64_t nh = n_heads, qk = d.nope + d.rope;
   std::vector<int32_t> seq_idx;
   std::vector<int64_t> positions, seq_begin{0};
@@ -482,14 +490,8 @@ void run_prefill_with(PagedSequences& seqs, const std::vector<int64_t>& n_query,
   double worst = 0.0;
   for (int64_t t = 0; t < n; ++t) {
     const int32_t s = seq_idx[static_cast<size_t>(t)];
-    const std::vector<float>& lat = seqs.latents[static_cast<size_t>(s)];
-    std::vector<const float*> blocks;
-    for (size_t off = 0; off < lat.size(); off += static_cast<size_t>(block * entry)) blocks.push_back(&lat[off]);
-    MlaParams one = p;
-    one.n_tokens = 1;
-    std::vector<float> ref(row);
-    mla_attention_cpu(one, q.data() + t * nh * qk, w_uk.data(), w_uv.data(), blocks.data(),
-                      &positions[static_cast<size_t>(t)], ref.data());
+    const std::vector<float> ref =
+        seqs.reference(p, q.data() + t * nh * qk, w_uk.data(), w_uv.data(), s, positions[static_cast<size_t>(t)]);
     const std::vector<float> got_row(got.begin() + static_cast<std::ptrdiff_t>(t * row),
                                      got.begin() + static_cast<std::ptrdiff_t>((t + 1) * row));
     const double err = testing::max_rel_error(got_row, ref);

@@ -15,6 +15,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
+#include "ops/mla/mla_decode_mma.cuh"
 #include "ops/mla/mla_prefill_cuda.h"
 
 namespace bg::ops {
@@ -53,26 +54,18 @@ struct AttnArgs {
   float scale_log2;
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+// The PTX primitives the decode kernel defines (cp.async, ldmatrix, the wgmma fences).
+using mla_decode::cp_async16;
+using mla_decode::cp_async_commit;
+using mla_decode::fence_operands;
+using mla_decode::fence_proxy_async;
+using mla_decode::ldmatrix_x4;
+using mla_decode::ldmatrix_x4_trans;
+using mla_decode::smem_addr;
+using mla_decode::wgmma_commit;
+using mla_decode::wgmma_fence;
+__device__ __forceinline__ void cp_async_wait_all() { mla_decode::cp_async_wait<0>(); }
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 // d += A (16x16) B (16x8), bf16 in, fp32 accumulate. Not volatile: a pure register operation the compiler may
 // schedule freely.
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -86,6 +79,57 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// One query row's softmax state and output, shared by both kernels. A thread holds, per row, two adjacent columns of
+// each of the 16 n8 tiles of the 128 output columns: 8 c8 + 2 (lane % 4) + {0, 1}; `acc(c8)` is that float2.
+// Continues a stored state (have) or starts empty: o, the running max and the quad's sum (kept in one lane).
+template <typename Acc>
+__device__ __forceinline__ void load_row_state(const AttnArgs& a, int64_t sr, bool have, int lane, float& m, float& l,
+                                               Acc acc) {
+  m = have ? a.state_ml[2 * sr] : -INFINITY;
+  l = have && lane % 4 == 0 ? a.state_ml[2 * sr + 1] : 0.0f;
+#pragma unroll
+  for (int c8 = 0; c8 < kV / 8; ++c8) {
+    const int col = 8 * c8 + 2 * (lane % 4);
+    acc(c8) = have ? make_float2(a.state_o[sr * kV + col], a.state_o[sr * kV + col + 1]) : make_float2(0.0f, 0.0f);
+  }
+}
+// The normalised output (final: the tile's last keys) or the unnormalised state for the next pass. `sum` is the
+// row's whole sum (reduced over the quad).
+template <typename Acc>
+__device__ __forceinline__ void store_row(const AttnArgs& a, int64_t sr, bool final_pass, int lane, float m, float sum,
+                                          Acc acc) {
+  if (final_pass) {
+    const float inv = 1.0f / sum;
+    bf16* dst = a.out + sr * a.v_head;
+#pragma unroll
+    for (int c8 = 0; c8 < kV / 8; ++c8) {
+      const int col = 8 * c8 + 2 * (lane % 4);
+      const float2 v = acc(c8);
+      if (col < a.v_head) dst[col] = __float2bfloat16(v.x * inv);
+      if (col + 1 < a.v_head) dst[col + 1] = __float2bfloat16(v.y * inv);
+    }
+    return;
+  }
+  float* dst = a.state_o + sr * kV;
+#pragma unroll
+  for (int c8 = 0; c8 < kV / 8; ++c8) *reinterpret_cast<float2*>(dst + 8 * c8 + 2 * (lane % 4)) = acc(c8);
+  if (lane % 4 == 0) {
+    a.state_ml[2 * sr] = m;
+    a.state_ml[2 * sr + 1] = sum;
+  }
+}
+// A thread's view of two accumulator registers as the float2 of one (row, n8 tile).
+struct AccPair {
+  float& x;
+  float& y;
+  __device__ __forceinline__ AccPair& operator=(float2 v) {
+    x = v.x;
+    y = v.y;
+    return *this;
+  }
+  __device__ __forceinline__ operator float2() const { return make_float2(x, y); }
+};
+
 // K tile: rows j < n_valid are keys g0 + kt * 64 + j (k_nope of this head | k_pe), the rest zeros.
 __device__ __forceinline__ void load_k(const AttnArgs& a, int head, int64_t g_first, int n_valid, bf16* k_s) {
   const int64_t kv_row = int64_t{a.n_heads} * kNope;
@@ -95,7 +139,7 @@ __device__ __forceinline__ void load_k(const AttnArgs& a, int head, int64_t g_fi
     const int64_t g = g_first + (ok ? r : 0);
     const bf16* src = chunk < kNope / 8 ? a.k_nope + g * kv_row + int64_t{head} * kNope + chunk * 8
                                         : a.k_pe + g * kRope + (chunk - kNope / 8) * 8;
-    cp_async16(smem_u32(k_s + r * kQkStride + chunk * 8), src, ok ? 16u : 0u);
+    cp_async16(smem_addr(k_s + r * kQkStride + chunk * 8), src, ok ? 16u : 0u);
   }
 }
 __device__ __forceinline__ void load_v(const AttnArgs& a, int head, int64_t g_first, int n_valid, bf16* v_s) {
@@ -104,7 +148,7 @@ __device__ __forceinline__ void load_v(const AttnArgs& a, int head, int64_t g_fi
     const int r = c / (kV / 8), chunk = c % (kV / 8);
     const bool ok = r < n_valid;
     const int64_t g = g_first + (ok ? r : 0);
-    cp_async16(smem_u32(v_s + r * kVStride + chunk * 8), a.v + g * kv_row + int64_t{head} * kV + chunk * 8,
+    cp_async16(smem_addr(v_s + r * kVStride + chunk * 8), a.v + g * kv_row + int64_t{head} * kV + chunk * 8,
                ok ? 16u : 0u);
   }
 }
@@ -126,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_attention_kernel(Attn
     const int r = c / (kQk / 8), chunk = c % (kQk / 8);
     const bool ok = r < it.n_rows;
     const bf16* src = a.q + int64_t{it.q_row0 + (ok ? r : 0)} * a.q_row + int64_t{head} * a.q_head + chunk * 8;
-    cp_async16(smem_u32(q_s + r * kQkStride + chunk * 8), src, ok ? 16u : 0u);
+    cp_async16(smem_addr(q_s + r * kQkStride + chunk * 8), src, ok ? 16u : 0u);
   }
   load_k(a, head, it.g0, min(kTileK, it.n_keys), k_s);
   cp_async_commit();
@@ -151,27 +195,16 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_attention_kernel(Attn
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = 32 * warp + 16 * mt + lane / 4 + 8 * r;
-      m[mt][r] = -INFINITY;
-      l[mt][r] = 0.0f;
-      const bool have = load_state && row < it.n_rows;
-      const int64_t sr = (int64_t{it.q_row0 + row} * a.n_heads + head);
-      if (have) {
-        m[mt][r] = a.state_ml[2 * sr];
-        l[mt][r] = (lane % 4 == 0) ? a.state_ml[2 * sr + 1] : 0.0f;  // the quad's sum lives in one lane
-      }
-#pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
-        const int col = 8 * nt + 2 * (lane % 4);
-        o[mt][nt][2 * r] = have ? a.state_o[sr * kV + col] : 0.0f;
-        o[mt][nt][2 * r + 1] = have ? a.state_o[sr * kV + col + 1] : 0.0f;
-      }
+      const int64_t sr = int64_t{it.q_row0 + row} * a.n_heads + head;
+      load_row_state(a, sr, load_state && row < it.n_rows, lane, m[mt][r], l[mt][r],
+                     [&](int c8) { return AccPair{o[mt][c8][2 * r], o[mt][c8][2 * r + 1]}; });
     }
   }
 
   cp_async_wait_all();
   __syncthreads();
 
-  const uint32_t q_base = smem_u32(q_s), k_base = smem_u32(k_s), v_base = smem_u32(v_s);
+  const uint32_t q_base = smem_addr(q_s), k_base = smem_addr(k_s), v_base = smem_addr(v_s);
   // ldmatrix lane addresses. A (Q, row-major): row lane % 16, column 8 (lane / 16). B from K rows (non-transposed):
   // key (lane % 8) + 8 (lane / 16), column 8 ((lane / 8) % 2). B from V rows (transposed): key (lane % 8) +
   // 8 ((lane / 8) % 2), column 8 (lane / 16).
@@ -193,12 +226,12 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_attention_kernel(Attn
 #pragma unroll
     for (int kk = 0; kk < kQk / 16; ++kk) {
       uint32_t qa[2][4];
-      ldsm_x4(qa[0], q_lane + kk * 32);
-      ldsm_x4(qa[1], q_lane + 16 * kQkStride * 2 + kk * 32);
+      ldmatrix_x4(qa[0], q_lane + kk * 32);
+      ldmatrix_x4(qa[1], q_lane + 16 * kQkStride * 2 + kk * 32);
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t kb[4];
-        ldsm_x4(kb, k_lane + np * 16 * kQkStride * 2 + kk * 32);
+        ldmatrix_x4(kb, k_lane + np * 16 * kQkStride * 2 + kk * 32);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           mma16816(s[mt][2 * np], qa[mt], kb[0], kb[1]);
@@ -270,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_attention_kernel(Attn
 #pragma unroll
       for (int np = 0; np < 8; ++np) {
         uint32_t vb[4];
-        ldsm_x4_t(vb, v_lane + (kk * 16 * kVStride + np * 16) * 2);
+        ldmatrix_x4_trans(vb, v_lane + (kk * 16 * kVStride + np * 16) * 2);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           mma16816(o[mt][2 * np], pa[mt][kk], vb[0], vb[1]);
@@ -293,30 +326,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_attention_kernel(Attn
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       if (row >= it.n_rows) continue;
-      const int64_t sr = int64_t{it.q_row0 + row} * a.n_heads + head;
-      if (final_pass) {
-        const float inv = 1.0f / sum;
-        bf16* dst = a.out + sr * a.v_head;
-#pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = 8 * nt + 2 * (lane % 4) + e;
-            if (col < a.v_head) dst[col] = __float2bfloat16(o[mt][nt][2 * r + e] * inv);
-          }
-        }
-      } else {
-        float* dst = a.state_o + sr * kV;
-#pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
-          const int col = 8 * nt + 2 * (lane % 4);
-          *reinterpret_cast<float2*>(dst + col) = make_float2(o[mt][nt][2 * r], o[mt][nt][2 * r + 1]);
-        }
-        if (lane % 4 == 0) {
-          a.state_ml[2 * sr] = m[mt][r];
-          a.state_ml[2 * sr + 1] = sum;
-        }
-      }
+      store_row(a, int64_t{it.q_row0 + row} * a.n_heads + head, final_pass, lane, m[mt][r], sum,
+                [&](int c8) { return make_float2(o[mt][c8][2 * r], o[mt][c8][2 * r + 1]); });
     }
   }
 }
@@ -355,26 +366,14 @@ __device__ __forceinline__ uint64_t desc(uint32_t start) {
          (uint64_t{1} << 62);
 }
 
-template <int kN>
-__device__ __forceinline__ void fence_acc(float (&d)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define BG_MLA_PREFILL_NO_WGMMA 1
-#endif
 
 // d[64 x 96] (= / +=) A[64 x 16] · B[16 x 96], both K-major in shared memory; accumulate = 0 overwrites d.
 __device__ __forceinline__ void wgmma_ss_n96(float (&d)[48], uint64_t a, uint64_t b, int accumulate) {
-#ifdef BG_MLA_PREFILL_NO_WGMMA
+#ifdef BG_MLA_NO_WGMMA
   __trap();
 #else
   asm volatile(
@@ -395,7 +394,7 @@ __device__ __forceinline__ void wgmma_ss_n96(float (&d)[48], uint64_t a, uint64_
 
 // d[64 x 64] += A[64 x 16] (registers, mma.sync A-fragment layout per warp) · B[16 x 64] (shared memory, N-major).
 __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-#ifdef BG_MLA_PREFILL_NO_WGMMA
+#ifdef BG_MLA_NO_WGMMA
   __trap();
 #else
   asm volatile(
@@ -499,7 +498,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kSAcc], const int (&qrel
 
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const uint32_t q_s = base;
   auto k_stage = [&](int s) { return base + kQBytes + s * kStageBytes; };
   auto v_stage = [&](int s) { return base + kQBytes + s * kStageBytes + kKBytes; };
@@ -532,19 +531,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
   for (int r = 0; r < 2; ++r) {
     const int row = 64 * wgi + 16 * w + lane / 4 + 8 * r;
     qrel[r] = row < it.n_rows ? static_cast<int>(a.positions[it.q_row0 + row] - it.k0) : kNoPosition;
-    const bool have = load_state && row < it.n_rows;
     const int64_t sr = int64_t{it.q_row0 + row} * a.n_heads + head;
-    m[r] = have ? a.state_ml[2 * sr] : -INFINITY;
-    l[r] = have && lane % 4 == 0 ? a.state_ml[2 * sr + 1] : 0.0f;  // the quad's sum lives in one lane
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col = 64 * h + 8 * j + 2 * (lane % 4);
-        o[h][4 * j + 2 * r] = have ? a.state_o[sr * kV + col] : 0.0f;
-        o[h][4 * j + 2 * r + 1] = have ? a.state_o[sr * kV + col + 1] : 0.0f;
-      }
-    }
+    load_row_state(a, sr, load_state && row < it.n_rows, lane, m[r], l[r], [&](int c8) {
+      return AccPair{o[c8 / 8][4 * (c8 % 8) + 2 * r], o[c8 / 8][4 * (c8 % 8) + 2 * r + 1]};
+    });
   }
 
   // Software pipeline (P(kt) in registers and o rescaled up to tile kt at the start of iteration kt):
@@ -565,7 +555,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
   wgmma_fence();
   issue_s(s, q_wg, k_stage(0));
   wgmma_wait<0>();
-  fence_acc(s);
+  fence_operands(s);
   softmax_tile(s, qrel, m, l, alpha, pa0, 0, kTileK > it.mask_from || kTileK > it.n_keys, it.n_keys, a.scale_log2,
                lane);
   auto rescale = [&] {
@@ -589,9 +579,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
     cp_async_wait_all();
     fence_proxy_async();
     __syncthreads();
-    fence_acc(s);
-    fence_acc(o[0]);
-    fence_acc(o[1]);
+    fence_operands(s);
+    fence_operands(o[0]);
+    fence_operands(o[1]);
     wgmma_fence();
   };
   auto issue_pv = [&](int stage, const uint32_t (&pa)[kPSteps][4]) {
@@ -615,20 +605,20 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
     }
     cp_async_commit();
     wgmma_wait<1>();  // S(kt + 1); P·V(kt) may still run
-    fence_acc(s);
+    fence_operands(s);
     const bool mask = next0 + kTileK > it.mask_from || next0 + kTileK > it.n_keys;
     softmax_tile(s, qrel, m, l, alpha, pa_next, next0, mask, it.n_keys, a.scale_log2, lane);
     wgmma_wait<0>();
-    fence_acc(o[0]);
-    fence_acc(o[1]);
+    fence_operands(o[0]);
+    fence_operands(o[1]);
     rescale();
   };
   auto last = [&](int kt, const uint32_t (&pa_cur)[kPSteps][4]) {
     begin_tile();
     issue_pv(kt % 2, pa_cur);
     wgmma_wait<0>();
-    fence_acc(o[0]);
-    fence_acc(o[1]);
+    fence_operands(o[0]);
+    fence_operands(o[1]);
   };
   int kt = 0;
 #pragma unroll 1
@@ -651,36 +641,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttnArgs a) {
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     if (row >= it.n_rows) continue;
-    const int64_t sr = int64_t{it.q_row0 + row} * a.n_heads + head;
-    if (final_pass) {
-      const float inv = 1.0f / sum;
-      bf16* dst = a.out + sr * a.v_head;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = 64 * h + 8 * j + 2 * (lane % 4) + e;
-            if (col < a.v_head) dst[col] = __float2bfloat16(o[h][4 * j + 2 * r + e] * inv);
-          }
-        }
-      }
-    } else {
-      float* dst = a.state_o + sr * kV;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int col = 64 * h + 8 * j + 2 * (lane % 4);
-          *reinterpret_cast<float2*>(dst + col) = make_float2(o[h][4 * j + 2 * r], o[h][4 * j + 2 * r + 1]);
-        }
-      }
-      if (lane % 4 == 0) {
-        a.state_ml[2 * sr] = m[r];
-        a.state_ml[2 * sr + 1] = sum;
-      }
-    }
+    store_row(a, int64_t{it.q_row0 + row} * a.n_heads + head, final_pass, lane, m[r], sum, [&](int c8) {
+      return make_float2(o[c8 / 8][4 * (c8 % 8) + 2 * r], o[c8 / 8][4 * (c8 % 8) + 2 * r + 1]);
+    });
   }
 }
 

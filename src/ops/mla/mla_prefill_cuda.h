@@ -12,20 +12,15 @@
 #include <cstdint>
 
 #include "ops/mla/mla_cuda.h"
+#include "ops/mla/mla_decode_cuda.h"
 #include "ops/mla/mla_prefill_plan.h"
 
 namespace bg::ops {
 
-// Caller-owned resources: the cuBLAS handle (bound to the stream and workspace before each GEMM) and the prefill
-// workspace of at least ws.total_bytes (mla_prefill_workspace), 256-byte aligned, whose first ws.meta_bytes already
-// hold mla_prefill_meta(plan, ws) (uploaded once per step; the launch only reads them).
-struct MlaPrefillContext {
-  cublasHandle_t cublas = nullptr;
-  void* cublas_workspace = nullptr;
-  size_t cublas_workspace_bytes = 0;
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
-};
+// Caller-owned resources, as for the decode launch: the cuBLAS handle (bound to the stream and workspace before each
+// GEMM) and the prefill workspace of at least ws.total_bytes (mla_prefill_workspace), 256-byte aligned, whose first
+// ws.meta_bytes already hold mla_prefill_meta(plan, ws) (uploaded once per step; the launch only reads them).
+using MlaPrefillContext = MlaDecodeContext;
 
 // Which tensor-core instruction the attention kernel uses (same work items, same results to rounding).
 enum class MlaPrefillMma : uint8_t {
