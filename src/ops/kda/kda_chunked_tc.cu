@@ -37,7 +37,7 @@ namespace {
 constexpr int kDim = 128;   // K = V
 constexpr int kChunk = 64;  // tokens per chunk
 static_assert(kChunk == kKdaDefaultChunkSize && kDim == kKdaCudaHeadDim, "the tensor-core path is laid out for these");
-constexpr int kPrepThreads = 256;   // kernel 1: 8 warps
+constexpr int kPrepThreads = 320;   // kernel 1: 10 warps (one per 16x16 block pair of A)
 constexpr int kRecurThreads = 512;  // kernel 2: 16 warps
 
 // Workspace of one (chunk, head), byte offsets. "A tiles" are 16x16 bf16 mma A fragments stored lane-major (lane l's
@@ -71,6 +71,11 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
+// 16 bytes, of which the first src_bytes (0 or 16) are read and the rest zero-filled.
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
@@ -105,6 +110,11 @@ __device__ __forceinline__ void split(float x0, float x1, uint32_t& hi, uint32_t
   lo = pack(x0 - __low2float(h), x1 - __high2float(h));
 }
 __device__ __forceinline__ float bf(__nv_bfloat16 x) { return __bfloat162float(x); }
+// Two consecutive shared-memory elements (8- / 4-byte aligned: an even column of a row with an even stride).
+__device__ __forceinline__ float2 ld_f2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float2 ld_bf2(const __nv_bfloat16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
 
 // Element e (0..7) of a lane's A fragment (16x16): row g + 8 (e>>1 & 1), column 2t + (e & 1) + 8 (e >> 2).
 __device__ __forceinline__ int a_row(int g, int e) { return g + ((e & 2) ? 8 : 0); }
@@ -150,6 +160,7 @@ constexpr int kPrepBf16Bytes = kChunk * kRowBf16 * 2;
 constexpr int kPrepSmemBytes =
     3 * kPrepBf16Bytes + kChunk * kGStride * 4 + kChunk * kAStride * 4 + kChunk * 4 + 16 * kAStride * 4;
 static_assert(2 * (kPrepSmemBytes + 1024) <= 233472, "two prepare CTAs per SM");
+static_assert(20 * kTileBytes <= kChunk * kAStride * 4, "the T' tiles fit where A was");
 static_assert(kChunk * kAStride * 4 <= kPrepBf16Bytes, "T fits where q was");
 
 __device__ PrepSmem prep_smem(uint8_t* base) {
@@ -164,34 +175,48 @@ __device__ PrepSmem prep_smem(uint8_t* base) {
   return m;
 }
 
-// q, k, v rows (zero past n), beta, and G by a running sum per channel in token order (the CPU's order).
+// q, k, v rows and the raw g rows by cp.async, all in flight at once (rows past n zero-filled), beta; then G by a
+// running sum per channel in token order (the CPU's order), in place. Ends with a barrier.
 __device__ void prep_load(const TcArgs& x, int h, Chunk ch, const PrepSmem& m) {
   const int tid = threadIdx.x;
-  for (int idx = tid; idx < kChunk * (kDim / 8); idx += kPrepThreads) {
-    const int i = idx / (kDim / 8), c8 = (idx % (kDim / 8)) * 8;
-    uint4 kq[3] = {};
-    if (i < ch.n_tokens) {
-      const int64_t off = (static_cast<int64_t>(ch.token_begin + i) * x.n_heads + h) * kDim + c8;
-      kq[0] = *reinterpret_cast<const uint4*>(x.in.k + off);
-      kq[1] = *reinterpret_cast<const uint4*>(x.in.q + off);
-      kq[2] = *reinterpret_cast<const uint4*>(x.in.v + off);
+  constexpr int kBf16Chunks = kDim / 8, kF32Chunks = kDim / 4;  // 16-byte pieces of a q / k / v row, of a g row
+  // Consecutive threads copy consecutive 16-byte pieces of one row: k, q, v (1024 pieces each), then g (2048).
+  for (int idx = tid; idx < kChunk * (3 * kBf16Chunks + kF32Chunks); idx += kPrepThreads) {
+    const bool bf16_part = idx < 3 * kChunk * kBf16Chunks;
+    const int rem = bf16_part ? idx % (kChunk * kBf16Chunks) : idx - 3 * kChunk * kBf16Chunks;
+    const int i = bf16_part ? rem / kBf16Chunks : rem / kF32Chunks;
+    const bool live = i < ch.n_tokens;
+    const int64_t row = (static_cast<int64_t>(ch.token_begin) + (live ? i : 0)) * x.n_heads + h;
+    const void* src;
+    uint32_t dst;
+    if (bf16_part) {
+      const int which = idx / (kChunk * kBf16Chunks), c8 = (rem % kBf16Chunks) * 8;
+      const __nv_bfloat16* base = which == 0 ? x.in.k : (which == 1 ? x.in.q : x.in.v);
+      __nv_bfloat16* smem = which == 0 ? m.k : (which == 1 ? m.q : m.v);
+      src = base + row * kDim + c8;
+      dst = smem_u32(smem + i * kRowBf16 + c8);
+    } else {
+      const int c4 = (rem % kF32Chunks) * 4;
+      src = x.in.g + row * kDim + c4;
+      dst = smem_u32(m.g + i * kGStride + c4);
     }
-    *reinterpret_cast<uint4*>(m.k + i * kRowBf16 + c8) = kq[0];
-    *reinterpret_cast<uint4*>(m.q + i * kRowBf16 + c8) = kq[1];
-    *reinterpret_cast<uint4*>(m.v + i * kRowBf16 + c8) = kq[2];
+    cp_async16_zfill(dst, src, live ? 16u : 0u);
   }
-  if (tid < kChunk)
-    m.beta[tid] = tid < ch.n_tokens ? x.in.beta[static_cast<int64_t>(ch.token_begin + tid) * x.n_heads + h] : 0.0f;
+  cp_async_commit();
+  if (tid < kChunk) {
+    m.beta[tid] = tid < ch.n_tokens ? x.in.beta[(static_cast<int64_t>(ch.token_begin) + tid) * x.n_heads + h] : 0.0f;
+  }
+  cp_async_wait0();
+  __syncthreads();
   if (tid < kDim) {
-    const float* gp = x.in.g + (static_cast<int64_t>(ch.token_begin) * x.n_heads + h) * kDim + tid;
     float run = 0.0f;
-#pragma unroll 8
+#pragma unroll 16
     for (int i = 0; i < kChunk; ++i) {
-      const float gi = i < ch.n_tokens ? gp[static_cast<int64_t>(i) * x.n_heads * kDim] : 0.0f;
-      run = i == 0 ? gi : run + gi;
+      run = i == 0 ? m.g[tid] : run + m.g[i * kGStride + tid];
       m.g[i * kGStride + tid] = run;
     }
   }
+  __syncthreads();
 }
 
 // The 16x16 block (a, b), b <= a, of Kt (-> A, masked and scaled by beta, fp32 in smem) and of the query-key matrix
@@ -204,31 +229,24 @@ __device__ void prep_pair(int a, int b, const PrepSmem& m, uint8_t* ws) {
   for (int ks = 0; ks < kDim / 16; ++ks) {
     uint32_t akh[4], akl[4], aqh[4], aql[4];
 #pragma unroll
-    for (int e = 0; e < 8; e += 2) {
-      float lk[2], lq[2];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int i = 16 * a + a_row(g, e + u), d = 16 * ks + a_col(t, e + u);
-        const float f = __expf(m.g[i * kGStride + d] - m.g[r * kGStride + d]);
-        lk[u] = bf(m.k[i * kRowBf16 + d]) * f;
-        lq[u] = bf(m.q[i * kRowBf16 + d]) * f;
-      }
-      split(lk[0], lk[1], akh[e / 2], akl[e / 2]);
-      split(lq[0], lq[1], aqh[e / 2], aql[e / 2]);
+    for (int e = 0; e < 8; e += 2) {  // elements e, e + 1: channels d, d + 1 of row i
+      const int i = 16 * a + a_row(g, e), d = 16 * ks + a_col(t, e);
+      const float2 gi = ld_f2(m.g + i * kGStride + d), gr = ld_f2(m.g + r * kGStride + d);
+      const float2 kv = ld_bf2(m.k + i * kRowBf16 + d), qv = ld_bf2(m.q + i * kRowBf16 + d);
+      const float f0 = __expf(gi.x - gr.x), f1 = __expf(gi.y - gr.y);
+      split(kv.x * f0, kv.y * f1, akh[e / 2], akl[e / 2]);
+      split(qv.x * f0, qv.y * f1, aqh[e / 2], aql[e / 2]);
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       const int j = 16 * b + 8 * nt + g;
       uint32_t bh[2], bl[2];
 #pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        float rv[2];
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int d = 16 * ks + b_k(t, e + u);
-          rv[u] = bf(m.k[j * kRowBf16 + d]) * __expf(m.g[r * kGStride + d] - m.g[j * kGStride + d]);
-        }
-        split(rv[0], rv[1], bh[e / 2], bl[e / 2]);
+      for (int e = 0; e < 4; e += 2) {  // elements e, e + 1: channels d, d + 1 of row j
+        const int d = 16 * ks + b_k(t, e);
+        const float2 gr = ld_f2(m.g + r * kGStride + d), gj = ld_f2(m.g + j * kGStride + d);
+        const float2 kv = ld_bf2(m.k + j * kRowBf16 + d);
+        split(kv.x * __expf(gr.x - gj.x), kv.y * __expf(gr.y - gj.y), bh[e / 2], bl[e / 2]);
       }
       mma3(kk[nt], akh, akl, bh[0], bh[1], bl[0], bl[1]);
       mma3(qk[nt], aqh, aql, bh[0], bh[1], bl[0], bl[1]);
@@ -259,13 +277,9 @@ __device__ void prep_scaled_tiles(int tile, const PrepSmem& m, uint8_t* ws) {
     uint32_t r[4];
 #pragma unroll
     for (int e = 0; e < 8; e += 2) {
-      float x[2];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int i = 16 * mt + a_row(g, e + u), d = 16 * kt + a_col(t, e + u);
-        x[u] = bf(m.q[i * kRowBf16 + d]) * __expf(m.g[i * kGStride + d]);
-      }
-      r[e / 2] = pack(x[0], x[1]);
+      const int i = 16 * mt + a_row(g, e), d = 16 * kt + a_col(t, e);
+      const float2 qv = ld_bf2(m.q + i * kRowBf16 + d), gi = ld_f2(m.g + i * kGStride + d);
+      r[e / 2] = pack(qv.x * __expf(gi.x), qv.y * __expf(gi.y));
     }
     *reinterpret_cast<uint4*>(ws + kWsQg + tile * kTileBytes + lane * 16) = {r[0], r[1], r[2], r[3]};
   }
@@ -297,7 +311,7 @@ __device__ void prep_inverse(const PrepSmem& m) {
     tm[i * kAStride + j] = i == j ? 1.0f : 0.0f;
   }
   __syncthreads();
-  {
+  if (threadIdx.x < 4 * kChunk) {  // warps 0..7
     const int j = threadIdx.x / 4, part = threadIdx.x % 4, blk = 16 * (j / 16);  // a warp's 8 columns share a block
     for (int i = blk + 1; i < blk + 16; ++i) {
       float acc = 0.0f;
@@ -331,11 +345,32 @@ __device__ void prep_inverse(const PrepSmem& m) {
   }
 }
 
+// The 10 nonzero A tiles (mt, ks <= mt) of T' = T diag(beta), hi / lo, as mma fragments into the dead A buffer:
+// tile mt (mt + 1) / 2 + ks by warp of the same number. Ends with a barrier.
+__device__ void prep_tprime(const PrepSmem& m) {
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  if (w < 10) {
+    const int mt = w >= 6 ? 3 : (w >= 3 ? 2 : (w >= 1 ? 1 : 0)), ks = w - mt * (mt + 1) / 2;
+    const float* tm = m.t();
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      const int i = 16 * mt + a_row(g, e), j = 16 * ks + a_col(t, e);
+      split(tm[i * kAStride + j] * m.beta[j], tm[i * kAStride + j + 1] * m.beta[j + 1], hi[e / 2], lo[e / 2]);
+    }
+    uint8_t* tiles = reinterpret_cast<uint8_t*>(m.a);
+    *reinterpret_cast<uint4*>(tiles + w * kTileBytes + lane * 16) = {hi[0], hi[1], hi[2], hi[3]};
+    *reinterpret_cast<uint4*>(tiles + (10 + w) * kTileBytes + lane * 16) = {lo[0], lo[1], lo[2], lo[3]};
+  }
+  __syncthreads();
+}
+
 // W = T' (k o e^G) and U = T' v for the key / value columns 16w .. 16w + 15 of warp w; T' = T diag(beta).
 template <bool kIsW>
 __device__ void prep_wu(const PrepSmem& m, uint8_t* ws) {
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-  const float* tm = m.t();
+  if (w >= kDim / 16) return;  // warps 8, 9: no column block
+  const uint8_t* tiles = reinterpret_cast<const uint8_t*>(m.a);
   float acc[4][2][4] = {};
 #pragma unroll 1
   for (int ks = 0; ks < kChunk / 16; ++ks) {
@@ -358,11 +393,11 @@ __device__ void prep_wu(const PrepSmem& m, uint8_t* ws) {
     for (int mt = 0; mt < 4; ++mt) {
       if (mt < ks) continue;  // T' is lower triangular
       uint32_t ah[4], al[4];
-#pragma unroll
-      for (int e = 0; e < 8; e += 2) {
-        const int i = 16 * mt + a_row(g, e), j = 16 * ks + a_col(t, e);
-        split(tm[i * kAStride + j] * m.beta[j], tm[i * kAStride + j + 1] * m.beta[j + 1], ah[e / 2], al[e / 2]);
-      }
+      const int tile = mt * (mt + 1) / 2 + ks;
+      const uint4 h4 = *reinterpret_cast<const uint4*>(tiles + tile * kTileBytes + lane * 16);
+      const uint4 l4 = *reinterpret_cast<const uint4*>(tiles + (10 + tile) * kTileBytes + lane * 16);
+      ah[0] = h4.x, ah[1] = h4.y, ah[2] = h4.z, ah[3] = h4.w;
+      al[0] = l4.x, al[1] = l4.y, al[2] = l4.z, al[3] = l4.w;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         if constexpr (kIsW) {
@@ -396,7 +431,7 @@ __device__ void prep_wu(const PrepSmem& m, uint8_t* ws) {
   }
 }
 
-// grid (n_chunks, n_heads), block 256, dynamic shared memory kPrepSmemBytes.
+// grid (n_chunks, n_heads), block 320, dynamic shared memory kPrepSmemBytes.
 __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prepare_kernel(TcArgs x) {
   extern __shared__ float4 smem_f4[];
   const PrepSmem m = prep_smem(reinterpret_cast<uint8_t*>(smem_f4));
@@ -405,16 +440,19 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prepare_kernel(TcArgs 
   const Chunk ch = chunk_at(x.plan, x.n_tokens, c);
   uint8_t* ws = x.ws + (c * x.n_heads + h) * static_cast<int64_t>(kWsBytes);
   prep_load(x, h, ch, m);
-  __syncthreads();
-  // The 10 blocks (a, b), b <= a, of A / Aqk: pair p -> warp p % 8; then the qg / kg^T tiles and e^{G_last}.
-  constexpr int kPairs[10][2] = {{0, 0}, {1, 0}, {1, 1}, {2, 0}, {2, 1}, {2, 2}, {3, 0}, {3, 1}, {3, 2}, {3, 3}};
-  for (int p = w; p < 10; p += kPrepThreads / 32) prep_pair(kPairs[p][0], kPairs[p][1], m, ws);
+  // The 10 blocks (a, b), b <= a, of A / Aqk: pair p = a (a + 1) / 2 + b -> warp p; then the 32 qg / kg^T tiles.
+  static_assert(kPrepThreads / 32 == 10, "one warp per block pair");
+  {
+    const int a = w >= 6 ? 3 : (w >= 3 ? 2 : (w >= 1 ? 1 : 0));
+    prep_pair(a, w - a * (a + 1) / 2, m, ws);
+  }
   for (int tile = w; tile < 32; tile += kPrepThreads / 32) prep_scaled_tiles(tile, m, ws);
   if (threadIdx.x < kDim) {
     reinterpret_cast<float*>(ws + kWsDecay)[threadIdx.x] = __expf(m.g[(kChunk - 1) * kGStride + threadIdx.x]);
   }
   __syncthreads();  // A complete; q is dead, T takes its place
   prep_inverse(m);  // ends with a barrier
+  prep_tprime(m);   // likewise
   prep_wu<true>(m, ws);
   prep_wu<false>(m, ws);
 }
