@@ -497,17 +497,167 @@ __device__ __forceinline__ void load_a(uint32_t (&r)[4], const uint8_t* tile, in
   r[3] = v.w;
 }
 
-// grid (n_seqs, n_heads), block 512 (warp w: row tile rt = w % 4, value quarter cq = w / 4), kRecSmemBytes.
+// One warp of the recurrence kernel: row tile rt = w % 4 (tokens 16 rt .. of v_new and o; state rows 32 rt ..),
+// value quarter cq = w / 4 (columns 32 cq ..), and the shared-memory buffers.
+struct RecWarp {
+  const uint8_t* part_a;  // workspace part A of the current chunk (W, qg, U, e^{G_last})
+  const uint8_t* part_b;  // workspace part B (kg^T, Aqk)
+  __nv_bfloat16 *s_hi, *s_lo, *v_hi, *v_lo;
+  uint32_t s_hi_u, s_lo_u, v_hi_u, v_lo_u;  // the same, as shared-memory addresses
+  int lane, rt, cq, g, t;
+};
+
+// State rows 32 rt + 16 mi + g (+8), columns 32 cq + 8 ni + 2t (+1), in accumulator layout: from / to global memory.
+__device__ __forceinline__ void rec_load_state(const RecWarp& r, const float* state, float (&s)[2][4][4]) {
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) {
+      const int row = 32 * r.rt + 16 * mi + r.g, col = 32 * r.cq + 8 * ni + 2 * r.t;
+      const float2 lo = *reinterpret_cast<const float2*>(state + row * kDim + col);
+      const float2 hi = *reinterpret_cast<const float2*>(state + (row + 8) * kDim + col);
+      s[mi][ni][0] = lo.x;
+      s[mi][ni][1] = lo.y;
+      s[mi][ni][2] = hi.x;
+      s[mi][ni][3] = hi.y;
+      store_split(r.s_hi, r.s_lo, row, col, s[mi][ni]);
+    }
+  }
+}
+__device__ __forceinline__ void rec_store_state(const RecWarp& r, float* state, const float (&s)[2][4][4]) {
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) {
+      const int row = 32 * r.rt + 16 * mi + r.g, col = 32 * r.cq + 8 * ni + 2 * r.t;
+      *reinterpret_cast<float2*>(state + row * kDim + col) = make_float2(s[mi][ni][0], s[mi][ni][1]);
+      *reinterpret_cast<float2*>(state + (row + 8) * kDim + col) = make_float2(s[mi][ni][2], s[mi][ni][3]);
+    }
+  }
+}
+
+// Step A: vn = W S and o = qg S for this warp's rows and columns (K = 128); then v_new = U - W S into shared
+// memory (hi / lo), leaving v_new in vn.
+__device__ __forceinline__ void rec_step_a(const RecWarp& r, float (&vn)[4][4], float (&o)[4][4]) {
+#pragma unroll 2
+  for (int ks = 0; ks < kDim / 16; ++ks) {
+    uint32_t wh[4], wl[4], qg[4];
+    load_a(wh, r.part_a + kWsWHi + (r.rt * 8 + ks) * kTileBytes, r.lane);
+    load_a(wl, r.part_a + kWsWLo + (r.rt * 8 + ks) * kTileBytes, r.lane);
+    load_a(qg, r.part_a + kWsQg + (r.rt * 8 + ks) * kTileBytes, r.lane);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      uint32_t bh[4], bl[4];
+      load_b(bh, r.s_hi_u, ks, 32 * r.cq + 16 * p, r.lane);
+      load_b(bl, r.s_lo_u, ks, 32 * r.cq + 16 * p, r.lane);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        mma3(vn[2 * p + u], wh, wl, bh[2 * u], bh[2 * u + 1], bl[2 * u], bl[2 * u + 1]);
+        mma(o[2 * p + u], qg, bh[2 * u], bh[2 * u + 1]);
+        mma(o[2 * p + u], qg, bl[2 * u], bl[2 * u + 1]);
+      }
+    }
+  }
+#pragma unroll
+  for (int ni = 0; ni < 4; ++ni) {
+    const float4 u =
+        *reinterpret_cast<const float4*>(r.part_a + kWsU + (r.rt * 16 + 4 * r.cq + ni) * kTileBytes + r.lane * 16);
+    vn[ni][0] = u.x - vn[ni][0];
+    vn[ni][1] = u.y - vn[ni][1];
+    vn[ni][2] = u.z - vn[ni][2];
+    vn[ni][3] = u.w - vn[ni][3];
+    store_split(r.v_hi, r.v_lo, 16 * r.rt + r.g, 32 * r.cq + 8 * ni + 2 * r.t, vn[ni]);
+  }
+}
+
+// Step C: o += Aqk v_new over the column blocks ks <= rt, then out (rows < n only).
+__device__ __forceinline__ void rec_step_c(const RecWarp& r, float (&o)[4][4], const TcArgs& x, Chunk ch, int h) {
+#pragma unroll 1
+  for (int ks = 0; ks <= r.rt; ++ks) {
+    uint32_t a[4];
+    load_a(a, r.part_b + (kWsAqk - kWsPartA) + (r.rt * 4 + ks) * kTileBytes, r.lane);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      uint32_t bh[4], bl[4];
+      load_b(bh, r.v_hi_u, ks, 32 * r.cq + 16 * p, r.lane);
+      load_b(bl, r.v_lo_u, ks, 32 * r.cq + 16 * p, r.lane);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        mma(o[2 * p + u], a, bh[2 * u], bh[2 * u + 1]);
+        mma(o[2 * p + u], a, bl[2 * u], bl[2 * u + 1]);
+      }
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = 16 * r.rt + r.g + 8 * half;
+    if (i >= ch.n_tokens) continue;
+    __nv_bfloat16* orow =
+        x.out + (static_cast<int64_t>(ch.token_begin + i) * x.n_heads + h) * kDim + 32 * r.cq + 2 * r.t;
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) {
+      *reinterpret_cast<__nv_bfloat162*>(orow + 8 * ni) = __floats2bfloat162_rn(o[ni][2 * half], o[ni][2 * half + 1]);
+    }
+  }
+}
+
+// Step D: S <- e^{G_last} o S + kg^T v_new (K = 64 tokens) on the accumulators.
+__device__ __forceinline__ void rec_step_d(const RecWarp& r, float (&s)[2][4][4], const float (&decay)[2][2]) {
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) {
+      s[mi][ni][0] *= decay[mi][0];
+      s[mi][ni][1] *= decay[mi][0];
+      s[mi][ni][2] *= decay[mi][1];
+      s[mi][ni][3] *= decay[mi][1];
+    }
+  }
+#pragma unroll 1
+  for (int ks = 0; ks < kChunk / 16; ++ks) {
+    uint32_t bh[2][4], bl[2][4];
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      load_b(bh[p], r.v_hi_u, ks, 32 * r.cq + 16 * p, r.lane);
+      load_b(bl[p], r.v_lo_u, ks, 32 * r.cq + 16 * p, r.lane);
+    }
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+      uint32_t kh[4], kl[4];
+      load_a(kh, r.part_b + (kWsKgHi - kWsPartA) + ((2 * r.rt + mi) * 4 + ks) * kTileBytes, r.lane);
+      load_a(kl, r.part_b + (kWsKgLo - kWsPartA) + ((2 * r.rt + mi) * 4 + ks) * kTileBytes, r.lane);
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni) {
+        mma3(s[mi][ni], kh, kl, bh[ni / 2][2 * (ni % 2)], bh[ni / 2][2 * (ni % 2) + 1], bl[ni / 2][2 * (ni % 2)],
+             bl[ni / 2][2 * (ni % 2) + 1]);
+      }
+    }
+  }
+}
+
+// grid (n_seqs, n_heads), block 512 (16 warps, see RecWarp), kRecSmemBytes. Per chunk: step A, v_new out, barrier,
+// next part A in, step C, step D, barrier, next part B in, S (hi / lo) out; part B of chunk c streams in during step A
+// of chunk c, part A of chunk c + 1 during steps C and D of chunk c.
 __global__ void __launch_bounds__(kRecurThreads, 1) kda_tc_recurrence_kernel(TcArgs x) {
   extern __shared__ float4 smem_f4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_f4);
-  const uint8_t* part_a = smem + kRecSmemPartA;
-  const uint8_t* part_b = smem + kRecSmemPartB;
-  __nv_bfloat16* s_hi = reinterpret_cast<__nv_bfloat16*>(smem + kRecSmemS);
-  __nv_bfloat16* s_lo = s_hi + kDim * kRowBf16;
-  __nv_bfloat16* v_hi = reinterpret_cast<__nv_bfloat16*>(smem + kRecSmemV);
-  __nv_bfloat16* v_lo = v_hi + kChunk * kRowBf16;
-  const int lane = threadIdx.x % 32, w = threadIdx.x / 32, rt = w % 4, cq = w / 4, g = lane / 4, t = lane % 4;
+  RecWarp r;
+  r.part_a = smem + kRecSmemPartA;
+  r.part_b = smem + kRecSmemPartB;
+  r.s_hi = reinterpret_cast<__nv_bfloat16*>(smem + kRecSmemS);
+  r.s_lo = r.s_hi + kDim * kRowBf16;
+  r.v_hi = reinterpret_cast<__nv_bfloat16*>(smem + kRecSmemV);
+  r.v_lo = r.v_hi + kChunk * kRowBf16;
+  r.s_hi_u = smem_u32(r.s_hi);
+  r.s_lo_u = smem_u32(r.s_lo);
+  r.v_hi_u = smem_u32(r.v_hi);
+  r.v_lo_u = smem_u32(r.v_lo);
+  const int w = threadIdx.x / 32;
+  r.lane = threadIdx.x % 32;
+  r.rt = w % 4;
+  r.cq = w / 4;
+  r.g = r.lane / 4;
+  r.t = r.lane % 4;
   const int h = blockIdx.y;
 
   int64_t chunk0 = 0, n_chunks = x.n_chunks, slot = 0;
@@ -520,28 +670,12 @@ __global__ void __launch_bounds__(kRecurThreads, 1) kda_tc_recurrence_kernel(TcA
   float* state = x.state_base + slot * x.slot_stride + static_cast<int64_t>(h) * kDim * kDim;
   auto ws_of = [&](int64_t c) { return x.ws + (c * x.n_heads + h) * static_cast<int64_t>(kWsBytes); };
 
-  // S rows 32 rt + 16 mi + g (+8), columns 32 cq + 8 ni + 2t (+1), in accumulator layout.
   float s[2][4][4];
-#pragma unroll
-  for (int mi = 0; mi < 2; ++mi) {
-#pragma unroll
-    for (int ni = 0; ni < 4; ++ni) {
-      const int row = 32 * rt + 16 * mi + g, col = 32 * cq + 8 * ni + 2 * t;
-      const float2 lo = *reinterpret_cast<const float2*>(state + row * kDim + col);
-      const float2 hi = *reinterpret_cast<const float2*>(state + (row + 8) * kDim + col);
-      s[mi][ni][0] = lo.x;
-      s[mi][ni][1] = lo.y;
-      s[mi][ni][2] = hi.x;
-      s[mi][ni][3] = hi.y;
-      store_split(s_hi, s_lo, row, col, s[mi][ni]);
-    }
-  }
+  rec_load_state(r, state, s);
   copy_part(smem_u32(smem + kRecSmemPartA), ws_of(chunk0), kWsPartA);
   cp_async_commit();
   copy_part(smem_u32(smem + kRecSmemPartB), ws_of(chunk0) + kWsPartA, kWsPartBBytes);
   cp_async_commit();
-
-  const uint32_t s_hi_u = smem_u32(s_hi), s_lo_u = smem_u32(s_lo), v_hi_u = smem_u32(v_hi), v_lo_u = smem_u32(v_lo);
 #pragma unroll 1
   for (int64_t cc = 0; cc < n_chunks; ++cc) {
     const Chunk ch = chunk_at(x.plan, x.n_tokens, chunk0 + cc);
@@ -550,126 +684,30 @@ __global__ void __launch_bounds__(kRecurThreads, 1) kda_tc_recurrence_kernel(TcA
     float decay[2][2];  // e^{G_last} of this warp's state rows, read before part A is overwritten
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi) {
-      decay[mi][0] = reinterpret_cast<const float*>(part_a + kWsDecay)[32 * rt + 16 * mi + g];
-      decay[mi][1] = reinterpret_cast<const float*>(part_a + kWsDecay)[32 * rt + 16 * mi + g + 8];
+      decay[mi][0] = reinterpret_cast<const float*>(r.part_a + kWsDecay)[32 * r.rt + 16 * mi + r.g];
+      decay[mi][1] = reinterpret_cast<const float*>(r.part_a + kWsDecay)[32 * r.rt + 16 * mi + r.g + 8];
     }
-
-    // Step A: W S and qg S for rows 16 rt .., columns 32 cq .. (K = 128).
     float vn[4][4] = {}, o[4][4] = {};
-#pragma unroll 2
-    for (int ks = 0; ks < kDim / 16; ++ks) {
-      uint32_t wh[4], wl[4], qg[4];
-      load_a(wh, part_a + kWsWHi + (rt * 8 + ks) * kTileBytes, lane);
-      load_a(wl, part_a + kWsWLo + (rt * 8 + ks) * kTileBytes, lane);
-      load_a(qg, part_a + kWsQg + (rt * 8 + ks) * kTileBytes, lane);
-#pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        uint32_t bh[4], bl[4];
-        load_b(bh, s_hi_u, ks, 32 * cq + 16 * p, lane);
-        load_b(bl, s_lo_u, ks, 32 * cq + 16 * p, lane);
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          mma3(vn[2 * p + u], wh, wl, bh[2 * u], bh[2 * u + 1], bl[2 * u], bl[2 * u + 1]);
-          mma(o[2 * p + u], qg, bh[2 * u], bh[2 * u + 1]);
-          mma(o[2 * p + u], qg, bl[2 * u], bl[2 * u + 1]);
-        }
-      }
-    }
-    // v_new = U - W S -> shared memory (hi / lo).
-#pragma unroll
-    for (int ni = 0; ni < 4; ++ni) {
-      const float4 u =
-          *reinterpret_cast<const float4*>(part_a + kWsU + (rt * 16 + 4 * cq + ni) * kTileBytes + lane * 16);
-      vn[ni][0] = u.x - vn[ni][0];
-      vn[ni][1] = u.y - vn[ni][1];
-      vn[ni][2] = u.z - vn[ni][2];
-      vn[ni][3] = u.w - vn[ni][3];
-      store_split(v_hi, v_lo, 16 * rt + g, 32 * cq + 8 * ni + 2 * t, vn[ni]);
-    }
+    rec_step_a(r, vn, o);
     __syncthreads();  // part A and S are read; v_new is complete
     if (cc + 1 < n_chunks) copy_part(smem_u32(smem + kRecSmemPartA), ws_of(chunk0 + cc + 1), kWsPartA);
     cp_async_commit();
     cp_async_wait1();  // part B of this chunk
     __syncthreads();
-
-    // Step C: o += Aqk v_new over the column blocks ks <= rt, then out (rows < n only).
-#pragma unroll 1
-    for (int ks = 0; ks <= rt; ++ks) {
-      uint32_t a[4];
-      load_a(a, part_b + (kWsAqk - kWsPartA) + (rt * 4 + ks) * kTileBytes, lane);
-#pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        uint32_t bh[4], bl[4];
-        load_b(bh, v_hi_u, ks, 32 * cq + 16 * p, lane);
-        load_b(bl, v_lo_u, ks, 32 * cq + 16 * p, lane);
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          mma(o[2 * p + u], a, bh[2 * u], bh[2 * u + 1]);
-          mma(o[2 * p + u], a, bl[2 * u], bl[2 * u + 1]);
-        }
-      }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = 16 * rt + g + 8 * half;
-      if (i >= ch.n_tokens) continue;
-      __nv_bfloat16* orow = x.out + (static_cast<int64_t>(ch.token_begin + i) * x.n_heads + h) * kDim + 32 * cq + 2 * t;
-#pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
-        *reinterpret_cast<__nv_bfloat162*>(orow + 8 * ni) = __floats2bfloat162_rn(o[ni][2 * half], o[ni][2 * half + 1]);
-      }
-    }
-
-    // Step D: S <- e^{G_last} o S + kg^T v_new (K = 64 tokens).
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi) {
-#pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
-        s[mi][ni][0] *= decay[mi][0];
-        s[mi][ni][1] *= decay[mi][0];
-        s[mi][ni][2] *= decay[mi][1];
-        s[mi][ni][3] *= decay[mi][1];
-      }
-    }
-#pragma unroll 1
-    for (int ks = 0; ks < kChunk / 16; ++ks) {
-      uint32_t bh[2][4], bl[2][4];
-#pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        load_b(bh[p], v_hi_u, ks, 32 * cq + 16 * p, lane);
-        load_b(bl[p], v_lo_u, ks, 32 * cq + 16 * p, lane);
-      }
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        uint32_t kh[4], kl[4];
-        load_a(kh, part_b + (kWsKgHi - kWsPartA) + ((2 * rt + mi) * 4 + ks) * kTileBytes, lane);
-        load_a(kl, part_b + (kWsKgLo - kWsPartA) + ((2 * rt + mi) * 4 + ks) * kTileBytes, lane);
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni) {
-          mma3(s[mi][ni], kh, kl, bh[ni / 2][2 * (ni % 2)], bh[ni / 2][2 * (ni % 2) + 1], bl[ni / 2][2 * (ni % 2)],
-               bl[ni / 2][2 * (ni % 2) + 1]);
-        }
-      }
-    }
+    rec_step_c(r, o, x, ch, h);
+    rec_step_d(r, s, decay);
     __syncthreads();  // part B and v_new are read
     if (cc + 1 < n_chunks) copy_part(smem_u32(smem + kRecSmemPartB), ws_of(chunk0 + cc + 1) + kWsPartA, kWsPartBBytes);
     cp_async_commit();
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
-      for (int ni = 0; ni < 4; ++ni)
-        store_split(s_hi, s_lo, 32 * rt + 16 * mi + g, 32 * cq + 8 * ni + 2 * t, s[mi][ni]);
+      for (int ni = 0; ni < 4; ++ni) {
+        store_split(r.s_hi, r.s_lo, 32 * r.rt + 16 * mi + r.g, 32 * r.cq + 8 * ni + 2 * r.t, s[mi][ni]);
+      }
     }
   }
-#pragma unroll
-  for (int mi = 0; mi < 2; ++mi) {
-#pragma unroll
-    for (int ni = 0; ni < 4; ++ni) {
-      const int row = 32 * rt + 16 * mi + g, col = 32 * cq + 8 * ni + 2 * t;
-      *reinterpret_cast<float2*>(state + row * kDim + col) = make_float2(s[mi][ni][0], s[mi][ni][1]);
-      *reinterpret_cast<float2*>(state + (row + 8) * kDim + col) = make_float2(s[mi][ni][2], s[mi][ni][3]);
-    }
-  }
+  rec_store_state(r, state, s);
 }
 
 void launch_tc(const TcArgs& x, int64_t n_seqs, cudaStream_t stream) {
