@@ -1,8 +1,10 @@
-// KDA CUDA kernels against the CPU reference at Kimi-K3 dims (K = V = 128) with K3-like decays (near -5, near 0,
-// mixed) and a nonzero initial state: chunked prefill vs kda_chunked_cpu / kda_recurrent_cpu, the recurrent step for
-// one sequence and for a batch of sequences on shuffled state slots, and prefills split across calls. The same again
-// at the small head dims of the golden and random test checkpoints (4 x 32, 2 x 64, 8 x 16) and at K != V.
-// The fp32 state is compared at 1e-4, the bf16 outputs at 1e-2 (relative to max |ref|).
+// KDA CUDA kernels against the CPU reference at Kimi-K3 dims (K = V = 128) with K3-like decays (at the -5 floor, near
+// -5, near 0, mixed) and a nonzero initial state: chunked prefill (the tensor-core path) vs kda_chunked_cpu /
+// kda_recurrent_cpu and a float64 recurrence, the recurrent step for one sequence and for a batch of sequences on
+// shuffled state slots, prefills split across calls, and the varlen launch over ragged sequences on shuffled slots.
+// The same again at the small head dims of the golden and random test checkpoints (4 x 32, 2 x 64, 8 x 16) and at
+// K != V (the CUDA-core fallback). The fp32 state is compared at 1e-4, the bf16 outputs at 1e-2 (relative to
+// max |ref|); each comparison prints its error.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include "cuda_testing.h"
 #include "ops/kda/kda.h"
 #include "ops/kda/kda_cuda.h"
+#include "ops/kda/kda_varlen_plan.h"
 
 namespace bg::ops {
 namespace {
@@ -34,6 +37,7 @@ enum class Decay {
   kStrong,  // g = -5 sigmoid(x), x ~ N(2, 2): most channels near -5
   kTiny,    // x ~ N(-9, 1): g ~ -5e-4, almost no forgetting
   kMixed,   // x ~ N(0, 4): anything in (-5, 0)
+  kFloor,   // x ~ N(9, 0.5): every channel within 1e-3 of K3's -5 lower bound (the largest intra-chunk factors)
 };
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -69,8 +73,14 @@ KdaData make_data(int64_t n_tokens, int64_t n_heads, Decay decay, uint64_t seed,
   x.q_bits = to_bf16(x.q);
   x.k_bits = to_bf16(x.k);
   x.v_bits = to_bf16(x.v);
-  const float mean = decay == Decay::kStrong ? 2.0f : (decay == Decay::kTiny ? -9.0f : 0.0f);
-  const float sd = decay == Decay::kStrong ? 2.0f : (decay == Decay::kTiny ? 1.0f : 4.0f);
+  const float mean = decay == Decay::kStrong ? 2.0f
+                     : decay == Decay::kTiny ? -9.0f
+                     : decay == Decay::kFloor ? 9.0f
+                                              : 0.0f;
+  const float sd = decay == Decay::kStrong ? 2.0f
+                   : decay == Decay::kTiny ? 1.0f
+                   : decay == Decay::kFloor ? 0.5f
+                                            : 4.0f;
   x.g = random_floats(n_qk, sd, seed + 3);
   for (auto& e : x.g) e = -5.0f * sigmoid(mean + e);
   x.beta = random_floats(static_cast<size_t>(n_tokens * n_heads), 1.5f, seed + 4);
@@ -118,6 +128,45 @@ void cpu_range(const KdaData& x, bool chunked, int64_t t0, int64_t t1, Result& r
   }
 }
 
+// The recurrence in float64 over the same (bf16-rounded) inputs: the error floor of both fp32 implementations.
+Result f64_run(const KdaData& x) {
+  const int64_t n_heads = x.p.n_heads, dk = x.dk(), dv = x.dv();
+  Result r{std::vector<float>(x.v.size()), std::vector<float>(x.state.size())};
+  std::vector<double> s(static_cast<size_t>(dk * dv)), u(static_cast<size_t>(dv));
+  for (int64_t h = 0; h < n_heads; ++h) {
+    for (int64_t i = 0; i < dk * dv; ++i) s[static_cast<size_t>(i)] = x.state[static_cast<size_t>(h * dk * dv + i)];
+    for (int64_t t = 0; t < x.p.n_tokens; ++t) {
+      const size_t kq = static_cast<size_t>((t * n_heads + h) * dk), vo = static_cast<size_t>((t * n_heads + h) * dv);
+      const double beta = x.beta[static_cast<size_t>(t * n_heads + h)];
+      for (int64_t j = 0; j < dv; ++j) u[static_cast<size_t>(j)] = x.v[vo + static_cast<size_t>(j)];
+      for (int64_t d = 0; d < dk; ++d) {
+        const double a = std::exp(static_cast<double>(x.g[kq + static_cast<size_t>(d)]));
+        for (int64_t j = 0; j < dv; ++j) {
+          double& e = s[static_cast<size_t>(d * dv + j)];
+          e *= a;
+          u[static_cast<size_t>(j)] -= x.k[kq + static_cast<size_t>(d)] * e;
+        }
+      }
+      std::vector<double> o(static_cast<size_t>(dv), 0.0);
+      for (int64_t d = 0; d < dk; ++d) {
+        const double bk = beta * x.k[kq + static_cast<size_t>(d)], qd = x.q[kq + static_cast<size_t>(d)];
+        for (int64_t j = 0; j < dv; ++j) {
+          double& e = s[static_cast<size_t>(d * dv + j)];
+          e += bk * u[static_cast<size_t>(j)];
+          o[static_cast<size_t>(j)] += qd * e;
+        }
+      }
+      for (int64_t j = 0; j < dv; ++j) {
+        r.out[vo + static_cast<size_t>(j)] = static_cast<float>(o[static_cast<size_t>(j)]);
+      }
+    }
+    for (int64_t i = 0; i < dk * dv; ++i) {
+      r.state[static_cast<size_t>(h * dk * dv + i)] = static_cast<float>(s[static_cast<size_t>(i)]);
+    }
+  }
+  return r;
+}
+
 Result cpu_run(const KdaData& x, bool chunked) {
   Result r{std::vector<float>(x.v.size(), NAN), x.state};
   cpu_range(x, chunked, 0, x.p.n_tokens, r);
@@ -128,20 +177,22 @@ Result cpu_run(const KdaData& x, bool chunked) {
 struct GpuSequence {
   const KdaData& x;
   DeviceData in;
-  DeviceBuffer state, out, slot;
+  DeviceBuffer state, out, slot, ws;
   explicit GpuSequence(const KdaData& data)
       : x(data),
         in(data),
         state(cuda::upload(data.state)),
         out(data.v.size() * 2),
-        slot(cuda::upload(std::vector<int32_t>{0})) {
+        slot(cuda::upload(std::vector<int32_t>{0})),
+        ws(std::max<size_t>(16, kda_chunked_workspace_bytes(data.p, kda_chunk_count(data.p.n_tokens)))) {
     out.fill_bytes(0xff);
+    ws.fill_bytes(0xff);  // every workspace byte the kernels read must have been written this launch
   }
   void chunked(int64_t t0, int64_t t1) {
     KdaParams sub = x.p;
     sub.n_tokens = t1 - t0;
     kda_chunked_cuda(sub, in.view(t0), state.as<float>(), out.as<__nv_bfloat16>() + t0 * x.p.n_heads * x.dv(),
-                     nullptr);
+                     {ws.data(), ws.bytes()}, nullptr);
   }
   void recurrent(int64_t t0, int64_t t1) {
     KdaParams one = x.p;
@@ -173,7 +224,9 @@ TEST(KdaCuda, ChunkedPrefillMatchesCpu) {
   BG_REQUIRE_GPU();
   const Case cases[] = {{1, 96, Decay::kStrong},    {63, 96, Decay::kMixed},   {64, 96, Decay::kTiny},
                         {65, 96, Decay::kStrong},   {300, 96, Decay::kMixed},  {300, 16, Decay::kTiny},
-                        {1000, 16, Decay::kStrong}, {1000, 16, Decay::kMixed}, {1000, 16, Decay::kTiny}};
+                        {1000, 16, Decay::kStrong}, {1000, 16, Decay::kMixed}, {1000, 16, Decay::kTiny},
+                        {5, 96, Decay::kMixed},     {15, 3, Decay::kFloor},    {17, 2, Decay::kStrong},
+                        {200, 8, Decay::kFloor},    {1, 1, Decay::kTiny},      {129, 1, Decay::kFloor}};
   uint64_t seed = 100;
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "T=" << c.n_tokens << " H=" << c.n_heads << " decay "
@@ -184,6 +237,7 @@ TEST(KdaCuda, ChunkedPrefillMatchesCpu) {
     const Result got = gpu.result();
     expect_close(got, cpu_run(x, true), "chunked vs cpu chunked");
     expect_close(got, cpu_run(x, false), "chunked vs cpu recurrent");
+    if (c.n_tokens * c.n_heads <= 20000) expect_close(got, f64_run(x), "chunked vs float64 recurrent");
   }
 }
 
@@ -363,9 +417,117 @@ TEST(KdaCuda, RejectsUnsupportedHeadDims) {
   for (const auto& [dk, dv] : std::vector<std::pair<int64_t, int64_t>>{{129, 128}, {128, 129}, {256, 256}, {0, 32},
                                                                          {32, 0}, {-1, 64}}) {
     const KdaParams p{4, 2, dk, dv};
-    EXPECT_THROW(kda_chunked_cuda(p, {}, &dummy, nullptr, nullptr), Error) << dk << " / " << dv;
+    EXPECT_THROW(kda_chunked_cuda(p, {}, &dummy, nullptr, {}, nullptr), Error) << dk << " / " << dv;
     EXPECT_THROW(kda_recurrent_cuda(p, {}, {&dummy, nullptr, 0}, nullptr, nullptr), Error) << dk << " / " << dv;
   }
+}
+
+TEST(KdaCuda, ChunkedRejectsMissingOrShortWorkspace) {
+  BG_REQUIRE_GPU();
+  const KdaData x = make_data(65, 2, Decay::kMixed, 77);
+  GpuSequence gpu(x);
+  const size_t need = kda_chunked_workspace_bytes(x.p, 2);
+  EXPECT_EQ(need, 4 * kda_chunked_workspace_bytes({1, 1, kDim, kDim}, 1));
+  EXPECT_EQ(kda_chunked_workspace_bytes({65, 2, 64, 64}, 2), 0u);  // the CUDA-core path needs none
+  auto* out = gpu.out.as<__nv_bfloat16>();
+  EXPECT_THROW(kda_chunked_cuda(x.p, gpu.in.view(0), gpu.state.as<float>(), out, {gpu.ws.data(), need - 1}, nullptr),
+               Error);
+  EXPECT_THROW(kda_chunked_cuda(x.p, gpu.in.view(0), gpu.state.as<float>(), out, {nullptr, need}, nullptr), Error);
+  EXPECT_THROW(kda_chunked_cuda(x.p, gpu.in.view(0), gpu.state.as<float>(), out + 1, {gpu.ws.data(), need}, nullptr),
+               Error);  // out must be 4-byte aligned
+}
+
+// One step of ragged sequences (lengths below, one empty) on shuffled, padded state slots in ONE varlen launch; each
+// sequence must equal its own recurrence from its own state. With min_tokens 2 the 1-token sequences stay out of the
+// plan: their slots and output rows are untouched.
+void check_varlen(int64_t n_heads, int64_t dk, int64_t dv, int64_t min_tokens, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "varlen H=" << n_heads << " K=" << dk << " V=" << dv << " min " << min_tokens);
+  const std::vector<int64_t> lens{130, 1, 5, 64, 0, 17, 200, 1, 63, 65};
+  const int64_t n_seqs = static_cast<int64_t>(lens.size()), n_slots = n_seqs + 3;
+  const int64_t state_floats = n_heads * dk * dv, stride = state_floats + 64;
+  std::vector<int32_t> slot_of(static_cast<size_t>(n_slots));
+  std::iota(slot_of.begin(), slot_of.end(), 0);
+  std::shuffle(slot_of.begin(), slot_of.end(), std::mt19937_64(seed));
+  slot_of.resize(static_cast<size_t>(n_seqs));
+
+  std::vector<KdaData> seqs;
+  std::vector<int64_t> begin{0};
+  std::vector<uint16_t> q, k, v;
+  std::vector<float> g, beta;
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    const int64_t n = lens[static_cast<size_t>(s)];
+    seqs.push_back(make_data(n, n_heads, static_cast<Decay>(s % 4), seed + 10 * static_cast<uint64_t>(s), dk, dv));
+    const KdaData& x = seqs.back();
+    q.insert(q.end(), x.q_bits.begin(), x.q_bits.end());
+    k.insert(k.end(), x.k_bits.begin(), x.k_bits.end());
+    v.insert(v.end(), x.v_bits.begin(), x.v_bits.end());
+    g.insert(g.end(), x.g.begin(), x.g.end());
+    beta.insert(beta.end(), x.beta.begin(), x.beta.end());
+    begin.push_back(begin.back() + n);
+  }
+  const int64_t n_tokens = begin.back();
+  std::vector<float> pool = random_floats(static_cast<size_t>(n_slots * stride), 0.5f, seed + 1);
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    const KdaData& x = seqs[static_cast<size_t>(s)];
+    std::copy(x.state.begin(), x.state.end(), pool.begin() + slot_of[static_cast<size_t>(s)] * stride);
+  }
+  const KdaVarlenPlan plan = kda_varlen_plan(begin, slot_of, min_tokens);
+  std::vector<int32_t> packed = plan.packed();
+  packed.push_back(0);  // never empty
+  DeviceBuffer d_q = cuda::upload(q), d_k = cuda::upload(k), d_v = cuda::upload(v), d_g = cuda::upload(g),
+               d_beta = cuda::upload(beta), d_pool = cuda::upload(pool), d_plan = cuda::upload(packed);
+  const KdaParams p{n_tokens, n_heads, dk, dv};
+  DeviceBuffer d_out(static_cast<size_t>(n_tokens * n_heads * dv) * 2);
+  DeviceBuffer ws(std::max<size_t>(16, kda_chunked_workspace_bytes(p, plan.n_chunks())));
+  d_out.fill_bytes(0xff);
+  ws.fill_bytes(0xff);
+  const KdaCudaInputs in{d_q.as<__nv_bfloat16>(), d_k.as<__nv_bfloat16>(), d_v.as<__nv_bfloat16>(), d_g.as<float>(),
+                         d_beta.as<float>()};
+  kda_chunked_varlen_cuda(p, in, {&plan, d_plan.as<int32_t>(), d_pool.as<float>(), stride}, d_out.as<__nv_bfloat16>(),
+                          {ws.data(), ws.bytes()}, nullptr);
+  BG_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got_pool = cuda::download<float>(d_pool, pool.size());
+  const std::vector<uint16_t> got_bits = cuda::download<uint16_t>(d_out, static_cast<size_t>(n_tokens * n_heads * dv));
+  const std::vector<float> got_out = from_bf16(got_bits);
+
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    const KdaData& x = seqs[static_cast<size_t>(s)];
+    const int64_t slot = slot_of[static_cast<size_t>(s)], n = lens[static_cast<size_t>(s)];
+    SCOPED_TRACE(::testing::Message() << "sequence " << s << " T=" << n << " slot " << slot);
+    const auto row0 = static_cast<size_t>(begin[static_cast<size_t>(s)] * n_heads * dv);
+    const auto n_out = static_cast<size_t>(n * n_heads * dv);
+    Result got;
+    got.state.assign(got_pool.begin() + slot * stride, got_pool.begin() + slot * stride + state_floats);
+    got.out.assign(got_out.begin() + static_cast<std::ptrdiff_t>(row0),
+                   got_out.begin() + static_cast<std::ptrdiff_t>(row0 + n_out));
+    if (n >= min_tokens) {
+      expect_close(got, cpu_run(x, false), "varlen vs cpu recurrent");
+    } else {
+      EXPECT_EQ(got.state, x.state) << "a sequence outside the plan changed its state";
+      size_t n_written = 0;
+      for (size_t i = row0; i < row0 + n_out; ++i) n_written += got_bits[i] != 0xffff;
+      EXPECT_EQ(n_written, 0u) << "a sequence outside the plan got output";
+    }
+  }
+  size_t n_changed = 0;  // unused slots and the padding between slots
+  for (size_t i = 0; i < pool.size(); ++i) {
+    const int64_t slot = static_cast<int64_t>(i) / stride, in_slot = static_cast<int64_t>(i) % stride;
+    const bool used = std::find(slot_of.begin(), slot_of.end(), slot) != slot_of.end() && in_slot < state_floats;
+    if (!used) n_changed += got_pool[i] != pool[i];
+  }
+  EXPECT_EQ(n_changed, 0u);
+}
+
+TEST(KdaCuda, VarlenChunkedMatchesCpuPerSequence) {
+  BG_REQUIRE_GPU();
+  check_varlen(96, kDim, kDim, 2, 5000);
+  check_varlen(8, kDim, kDim, 1, 5100);
+}
+
+TEST(KdaCuda, SmallHeadDimsVarlenFallbackMatchesCpu) {
+  BG_REQUIRE_GPU();
+  check_varlen(4, 32, 32, 2, 5200);
+  check_varlen(3, 64, 24, 1, 5300);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "ops/embedding/embedding_cuda.h"
 #include "ops/gated_rmsnorm/gated_rmsnorm_cuda.h"
 #include "ops/kda/kda_cuda.h"
+#include "ops/kda/kda_varlen_plan.h"
 #include "ops/kda_gate/kda_gate_cuda.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/mla/mla_cuda.h"
@@ -344,31 +345,37 @@ class CudaBackend final : public Backend {
     BG_PROFILE_OP("kda_beta", stream_);
     ops::kda_beta_cuda(b.numel(), b.as<bf16>(), beta.as<float>(), stream_);
   }
-  // Decode steps: one recurrent launch over all sequences' slots; otherwise per sequence, recurrent for a single
-  // token and chunked for more.
+  // Decode steps: one recurrent launch over all sequences' slots. Otherwise a recurrent step for each 1-token sequence
+  // and one varlen chunked launch pair for all the longer ones (kda_plan_, made in upload_step).
   void kda(const ops::KdaParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
            const Tensor& beta, const StateRef& state, Tensor& out) override {
     BG_PROFILE_OP("kda", stream_);
     float* base = state.storage.as<float>() + state.offset;
+    const ops::KdaCudaInputs in{q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), g.as<float>(), beta.as<float>()};
     if (step_.all_single_token()) {
-      ops::KdaCudaInputs in{q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), g.as<float>(), beta.as<float>()};
       ops::kda_recurrent_cuda(p, in, {base, dev_.state_slots, state.slot_stride}, out.as<bf16>(), stream_);
       return;
     }
     const int64_t qk = p.n_heads * p.head_dim_k, vd = p.n_heads * p.head_dim_v;
-    for (int64_t s = 0; s < step_.n_seqs(); ++s) {
-      const int64_t b = step_.seq_begin[static_cast<size_t>(s)], e = step_.seq_begin[static_cast<size_t>(s) + 1];
+    for (const int32_t s : kda_plan_.short_seqs) {
+      const int64_t b = step_.seq_begin[static_cast<size_t>(s)];
       ops::KdaParams ps = p;
-      ps.n_tokens = e - b;
-      ops::KdaCudaInputs in{q.as<bf16>() + b * qk, k.as<bf16>() + b * qk, v.as<bf16>() + b * vd,
-                            g.as<float>() + b * qk, beta.as<float>() + b * p.n_heads};
-      if (ps.n_tokens == 1) {
-        ops::kda_recurrent_cuda(ps, in, {base, dev_.state_slots + s, state.slot_stride}, out.as<bf16>() + b * vd,
-                                stream_);
-      } else {
-        ops::kda_chunked_cuda(ps, in, slot_state(state, s), out.as<bf16>() + b * vd, stream_);
-      }
+      ps.n_tokens = step_.seq_begin[static_cast<size_t>(s) + 1] - b;
+      const ops::KdaCudaInputs in_s{in.q + b * qk, in.k + b * qk, in.v + b * vd, in.g + b * qk,
+                                    in.beta + b * p.n_heads};
+      ops::kda_recurrent_cuda(ps, in_s, {base, dev_.state_slots + s, state.slot_stride}, out.as<bf16>() + b * vd,
+                              stream_);
     }
+    if (kda_plan_.n_seqs() == 0) return;
+    // The workspace only grows; a replaced one is kept while the backend lives (as mla_ws_).
+    const size_t ws_bytes = ops::kda_chunked_workspace_bytes(p, kda_plan_.n_chunks());
+    if (ws_bytes > kda_ws_bytes_) {
+      if (kda_ws_) kda_ws_retired_.push_back(std::move(kda_ws_));
+      kda_ws_bytes_ = ws_bytes;
+      kda_ws_ = alloc_->allocate(kda_ws_bytes_);
+    }
+    ops::kda_chunked_varlen_cuda(p, in, {&kda_plan_, dev_.kda_plan, base, state.slot_stride}, out.as<bf16>(),
+                                 {kda_ws_.get(), kda_ws_bytes_}, stream_);
   }
   void gated_rmsnorm(int64_t n_heads, float eps, const Tensor& x, const Tensor& gate, const Tensor& weight,
                      Tensor& y) override {
@@ -420,6 +427,7 @@ class CudaBackend final : public Backend {
     const int32_t* block_tables = nullptr;
     const int32_t* state_slots = nullptr;
     const int32_t* last_rows = nullptr;
+    const int32_t* kda_plan = nullptr;  // kda_plan_.packed()
   };
   struct Graph {
     cudaGraphExec_t exec = nullptr;
@@ -578,6 +586,11 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> prefill_ws_;
   size_t prefill_ws_bytes_ = 0;
   int64_t prefill_meta_serial_ = -1;  // the step whose metadata prefill_ws_ holds
+  ops::KdaVarlenPlan kda_plan_;  // this step's chunked KDA sequences (upload_step)
+  std::vector<int32_t> kda_plan_packed_;
+  std::shared_ptr<void> kda_ws_;  // chunked KDA workspace (see kda)
+  size_t kda_ws_bytes_ = 0;
+  std::vector<std::shared_ptr<void>> kda_ws_retired_;
   std::unique_ptr<cuda::WeightUploader> uploader_;
   cuda::WeightUploader& uploader() {
     if (!uploader_) uploader_ = std::make_unique<cuda::WeightUploader>(stream_);
@@ -591,9 +604,13 @@ void CudaBackend::upload_step() {
   inject_device_fault_if_armed(name());
   const StepLayout& s = step_;
   ++step_serial_;
+  kda_plan_ = s.state_slots.empty() || s.all_single_token() ? ops::KdaVarlenPlan{}
+                                                            : ops::kda_varlen_plan(s.seq_begin, s.state_slots);
+  kda_plan_packed_ = kda_plan_.packed();
   auto bytes_of = [](const auto& v) { return (v.size() * sizeof(v[0]) + 7) / 8 * 8; };
   const size_t total = bytes_of(s.token_ids) + bytes_of(s.positions) + bytes_of(s.token_seq) +
-                       bytes_of(s.block_tables) + bytes_of(s.state_slots) + bytes_of(s.last_rows);
+                       bytes_of(s.block_tables) + bytes_of(s.state_slots) + bytes_of(s.last_rows) +
+                       bytes_of(kda_plan_packed_);
   if (step_uploaded_ == nullptr) BG_CUDA_CHECK(cudaEventCreateWithFlags(&step_uploaded_, cudaEventDisableTiming));
   BG_CUDA_CHECK(cudaEventSynchronize(step_uploaded_));  // the previous upload has read the staging memory
   if (total > step_capacity_) {
@@ -621,6 +638,7 @@ void CudaBackend::upload_step() {
   place(s.block_tables, dev_.block_tables);
   place(s.state_slots, dev_.state_slots);
   place(s.last_rows, dev_.last_rows);
+  place(kda_plan_packed_, dev_.kda_plan);
   if (offset > 0) {
     BG_CUDA_CHECK(cudaMemcpyAsync(step_dev_.get(), step_host_, offset, cudaMemcpyHostToDevice, stream_));
   }

@@ -1,15 +1,17 @@
 // Kernel cases of attention and state at K3 shapes: MLA (96 heads, latent 512 + 64, nope 128, v 128, 64-token cache
 // blocks) decode at 4k / 32k context and prefill (the FlashAttention-class path and the absorbed kernel it replaced);
-// KDA (96 heads x 128) recurrent decode and chunked prefill; the KDA short conv (12288 channels, kernel 4) at decode
-// and prefill.
+// KDA (96 heads x 128) recurrent decode and chunked prefill (one sequence, and a varlen step of 16 x 512); the KDA
+// short conv (12288 channels, kernel 4) at decode and prefill.
 #include <fmt/format.h>
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "bench/cuda/kernel_case.h"
 #include "ops/kda/kda_cuda.h"
+#include "ops/kda/kda_varlen_plan.h"
 #include "ops/mla/mla_cuda.h"
 #include "ops/mla/mla_decode_cuda.h"
 #include "ops/mla/mla_prefill_cuda.h"
@@ -233,6 +235,12 @@ KernelCase kda_recurrent_case(int64_t batch) {
   return c;
 }
 
+// Chunked (64): per token and head ~4 K x V state products and 64-token intra-chunk products over K and V.
+double kda_chunked_flops(int64_t n_tokens) {
+  const double per_token_head = 4.0 * 2.0 * d(kKdaDim * kKdaDim) + 2.0 * 2.0 * 64.0 * d(2 * kKdaDim);
+  return d(n_tokens * kHeads) * per_token_head;
+}
+
 KernelCase kda_chunked_case(int64_t n) {
   KernelCase c;
   c.name = "kda_chunked_prefill";
@@ -243,11 +251,44 @@ KernelCase kda_chunked_case(int64_t n) {
     const ops::KdaCudaInputs in = kda_inputs(mem, n);
     bf16* out = mem.zeros_of<bf16>(z(n * kHeads * kKdaDim));
     const ops::KdaParams p{n, kHeads, kKdaDim, kKdaDim};
+    const size_t ws_bytes = ops::kda_chunked_workspace_bytes(p, ops::kda_chunk_count(n));
+    const ops::KdaWorkspace ws{mem.zeros(ws_bytes), ws_bytes};
     PreparedKernel k;
-    // Chunked (64): per token and head ~4 K x V state products and 64-token intra-chunk products over K and V.
-    const double per_token_head = 4.0 * 2.0 * d(kKdaDim * kKdaDim) + 2.0 * 2.0 * 64.0 * d(2 * kKdaDim);
-    k.cost = {d(n * kHeads * kKdaDim) * 14 + 2 * kda_state_bytes(), d(n * kHeads) * per_token_head};
-    k.launch = [=](int, cudaStream_t stream) { ops::kda_chunked_cuda(p, in, state, out, stream); };
+    k.cost = {d(n * kHeads * kKdaDim) * 14 + 2 * kda_state_bytes(), kda_chunked_flops(n)};
+    k.launch = [=](int, cudaStream_t stream) { ops::kda_chunked_cuda(p, in, state, out, ws, stream); };
+    return k;
+  };
+  return c;
+}
+
+// A prefill step of n_seqs sequences of len tokens each, on their own state slots, in one varlen launch pair.
+KernelCase kda_chunked_varlen_case(int64_t n_seqs, int64_t len) {
+  KernelCase c;
+  c.name = "kda_chunked_prefill_varlen";
+  c.shape = fmt::format("{}x{} H=96", n_seqs, len);
+  const int64_t n = n_seqs * len;
+  c.set_bytes = d(n * kHeads * kKdaDim) * 12 + d(n_seqs) * kda_state_bytes();
+  c.prepare = [=](const CudaEnv&, CaseMemory& mem, int) {
+    const int64_t slot_floats = kHeads * kKdaDim * kKdaDim;
+    float* pool = mem.f32(z(n_seqs * slot_floats), -0.01f, 0.01f);
+    const ops::KdaCudaInputs in = kda_inputs(mem, n);
+    bf16* out = mem.zeros_of<bf16>(z(n * kHeads * kKdaDim));
+    std::vector<int64_t> begin{0};
+    std::vector<int32_t> slots;
+    for (int64_t s = 0; s < n_seqs; ++s) {
+      begin.push_back(begin.back() + len);
+      slots.push_back(static_cast<int32_t>(s));
+    }
+    auto plan = std::make_shared<const ops::KdaVarlenPlan>(ops::kda_varlen_plan(begin, slots));
+    const int32_t* plan_dev = mem.upload(plan->packed());
+    const ops::KdaParams p{n, kHeads, kKdaDim, kKdaDim};
+    const size_t ws_bytes = ops::kda_chunked_workspace_bytes(p, plan->n_chunks());
+    const ops::KdaWorkspace ws{mem.zeros(ws_bytes), ws_bytes};
+    PreparedKernel k;
+    k.cost = {d(n * kHeads * kKdaDim) * 14 + 2 * d(n_seqs) * kda_state_bytes(), kda_chunked_flops(n)};
+    k.launch = [=](int, cudaStream_t stream) {
+      ops::kda_chunked_varlen_cuda(p, in, {plan.get(), plan_dev, pool, slot_floats}, out, ws, stream);
+    };
     return k;
   };
   return c;
@@ -333,6 +374,8 @@ void register_attention_cases(KernelRegistry& r, bool quick) {
   for (int64_t b : decode) r.add(mla_cache_write_case(b));
   for (int64_t b : decode) r.add(kda_recurrent_case(b));
   r.add(kda_chunked_case(quick ? 2048 : 8192));
+  r.add(kda_chunked_varlen_case(16, 512));
+  r.add(kda_chunked_varlen_case(128, 64));  // the same chunks as T=8192 with no recurrence: the prepare kernel's share
   for (int64_t b : decode) r.add(short_conv_decode_case(b));
   r.add(short_conv_prefill_case(quick ? 2048 : 8192));
 }

@@ -1,4 +1,5 @@
-// KDA CUDA kernels: the batch-shaped recurrent decode step and the chunked (UT transform) prefill of one sequence.
+// KDA CUDA kernels: the batch-shaped recurrent decode step and the CUDA-core chunked (UT transform) prefill of one
+// sequence (kda_chunked_simt_cuda: the path for head dims other than 128; kda_chunked_tc.cu has the tensor-core one).
 // Math, state layout [H, K, V] (K-first) and chunk formulas are those of kda_cpu.cpp; fp32 everywhere inside.
 //
 // Recurrent: one CTA (512 threads) per (token, head); thread (r, v) holds rows 32r..32r+31 of state column v in
@@ -351,9 +352,9 @@ void kda_recurrent_cuda(const KdaParams& p, const KdaCudaInputs& in, const KdaSt
   BG_CUDA_CHECK_LAUNCH();
 }
 
-void kda_chunked_cuda(const KdaParams& p, const KdaCudaInputs& in, float* state, __nv_bfloat16* out,
-                      cudaStream_t stream) {
-  constexpr const char* op = "kda_chunked_cuda";
+void kda_chunked_simt_cuda(const KdaParams& p, const KdaCudaInputs& in, float* state, __nv_bfloat16* out,
+                           cudaStream_t stream) {
+  constexpr const char* op = "kda_chunked_simt_cuda";
   check_kda_cuda(op, p, in, state, out);
   if (p.n_tokens == 0) return;
   const ChunkedArgs a{in,

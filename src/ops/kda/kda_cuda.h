@@ -1,10 +1,12 @@
 // KDA (gated delta rule) on the GPU: the batch-shaped recurrent decode step (one token of each of many sequences,
-// each with its own state slot) and the chunked prefill of one sequence. Same math and state layout as kda_cpu.
+// each with its own state slot), the chunked prefill of one sequence and of every chunked sequence of a step.
+// Same math and state layout as kda_cpu.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "ops/kda/kda.h"
@@ -40,10 +42,44 @@ inline constexpr int64_t kKdaCudaMaxHeadDim = 128;  // the largest head_dim_k / 
 void kda_recurrent_cuda(const KdaParams& p, const KdaCudaInputs& in, const KdaStateSlots& states, __nv_bfloat16* out,
                         cudaStream_t stream);
 
+// Scratch of the tensor-core chunked path (chunk-local operands of every (chunk, head), ~120 KB each), passed in so
+// that the launchers allocate nothing (CUDA-graph capturable). 16-byte aligned.
+struct KdaWorkspace {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+// Chunks of 64 tokens of one sequence of n_tokens.
+int64_t kda_chunk_count(int64_t n_tokens);
+// Workspace bytes for n_chunks chunks at p's heads and dims: 0 unless K == V == 128 (the other dims take the
+// CUDA-core kernel, which needs none).
+size_t kda_chunked_workspace_bytes(const KdaParams& p, int64_t n_chunks);
+
 // Chunked prefill (chunk 64, UT transform, exp(G_i - G_j) only) of p.n_tokens tokens of ONE sequence, continuing
 // from and updating state [H, K, V] fp32 in place; equal to p.n_tokens recurrent steps to fp32 rounding.
-// out [n, H, V] bf16. One CTA per head runs the chunks in order.
-void kda_chunked_cuda(const KdaParams& p, const KdaCudaInputs& in, float* state, __nv_bfloat16* out,
+// out [n, H, V] bf16. K == V == 128: the tensor-core kernels (kda_chunked_tc.cu; workspace of
+// kda_chunked_workspace_bytes(p, kda_chunk_count(n)) bytes); other dims: kda_chunked_simt_cuda (ws unused).
+void kda_chunked_cuda(const KdaParams& p, const KdaCudaInputs& in, float* state, __nv_bfloat16* out, KdaWorkspace ws,
                       cudaStream_t stream);
+
+// The CUDA-core chunked kernel (any K, V in [1, 128]; one CTA per head runs the chunks in order, fp32 throughout):
+// the path for head dims other than 128, kept callable for tests.
+void kda_chunked_simt_cuda(const KdaParams& p, const KdaCudaInputs& in, float* state, __nv_bfloat16* out,
+                           cudaStream_t stream);
+
+struct KdaVarlenPlan;  // kda_varlen_plan.h
+
+// Every chunked sequence of a step in one launch pair: the plan's sequences (token rows of in / out as the step lays
+// them out, p.n_tokens rows in all), each continuing its own state at state_base + slot * slot_stride.
+struct KdaVarlenBatch {
+  const KdaVarlenPlan* plan = nullptr;  // host plan: counts, and the offsets of the fallback's per-sequence launches
+  const int32_t* plan_dev = nullptr;    // plan->packed() on the device (read by the tensor-core kernels)
+  float* state_base = nullptr;          // this KDA layer's state of slot 0
+  int64_t slot_stride = 0;              // floats from one slot's state to the next (>= H * K * V)
+};
+// Workspace: kda_chunked_workspace_bytes(p, plan->n_chunks()). Dims other than 128: one kda_chunked_simt_cuda launch
+// per sequence (plan_dev and ws unused).
+void kda_chunked_varlen_cuda(const KdaParams& p, const KdaCudaInputs& in, const KdaVarlenBatch& batch,
+                             __nv_bfloat16* out, KdaWorkspace ws, cudaStream_t stream);
 
 }  // namespace bg::ops
