@@ -97,16 +97,21 @@ void Scheduler::schedule_prefills(StepPlan& plan, TokenBudget& budget) {
 }
 
 int64_t Scheduler::piece_tokens(const Request& r, int64_t budget) const {
-  const int64_t start = r.n_computed;
-  int64_t end = r.n_tokens();
-  if (split_ > 0) end = std::min(end, (start / split_ + 1) * split_);
+  const int64_t start = r.n_computed, n = r.n_tokens();
   if (grid_ > 0) {
+    int64_t end = n;
+    if (split_ > 0) end = std::min(end, (start / split_ + 1) * split_);
     end = std::min(end, (start / grid_ + 1) * grid_);
     return end - start <= budget ? end - start : 0;
   }
-  int64_t stop = start + std::min(end - start, budget);
+  int64_t stop = std::min(n, start + budget);
+  if (split_ > 0 && stop / split_ * split_ > start) {
+    // The last snapshot position the piece reaches (a multiple of the alignment): the prefix cache keeps the state
+    // there; the rest of the input, if any, is the next piece.
+    return stop / split_ * split_ - start;
+  }
   // A piece cut short by the budget ends on a chunk boundary (a sequence off the grid, after a failure, is left be).
-  if (stop < r.n_tokens() && stop != end && start % align_ == 0) stop = stop / align_ * align_;
+  if (stop < n && start % align_ == 0) stop = stop / align_ * align_;
   return std::max<int64_t>(stop - start, 0);
 }
 

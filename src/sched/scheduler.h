@@ -74,10 +74,12 @@ class Scheduler {
   // Replaces a running request's sequence by an empty one with KV for n_tokens (it must then recompute from 0; none
   // of it goes into the prefix cache). Throws bg::Error when the memory is not there.
   void reset_sequence(Request& request, int64_t n_tokens);
-  // Tokens of a prefill piece of `r` starting at r.n_computed with `budget` tokens left: never across a multiple of
-  // the snapshot interval (models with KDA layers), and ending at a multiple of the prefill alignment unless it ends
-  // the input, so the pieces compute what one prefill would (kv::StateGeometry::prefill_align_tokens). Deterministic:
-  // the piece up to the next grid point or nothing (0) when the budget is smaller.
+  // Tokens of a prefill piece of `r` starting at r.n_computed with `budget` tokens left, ending at a multiple of the
+  // prefill alignment unless it ends the input, so the pieces compute what one prefill would
+  // (kv::StateGeometry::prefill_align_tokens). Models with KDA layers: a piece that reaches a multiple of the snapshot
+  // interval ends on the last one it reaches (the prefix cache snapshots the KDA state where a sequence stands after a
+  // step), so one step may prefill many intervals of one prompt. Deterministic: never across a multiple of the
+  // snapshot interval or of the grid; the piece up to the next such point, or nothing (0) when the budget is smaller.
   int64_t piece_tokens(const Request& r, int64_t budget) const;
   int64_t piece_grid() const { return grid_; }  // deterministic: the fixed piece length (0: off)
 
@@ -106,7 +108,8 @@ class Scheduler {
   AdmissionPolicy admission_;
   PreemptionPolicy preemption_;
   int64_t align_ = 1;              // prefill pieces end at multiples of this (the KDA chunk), unless at the input end
-  int64_t split_ = 0;              // ... and never cross a multiple of this (the snapshot interval; 0: no KDA layers)
+  int64_t split_ = 0;              // ... and end on the last multiple of this they reach (the snapshot interval; 0: no
+                                   // KDA layers; deterministic: never cross one)
   int64_t grid_ = 0;               // deterministic: pieces never cross a multiple of this either (0: off)
   std::deque<std::unique_ptr<Request>> waiting_;
   std::vector<std::unique_ptr<Request>> running_;  // admission order: the back is the newest

@@ -261,7 +261,8 @@ TEST(Scheduler, TooLongPromptRejectedWith400AndMaxTokensCapped) {
 }
 
 TEST(Scheduler, PrefillPiecesEndAtSnapshotsAndChunkBoundaries) {
-  // KDA-like: pieces end at multiples of 4 (the chunk) unless they end the input, and never cross a multiple of 12.
+  // KDA-like: pieces end at multiples of 4 (the chunk) unless they end the input, and on the last multiple of 12 (the
+  // snapshot interval) they reach; a budget of 14 reaches one at most.
   FakeSetup f(FakeModelOptions{.prefill_align = 4, .snapshot_interval = 12});
   FakeModel& m = f.model;
   Scheduler s(f.state, config(2, 14));
@@ -286,6 +287,27 @@ TEST(Scheduler, PrefillPiecesEndAtSnapshotsAndChunkBoundaries) {
   EXPECT_EQ(s.piece_tokens(probe, 7), 4);   // 16 is a chunk boundary
   EXPECT_EQ(s.piece_tokens(probe, 8), 8);   // the input ends at 20
   EXPECT_EQ(s.piece_tokens(probe, 3), 0);   // not even one chunk: wait for the next step
+}
+
+TEST(Scheduler, LargeBudgetPrefillsManySnapshotIntervalsInOneStep) {
+  // A budget of 40 reaches three multiples of 12 in a 30-token prompt: the first piece ends on the last of them (24),
+  // so the prefix cache gets the state at 24, and the rest ends the input in the next step.
+  FakeSetup f(FakeModelOptions{.prefill_align = 4, .snapshot_interval = 12});
+  Scheduler s(f.state, config(2, 40));
+  ASSERT_FALSE(s.add(make_request("a", 30, 2)));
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  for (int i = 0; i < 6 && s.n_running() + s.n_waiting() > 0; ++i) {
+    StepPlan p;
+    run_step(s, f.model, &p);
+    if (!p.chunks.empty() && p.chunks[0].start < 30) pieces.emplace_back(p.chunks[0].start, p.chunks[0].n_tokens);
+  }
+  EXPECT_EQ(pieces, (std::vector<std::pair<int64_t, int64_t>>{{0, 24}, {24, 6}}));
+  Request probe;
+  probe.tokens.assign(50, 1);
+  EXPECT_EQ(s.piece_tokens(probe, 40), 36);  // reaches 40: the last multiple is 36
+  EXPECT_EQ(s.piece_tokens(probe, 11), 8);   // reaches none: the budget cut on a chunk boundary
+  probe.n_computed = 36;
+  EXPECT_EQ(s.piece_tokens(probe, 40), 12);  // the input ends at 50, past the multiple 48: the piece ends there
 }
 
 // --deterministic: a prompt's pieces are the same whatever runs beside it (grid (14 - 2) / 4 * 4 = 12 and the
