@@ -370,7 +370,11 @@ class CudaBackend final : public Backend {
     // The workspace only grows; a replaced one is kept while the backend lives (as mla_ws_).
     const size_t ws_bytes = ops::kda_chunked_workspace_bytes(p, kda_plan_.n_chunks());
     if (ws_bytes > kda_ws_bytes_) {
-      if (kda_ws_) kda_ws_retired_.push_back(std::move(kda_ws_));
+      // Chunked steps are never captured, so nothing but earlier launches on this stream can point into the old
+      // buffer: wait for them and free it instead of keeping it while the backend lives.
+      BG_CHECK(!capturing_, "cuda backend: chunked KDA during graph capture");
+      BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      kda_ws_.reset();
       kda_ws_bytes_ = ws_bytes;
       kda_ws_ = alloc_->allocate(kda_ws_bytes_);
     }
@@ -590,7 +594,6 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> kda_plan_packed_;
   std::shared_ptr<void> kda_ws_;  // chunked KDA workspace (see kda)
   size_t kda_ws_bytes_ = 0;
-  std::vector<std::shared_ptr<void>> kda_ws_retired_;
   std::unique_ptr<cuda::WeightUploader> uploader_;
   cuda::WeightUploader& uploader() {
     if (!uploader_) uploader_ = std::make_unique<cuda::WeightUploader>(stream_);
