@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <vector>
 
 #include "formats/checkpoint.h"
 #include "model/model_testing.h"
@@ -184,17 +185,26 @@ TEST(Peer, LyingPeersAreRefused) {
   }
 }
 
-uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
+// n distinct loopback ports that were free a moment ago: all n sockets stay bound until every port is read (one
+// socket at a time, closed before the next bind, can be handed the same ephemeral port twice).
+std::vector<uint16_t> free_ports(size_t n) {
+  std::vector<int> fds;
+  std::vector<uint16_t> ports;
+  for (size_t i = 0; i < n; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    fds.push_back(fd);
+    ports.push_back(ntohs(a.sin_port));
+  }
+  for (int fd : fds) ::close(fd);
+  return ports;
 }
+uint16_t free_port() { return free_ports(1)[0]; }
 
 // Two daemons each load one shard of the checkpoint; an engine attached to one of them fetches the other shard's
 // tensors from the other daemon (UCX's TCP transport on loopback); a third daemon fetches everything it lacks.
@@ -205,13 +215,14 @@ TEST(Peer, TwoDaemonsShareACheckpointOverLoopback) {
   const auto model = golden_model("kimi_k3/k3-tiny");
   std::ofstream(tmp / "secret") << kSecret << "\n";
   std::filesystem::permissions(tmp / "secret", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const std::vector<uint16_t> ports = free_ports(3);
   const json cfg = {{"version", 1},
                     {"secret_file", "secret"},
-                    {"nodes", {{{"name", "a"}, {"host", "127.0.0.1"}, {"port", free_port()}, {"store", a.name()},
+                    {"nodes", {{{"name", "a"}, {"host", "127.0.0.1"}, {"port", ports[0]}, {"store", a.name()},
                                 {"shards", {"model-00001-of-00002.safetensors"}}},
-                               {{"name", "b"}, {"host", "127.0.0.1"}, {"port", free_port()}, {"store", b.name()},
+                               {{"name", "b"}, {"host", "127.0.0.1"}, {"port", ports[1]}, {"store", b.name()},
                                 {"shards", {"model-00002-of-00002.safetensors"}}},
-                               {{"name", "c"}, {"host", "127.0.0.1"}, {"port", free_port()}, {"store", c.name()},
+                               {{"name", "c"}, {"host", "127.0.0.1"}, {"port", ports[2]}, {"store", c.name()},
                                 {"shards", json::array()}}}}};
   std::ofstream(tmp / "cfg.json") << cfg.dump(2);
   const std::string cfg_path = (tmp / "cfg.json").string();
