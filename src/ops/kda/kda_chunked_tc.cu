@@ -45,7 +45,7 @@ __device__ __forceinline__ void store_split(__nv_bfloat16* hi, __nv_bfloat16* lo
 // B fragments of n-tiles (2p, 2p + 1) for k-step ks from a row-major [k, n] bf16 matrix at column offset col0.
 __device__ __forceinline__ void load_b(uint32_t (&r)[4], uint32_t base, int ks, int col0, int lane) {
   const int mat = lane / 8, row = 16 * ks + 8 * (mat % 2) + lane % 8, col = col0 + 8 * (mat / 2);
-  ldsm_x4_trans(r, base + (row * kRowBf16 + col) * 2);
+  ldmatrix_x4_trans(r, base + (row * kRowBf16 + col) * 2);
 }
 
 __device__ __forceinline__ void load_a(uint32_t (&r)[4], const uint8_t* tile, int lane) {
@@ -207,10 +207,10 @@ __global__ void __launch_bounds__(kRecurThreads, 1) kda_tc_recurrence_kernel(TcA
   r.s_lo = r.s_hi + kDim * kRowBf16;
   r.v_hi = reinterpret_cast<__nv_bfloat16*>(smem + kRecSmemV);
   r.v_lo = r.v_hi + kChunk * kRowBf16;
-  r.s_hi_u = smem_u32(r.s_hi);
-  r.s_lo_u = smem_u32(r.s_lo);
-  r.v_hi_u = smem_u32(r.v_hi);
-  r.v_lo_u = smem_u32(r.v_lo);
+  r.s_hi_u = smem_addr(r.s_hi);
+  r.s_lo_u = smem_addr(r.s_lo);
+  r.v_hi_u = smem_addr(r.v_hi);
+  r.v_lo_u = smem_addr(r.v_lo);
   const int w = threadIdx.x / 32;
   r.lane = threadIdx.x % 32;
   r.rt = w % 4;
@@ -231,14 +231,14 @@ __global__ void __launch_bounds__(kRecurThreads, 1) kda_tc_recurrence_kernel(TcA
 
   float s[2][4][4];
   rec_load_state(r, state, s);
-  copy_part(smem_u32(smem + kRecSmemPartA), ws_of(chunk0), kWsPartA);
+  copy_part(smem_addr(smem + kRecSmemPartA), ws_of(chunk0), kWsPartA);
   cp_async_commit();
-  copy_part(smem_u32(smem + kRecSmemPartB), ws_of(chunk0) + kWsPartA, kWsPartBBytes);
+  copy_part(smem_addr(smem + kRecSmemPartB), ws_of(chunk0) + kWsPartA, kWsPartBBytes);
   cp_async_commit();
 #pragma unroll 1
   for (int64_t cc = 0; cc < n_chunks; ++cc) {
     const Chunk ch = chunk_at(x.plan, x.n_tokens, chunk0 + cc);
-    cp_async_wait1();  // part A of this chunk (part B may still be in flight)
+    cp_async_wait<1>();  // part A of this chunk (part B may still be in flight)
     __syncthreads();
     float decay[2][2];  // e^{G_last} of this warp's state rows, read before part A is overwritten
 #pragma unroll
@@ -249,14 +249,14 @@ __global__ void __launch_bounds__(kRecurThreads, 1) kda_tc_recurrence_kernel(TcA
     float vn[4][4] = {}, o[4][4] = {};
     rec_step_a(r, vn, o);
     __syncthreads();  // part A and S are read; v_new is complete
-    if (cc + 1 < n_chunks) copy_part(smem_u32(smem + kRecSmemPartA), ws_of(chunk0 + cc + 1), kWsPartA);
+    if (cc + 1 < n_chunks) copy_part(smem_addr(smem + kRecSmemPartA), ws_of(chunk0 + cc + 1), kWsPartA);
     cp_async_commit();
-    cp_async_wait1();  // part B of this chunk
+    cp_async_wait<1>();  // part B of this chunk
     __syncthreads();
     rec_step_c(r, o, x, ch, h);
     rec_step_d(r, s, decay);
     __syncthreads();  // part B and v_new are read
-    if (cc + 1 < n_chunks) copy_part(smem_u32(smem + kRecSmemPartB), ws_of(chunk0 + cc + 1) + kWsPartA, kWsPartBBytes);
+    if (cc + 1 < n_chunks) copy_part(smem_addr(smem + kRecSmemPartB), ws_of(chunk0 + cc + 1) + kWsPartA, kWsPartBBytes);
     cp_async_commit();
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi) {

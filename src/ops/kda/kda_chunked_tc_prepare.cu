@@ -55,19 +55,19 @@ __device__ void prep_load(const TcArgs& x, int h, Chunk ch, const PrepSmem& m) {
       const __nv_bfloat16* base = which == 0 ? x.in.k : (which == 1 ? x.in.q : x.in.v);
       __nv_bfloat16* smem = which == 0 ? m.k : (which == 1 ? m.q : m.v);
       src = base + row * kDim + c8;
-      dst = smem_u32(smem + i * kRowBf16 + c8);
+      dst = smem_addr(smem + i * kRowBf16 + c8);
     } else {
       const int c4 = (rem % kF32Chunks) * 4;
       src = x.in.g + row * kDim + c4;
-      dst = smem_u32(m.g + i * kGStride + c4);
+      dst = smem_addr(m.g + i * kGStride + c4);
     }
-    cp_async16_zfill(dst, src, live ? 16u : 0u);
+    cp_async16(dst, src, live ? 16u : 0u);
   }
   cp_async_commit();
   if (tid < kChunk) {
     m.beta[tid] = tid < ch.n_tokens ? x.in.beta[(static_cast<int64_t>(ch.token_begin) + tid) * x.n_heads + h] : 0.0f;
   }
-  cp_async_wait0();
+  cp_async_wait<0>();
   __syncthreads();
   if (tid < kDim) {
     float run = 0.0f;
