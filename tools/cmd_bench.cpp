@@ -1,4 +1,4 @@
-// `batchgen bench kernels|step|prefill|all`: ceilings, kernels, decode steps, prefill and the host side as fractions of
+// `batchgen bench kernels|step|prefill|all|exchange`: ceilings, kernels, decode steps, prefill and the host side as fractions of
 // ceilings measured in the same run; a short table on stdout, everything in --json (docs/PERF.md).
 #include <fmt/format.h>
 
@@ -17,7 +17,7 @@ namespace {
 struct BenchArgs {
   bench::BenchOptions options;
   std::string json_path;
-  std::string batches, contexts, prefill_tokens;
+  std::string batches, contexts, prefill_tokens, exchange_ranks, exchange_tokens;
 };
 
 std::vector<int64_t> parse_sizes(const std::string& text, const std::string& flag) {
@@ -37,6 +37,8 @@ std::string command_line(const BenchArgs& a) {
   if (!a.batches.empty()) cmd += " --batches " + a.batches;
   if (!a.contexts.empty()) cmd += " --contexts " + a.contexts;
   if (!a.prefill_tokens.empty()) cmd += " --prefill-tokens " + a.prefill_tokens;
+  if (!a.exchange_ranks.empty()) cmd += " --ranks " + a.exchange_ranks;
+  if (!a.exchange_tokens.empty()) cmd += " --exchange-tokens " + a.exchange_tokens;
   if (o.prefill_chunk > 0) cmd += fmt::format(" --prefill-chunk {}", o.prefill_chunk);
   if (o.replays > 0) cmd += fmt::format(" --replays {}", o.replays);
   if (!o.kernel_filter.empty()) cmd += " --kernels " + o.kernel_filter;
@@ -50,6 +52,8 @@ void run(BenchArgs a) {
   a.options.batches = parse_sizes(a.batches, "--batches");
   a.options.contexts = parse_sizes(a.contexts, "--contexts");
   a.options.prefill_tokens = parse_sizes(a.prefill_tokens, "--prefill-tokens");
+  a.options.exchange_ranks = parse_sizes(a.exchange_ranks, "--ranks");
+  a.options.exchange_tokens = parse_sizes(a.exchange_tokens, "--exchange-tokens");
   a.options.command = command_line(a);
   const std::filesystem::path json_path = a.json_path;
   const std::filesystem::path tmp_path = json_path.string() + ".tmp";
@@ -89,9 +93,10 @@ void register_bench(CLI::App& app) {
   bench::BenchOptions& o = args->options;
   auto* cmd = app.add_subcommand("bench", "Measure ceilings, kernels, decode steps, prefill and the host side "
                                           "(docs/PERF.md)");
-  cmd->add_option("part", o.what, "What to run: kernels, step (steps + host side), prefill, or all")
+  cmd->add_option("part", o.what, "What to run: kernels, step (steps + host side), prefill, all (the four), or "
+                  "exchange (the ll expert exchange between rank threads on this GPU)")
       ->required()
-      ->check(CLI::IsMember({"kernels", "step", "prefill", "all"}));
+      ->check(CLI::IsMember({"kernels", "step", "prefill", "all", "exchange"}));
   cmd->add_option("--device", o.device, "cuda (default) or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
   cmd->add_option("--json", args->json_path, "Write the full report as JSON to this file");
   cmd->add_flag("--deterministic", o.deterministic, "Step and prefill with batch-invariant kernels (the cost of "
@@ -108,6 +113,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--replays", o.replays, "Timed decode steps per point (default 10, quick 3)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--kernels", o.kernel_filter, "Only kernel cases whose name contains this");
+  cmd->add_option("--ranks", args->exchange_ranks, "bench exchange: rank counts, e.g. 2,4,8 (default)");
+  cmd->add_option("--exchange-tokens", args->exchange_tokens, "bench exchange: tokens each rank sends per call, e.g. "
+                  "1,16,128 (default)");
   add_weight_source_options(cmd, o.weight_store, o.distributed_weight_config);
   add_expert_residency_options(cmd, o.resident_experts, o.expert_trace);
   cmd->callback([args] { run(*args); });

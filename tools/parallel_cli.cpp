@@ -34,8 +34,8 @@ void add_parallel_flags(CLI::App* cmd, ParallelArgs& a, bool with_nodes) {
   cmd->add_option("--ep,--ep-size", a.ep, "Expert-parallel ranks: the routed experts are spread over every rank, so "
                   "this is the number of ranks (default: dp x tp)");
   cmd->add_option("--k3-moe-exchange", a.exchange, "Expert exchange between CUDA ranks: nccl (default; all-to-all "
-                  "of bf16 rows) or ll (low-latency fixed slots: not available on CUDA yet, an error). CPU ranks always "
-                  "use the shared-memory exchange with the ll slot layout")
+                  "of bf16 rows, one GPU per rank) or ll (low-latency fixed slots over CUDA IPC, one host, ranks may "
+                  "share GPUs). CPU ranks always use the shared-memory exchange with the ll slot layout")
       ->check(CLI::IsMember({"nccl", "ll"}));
   cmd->add_option("--moe-exchange-tokens", a.max_tokens_per_call, "Tokens per rank one expert exchange call carries "
                   "(larger steps go in rounds; default: the exchange's)");

@@ -1,6 +1,7 @@
 // run_bench: resolves the sizes of each part, measures the ceilings, then runs the requested parts in order (kernels
 // first, while the device holds nothing else; then per model: steps, prefill, and the host side for the first).
 #include "bench/bench.h"
+#include "bench/exchange_bench.h"
 
 #include <stdlib.h>
 
@@ -62,8 +63,11 @@ struct Plan {
 };
 
 Plan make_plan(const BenchOptions& o) {
-  BG_CHECK(o.what == "kernels" || o.what == "step" || o.what == "prefill" || o.what == "all",
-           "bench: unknown part '{}' (kernels, step, prefill, all)", o.what);
+  BG_CHECK(o.what == "kernels" || o.what == "step" || o.what == "prefill" || o.what == "all" ||
+               o.what == "exchange",
+           "bench: unknown part '{}' (kernels, step, prefill, all, exchange)", o.what);
+  BG_CHECK(o.what != "exchange" || o.device == "cuda", "bench exchange: the ll exchange runs on CUDA (--device cuda); "
+           "the CPU rank sets' shared-memory exchange is tested, not benchmarked");
   BG_CHECK(o.device == "cuda" || o.device == "cpu", "bench: --device must be cuda or cpu, got '{}'", o.device);
   Plan p;
   p.kernels = o.what == "kernels" || o.what == "all";
@@ -214,6 +218,16 @@ BenchReport run_bench(const BenchOptions& o) {
   r.device = device->info();
   log::info("bench: {} ({}), commit {}", r.device.name, r.device.device, r.commit);
   const auto t0 = std::chrono::steady_clock::now();
+  if (o.what == "exchange") {
+#ifdef BG_HAVE_CUDA
+    ExchangeBenchOptions eo;
+    if (!o.exchange_ranks.empty()) eo.ranks = o.exchange_ranks;
+    if (!o.exchange_tokens.empty()) eo.tokens = o.exchange_tokens;
+    if (o.quick) eo.calls = 5;
+    attempt(r, "exchange", [&] { r.exchange = run_exchange_bench(eo); });
+#endif
+    return r;
+  }
   r.ceilings = device->ceilings(o.quick);
   if (p.kernels) attempt(r, "kernels", [&] { r.kernels = device->kernels(r.ceilings, o.quick, o.kernel_filter); });
   if (p.steps || p.prefill) {

@@ -12,7 +12,7 @@
 namespace bg::bench {
 
 struct BenchOptions {
-  std::string what = "all";     // "kernels" | "step" | "prefill" | "all"
+  std::string what = "all";     // "kernels" | "step" | "prefill" | "all" | "exchange" (not part of "all")
   std::string device = "cuda";  // "cuda" | "cpu"
   bool quick = false;           // smaller sizes, fewer repeats (CI: seconds)
   bool deterministic = false;   // step / prefill with batch-invariant kernels (LoadOptions::deterministic)
@@ -29,6 +29,8 @@ struct BenchOptions {
   std::string distributed_weight_config;
   double resident_experts = 1.0;  // --resident-experts (LoadOptions::resident_experts)
   std::string expert_trace;       // --expert-trace
+  // bench exchange (CUDA): rank counts and tokens per rank per call; empty: 2,4,8 and 1,16,128.
+  std::vector<int64_t> exchange_ranks, exchange_tokens;
   std::string command;        // the command line, for the report
 };
 

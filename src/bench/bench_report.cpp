@@ -95,6 +95,14 @@ json to_json(const BenchReport& r) {
   for (const auto& k : r.kernels) kernels.push_back(kernel_json(k));
   for (const auto& s : r.steps) steps.push_back(step_json(s));
   for (const auto& p : r.prefill) prefill.push_back(prefill_json(p));
+  json exchange = json::array();
+  for (const auto& e : r.exchange) {
+    exchange.push_back({{"exchange", e.exchange}, {"ranks", e.ranks}, {"tokens_per_rank", e.tokens_per_rank},
+                        {"top_k", e.top_k}, {"hidden", e.hidden}, {"experts", e.experts},
+                        {"dispatch_us", e.dispatch_us}, {"combine_us", e.combine_us},
+                        {"dispatch_gb_s", e.dispatch_gb_s}, {"combine_gb_s", e.combine_gb_s},
+                        {"shared_gpu", e.shared_gpu}});
+  }
   return {{"schema", 1},
           {"commit", r.commit},
           {"date", r.date},
@@ -109,6 +117,7 @@ json to_json(const BenchReport& r) {
           {"steps", steps},
           {"prefill", prefill},
           {"host", r.host ? host_json(*r.host) : json(nullptr)},
+          {"exchange", exchange},
           {"errors", r.errors}};
 }
 
@@ -179,6 +188,17 @@ std::string format_table(const BenchReport& r) {
                          b.step_sample_greedy_ms, b.step_sample_top_p_ms, num(b.engine_step_ms, "{:.3f}"),
                          num(b.engine_step_top_p_ms, "{:.3f}"));
     }
+  }
+  if (!r.exchange.empty()) {
+    out += fmt::format("\n{:<10} {:>6} {:>8} {:>6} {:>7} {:>8} {:>12} {:>12} {:>12} {:>12}\n", "exchange", "ranks",
+                       "tokens", "top_k", "hidden", "experts", "dispatch us", "combine us", "dispatch GB/s",
+                       "combine GB/s");
+    for (const auto& e : r.exchange) {
+      out += fmt::format("{:<10} {:>6} {:>8} {:>6} {:>7} {:>8} {:>12.1f} {:>12.1f} {:>12.1f} {:>12.1f}\n",
+                         e.exchange + (e.shared_gpu ? "*" : ""), e.ranks, e.tokens_per_rank, e.top_k, e.hidden,
+                         e.experts, e.dispatch_us, e.combine_us, e.dispatch_gb_s, e.combine_gb_s);
+    }
+    out += "(* every rank on this one GPU: a regression guard, not a multi-GPU figure)\n";
   }
   for (const auto& e : r.errors) out += "\nFAILED: " + e + "\n";
   return out;

@@ -127,6 +127,16 @@ struct HostResult {
   std::vector<HostBatch> batches;
 };
 
+// One point of `bench exchange`: `ranks` ranks (threads of this process, each with its own backend and stream, all
+// on this GPU: a regression guard, not a multi-GPU figure), each sending `tokens_per_rank` tokens, top_k pairs each.
+struct ExchangeResult {
+  std::string exchange;  // "ll"
+  int64_t ranks = 0, tokens_per_rank = 0, top_k = 0, hidden = 0, experts = 0;
+  double dispatch_us = 0, combine_us = 0;          // median over the timed calls, rank 0's stream
+  double dispatch_gb_s = 0, combine_gb_s = 0;      // rank 0's payload bytes (rows + headers) / time
+  bool shared_gpu = true;
+};
+
 struct BenchReport {
   std::string commit, date, command;
   bool quick = false;
@@ -136,6 +146,7 @@ struct BenchReport {
   std::vector<StepResult> steps;
   std::vector<PrefillResult> prefill;
   std::optional<HostResult> host;  // of the first model
+  std::vector<ExchangeResult> exchange;
   // Parts that failed ("steps kimi_k3-tiny: <message>"): the rest of the run still went on and is reported.
   std::vector<std::string> errors;
 };

@@ -21,6 +21,7 @@ struct RankContext {
   std::shared_ptr<const ShmRankSet> shm;   // CPU rank sets: the shared segment (exchange waits use its rank set)
   std::shared_ptr<void> transport;         // CUDA: the NCCL communicators behind world/tp
   int64_t max_tokens_per_call = 0;         // exchange tokens per rank per call (0: the exchange's default)
+  double timeout_s = 600.0;                // how long a rank waits for its peers before the set is failed
 
   int32_t rank() const { return place.rank; }
   int32_t world_size() const { return place.layout.world(); }

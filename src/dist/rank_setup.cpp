@@ -9,7 +9,6 @@
 #include "core/log.h"
 #include "dist/rendezvous.h"
 #include "dist/shm_comm.h"
-#include "moe/make_exchange.h"
 
 #ifdef BG_HAVE_CUDA
 #include "dist/cuda/nccl_comm.h"
@@ -45,6 +44,7 @@ StartedRank start_cpu(const RankSetup& s, zmq::context_t& zctx, JoinInfo& me) {
   ctx->tp = shm->tp_comm();
   ctx->shm = shm;
   ctx->max_tokens_per_call = s.max_tokens_per_call;
+  ctx->timeout_s = rank_timeout_s(s.timeout_s);
   return {ctx, w.plan};
 }
 
@@ -72,9 +72,19 @@ StartedRank start_rank(const RankSetup& s) {
     log::info("rank {}: joined; shared-memory comms up", s.place.rank);
     return r;
   }
-  // Before any rank joins: a choice that cannot run is an error now, not after minutes of loading.
-  BG_CHECK(s.exchange == "nccl", "rank {}: {}", s.place.rank, moe::kLlNotAvailable);
 #ifdef BG_HAVE_CUDA
+  // Before joining: a rank without its GPU (or a layout the exchange cannot run) fails now, not after the others wait.
+  BG_CHECK(s.exchange == "nccl" || s.place.layout.nnodes() == 1, "rank {}: --k3-moe-exchange ll runs within one host "
+           "(CUDA IPC); {} nodes need --k3-moe-exchange nccl", s.place.rank, s.place.layout.nnodes());
+  const int device = select_rank_gpu(s.place, s.exchange == "ll");
+  if (s.exchange == "ll") {
+    // The ll exchange maps its peers' device regions through CUDA IPC and needs no NCCL: the set's own collectives
+    // (step agreement, TP sums) go through shared memory, so ranks of one host may share GPUs.
+    StartedRank r = start_cpu(s, zctx, me);
+    r.ranks->exchange = "ll";
+    log::info("rank {}: joined on GPU {}; shared-memory comms up (ll exchange over CUDA IPC)", s.place.rank, device);
+    return r;
+  }
   NcclUniqueIdBytes id{};
   if (s.place.rank == 0) {
     id = nccl_unique_id();
@@ -87,6 +97,7 @@ StartedRank start_rank(const RankSetup& s) {
   auto ctx = make_nccl_rank_context(id, s.place, rank_timeout_s(s.timeout_s));
   ctx->exchange = s.exchange;
   ctx->max_tokens_per_call = s.max_tokens_per_call;
+  ctx->timeout_s = rank_timeout_s(s.timeout_s);
   log::info("rank {}: joined; NCCL comms up ({} exchange)", s.place.rank, s.exchange);
   return {ctx, w.plan};
 #else

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "core/log.h"
 
@@ -34,7 +36,15 @@ class ShmChannelComm final : public Comm {
   int32_t rank() const override { return me_; }
   int32_t size() const override { return n_; }
 
-  void all_reduce_sum(Backend&, Tensor& t) override {
+  // Device tensors (CUDA ranks whose set talks through shared memory: the ll exchange's rank sets) go through host
+  // fp32 copies: download (synchronises the backend), the host collective, upload into the same tensor.
+  void all_reduce_sum(Backend& be, Tensor& t) override {
+    if (t.device != DeviceKind::kCpu) {
+      Tensor h = to_host(be, t);
+      all_reduce_sum(be, h);
+      from_host(be, h, t);
+      return;
+    }
     float* p = host_f32(t, "all_reduce_sum");
     const size_t n = static_cast<size_t>(t.numel()), per = slot_ / sizeof(float);
     std::vector<float> acc;
@@ -52,7 +62,16 @@ class ShmChannelComm final : public Comm {
     }
   }
 
-  void all_gather(Backend&, const Tensor& in, Tensor& out) override {
+  void all_gather(Backend& be, const Tensor& in, Tensor& out) override {
+    if (in.device != DeviceKind::kCpu || out.device != DeviceKind::kCpu) {
+      BG_CHECK(out.numel() == in.numel() * n_, "shm all_gather: {} values out for {} x {}", out.numel(), n_,
+               in.numel());
+      const Tensor h_in = to_host(be, in);
+      Tensor h_out = host_f32_tensor(out.shape);
+      all_gather(be, h_in, h_out);
+      from_host(be, h_out, out);
+      return;
+    }
     BG_CHECK(in.device == DeviceKind::kCpu && out.device == DeviceKind::kCpu && in.dtype == out.dtype &&
                  out.nbytes() == in.nbytes() * static_cast<size_t>(n_),
              "shm all_gather: {} bytes in, {} out for {} members", in.nbytes(), out.nbytes(), n_);
@@ -67,7 +86,14 @@ class ShmChannelComm final : public Comm {
     }
   }
 
-  void reduce_scatter_sum(Backend&, const Tensor& in, Tensor& out) override {
+  void reduce_scatter_sum(Backend& be, const Tensor& in, Tensor& out) override {
+    if (in.device != DeviceKind::kCpu || out.device != DeviceKind::kCpu) {
+      const Tensor h_in = to_host(be, in);
+      Tensor h_out = host_f32_tensor(out.shape);
+      reduce_scatter_sum(be, h_in, h_out);
+      from_host(be, h_out, out);
+      return;
+    }
     const float* src = host_f32(in, "reduce_scatter_sum input");
     float* dst = host_f32(out, "reduce_scatter_sum output");
     BG_CHECK(in.numel() == out.numel() * n_, "shm reduce_scatter: {} values in, {} out for {} members", in.numel(),
@@ -161,6 +187,26 @@ class ShmChannelComm final : public Comm {
     return {buffer(m, round_), static_cast<size_t>(n)};
   }
 
+  static Tensor host_f32_tensor(const Shape& shape) {
+    auto buf = std::make_shared<std::vector<float>>(static_cast<size_t>(shape_numel(shape)));
+    Tensor h;
+    h.data = buf->data();
+    h.owner = buf;
+    h.dtype = DType::kF32;
+    h.shape = shape;
+    h.device = DeviceKind::kCpu;
+    return h;
+  }
+  static Tensor to_host(Backend& be, const Tensor& t) {
+    Tensor h = host_f32_tensor(t.shape);
+    if (t.numel() > 0) be.download_f32(t, h.as<float>());
+    return h;
+  }
+  static void from_host(Backend& be, const Tensor& h, Tensor& t) {
+    if (t.numel() == 0) return;
+    Tensor up = be.upload_f32({h.as<float>(), static_cast<size_t>(h.numel())}, t.shape, t.dtype);
+    be.copy(up, t);
+  }
   static float* host_f32(const Tensor& t, const char* what) {
     BG_CHECK(t.device == DeviceKind::kCpu && t.dtype == DType::kF32, "shm {}: needs an F32 CPU tensor, got {} on {}",
              what, dtype_name(t.dtype), t.device == DeviceKind::kCpu ? "cpu" : "cuda");

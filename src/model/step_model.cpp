@@ -200,9 +200,10 @@ bool StepModel::forward_ranks(std::span<const BatchEntry> batch, const StepPools
   const StepAgreement a = agree_step(*rc.world, {stop, step.n_seqs(), ceil_div(step.n_tokens(), tp), eager});
   if (a.stop) return false;
   if (a.any_work) {
-    // A captured step needs an exchange (and collectives) without host round trips; none of today's is (the nccl
-    // exchange and the NCCL comms synchronise), so CUDA rank sets run their steps eagerly.
-    const bool graph_ok = graphs_ && exchange_->capturable() && !route_hook_ && !expert_stream_ &&
+    // A captured step needs an exchange and collectives without host round trips. The ll exchange is one; the nccl
+    // exchange is not, and neither are the TP collectives (NCCL or shared memory: both synchronise the backend), so
+    // decode steps are graphs only for ll rank sets without TP; every other CUDA rank set runs its steps eagerly.
+    const bool graph_ok = graphs_ && exchange_->capturable() && tp == 1 && !route_hook_ && !expert_stream_ &&
                           backend().device() == DeviceKind::kCuda && !a.any_prefill;
     const int64_t bucket = graph_ok ? graph_bucket(a.max_seqs, max_graph_batch_) : 0;
     if (tp > 1) {

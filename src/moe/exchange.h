@@ -40,6 +40,8 @@ class Exchange {
   virtual int64_t max_tokens_per_call() const { return 0; }
   // Called before each step with the most MoE tokens any rank has in it (the step agreement).
   void set_step_tokens(int64_t max_tokens_any_rank) { step_tokens_ = max_tokens_any_rank; }
+  // The most MoE tokens any rank has in this step (0 before the first set_step_tokens).
+  int64_t step_tokens() const { return step_tokens_; }
   // Dispatch/combine rounds every rank makes per MoE layer in this step.
   int64_t step_rounds() const {
     const int64_t per = max_tokens_per_call();

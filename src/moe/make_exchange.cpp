@@ -29,9 +29,10 @@ std::unique_ptr<Exchange> make_rank_exchange(const dist::RankContext& ranks, Bac
            ranks.exchange);
   BG_CHECK(backend.device() == DeviceKind::kCuda, "the {} expert exchange needs CUDA ranks (got the {} backend)",
            ranks.exchange, backend.name());
-  BG_CHECK(ranks.exchange == "nccl", "{}", kLlNotAvailable);
 #ifdef BG_HAVE_CUDA
-  return make_nccl_exchange(backend, CudaExchangeConfig{&ranks, placement, top_k, hidden, ranks.max_tokens_per_call});
+  const CudaExchangeConfig c{&ranks, placement, top_k, hidden, ranks.max_tokens_per_call};
+  if (ranks.exchange == "ll") return make_ll_rank_exchange(backend, c, ranks.timeout_s);
+  return make_nccl_exchange(backend, c);
 #else
   fail("the {} expert exchange needs a batchgen built with CUDA", ranks.exchange);
 #endif

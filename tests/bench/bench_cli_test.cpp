@@ -59,8 +59,9 @@ TEST(BenchCli, CpuQuickWritesTheDocumentedJson) {
   EXPECT_NE(r.stdout_text.find("roofline ms"), std::string::npos) << r.stdout_text;
   const json j = json::parse(read_text(out));
   expect_keys(j, {"schema", "commit", "date", "command", "gpu", "driver", "device", "clocks", "ceilings", "kernels",
-                  "steps", "prefill", "host", "errors"},
+                  "steps", "prefill", "host", "exchange", "errors"},
               "report");
+  EXPECT_EQ(j["exchange"], json::array());  // bench exchange only
   EXPECT_TRUE(j["commit"].is_string() && !j["commit"].get<std::string>().empty());
   EXPECT_EQ(j["errors"], json::array());
   EXPECT_EQ(j["gpu"], nullptr);
@@ -177,6 +178,9 @@ TEST(BenchCli, BadRequestsAreClearErrors) {
   EXPECT_NE(read_text(tmp / "a.txt").find("max_position_embeddings"), std::string::npos) << read_text(tmp / "a.txt");
   r = run_batchgen("bench nonsense --device cpu --quick", tmp / "b.txt");
   EXPECT_NE(r.exit_code, 0);
+  r = run_batchgen("bench exchange --device cpu", tmp / "d.txt");  // the ll exchange is CUDA's
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(read_text(tmp / "d.txt").find("runs on CUDA"), std::string::npos) << read_text(tmp / "d.txt");
   r = run_batchgen("bench all --device cpu --quick --json /nonexistent-dir/x.json", tmp / "c.txt");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(read_text(tmp / "c.txt").find("--json"), std::string::npos) << read_text(tmp / "c.txt");

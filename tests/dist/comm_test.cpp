@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <numeric>
 #include <random>
 
@@ -161,22 +163,38 @@ TEST(ShmComm, ADeadRankProcessIsNoticed) {
   waitpid(child, nullptr, 0);
 }
 
-// An exchange that cannot run is refused before the rank joins anything (no silent fallback to another exchange).
-TEST(RankSetup, TheLowLatencyExchangeOnCudaRanksIsAClearError) {
+// A rank that cannot run is refused before it joins anything (no silent fallback): an unknown exchange, and CUDA
+// ranks (the ll exchange's included) without a visible GPU. The GPU is hidden for this process's CUDA runtime, which
+// no test of this binary has started.
+TEST(RankSetup, ARankThatCannotRunIsRefusedBeforeJoining) {
   RankSetup s;
   ParallelFlags flags;
   flags.ep = 2;
   s.place.layout = ParallelLayout::from_flags(flags);
   s.device = "cuda";
-  s.exchange = "ll";
   s.rendezvous = "ipc:///nonexistent/never-joined.sock";
-  try {
-    start_rank(s);
-    FAIL() << "start_rank accepted --k3-moe-exchange ll on CUDA ranks";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--k3-moe-exchange ll is not available on CUDA ranks"), std::string::npos)
-        << e.what();
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string saved = visible != nullptr ? visible : "";
+  setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  for (const char* exchange : {"ll", "nccl"}) {
+    s.exchange = exchange;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      start_rank(s);
+      ADD_FAILURE() << "start_rank joined with --device cuda and no GPU (" << exchange << ")";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_TRUE(what.find("no CUDA device is visible") != std::string::npos ||
+                  what.find("needs a batchgen built with CUDA") != std::string::npos) << what;
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << exchange;
   }
+  if (visible != nullptr) {
+    setenv("CUDA_VISIBLE_DEVICES", saved.c_str(), 1);
+  } else {
+    unsetenv("CUDA_VISIBLE_DEVICES");
+  }
+  s.device = "cpu";
   s.exchange = "mpi";
   EXPECT_THROW(start_rank(s), Error);
 }

@@ -422,6 +422,8 @@ class CudaBackend final : public Backend {
   void wait_fence(CopyFence fence) override;
   void compute_wait(CopyFence fence) override;
 
+  CudaStreamContext stream_context() { return {stream_, errors_.as<int32_t>()}; }
+
  private:
   // Device copies of the current step's metadata (one buffer, see upload_step).
   struct StepDevice {
@@ -455,13 +457,14 @@ class CudaBackend final : public Backend {
   }
   [[noreturn]] void raise_device_errors(int32_t flags) {
     BG_CUDA_CHECK(cudaMemset(errors_.data(), 0, sizeof(int32_t)));
-    fail("cuda backend: a kernel of this step reported{}{}{}{}{}{} (flags {:#x}); the step's outputs are discarded",
+    fail("cuda backend: a kernel of this step reported{}{}{}{}{}{}{} (flags {:#x}); the step's outputs are discarded",
          (flags & ops::kMoeErrorBadExpertId) ? " a routed expert id outside the layer's experts" : "",
          (flags & ops::kMoeErrorBadDescriptor) ? " an expert slot whose weights disagree with the layer" : "",
          (flags & ops::kMoeErrorNoSlot) ? " a routed expert without a slot on this rank" : "",
          (flags & ops::kMoeErrorDuplicateExpert) ? " a token routed twice to one expert" : "",
          (flags & ops::kMlaErrorBadPosition) ? " a cache position past its sequence's block table" : "",
-         (flags & ops::kMlaErrorBadBlock) ? " a negative MLA block-table entry" : "", flags);
+         (flags & ops::kMlaErrorBadBlock) ? " a negative MLA block-table entry" : "",
+         (flags & ops::kMoeErrorExchange) ? " expert rows the ll exchange could not place or read" : "", flags);
   }
   float* slot_state(const StateRef& st, int64_t seq) const {
     return st.storage.as<float>() + st.offset + step_.state_slots.at(static_cast<size_t>(seq)) * st.slot_stride;
@@ -768,6 +771,12 @@ void CudaBackend::compute_wait(CopyFence fence) {
 
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
   return std::make_unique<CudaBackend>(options);
+}
+
+CudaStreamContext cuda_stream_context(Backend& be) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&be);
+  BG_CHECK(cuda != nullptr, "{} is not the CUDA backend", be.name());
+  return cuda->stream_context();
 }
 
 }  // namespace bg

@@ -1,6 +1,7 @@
 // The CUDA backend: bf16 activations, fp32 state and accumulation, weights as stored; one stream per backend.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "backend/backend.h"
@@ -15,5 +16,14 @@ struct CudaBackendOptions {
 
 // Throws bg::Error when no CUDA device is usable.
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {});
+
+// What code outside the backend needs to run its own kernels in a backend's stream order (the ll expert exchange):
+// the backend's cudaStream_t and its int32 kernel error word (ops/moe/moe_cuda.h bits; the step's download reports
+// them). Throws bg::Error when `be` is not the CUDA backend.
+struct CudaStreamContext {
+  void* stream = nullptr;
+  int32_t* error_flags = nullptr;
+};
+CudaStreamContext cuda_stream_context(Backend& be);
 
 }  // namespace bg

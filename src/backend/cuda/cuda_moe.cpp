@@ -27,8 +27,19 @@ ops::MoeWorkspace workspace(const MoeContext& c, const MoeRouting& r) {
   return ws;
 }
 
+// BG_MOE_FFN_PATH=skinny|tiled pins the stage expert kernel, which is otherwise chosen by the routing's token count.
+// Lets a test compare routings of different shapes (one rank against an ll rank set, whose receive side counts every
+// source rank's tokens) with the same per-row arithmetic. Anything else: automatic.
+ops::MoeFfnPath ffn_path_from_env() {
+  const char* v = std::getenv("BG_MOE_FFN_PATH");
+  if (v == nullptr) return ops::MoeFfnPath::kAuto;
+  const std::string_view s(v);
+  return s == "skinny" ? ops::MoeFfnPath::kSkinny : s == "tiled" ? ops::MoeFfnPath::kTiled : ops::MoeFfnPath::kAuto;
+}
+
 ops::MoeCudaParams params(const MoeRouting& r, int64_t hidden, int64_t inter) {
   ops::MoeCudaParams p;
+  p.path = ffn_path_from_env();
   p.shape = r.shape;
   p.hidden = hidden;
   p.inter = inter;

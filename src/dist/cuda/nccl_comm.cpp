@@ -209,18 +209,24 @@ void NcclTransport::wait(ncclComm_t comm, const char* what) {
   }
 }
 
+int select_rank_gpu(const RankPlace& place, bool shared) {
+  int n_devices = 0;
+  if (cudaGetDeviceCount(&n_devices) != cudaSuccess) n_devices = 0;
+  BG_CHECK(n_devices > 0, "rank {}: --device cuda: no CUDA device is visible", place.rank);
+  const int local = place.rank % place.layout.ranks_per_node();
+  BG_CHECK(shared || place.layout.ranks_per_node() <= n_devices, "rank {}: {} CUDA ranks per host need {} GPUs, {} "
+           "visible (NCCL does not put two ranks on one GPU; --k3-moe-exchange ll lets ranks share GPUs)", place.rank,
+           place.layout.ranks_per_node(), place.layout.ranks_per_node(), n_devices);
+  const int device = local % n_devices;
+  cuda_check(cudaSetDevice(device), "set device");
+  return device;
+}
+
 std::shared_ptr<RankContext> make_nccl_rank_context(const NcclUniqueIdBytes& id, const RankPlace& place,
                                                     double timeout_s) {
-  int n_devices = 0;
-  cuda_check(cudaGetDeviceCount(&n_devices), "device count");
-  BG_CHECK(n_devices > 0, "rank {}: no CUDA device is visible", place.rank);
-  BG_CHECK(place.layout.ranks_per_node() <= n_devices, "rank {}: {} CUDA ranks per host need {} GPUs, {} visible (NCCL "
-           "does not put two ranks on one GPU; sharing a GPU needs the CUDA-IPC ll exchange, not implemented yet)",
-           place.rank, place.layout.ranks_per_node(), place.layout.ranks_per_node(), n_devices);
   auto t = std::make_shared<NcclTransport>();
   t->timeout_s = timeout_s;
-  t->device = place.rank % place.layout.ranks_per_node();  // the local rank
-  cuda_check(cudaSetDevice(t->device), "set device");
+  t->device = select_rank_gpu(place, false);
   cuda_check(cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking), "stream");
   ncclUniqueId uid;
   std::memcpy(uid.internal, id.data(), id.size());

@@ -35,6 +35,10 @@ struct NcclTransport {
   void abort_all();
 };
 
+// Makes this rank's GPU current: its local rank, or (shared = true, the ll exchange's CUDA-IPC rank sets) its local
+// rank modulo the visible GPUs, so several ranks may share one GPU. Returns the device ordinal.
+int select_rank_gpu(const RankPlace& place, bool shared);
+
 // Joins the set: world communicator from `id`, TP communicator split by DP group. Collective over the world.
 std::shared_ptr<RankContext> make_nccl_rank_context(const NcclUniqueIdBytes& id, const RankPlace& place,
                                                     double timeout_s);

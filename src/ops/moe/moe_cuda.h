@@ -39,6 +39,8 @@ inline constexpr int32_t kMoeErrorBadExpertId = 1;    // a routed id outside [0,
 inline constexpr int32_t kMoeErrorBadDescriptor = 2;  // an expert descriptor disagrees with the launch: block skipped
 inline constexpr int32_t kMoeErrorNoSlot = 8;          // all_local, but a routed expert has no slot: the pair is dropped
 inline constexpr int32_t kMoeErrorDuplicateExpert = 16;  // a token routed twice to one expert (top-k ids must differ)
+// The ll expert exchange (moe/cuda/ll_exchange.cu) received more rows, or a message it cannot read: rows dropped.
+inline constexpr int32_t kMoeErrorExchange = 64;
 
 struct MoeCudaParams {
   MoeRoutingShape shape;  // n_tokens = 0 is valid: dispatch zeroes the counts, the rest launches nothing

@@ -22,7 +22,6 @@
 #include "core/log.h"
 #include "dist/rendezvous.h"
 #include "moe/expert_stream.h"
-#include "moe/make_exchange.h"
 #include "server/frontend/http_server.h"
 #include "server/frontend/ipc_dir.h"
 #include "server/frontend/worker_link.h"
@@ -92,9 +91,6 @@ void validate_serve_options(ServeOptions& opt) {
   // TP ranks mirror their leader's pools; the host tier moves state in the leader's only (docs/PARALLEL.md).
   BG_CHECK(layout.tp() == 1 || opt.host_memory_gb.value_or(0.0) == 0.0,
            "--host-memory-gb is not available with --tp {} (docs/PARALLEL.md)", layout.tp());
-  if (opt.device == "cuda" && layout.multi_rank()) {
-    BG_CHECK(opt.k3_moe_exchange == "nccl", "{}", moe::kLlNotAvailable);
-  }
   BG_CHECK(layout.nnodes() == 1, "--nnodes {}: serving across several hosts is not available yet (one serve runs its "
            "whole rank set on this host; docs/PARALLEL.md)", layout.nnodes());
   validate_distributed_config(opt.distributed_weight_config);

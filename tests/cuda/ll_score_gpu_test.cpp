@@ -1,0 +1,116 @@
+// `batchgen score --device cuda` with 2 and 4 rank processes sharing this GPU through the ll exchange (CUDA IPC
+// between the processes), against one rank on the same GPU, on every golden case and prompt: the logits must be equal
+// bit for bit. Both runs pin the same expert kernels (BG_MOE_W4A16=0 turns off the one-rank fused decode kernel,
+// BG_MOE_FFN_PATH=tiled and a grouped threshold out of reach make a row's arithmetic independent of how many rows its
+// expert got), so what differs between them is the exchange alone: every pair's row must reach its expert on the
+// right rank and come back, and the combine must add the k outputs in the loopback's order.
+// The CLI is $BG_BATCHGEN when set (the GPU machine's bundle), else the build's batchgen.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "cuda/cuda_testing.h"
+#include "formats/safetensors.h"
+#include "golden/golden_util.h"
+#include "temp_dir.h"
+
+namespace bg::testing {
+namespace {
+
+std::string batchgen_path() {
+  const char* env = std::getenv("BG_BATCHGEN");
+  return env != nullptr && env[0] != '\0' ? std::string(env) : std::string(BG_BINARY_DIR) + "/batchgen";
+}
+
+// Runs argv with the pinned-kernel environment; stderr to `log`. Returns the exit status.
+int run(const std::vector<std::string>& argv, const std::filesystem::path& log) {
+  std::vector<char*> c;
+  for (const std::string& a : argv) c.push_back(const_cast<char*>(a.c_str()));
+  c.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("BG_MOE_W4A16", "0", 1);
+    setenv("BG_MOE_FFN_PATH", "tiled", 1);
+    setenv("BG_MOE_GROUPED_MIN_ROWS", "1000000000", 1);
+    FILE* f = std::freopen(log.c_str(), "w", stderr);
+    (void)f;
+    execv(c[0], c.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string join_ids(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) s.push_back(',');
+    s.append(std::to_string(ids[i]));
+  }
+  return s;
+}
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<float> score(const GoldenCase& gc, const GoldenPrompt& g, const std::vector<std::string>& flags,
+                         const std::filesystem::path& dir, const std::string& what) {
+  const std::filesystem::path out = dir / "logits.safetensors", log = dir / "score.log";
+  std::filesystem::remove(out);
+  std::vector<std::string> argv = {batchgen_path(), "score", "--device", "cuda", "--model", gc.model_dir().string(),
+                                   "--tokens", join_ids(g.tokens), "--prefill", std::to_string(g.prompt.size()),
+                                   "--out", out.string()};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  const int rc = run(argv, log);
+  EXPECT_EQ(rc, 0) << what << "\n" << read_file(log);
+  if (rc != 0) return {};
+  return SafetensorsFile::open(out)->view("logits").to_f32();
+}
+
+class LlScoreGpu : public ::testing::TestWithParam<int> {};
+
+TEST_P(LlScoreGpu, EveryGoldenCaseEqualsOneRankBitForBit) {
+  BG_REQUIRE_GPU();
+  const int ranks = GetParam();
+  TempDir tmp;
+  int cases = 0;
+  for (const char* arch : {"deepseek_v3", "kimi_k3"}) {
+    for (const auto& entry : std::filesystem::directory_iterator(golden_dir() / arch)) {
+      if (!entry.is_directory()) continue;
+      GoldenCase gc(entry.path());
+      for (int64_t i = 0; i < gc.n_prompts(); ++i) {
+        const GoldenPrompt g = gc.prompt(i);
+        const std::string what = entry.path().filename().string() + " prompt " + std::to_string(i);
+        const std::vector<float> one = score(gc, g, {}, tmp.path(), what + " (one rank)");
+        const std::vector<float> got = score(gc, g, {"--ep", std::to_string(ranks), "--k3-moe-exchange", "ll"},
+                                             tmp.path(), what + " (" + std::to_string(ranks) + " ranks, ll)");
+        ASSERT_FALSE(one.empty()) << what;
+        ASSERT_EQ(got.size(), one.size()) << what;
+        for (size_t j = 0; j < got.size(); ++j) {
+          ASSERT_TRUE(std::isfinite(got[j])) << what << " value " << j;
+          ASSERT_EQ(std::memcmp(&got[j], &one[j], 4), 0) << what << " value " << j << ": " << got[j] << " vs "
+                                                         << one[j];
+        }
+        ++cases;
+      }
+    }
+  }
+  EXPECT_GT(cases, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, LlScoreGpu, ::testing::Values(2, 4),
+                         [](const auto& param_info) { return "ep" + std::to_string(param_info.param); });
+
+}  // namespace
+}  // namespace bg::testing
