@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+#ifdef BG_HAVE_CUDA
+#include "backend/cuda/device_buffer.h"
+#endif
 #include "core/device_fault.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -358,6 +361,23 @@ void validate_worker_options(const WorkerOptions& o) {
   BG_CHECK(o.moe_exchange_tokens >= 0, "--moe-exchange-tokens {} must be >= 0", o.moe_exchange_tokens);
 }
 
+namespace {
+
+// Ranks of this host on this rank's GPU: ll rank sets put local rank r on GPU r mod the visible GPUs (dist/rank_setup).
+int64_t ranks_per_device(const WorkerOptions& o, const dist::RankPlace& place) {
+  if (o.device != "cuda" || !place.layout.multi_rank() || o.moe_exchange != "ll") return 1;
+#ifdef BG_HAVE_CUDA
+  const int64_t gpus = cuda::device_count();
+  if (gpus <= 0) return 1;  // the backend says there is no GPU
+  const int64_t local = place.layout.ranks_per_node(), gpu = (place.rank % local) % gpus;
+  return local / gpus + (gpu < local % gpus ? 1 : 0);
+#else
+  return 1;
+#endif
+}
+
+}  // namespace
+
 std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<void(const std::string&)>& on_phase,
                                     const std::function<bool()>& abandon) {
   validate_worker_options(o);
@@ -370,6 +390,7 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
   in.max_model_len = o.max_model_len;
   in.kv_cache_memory_bytes = o.kv_cache_memory_bytes;
   in.gpu_memory_utilization = o.gpu_memory_utilization;
+  in.ranks_per_device = ranks_per_device(o, place);
   in.host_memory_bytes = static_cast<int64_t>(o.host_memory_gb * static_cast<double>(int64_t{1} << 30));
   // TP ranks run their leader's step layouts on pools of their own, so those pools must hold what the leader's hold:
   // the prefix cache and the host tier, which move state only in the leader's pools, are not available with TP.

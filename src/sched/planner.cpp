@@ -118,11 +118,13 @@ int64_t memory_budget_bytes(const ModelGeometry& geo, const PlannerInput& in, co
     BG_CHECK(budget > 0, "planner: no host memory for the KV cache ({} bytes of RAM)", mem.total_bytes);
     return budget;
   }
-  const auto usable = static_cast<int64_t>(static_cast<double>(mem.free_bytes) * in.gpu_memory_utilization);
+  // Ranks sharing one GPU start together and each would see it empty: each takes its share of the total at most.
+  const int64_t share = std::min(mem.free_bytes, mem.total_bytes / std::max<int64_t>(in.ranks_per_device, 1));
+  const auto usable = static_cast<int64_t>(static_cast<double>(share) * in.gpu_memory_utilization);
   const int64_t budget = usable - geo.weight_bytes;
   BG_CHECK(budget > 0, "planner: the weights ({:.2f} GiB) leave nothing of {:.2f} GiB ({} x {:.2f} GiB free) for the "
            "KV cache; raise --gpu-memory-utilization or use more GPUs", gib(geo.weight_bytes), gib(usable),
-           in.gpu_memory_utilization, gib(mem.free_bytes));
+           in.gpu_memory_utilization, gib(share));
   return budget;
 }
 

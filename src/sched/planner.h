@@ -46,6 +46,8 @@ struct PlannerInput {
   int64_t max_model_len = 0;             // 0: max_position_embeddings capped by memory
   int64_t kv_cache_memory_bytes = 0;     // > 0: the KV + state budget, exactly (overrides the two below)
   double gpu_memory_utilization = 0.9;   // cuda: fraction of free device memory for weights + KV + state
+  int64_t ranks_per_device = 1;          // cuda: ranks sharing this rank's GPU (ll rank sets); each plans with at
+                                         // most total / ranks_per_device of it, whatever the others hold yet
   int64_t cpu_budget_bytes = int64_t{2} << 30;  // cpu: at most this, and at most a quarter of RAM
   int64_t host_memory_bytes = 0;         // the host tier (pinned on cuda); 0: none
   bool prefix_cache = true;

@@ -190,6 +190,9 @@ TEST(Planner, CudaBudgetIsAFractionOfFreeMemoryMinusWeights) {
   };
   Plan p = make_plan(g, in, probe);
   EXPECT_EQ(p.budget_bytes, int64_t{30} << 30);  // 0.5 x 80 GiB - 10 GiB
+  in.ranks_per_device = 4;                          // ll ranks sharing the GPU: a quarter of 141 GiB at most
+  EXPECT_EQ(make_plan(g, in, probe).budget_bytes, (int64_t{141} << 30) / 4 / 2 - (int64_t{10} << 30));
+  in.ranks_per_device = 1;
   EXPECT_EQ(p.act_bytes, 2);
   EXPECT_EQ(p.kv_bytes_per_token, 61 * 576 * 2);  // 70272 B: bf16 latents
   EXPECT_EQ(p.state_bytes_per_seq, 0);            // no KDA layers: no state slots
