@@ -122,6 +122,14 @@ __device__ __forceinline__ void copy_row(const bf16* src, std::byte* dst, int hi
   for (int i = threadIdx.x; i < hidden / 8; i += blockDim.x) d[i] = s[i];
 }
 
+// The same from a region other ranks write: loads bypass L1 (ld.global.cg), so no line an earlier call left there is
+// ever read in place of what the flag announced.
+__device__ __forceinline__ void copy_row_from_peers(const std::byte* src, std::byte* dst, int hidden) {
+  const auto* s = reinterpret_cast<const uint4*>(src);
+  auto* d = reinterpret_cast<uint4*>(dst);
+  for (int i = threadIdx.x; i < hidden / 8; i += blockDim.x) d[i] = __ldcg(s + i);
+}
+
 // One warp: each pair's (rank, slot) bucket and its index there, in pair order (stable, deterministic).
 __global__ void __launch_bounds__(32) ll_plan_kernel(LlGeo g, LlDev d, const int32_t* ids, int n_pairs) {
   extern __shared__ int32_t cnt[];
@@ -247,14 +255,14 @@ __global__ void __launch_bounds__(kThreads) ll_unpack_kernel(LlGeo g, LlDev d, b
     const int slot = lo / g.n_ranks, src = lo % g.n_ranks, index = r - d.recv_base[lo];
     const std::byte* msg = mine + g.dispatch_slots[parity] +
                            (static_cast<size_t>(slot * g.n_ranks + src) * g.max_tokens + index) * g.msg_bytes;
-    const int4 h = *reinterpret_cast<const int4*>(msg);
+    const int4 h = __ldcg(reinterpret_cast<const int4*>(msg));
     const bool ok = h.x >= 0 && h.x < g.max_tokens && h.y >= 0 && h.y < g.top_k;
     if (threadIdx.x == 0) {
       if (!ok) atomicOr(d.error_flags, ops::kMoeErrorExchange);
       origin[r] = ok ? (src * g.max_tokens + h.x) * g.top_k + h.y : -1;
     }
-    copy_row(reinterpret_cast<const bf16*>(msg + ops::kLlMsgHeaderBytes),
-             reinterpret_cast<std::byte*>(rows + static_cast<size_t>(r) * g.hidden), g.hidden);
+    copy_row_from_peers(msg + ops::kLlMsgHeaderBytes,
+                        reinterpret_cast<std::byte*>(rows + static_cast<size_t>(r) * g.hidden), g.hidden);
   }
 }
 
@@ -302,7 +310,7 @@ __global__ void __launch_bounds__(kThreads) ll_reduce_kernel(LlGeo g, LlDev d, c
       for (int k = 0; k < g.top_k; ++k) {
         const int p = t * g.top_k + k;
         if (d.pair_msg[p] < 0) continue;
-        acc = fmaf(w[p], __bfloat162float(rows[static_cast<size_t>(p) * stride + j]), acc);
+        acc = fmaf(w[p], __bfloat162float(__ldcg(rows + static_cast<size_t>(p) * stride + j)), acc);
       }
       out[static_cast<size_t>(t) * g.hidden + j] = __float2bfloat16(acc);
     }
