@@ -6,6 +6,7 @@
 //   graph-capturable; ranks on the GPUs of one host, several ranks per GPU allowed.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -38,6 +39,9 @@ struct LlExchangeConfig {
   int64_t region_budget_bytes = int64_t{2} << 30;  // both parities of one rank's region (capped at kLlMaxTokens)
   double timeout_s = 600.0;                        // a flag wait past this traps (the peer is taken for dead)
   bool capturable = true;                          // Exchange::capturable (tests may turn graphs off)
+  // Throws when a peer rank is gone or the set has failed (dist::ShmSet::check_peers). A watchdog thread calls it
+  // every 50 ms; once it throws, every flag wait of this rank traps at once instead of waiting out timeout_s.
+  std::function<void()> check_peers;
 };
 
 // Every rank's region (ll_exchange_region_bytes each, zeroed before the first call) as this process addresses it,

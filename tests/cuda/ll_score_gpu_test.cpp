@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -28,8 +30,9 @@ std::string batchgen_path() {
   return env != nullptr && env[0] != '\0' ? std::string(env) : std::string(BG_BINARY_DIR) + "/batchgen";
 }
 
-// Runs argv with the pinned-kernel environment; stderr to `log`. Returns the exit status.
-int run(const std::vector<std::string>& argv, const std::filesystem::path& log) {
+// Runs argv with the pinned-kernel environment (plus `env`); stderr to `log`. Returns the exit status.
+int run(const std::vector<std::string>& argv, const std::filesystem::path& log,
+        const std::vector<std::pair<std::string, std::string>>& env = {}) {
   std::vector<char*> c;
   for (const std::string& a : argv) c.push_back(const_cast<char*>(a.c_str()));
   c.push_back(nullptr);
@@ -38,6 +41,7 @@ int run(const std::vector<std::string>& argv, const std::filesystem::path& log) 
     setenv("BG_MOE_W4A16", "0", 1);
     setenv("BG_MOE_FFN_PATH", "tiled", 1);
     setenv("BG_MOE_GROUPED_MIN_ROWS", "1000000000", 1);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     FILE* f = std::freopen(log.c_str(), "w", stderr);
     (void)f;
     execv(c[0], c.data());
@@ -107,6 +111,30 @@ TEST_P(LlScoreGpu, EveryGoldenCaseEqualsOneRankBitForBit) {
     }
   }
   EXPECT_GT(cases, 0);
+}
+
+// A rank that fails mid-run stops the whole set within seconds. The test's device-fault injection makes the first
+// step that begins while the file exists throw a device fault, in whichever rank gets there first. When that is rank
+// 1, rank 0 is left waiting in an exchange kernel: its watchdog sees the set marked failed and the kernel traps, long
+// before the rank timeout (120 s here, so a wait that runs it out fails the time bound).
+TEST(LlScoreGpuFailure, ARankThatFailsStopsTheSetWithinSeconds) {
+  BG_REQUIRE_GPU();
+  TempDir tmp;
+  const std::filesystem::path fault = tmp.path() / "fault";
+  std::ofstream(fault) << "armed\n";
+  GoldenCase gc(golden_dir() / "kimi_k3" / "k3-tiny");
+  const GoldenPrompt g = gc.prompt(0);
+  const std::filesystem::path out = tmp.path() / "logits.safetensors", log = tmp.path() / "score.log";
+  const std::vector<std::string> argv = {batchgen_path(), "score", "--device", "cuda", "--model",
+                                         gc.model_dir().string(), "--tokens", join_ids(g.tokens), "--out",
+                                         out.string(), "--ep", "2", "--k3-moe-exchange", "ll"};
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = run(argv, log, {{"BG_TEST_DEVICE_FAULT_FILE", fault.string()}, {"BG_RANK_TIMEOUT_S", "120"}});
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(rc, 0) << read_file(log);
+  EXPECT_FALSE(std::filesystem::exists(fault)) << "the injected fault was not consumed";
+  EXPECT_LT(s, 60.0) << "the set took " << s << " s to stop\n" << read_file(log);
+  std::printf("[ll failure] exit %d after %.1f s\n", rc, s);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, LlScoreGpu, ::testing::Values(2, 4),

@@ -20,12 +20,18 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/shm_comm.h"
+#include "dist/shm_set.h"
 #include "moe/cuda_exchange.h"
 #include "ops/moe/moe_cuda.h"
 #include "ops/moe_exchange/moe_exchange.h"
@@ -61,6 +67,7 @@ struct LlDev {
   int32_t* bucket_count = nullptr;    // [n_ranks * n_local] rows this rank sends to (rank, slot)
   int32_t* recv_base = nullptr;       // [n_local_here * n_ranks + 1] first packed row of (slot, source)
   int32_t* error_flags = nullptr;     // the backend's kernel error word (ops/moe/moe_cuda.h bits)
+  const volatile uint32_t* abort = nullptr;  // host-mapped: set by the watchdog when a peer is gone
 };
 
 __device__ __forceinline__ unsigned long long now_ns() {
@@ -83,13 +90,19 @@ __device__ __forceinline__ unsigned long long flag_value(uint32_t epoch, int cou
   return (static_cast<unsigned long long>(epoch) << 32) | static_cast<uint32_t>(count + 1);
 }
 
-// Spins until the flag carries `epoch`; past the timeout the peer is taken for dead and the kernel traps.
-__device__ unsigned long long wait_flag(const unsigned long long* f, uint32_t epoch, const LlGeo& g, int peer,
-                                        const char* what) {
+// Spins until the flag carries `epoch`. Traps (the rank's context is lost, its worker exits and the set restarts)
+// when the watchdog saw a peer go, or past the timeout: a wait never outlives the rank set.
+__device__ unsigned long long wait_flag(const unsigned long long* f, uint32_t epoch, const LlGeo& g, const LlDev& d,
+                                        int peer, const char* what) {
   const unsigned long long t0 = now_ns();
-  for (;;) {
+  for (unsigned spins = 1;; ++spins) {
     const unsigned long long v = load_acquire_sys(f);
     if (static_cast<uint32_t>(v >> 32) == epoch) return v;
+    if ((spins & 15u) == 0 && *d.abort != 0) {
+      printf("batchgen ll exchange: rank %d stops waiting for rank %d (%s, epoch %u): a rank of the set is gone\n",
+             g.rank, peer, what, epoch);
+      __trap();
+    }
     if (now_ns() - t0 > g.timeout_ns) {
       printf("batchgen ll exchange: rank %d waited %.0f s for rank %d (%s, epoch %u); the set is failed\n", g.rank,
              static_cast<double>(g.timeout_ns) * 1e-9, peer, what, epoch);
@@ -205,7 +218,7 @@ __global__ void __launch_bounds__(1024) ll_wait_kernel(LlGeo g, LlDev d, ops::Mo
   for (int b = threadIdx.x; b < nb; b += blockDim.x) {
     const auto* f = reinterpret_cast<const unsigned long long*>(mine + g.dispatch_flags[parity] +
                                                                 static_cast<size_t>(b) * kFlagBytes);
-    const int n = static_cast<int>(static_cast<uint32_t>(wait_flag(f, epoch, g, b % g.n_ranks, "dispatch"))) - 1;
+    const int n = static_cast<int>(static_cast<uint32_t>(wait_flag(f, epoch, g, d, b % g.n_ranks, "dispatch"))) - 1;
     if (n < 0 || n > g.max_tokens) {
       atomicOr(d.error_flags, ops::kMoeErrorExchange);
       got[b] = 0;
@@ -298,7 +311,7 @@ __global__ void __launch_bounds__(kThreads) ll_reduce_kernel(LlGeo g, LlDev d, c
   for (int src = threadIdx.x; src < g.n_ranks; src += blockDim.x) {
     wait_flag(reinterpret_cast<const unsigned long long*>(mine + g.combine_flags[parity] +
                                                           static_cast<size_t>(src) * kFlagBytes),
-              epoch, g, src, "combine");
+              epoch, g, d, src, "combine");
   }
   __syncthreads();
   const int t = blockIdx.x;
@@ -390,9 +403,27 @@ class LlExchange final : public Exchange {
     cuda_check(cudaMemcpy(base + at[2], slot.data(), slot.size() * 4, cudaMemcpyHostToDevice), "slots");
     cuda_check(cudaMemcpy(d_.epoch, &first_epoch, 4, cudaMemcpyHostToDevice), "epoch");
     cuda_check(cudaMemcpy(d_.done, zeros, sizeof(zeros), cudaMemcpyHostToDevice), "counters");
+    // The watchdog's word: pinned host memory the kernels read through its device mapping.
+    void* abort_host = nullptr;
+    cuda_check(cudaHostAlloc(&abort_host, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable), "abort word");
+    abort_.reset(static_cast<uint32_t*>(abort_host), [](uint32_t* q) { cudaFreeHost(q); });
+    *abort_ = 0;
+    void* abort_dev = nullptr;
+    cuda_check(cudaHostGetDevicePointer(&abort_dev, abort_host, 0), "abort word mapping");
+    d_.abort = static_cast<const volatile uint32_t*>(abort_dev);
+    if (c_.check_peers) watchdog_ = std::thread([this] { watch(); });
     log::info("ll exchange: rank {} of {}, {} expert slots here ({} per rank at most), {} tokens per call, top-{}, "
               "hidden {}, {:.1f} MiB region", p.rank(), shape_.n_ranks, p.n_local(), shape_.n_local,
               shape_.max_tokens, shape_.top_k, shape_.hidden, static_cast<double>(layout_.region_bytes) / (1 << 20));
+  }
+
+  ~LlExchange() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
   }
 
   std::string_view name() const override { return "ll"; }
@@ -464,6 +495,20 @@ class LlExchange final : public Exchange {
   }
 
  private:
+  // Every 50 ms: is every peer still there? The first failure raises the abort word for good.
+  void watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stop_; })) {
+      try {
+        c_.check_peers();
+      } catch (const std::exception& e) {
+        log::error("ll exchange: rank {}: {}; stopping this rank's exchange waits", c_.placement.rank(), e.what());
+        *reinterpret_cast<volatile uint32_t*>(abort_.get()) = 1;
+        return;
+      }
+    }
+  }
+
   unsigned grid_rows() const {
     return static_cast<unsigned>(std::clamp<int64_t>(capacity_, 1, static_cast<int64_t>(n_sms_) * 4));
   }
@@ -479,6 +524,11 @@ class LlExchange final : public Exchange {
   int n_sms_ = 1;
   int64_t n_tokens_ = 0, capacity_ = 0;
   Tensor ids_, weights_;
+  std::shared_ptr<uint32_t> abort_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread watchdog_;  // last: joined before anything it reads goes
 };
 
 // Every rank's region mapped into this process through CUDA IPC (the handles travel over the world comm).
@@ -551,6 +601,10 @@ std::unique_ptr<Exchange> make_ll_rank_exchange(Backend& be, const CudaExchangeC
   c.max_tokens = config.max_tokens;
   c.timeout_s = timeout_s;
   c.capturable = true;
+  if (config.ranks->shm) {
+    std::shared_ptr<const dist::ShmRankSet> shm = config.ranks->shm;
+    c.check_peers = [shm] { shm->set().check_peers(); };
+  }
   LlPeerRegions peers = open_ipc_regions(*config.ranks->world, ll_exchange_region_bytes(c));
   return make_ll_exchange(be, c, std::move(peers));
 }
