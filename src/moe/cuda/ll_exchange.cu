@@ -532,7 +532,13 @@ class LlExchange final : public Exchange {
 };
 
 // Every rank's region mapped into this process through CUDA IPC (the handles travel over the world comm).
-LlPeerRegions open_ipc_regions(dist::Comm& world, size_t bytes) {
+LlPeerRegions open_ipc_regions(dist::Comm& world, size_t bytes, const ops::LlShape& shape) {
+  size_t free_bytes = 0, total_bytes = 0;
+  cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "memory info");
+  BG_CHECK(bytes < free_bytes, "ll exchange: rank {}'s region of {:.2f} GiB ({} tokens per call x {} ranks x {} slots) "
+           "does not fit in the {:.2f} GiB free on its GPU; lower --moe-exchange-tokens", world.rank(),
+           static_cast<double>(bytes) / (1 << 30), shape.max_tokens, shape.n_ranks, shape.n_local,
+           static_cast<double>(free_bytes) / (1 << 30));
   void* mine = nullptr;
   cuda_check(cudaMalloc(&mine, bytes), "region alloc");
   cuda_check(cudaMemset(mine, 0, bytes), "region clear");
@@ -605,7 +611,7 @@ std::unique_ptr<Exchange> make_ll_rank_exchange(Backend& be, const CudaExchangeC
     std::shared_ptr<const dist::ShmRankSet> shm = config.ranks->shm;
     c.check_peers = [shm] { shm->set().check_peers(); };
   }
-  LlPeerRegions peers = open_ipc_regions(*config.ranks->world, ll_exchange_region_bytes(c));
+  LlPeerRegions peers = open_ipc_regions(*config.ranks->world, ll_exchange_region_bytes(c), ll_exchange_shape(c));
   return make_ll_exchange(be, c, std::move(peers));
 }
 
