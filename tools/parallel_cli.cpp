@@ -35,8 +35,9 @@ void add_parallel_flags(CLI::App* cmd, ParallelArgs& a, bool with_nodes) {
                   "this is the number of ranks (default: dp x tp)");
   cmd->add_option("--k3-moe-exchange", a.exchange, "Expert exchange between CUDA ranks: nccl (default; all-to-all "
                   "of bf16 rows, one GPU per rank) or ll (low-latency fixed slots over CUDA IPC, one host, ranks may "
-                  "share GPUs). CPU ranks always use the shared-memory exchange with the ll slot layout")
-      ->check(CLI::IsMember({"nccl", "ll"}));
+                  "share GPUs) or ll-fp8 (the same with FP8 E4M3 dispatch rows: half the bytes, quantized expert inputs). CPU "
+                  "ranks always use the shared-memory exchange with the ll slot layout")
+      ->check(CLI::IsMember({"nccl", "ll", "ll-fp8"}));
   cmd->add_option("--moe-exchange-tokens", a.max_tokens_per_call, "Tokens per rank one expert exchange call carries "
                   "(larger steps go in rounds; default: the exchange's)");
   if (!with_nodes) return;

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "dist/comm.h"
 #include "dist/parallel_layout.h"
@@ -13,9 +14,15 @@ namespace bg::dist {
 
 class ShmRankSet;
 
+// The expert exchanges CUDA rank sets can ask for (--k3-moe-exchange): nccl, ll (bf16 rows) or ll-fp8 (the ll
+// exchange with FP8 E4M3 dispatch rows). CPU rank sets always use the shared-memory one ("shm").
+inline bool is_cuda_exchange(std::string_view e) { return e == "nccl" || e == "ll" || e == "ll-fp8"; }
+inline bool is_ll_exchange(std::string_view e) { return e == "ll" || e == "ll-fp8"; }
+inline constexpr const char* kCudaExchangeNames = "nccl, ll or ll-fp8";
+
 struct RankContext {
   RankPlace place;
-  std::string exchange = "shm";           // the MoE exchange between ranks: shm (CPU), nccl or ll (CUDA)
+  std::string exchange = "shm";           // the MoE exchange between ranks: shm (CPU), nccl, ll or ll-fp8 (CUDA)
   std::unique_ptr<Comm> world;             // every rank
   std::unique_ptr<Comm> tp;                // this DP group's TP ranks (size 1 without TP)
   std::shared_ptr<const ShmRankSet> shm;   // CPU rank sets: the shared segment (exchange waits use its rank set)

@@ -52,7 +52,7 @@ StartedRank start_cpu(const RankSetup& s, zmq::context_t& zctx, JoinInfo& me) {
 
 StartedRank start_rank(const RankSetup& s) {
   BG_CHECK(s.device == "cpu" || s.device == "cuda", "rank setup: device '{}'", s.device);
-  BG_CHECK(s.exchange == "nccl" || s.exchange == "ll", "--k3-moe-exchange {} must be nccl or ll", s.exchange);
+  BG_CHECK(is_cuda_exchange(s.exchange), "--k3-moe-exchange {} must be {}", s.exchange, kCudaExchangeNames);
   BG_CHECK(!s.rendezvous.empty(), "rank {}: no rendezvous endpoint", s.place.rank);
   zmq::context_t zctx(1);
   JoinInfo me;
@@ -76,12 +76,12 @@ StartedRank start_rank(const RankSetup& s) {
   // Before joining: a rank without its GPU (or a layout the exchange cannot run) fails now, not after the others wait.
   BG_CHECK(s.exchange == "nccl" || s.place.layout.nnodes() == 1, "rank {}: --k3-moe-exchange ll runs within one host "
            "(CUDA IPC); {} nodes need --k3-moe-exchange nccl", s.place.rank, s.place.layout.nnodes());
-  const int device = select_rank_gpu(s.place, s.exchange == "ll");
-  if (s.exchange == "ll") {
+  const int device = select_rank_gpu(s.place, is_ll_exchange(s.exchange));
+  if (is_ll_exchange(s.exchange)) {
     // The ll exchange maps its peers' device regions through CUDA IPC and needs no NCCL: the set's own collectives
     // (step agreement, TP sums) go through shared memory, so ranks of one host may share GPUs.
     StartedRank r = start_cpu(s, zctx, me);
-    r.ranks->exchange = "ll";
+    r.ranks->exchange = s.exchange;
     log::info("rank {}: joined on GPU {}; shared-memory comms up (ll exchange over CUDA IPC)", s.place.rank, device);
     return r;
   }

@@ -356,8 +356,8 @@ void validate_worker_options(const WorkerOptions& o) {
            layout.describe());
   BG_CHECK(!layout.multi_rank() || !o.rendezvous.empty(), "--rendezvous is required with several ranks ({})",
            layout.describe());
-  BG_CHECK(o.moe_exchange == "nccl" || o.moe_exchange == "ll", "--k3-moe-exchange {} must be nccl or ll",
-           o.moe_exchange);
+  BG_CHECK(dist::is_cuda_exchange(o.moe_exchange), "--k3-moe-exchange {} must be {}", o.moe_exchange,
+           dist::kCudaExchangeNames);
   BG_CHECK(o.moe_exchange_tokens >= 0, "--moe-exchange-tokens {} must be >= 0", o.moe_exchange_tokens);
 }
 
@@ -365,7 +365,7 @@ namespace {
 
 // Ranks of this host on this rank's GPU: ll rank sets put local rank r on GPU r mod the visible GPUs (dist/rank_setup).
 int64_t ranks_per_device(const WorkerOptions& o, const dist::RankPlace& place) {
-  if (o.device != "cuda" || !place.layout.multi_rank() || o.moe_exchange != "ll") return 1;
+  if (o.device != "cuda" || !place.layout.multi_rank() || !dist::is_ll_exchange(o.moe_exchange)) return 1;
 #ifdef BG_HAVE_CUDA
   const int64_t gpus = cuda::device_count();
   if (gpus <= 0) return 1;  // the backend says there is no GPU

@@ -39,6 +39,9 @@ struct LlExchangeConfig {
   int64_t region_budget_bytes = int64_t{2} << 30;  // both parities of one rank's region (capped at kLlMaxTokens)
   double timeout_s = 600.0;                        // a flag wait past this traps (the peer is taken for dead)
   bool capturable = true;                          // Exchange::capturable (tests may turn graphs off)
+  // Dispatch rows as FP8 E4M3 with one fp32 scale per 128 values (hidden % 128 == 0): half the bytes, but the
+  // experts then see quantized inputs (`--k3-moe-exchange ll-fp8`; ll_fp8_roundtrip_cpu is the exact rounding).
+  bool fp8_dispatch = false;
   // Throws when a peer rank is gone or the set has failed (dist::ShmSet::check_peers). A watchdog thread calls it
   // every 50 ms; once it throws, every flag wait of this rank traps at once instead of waiting out timeout_s.
   std::function<void()> check_peers;

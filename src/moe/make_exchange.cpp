@@ -2,6 +2,7 @@
 #include "moe/make_exchange.h"
 
 #include "core/error.h"
+#include "dist/rank_context.h"
 #include "dist/shm_comm.h"
 #include "moe/shm_exchange.h"
 
@@ -25,13 +26,13 @@ std::unique_ptr<Exchange> make_rank_exchange(const dist::RankContext& ranks, Bac
     c.max_tokens = ranks.max_tokens_per_call;
     return make_shm_exchange(c);
   }
-  BG_CHECK(ranks.exchange == "nccl" || ranks.exchange == "ll", "unknown expert exchange '{}' (shm, nccl or ll)",
-           ranks.exchange);
+  BG_CHECK(dist::is_cuda_exchange(ranks.exchange), "unknown expert exchange '{}' (shm, {})", ranks.exchange,
+           dist::kCudaExchangeNames);
   BG_CHECK(backend.device() == DeviceKind::kCuda, "the {} expert exchange needs CUDA ranks (got the {} backend)",
            ranks.exchange, backend.name());
 #ifdef BG_HAVE_CUDA
   const CudaExchangeConfig c{&ranks, placement, top_k, hidden, ranks.max_tokens_per_call};
-  if (ranks.exchange == "ll") return make_ll_rank_exchange(backend, c, ranks.timeout_s);
+  if (dist::is_ll_exchange(ranks.exchange)) return make_ll_rank_exchange(backend, c, ranks.timeout_s);
   return make_nccl_exchange(backend, c);
 #else
   fail("the {} expert exchange needs a batchgen built with CUDA", ranks.exchange);

@@ -4,6 +4,7 @@
 // with none), several rounds per layer, and the whole MoE layer with real experts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -226,6 +227,37 @@ TEST(ShmExchange, MoeRoutedEqualsLoopbackWithRealExperts) {
     if (tk.n > 0) moe_routed(*be, *loop, spec, one_w, choice, x, out_one, {});
     ASSERT_EQ(std::memcmp(out_ep.data, out_one.data, static_cast<size_t>(tk.n * hidden) * 4), 0) << "rank " << me;
   });
+}
+
+// The FP8 dispatch rounding of the CUDA ll-fp8 exchange (its GPU test compares against this function bit for bit):
+// per group of 128 the largest magnitude survives to bf16 rounding, an all-zero group stays zero, every value is within
+// e4m3's half-ulp (1/16 relative, or half the subnormal step scale * 2^-10) plus bf16's, and a hidden size that is not
+// a multiple of 128 is refused.
+TEST(LlFp8Dispatch, RoundingKeepsEachGroupsScaleAndStaysWithinE4m3Precision) {
+  constexpr int64_t kHid = 384;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(kHid);
+  for (int64_t i = 0; i < kHid; ++i) x[i] = i < 128 ? d(rng) * 1e-3f : (i < 256 ? 0.0f : d(rng) * 50.0f);
+  x[300] = -400.0f;  // the third group's amax
+  std::vector<float> y = x;
+  ops::ll_fp8_roundtrip_cpu(y.data(), kHid);
+  for (int64_t g = 0; g < kHid; g += 128) {
+    float amax = 0.0f;
+    for (int64_t i = g; i < g + 128; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    for (int64_t i = g; i < g + 128; ++i) {
+      const float bound = std::max(std::fabs(x[i]) / 16.0f, scale * std::ldexp(1.0f, -10)) + std::fabs(x[i]) / 128.0f;
+      EXPECT_LE(std::fabs(y[i] - x[i]), bound) << "value " << i << ": " << x[i] << " -> " << y[i];
+      if (amax == 0.0f) {
+        EXPECT_EQ(y[i], 0.0f);
+      }
+    }
+  }
+  EXPECT_NEAR(y[300], -400.0f, 400.0f / 128.0f);
+  EXPECT_NE(y[0], x[0]);  // it does round: 3 mantissa bits
+  std::vector<float> odd(200, 1.0f);
+  EXPECT_THROW(ops::ll_fp8_roundtrip_cpu(odd.data(), 200), Error);
 }
 
 }  // namespace

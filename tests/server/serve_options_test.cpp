@@ -50,7 +50,7 @@ TEST(ServeOptions, UnavailableFeaturesAndBadValuesAreErrors) {
   EXPECT_EQ(validation_error(o), "");  // CUDA ranks of one host, over CUDA IPC (they may share a GPU)
   o = base;
   o.k3_moe_exchange = "mpi";
-  EXPECT_NE(validation_error(o).find("must be nccl or ll"), std::string::npos);
+  EXPECT_NE(validation_error(o).find("must be nccl, ll or ll-fp8"), std::string::npos);
 
   o = base;
   o.distributed_weight_config = (tmp / "missing.json").string();

@@ -450,13 +450,17 @@ class CudaBackend final : public Backend {
             {cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes}};
   }
   // Device error flags (MoE / MLA kernels raise bits instead of trapping): read after each synchronisation; a raised
-  // flag is reset and reported as an error of this step (the context stays usable).
+  // flag is reset and reported as an error of this step (the context stays usable). Both go through stream_, never the
+  // legacy default stream: a legacy-stream copy waits for every blocking stream of the context, so with ll ranks that
+  // share a process (tests) it would wait for a peer's flag wait that waits for this rank's next call.
   void check_device_errors() {
-    BG_CUDA_CHECK(cudaMemcpy(errors_host_, errors_.data(), sizeof(int32_t), cudaMemcpyDeviceToHost));
+    BG_CUDA_CHECK(cudaMemcpyAsync(errors_host_, errors_.data(), sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (*errors_host_ != 0) raise_device_errors(*errors_host_);
   }
   [[noreturn]] void raise_device_errors(int32_t flags) {
-    BG_CUDA_CHECK(cudaMemset(errors_.data(), 0, sizeof(int32_t)));
+    BG_CUDA_CHECK(cudaMemsetAsync(errors_.data(), 0, sizeof(int32_t), stream_));
+    BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
     fail("cuda backend: a kernel of this step reported{}{}{}{}{}{}{} (flags {:#x}); the step's outputs are discarded",
          (flags & ops::kMoeErrorBadExpertId) ? " a routed expert id outside the layer's experts" : "",
          (flags & ops::kMoeErrorBadDescriptor) ? " an expert slot whose weights disagree with the layer" : "",

@@ -17,6 +17,8 @@
 //   finish_combine   reduce (out[t] = bf16(out[t] + sum_k w y) in k order with fmaf, the loopback's arithmetic; the
 //                    last block advances the epoch)
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -50,6 +52,7 @@ void cuda_check(cudaError_t e, const char* what) {
 // What every kernel of one exchange knows (by value).
 struct LlGeo {
   int n_ranks = 1, n_local = 1, max_tokens = 1, top_k = 1, hidden = 0;
+  bool fp8 = false;  // dispatch rows as FP8 E4M3 codes [hidden] then one fp32 scale per 128 values
   int rank = 0, n_experts = 0, n_local_here = 0;
   size_t msg_bytes = 0, combine_row_bytes = 0;
   size_t dispatch_slots[2] = {}, dispatch_flags[2] = {}, combine_rows[2] = {}, combine_flags[2] = {};
@@ -143,6 +146,46 @@ __device__ __forceinline__ void copy_row_from_peers(const std::byte* src, std::b
   for (int i = threadIdx.x; i < hidden / 8; i += blockDim.x) d[i] = __ldcg(s + i);
 }
 
+// FP8 dispatch payload of one row: per group of 128 values, scale = max|x| / 448 (1 for an all-zero group) and codes
+// e4m3(x / scale), round to nearest even, saturating; codes [hidden] then scales [hidden / 128] (fp32). One warp per
+// group, four values per lane. ops::ll_fp8_roundtrip_cpu (the test's reference) does the same arithmetic.
+__device__ void quantize_row_fp8(const bf16* x, std::byte* payload, int hidden) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  auto* scales = reinterpret_cast<float*>(payload + hidden);
+  for (int grp = warp; grp < hidden / ops::kLlFp8Group; grp += n_warps) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(x + grp * ops::kLlFp8Group + lane * 4);
+    const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+    const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+    const float v[4] = {__low2float(a), __high2float(a), __low2float(b), __high2float(b)};
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    uint32_t codes = 0;
+    for (int i = 0; i < 4; ++i) {
+      const auto c = static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3));
+      codes |= c << (8 * i);
+    }
+    *reinterpret_cast<uint32_t*>(payload + grp * ops::kLlFp8Group + lane * 4) = codes;
+    if (lane == 0) scales[grp] = scale;
+  }
+}
+
+// The inverse into bf16 rows: bf16(float(code) * scale), round to nearest even.
+__device__ void dequantize_row_fp8(const std::byte* payload, bf16* row, int hidden) {
+  const auto* scales = reinterpret_cast<const float*>(payload + hidden);
+  for (int i = threadIdx.x; i < hidden / 4; i += blockDim.x) {
+    const uint32_t codes = __ldcg(reinterpret_cast<const unsigned int*>(payload) + i);
+    const float scale = __ldcg(scales + (i * 4) / ops::kLlFp8Group);
+    __nv_bfloat16 out[4];
+    for (int j = 0; j < 4; ++j) {
+      const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>((codes >> (8 * j)) & 0xFFu),
+                                                   __NV_E4M3);
+      out[j] = __float2bfloat16(__half2float(__half(h)) * scale);
+    }
+    *reinterpret_cast<uint2*>(row + i * 4) = *reinterpret_cast<const uint2*>(out);
+  }
+}
+
 // One warp: each pair's (rank, slot) bucket and its index there, in pair order (stable, deterministic).
 __global__ void __launch_bounds__(32) ll_plan_kernel(LlGeo g, LlDev d, const int32_t* ids, int n_pairs) {
   extern __shared__ int32_t cnt[];
@@ -196,7 +239,11 @@ __global__ void __launch_bounds__(kThreads) ll_send_kernel(LlGeo g, LlDev d, con
                      (static_cast<size_t>(slot * g.n_ranks + g.rank) * g.max_tokens + index) * g.msg_bytes;
     const int t = p / g.top_k;
     if (threadIdx.x == 0) *reinterpret_cast<int4*>(msg) = make_int4(t, p % g.top_k, ids[p], 0);
-    copy_row(x + static_cast<size_t>(t) * g.hidden, msg + ops::kLlMsgHeaderBytes, g.hidden);
+    if (g.fp8) {
+      quantize_row_fp8(x + static_cast<size_t>(t) * g.hidden, msg + ops::kLlMsgHeaderBytes, g.hidden);
+    } else {
+      copy_row(x + static_cast<size_t>(t) * g.hidden, msg + ops::kLlMsgHeaderBytes, g.hidden);
+    }
   }
   if (!last_block(d.done + 0)) return;
   for (int b = threadIdx.x; b < g.n_ranks * g.n_local; b += blockDim.x) {
@@ -274,8 +321,12 @@ __global__ void __launch_bounds__(kThreads) ll_unpack_kernel(LlGeo g, LlDev d, b
       if (!ok) atomicOr(d.error_flags, ops::kMoeErrorExchange);
       origin[r] = ok ? (src * g.max_tokens + h.x) * g.top_k + h.y : -1;
     }
-    copy_row_from_peers(msg + ops::kLlMsgHeaderBytes,
-                        reinterpret_cast<std::byte*>(rows + static_cast<size_t>(r) * g.hidden), g.hidden);
+    if (g.fp8) {
+      dequantize_row_fp8(msg + ops::kLlMsgHeaderBytes, rows + static_cast<size_t>(r) * g.hidden, g.hidden);
+    } else {
+      copy_row_from_peers(msg + ops::kLlMsgHeaderBytes,
+                          reinterpret_cast<std::byte*>(rows + static_cast<size_t>(r) * g.hidden), g.hidden);
+    }
   }
 }
 
@@ -316,16 +367,25 @@ __global__ void __launch_bounds__(kThreads) ll_reduce_kernel(LlGeo g, LlDev d, c
   __syncthreads();
   const int t = blockIdx.x;
   if (t < n_tokens) {
-    const auto* rows = reinterpret_cast<const bf16*>(mine + g.combine_rows[parity]);
-    const size_t stride = g.combine_row_bytes / sizeof(bf16);
-    for (int j = threadIdx.x; j < g.hidden; j += blockDim.x) {
-      float acc = __bfloat162float(out[static_cast<size_t>(t) * g.hidden + j]);
+    // Eight values per thread (16-byte loads and stores); each value's arithmetic is the scalar one.
+    const std::byte* rows = mine + g.combine_rows[parity];
+    auto* o = reinterpret_cast<uint4*>(out + static_cast<size_t>(t) * g.hidden);
+    for (int j = threadIdx.x; j < g.hidden / 8; j += blockDim.x) {
+      uint4 packed = o[j];
+      float acc[8];
+      const auto* ov = reinterpret_cast<const bf16*>(&packed);
+      for (int i = 0; i < 8; ++i) acc[i] = __bfloat162float(ov[i]);
       for (int k = 0; k < g.top_k; ++k) {
         const int p = t * g.top_k + k;
         if (d.pair_msg[p] < 0) continue;
-        acc = fmaf(w[p], __bfloat162float(__ldcg(rows + static_cast<size_t>(p) * stride + j)), acc);
+        const float wk = w[p];
+        const uint4 y = __ldcg(reinterpret_cast<const uint4*>(rows + static_cast<size_t>(p) * g.combine_row_bytes) + j);
+        const auto* yv = reinterpret_cast<const bf16*>(&y);
+        for (int i = 0; i < 8; ++i) acc[i] = fmaf(wk, __bfloat162float(yv[i]), acc[i]);
       }
-      out[static_cast<size_t>(t) * g.hidden + j] = __float2bfloat16(acc);
+      auto* pv = reinterpret_cast<bf16*>(&packed);
+      for (int i = 0; i < 8; ++i) pv[i] = __float2bfloat16(acc[i]);
+      o[j] = packed;
     }
   }
   if (last_block(d.done + 2) && threadIdx.x == 0) *d.epoch = epoch + 1;
@@ -355,6 +415,7 @@ class LlExchange final : public Exchange {
     g_.max_tokens = static_cast<int>(shape_.max_tokens);
     g_.top_k = static_cast<int>(shape_.top_k);
     g_.hidden = static_cast<int>(shape_.hidden);
+    g_.fp8 = shape_.fp8;
     g_.rank = static_cast<int>(p.rank());
     g_.n_experts = static_cast<int>(p.n_experts());
     g_.n_local_here = static_cast<int>(p.n_local());
@@ -413,8 +474,9 @@ class LlExchange final : public Exchange {
     d_.abort = static_cast<const volatile uint32_t*>(abort_dev);
     if (c_.check_peers) watchdog_ = std::thread([this] { watch(); });
     log::info("ll exchange: rank {} of {}, {} expert slots here ({} per rank at most), {} tokens per call, top-{}, "
-              "hidden {}, {:.1f} MiB region", p.rank(), shape_.n_ranks, p.n_local(), shape_.n_local,
-              shape_.max_tokens, shape_.top_k, shape_.hidden, static_cast<double>(layout_.region_bytes) / (1 << 20));
+              "hidden {}, {} dispatch, {:.1f} MiB region", p.rank(), shape_.n_ranks, p.n_local(), shape_.n_local,
+              shape_.max_tokens, shape_.top_k, shape_.hidden, shape_.fp8 ? "fp8" : "bf16",
+              static_cast<double>(layout_.region_bytes) / (1 << 20));
   }
 
   ~LlExchange() override {
@@ -578,11 +640,12 @@ ops::LlShape ll_exchange_shape(const LlExchangeConfig& c) {
   const ExpertPlacement& p = c.placement;
   int64_t n_local = 1;
   for (int64_t r = 0; r < p.n_ranks(); ++r) n_local = std::max<int64_t>(n_local, p.experts_of(r).size());
-  ops::LlShape s{p.n_ranks(), n_local, 1, c.top_k, c.hidden, false, 2};
+  ops::LlShape s{p.n_ranks(), n_local, 1, c.top_k, c.hidden, c.fp8_dispatch, 2};
   if (c.max_tokens > 0) {
     s.max_tokens = c.max_tokens;
   } else {
-    const int64_t row = c.hidden * 2 + ops::kLlMsgHeaderBytes;
+    const int64_t payload = c.fp8_dispatch ? c.hidden + c.hidden / ops::kLlFp8Group * 4 : c.hidden * 2;
+    const int64_t row = payload + ops::kLlMsgHeaderBytes;
     const int64_t per_token = 2 * (n_local * p.n_ranks() * row + c.top_k * c.hidden * 2);
     s.max_tokens = std::clamp<int64_t>(c.region_budget_bytes / std::max<int64_t>(per_token, 1), 1, kLlMaxTokens);
   }
@@ -607,6 +670,7 @@ std::unique_ptr<Exchange> make_ll_rank_exchange(Backend& be, const CudaExchangeC
   c.max_tokens = config.max_tokens;
   c.timeout_s = timeout_s;
   c.capturable = true;
+  c.fp8_dispatch = config.ranks->exchange == "ll-fp8";
   if (config.ranks->shm) {
     std::shared_ptr<const dist::ShmRankSet> shm = config.ranks->shm;
     c.check_peers = [shm] { shm->set().check_peers(); };

@@ -115,6 +115,11 @@ void ll_combine_send_cpu(const LlShape& s, const LlLayout& l, uint32_t epoch, co
 void ll_combine_reduce_cpu(const LlShape& s, const LlLayout& l, uint32_t epoch, const std::byte* region,
                            const int32_t* ids, const float* weights, int64_t n_tokens, float* out);
 
+// The FP8 dispatch payload's rounding (CUDA ll exchange with fp8 dispatch), in place on one row of `hidden` values
+// (hidden % 128 == 0): per group of 128, scale = max|x| / 448 (1 when the group is all zeros), code = e4m3(x / scale)
+// (nearest even, saturating at 448), value = bf16(float(code) * scale). What the experts receive for x.
+void ll_fp8_roundtrip_cpu(float* row, int64_t hidden);
+
 // Rows the receive side can hold: every source sends each token to at most min(top_k, n_local) of this rank's slots.
 inline int64_t ll_recv_capacity(const LlShape& s) {
   return s.n_ranks * s.max_tokens * (s.top_k < s.n_local ? s.top_k : s.n_local);

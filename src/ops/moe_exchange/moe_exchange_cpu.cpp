@@ -1,9 +1,11 @@
 // The low-latency exchange layout and its CPU reference (fp32 rows, 32-bit flags).
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "ops/moe_exchange/moe_exchange.h"
 
@@ -157,6 +159,18 @@ void ll_combine_reduce_cpu(const LlShape& s, const LlLayout& l, uint32_t epoch, 
       const float w = weights[t * s.top_k + k];
       const auto* y = reinterpret_cast<const float*>(region + l.combine_row_offset(parity, t * s.top_k + k));
       for (int64_t i = 0; i < s.hidden; ++i) o[i] += w * y[i];
+    }
+  }
+}
+
+void ll_fp8_roundtrip_cpu(float* row, int64_t hidden) {
+  BG_CHECK(hidden % kLlFp8Group == 0, "ll fp8: hidden {} is not a multiple of {}", hidden, kLlFp8Group);
+  for (int64_t g = 0; g < hidden; g += kLlFp8Group) {
+    float amax = 0.0f;
+    for (int64_t i = g; i < g + kLlFp8Group; ++i) amax = std::max(amax, std::fabs(row[i]));
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    for (int64_t i = g; i < g + kLlFp8Group; ++i) {
+      row[i] = bf16_to_f32(f32_to_bf16(f8e4m3_to_f32(f32_to_f8e4m3(row[i] / scale)) * scale));
     }
   }
 }

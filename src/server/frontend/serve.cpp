@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/rank_context.h"
 #include "dist/rendezvous.h"
 #include "moe/expert_stream.h"
 #include "server/frontend/http_server.h"
@@ -84,8 +85,8 @@ void validate_serve_options(ServeOptions& opt) {
   BG_CHECK(opt.state_offload_dtype.empty() || opt.state_offload_dtype == "f32" || opt.state_offload_dtype == "bf16" ||
            opt.state_offload_dtype == "fp8", "--state-offload-dtype {} must be f32, bf16 or fp8",
            opt.state_offload_dtype);
-  BG_CHECK(opt.k3_moe_exchange == "nccl" || opt.k3_moe_exchange == "ll", "--k3-moe-exchange {} must be nccl or ll",
-           opt.k3_moe_exchange);
+  BG_CHECK(dist::is_cuda_exchange(opt.k3_moe_exchange), "--k3-moe-exchange {} must be {}", opt.k3_moe_exchange,
+           dist::kCudaExchangeNames);
   BG_CHECK(opt.moe_exchange_tokens >= 0, "--moe-exchange-tokens {} must be >= 0", opt.moe_exchange_tokens);
   const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(opt.parallel);  // throws on a bad layout
   // TP ranks mirror their leader's pools; the host tier moves state in the leader's only (docs/PARALLEL.md).
