@@ -163,6 +163,10 @@ void run_generate(const GenerateArgs& a) {
   LoadOptions options{.device = a.device, .weight_store = a.weight_store,
                       .distributed_weight_config = a.distributed_weight_config,
                       .resident_experts = a.resident_experts, .expert_trace = a.expert_trace};
+  if (LocalRanks::runs_on_other_node(a.par)) {  // node k > 0: its ranks only; node 0 prints the result
+    LocalRanks::run_node(a.par, a.model_dir, options);
+    return;
+  }
   std::unique_ptr<LocalRanks> ranks = LocalRanks::start(a.par, a.model_dir, options, {1, total});  // null: one rank
   if (ranks) options.ranks = ranks->context();
   auto model = load_model(a.model_dir, options);
@@ -216,7 +220,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "Sampling seed (default 0)");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence id");
   cmd->add_option("--device", args->device, "Backend: cpu (fp32 reference) or cuda (bf16 on the GPU)")->check(CLI::IsMember({"cpu", "cuda"}));
-  add_parallel_flags(cmd, args->par, false);
+  add_parallel_flags(cmd, args->par, true);
   add_weight_source_options(cmd, args->weight_store, args->distributed_weight_config);
   add_expert_residency_options(cmd, args->resident_experts, args->expert_trace);
   cmd->callback([args] { run_generate(*args); });

@@ -66,7 +66,7 @@ void register_rank(CLI::App& app) {
   cmd->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--rank", a->rank, "This rank")->required();
   cmd->add_option("--rendezvous", a->rendezvous, "The rendezvous endpoint of rank 0")->required();
-  add_parallel_flags(cmd, a->par, false);
+  add_parallel_flags(cmd, a->par, true);
   add_weight_source_options(cmd, a->weight_store, a->distributed_weight_config);
   add_expert_residency_options(cmd, a->resident_experts, a->expert_trace);
   cmd->callback([a] {

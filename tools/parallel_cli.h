@@ -1,6 +1,7 @@
 // The parallel-layout flags of every command (vLLM/SGLang style: --tp/--dp/--ep and their -size forms, --nnodes,
-// --node-rank, --dist-init-addr, --k3-moe-exchange) and, for the single-process CLIs (score, generate), the local
-// rank set: this process is rank 0, ranks 1.. run as `batchgen rank` children, and rank 0's output is the result.
+// --node-rank, --dist-init-addr, --k3-moe-exchange) and, for the single-process CLIs (score, generate), the rank set:
+// this process is rank 0, the other ranks of its node run as `batchgen rank` children, the ranks of other nodes are
+// children of the same command run there, and rank 0's output is the result.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -44,6 +45,11 @@ class LocalRanks {
   // into LoadOptions::ranks.
   static std::unique_ptr<LocalRanks> start(const ParallelArgs& args, const std::filesystem::path& model_dir,
                                            const LoadOptions& options, StateSize state);
+  // Several nodes (--nnodes > 1): every node runs the same command with its --node-rank. Node 0 runs rank 0 (start,
+  // above: its rendezvous binds --dist-init-addr) and prints the result; node k > 0 only runs its ranks as children
+  // (run_node) until rank 0 stops the set, and throws naming a rank of it that failed.
+  static bool runs_on_other_node(const ParallelArgs& args);
+  static void run_node(const ParallelArgs& args, const std::filesystem::path& model_dir, const LoadOptions& options);
   ~LocalRanks();
   std::shared_ptr<dist::RankContext> context() const { return ctx_; }
   // After the work: every rank stops (the children leave their loop and exit 0); throws naming a child that failed.

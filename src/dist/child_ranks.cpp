@@ -74,6 +74,20 @@ bool ChildRanks::any_exited() {
   return any;
 }
 
+bool ChildRanks::all_exited() const {
+  for (const Child& c : children_) {
+    if (!c.reaped) return false;
+  }
+  return true;
+}
+
+bool ChildRanks::any_failed() const {
+  for (const Child& c : children_) {
+    if (c.reaped && !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) return true;
+  }
+  return false;
+}
+
 std::string ChildRanks::failures() const {
   std::string out;
   for (const Child& c : children_) {

@@ -26,6 +26,9 @@ class ChildRanks {
   std::string failures() const;
   // Reaps children that have exited (without waiting); true if any has.
   bool any_exited();
+  // After any_exited(): true when every child has exited / when some child exited other than with status 0.
+  bool all_exited() const;
+  bool any_failed() const;
   std::vector<pid_t> pids() const;
 
  private:

@@ -34,7 +34,14 @@ StartedRank start_cpu(const RankSetup& s, zmq::context_t& zctx, JoinInfo& me) {
   const WorldInfo w = rendezvous_join(zctx, s.rendezvous, me, rank_timeout_s(s.timeout_s), s.abandon);
   if (s.place.rank != 0) {
     const std::vector<uint8_t> name = from_hex(w.transport_id);
-    shm = ShmRankSet::open(std::string(name.begin(), name.end()), s.place, opt);
+    try {
+      shm = ShmRankSet::open(std::string(name.begin(), name.end()), s.place, opt);
+    } catch (const Error& e) {
+      // Several --nnodes of CPU (or ll) ranks work only where the "nodes" share one host's memory.
+      if (s.place.layout.nnodes() == 1) throw;
+      fail("rank {}: {}; ranks that talk through shared memory (--device cpu, --k3-moe-exchange ll) must all run on "
+           "rank 0's host: across hosts use --device cuda with --k3-moe-exchange nccl", s.place.rank, e.what());
+    }
   }
   shm->attach_and_wait();
   auto ctx = std::make_shared<RankContext>();

@@ -4,13 +4,18 @@
 // rank` children) joined by the rendezvous, talking through the shared-memory comms and expert exchange.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "formats/safetensors.h"
 #include "golden/golden_runner.h"
@@ -133,6 +138,82 @@ INSTANTIATE_TEST_SUITE_P(
                       RankLayout{"dp2_tp2_ep4", {"--dp", "2", "--tp", "2", "--ep", "4", "--moe-exchange-tokens", "16"},
                                  false, true}),
     [](const auto& param_info) { return param_info.param.name; });
+
+// A free TCP port on 127.0.0.1 (bound, read, released: the node processes bind it next).
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) close(fd);
+    return 0;
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Two "nodes" on this host (the same `score` command with --nnodes 2 and --node-rank 0 / 1, joined over TCP at
+// --dist-init-addr, two ranks each): node 0 writes one rank's logits bit for bit, node 1 writes nothing and exits 0.
+TEST(ParallelScoreNodes, TwoNodesOnOneHostEqualOneRank) {
+  TempDir tmp;
+  const std::string exe = std::string(BG_BINARY_DIR) + "/batchgen";
+  GoldenCase gc(golden_dir() / "kimi_k3" / "k3-tiny");
+  auto model = load_model(gc.model_dir());
+  const int64_t V = model->info().vocab_size;
+  const GoldenPrompt g = gc.prompt(0);
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  auto argv_of = [&](int node, const std::filesystem::path& out) {
+    return std::vector<std::string>{exe, "score", "--model", gc.model_dir().string(), "--tokens", join_ids(g.tokens),
+                                    "--prefill", std::to_string(g.prompt.size()), "--out", out.string(), "--ep", "4",
+                                    "--nnodes", "2", "--node-rank", std::to_string(node), "--dist-init-addr",
+                                    "127.0.0.1:" + std::to_string(port)};
+  };
+  const std::filesystem::path out0 = tmp.path() / "node0.safetensors", out1 = tmp.path() / "node1.safetensors";
+  int node1_status = -1;
+  std::thread node1([&] { node1_status = run(argv_of(1, out1), tmp.path() / "node1.log"); });
+  const int node0_status = run(argv_of(0, out0), tmp.path() / "node0.log");
+  node1.join();
+  ASSERT_EQ(node0_status, 0) << read_file(tmp.path() / "node0.log");
+  ASSERT_EQ(node1_status, 0) << read_file(tmp.path() / "node1.log");
+  EXPECT_FALSE(std::filesystem::exists(out1)) << "node 1 wrote a result";
+  EXPECT_NE(read_file(tmp.path() / "node0.log").find("ranks 2..3 join from the other nodes"), std::string::npos);
+  auto file = SafetensorsFile::open(out0);
+  const std::vector<float> got = file->view("logits").to_f32();
+  const std::vector<float> one = single_rank(*model, g);
+  ASSERT_EQ(got.size(), one.size());
+  EXPECT_EQ(std::memcmp(got.data(), one.data(), got.size() * 4), 0) << "logits differ from one rank";
+  EXPECT_EQ(static_cast<int64_t>(got.size()), static_cast<int64_t>(g.tokens.size()) * V);
+}
+
+// Node 0 without node 1: a clear error naming the ranks that never joined (and their node) once the rank timeout
+// passes, never a hang; a malformed --dist-init-addr is refused before anything starts.
+TEST(ParallelScoreNodes, AMissingNodeIsNamedAfterTheRankTimeout) {
+  TempDir tmp;
+  const std::string exe = std::string(BG_BINARY_DIR) + "/batchgen";
+  GoldenCase gc(golden_dir() / "kimi_k3" / "k3-tiny");
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  std::vector<std::string> argv = {exe, "score", "--model", gc.model_dir().string(), "--tokens", "1,2,3", "--out",
+                                   (tmp.path() / "x.safetensors").string(), "--ep", "4", "--nnodes", "2",
+                                   "--node-rank", "0", "--dist-init-addr", "127.0.0.1:" + std::to_string(port)};
+  setenv("BG_RANK_TIMEOUT_S", "3", 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int status = run(argv, tmp.path() / "node0.log");
+  unsetenv("BG_RANK_TIMEOUT_S");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string log = read_file(tmp.path() / "node0.log");
+  EXPECT_EQ(status, 1) << log;
+  EXPECT_LT(s, 30.0);
+  EXPECT_NE(log.find("ranks that never joined: 2 (node 1), 3 (node 1)"), std::string::npos) << log;
+  argv.back() = "127.0.0.1";
+  EXPECT_EQ(run(argv, tmp.path() / "bad.log"), 1);
+  EXPECT_NE(read_file(tmp.path() / "bad.log").find("must be host:port"), std::string::npos);
+}
 
 }  // namespace
 }  // namespace bg::testing

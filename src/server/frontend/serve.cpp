@@ -93,7 +93,7 @@ void validate_serve_options(ServeOptions& opt) {
   BG_CHECK(layout.tp() == 1 || opt.host_memory_gb.value_or(0.0) == 0.0,
            "--host-memory-gb is not available with --tp {} (docs/PARALLEL.md)", layout.tp());
   BG_CHECK(layout.nnodes() == 1, "--nnodes {}: serving across several hosts is not available yet (one serve runs its "
-           "whole rank set on this host; docs/PARALLEL.md)", layout.nnodes());
+           "whole rank set on this host; score and generate span hosts; docs/PARALLEL.md)", layout.nnodes());
   validate_distributed_config(opt.distributed_weight_config);
   if (!opt.weight_store.empty()) weights::check_store_name(opt.weight_store);
   if (opt.served_model_name.empty()) {
