@@ -16,6 +16,7 @@ if [[ -f $B/bundle.tar.xz && ! -x $B/batchgen ]]; then tar -C $B -xJf $B/bundle.
 SP=/opt/torch/.venv/lib/python3.12/site-packages
 export LD_LIBRARY_PATH="$B/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:$SP/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}"
 export BG_GOLDEN_DIR="$B/golden"
+export BG_BATCHGEN="$PWD/$B/batchgen"  # the CLI the tests that run it use (LlScoreGpu)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 run() {  # run NAME LIMIT_S CMD...
   local name=$1 limit=$2; shift 2
@@ -37,7 +38,6 @@ for step in "$@"; do
       run moe_prefill_bench 420 $B/batchgen bench kernels --device cuda --kernels moe_prefill \
         --json "$OUT/moe_prefill.json" ;;
     ll)
-      export BG_BATCHGEN=$B/batchgen
       run ll_ranks 120 stdbuf -oL $B/test_cuda --gtest_filter='*LlExchangeRanks*:LlExchange.Shape*'
       run ll_bad 60 stdbuf -oL $B/test_cuda --gtest_filter='LlExchange.ABad*'
       run ll_score 300 stdbuf -oL $B/test_cuda --gtest_filter='*LlScoreGpu*'

@@ -30,6 +30,11 @@ std::string batchgen_path() {
   return env != nullptr && env[0] != '\0' ? std::string(env) : std::string(BG_BINARY_DIR) + "/batchgen";
 }
 
+// The CLI the tests run, or a failure saying where it was looked for (a bundle on another machine sets BG_BATCHGEN).
+#define BG_REQUIRE_CLI()                                                                                          \
+  ASSERT_EQ(access(batchgen_path().c_str(), X_OK), 0) << "no executable batchgen at " << batchgen_path()        \
+                                                      << " (set BG_BATCHGEN to the CLI)"
+
 // Runs argv with the pinned-kernel environment (plus `env`); stderr to `log`. Returns the exit status.
 int run(const std::vector<std::string>& argv, const std::filesystem::path& log,
         const std::vector<std::pair<std::string, std::string>>& env = {}) {
@@ -86,6 +91,7 @@ class LlScoreGpu : public ::testing::TestWithParam<int> {};
 
 TEST_P(LlScoreGpu, EveryGoldenCaseEqualsOneRankBitForBit) {
   BG_REQUIRE_GPU();
+  BG_REQUIRE_CLI();
   const int ranks = GetParam();
   TempDir tmp;
   int cases = 0;
@@ -119,6 +125,7 @@ TEST_P(LlScoreGpu, EveryGoldenCaseEqualsOneRankBitForBit) {
 // before the rank timeout (120 s here, so a wait that runs it out fails the time bound).
 TEST(LlScoreGpuFailure, ARankThatFailsStopsTheSetWithinSeconds) {
   BG_REQUIRE_GPU();
+  BG_REQUIRE_CLI();
   TempDir tmp;
   const std::filesystem::path fault = tmp.path() / "fault";
   std::ofstream(fault) << "armed\n";
