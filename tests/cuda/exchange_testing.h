@@ -44,26 +44,38 @@ struct Handles {
   }
 };
 
+// One call's inputs on the backend: ids [n, top_k], weights, rows x [n, hidden] (bf16) and out (initially `init`).
+struct CallTensors {
+  int64_t n = 0;
+  Tensor ids, weights, x, out;
+  CallTensors(Backend& be, const std::vector<int32_t>& id, const std::vector<float>& w, const std::vector<float>& xs,
+              const std::vector<float>& init)
+      : n(static_cast<int64_t>(xs.size()) / kHidden), ids(be.alloc({n, kTopK}, DType::kI32)) {
+    if (n > 0) be.write_bytes(ids, std::as_bytes(std::span<const int32_t>(id)));
+    weights = n > 0 ? be.upload_f32(w, {n, kTopK}, DType::kF32) : be.alloc({0, kTopK}, DType::kF32);
+    x = n > 0 ? be.upload_f32(xs, {n, kHidden}, DType::kBF16) : be.alloc({0, kHidden}, DType::kBF16);
+    out = n > 0 ? be.upload_f32(init, {n, kHidden}, DType::kBF16) : be.alloc({0, kHidden}, DType::kBF16);
+  }
+  std::vector<float> download(Backend& be) const {
+    std::vector<float> got(static_cast<size_t>(n * kHidden));
+    if (n > 0) be.download_f32(out, got.data());
+    be.synchronize();
+    return got;
+  }
+};
+
 // One exchange call with y = x; returns out (initially `init`) after the combine, as floats.
 inline std::vector<float> exchange_once(Backend& be, Exchange& ex, const ExpertTable& table, const std::vector<int32_t>& ids,
                                  const std::vector<float>& w, const std::vector<float>& x,
                                  const std::vector<float>& init) {
-  const int64_t n = static_cast<int64_t>(x.size()) / kHidden;
-  Tensor tid = be.alloc({n, kTopK}, DType::kI32);
-  if (n > 0) be.write_bytes(tid, std::as_bytes(std::span<const int32_t>(ids)));
-  const Tensor tw = n > 0 ? be.upload_f32(w, {n, kTopK}, DType::kF32) : be.alloc({0, kTopK}, DType::kF32);
-  const Tensor tx = n > 0 ? be.upload_f32(x, {n, kHidden}, DType::kBF16) : be.alloc({0, kHidden}, DType::kBF16);
-  Tensor out = n > 0 ? be.upload_f32(init, {n, kHidden}, DType::kBF16) : be.alloc({0, kHidden}, DType::kBF16);
+  CallTensors t(be, ids, w, x, init);
   ExpertRows rows;
-  ex.begin_dispatch(be, table, {&tid, &tw, &tx}, rows);
+  ex.begin_dispatch(be, table, {&t.ids, &t.weights, &t.x}, rows);
   ex.finish_dispatch(be, rows);
   be.copy(rows.x, rows.y);
-  ex.begin_combine(be, rows, out);
-  ex.finish_combine(be, out);
-  std::vector<float> got(static_cast<size_t>(n * kHidden));
-  if (n > 0) be.download_f32(out, got.data());
-  be.synchronize();
-  return got;
+  ex.begin_combine(be, rows, t.out);
+  ex.finish_combine(be, t.out);
+  return t.download(be);
 }
 
 }  // namespace bg::moe::exchange_testing

@@ -128,25 +128,17 @@ void route(std::mt19937& rng, int64_t n, int unrouted, std::vector<int32_t>& ids
 std::vector<float> exchange_phased(Backend& be, Exchange& ex, const ExpertTable& table, std::barrier<>& sync,
                                    const std::vector<int32_t>& ids, const std::vector<float>& w,
                                    const std::vector<float>& x, const std::vector<float>& init) {
-  const int64_t n = static_cast<int64_t>(x.size()) / kHidden;
-  Tensor tid = be.alloc({n, kTopK}, DType::kI32);
-  if (n > 0) be.write_bytes(tid, std::as_bytes(std::span<const int32_t>(ids)));
-  const Tensor tw = n > 0 ? be.upload_f32(w, {n, kTopK}, DType::kF32) : be.alloc({0, kTopK}, DType::kF32);
-  const Tensor tx = n > 0 ? be.upload_f32(x, {n, kHidden}, DType::kBF16) : be.alloc({0, kHidden}, DType::kBF16);
-  Tensor out = n > 0 ? be.upload_f32(init, {n, kHidden}, DType::kBF16) : be.alloc({0, kHidden}, DType::kBF16);
+  CallTensors t(be, ids, w, x, init);
   ExpertRows rows;
   sync.arrive_and_wait();
-  ex.begin_dispatch(be, table, {&tid, &tw, &tx}, rows);  // plan, send
+  ex.begin_dispatch(be, table, {&t.ids, &t.weights, &t.x}, rows);  // plan, send
   sync.arrive_and_wait();
   ex.finish_dispatch(be, rows);  // wait, unpack
   be.copy(rows.x, rows.y);
-  ex.begin_combine(be, rows, out);  // return
+  ex.begin_combine(be, rows, t.out);  // return
   sync.arrive_and_wait();
-  ex.finish_combine(be, out);  // reduce
-  std::vector<float> got(static_cast<size_t>(n * kHidden));
-  if (n > 0) be.download_f32(out, got.data());
-  be.synchronize();
-  return got;
+  ex.finish_combine(be, t.out);  // reduce
+  return t.download(be);
 }
 
 // "" when got equals want bit for bit, else how many values differ and the first of them.

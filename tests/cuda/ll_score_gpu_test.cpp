@@ -14,12 +14,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "cuda/cuda_testing.h"
 #include "formats/safetensors.h"
 #include "golden/golden_util.h"
+#include "process_testing.h"
 #include "temp_dir.h"
 
 namespace bg::testing {
@@ -38,39 +37,10 @@ std::string batchgen_path() {
 // Runs argv with the pinned-kernel environment (plus `env`); stderr to `log`. Returns the exit status.
 int run(const std::vector<std::string>& argv, const std::filesystem::path& log,
         const std::vector<std::pair<std::string, std::string>>& env = {}) {
-  std::vector<char*> c;
-  for (const std::string& a : argv) c.push_back(const_cast<char*>(a.c_str()));
-  c.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    setenv("BG_MOE_W4A16", "0", 1);
-    setenv("BG_MOE_FFN_PATH", "tiled", 1);
-    setenv("BG_MOE_GROUPED_MIN_ROWS", "1000000000", 1);
-    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-    FILE* f = std::freopen(log.c_str(), "w", stderr);
-    (void)f;
-    execv(c[0], c.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-std::string join_ids(const std::vector<int32_t>& ids) {
-  std::string s;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (i > 0) s.push_back(',');
-    s.append(std::to_string(ids[i]));
-  }
-  return s;
-}
-
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::vector<std::pair<std::string, std::string>> all = {
+      {"BG_MOE_W4A16", "0"}, {"BG_MOE_FFN_PATH", "tiled"}, {"BG_MOE_GROUPED_MIN_ROWS", "1000000000"}};
+  all.insert(all.end(), env.begin(), env.end());
+  return run_process(argv, log, all);
 }
 
 std::vector<float> score(const GoldenCase& gc, const GoldenPrompt& g, const std::vector<std::string>& flags,

@@ -19,6 +19,7 @@
 
 #include "formats/safetensors.h"
 #include "golden/golden_runner.h"
+#include "process_testing.h"
 #include "temp_dir.h"
 
 namespace bg::testing {
@@ -33,36 +34,7 @@ struct RankLayout {
 
 // Runs `argv` with one thread per rank process; stderr goes to `log`. Returns the exit status.
 int run(const std::vector<std::string>& argv, const std::filesystem::path& log) {
-  std::vector<char*> c;
-  for (const std::string& a : argv) c.push_back(const_cast<char*>(a.c_str()));
-  c.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    setenv("BG_NUM_THREADS", "1", 1);
-    FILE* f = std::freopen(log.c_str(), "w", stderr);
-    (void)f;
-    execv(c[0], c.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-std::string join_ids(const std::vector<int32_t>& ids) {
-  std::string s;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (i > 0) s.push_back(',');
-    s.append(std::to_string(ids[i]));
-  }
-  return s;
-}
-
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return run_process(argv, log, {{"BG_NUM_THREADS", "1"}});
 }
 
 // Logits of prefill(prompt) + teacher-forced decode of the rest, as `score` computes them, on one rank.
