@@ -29,6 +29,7 @@ struct CudaExchangeConfig {
 std::unique_ptr<Exchange> make_nccl_exchange(Backend& be, const CudaExchangeConfig& config);
 
 // ---- ll --------------------------------------------------------------------------------------------------------
+inline constexpr int kLlFlagBytes = 8;          // (epoch << 32) | (count + 1), one per (slot, source) and per source
 inline constexpr int64_t kLlMaxTokens = 256;  // tokens per rank per call when sized by the budget
 
 struct LlExchangeConfig {

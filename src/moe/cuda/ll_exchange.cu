@@ -1,6 +1,7 @@
 // LlExchange: the low-latency expert exchange between CUDA ranks (DeepEP low-latency style) over the wire layout of
-// ops/moe_exchange/moe_exchange.h, with bf16 rows and 64-bit flags. Every rank owns one device region; the others
-// address it through CUDA IPC (ranks on one GPU or on GPUs of one host). Senders write rows straight into the
+// ops/moe_exchange/moe_exchange.h, with bf16 rows (or FP8 E4M3 dispatch rows, ll-fp8) and 64-bit flags. Every rank
+// owns one device region; the others address it through CUDA IPC (ranks on one GPU or on GPUs of one host; the
+// regions, the shape and the rank-set factory are in ll_exchange_setup.cpp). Senders write rows straight into the
 // receiver's fixed slots and then publish per-slot flags with system-scope release stores; receivers spin on their own
 // flags with acquire loads. No host synchronisation anywhere, a fixed kernel sequence per call and a device-side epoch:
 // the exchange is CUDA-graph capturable. A wait that outlives the rank timeout traps (the rank's context dies, the
@@ -8,7 +9,7 @@
 //
 // Per call (epoch e, buffers of parity e & 1), on the backend's stream:
 //   begin_dispatch   plan (1 warp: each (token, k) pair's (rank, slot, index), stable in pair order)
-//                    send (one block per pair: header + bf16 row into the owner's slot; the last block to finish
+//                    send (one block per pair: header + row (bf16, or FP8 codes + scales) into the owner's slot; the last block to finish
 //                    publishes every (rank, slot) flag this rank owes, counts included, zeros too)
 //   finish_dispatch  wait (1 block: every (slot, source) flag of this rank, the routing arrays by slot)
 //                    unpack (rows packed by slot, then source rank, then arrival; origin of each row)
@@ -24,7 +25,6 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -32,8 +32,6 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "dist/shm_comm.h"
-#include "dist/shm_set.h"
 #include "moe/cuda_exchange.h"
 #include "ops/moe/moe_cuda.h"
 #include "ops/moe_exchange/moe_exchange.h"
@@ -43,7 +41,7 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 constexpr int kThreads = 256;
-constexpr int kFlagBytes = 8;
+constexpr int kFlagBytes = kLlFlagBytes;
 
 void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("ll exchange: CUDA {}: {}", what, cudaGetErrorString(e));
@@ -593,90 +591,10 @@ class LlExchange final : public Exchange {
   std::thread watchdog_;  // last: joined before anything it reads goes
 };
 
-// Every rank's region mapped into this process through CUDA IPC (the handles travel over the world comm).
-LlPeerRegions open_ipc_regions(dist::Comm& world, size_t bytes, const ops::LlShape& shape) {
-  size_t free_bytes = 0, total_bytes = 0;
-  cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "memory info");
-  BG_CHECK(bytes < free_bytes, "ll exchange: rank {}'s region of {:.2f} GiB ({} tokens per call x {} ranks x {} slots) "
-           "does not fit in the {:.2f} GiB free on its GPU; lower --moe-exchange-tokens", world.rank(),
-           static_cast<double>(bytes) / (1 << 30), shape.max_tokens, shape.n_ranks, shape.n_local,
-           static_cast<double>(free_bytes) / (1 << 30));
-  void* mine = nullptr;
-  cuda_check(cudaMalloc(&mine, bytes), "region alloc");
-  cuda_check(cudaMemset(mine, 0, bytes), "region clear");
-  cuda_check(cudaDeviceSynchronize(), "region clear");
-  cudaIpcMemHandle_t h{};
-  cuda_check(cudaIpcGetMemHandle(&h, mine), "IPC handle");
-  const auto* hb = reinterpret_cast<const std::byte*>(&h);
-  // Every rank has cleared its region before any handle is handed out (the gather is a barrier).
-  const std::vector<std::vector<std::byte>> all = world.all_gather_bytes({hb, sizeof(h)});
-  const int me = world.rank();
-  auto opened = std::make_shared<std::vector<void*>>();
-  LlPeerRegions peers;
-  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
-    if (r == me) {
-      peers.regions.push_back(static_cast<std::byte*>(mine));
-      continue;
-    }
-    BG_CHECK(all[static_cast<size_t>(r)].size() == sizeof(cudaIpcMemHandle_t), "ll exchange: rank {} sent an IPC "
-             "handle of {} bytes", r, all[static_cast<size_t>(r)].size());
-    cudaIpcMemHandle_t ph{};
-    std::memcpy(&ph, all[static_cast<size_t>(r)].data(), sizeof(ph));
-    void* p = nullptr;
-    cuda_check(cudaIpcOpenMemHandle(&p, ph, cudaIpcMemLazyEnablePeerAccess), "IPC open (a peer's region)");
-    opened->push_back(p);
-    peers.regions.push_back(static_cast<std::byte*>(p));
-  }
-  peers.keep = std::shared_ptr<void>(mine, [opened](void* q) {
-    for (void* p : *opened) cudaIpcCloseMemHandle(p);
-    cudaFree(q);
-  });
-  return peers;
-}
-
 }  // namespace
-
-ops::LlShape ll_exchange_shape(const LlExchangeConfig& c) {
-  const ExpertPlacement& p = c.placement;
-  int64_t n_local = 1;
-  for (int64_t r = 0; r < p.n_ranks(); ++r) n_local = std::max<int64_t>(n_local, p.experts_of(r).size());
-  ops::LlShape s{p.n_ranks(), n_local, 1, c.top_k, c.hidden, c.fp8_dispatch, 2};
-  if (c.max_tokens > 0) {
-    s.max_tokens = c.max_tokens;
-  } else {
-    const int64_t payload = c.fp8_dispatch ? c.hidden + c.hidden / ops::kLlFp8Group * 4 : c.hidden * 2;
-    const int64_t row = payload + ops::kLlMsgHeaderBytes;
-    const int64_t per_token = 2 * (n_local * p.n_ranks() * row + c.top_k * c.hidden * 2);
-    s.max_tokens = std::clamp<int64_t>(c.region_budget_bytes / std::max<int64_t>(per_token, 1), 1, kLlMaxTokens);
-  }
-  ops::ll_check_shape(s);
-  return s;
-}
-
-size_t ll_exchange_region_bytes(const LlExchangeConfig& c) {
-  return ops::ll_layout(ll_exchange_shape(c), kFlagBytes).region_bytes;
-}
 
 std::unique_ptr<Exchange> make_ll_exchange(Backend& be, const LlExchangeConfig& config, LlPeerRegions peers) {
   return std::make_unique<LlExchange>(be, config, std::move(peers));
-}
-
-std::unique_ptr<Exchange> make_ll_rank_exchange(Backend& be, const CudaExchangeConfig& config, double timeout_s) {
-  BG_CHECK(config.ranks != nullptr && config.ranks->world, "ll exchange: no rank context");
-  LlExchangeConfig c;
-  c.placement = config.placement;
-  c.top_k = config.top_k;
-  c.hidden = config.hidden;
-  c.max_tokens = config.max_tokens;
-  c.timeout_s = timeout_s;
-  c.capturable = true;
-  c.fp8_dispatch = config.ranks->exchange == "ll-fp8";
-  if (config.ranks->shm) {
-    std::shared_ptr<const dist::ShmRankSet> shm = config.ranks->shm;
-    c.check_peers = [shm] { shm->set().check_peers(); };
-  }
-  LlPeerRegions peers = open_ipc_regions(*config.ranks->world, ll_exchange_region_bytes(c), ll_exchange_shape(c));
-  return make_ll_exchange(be, c, std::move(peers));
 }
 
 }  // namespace bg::moe
