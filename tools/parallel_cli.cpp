@@ -40,8 +40,8 @@ void add_parallel_flags(CLI::App* cmd, ParallelArgs& a, bool with_nodes) {
                   "this is the number of ranks (default: dp x tp)");
   cmd->add_option("--k3-moe-exchange", a.exchange, "Expert exchange between CUDA ranks: nccl (default; all-to-all "
                   "of bf16 rows, one GPU per rank) or ll (low-latency fixed slots over CUDA IPC, one host, ranks may "
-                  "share GPUs) or ll-fp8 (the same with FP8 E4M3 dispatch rows: half the bytes, quantized expert inputs). CPU "
-                  "ranks always use the shared-memory exchange with the ll slot layout")
+                  "share GPUs) or ll-fp8 (the same with FP8 E4M3 dispatch rows: half the bytes, quantized expert "
+                  "inputs). CPU ranks always use the shared-memory exchange with the ll slot layout")
       ->check(CLI::IsMember({"nccl", "ll", "ll-fp8"}));
   cmd->add_option("--moe-exchange-tokens", a.max_tokens_per_call, "Tokens per rank one expert exchange call carries "
                   "(larger steps go in rounds; default: the exchange's)");
@@ -91,7 +91,9 @@ std::vector<std::string> rank_command(const ParallelArgs& args, const dist::Para
     argv.push_back(flag);
     argv.push_back(value);
   }
-  for (std::string& f : moe::residency_flags(options.resident_experts, options.expert_trace)) argv.push_back(std::move(f));
+  for (std::string& f : moe::residency_flags(options.resident_experts, options.expert_trace)) {
+    argv.push_back(std::move(f));
+  }
   return argv;
 }
 
@@ -109,7 +111,9 @@ void LocalRanks::run_node(const ParallelArgs& args, const fs::path& model_dir, c
   const std::string endpoint = dist_init_endpoint(args.dist_init_addr);
   const int32_t first = layout.first_rank_of(args.node_rank), n = layout.ranks_per_node();
   dist::ChildRanks children;
-  for (int32_t r = first; r < first + n; ++r) children.spawn(r, rank_command(args, layout, model_dir, options, r, endpoint));
+  for (int32_t r = first; r < first + n; ++r) {
+    children.spawn(r, rank_command(args, layout, model_dir, options, r, endpoint));
+  }
   log::info("{}: node {} of {} runs ranks {}..{}; rank 0 (node 0, {}) prints the result", layout.describe(),
             args.node_rank, layout.nnodes(), first, first + n - 1, args.dist_init_addr);
   // Until every rank here is done: rank 0 stops the set when its work is done, and a failure anywhere makes every

@@ -65,9 +65,9 @@ struct CallTensors {
 };
 
 // One exchange call with y = x; returns out (initially `init`) after the combine, as floats.
-inline std::vector<float> exchange_once(Backend& be, Exchange& ex, const ExpertTable& table, const std::vector<int32_t>& ids,
-                                 const std::vector<float>& w, const std::vector<float>& x,
-                                 const std::vector<float>& init) {
+inline std::vector<float> exchange_once(Backend& be, Exchange& ex, const ExpertTable& table,
+                                        const std::vector<int32_t>& ids, const std::vector<float>& w,
+                                        const std::vector<float>& x, const std::vector<float>& init) {
   CallTensors t(be, ids, w, x, init);
   ExpertRows rows;
   ex.begin_dispatch(be, table, {&t.ids, &t.weights, &t.x}, rows);

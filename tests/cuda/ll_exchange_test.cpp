@@ -9,8 +9,8 @@
 // Ranks that share one process share its CUDA context, whose streams share a few hardware queues: a rank's flag wait
 // queued ahead of a peer's send in the same queue would hold that send back for good. So the ranks enqueue each call
 // in phases, with a host barrier between them (every rank's sends before any wait; every return before any reduce).
-// Rank processes (LlScoreGpu, serving) have a context each and need none of this. With FP8 dispatch the experts must see
-// exactly ll_fp8_roundtrip_cpu of each row (then the same combine bits).
+// Rank processes (LlScoreGpu, serving) have a context each and need none of this. With FP8 dispatch the experts must
+// see exactly ll_fp8_roundtrip_cpu of each row (then the same combine bits).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 

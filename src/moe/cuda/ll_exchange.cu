@@ -9,8 +9,8 @@
 //
 // Per call (epoch e, buffers of parity e & 1), on the backend's stream:
 //   begin_dispatch   plan (1 warp: each (token, k) pair's (rank, slot, index), stable in pair order)
-//                    send (one block per pair: header + row (bf16, or FP8 codes + scales) into the owner's slot; the last block to finish
-//                    publishes every (rank, slot) flag this rank owes, counts included, zeros too)
+//                    send (one block per pair: header + row (bf16, or FP8 codes + scales) into the owner's slot; the
+//                    last block to finish publishes every (rank, slot) flag this rank owes, counts included, zeros too)
 //   finish_dispatch  wait (1 block: every (slot, source) flag of this rank, the routing arrays by slot)
 //                    unpack (rows packed by slot, then source rank, then arrival; origin of each row)
 //   begin_combine    return (each expert output row to the combine row (t * top_k + k) of its sender; the last block
