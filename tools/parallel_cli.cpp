@@ -41,7 +41,7 @@ void add_parallel_flags(CLI::App* cmd, ParallelArgs& a, bool with_nodes) {
   cmd->add_option("--k3-moe-exchange", a.exchange, "Expert exchange between CUDA ranks: nccl (default; all-to-all "
                   "of bf16 rows, one GPU per rank) or ll (low-latency fixed slots over CUDA IPC, one host, ranks may "
                   "share GPUs) or ll-fp8 (the same with FP8 E4M3 dispatch rows: half the bytes, quantized expert "
-                  "inputs). CPU ranks always use the shared-memory exchange with the ll slot layout")
+                  "inputs). CPU ranks always use the shared-memory exchange with the ll slot layout (and refuse ll-fp8)")
       ->check(CLI::IsMember({"nccl", "ll", "ll-fp8"}));
   cmd->add_option("--moe-exchange-tokens", a.max_tokens_per_call, "Tokens per rank one expert exchange call carries "
                   "(larger steps go in rounds; default: the exchange's)");
@@ -135,6 +135,7 @@ std::unique_ptr<LocalRanks> LocalRanks::start(const ParallelArgs& args, const fs
   if (!layout.multi_rank()) return nullptr;
   BG_CHECK(!runs_on_other_node(args), "node {}: its ranks run through LocalRanks::run_node", args.node_rank);
   BG_CHECK(args.max_tokens_per_call >= 0, "--moe-exchange-tokens {} must be >= 0", args.max_tokens_per_call);
+  BG_CHECK(dist::exchange_fits_device(options.device, args.exchange), "{}", dist::kLlFp8NeedsCuda);
   std::unique_ptr<LocalRanks> set(new LocalRanks());
   std::string endpoint;
   if (layout.nnodes() > 1) {
@@ -180,7 +181,7 @@ std::unique_ptr<LocalRanks> LocalRanks::start(const ParallelArgs& args, const fs
     for (int32_t r = 0; r < layout.world(); ++r) {
       if (!joined[static_cast<size_t>(r)]) missing.push_back(fmt::format("{} (node {})", r, layout.node_of(r)));
     }
-    if (missing.empty()) throw;
+    if (missing.empty() || !joined[0]) throw;  // rank 0 itself did not get as far as joining: its own error says why
     fail("{}; ranks that never joined: {}", e.what(), fmt::join(missing, ", "));
   }
   return set;

@@ -19,6 +19,14 @@ class ShmRankSet;
 inline bool is_cuda_exchange(std::string_view e) { return e == "nccl" || e == "ll" || e == "ll-fp8"; }
 inline bool is_ll_exchange(std::string_view e) { return e == "ll" || e == "ll-fp8"; }
 inline constexpr const char* kCudaExchangeNames = "nccl, ll or ll-fp8";
+// ll-fp8 quantizes the dispatched rows on the GPU. CPU rank sets use the exact shared-memory exchange, which has no FP8
+// payload: asking for it there is an error, not a run that silently skips the rounding.
+inline bool exchange_fits_device(std::string_view device, std::string_view exchange) {
+  return device != "cpu" || exchange != "ll-fp8";
+}
+inline constexpr const char* kLlFp8NeedsCuda = "--k3-moe-exchange ll-fp8 quantizes the dispatched rows of CUDA ranks; "
+                                               "CPU ranks use the exact shared-memory exchange: use --device cuda, or "
+                                               "--k3-moe-exchange ll or nccl";
 
 struct RankContext {
   RankPlace place;

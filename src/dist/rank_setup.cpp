@@ -60,6 +60,7 @@ StartedRank start_cpu(const RankSetup& s, zmq::context_t& zctx, JoinInfo& me) {
 StartedRank start_rank(const RankSetup& s) {
   BG_CHECK(s.device == "cpu" || s.device == "cuda", "rank setup: device '{}'", s.device);
   BG_CHECK(is_cuda_exchange(s.exchange), "--k3-moe-exchange {} must be {}", s.exchange, kCudaExchangeNames);
+  BG_CHECK(exchange_fits_device(s.device, s.exchange), "{}", kLlFp8NeedsCuda);
   BG_CHECK(!s.rendezvous.empty(), "rank {}: no rendezvous endpoint", s.place.rank);
   zmq::context_t zctx(1);
   JoinInfo me;

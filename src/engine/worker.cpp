@@ -358,6 +358,7 @@ void validate_worker_options(const WorkerOptions& o) {
            layout.describe());
   BG_CHECK(dist::is_cuda_exchange(o.moe_exchange), "--k3-moe-exchange {} must be {}", o.moe_exchange,
            dist::kCudaExchangeNames);
+  BG_CHECK(dist::exchange_fits_device(o.device, o.moe_exchange), "{}", dist::kLlFp8NeedsCuda);
   BG_CHECK(o.moe_exchange_tokens >= 0, "--moe-exchange-tokens {} must be >= 0", o.moe_exchange_tokens);
 }
 

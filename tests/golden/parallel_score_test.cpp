@@ -163,7 +163,7 @@ TEST(ParallelScoreNodes, TwoNodesOnOneHostEqualOneRank) {
 }
 
 // Node 0 without node 1: a clear error naming the ranks that never joined (and their node) once the rank timeout
-// passes, never a hang; a malformed --dist-init-addr is refused before anything starts.
+// passes, never a hang; a malformed --dist-init-addr, or ll-fp8 on CPU ranks, is refused before anything starts.
 TEST(ParallelScoreNodes, AMissingNodeIsNamedAfterTheRankTimeout) {
   TempDir tmp;
   const std::string exe = std::string(BG_BINARY_DIR) + "/batchgen";
@@ -185,6 +185,13 @@ TEST(ParallelScoreNodes, AMissingNodeIsNamedAfterTheRankTimeout) {
   argv.back() = "127.0.0.1";
   EXPECT_EQ(run(argv, tmp.path() / "bad.log"), 1);
   EXPECT_NE(read_file(tmp.path() / "bad.log").find("must be host:port"), std::string::npos);
+  // CPU ranks have no FP8 exchange: ll-fp8 is refused before any rank starts, not run exactly without the rounding.
+  const std::vector<std::string> fp8 = {exe, "score", "--model", gc.model_dir().string(), "--tokens", "1,2,3", "--out",
+                                        (tmp.path() / "y.safetensors").string(), "--ep", "2", "--k3-moe-exchange",
+                                        "ll-fp8"};
+  EXPECT_EQ(run(fp8, tmp.path() / "fp8.log"), 1);
+  EXPECT_NE(read_file(tmp.path() / "fp8.log").find("ll-fp8 quantizes the dispatched rows of CUDA ranks"),
+            std::string::npos) << read_file(tmp.path() / "fp8.log");
 }
 
 }  // namespace

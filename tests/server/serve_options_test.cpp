@@ -51,6 +51,10 @@ TEST(ServeOptions, UnavailableFeaturesAndBadValuesAreErrors) {
   o = base;
   o.k3_moe_exchange = "mpi";
   EXPECT_NE(validation_error(o).find("must be nccl, ll or ll-fp8"), std::string::npos);
+  o = base;
+  o.device = "cpu";
+  o.k3_moe_exchange = "ll-fp8";  // the CPU exchange is exact: FP8 rows are not something it can give
+  EXPECT_NE(validation_error(o).find("ll-fp8 quantizes the dispatched rows of CUDA ranks"), std::string::npos);
 
   o = base;
   o.distributed_weight_config = (tmp / "missing.json").string();

@@ -87,6 +87,7 @@ void validate_serve_options(ServeOptions& opt) {
            opt.state_offload_dtype);
   BG_CHECK(dist::is_cuda_exchange(opt.k3_moe_exchange), "--k3-moe-exchange {} must be {}", opt.k3_moe_exchange,
            dist::kCudaExchangeNames);
+  BG_CHECK(dist::exchange_fits_device(opt.device, opt.k3_moe_exchange), "{}", dist::kLlFp8NeedsCuda);
   BG_CHECK(opt.moe_exchange_tokens >= 0, "--moe-exchange-tokens {} must be >= 0", opt.moe_exchange_tokens);
   const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(opt.parallel);  // throws on a bad layout
   // TP ranks mirror their leader's pools; the host tier moves state in the leader's only (docs/PARALLEL.md).
