@@ -37,10 +37,10 @@ StartedRank start_cpu(const RankSetup& s, zmq::context_t& zctx, JoinInfo& me) {
     try {
       shm = ShmRankSet::open(std::string(name.begin(), name.end()), s.place, opt);
     } catch (const Error& e) {
-      // Several --nnodes of CPU (or ll) ranks work only where the "nodes" share one host's memory.
+      // Several --nnodes of CPU ranks work only where the "nodes" share one host's memory (ll is refused earlier).
       if (s.place.layout.nnodes() == 1) throw;
-      fail("rank {}: {}; ranks that talk through shared memory (--device cpu, --k3-moe-exchange ll) must all run on "
-           "rank 0's host: across hosts use --device cuda with --k3-moe-exchange nccl", s.place.rank, e.what());
+      fail("rank {}: {}; CPU ranks talk through shared memory and must all run on rank 0's host: across hosts use "
+           "--device cuda with --k3-moe-exchange nccl", s.place.rank, e.what());
     }
   }
   shm->attach_and_wait();

@@ -41,7 +41,6 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 constexpr int kThreads = 256;
-constexpr int kFlagBytes = kLlFlagBytes;
 
 void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("ll exchange: CUDA {}: {}", what, cudaGetErrorString(e));
@@ -247,7 +246,7 @@ __global__ void __launch_bounds__(kThreads) ll_send_kernel(LlGeo g, LlDev d, con
   for (int b = threadIdx.x; b < g.n_ranks * g.n_local; b += blockDim.x) {
     const int dst = b / g.n_local, slot = b % g.n_local;
     auto* f = reinterpret_cast<unsigned long long*>(d.peers[dst] + g.dispatch_flags[parity] +
-                                                    static_cast<size_t>(slot * g.n_ranks + g.rank) * kFlagBytes);
+                                                    static_cast<size_t>(slot * g.n_ranks + g.rank) * kLlFlagBytes);
     store_release_sys(f, flag_value(epoch, d.bucket_count[b]));
   }
 }
@@ -262,7 +261,7 @@ __global__ void __launch_bounds__(1024) ll_wait_kernel(LlGeo g, LlDev d, ops::Mo
   const int nb = g.n_local_here * g.n_ranks;
   for (int b = threadIdx.x; b < nb; b += blockDim.x) {
     const auto* f = reinterpret_cast<const unsigned long long*>(mine + g.dispatch_flags[parity] +
-                                                                static_cast<size_t>(b) * kFlagBytes);
+                                                                static_cast<size_t>(b) * kLlFlagBytes);
     const int n = static_cast<int>(static_cast<uint32_t>(wait_flag(f, epoch, g, d, b % g.n_ranks, "dispatch"))) - 1;
     if (n < 0 || n > g.max_tokens) {
       atomicOr(d.error_flags, ops::kMoeErrorExchange);
@@ -345,7 +344,7 @@ __global__ void __launch_bounds__(kThreads) ll_return_kernel(LlGeo g, LlDev d, c
   if (!last_block(d.done + 1)) return;
   for (int dst = threadIdx.x; dst < g.n_ranks; dst += blockDim.x) {
     auto* f = reinterpret_cast<unsigned long long*>(d.peers[dst] + g.combine_flags[parity] +
-                                                    static_cast<size_t>(g.rank) * kFlagBytes);
+                                                    static_cast<size_t>(g.rank) * kLlFlagBytes);
     store_release_sys(f, flag_value(epoch, 0));
   }
 }
@@ -359,7 +358,7 @@ __global__ void __launch_bounds__(kThreads) ll_reduce_kernel(LlGeo g, LlDev d, c
   const std::byte* mine = d.peers[g.rank];
   for (int src = threadIdx.x; src < g.n_ranks; src += blockDim.x) {
     wait_flag(reinterpret_cast<const unsigned long long*>(mine + g.combine_flags[parity] +
-                                                          static_cast<size_t>(src) * kFlagBytes),
+                                                          static_cast<size_t>(src) * kLlFlagBytes),
               epoch, g, d, src, "combine");
   }
   __syncthreads();
@@ -392,7 +391,7 @@ __global__ void __launch_bounds__(kThreads) ll_reduce_kernel(LlGeo g, LlDev d, c
 class LlExchange final : public Exchange {
  public:
   LlExchange(Backend& be, const LlExchangeConfig& c, LlPeerRegions peers)
-      : c_(c), peers_(std::move(peers)), shape_(ll_exchange_shape(c)), layout_(ops::ll_layout(shape_, kFlagBytes)) {
+      : c_(c), peers_(std::move(peers)), shape_(ll_exchange_shape(c)), layout_(ops::ll_layout(shape_, kLlFlagBytes)) {
     BG_CHECK(be.device() == DeviceKind::kCuda && be.act_dtype() == DType::kBF16, "ll exchange: needs the CUDA "
              "backend (got {})", be.name());
     const ExpertPlacement& p = c_.placement;

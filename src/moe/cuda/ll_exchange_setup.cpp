@@ -68,9 +68,11 @@ ops::LlShape ll_exchange_shape(const LlExchangeConfig& c) {
   if (c.max_tokens > 0) {
     s.max_tokens = c.max_tokens;
   } else {
-    const int64_t payload = c.fp8_dispatch ? c.hidden + c.hidden / ops::kLlFp8Group * 4 : c.hidden * 2;
-    const int64_t row = payload + ops::kLlMsgHeaderBytes;
-    const int64_t per_token = 2 * (n_local * p.n_ranks() * row + c.top_k * c.hidden * 2);
+    // Both parities of one token per rank: its dispatch messages to every (rank, slot) and its combine rows (the
+    // layout's own row sizes, bf16 or FP8 payload).
+    const ops::LlLayout one = ops::ll_layout(s, kLlFlagBytes);
+    const auto per_token = static_cast<int64_t>(2 * (static_cast<size_t>(n_local * p.n_ranks()) * one.msg_bytes +
+                                                     static_cast<size_t>(c.top_k) * one.combine_row_bytes));
     s.max_tokens = std::clamp<int64_t>(c.region_budget_bytes / std::max<int64_t>(per_token, 1), 1, kLlMaxTokens);
   }
   ops::ll_check_shape(s);
