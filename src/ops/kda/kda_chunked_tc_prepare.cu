@@ -9,12 +9,12 @@ namespace {
 
 struct PrepSmem {
   __nv_bfloat16* k;  // [64, 136]
-  __nv_bfloat16* q;  // [64, 136]; after the A / qg phase, T [64, 65] fp32 lives here
+  __nv_bfloat16* q;  // [64, 136]; after the A / qg phase, T [64, 68] fp32 lives here
   __nv_bfloat16* v;  // [64, 136]
   float* g;          // [64, 132] cumulative G
-  float* a;          // [64, 65] A = diag(beta) strictly_lower(Kt)
+  float* a;          // [64, 68] A = diag(beta) strictly_lower(Kt)
   float* beta;       // [64]
-  float* x;          // [16, 65] block-row scratch of the inverse
+  float* x;          // [16, 68] block-row scratch of the inverse
   __device__ float* t() const { return reinterpret_cast<float*>(q); }
 };
 constexpr int kPrepBf16Bytes = kChunk * kRowBf16 * 2;
@@ -40,28 +40,22 @@ __device__ PrepSmem prep_smem(uint8_t* base) {
 // running sum per channel in token order (the CPU's order), in place. Ends with a barrier.
 __device__ void prep_load(const TcArgs& x, int h, Chunk ch, const PrepSmem& m) {
   const int tid = threadIdx.x;
-  constexpr int kBf16Chunks = kDim / 8, kF32Chunks = kDim / 4;  // 16-byte pieces of a q / k / v row, of a g row
-  // Consecutive threads copy consecutive 16-byte pieces of one row: k, q, v (1024 pieces each), then g (2048).
-  for (int idx = tid; idx < kChunk * (3 * kBf16Chunks + kF32Chunks); idx += kPrepThreads) {
-    const bool bf16_part = idx < 3 * kChunk * kBf16Chunks;
-    const int rem = bf16_part ? idx % (kChunk * kBf16Chunks) : idx - 3 * kChunk * kBf16Chunks;
-    const int i = bf16_part ? rem / kBf16Chunks : rem / kF32Chunks;
+  // 16-byte pieces: thread tid copies piece tid % 16 of k, q and v rows tid / 16, + 20, ... and piece tid % 32 of g
+  // rows tid / 32, + 10, ...; consecutive threads copy consecutive pieces of one row.
+  const int64_t row_stride = static_cast<int64_t>(x.n_heads) * kDim;  // elements between two tokens' rows
+  const int64_t first = (static_cast<int64_t>(ch.token_begin) * x.n_heads + h) * kDim;
+  static_assert(kPrepThreads % 32 == 0 && kDim == 128, "16 bf16 pieces and 32 fp32 pieces a row");
+  for (int i = tid / 16, c8 = (tid % 16) * 8; i < kChunk; i += kPrepThreads / 16) {
     const bool live = i < ch.n_tokens;
-    const int64_t row = (static_cast<int64_t>(ch.token_begin) + (live ? i : 0)) * x.n_heads + h;
-    const void* src;
-    uint32_t dst;
-    if (bf16_part) {
-      const int which = idx / (kChunk * kBf16Chunks), c8 = (rem % kBf16Chunks) * 8;
-      const __nv_bfloat16* base = which == 0 ? x.in.k : (which == 1 ? x.in.q : x.in.v);
-      __nv_bfloat16* smem = which == 0 ? m.k : (which == 1 ? m.q : m.v);
-      src = base + row * kDim + c8;
-      dst = smem_addr(smem + i * kRowBf16 + c8);
-    } else {
-      const int c4 = (rem % kF32Chunks) * 4;
-      src = x.in.g + row * kDim + c4;
-      dst = smem_addr(m.g + i * kGStride + c4);
-    }
-    cp_async16(dst, src, live ? 16u : 0u);
+    const int64_t src = first + (live ? i : 0) * row_stride + c8;
+    const int dst = i * kRowBf16 + c8;
+    cp_async16(smem_addr(m.k + dst), x.in.k + src, live ? 16u : 0u);
+    cp_async16(smem_addr(m.q + dst), x.in.q + src, live ? 16u : 0u);
+    cp_async16(smem_addr(m.v + dst), x.in.v + src, live ? 16u : 0u);
+  }
+  for (int i = tid / 32, c4 = (tid % 32) * 4; i < kChunk; i += kPrepThreads / 32) {
+    const bool live = i < ch.n_tokens;
+    cp_async16(smem_addr(m.g + i * kGStride + c4), x.in.g + first + (live ? i : 0) * row_stride + c4, live ? 16u : 0u);
   }
   cp_async_commit();
   if (tid < kChunk) {
@@ -69,12 +63,17 @@ __device__ void prep_load(const TcArgs& x, int h, Chunk ch, const PrepSmem& m) {
   }
   cp_async_wait<0>();
   __syncthreads();
-  if (tid < kDim) {
+  if (tid < kDim) {  // 16 rows' values loaded at once (independent loads), then summed in order
     float run = 0.0f;
-#pragma unroll 16
-    for (int i = 0; i < kChunk; ++i) {
-      run = i == 0 ? m.g[tid] : run + m.g[i * kGStride + tid];
-      m.g[i * kGStride + tid] = run;
+    for (int i0 = 0; i0 < kChunk; i0 += 16) {
+      float v[16];
+#pragma unroll
+      for (int u = 0; u < 16; ++u) v[u] = m.g[(i0 + u) * kGStride + tid];
+#pragma unroll
+      for (int u = 0; u < 16; ++u) {
+        run = i0 + u == 0 ? v[u] : run + v[u];
+        m.g[(i0 + u) * kGStride + tid] = run;
+      }
     }
   }
   __syncthreads();
@@ -94,7 +93,7 @@ __device__ void prep_pair(int a, int b, const PrepSmem& m, uint8_t* ws) {
       const int i = 16 * a + a_row(g, e), d = 16 * ks + a_col(t, e);
       const float2 gi = ld_f2(m.g + i * kGStride + d), gr = ld_f2(m.g + r * kGStride + d);
       const float2 kv = ld_bf2(m.k + i * kRowBf16 + d), qv = ld_bf2(m.q + i * kRowBf16 + d);
-      const float f0 = __expf(gi.x - gr.x), f1 = __expf(gi.y - gr.y);
+      const float f0 = exp_ftz(gi.x - gr.x), f1 = exp_ftz(gi.y - gr.y);
       split(kv.x * f0, kv.y * f1, akh[e / 2], akl[e / 2]);
       split(qv.x * f0, qv.y * f1, aqh[e / 2], aql[e / 2]);
     }
@@ -107,7 +106,7 @@ __device__ void prep_pair(int a, int b, const PrepSmem& m, uint8_t* ws) {
         const int d = 16 * ks + b_k(t, e);
         const float2 gr = ld_f2(m.g + r * kGStride + d), gj = ld_f2(m.g + j * kGStride + d);
         const float2 kv = ld_bf2(m.k + j * kRowBf16 + d);
-        split(kv.x * __expf(gr.x - gj.x), kv.y * __expf(gr.y - gj.y), bh[e / 2], bl[e / 2]);
+        split(kv.x * exp_ftz(gr.x - gj.x), kv.y * exp_ftz(gr.y - gj.y), bh[e / 2], bl[e / 2]);
       }
       mma3(kk[nt], akh, akl, bh[0], bh[1], bl[0], bl[1]);
       mma3(qk[nt], aqh, aql, bh[0], bh[1], bl[0], bl[1]);
@@ -140,7 +139,7 @@ __device__ void prep_scaled_tiles(int tile, const PrepSmem& m, uint8_t* ws) {
     for (int e = 0; e < 8; e += 2) {
       const int i = 16 * mt + a_row(g, e), d = 16 * kt + a_col(t, e);
       const float2 qv = ld_bf2(m.q + i * kRowBf16 + d), gi = ld_f2(m.g + i * kGStride + d);
-      r[e / 2] = pack(qv.x * __expf(gi.x), qv.y * __expf(gi.y));
+      r[e / 2] = pack(qv.x * exp_ftz(gi.x), qv.y * exp_ftz(gi.y));
     }
     *reinterpret_cast<uint4*>(ws + kWsQg + tile * kTileBytes + lane * 16) = {r[0], r[1], r[2], r[3]};
   }
@@ -153,7 +152,7 @@ __device__ void prep_scaled_tiles(int tile, const PrepSmem& m, uint8_t* ws) {
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const int d = 16 * mt + a_row(g, e + u), j = 16 * kt + a_col(t, e + u);
-        x[u] = bf(m.k[j * kRowBf16 + d]) * __expf(m.g[(kChunk - 1) * kGStride + d] - m.g[j * kGStride + d]);
+        x[u] = bf(m.k[j * kRowBf16 + d]) * exp_ftz(m.g[(kChunk - 1) * kGStride + d] - m.g[j * kGStride + d]);
       }
       split(x[0], x[1], hi[e / 2], lo[e / 2]);
     }
@@ -162,48 +161,92 @@ __device__ void prep_scaled_tiles(int tile, const PrepSmem& m, uint8_t* ws) {
   }
 }
 
+// Block row a (rows 16a .. 16a + 15) of T, from the rows above it: X = A[a, 0:a] T[0:a, 0:a], then
+// T[a, 0:a] = -T_aa X. Thread (row group rg, column col) computes rows 4rg .. 4rg + 3 of column col, reading four
+// A (T_aa) values of a row with one float4; the sums run over every column of the block row in ascending order,
+// where T's zeros above the diagonal add exact zeros.
+template <int kA>
+__device__ void prep_block_row(const PrepSmem& m) {
+  constexpr int kN = 16 * kA;  // columns 0 .. kN - 1
+  float* tm = m.t();
+  const int tid = threadIdx.x, rg = tid / kN, col = tid % kN;
+  if (tid < 4 * kN) {
+    float acc[4] = {};
+#pragma unroll
+    for (int mm = 0; mm < kN; mm += 4) {
+      float t[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) t[u] = tm[(mm + u) * kAStride + col];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float4 av = *reinterpret_cast<const float4*>(m.a + (kN + 4 * rg + r) * kAStride + mm);
+        acc[r] = fmaf(av.x, t[0], acc[r]);
+        acc[r] = fmaf(av.y, t[1], acc[r]);
+        acc[r] = fmaf(av.z, t[2], acc[r]);
+        acc[r] = fmaf(av.w, t[3], acc[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) m.x[(4 * rg + r) * kAStride + col] = acc[r];
+  }
+  __syncthreads();
+  if (tid < 4 * kN) {
+    float acc[4] = {};
+#pragma unroll
+    for (int mm = 0; mm < 16; mm += 4) {
+      float xv[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) xv[u] = m.x[(mm + u) * kAStride + col];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float4 tv = *reinterpret_cast<const float4*>(tm + (kN + 4 * rg + r) * kAStride + kN + mm);
+        acc[r] = fmaf(tv.x, xv[0], acc[r]);
+        acc[r] = fmaf(tv.y, xv[1], acc[r]);
+        acc[r] = fmaf(tv.z, xv[2], acc[r]);
+        acc[r] = fmaf(tv.w, xv[3], acc[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) tm[(kN + 4 * rg + r) * kAStride + col] = -acc[r];
+  }
+  __syncthreads();
+}
+
 // T = (I + A)^-1 (unit lower triangular, fp32) by blocks of 16: the four diagonal blocks by forward substitution at
-// once (column j by the 4 lanes 4j .. 4j + 3), then block row a = 1, 2, 3 in turn:
+// once (thread 16b + j holds column j of block b in registers), then block row a = 1, 2, 3 in turn:
 //   T[a, 0:a] = -T_aa (A[a, 0:a] T[0:a, 0:a])   (16 x 16a, reading only rows of earlier block rows).
 __device__ void prep_inverse(const PrepSmem& m) {
   float* tm = m.t();
-  for (int idx = threadIdx.x; idx < kChunk * kChunk; idx += kPrepThreads) {
-    const int i = idx / kChunk, j = idx % kChunk;
-    tm[i * kAStride + j] = i == j ? 1.0f : 0.0f;
+  static_assert(kAStride % 4 == 0, "float4 rows");
+  for (int idx = threadIdx.x; idx < kChunk * kAStride / 4; idx += kPrepThreads) {  // zero (the diagonal comes next)
+    reinterpret_cast<float4*>(tm)[idx] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
-  if (threadIdx.x < 4 * kChunk) {  // warps 0..7
-    const int j = threadIdx.x / 4, part = threadIdx.x % 4, blk = 16 * (j / 16);  // a warp's 8 columns share a block
-    for (int i = blk + 1; i < blk + 16; ++i) {
+  if (threadIdx.x < 4 * 16) {  // warps 0, 1
+    const int blk = 16 * (threadIdx.x / 16), j = threadIdx.x % 16;
+    // Column j of the block: t[r] = [r == j] - sum_{mm < r} A[r, mm] t[mm] (zero above the diagonal).
+    float t[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const float* arow = m.a + (blk + r) * kAStride + blk;
       float acc = 0.0f;
-      if (i > j) {
-        for (int mm = j + part; mm < i; mm += 4) acc = fmaf(m.a[i * kAStride + mm], tm[mm * kAStride + j], acc);
+#pragma unroll
+      for (int mm = 0; mm < r; mm += 4) {
+        const float4 av = *reinterpret_cast<const float4*>(arow + mm);
+        acc = fmaf(av.x, t[mm], acc);
+        if (mm + 1 < r) acc = fmaf(av.y, t[mm + 1], acc);
+        if (mm + 2 < r) acc = fmaf(av.z, t[mm + 2], acc);
+        if (mm + 3 < r) acc = fmaf(av.w, t[mm + 3], acc);
       }
-      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-      if (part == 0 && i > j) tm[i * kAStride + j] = -acc;
-      __syncwarp();  // row i of this column is read by its 4 lanes from the next row on
+      t[r] = r == j ? 1.0f : (r < j ? 0.0f : -acc);
     }
+#pragma unroll
+    for (int r = 0; r < 16; ++r) tm[(blk + r) * kAStride + blk + j] = t[r];
   }
   __syncthreads();
-  for (int a = 1; a < kChunk / 16; ++a) {
-    const int n_cols = 16 * a;  // columns 0 .. 16a - 1 of block row a
-    for (int idx = threadIdx.x; idx < 16 * n_cols; idx += kPrepThreads) {
-      const int i = idx / n_cols, col = idx % n_cols;
-      float acc = 0.0f;
-      for (int mm = col; mm < n_cols; ++mm) acc = fmaf(m.a[(n_cols + i) * kAStride + mm], tm[mm * kAStride + col], acc);
-      m.x[i * kAStride + col] = acc;
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < 16 * n_cols; idx += kPrepThreads) {
-      const int i = idx / n_cols, col = idx % n_cols;
-      float acc = 0.0f;
-      for (int mm = 0; mm <= i; ++mm)
-        acc = fmaf(tm[(n_cols + i) * kAStride + n_cols + mm], m.x[mm * kAStride + col], acc);
-      tm[(n_cols + i) * kAStride + col] = -acc;
-    }
-    __syncthreads();
-  }
+  prep_block_row<1>(m);
+  prep_block_row<2>(m);
+  prep_block_row<3>(m);
 }
 
 // The 10 nonzero A tiles (mt, ks <= mt) of T' = T diag(beta), hi / lo, as mma fragments into the dead A buffer:
@@ -243,8 +286,8 @@ __device__ void prep_wu(const PrepSmem& m, uint8_t* ws) {
       for (int e = 0; e < 4; e += 2) {
         const int j0 = 16 * ks + b_k(t, e);  // j0 + 1 is element e + 1
         if constexpr (kIsW) {
-          split(bf(m.k[j0 * kRowBf16 + d]) * __expf(m.g[j0 * kGStride + d]),
-                bf(m.k[(j0 + 1) * kRowBf16 + d]) * __expf(m.g[(j0 + 1) * kGStride + d]), bh[nt][e / 2], bl[nt][e / 2]);
+          split(bf(m.k[j0 * kRowBf16 + d]) * exp_ftz(m.g[j0 * kGStride + d]),
+                bf(m.k[(j0 + 1) * kRowBf16 + d]) * exp_ftz(m.g[(j0 + 1) * kGStride + d]), bh[nt][e / 2], bl[nt][e / 2]);
         } else {
           bh[nt][e / 2] = bits(__halves2bfloat162(m.v[j0 * kRowBf16 + d], m.v[(j0 + 1) * kRowBf16 + d]));
         }
@@ -309,7 +352,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prepare_kernel(TcArgs 
   }
   for (int tile = w; tile < 32; tile += kPrepThreads / 32) prep_scaled_tiles(tile, m, ws);
   if (threadIdx.x < kDim) {
-    reinterpret_cast<float*>(ws + kWsDecay)[threadIdx.x] = __expf(m.g[(kChunk - 1) * kGStride + threadIdx.x]);
+    reinterpret_cast<float*>(ws + kWsDecay)[threadIdx.x] = exp_ftz(m.g[(kChunk - 1) * kGStride + threadIdx.x]);
   }
   __syncthreads();  // A complete; q is dead, T takes its place
   prep_inverse(m);  // ends with a barrier
