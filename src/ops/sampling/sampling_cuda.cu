@@ -78,8 +78,12 @@ __global__ void __launch_bounds__(kChunkThreads)
 }
 
 // ---- kernel 2: histograms and log Z partials -----------------------------------------------------------------------
+// The mass histogram in shared memory as two 32-bit words per bin (there is no native 64-bit shared atomic add; its
+// compare-and-swap loop was most of this kernel's time): low 32 bits, and the units of 2^32 (the weight's high bits
+// plus the carries out of the low word, detected from the value the add returned). Both sums are exact integers.
 struct HistShared {
-  u64 mass[kBins];
+  unsigned mass_lo[kBins];
+  unsigned mass_hi[kBins];
   unsigned count[kBins];
   double z[kChunkThreads / 32];
   ReduceScratch rs;
@@ -100,7 +104,8 @@ __global__ void __launch_bounds__(kChunkThreads)
   const double max_logit = info.max_logit, inv_temperature = 1.0 / static_cast<double>(rsamp.params.temperature);
   const bool vec = vector_row(row);
   for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
-    sh.mass[b] = 0;
+    sh.mass_lo[b] = 0;
+    sh.mass_hi[b] = 0;
     sh.count[b] = 0;
   }
   __syncthreads();
@@ -124,7 +129,11 @@ __global__ void __launch_bounds__(kChunkThreads)
         if (need.counts) atomicAdd(&sh.count[b], 1u);
         if (need.sample) {
           const u64 w = mass_of(l, max_logit, inv_temperature);
-          if (w != 0) atomicAdd(&sh.mass[b], w);
+          if (w != 0) {
+            const auto lo = static_cast<unsigned>(w);
+            const unsigned units = static_cast<unsigned>(w >> 32) + (atomicAdd(&sh.mass_lo[b], lo) + lo < lo ? 1u : 0u);
+            if (units != 0) atomicAdd(&sh.mass_hi[b], units);
+          }
         }
       }
       if (need.log_z) z += exp(static_cast<double>(l) - max_logit);
@@ -138,7 +147,8 @@ __global__ void __launch_bounds__(kChunkThreads)
   u64* mass = ws.mass + static_cast<int64_t>(r) * kBins;
   unsigned* count = ws.count + static_cast<int64_t>(r) * kBins;
   for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
-    if (sh.mass[b] != 0) atomicAdd(&mass[b], sh.mass[b]);
+    const u64 m = (static_cast<u64>(sh.mass_hi[b]) << 32) + sh.mass_lo[b];
+    if (m != 0) atomicAdd(&mass[b], m);
     if (sh.count[b] != 0) atomicAdd(&count[b], sh.count[b]);
   }
 }
