@@ -176,7 +176,8 @@ void WorkerManager::reap_nonblocking() {
 
 // The first rank that is gone, hung or failed, with why ("" when the set is healthy). What took a process or a node
 // away comes first (a rank killed by a signal, a node whose agent is gone): the ranks that then failed on the dead
-// peer would otherwise be named instead of the cause.
+// peer would otherwise be named instead of the cause; so does a node that never came (the ranks waiting for it time
+// out too).
 std::string WorkerManager::find_failure(int32_t& rank) {
   const auto now = Clock::now();
   for (const Child& c : children_) {
@@ -185,6 +186,7 @@ std::string WorkerManager::find_failure(int32_t& rank) {
     if (c.remote && !c.exited) {
       const RemoteRank st = remote_->state(c.rank, incarnation_);
       if (!st.node_gone.empty()) return st.node_gone;
+      if (std::string why = remote_failure(c, st, now); !why.empty()) return why;  // a node that never came
     }
   }
   const std::vector<RankState> states = link_.ranks();
@@ -196,12 +198,7 @@ std::string WorkerManager::find_failure(int32_t& rank) {
       if (s.status.phase == "failed" && !s.status.error.empty()) why = s.status.error + " (" + why + ")";
       return why;
     }
-    if (c.remote && !c.remote_started) {
-      if (const std::string why = remote_failure(c, remote_->state(c.rank, incarnation_), now); !why.empty()) {
-        return why;
-      }
-      continue;  // not started yet: no heartbeat is due
-    }
+    if (c.remote && !c.remote_started) continue;  // not started yet (the first pass minds the timeout)
     if (s.status.phase == "failed") {
       const std::string why = s.status.error.empty() ? "failed while loading" : s.status.error;
       return wait_exit(c, kFailedExitGrace) ? why + " (" + describe_exit(c.wait_status) + ")" : why;
