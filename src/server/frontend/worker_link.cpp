@@ -106,6 +106,10 @@ WorkerLink::WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t
   }
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::router_mandatory, 1);  // a send to a peer that is not connected fails, never vanishes
+  if (endpoint.rfind("tcp://", 0) == 0) {
+    // Across nodes anyone on the network can connect: a frame larger than any worker message drops its sender.
+    router_.set(zmq::sockopt::maxmsgsize, int64_t{64} << 20);
+  }
   try {
     router_.bind(endpoint_);
   } catch (const zmq::error_t& e) {

@@ -216,7 +216,7 @@ std::string WorkerManager::find_failure(int32_t& rank) {
 // A remote rank whose node's agent has not got its start: a failure once the node join timeout has passed.
 std::string WorkerManager::remote_failure(const Child& c, const RemoteRank& st, Clock::time_point now) const {
   if (st.started || now - c.spawned < cfg_.node_join_timeout) return "";
-  return fmt::format("{} for {:.0f} s (BG_RANK_TIMEOUT_S)", st.waiting.empty() ? "its node never started it"
+  return fmt::format("{} for {:.1f} s (BG_RANK_TIMEOUT_S)", st.waiting.empty() ? "its node never started it"
                                                                                  : st.waiting,
                      seconds(cfg_.node_join_timeout));
 }
