@@ -1,9 +1,10 @@
 // `batchgen serve` across two "nodes" on this host (--device cpu --ep 2 --nnodes 2: node 0 serves HTTP with rank 0,
 // node 1's agent runs rank 1): the chat answer equals one rank's; kill -9 of the remote rank gives a 503 and /ready
 // naming the rank and its node, and the set comes back with the same answer; kill -9 of node 1's agent is reported
-// and leaves no process behind; a new agent brings the set back and SIGTERM ends both nodes cleanly. And the errors:
-// another layout or a taken node rank is refused by node 0, a node 0 that never answers or a node that never comes is
-// named after the rank timeout, an unresolvable --dist-init-addr is an error at once.
+// and leaves no process behind; a new agent brings the set back and SIGTERM ends both nodes cleanly; an agent whose
+// node 0 is killed stops its rank and exits. And the errors: another layout or a taken node rank is refused by node
+// 0, a node 0 that never answers or a node that never comes is named after the rank timeout, an unresolvable
+// --dist-init-addr is an error at once.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -261,6 +262,23 @@ TEST(ServeNodes, TwoNodesServeLikeOneRankSurviveAKilledRankAndReportAGoneAgent) 
   EXPECT_EQ(node1->wait(15s), 0) << node1->log();
   EXPECT_NE(node1->log().find("node 0 says goodbye"), std::string::npos);
   EXPECT_FALSE(alive(last_set[0]) || alive(last_set[1]));
+}
+
+// kill -9 of node 0: its own rank dies with it, and node 1's agent stops its rank and exits 1 after --node-timeout.
+TEST(ServeNodes, AnAgentWhoseNodeZeroIsGoneStopsItsRanksAndExits) {
+  NodeSetup s;
+  Proc node0(s.node(0), s.tmp.path() / "node0.log");
+  Proc node1(s.node(1), s.tmp.path() / "node1.log");
+  ASSERT_TRUE(eventually([&] { return ready(s.port).status == 200; }, 60s)) << node0.log() << node1.log();
+  const std::vector<pid_t> ranks = {pids_in(node0.log(), R"(started rank 0 \(pid (\d+)\))").at(0),
+                                    pids_in(node1.log(), R"(started rank 1 \(pid (\d+)\))").at(0)};
+  const auto t0 = std::chrono::steady_clock::now();
+  kill(node0.pid(), SIGKILL);
+  EXPECT_EQ(node1.wait(20s), 1) << node1.log();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_NE(node1.log().find("node 1: node 0 (tcp://" + s.addr + ") sent nothing for 3.0 s (--node-timeout); this "
+                             "node's ranks were stopped"), std::string::npos) << node1.log();
+  EXPECT_TRUE(eventually([&] { return !alive(ranks[0]) && !alive(ranks[1]); }, 10s)) << "an orphan rank is left";
 }
 
 TEST(ServeNodes, ANodeThatNeverComesAndAnUnreachableNodeZeroAreNamed) {
