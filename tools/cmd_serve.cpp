@@ -68,6 +68,9 @@ void register_serve(CLI::App& app) {
                   "worker's)");
   cmd->add_option("--worker-heartbeat-timeout", o.worker_heartbeat_timeout_s, "Seconds without a heartbeat after "
                   "which a worker counts as hung and the worker set is restarted (default 60)");
+  cmd->add_option("--node-timeout", o.node_timeout_s, "With --nnodes > 1: seconds without a message from a node's "
+                  "agent after which node 0 counts it (and its ranks) as gone, and an agent stops its ranks and exits "
+                  "when node 0 is silent this long (default 10)");
   cmd->add_option("--max-worker-restarts", o.max_worker_restarts, "Restarts of the worker set in a row before the "
                   "supervisor gives up (default 5; backoff 1 s doubling to 30 s)");
   cmd->add_flag("--no-prefix-cache", [a](int64_t) { a->opt.prefix_cache = false; }, "Do not reuse the KV / state "
@@ -104,6 +107,7 @@ void register_serve(CLI::App& app) {
     a->opt.max_queue = given(a->max_queue);
     a->opt.max_connections = given(a->max_connections);
     a->opt.parallel = a->par.flags();
+    a->opt.dist_init_addr = a->par.dist_init_addr;
     a->opt.k3_moe_exchange = a->par.exchange;
     a->opt.moe_exchange_tokens = a->par.max_tokens_per_call;
     a->opt.prefix_snapshot_interval = given(a->prefix_snapshot_interval);

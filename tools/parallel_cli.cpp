@@ -49,8 +49,9 @@ void add_parallel_flags(CLI::App* cmd, ParallelArgs& a, bool with_nodes) {
   cmd->add_option("--nnodes", a.nnodes, "Hosts the ranks span (default 1); every node runs the same command with its "
                   "own --node-rank");
   cmd->add_option("--node-rank", a.node_rank, "This host's index among --nnodes (default 0; node 0 runs rank 0)");
-  cmd->add_option("--dist-init-addr", a.dist_init_addr, "host:port of node 0's rendezvous: an address of node 0 "
-                  "every node reaches (needed with --nnodes > 1)");
+  cmd->add_option("--dist-init-addr", a.dist_init_addr, "host:port on node 0 that every node reaches (needed with "
+                  "--nnodes > 1): score and generate bind their rendezvous there; serve its node control socket, and "
+                  "the worker link on the next port");
 }
 
 namespace {

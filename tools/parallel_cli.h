@@ -21,7 +21,8 @@ namespace bg::tools {
 struct ParallelArgs {
   int32_t tp = 0, dp = 0, ep = 0;  // 0: not given (derived)
   int32_t nnodes = 1, node_rank = 0;
-  std::string dist_init_addr;      // host:port of the rendezvous (node 0's frontend) for several nodes
+  std::string dist_init_addr;      // host:port on node 0 for several nodes (score/generate: the rendezvous; serve:
+                                   // the node control socket, and the worker link on the next port)
   std::string exchange = "nccl";   // --k3-moe-exchange
   int64_t max_tokens_per_call = 0; // --moe-exchange-tokens (0: the exchange's default)
 

@@ -90,7 +90,10 @@ test('models, health, ready', async () => {
 test('flags for features that do not exist yet, and bad flag files, fail at startup with a clear message', () => {
   let r = serveFails(['--ep', '2', '--nnodes', '2']);
   assert.equal(r.status, 1);
-  assert.match(r.stderr, /--nnodes 2: serving across several hosts is not available yet/);
+  assert.match(r.stderr, /--dist-init-addr HOST:PORT is required with --nnodes > 1/);
+  r = serveFails(['--ep', '2', '--nnodes', '2', '--node-rank', '2', '--dist-init-addr', '127.0.0.1:29500']);
+  assert.equal(r.status, 1);
+  assert.match(r.stderr, /--node-rank 2 must be in \[0, 2\)/);
   r = serveFails(['--dp', '2', '--tp', '2', '--ep', '8']);
   assert.equal(r.status, 1);
   assert.match(r.stderr, /--ep must equal --dp x --tp/);
@@ -298,7 +301,7 @@ test('a wrong method gets 405 with Allow; serve --model DIR is the same as serve
   // --model reaches the same validation as the positional form (here: the flag error comes after the model).
   const r = serveFails(['--model', path.join(dir, MODEL), '--ep', '2', '--nnodes', '2']);
   assert.equal(r.status, 1);
-  assert.match(r.stderr, /--nnodes 2: serving across several hosts is not available yet/);
+  assert.match(r.stderr, /--dist-init-addr HOST:PORT is required with --nnodes > 1/);
   const both = spawnSync(BIN, ['serve', path.join(dir, MODEL), '--model', dir, '--port', '0'], { encoding: 'utf8' });
   assert.equal(both.status, 1);
   assert.match(both.stderr, /two different model directories/);

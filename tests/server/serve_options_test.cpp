@@ -86,7 +86,30 @@ TEST(ServeOptions, UnavailableFeaturesAndBadValuesAreErrors) {
   o = base;
   o.parallel.ep = 4;
   o.parallel.nnodes = 2;
-  EXPECT_NE(validation_error(o).find("several hosts is not available yet"), std::string::npos) << validation_error(o);
+  EXPECT_NE(validation_error(o).find("--dist-init-addr HOST:PORT is required"), std::string::npos)
+      << validation_error(o);
+  o.dist_init_addr = "10.0.0.1:29500";
+  EXPECT_EQ(validation_error(o), "");  // several nodes: node 0 serves, the others run their agents
+  o.parallel.node_rank = 1;
+  EXPECT_EQ(validation_error(o), "");
+  o.parallel.node_rank = 2;
+  EXPECT_NE(validation_error(o).find("--node-rank 2 must be in [0, 2)"), std::string::npos) << validation_error(o);
+  o.parallel.node_rank = 0;
+  o.dist_init_addr = "10.0.0.1";
+  EXPECT_NE(validation_error(o).find("must be host:port"), std::string::npos) << validation_error(o);
+  o.dist_init_addr = "10.0.0.1:65535";  // the worker link takes the next port
+  EXPECT_NE(validation_error(o).find("[1, 65534]"), std::string::npos) << validation_error(o);
+  o.dist_init_addr = "*:29500";
+  EXPECT_NE(validation_error(o).find("is not a host name or address"), std::string::npos) << validation_error(o);
+  o.dist_init_addr = "10.0.0.1:29500";
+  o.device = "cuda";
+  o.k3_moe_exchange = "ll";  // CUDA IPC: one host
+  EXPECT_NE(validation_error(o).find("runs within one host (CUDA IPC); 2 nodes need --k3-moe-exchange nccl"),
+            std::string::npos) << validation_error(o);
+  o.k3_moe_exchange = "nccl";
+  EXPECT_EQ(validation_error(o), "");
+  o.node_timeout_s = 0.1;
+  EXPECT_NE(validation_error(o).find("--node-timeout"), std::string::npos);
   o = base;
   o.moe_exchange_tokens = -1;
   EXPECT_NE(validation_error(o).find("--moe-exchange-tokens"), std::string::npos);
@@ -154,6 +177,22 @@ TEST(ServeOptions, WorkerCommandLineOfARankSet) {
   ASSERT_GE(argv.size(), tail.size());
   EXPECT_EQ(std::vector<std::string>(argv.end() - static_cast<long>(tail.size()), argv.end()), tail);
   EXPECT_EQ(argv[7], "3");
+  // Across nodes every rank knows its node (rank 3 of 4 over 2 nodes: node 1).
+  opt.parallel.nnodes = 2;
+  argv = worker_command(opt, "/bin/batchgen", "tcp://10.0.0.1:29501", 3, "rank-3-i1-ab", "tcp://10.0.0.1:40000");
+  const std::vector<std::string> nodes = {"--nnodes", "2", "--node-rank", "1"};
+  EXPECT_NE(std::search(argv.begin(), argv.end(), nodes.begin(), nodes.end()), argv.end());
+  // What nodes must agree on.
+  ServeOptions other = opt;
+  other.model_dir = "/elsewhere";  // a path of the node's own
+  EXPECT_EQ(node_config_signature(other), node_config_signature(opt));
+  other.parallel.ep = 2;
+  other.parallel.dp = 2;
+  other.parallel.tp = 1;
+  EXPECT_NE(node_config_signature(other), node_config_signature(opt));
+  other = opt;
+  other.moe_exchange_tokens = 16;
+  EXPECT_NE(node_config_signature(other), node_config_signature(opt));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "fake_worker.h"
@@ -189,6 +190,114 @@ TEST(Supervisor, AWorkerThatNeverConnectsIsKilledAfterTheDeadline) {
   EXPECT_NE(kill(static_cast<pid_t>(pid), 0), 0) << "the hung process is killed and reaped";
   m.stop(1000ms);
   link.stop();
+}
+
+// Rank 1 on "node 1", whose agent the test plays: what it reports is what the supervisor sees.
+class FakeRemote final : public RemoteRanks {
+ public:
+  bool is_remote(int32_t rank) const override { return rank == 1; }
+  int32_t node_of(int32_t rank) const override { return rank; }
+  void start(int64_t incarnation, const std::vector<std::string>& identities) override {
+    std::lock_guard lock(mu_);
+    started_ = incarnation;
+    identity_ = identities.at(1);
+  }
+  void kill(int64_t incarnation) override {
+    std::lock_guard lock(mu_);
+    killed_ = incarnation;
+    report_.exited = report_.started;  // an agent reaps what it started
+    report_.wait_status = SIGKILL;
+  }
+  RemoteRank state(int32_t, int64_t incarnation) const override {
+    std::lock_guard lock(mu_);
+    RemoteRank s = report_;
+    s.node = 1;
+    s.started = s.started && incarnation == started_;
+    return s;
+  }
+  void report(const RemoteRank& r) {
+    std::lock_guard lock(mu_);
+    report_ = r;
+  }
+  int64_t started() const {
+    std::lock_guard lock(mu_);
+    return started_;
+  }
+  int64_t killed() const {
+    std::lock_guard lock(mu_);
+    return killed_;
+  }
+  std::string identity() const {
+    std::lock_guard lock(mu_);
+    return identity_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  RemoteRank report_;
+  int64_t started_ = 0, killed_ = 0;
+  std::string identity_;
+};
+
+// Rank 0 runs here (a process that never connects, with a long heartbeat deadline); rank 1 is remote.
+struct RemoteSet {
+  zmq::context_t ctx;
+  WorkerLink link{ctx, endpoint(), 2};
+  FakeRemote remote;
+  std::vector<int32_t> spawned;
+  std::unique_ptr<WorkerManager> m;
+  explicit RemoteSet(std::chrono::milliseconds node_join_timeout) {
+    link.start();
+    link.set_ranks_per_node(1);
+    SupervisorConfig cfg;
+    cfg.node_join_timeout = node_join_timeout;
+    cfg.identity_suffix = "-5eed";
+    m = std::make_unique<WorkerManager>(link, 2, [this](int32_t rank, const std::string&) {
+      spawned.push_back(rank);
+      return std::vector<std::string>{"/bin/sleep", "30"};
+    }, cfg, &remote);
+  }
+  ~RemoteSet() {
+    m->stop(1000ms);
+    link.stop();
+  }
+};
+
+TEST(Supervisor, ARemoteRankIsStartedByItsAgentAndItsDeathFailsTheSet) {
+  RemoteSet set(60'000ms);
+  set.m->start();
+  EXPECT_EQ(set.spawned, std::vector<int32_t>{0}) << "only the local rank is forked here";
+  EXPECT_EQ(set.remote.started(), 1);
+  EXPECT_EQ(set.remote.identity(), "rank-1-i1-5eed");
+  RemoteRank r;
+  r.started = true;
+  r.pid = 4321;
+  set.remote.report(r);
+  EXPECT_TRUE(eventually([&] { return set.link.ranks()[1].pid == 4321; }));
+  const int64_t local_pid = set.link.ranks()[0].pid;
+  r.exited = true;
+  r.wait_status = SIGKILL;
+  set.remote.report(r);
+  EXPECT_EQ(set.m->wait_change(WorkerManager::Phase::starting, 5000ms), WorkerManager::Phase::failed_at_start);
+  EXPECT_EQ(set.m->failure(), "rank 1 (node 1): the worker process was killed by signal 9 (Killed)");
+  EXPECT_NE(kill(static_cast<pid_t>(local_pid), 0), 0) << "the local rank is killed and reaped with the set";
+  EXPECT_EQ(set.link.ranks()[0].exit_reason, "stopped with the worker set (rank 1 (node 1) the worker process was "
+                                             "killed by signal 9 (Killed))");
+}
+
+TEST(Supervisor, ANodeThatNeverComesIsNamedAfterTheJoinTimeout) {
+  RemoteSet set(500ms);
+  RemoteRank r;
+  r.waiting = "node 1 has not connected";
+  set.remote.report(r);
+  set.m->start();
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(set.m->phase(), WorkerManager::Phase::starting);
+  EXPECT_NE(set.link.ranks()[1].not_ready_reason().find("node 1 has not connected"), std::string::npos)
+      << set.link.ranks()[1].not_ready_reason();
+  EXPECT_EQ(set.m->wait_change(WorkerManager::Phase::starting, 5000ms), WorkerManager::Phase::failed_at_start);
+  EXPECT_EQ(set.m->failure(), "rank 1 (node 1): node 1 has not connected for 0.5 s (BG_RANK_TIMEOUT_S)");
+  EXPECT_EQ(set.remote.killed(), 1) << "killed anyway: an agent that comes late is not sent a dead incarnation";
 }
 
 TEST(IpcDirSweep, RemovesDirectoriesOfGoneProcessesOnly) {

@@ -57,7 +57,7 @@ Generation::Generation(ServingContext& ctx, GenerationInput in, std::string id, 
   if (!ctx.link.all_ready()) {
     std::string why;
     for (const RankState& s : ctx.link.ranks()) {
-      if (!s.ready() && why.empty()) why = fmt::format("rank {}: {}", s.rank, s.not_ready_reason());
+      if (!s.ready() && why.empty()) why = fmt::format("{}: {}", s.name(), s.not_ready_reason());
     }
     throw ApiError(503, "the model is not ready to serve (" + why + ")", "", "model_not_ready");
   }

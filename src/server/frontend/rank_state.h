@@ -11,6 +11,7 @@ namespace bg::frontend {
 // What /ready, /health and /metrics report about one rank (a snapshot).
 struct RankState {
   int32_t rank = 0;
+  int32_t node = -1;             // the node it runs on when the set spans several (-1: one host)
   std::string identity;          // the routing id of the current incarnation ("rank-0-i3")
   int64_t pid = 0;               // its process (0 before the first spawn)
   bool connected = false;        // a status from the current incarnation has arrived
@@ -27,6 +28,8 @@ struct RankState {
   // starting | loading | ready | failed | hung | exited | restarting | gave_up
   std::string state() const;
   std::string not_ready_reason() const;
+  // "rank 2", or "rank 2 (node 1)" when the set spans several nodes.
+  std::string name() const;
 };
 
 }  // namespace bg::frontend

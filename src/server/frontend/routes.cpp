@@ -72,6 +72,7 @@ json rank_json(const RankState& s) {
             {"ready", s.ready()},
             {"restarts", s.restarts},
             {"seconds_since_status", s.status_age_s}};
+  if (s.node >= 0) j["node"] = s.node;
   if (!s.ready()) j["reason"] = s.not_ready_reason();
   return j;
 }
@@ -187,7 +188,7 @@ HttpResponse Router::ready() const {
     ranks.push_back(rank_json(s));
     if (!s.ready()) {
       ready = false;
-      if (why.empty()) why = fmt::format("rank {} is not ready: {}", s.rank, s.not_ready_reason());
+      if (why.empty()) why = fmt::format("{} is not ready: {}", s.name(), s.not_ready_reason());
     }
   }
   json body = {{"ready", ready}, {"ranks", std::move(ranks)}};
@@ -205,7 +206,7 @@ HttpResponse Router::health() const {
     ranks.push_back(rank_json(s));
     if (s.gave_up) {
       healthy = false;
-      if (why.empty()) why = fmt::format("rank {}: {}", s.rank, s.not_ready_reason());
+      if (why.empty()) why = fmt::format("{}: {}", s.name(), s.not_ready_reason());
     }
   }
   json body = {{"status", healthy ? "ok" : "unhealthy"}, {"ranks", std::move(ranks)}};

@@ -1,6 +1,7 @@
-// The serve lifecycle: validate -> text model -> sweep stale IPC dirs, private IPC dir -> worker link -> bind HTTP ->
-// supervised workers -> serve until a signal (then drain) or a worker that fails before it was ever ready -> stop
-// HTTP, shut workers down (never leaving one behind), remove the IPC dir.
+// The serve lifecycle: validate -> text model -> sweep stale IPC dirs, private IPC dir -> worker link (and, across
+// nodes, the node link) -> bind HTTP -> supervised workers -> serve until a signal (then drain) or a worker that fails
+// before it was ever ready -> stop HTTP, shut workers down (never leaving one behind), remove the IPC dir. Node k > 0
+// of a set that spans hosts runs the node agent instead.
 #include "server/frontend/serve.h"
 
 #include <signal.h>
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -22,9 +24,13 @@
 #include "core/log.h"
 #include "dist/rank_context.h"
 #include "dist/rendezvous.h"
+#include "dist/shm_comm.h"
 #include "moe/expert_stream.h"
 #include "server/frontend/http_server.h"
 #include "server/frontend/ipc_dir.h"
+#include "server/frontend/node_agent.h"
+#include "server/frontend/node_link.h"
+#include "server/frontend/node_protocol.h"
 #include "server/frontend/worker_link.h"
 #include "server/frontend/worker_manager.h"
 #include "weights/dist_config.h"
@@ -93,8 +99,12 @@ void validate_serve_options(ServeOptions& opt) {
   // TP ranks mirror their leader's pools; the host tier moves state in the leader's only (docs/PARALLEL.md).
   BG_CHECK(layout.tp() == 1 || opt.host_memory_gb.value_or(0.0) == 0.0,
            "--host-memory-gb is not available with --tp {} (docs/PARALLEL.md)", layout.tp());
-  BG_CHECK(layout.nnodes() == 1, "--nnodes {}: serving across several hosts is not available yet (one serve runs its "
-           "whole rank set on this host; score and generate span hosts; docs/PARALLEL.md)", layout.nnodes());
+  check_seconds(opt.node_timeout_s, "--node-timeout", 0.5);
+  if (layout.nnodes() > 1) {
+    (void)nodes::node_endpoints(opt.dist_init_addr);  // throws naming --dist-init-addr
+    BG_CHECK(opt.device != "cuda" || !dist::is_ll_exchange(opt.k3_moe_exchange), "--k3-moe-exchange {} runs within "
+             "one host (CUDA IPC); {} nodes need --k3-moe-exchange nccl", opt.k3_moe_exchange, layout.nnodes());
+  }
   validate_distributed_config(opt.distributed_weight_config);
   if (!opt.weight_store.empty()) weights::check_store_name(opt.weight_store);
   if (opt.served_model_name.empty()) {
@@ -129,6 +139,12 @@ std::vector<std::string> worker_command(const ServeOptions& opt, const std::stri
       argv.push_back(a);
     }
   }
+  if (layout.nnodes() > 1) {
+    for (const std::string& a : {std::string("--nnodes"), std::to_string(layout.nnodes()), std::string("--node-rank"),
+                                 std::to_string(layout.node_of(rank))}) {
+      argv.push_back(a);
+    }
+  }
   for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"--weight-store", opt.weight_store},
                                     {"--distributed-weight-config", opt.distributed_weight_config}}) {
     if (!value.empty()) {
@@ -151,6 +167,12 @@ std::vector<std::string> worker_command(const ServeOptions& opt, const std::stri
     argv.push_back(opt.state_offload_dtype);
   }
   return argv;
+}
+
+std::string node_config_signature(const ServeOptions& opt) {
+  const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(opt.parallel);
+  return fmt::format("{}; --device {} --k3-moe-exchange {} --moe-exchange-tokens {}", layout.describe(), opt.device,
+                     opt.k3_moe_exchange, opt.moe_exchange_tokens);
 }
 
 namespace {
@@ -197,10 +219,16 @@ FrontendConfig frontend_config(const ServeOptions& opt) {
   return c;
 }
 
-SupervisorConfig supervisor_config(const ServeOptions& opt) {
+SupervisorConfig supervisor_config(const ServeOptions& opt, const dist::ParallelLayout& layout) {
   SupervisorConfig c;
   c.heartbeat_timeout = to_ms(opt.worker_heartbeat_timeout_s);
   c.max_restarts = static_cast<int>(opt.max_worker_restarts);
+  c.node_join_timeout = to_ms(dist::rank_timeout_s(600.0));
+  if (layout.nnodes() > 1) {
+    // The worker link listens on TCP: routing ids nobody outside this serve can guess.
+    std::random_device rd;
+    c.identity_suffix = fmt::format("-{:08x}{:08x}", rd(), rd());
+  }
   return c;
 }
 
@@ -244,6 +272,7 @@ void drain(FrontendServer& server, const WorkerLink& link, const sigset_t& signa
 int run_serve(ServeOptions opt) {
   validate_serve_options(opt);
   const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(opt.parallel);
+  if (layout.nnodes() > 1 && opt.parallel.node_rank > 0) return run_node_agent(opt);
   if (layout.multi_rank()) {
     log::info("serve: {}; expert exchange: {}", layout.describe(),
               opt.device == "cpu" ? std::string("shm (CPU ranks)") : opt.k3_moe_exchange);
@@ -260,10 +289,22 @@ int run_serve(ServeOptions opt) {
   std::unique_ptr<TextModel> model = load_text_model(opt.model_dir, opt.chat_template);
   sweep_stale_ipc_dirs();
   IpcDir ipc_dir;
-  const std::string endpoint = "ipc://" + (ipc_dir.path() / "workers.sock").string();
+  // Across nodes every rank reaches node 0 over TCP on the --dist-init-addr host (node_protocol.h).
+  std::optional<nodes::NodeEndpoints> node_ep;
+  if (layout.nnodes() > 1) node_ep = nodes::node_endpoints(opt.dist_init_addr);
+  const std::string endpoint = node_ep ? node_ep->worker_link : "ipc://" + (ipc_dir.path() / "workers.sock").string();
   zmq::context_t zmq_ctx;
   Metrics metrics;
-  WorkerLink link(zmq_ctx, endpoint, layout.world(), layout.tp());
+  std::unique_ptr<WorkerLink> link_owner;
+  try {
+    link_owner = std::make_unique<WorkerLink>(zmq_ctx, endpoint, layout.world(), layout.tp());
+  } catch (const Error& e) {
+    if (!node_ep) throw;
+    fail("{} (--dist-init-addr {}: node 0 listens on that port and the next one, on an address of this host)",
+         e.what(), opt.dist_init_addr);
+  }
+  WorkerLink& link = *link_owner;
+  if (node_ep) link.set_ranks_per_node(layout.ranks_per_node());
   // One rendezvous per incarnation of the rank set, bound when the supervisor builds rank 0's command line (it spawns
   // rank 0 first), so a restarted set never meets the old one's. Only the supervisor thread touches these.
   std::unique_ptr<dist::RendezvousServer> rendezvous;
@@ -273,11 +314,28 @@ int run_serve(ServeOptions opt) {
     if (rank == 0 || !rendezvous) {
       rendezvous.reset();
       rendezvous = std::make_unique<dist::RendezvousServer>(
-          zmq_ctx, fmt::format("ipc://{}/rendezvous-{}.sock", ipc_dir.path().string(), n_sets++), layout.world(),
-          layout.describe());
+          zmq_ctx, node_ep ? node_ep->rendezvous_bind
+                           : fmt::format("ipc://{}/rendezvous-{}.sock", ipc_dir.path().string(), n_sets++),
+          layout.world(), layout.describe());
     }
     return rendezvous->endpoint();
   };
+  // The other nodes' agents: they start their ranks on the supervisor's word (the rendezvous is the one rank 0's
+  // command line just bound).
+  std::unique_ptr<NodeLink> node_link;
+  if (node_ep) {
+    node_link = std::make_unique<NodeLink>(
+        zmq_ctx, NodeLinkConfig{node_ep->control, opt.dist_init_addr, layout, node_config_signature(opt),
+                                to_ms(opt.node_timeout_s), [&] {
+                                  // On the --dist-init-addr host as the agents know it (bound there; the port is ours).
+                                  const std::string bound = rendezvous ? rendezvous->endpoint() : "";
+                                  return fmt::format("tcp://{}:{}", node_ep->host,
+                                                     bound.substr(bound.rfind(':') + 1));
+                                }});
+    log::info("serve: node 0 of {}: ranks 0..{} here; the agents of nodes 1..{} connect to {} (the ranks' worker "
+              "link is {})", layout.nnodes(), layout.ranks_per_node() - 1, layout.nnodes() - 1, node_ep->control,
+              node_ep->worker_link);
+  }
   link.start();
   int rc = 0;
   {
@@ -289,7 +347,7 @@ int run_serve(ServeOptions opt) {
         [&](int32_t rank, const std::string& id) {
           return worker_command(opt, exe, endpoint, rank, id, rendezvous_for(rank));
         },
-        supervisor_config(opt));
+        supervisor_config(opt, layout), node_link.get());
     workers.start();
     server.start();
     log::info("serve: model '{}' from {}; listening on http://{}:{}", opt.served_model_name, opt.model_dir, opt.host,
@@ -306,6 +364,7 @@ int run_serve(ServeOptions opt) {
     log::info("serve: stopping workers");
     workers.stop(std::chrono::seconds(10));
   }
+  node_link.reset();  // goodbye to the agents: their ranks are stopped already
   link.stop();
   return rc;
 }

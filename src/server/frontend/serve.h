@@ -34,7 +34,9 @@ struct ServeOptions {
   std::string served_model_name;                // "": the model directory's name
   std::string k3_moe_exchange = "nccl";         // nccl | ll: the expert exchange between CUDA ranks
   int64_t moe_exchange_tokens = 0;              // tokens per rank per exchange call (0: the exchange's default)
-  dist::ParallelFlags parallel;                 // --tp / --dp / --ep (docs/PARALLEL.md)
+  dist::ParallelFlags parallel;                 // --tp / --dp / --ep, --nnodes / --node-rank (docs/PARALLEL.md)
+  std::string dist_init_addr;                   // --dist-init-addr HOST:PORT of node 0 (several nodes)
+  double node_timeout_s = 10.0;                 // --node-timeout: a node agent (or node 0) silent this long is gone
   std::string distributed_weight_config;        // path (docs/WEIGHTS.md), passed to the workers
   std::string weight_store = "";                // weightd store the workers attach to ("" = read the files)
   double resident_experts = 1.0;                // --resident-experts, passed to the workers
@@ -56,13 +58,19 @@ struct ServeOptions {
 void validate_serve_options(ServeOptions& opt);
 
 // The `batchgen worker` command line for one rank's process with routing id `identity` (argv[0] = exe); with several
-// ranks it carries the layout and the rank set's rendezvous endpoint.
+// ranks it carries the layout (and the rank's node) and the rank set's rendezvous endpoint. The parent pid it names
+// is this process's: the frontend's, or on another node its agent's.
 std::vector<std::string> worker_command(const ServeOptions& opt, const std::string& exe, const std::string& endpoint,
                                         int32_t rank, const std::string& identity, const std::string& rendezvous = "");
 
+// What every node of a serve that spans hosts must agree on (the layout and the options that shape a rank); a node
+// agent started with another is refused.
+std::string node_config_signature(const ServeOptions& opt);
+
 // Runs until SIGINT/SIGTERM (then drains: stops accepting, lets in-flight requests finish up to the shutdown
 // timeout) or until the worker set fails before it was ever ready; returns the process exit code (0 after a
-// signal, 1 with the worker's error logged when it failed to start).
+// signal, 1 with the worker's error logged when it failed to start). With --nnodes > 1, node 0 serves HTTP and
+// supervises every node's ranks; --node-rank K > 0 runs the node agent instead (node_agent.h).
 int run_serve(ServeOptions opt);
 
 }  // namespace bg::frontend

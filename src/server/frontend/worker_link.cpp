@@ -48,6 +48,10 @@ std::string RankState::state() const {
   return status.phase;
 }
 
+std::string RankState::name() const {
+  return node < 0 ? fmt::format("rank {}", rank) : fmt::format("rank {} (node {})", rank, node);
+}
+
 std::string RankState::not_ready_reason() const {
   std::string why;
   if (!process_alive) {
@@ -102,7 +106,15 @@ WorkerLink::WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t
   }
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::router_mandatory, 1);  // a send to a peer that is not connected fails, never vanishes
-  router_.bind(endpoint_);
+  if (endpoint.rfind("tcp://", 0) == 0) {
+    // Across nodes anyone on the network can connect: a frame larger than any worker message drops its sender.
+    router_.set(zmq::sockopt::maxmsgsize, int64_t{64} << 20);
+  }
+  try {
+    router_.bind(endpoint_);
+  } catch (const zmq::error_t& e) {
+    fail("serve: cannot bind the worker link {}: {}", endpoint_, e.what());
+  }
   cmd_pull_.set(zmq::sockopt::linger, 0);
   cmd_pull_.bind(cmd_endpoint_);
   cmd_push_.set(zmq::sockopt::linger, 0);
@@ -142,7 +154,7 @@ std::shared_ptr<RequestEvents> WorkerLink::submit(const proto::GenerateRequest& 
         if (why.empty()) {
           RankState s = ranks_[r];
           s.status_age_s = std::chrono::duration<double>(now - last_status_[r]).count();
-          why = fmt::format("rank {} is not ready: {}", r, s.not_ready_reason());
+          why = fmt::format("{} is not ready: {}", s.name(), s.not_ready_reason());
         }
         continue;
       }
@@ -219,7 +231,8 @@ void WorkerLink::mark_exited(int32_t rank, const std::string& reason) {
     ranks_[static_cast<size_t>(rank)].exit_reason = reason;
   }
   // With several ranks nobody can step without this one: every request fails.
-  fail_rank_requests(ranks_.size() > 1 ? -1 : rank, fmt::format("rank {}: {}", rank, reason), 503);
+  fail_rank_requests(ranks_.size() > 1 ? -1 : rank,
+                     fmt::format("{}: {}", ranks_[static_cast<size_t>(rank)].name(), reason), 503);
 }
 
 void WorkerLink::begin_incarnation(int32_t rank, const std::string& identity, int64_t pid) {
@@ -238,6 +251,18 @@ void WorkerLink::begin_incarnation(int32_t rank, const std::string& identity, in
 void WorkerLink::set_pid(int32_t rank, int64_t pid) {
   std::lock_guard lock(mu_);
   if (rank >= 0 && rank < static_cast<int32_t>(ranks_.size())) ranks_[static_cast<size_t>(rank)].pid = pid;
+}
+
+void WorkerLink::set_ranks_per_node(int32_t ranks_per_node) {
+  BG_CHECK(ranks_per_node >= 1, "worker link: {} ranks per node", ranks_per_node);
+  std::lock_guard lock(mu_);
+  for (RankState& s : ranks_) s.node = s.rank / ranks_per_node;
+}
+
+void WorkerLink::restart_clock(int32_t rank) {
+  std::lock_guard lock(mu_);
+  if (rank < 0 || rank >= static_cast<int32_t>(ranks_.size())) return;
+  if (!ranks_[static_cast<size_t>(rank)].connected) last_status_[static_cast<size_t>(rank)] = Clock::now();
 }
 
 void WorkerLink::set_supervisor_note(int32_t rank, const std::string& note, bool gave_up) {

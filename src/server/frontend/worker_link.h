@@ -67,6 +67,10 @@ class WorkerLink {
   // and its state starts over (not connected, heartbeat age counted from now).
   void begin_incarnation(int32_t rank, const std::string& identity, int64_t pid);
   void set_pid(int32_t rank, int64_t pid);
+  // The set spans nodes of `ranks_per_node` ranks each: ranks are named with their node.
+  void set_ranks_per_node(int32_t ranks_per_node);
+  // A rank that has not connected yet gets its connect deadline counted from now (its node's agent just started it).
+  void restart_clock(int32_t rank);
   // The rank's process has exited; its in-flight requests fail with `reason` (503).
   void mark_exited(int32_t rank, const std::string& reason);
   // Every in-flight request fails with `reason` (the worker set is being restarted).

@@ -48,8 +48,9 @@ std::string describe_exit(int wait_status) {
   return fmt::format("the worker process ended (wait status {})", wait_status);
 }
 
-WorkerManager::WorkerManager(WorkerLink& link, int32_t n_ranks, WorkerCommand command, SupervisorConfig cfg)
-    : link_(link), n_ranks_(n_ranks), command_(std::move(command)), cfg_(cfg) {
+WorkerManager::WorkerManager(WorkerLink& link, int32_t n_ranks, WorkerCommand command, SupervisorConfig cfg,
+                             RemoteRanks* remote)
+    : link_(link), n_ranks_(n_ranks), command_(std::move(command)), cfg_(cfg), remote_(remote) {
   BG_CHECK(n_ranks >= 1, "worker manager: n_ranks {} must be >= 1", n_ranks);
   BG_CHECK(cfg.max_restarts >= 0, "--max-worker-restarts {} must be >= 0", cfg.max_restarts);
   link_.set_heartbeat_timeout(cfg.heartbeat_timeout);
@@ -110,18 +111,60 @@ pid_t WorkerManager::spawn(int32_t rank, const std::string& identity) {
 void WorkerManager::spawn_set() {
   ++incarnation_;
   children_.clear();
+  std::vector<std::string> identities;
   for (int32_t r = 0; r < n_ranks_; ++r) {
     Child c;
     c.rank = r;
     c.spawned = Clock::now();
-    c.pid = spawn(r, fmt::format("rank-{}-i{}", r, incarnation_));
+    identities.push_back(fmt::format("rank-{}-i{}{}", r, incarnation_, cfg_.identity_suffix));
+    if (remote_ != nullptr && remote_->is_remote(r)) {
+      c.remote = true;
+      link_.begin_incarnation(r, identities.back(), 0);  // its agent starts it; pid reported later
+    } else {
+      c.pid = spawn(r, identities.back());
+    }
     children_.push_back(c);
   }
+  if (remote_ != nullptr) {
+    remote_->start(incarnation_, identities);  // after rank 0: its command line bound this incarnation's rendezvous
+    log::info("frontend: incarnation {}: the other nodes' agents were asked for their ranks", incarnation_);
+  }
+}
+
+// What the remote rank's agent has reported: its pid, that it started (the heartbeat deadline counts from then), that
+// it was reaped; while its node has no agent, /ready says so.
+void WorkerManager::poll_remote(Child& c) {
+  if (c.exited) return;
+  const RemoteRank st = remote_->state(c.rank, incarnation_);
+  if (st.pid != 0 && st.pid != c.pid) {
+    c.pid = static_cast<pid_t>(st.pid);
+    link_.set_pid(c.rank, st.pid);
+    log::info("frontend: {} started (pid {} there)", rank_name(c.rank), st.pid);
+  }
+  if (st.started && !c.remote_started) {
+    c.remote_started = true;
+    link_.restart_clock(c.rank);
+  }
+  const std::string note = st.started ? "" : st.waiting;
+  if (note != c.waiting_note) {
+    c.waiting_note = note;
+    link_.set_supervisor_note(c.rank, note, false);
+  }
+  if (st.exited) {
+    c.exited = true;
+    c.wait_status = st.wait_status;
+  }
+}
+
+std::string WorkerManager::rank_name(int32_t rank) const {
+  return remote_ == nullptr ? fmt::format("rank {}", rank) : fmt::format("rank {} (node {})", rank,
+                                                                         remote_->node_of(rank));
 }
 
 void WorkerManager::reap_nonblocking() {
   for (Child& c : children_) {
-    if (c.exited) continue;
+    if (c.remote) poll_remote(c);
+    if (c.exited || c.remote) continue;
     int status = 0;
     const pid_t got = waitpid(c.pid, &status, WNOHANG);
     if (got == c.pid) {
@@ -131,8 +174,21 @@ void WorkerManager::reap_nonblocking() {
   }
 }
 
-// The first rank that is gone, hung or failed, with why ("" when the set is healthy).
+// The first rank that is gone, hung or failed, with why ("" when the set is healthy). What took a process or a node
+// away comes first (a rank killed by a signal, a node whose agent is gone): the ranks that then failed on the dead
+// peer would otherwise be named instead of the cause; so does a node that never came (the ranks waiting for it time
+// out too).
 std::string WorkerManager::find_failure(int32_t& rank) {
+  const auto now = Clock::now();
+  for (const Child& c : children_) {
+    rank = c.rank;
+    if (c.exited && WIFSIGNALED(c.wait_status)) return describe_exit(c.wait_status);
+    if (c.remote && !c.exited) {
+      const RemoteRank st = remote_->state(c.rank, incarnation_);
+      if (!st.node_gone.empty()) return st.node_gone;
+      if (std::string why = remote_failure(c, st, now); !why.empty()) return why;  // a node that never came
+    }
+  }
   const std::vector<RankState> states = link_.ranks();
   for (Child& c : children_) {
     const RankState& s = states[static_cast<size_t>(c.rank)];
@@ -142,6 +198,7 @@ std::string WorkerManager::find_failure(int32_t& rank) {
       if (s.status.phase == "failed" && !s.status.error.empty()) why = s.status.error + " (" + why + ")";
       return why;
     }
+    if (c.remote && !c.remote_started) continue;  // not started yet (the first pass minds the timeout)
     if (s.status.phase == "failed") {
       const std::string why = s.status.error.empty() ? "failed while loading" : s.status.error;
       return wait_exit(c, kFailedExitGrace) ? why + " (" + describe_exit(c.wait_status) + ")" : why;
@@ -156,19 +213,29 @@ std::string WorkerManager::find_failure(int32_t& rank) {
   return "";
 }
 
+// A remote rank whose node's agent has not got its start: a failure once the node join timeout has passed.
+std::string WorkerManager::remote_failure(const Child& c, const RemoteRank& st, Clock::time_point now) const {
+  if (st.started || now - c.spawned < cfg_.node_join_timeout) return "";
+  return fmt::format("{} for {:.1f} s (BG_RANK_TIMEOUT_S)", st.waiting.empty() ? "its node never started it"
+                                                                                 : st.waiting,
+                     seconds(cfg_.node_join_timeout));
+}
+
 // Waits up to `limit` for the child to exit by itself; true when it has (its status is then in wait_status).
 bool WorkerManager::wait_exit(Child& c, std::chrono::milliseconds limit) {
   const auto deadline = Clock::now() + limit;
   while (!c.exited) {
     int status = 0;
-    if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+    if (c.remote) {
+      poll_remote(c);
+      if (c.exited) break;
+    } else if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
       c.exited = true;
       c.wait_status = status;
-    } else if (Clock::now() > deadline || stop_requested_) {
-      return false;
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      break;
     }
+    if (Clock::now() > deadline || stop_requested_) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return true;
 }
@@ -176,11 +243,12 @@ bool WorkerManager::wait_exit(Child& c, std::chrono::milliseconds limit) {
 // SIGKILL to every rank still running (their state is lost with the failed rank's), reaped before returning.
 void WorkerManager::kill_set() {
   for (Child& c : children_) {
-    if (!c.exited) kill(c.pid, SIGKILL);
+    if (!c.exited && !c.remote) kill(c.pid, SIGKILL);
   }
+  if (remote_ != nullptr) kill_remote();
   const auto deadline = Clock::now() + kReapWait;
   for (Child& c : children_) {
-    while (!c.exited) {
+    while (!c.exited && !c.remote) {
       int status = 0;
       const pid_t got = waitpid(c.pid, &status, WNOHANG);
       if (got == c.pid || (got < 0 && errno == ECHILD)) {
@@ -197,13 +265,42 @@ void WorkerManager::kill_set() {
   }
 }
 
+// The remote ranks through their agents: SIGKILL, then their reaping reported back (bounded). A rank whose agent is
+// gone went with it (the agent's children die with it); one whose agent never got the start never ran.
+void WorkerManager::kill_remote() {
+  bool any = false;
+  for (const Child& c : children_) any = any || (c.remote && !c.exited);
+  if (!any) return;
+  remote_->kill(incarnation_);
+  const auto deadline = Clock::now() + kReapWait;
+  for (Child& c : children_) {
+    while (c.remote && !c.exited) {
+      poll_remote(c);
+      const RemoteRank st = remote_->state(c.rank, incarnation_);
+      if (c.exited) break;
+      if (!st.started || !st.node_gone.empty()) {
+        c.exited = true;
+        c.never_started = !st.started;
+        c.wait_status = SIGKILL;  // gone with its agent, or never run: recorded as killed
+        break;
+      }
+      if (Clock::now() > deadline) {
+        log::error("frontend: {} was not reported reaped by its node's agent {} s after the kill", rank_name(c.rank),
+                   seconds(kReapWait));
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
 void WorkerManager::on_failure(int32_t rank, const std::string& failure) {
   kill_set();
   for (const Child& c : children_) {
-    link_.mark_exited(c.rank, c.rank == rank ? failure : fmt::format("stopped with the worker set (rank {} {})", rank,
-                                                                    failure));
+    link_.mark_exited(c.rank, c.rank == rank ? failure : fmt::format("stopped with the worker set ({} {})",
+                                                                    rank_name(rank), failure));
   }
-  const std::string what = fmt::format("rank {}: {}", rank, failure);
+  const std::string what = fmt::format("{}: {}", rank_name(rank), failure);
   if (!ever_ready_) {
     log::error("frontend: {} (before the worker set was ready)", what);
     {
@@ -245,19 +342,25 @@ void WorkerManager::shutdown_set() {
     const auto deadline = Clock::now() + stop_grace_;
     while (Clock::now() < deadline) {
       reap_nonblocking();
-      bool alive = false;
-      for (const Child& c : children_) alive = alive || !c.exited;
+      bool alive = false;  // a remote rank whose agent never got its start is not waited for
+      for (const Child& c : children_) alive = alive || (!c.exited && (!c.remote || c.remote_started));
       if (!alive) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     for (const Child& c : children_) {
-      if (!c.exited) log::warn("frontend: rank {} (pid {}) did not exit within {:.1f} s; killing it", c.rank, c.pid,
-                               seconds(stop_grace_));
+      if (!c.exited && (!c.remote || c.remote_started)) {
+        log::warn("frontend: {} (pid {}) did not exit within {:.1f} s; killing it", rank_name(c.rank), c.pid,
+                  seconds(stop_grace_));
+      }
     }
     kill_set();
   }
   for (const Child& c : children_) {
-    log::info("frontend: rank {} (pid {}) stopped: {}", c.rank, c.pid, describe_exit(c.wait_status));
+    if (c.never_started) {
+      log::info("frontend: {} never started (its node had no agent)", rank_name(c.rank));
+    } else {
+      log::info("frontend: {} (pid {}) stopped: {}", rank_name(c.rank), c.pid, describe_exit(c.wait_status));
+    }
     link_.mark_exited(c.rank, "the server is shutting down");
   }
   children_.clear();
@@ -297,7 +400,19 @@ void WorkerManager::run() {
       continue;
     }
     int32_t rank = 0;
-    if (const std::string failure = find_failure(rank); !failure.empty()) {
+    std::string failure = find_failure(rank);
+    if (!failure.empty() && remote_ != nullptr) {
+      // Across nodes the cause may be reported a moment after its effect (a dead peer seen by a local rank before
+      // the remote agent's report of the death): let the reports arrive, then look again.
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      reap_nonblocking();
+      int32_t again_rank = rank;
+      if (std::string again = find_failure(again_rank); !again.empty()) {
+        failure = std::move(again);
+        rank = again_rank;
+      }
+    }
+    if (!failure.empty()) {
       on_failure(rank, failure);
       continue;
     }
