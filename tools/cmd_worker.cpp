@@ -28,6 +28,10 @@ void register_worker(CLI::App& app) {
                   "Prompt + completion tokens per request (default: the model's context capped by memory)");
   cmd->add_option("--chunked-prefill-size", o->chunked_prefill_size,
                   "Tokens per step: decodes first, then prefill chunks (default 2048)");
+  cmd->add_option("--idle-prefill-size", o->idle_prefill_size,
+                  "Tokens per step when no running sequence decodes in it (a lone or queued prompt prefills in these "
+                  "larger steps; a step with decodes keeps --chunked-prefill-size). Default 8192 on cuda, off on cpu; "
+                  "0: off; ignored with --deterministic");
   cmd->add_option("--max-queue", o->max_queue, "Requests waiting beyond the free running places before new ones are "
                   "rejected with 503 (default 1024; 0: only what can start now)");
   cmd->add_option("--kv-block-size", o->kv_block_size, "Tokens per KV cache block (default 64)");

@@ -92,8 +92,10 @@ Plan make_plan(const BenchOptions& o) {
     p.contexts = pick(o.contexts, {4096, 32768});
     p.prefill_tokens = pick(o.prefill_tokens, {4096, 8192, 16384, 65536});
   }
-  // The step size `serve` prefills with by default (engine::WorkerOptions), so the figures are what a server does.
-  p.chunk = o.prefill_chunk > 0 ? o.prefill_chunk : (cpu ? 64 : engine::WorkerOptions{}.chunked_prefill_size);
+  // The step size `serve` prefills a lone prompt with by default (a step without decodes: --idle-prefill-size), so
+  // the figures are what a server does.
+  const int64_t serve_chunk = engine::WorkerOptions{}.chunked_prefill_size;
+  p.chunk = o.prefill_chunk > 0 ? o.prefill_chunk : (cpu ? 64 : engine::idle_prefill_default("cuda", serve_chunk));
   p.replays = o.replays > 0 ? o.replays : (o.quick || cpu ? 3 : 10);
   for (int64_t b : p.batches) BG_CHECK(b >= 1 && b <= 4096, "bench: --batches value {} must be in [1, 4096]", b);
   for (int64_t c : p.contexts) BG_CHECK(c >= 1, "bench: --contexts value {} must be >= 1", c);

@@ -61,6 +61,11 @@ bool Engine::step() {
   return true;
 }
 
+int64_t Engine::warm_up_prefill_tokens() const {
+  const sched::SchedulerConfig& cfg = scheduler_.config();
+  return cfg.deterministic ? cfg.chunked_prefill_size : std::max(cfg.chunked_prefill_size, cfg.idle_prefill_size);
+}
+
 int64_t Engine::warm_up() {
   BG_CHECK(!model_->collective(), "engine: warm-up runs on a single rank only");
   const sched::SchedulerConfig& cfg = scheduler_.config();
@@ -87,9 +92,11 @@ int64_t Engine::warm_up() {
   const int64_t block = state_.plan().kv_block_tokens;
   const int64_t longest = cfg.max_model_len - 2;  // room for the generated tokens
   if (longest < 1) return 0;
-  // Prefill: requests of the longest prompt a step holds, enough to fill one step.
-  const int64_t prefill = std::min(cfg.chunked_prefill_size, longest);
-  run(std::min((cfg.chunked_prefill_size + prefill - 1) / prefill, cfg.max_num_seqs), prefill, 1);
+  // Prefill: requests of the longest prompt a step holds, enough to fill the largest step (one without decodes), so
+  // its workspaces are allocated and a step that does not fit fails here, before "ready".
+  const int64_t step_tokens = warm_up_prefill_tokens();
+  const int64_t prefill = std::min(step_tokens, longest);
+  run(std::min((step_tokens + prefill - 1) / prefill, cfg.max_num_seqs), prefill, 1);
   for (int64_t b = 1;; b = std::min(b * 2, cfg.max_num_seqs)) {
     run(b, std::min(block + 1, longest), 2);
     if (b == cfg.max_num_seqs) break;

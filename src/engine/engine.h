@@ -48,7 +48,9 @@ class Engine {
   // with nothing scheduled it still takes part in the step (Model::sync_idle); throws dist::SetStopping once the set
   // stops, dist::RankFailure when it failed.
   bool step();
-  // Runs dummy requests through the model before the first real one: a prefill filling a whole step, then for every
+  // Tokens of warm_up's prefill step: the largest step the scheduler makes (idle_prefill_size when it applies).
+  int64_t warm_up_prefill_tokens() const;
+  // Runs dummy requests through the model before the first real one: a prefill filling the largest step, then for every
   // decode batch bucket (1, 2, 4, ... up to max_num_seqs) that many short requests of two KV blocks' prompt decoding
   // two tokens. Kernels are then loaded, library handles and scratch set up and the decode graphs of each bucket
   // captured, so the first real requests do not pay for them. Their events are dropped and the counters reset; the

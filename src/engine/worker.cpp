@@ -337,6 +337,9 @@ void validate_worker_options(const WorkerOptions& o) {
   BG_CHECK(o.max_num_seqs >= 0, "--max-num-seqs {} must be >= 1", o.max_num_seqs);
   BG_CHECK(o.max_model_len == 0 || o.max_model_len >= 2, "--max-model-len {} must be >= 2", o.max_model_len);
   BG_CHECK(o.chunked_prefill_size >= 1, "--chunked-prefill-size {} must be >= 1", o.chunked_prefill_size);
+  BG_CHECK(o.idle_prefill_size == -1 || o.idle_prefill_size == 0 || o.idle_prefill_size >= o.chunked_prefill_size,
+           "--idle-prefill-size {} must be 0 (off) or >= --chunked-prefill-size {}", o.idle_prefill_size,
+           o.chunked_prefill_size);
   BG_CHECK(o.max_queue >= 0, "--max-queue {} must be >= 0", o.max_queue);
   BG_CHECK(o.kv_block_size >= 1 && o.kv_block_size <= 4096, "--kv-block-size {} must be in [1, 4096]",
            o.kv_block_size);
@@ -430,6 +433,8 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
   sc.max_num_seqs = plan.max_num_seqs;
   sc.max_model_len = plan.max_model_len;
   sc.chunked_prefill_size = o.chunked_prefill_size;
+  sc.idle_prefill_size = o.idle_prefill_size == -1 ? idle_prefill_default(o.device, o.chunked_prefill_size)
+                                                   : o.idle_prefill_size;
   sc.max_queue = o.max_queue;
   sc.swap_quantum_steps = o.swap_quantum_steps;
   sc.deterministic = o.deterministic;
@@ -446,10 +451,14 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
     const int64_t steps = engine->warm_up();
     log::info("worker rank {}: warmed up in {:.2f} s ({} steps: a {}-token prefill step, then decode graphs of 1 to "
               "{} sequences)", o.rank, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-              steps, sc.chunked_prefill_size, sc.max_num_seqs);
+              steps, engine->warm_up_prefill_tokens(), sc.max_num_seqs);
   }
   if (ranks) ranks->world->barrier();  // ready only once every rank has loaded
   return engine;
+}
+
+int64_t idle_prefill_default(const std::string& device, int64_t chunked_prefill_size) {
+  return device == "cuda" ? std::max<int64_t>(8192, chunked_prefill_size) : 0;
 }
 
 int run_worker(const WorkerOptions& options) {

@@ -25,6 +25,8 @@ struct WorkerOptions {
   int64_t max_num_seqs = 0;               // --max-num-seqs (0: planner default, 16 on cpu, 256 on cuda)
   int64_t max_model_len = 0;              // --max-model-len (0: the model's context capped by memory)
   int64_t chunked_prefill_size = 2048;    // --chunked-prefill-size: tokens per step
+  int64_t idle_prefill_size = -1;         // --idle-prefill-size: tokens per step without decodes (-1: the device's
+                                          // default, idle_prefill_default; 0: chunked_prefill_size)
   int64_t max_queue = 1024;               // --max-queue: waiting requests (beyond free running places) before 503
   int64_t kv_block_size = 64;             // --kv-block-size: tokens per KV block
   int64_t kv_cache_memory_bytes = 0;      // --kv-cache-memory-bytes (0: from the device's memory)
@@ -66,6 +68,10 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& options,
 
 // Runs the worker to the end: 0 after "shutdown" or the parent's exit, 1 when loading failed (after reporting
 // phase "failed" with the error). Throws only when the endpoint cannot be connected.
+// --idle-prefill-size's default: 8192 on cuda (a prefill step of 8192 tokens runs about 2.5x the tokens/s of 2048 on
+// the H200; bench/RESULTS.md), off on cpu, never below chunked_prefill_size.
+int64_t idle_prefill_default(const std::string& device, int64_t chunked_prefill_size);
+
 int run_worker(const WorkerOptions& options);
 
 }  // namespace bg::engine

@@ -21,6 +21,9 @@ Scheduler::Scheduler(kv::StateManager& state, const SchedulerConfig& config)
   BG_CHECK(align_ <= 1 || config_.chunked_prefill_size >= config_.max_num_seqs + align_, "--chunked-prefill-size {} "
            "must be >= --max-num-seqs {} + {} (prefill pieces of this model are whole {}-token KDA chunks)",
            config_.chunked_prefill_size, config_.max_num_seqs, align_, align_);
+  BG_CHECK(config_.idle_prefill_size == 0 || config_.idle_prefill_size >= config_.chunked_prefill_size,
+           "--idle-prefill-size {} must be 0 (off) or >= --chunked-prefill-size {}", config_.idle_prefill_size,
+           config_.chunked_prefill_size);
   BG_CHECK(config_.max_queue >= 0, "--max-queue {} must be >= 0", config_.max_queue);
   BG_CHECK(config_.kv_watermark >= 0.0 && config_.kv_watermark < 1.0, "KV watermark {} must be in [0, 1)",
            config_.kv_watermark);
@@ -74,6 +77,11 @@ StepPlan Scheduler::schedule() {
   TokenBudget budget(config_.chunked_prefill_size);
   rotate();
   schedule_decodes(plan, budget);
+  // No decode token in this step: nobody's inter-token latency depends on its length, so prefill takes the larger
+  // budget (the deterministic grid keeps its fixed pieces).
+  if (plan.empty() && grid_ == 0 && config_.idle_prefill_size > config_.chunked_prefill_size) {
+    budget = TokenBudget(config_.idle_prefill_size);
+  }
   schedule_prefills(plan, budget);
   admit_waiting(plan, budget);
   return plan;

@@ -32,6 +32,10 @@ struct SchedulerConfig {
   // the snapshot interval), whatever else runs; a piece the step has no room for waits for the next step. With the
   // state plan's resume_align_tokens at the snapshot interval, a prefix-cache hit resumes on the same grid.
   bool deterministic = false;
+  // Tokens per step when the step has no decode token (every running request is still prefilling), so a lone or
+  // queued prompt prefills in larger, faster steps while nothing waits on the step's latency; a step with decodes
+  // keeps chunked_prefill_size. 0: chunked_prefill_size. Not with --deterministic (its prefill grid is fixed).
+  int64_t idle_prefill_size = 0;
 };
 
 // Why a request was not accepted: an HTTP-like code (400 too long, 503 queue full) and a message for the client.

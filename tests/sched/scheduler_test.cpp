@@ -352,6 +352,55 @@ TEST(Scheduler, DeterministicPiecesDoNotDependOnOtherRequests) {
   EXPECT_THROW(Scheduler(f.state, c), Error);
 }
 
+TEST(Scheduler, StepsWithoutDecodesTakeTheIdlePrefillSize) {
+  FakeSetup f;
+  FakeModel& m = f.model;
+  SchedulerConfig c = config(4, 8);
+  c.idle_prefill_size = 32;
+  Scheduler s(f.state, c);
+  ASSERT_FALSE(s.add(make_request("a", 40)));
+  StepPlan p;
+  run_step(s, m, &p);  // nothing decodes: the lone prompt takes 32 tokens, not 8
+  ASSERT_EQ(p.chunks.size(), 1u);
+  EXPECT_EQ(p.chunks[0].n_tokens, 32);
+  ASSERT_FALSE(s.add(make_request("b", 3)));
+  run_step(s, m, &p);  // still no decode: a's last 8 and all of b in one step
+  ASSERT_EQ(p.chunks.size(), 2u);
+  EXPECT_EQ(p.chunks[0].start, 32);
+  EXPECT_EQ(p.chunks[0].n_tokens, 8);
+  EXPECT_TRUE(p.chunks[0].samples);
+  EXPECT_EQ(p.chunks[1].req->id, "b");
+  EXPECT_EQ(p.chunks[1].n_tokens, 3);
+  ASSERT_FALSE(s.add(make_request("c", 30)));
+  run_step(s, m, &p);  // a and b decode: the step is back to 8 tokens, c's first piece gets the 6 left
+  ASSERT_EQ(p.chunks.size(), 3u);
+  EXPECT_EQ(p.chunks[0].n_tokens, 1);
+  EXPECT_EQ(p.chunks[1].n_tokens, 1);
+  EXPECT_EQ(p.chunks[2].req->id, "c");
+  EXPECT_EQ(p.chunks[2].n_tokens, 6);
+  EXPECT_EQ(p.n_tokens, 8);
+}
+
+TEST(Scheduler, IdlePrefillSizeIsValidatedAndIgnoredWhenDeterministic) {
+  FakeSetup f;
+  SchedulerConfig c = config(4, 16);
+  c.idle_prefill_size = 8;  // below the step budget
+  EXPECT_THROW(Scheduler(f.state, c), Error);
+  c.idle_prefill_size = 0;  // off
+  EXPECT_NO_THROW(Scheduler(f.state, c));
+
+  FakeSetup g(FakeModelOptions{.prefill_align = 4, .snapshot_interval = 12});
+  SchedulerConfig d = config(2, 14);
+  d.deterministic = true;
+  d.idle_prefill_size = 64;
+  Scheduler s(g.state, d);
+  ASSERT_FALSE(s.add(make_request("a", 40)));
+  StepPlan p;
+  run_step(s, g.model, &p);  // the fixed grid of 12-token pieces, as without the idle size
+  ASSERT_EQ(p.chunks.size(), 1u);
+  EXPECT_EQ(p.chunks[0].n_tokens, 12);
+}
+
 TEST(Scheduler, BudgetMustLeaveRoomForOneChunk) {
   FakeSetup f(FakeModelOptions{.prefill_align = 8});
   EXPECT_THROW(Scheduler(f.state, config(4, 11)), Error);  // 4 decodes + one 8-token chunk > 11

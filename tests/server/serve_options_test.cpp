@@ -49,6 +49,9 @@ TEST(ServeOptions, UnavailableFeaturesAndBadValuesAreErrors) {
   o.parallel.ep = 2;
   EXPECT_EQ(validation_error(o), "");  // CUDA ranks of one host, over CUDA IPC (they may share a GPU)
   o = base;
+  o.idle_prefill_size = -2;
+  EXPECT_NE(validation_error(o).find("--idle-prefill-size -2 must be >= 0"), std::string::npos);
+  o = base;
   o.k3_moe_exchange = "mpi";
   EXPECT_NE(validation_error(o).find("must be nccl, ll or ll-fp8"), std::string::npos);
   o = base;
@@ -164,6 +167,11 @@ TEST(ServeOptions, WorkerCommandLine) {
   argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 0, "rank-0-i0");
   const std::vector<std::string> streamed = {"--resident-experts", "0.25", "--expert-trace", "/t.json"};
   EXPECT_NE(std::search(argv.begin(), argv.end(), streamed.begin(), streamed.end()), argv.end());
+  opt.chunked_prefill_size = 1024;
+  opt.idle_prefill_size = 0;  // off is a value, not "unset"
+  argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 0, "rank-0-i0");
+  const std::vector<std::string> steps = {"--chunked-prefill-size", "1024", "--idle-prefill-size", "0"};
+  EXPECT_NE(std::search(argv.begin(), argv.end(), steps.begin(), steps.end()), argv.end());
 }
 
 TEST(ServeOptions, WorkerCommandLineOfARankSet) {

@@ -66,6 +66,8 @@ void validate_serve_options(ServeOptions& opt) {
   check_positive(opt.max_num_seqs, "--max-num-seqs");
   check_positive(opt.max_model_len, "--max-model-len");
   check_positive(opt.chunked_prefill_size, "--chunked-prefill-size");
+  BG_CHECK(!opt.idle_prefill_size || *opt.idle_prefill_size >= 0, "--idle-prefill-size {} must be >= 0 (0: off)",
+           opt.idle_prefill_size.value_or(0));
   check_positive(opt.max_connections, "--max-connections");
   BG_CHECK(!opt.max_queue || *opt.max_queue >= 0, "--max-queue {} must be >= 0", opt.max_queue.value_or(0));
   auto check_seconds = [](double v, const char* flag, double lo) {
@@ -129,6 +131,7 @@ std::vector<std::string> worker_command(const ServeOptions& opt, const std::stri
   add("--max-num-seqs", opt.max_num_seqs);
   add("--max-model-len", opt.max_model_len);
   add("--chunked-prefill-size", opt.chunked_prefill_size);
+  add("--idle-prefill-size", opt.idle_prefill_size);
   add("--max-queue", opt.max_queue);
   const dist::ParallelLayout layout = dist::ParallelLayout::from_flags(opt.parallel);
   if (layout.multi_rank()) {

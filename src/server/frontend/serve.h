@@ -21,6 +21,7 @@ struct ServeOptions {
   std::optional<int64_t> max_num_seqs;          // unset: the worker's default
   std::optional<int64_t> max_model_len;
   std::optional<int64_t> chunked_prefill_size;
+  std::optional<int64_t> idle_prefill_size;     // unset: the worker's default; 0: off
   std::optional<int64_t> max_queue;
   // Sequence state (the worker's kv::StateManager; docs/SERVING_ENGINE.md)
   bool prefix_cache = true;                     // false: --no-prefix-cache
