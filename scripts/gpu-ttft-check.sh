@@ -3,7 +3,8 @@
 # and with --idle-prefill-size 0 (every step at --chunked-prefill-size), from a carried bundle (scripts/gpu-bundle.sh)
 # on the GPU machine. Writes the slice once (kept in $BG_BENCH_MODEL). Output: $OUT/ttft.txt (docs/SERVING_ENGINE.md,
 # "Step sizes").
-#   scripts/gpu-ttft-check.sh [BUNDLE] [PROMPT_TOKENS...]     (default prompts of 8192 and 32768 token ids)
+#   scripts/gpu-ttft-check.sh [BUNDLE] [PROMPT_TOKENS...]     (default prompts of 8192 and 32768 token ids;
+#                                                             BG_TTFT_ROUNDS: measurements of each, default 2)
 set -u
 BUNDLE=${1:-.gpu}
 shift || true
@@ -27,7 +28,7 @@ for mode in default off; do
   server=$!
   for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null && break; sleep 0.5; done
   for n in ${LENGTHS[*]}; do
-    for round in 1 2; do
+    for round in $(seq 1 "${BG_TTFT_ROUNDS:-2}"); do
       python3 - "$PORT" "$n" "$mode" "$round" >> "$LOG" <<'EOF'
 import json, sys, time, urllib.request
 port, n, mode, rnd = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
