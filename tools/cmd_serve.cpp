@@ -72,8 +72,9 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--worker-heartbeat-timeout", o.worker_heartbeat_timeout_s, "Seconds without a heartbeat after "
                   "which a worker counts as hung and the worker set is restarted (default 60)");
   cmd->add_option("--node-timeout", o.node_timeout_s, "With --nnodes > 1: seconds without a message from a node's "
-                  "agent after which node 0 counts it (and its ranks) as gone, and an agent stops its ranks and exits "
-                  "when node 0 is silent this long (default 10)");
+                  "agent after which node 0 counts it (and its ranks) as gone, and an agent stops its ranks (then "
+                  "waits for node 0 to come back, up to BG_RANK_TIMEOUT_S) when node 0 is silent this long (default "
+                  "10)");
   cmd->add_option("--max-worker-restarts", o.max_worker_restarts, "Restarts of the worker set in a row before the "
                   "supervisor gives up (default 5; backoff 1 s doubling to 30 s)");
   cmd->add_flag("--no-prefix-cache", [a](int64_t) { a->opt.prefix_cache = false; }, "Do not reuse the KV / state "

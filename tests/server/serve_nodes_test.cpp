@@ -264,21 +264,40 @@ TEST(ServeNodes, TwoNodesServeLikeOneRankSurviveAKilledRankAndReportAGoneAgent) 
   EXPECT_FALSE(alive(last_set[0]) || alive(last_set[1]));
 }
 
-// kill -9 of node 0: its own rank dies with it, and node 1's agent stops its rank and exits 1 after --node-timeout.
-TEST(ServeNodes, AnAgentWhoseNodeZeroIsGoneStopsItsRanksAndExits) {
+// kill -9 of node 0: its own rank dies with it, and node 1's agent stops its rank after --node-timeout and waits;
+// node 0 started again takes node 1 back (same answer); killed again and not restarted, the agent exits 1 after the
+// rank timeout.
+TEST(ServeNodes, AnAgentWhoseNodeZeroIsGoneStopsItsRanksAndRejoinsARestartedOne) {
   NodeSetup s;
-  Proc node0(s.node(0), s.tmp.path() / "node0.log");
-  Proc node1(s.node(1), s.tmp.path() / "node1.log");
-  ASSERT_TRUE(eventually([&] { return ready(s.port).status == 200; }, 60s)) << node0.log() << node1.log();
-  const std::vector<pid_t> ranks = {pids_in(node0.log(), R"(started rank 0 \(pid (\d+)\))").at(0),
+  const std::vector<std::pair<std::string, std::string>> rejoin_timeout = {{"BG_RANK_TIMEOUT_S", "12"}};
+  auto node0 = std::make_unique<Proc>(s.node(0), s.tmp.path() / "node0.log");
+  Proc node1(s.node(1), s.tmp.path() / "node1.log", rejoin_timeout);
+  ASSERT_TRUE(eventually([&] { return ready(s.port).status == 200; }, 60s)) << node0->log() << node1.log();
+  const std::string answer = chat(s.port);
+  ASSERT_NE(answer, "");
+  const std::vector<pid_t> ranks = {pids_in(node0->log(), R"(started rank 0 \(pid (\d+)\))").at(0),
                                     pids_in(node1.log(), R"(started rank 1 \(pid (\d+)\))").at(0)};
   const auto t0 = std::chrono::steady_clock::now();
-  kill(node0.pid(), SIGKILL);
-  EXPECT_EQ(node1.wait(20s), 1) << node1.log();
+  kill(node0->pid(), SIGKILL);
+  EXPECT_EQ(node0->wait(10s), 128 + SIGKILL);
+  const std::string lost = "node 1: node 0 (tcp://" + s.addr + ") sent nothing for 3.0 s (--node-timeout); this "
+                           "node's ranks were stopped; waiting up to 12 s (BG_RANK_TIMEOUT_S) for node 0 to come back";
+  ASSERT_TRUE(eventually([&] { return node1.log().find(lost) != std::string::npos; }, 10s)) << node1.log();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
-  EXPECT_NE(node1.log().find("node 1: node 0 (tcp://" + s.addr + ") sent nothing for 3.0 s (--node-timeout); this "
-                             "node's ranks were stopped"), std::string::npos) << node1.log();
   EXPECT_TRUE(eventually([&] { return !alive(ranks[0]) && !alive(ranks[1]); }, 10s)) << "an orphan rank is left";
+  EXPECT_TRUE(alive(node1.pid()));  // the agent waits
+
+  node0 = std::make_unique<Proc>(s.node(0), s.tmp.path() / "node0-again.log");
+  ASSERT_TRUE(eventually([&] { return ready(s.port).status == 200; }, 60s)) << node0->log() << node1.log();
+  EXPECT_EQ(chat(s.port), answer);
+  const std::vector<pid_t> again = pids_in(node1.log(), R"(started rank 1 \(pid (\d+)\))");
+  ASSERT_EQ(again.size(), 2u) << node1.log();
+
+  kill(node0->pid(), SIGKILL);  // and this time node 0 stays away
+  EXPECT_EQ(node1.wait(40s), 1) << node1.log();
+  EXPECT_NE(node1.log().find("node 0 did not come back at tcp://" + s.addr + " within 12 s"), std::string::npos)
+      << node1.log();
+  EXPECT_TRUE(eventually([&] { return !alive(again[1]); }, 10s)) << "an orphan rank is left";
 }
 
 TEST(ServeNodes, ANodeThatNeverComesAndAnUnreachableNodeZeroAreNamed) {

@@ -73,6 +73,8 @@ class NodeAgent {
   bool goodbye_ = false;
   Clock::time_point last_heard_;
   Clock::time_point last_sent_;
+  Clock::time_point joining_since_;  // when the agent last started waiting for node 0 (start, or node 0 lost)
+  bool rejoining_ = false;           // node 0 was lost once: waiting for it to come back
 };
 
 NodeAgent::NodeAgent(const ServeOptions& opt)
@@ -210,12 +212,12 @@ void NodeAgent::stop_workers(std::chrono::milliseconds grace) {
 }
 
 int NodeAgent::run(const sigset_t& signals) {
-  nodes::Hello h{node_, layout_.nnodes(), node_config_signature(opt_), getpid(), host_name()};
+  const nodes::Hello h{node_, layout_.nnodes(), node_config_signature(opt_), getpid(), host_name()};
   send("hello", nodes::to_json(h));
   const int32_t first = layout_.first_rank_of(node_);
   log::info("serve: node {} of {} ({}): agent for ranks {}..{}; node 0 is {}", node_, layout_.nnodes(),
             layout_.describe(), first, first + layout_.ranks_per_node() - 1, ep_.control);
-  const auto t0 = Clock::now();
+  joining_since_ = Clock::now();
   const auto join_timeout = std::chrono::duration<double>(dist::rank_timeout_s(600.0));
   const auto silence = std::chrono::duration<double>(opt_.node_timeout_s);
   zmq::pollitem_t item{sock_.handle(), 0, ZMQ_POLLIN, 0};
@@ -232,15 +234,30 @@ int NodeAgent::run(const sigset_t& signals) {
       return 0;
     }
     const auto now = Clock::now();
-    if (!welcomed_ && now - t0 > join_timeout) {
+    if (!welcomed_ && now - joining_since_ > join_timeout) {
+      if (rejoining_) {
+        fail("node {}: node 0 did not come back at {} within {:.0f} s (BG_RANK_TIMEOUT_S); this node's ranks are "
+             "stopped", node_, ep_.control, join_timeout.count());
+      }
       fail("node {}: node 0 did not answer at {} within {:.0f} s (BG_RANK_TIMEOUT_S): is its serve running, and is "
            "--dist-init-addr {} its address?", node_, ep_.control, join_timeout.count(), opt_.dist_init_addr);
     }
     if (welcomed_ && now - last_heard_ > silence) {
+      // Node 0 is gone (killed, crashed, cut off): no rank of this node may outlive its set, so they stop now. The
+      // agent stays and says hello again until node 0 answers (a restarted serve takes this node back) or the rank
+      // timeout passes.
       stop_workers(std::chrono::milliseconds(0));
-      fail("node {}: node 0 ({}) sent nothing for {:.1f} s (--node-timeout); this node's ranks were stopped", node_,
-           ep_.control, silence.count());
+      log::warn("node {}: node 0 ({}) sent nothing for {:.1f} s (--node-timeout); this node's ranks were stopped; "
+                "waiting up to {:.0f} s (BG_RANK_TIMEOUT_S) for node 0 to come back", node_, ep_.control,
+                silence.count(), join_timeout.count());
+      children_.clear();
+      incarnation_ = 0;  // a restarted node 0 counts its incarnations from 1 again
+      welcomed_ = false;
+      rejoining_ = true;
+      joining_since_ = now;
     }
+    // Until node 0 answers, a hello a second: queued while node 0 is down, delivered once its socket is back.
+    if (!welcomed_ && now - last_sent_ >= std::chrono::seconds(1)) send("hello", nodes::to_json(h));
     if (welcomed_ && now - last_sent_ >= nodes::kHeartbeatInterval) send("heartbeat");
   }
   stop_workers(kStopGrace);  // node 0 asked its ranks to shut down before its goodbye: they are leaving already
