@@ -57,4 +57,14 @@ pid_t spawn_child(const std::vector<std::string>& argv, const SpawnOptions& opti
   return pid;
 }
 
+sigset_t block_stop_signals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  return signals;
+}
+
 }  // namespace bg

@@ -111,23 +111,6 @@ INSTANTIATE_TEST_SUITE_P(
                                  false, true}),
     [](const auto& param_info) { return param_info.param.name; });
 
-// A free TCP port on 127.0.0.1 (bound, read, released: the node processes bind it next).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) close(fd);
-    return 0;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // Two "nodes" on this host (the same `score` command with --nnodes 2 and --node-rank 0 / 1, joined over TCP at
 // --dist-init-addr, two ranks each): node 0 writes one rank's logits bit for bit, node 1 writes nothing and exits 0.
 TEST(ParallelScoreNodes, TwoNodesOnOneHostEqualOneRank) {
@@ -137,7 +120,7 @@ TEST(ParallelScoreNodes, TwoNodesOnOneHostEqualOneRank) {
   auto model = load_model(gc.model_dir());
   const int64_t V = model->info().vocab_size;
   const GoldenPrompt g = gc.prompt(0);
-  const int port = free_port();
+  const int port = free_tcp_port();
   ASSERT_GT(port, 0);
   auto argv_of = [&](int node, const std::filesystem::path& out) {
     return std::vector<std::string>{exe, "score", "--model", gc.model_dir().string(), "--tokens", join_ids(g.tokens),
@@ -168,7 +151,7 @@ TEST(ParallelScoreNodes, AMissingNodeIsNamedAfterTheRankTimeout) {
   TempDir tmp;
   const std::string exe = std::string(BG_BINARY_DIR) + "/batchgen";
   GoldenCase gc(golden_dir() / "kimi_k3" / "k3-tiny");
-  const int port = free_port();
+  const int port = free_tcp_port();
   ASSERT_GT(port, 0);
   std::vector<std::string> argv = {exe, "score", "--model", gc.model_dir().string(), "--tokens", "1,2,3", "--out",
                                    (tmp.path() / "x.safetensors").string(), "--ep", "4", "--nnodes", "2",

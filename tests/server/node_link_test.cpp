@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "process_testing.h"
 #include "server/frontend/node_link.h"
 #include "server/frontend/node_protocol.h"
 
@@ -14,17 +15,8 @@ namespace bg::frontend {
 namespace {
 
 using namespace std::chrono_literals;
+using bg::testing::eventually;
 using json = nlohmann::json;
-
-template <typename F>
-bool eventually(F cond, std::chrono::milliseconds limit = 5000ms) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
 
 std::string endpoint() {
   static int n = 0;

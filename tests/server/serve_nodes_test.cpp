@@ -34,25 +34,10 @@ using json = nlohmann::json;
 
 const std::string kExe = std::string(BG_BINARY_DIR) + "/batchgen";
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) close(fd);
-    return 0;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // Two consecutive free ports (serve across nodes takes --dist-init-addr's port and the next one).
 int free_port_pair() {
   for (int i = 0; i < 50; ++i) {
-    const int p = free_port();
+    const int p = free_tcp_port();
     if (p <= 0 || p >= 65535) continue;
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
@@ -116,16 +101,6 @@ class Proc {
   int status_ = -1;
 };
 
-template <typename F>
-bool eventually(F cond, std::chrono::milliseconds limit) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return cond();
-}
-
 // Alive and not a zombie (an orphan that nobody reaped would still count as alive).
 bool alive(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
@@ -154,7 +129,7 @@ struct NodeSetup {
     model = (tmp.path() / "tiny-k3").string();
     EXPECT_EQ(run_process({kExe, "make-random", "--arch", "kimi_k3", "--preset", "tiny", "--out", model},
                           tmp.path() / "make.log"), 0);
-    port = free_port();
+    port = free_tcp_port();
     addr = "127.0.0.1:" + std::to_string(free_port_pair());
   }
   std::vector<std::string> serve(std::vector<std::string> extra) const {

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "fake_worker.h"
+#include "process_testing.h"
 #include "server/frontend/ipc_dir.h"
 #include "server/frontend/worker_link.h"
 #include "server/frontend/worker_manager.h"
@@ -20,16 +21,7 @@ namespace bg::frontend {
 namespace {
 
 using namespace std::chrono_literals;
-
-template <typename F>
-bool eventually(F cond, std::chrono::milliseconds limit = 5000ms) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
+using bg::testing::eventually;
 
 std::string endpoint() {
   static int n = 0;

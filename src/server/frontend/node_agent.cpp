@@ -268,12 +268,7 @@ int NodeAgent::run(const sigset_t& signals) {
 }  // namespace
 
 int run_node_agent(const ServeOptions& opt) {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  const sigset_t signals = block_stop_signals();
   NodeAgent agent(opt);
   return agent.run(signals);
 }

@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/spawn.h"
 #include "dist/rank_context.h"
 #include "dist/rendezvous.h"
 #include "dist/shm_comm.h"
@@ -281,12 +282,7 @@ int run_serve(ServeOptions opt) {
               opt.device == "cpu" ? std::string("shm (CPU ranks)") : opt.k3_moe_exchange);
   }
   // Before any thread starts: SIGINT/SIGTERM only reach sigtimedwait below; a gone client must not kill us.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  const sigset_t signals = block_stop_signals();
 
   const FrontendConfig http_cfg = frontend_config(opt);
   std::unique_ptr<TextModel> model = load_text_model(opt.model_dir, opt.chat_template);
