@@ -40,6 +40,7 @@ std::string command_line(const BenchArgs& a) {
   if (!a.exchange_ranks.empty()) cmd += " --ranks " + a.exchange_ranks;
   if (!a.exchange_tokens.empty()) cmd += " --exchange-tokens " + a.exchange_tokens;
   if (o.prefill_chunk > 0) cmd += fmt::format(" --prefill-chunk {}", o.prefill_chunk);
+  if (o.decode_tokens > 0) cmd += fmt::format(" --decode-tokens {}", o.decode_tokens);
   if (o.replays > 0) cmd += fmt::format(" --replays {}", o.replays);
   if (!o.kernel_filter.empty()) cmd += " --kernels " + o.kernel_filter;
   if (o.resident_experts < 1.0) cmd += fmt::format(" --resident-experts {}", o.resident_experts);
@@ -110,6 +111,10 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--prefill-tokens", args->prefill_tokens, "Prompt lengths, e.g. 4096,8192,16384,65536");
   cmd->add_option("--prefill-chunk", o.prefill_chunk, "Tokens per prefill step (default: the scheduler's default)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--decode-tokens", o.decode_tokens,
+                  "prefill: greedy tokens generated after each prompt; their ids and top-1 margins are reported, so "
+                  "runs of the same prompt on two devices can be compared (default 0)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--replays", o.replays, "Timed decode steps per point (default 10, quick 3)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--kernels", o.kernel_filter, "Only kernel cases whose name contains this");

@@ -256,6 +256,16 @@ class Backend {
     (void)regions;
     return nullptr;
   }
+  // Device memory. held / peak_held: what the backend's caching allocator holds (in use + cached) now and at most
+  // since reset_memory_peak(); device_used / device_total: the device's own figures (every allocation of every
+  // process, weights and the context included); peak_device_used: device_used - held + peak_held, the device's use at
+  // the allocator's peak (weights are allocated outside the allocator and do not change during a step). Host
+  // backends: zeros.
+  struct MemoryUse {
+    size_t held = 0, peak_held = 0, device_used = 0, device_total = 0, peak_device_used = 0;
+  };
+  virtual MemoryUse memory_use() const { return {}; }
+  virtual void reset_memory_peak() {}
   RopeHandle prepare_rope(const ops::RopeTable& table);
   // A writable linear of `like`'s format and shape (its contents undefined until written). Default: throws (the
   // backend cannot stream experts).

@@ -113,6 +113,7 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
       ptr = take_locked(size, got);
       in_use_ += got;
     }
+    peak_held_ = std::max(peak_held_, in_use_ + cached_);
   }
   std::weak_ptr<CachingAllocator> self = weak_from_this();
   std::weak_ptr<CapturePool> owner = pool;
@@ -154,6 +155,16 @@ size_t CachingAllocator::bytes_in_use() const {
 size_t CachingAllocator::bytes_cached() const {
   std::lock_guard lock(mutex_);
   return cached_;
+}
+
+size_t CachingAllocator::peak_bytes_held() const {
+  std::lock_guard lock(mutex_);
+  return peak_held_;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard lock(mutex_);
+  peak_held_ = in_use_ + cached_;
 }
 
 void CachingAllocator::release_cache() {

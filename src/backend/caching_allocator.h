@@ -58,6 +58,10 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   std::shared_ptr<void> allocate(size_t bytes);
   size_t bytes_in_use() const;  // handed out, or held by a capture pool
   size_t bytes_cached() const;  // free in the shared cache
+  // The most device memory this allocator held at once (in use + cached) since it was made or reset_peak() was
+  // last called: what a workload needs of the budget.
+  size_t peak_bytes_held() const;
+  void reset_peak();  // the peak becomes what is held now
   size_t budget_bytes() const { return budget_; }
   // Returns every cached block to the driver. During a capture this is deferred to end_capture: cudaFree is illegal
   // while a stream is being captured (it would end the capture with an error).
@@ -86,6 +90,7 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   size_t budget_ = 0;
   size_t in_use_ = 0;
   size_t cached_ = 0;
+  size_t peak_held_ = 0;  // max of in_use_ + cached_
   std::multimap<size_t, void*> free_;  // size -> block
   std::shared_ptr<CapturePool> capture_;  // the pool of the capture in progress
   bool release_deferred_ = false;         // release_cache was asked for during the capture

@@ -60,6 +60,7 @@ struct Plan {
   bool kernels = false, steps = false, prefill = false, host = false;
   std::vector<int64_t> batches, contexts, prefill_tokens;
   int64_t chunk = 0;
+  int64_t decode_tokens = 0;
   int replays = 0;
 };
 
@@ -101,6 +102,9 @@ Plan make_plan(const BenchOptions& o) {
   for (int64_t c : p.contexts) BG_CHECK(c >= 1, "bench: --contexts value {} must be >= 1", c);
   for (int64_t t : p.prefill_tokens) BG_CHECK(t >= 1, "bench: --prefill-tokens value {} must be >= 1", t);
   BG_CHECK(o.prefill_chunk >= 0, "bench: --prefill-chunk {} must be >= 1", o.prefill_chunk);
+  BG_CHECK(o.decode_tokens >= 0 && o.decode_tokens <= 4096, "bench: --decode-tokens {} must be in [0, 4096]",
+           o.decode_tokens);
+  p.decode_tokens = o.decode_tokens;
   BG_CHECK((o.weight_store.empty() && o.distributed_weight_config.empty()) || o.models.size() == 1,
            "bench: --weight-store and --distributed-weight-config name the weights of one --model (got {})",
            o.models.size());
@@ -133,7 +137,7 @@ struct StateSize {
 StateSize state_size(const Plan& p) {
   const int64_t max_batch = std::max<int64_t>(max_of(p.batches), 1);
   const int64_t step_tokens = p.steps ? max_batch * (max_of(p.contexts) + 192) : 0;
-  const int64_t prefill_tokens = p.prefill ? max_of(p.prefill_tokens) + 128 : 0;
+  const int64_t prefill_tokens = p.prefill ? max_of(p.prefill_tokens) + p.decode_tokens + 128 : 0;
   return {max_batch, std::max({step_tokens, prefill_tokens, int64_t{64}})};
 }
 
@@ -144,8 +148,9 @@ void check_fits(const Model& model, const Plan& p, const std::string& name) {
              "max_position_embeddings {}; choose --contexts", max_of(p.contexts), name, limit);
   }
   if (p.prefill) {
-    BG_CHECK(max_of(p.prefill_tokens) <= limit, "bench: prompt of {} tokens exceeds {}'s max_position_embeddings {}; "
-             "choose --prefill-tokens", max_of(p.prefill_tokens), name, limit);
+    BG_CHECK(max_of(p.prefill_tokens) + p.decode_tokens <= limit, "bench: prompt of {} tokens (+{} decode tokens) "
+             "exceeds {}'s max_position_embeddings {}; choose --prefill-tokens", max_of(p.prefill_tokens),
+             p.decode_tokens, name, limit);
   }
 }
 
@@ -190,7 +195,8 @@ void bench_model(const fs::path& dir, bool first, const BenchOptions& o, const P
     }
     if (p.prefill) {
       attempt(r, "prefill " + name, [&] {
-        auto prefill = bench_prefill(*model, *state, {name, p.prefill_tokens, p.chunk}, cost, r.ceilings);
+        auto prefill = bench_prefill(*model, *state, {name, p.prefill_tokens, p.chunk, p.decode_tokens}, cost,
+                                     r.ceilings);
         r.prefill.insert(r.prefill.end(), prefill.begin(), prefill.end());
       });
     }

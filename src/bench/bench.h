@@ -22,6 +22,7 @@ struct BenchOptions {
   // Empty: the defaults of the device and mode (docs/PERF.md).
   std::vector<int64_t> batches, contexts, prefill_tokens;
   int64_t prefill_chunk = 0;  // 0: the scheduler's default chunked_prefill_size
+  int64_t decode_tokens = 0;  // greedy tokens generated after each prefill prompt (ids and margins reported)
   int replays = 0;            // timed decode steps per point; 0: 10 (quick: 3)
   std::string kernel_filter;  // only kernel cases whose name contains it
   // The weight source of the (one) --model: a weightd store to attach, peers to fetch from (docs/WEIGHTS.md).

@@ -2,6 +2,7 @@
 #include "bench/bench_report.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace bg::bench {
 namespace {
@@ -68,7 +69,10 @@ json step_json(const StepResult& s) {
 json prefill_json(const PrefillResult& p) {
   return {{"model", p.model}, {"prompt_tokens", p.prompt_tokens}, {"chunk_tokens", p.chunk_tokens},
           {"seconds", p.seconds}, {"tokens_per_s", p.tokens_per_s}, {"roofline_tokens_per_s", p.roofline_tokens_per_s},
-          {"flops", p.flops}, {"ratio", p.ratio}};
+          {"flops", p.flops}, {"ratio", p.ratio}, {"peak_device_bytes", p.peak_device_bytes},
+          {"peak_pool_bytes", p.peak_pool_bytes}, {"device_total_bytes", p.device_total_bytes},
+          {"peak_rss_bytes", p.peak_rss_bytes}, {"decoded_ids", p.decoded_ids}, {"decode_margins", p.decode_margins},
+          {"decode_ms_per_token", p.decode_ms_per_token}};
 }
 
 json host_json(const HostResult& h) {
@@ -170,11 +174,17 @@ std::string format_table(const BenchReport& r) {
     }
   }
   if (!r.prefill.empty()) {
-    out += fmt::format("\n{:<16} {:>8} {:>8} {:>10} {:>12} {:>14} {:>7}\n", "prefill", "tokens", "chunk", "seconds",
-                       "tokens/s", "roofline tok/s", "ratio");
+    out += fmt::format("\n{:<16} {:>8} {:>8} {:>10} {:>12} {:>14} {:>7} {:>9} {:>8}\n", "prefill", "tokens", "chunk",
+                       "seconds", "tokens/s", "roofline tok/s", "ratio", "device GB", "rss GB");
     for (const auto& p : r.prefill) {
-      out += fmt::format("{:<16} {:>8} {:>8} {:>10.3f} {:>12.1f} {:>14.1f} {:>7.2f}\n", p.model, p.prompt_tokens,
-                         p.chunk_tokens, p.seconds, p.tokens_per_s, p.roofline_tokens_per_s, p.ratio);
+      out += fmt::format("{:<16} {:>8} {:>8} {:>10.3f} {:>12.1f} {:>14.1f} {:>7.2f} {:>9.2f} {:>8.2f}\n", p.model,
+                         p.prompt_tokens, p.chunk_tokens, p.seconds, p.tokens_per_s, p.roofline_tokens_per_s, p.ratio,
+                         p.peak_device_bytes / 1e9, p.peak_rss_bytes / 1e9);
+    }
+    for (const auto& p : r.prefill) {
+      if (p.decoded_ids.empty()) continue;
+      out += fmt::format("{:<16} {:>8} decoded [{}] margins [{:.3f}] {:.2f} ms/token\n", p.model, p.prompt_tokens,
+                         fmt::join(p.decoded_ids, ","), fmt::join(p.decode_margins, ","), p.decode_ms_per_token);
     }
   }
   if (r.host) {

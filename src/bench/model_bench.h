@@ -31,13 +31,20 @@ struct StepBenchSpec {
 std::vector<StepResult> bench_steps(Model& model, kv::StateManager& state, const StepBenchSpec& spec, DeviceBench& device,
                                     const StepCostModel& cost, const Ceilings& ceilings);
 
+// The prompt bench_prefill runs for a length: n pseudo-random ids in [0, vocab), seeded by n (the same on every
+// device and run).
+std::vector<int32_t> bench_prompt(int64_t n, int64_t vocab);
+
 struct PrefillBenchSpec {
   std::string model_name;
   std::vector<int64_t> prompt_tokens;
   int64_t chunk_tokens = 0;  // tokens per forward_batch, as the scheduler's chunked prefill would cut the prompt
+  int64_t decode_tokens = 0;  // greedy tokens generated after each prompt (0: none)
 };
 
-// One sequence per prompt length, its prompt run in chunks; tokens/s beside the FLOP roofline of the same chunks.
+// One sequence per prompt length, its prompt run in chunks; tokens/s beside the FLOP roofline of the same chunks,
+// the memory the prompt took, then `decode_tokens` greedy tokens (ids and margins recorded, so two devices' runs of
+// the same prompt can be compared: the prompt is the same pseudo-random ids on every device, seeded by its length).
 std::vector<PrefillResult> bench_prefill(Model& model, kv::StateManager& state, const PrefillBenchSpec& spec,
                                          const StepCostModel& cost, const Ceilings& ceilings);
 

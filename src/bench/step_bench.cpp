@@ -5,6 +5,10 @@
 #include <random>
 #include <set>
 
+#include <sys/resource.h>
+
+#include <fmt/ranges.h>
+
 #include "bench/model_bench.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -17,6 +21,23 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// The largest logit's id (the lowest id among equal ones, as the engine's greedy sampler) and its lead over the
+// second largest.
+std::pair<int32_t, float> greedy_pick(const std::vector<float>& logits) {
+  const auto best = std::max_element(logits.begin(), logits.end());
+  float second = -INFINITY;
+  for (auto it = logits.begin(); it != logits.end(); ++it) {
+    if (it != best) second = std::max(second, *it);
+  }
+  return {static_cast<int32_t>(best - logits.begin()), *best - second};
+}
+
+double peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) * 1024.0;  // kilobytes on Linux
 }
 
 std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
@@ -134,6 +155,8 @@ StepResult bench_one_step(Model& model, kv::StateManager& state, const StepBench
 
 }  // namespace
 
+std::vector<int32_t> bench_prompt(int64_t n, int64_t vocab) { return random_ids(n, vocab, static_cast<uint64_t>(n)); }
+
 std::vector<StepResult> bench_steps(Model& model, kv::StateManager& state, const StepBenchSpec& spec, DeviceBench& device,
                                     const StepCostModel& cost, const Ceilings& ceilings) {
   BG_CHECK(spec.replays >= 1, "bench: --replays must be >= 1");
@@ -156,18 +179,18 @@ std::vector<StepResult> bench_steps(Model& model, kv::StateManager& state, const
 std::vector<PrefillResult> bench_prefill(Model& model, kv::StateManager& state, const PrefillBenchSpec& spec,
                                          const StepCostModel& cost, const Ceilings& ceilings) {
   BG_CHECK(spec.chunk_tokens >= 1, "bench: prefill chunk {} must be >= 1", spec.chunk_tokens);
+  BG_CHECK(spec.decode_tokens >= 0, "bench: --decode-tokens {} must be >= 0", spec.decode_tokens);
   const int64_t vocab = model.info().vocab_size;
   std::vector<float> logits(static_cast<size_t>(vocab));
   std::vector<PrefillResult> out;
   bool warm = false;
   for (int64_t n_prompt : spec.prompt_tokens) {
-    const std::vector<int32_t> prompt = random_ids(n_prompt, vocab, static_cast<uint64_t>(n_prompt));
-    auto run = [&](int64_t n) {
-      std::unique_ptr<Sequence> seq = state.new_sequence(n);
+    const std::vector<int32_t> prompt = bench_prompt(n_prompt, vocab);
+    auto run = [&](Sequence& seq, int64_t n) {
       StepCost total;
       for (int64_t start = 0; start < n; start += spec.chunk_tokens) {
         const int64_t len = std::min(spec.chunk_tokens, n - start);
-        const BatchEntry entry{seq.get(), std::span<const int32_t>(prompt).subspan(start, len)};
+        const BatchEntry entry{&seq, std::span<const int32_t>(prompt).subspan(start, len)};
         model.forward_batch(std::span<const BatchEntry>(&entry, 1), logits.data());
         const StepCost c = cost.prefill_chunk(start, len, ceilings);
         total.bytes += c.bytes;
@@ -177,23 +200,47 @@ std::vector<PrefillResult> bench_prefill(Model& model, kv::StateManager& state, 
       return total;
     };
     if (!warm) {  // library initialisation and first-use allocations stay out of the first figure
-      run(std::min(n_prompt, spec.chunk_tokens));
+      const int64_t n = std::min(n_prompt, spec.chunk_tokens);
+      run(*state.new_sequence(n), n);
       warm = true;
     }
+    std::unique_ptr<Sequence> seq = state.new_sequence(n_prompt + spec.decode_tokens);
+    model.backend().reset_memory_peak();
     const auto t0 = Clock::now();
-    const StepCost total = run(n_prompt);
+    const StepCost total = run(*seq, n_prompt);
     PrefillResult r;
     r.model = spec.model_name;
     r.prompt_tokens = n_prompt;
     r.chunk_tokens = spec.chunk_tokens;
     r.seconds = ms_since(t0) / 1e3;
+    const Backend::MemoryUse mem = model.backend().memory_use();
+    r.peak_device_bytes = static_cast<double>(mem.peak_device_used);
+    r.peak_pool_bytes = static_cast<double>(mem.peak_held);
+    r.device_total_bytes = static_cast<double>(mem.device_total);
     warn_if_not_finite(logits, fmt::format("prefill of {} tokens", n_prompt));
     r.tokens_per_s = static_cast<double>(n_prompt) / r.seconds;
     r.flops = total.flops;
     r.roofline_tokens_per_s = total.roofline_ms > 0 ? static_cast<double>(n_prompt) / (total.roofline_ms / 1e3) : 0;
     r.ratio = r.tokens_per_s > 0 ? r.roofline_tokens_per_s / r.tokens_per_s : 0.0;
-    log::info("bench prefill {} {} tokens (chunk {}): {:.2f} s, {:.0f} tokens/s (roofline {:.0f})", spec.model_name,
-              n_prompt, spec.chunk_tokens, r.seconds, r.tokens_per_s, r.roofline_tokens_per_s);
+    const auto t1 = Clock::now();
+    for (int64_t i = 0; i < spec.decode_tokens; ++i) {
+      const auto [id, margin] = greedy_pick(logits);
+      r.decoded_ids.push_back(id);
+      r.decode_margins.push_back(margin);
+      if (i + 1 == spec.decode_tokens) break;
+      const BatchEntry entry{seq.get(), std::span<const int32_t>(&r.decoded_ids.back(), 1)};
+      model.forward_batch(std::span<const BatchEntry>(&entry, 1), logits.data());
+    }
+    if (spec.decode_tokens > 1) r.decode_ms_per_token = ms_since(t1) / static_cast<double>(spec.decode_tokens - 1);
+    r.peak_rss_bytes = peak_rss_bytes();
+    log::info("bench prefill {} {} tokens (chunk {}): {:.2f} s, {:.0f} tokens/s (roofline {:.0f}), device memory at "
+              "its peak {:.2f} GB", spec.model_name, n_prompt, spec.chunk_tokens, r.seconds, r.tokens_per_s,
+              r.roofline_tokens_per_s, r.peak_device_bytes / 1e9);
+    if (!r.decoded_ids.empty()) {
+      log::info("bench prefill {} {} tokens: greedy continuation [{}], margins [{:.3f}], {:.2f} ms per token",
+                spec.model_name, n_prompt, fmt::join(r.decoded_ids, ", "), fmt::join(r.decode_margins, ", "),
+                r.decode_ms_per_token);
+    }
     out.push_back(r);
   }
   return out;

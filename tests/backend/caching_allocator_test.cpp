@@ -60,6 +60,23 @@ TEST(CachingAllocator, ReusesAFreedBlockOfTheSameSizeWithoutDriverCalls) {
   EXPECT_EQ(f.alloc->bytes_cached(), 0u);
 }
 
+TEST(CachingAllocator, ThePeakCountsWhatWasHeldAtOnceUntilReset) {
+  Fixture f(1 << 20);
+  {
+    auto a = f.alloc->allocate(1024);
+    auto b = f.alloc->allocate(2048);
+    EXPECT_EQ(f.alloc->peak_bytes_held(), 3072u);
+  }
+  EXPECT_EQ(f.alloc->peak_bytes_held(), 3072u);  // both cached now: still held
+  auto c = f.alloc->allocate(1024);              // from the cache: nothing new held
+  EXPECT_EQ(f.alloc->peak_bytes_held(), 3072u);
+  f.alloc->release_cache();  // 2048 back to the driver
+  f.alloc->reset_peak();
+  EXPECT_EQ(f.alloc->peak_bytes_held(), 1024u);
+  auto d = f.alloc->allocate(4096);
+  EXPECT_EQ(f.alloc->peak_bytes_held(), 5120u);
+}
+
 TEST(CachingAllocator, OutsideACaptureTheCacheGoesBackToTheDriverAtTheBudget) {
   Fixture f(4096);
   f.alloc->allocate(2048).reset();

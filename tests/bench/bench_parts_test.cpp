@@ -3,9 +3,11 @@
 // each routed expert exactly as stored; the op-record reductions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
+#include "bench/model_bench.h"
 #include "bench/op_profiler.h"
 #include "bench/roofline.h"
 #include "formats/checkpoint.h"
@@ -125,6 +127,48 @@ TEST(StepCostModel, CountsStoredExpertBytesAndKv) {
   EXPECT_DOUBLE_EQ(longer.bytes - all.bytes, 4.0 * 1000 * 48 * 2);
   EXPECT_GT(cost.prefill_chunk(0, 64, c).flops, 0.0);
   EXPECT_GT(cost.prefill_chunk(64, 64, c).flops, cost.prefill_chunk(0, 64, c).flops);  // more keys per query
+}
+
+// bench prefill --decode-tokens: the prompt run in chunks and its greedy continuation are what one whole-prompt
+// forward and a plain greedy loop over a fresh sequence give (the ids two devices' runs are compared by), the memory
+// fields are filled (a host backend has no device figures), and a negative count is refused.
+TEST(BenchPrefill, DecodesTheGreedyContinuationOfThePrompt) {
+  TempDir tmp;
+  const auto dir = tiny(tmp, "kimi_k3");
+  auto model = load_model(dir);
+  auto state = make_state(*model, 2, 512);
+  const bench::StepCostModel cost = bench::StepCostModel::load(dir, 4);
+  bench::Ceilings c;
+  c.read_gbps = 100.0;
+  c.gemm_bf16_tflops = 1.0;
+  const int64_t n_prompt = 150, n_decode = 6;
+  const auto results = bench::bench_prefill(*model, *state, {"tiny", {n_prompt}, 64, n_decode}, cost, c);
+  ASSERT_EQ(results.size(), 1u);
+  const bench::PrefillResult& r = results[0];
+  ASSERT_EQ(r.decoded_ids.size(), static_cast<size_t>(n_decode));
+  ASSERT_EQ(r.decode_margins.size(), static_cast<size_t>(n_decode));
+  for (float m : r.decode_margins) EXPECT_GE(m, 0.0f);
+  EXPECT_GT(r.decode_ms_per_token, 0.0);
+  EXPECT_GT(r.peak_rss_bytes, 0.0);
+  EXPECT_EQ(r.peak_device_bytes, 0.0);  // the CPU backend has no device
+
+  const int64_t vocab = model->info().vocab_size;
+  const std::vector<int32_t> prompt = bench::bench_prompt(n_prompt, vocab);
+  EXPECT_EQ(prompt, bench::bench_prompt(n_prompt, vocab));  // the same prompt on every run
+  auto seq = state->new_sequence(n_prompt + n_decode);
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  std::vector<int32_t> expected;
+  std::vector<int32_t> next = prompt;
+  for (int64_t i = 0; i < n_decode; ++i) {
+    const BatchEntry entry{seq.get(), next};
+    model->forward_batch(std::span<const BatchEntry>(&entry, 1), logits.data());
+    expected.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+    next = {expected.back()};
+  }
+  EXPECT_EQ(r.decoded_ids, expected);
+  EXPECT_NE(bg_error_of([&] { bench::bench_prefill(*model, *state, {"tiny", {8}, 64, -1}, cost, c); })
+                .find("--decode-tokens"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -194,6 +194,17 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> pin_host_memory(std::span<const HostRegion> regions) override {
     return uploader().pin(regions);
   }
+  MemoryUse memory_use() const override {
+    MemoryUse m;
+    m.held = alloc_->bytes_in_use() + alloc_->bytes_cached();
+    m.peak_held = alloc_->peak_bytes_held();
+    size_t free_bytes = 0;
+    BG_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &m.device_total));
+    m.device_used = m.device_total - free_bytes;
+    m.peak_device_used = m.device_used - std::min(m.held, m.device_used) + m.peak_held;
+    return m;
+  }
+  void reset_memory_peak() override { alloc_->reset_peak(); }
 
   void embedding(const Tensor& table, Tensor& out) override {
     BG_PROFILE_OP("embedding", stream_);
