@@ -63,7 +63,22 @@ void* CachingAllocator::take_locked(size_t size, size_t& got) {
   if (in_use_ + cached_ + size > budget_) release_locked();
   BG_CHECK(in_use_ + size <= budget_, "CUDA memory budget exceeded: {} bytes requested with {} in use of a {} byte "
            "budget", size, in_use_, budget_);
-  return driver_->malloc(size);
+  return driver_malloc_locked(size);
+}
+
+// A new block from the driver, outside a capture. The budget counts only this allocator's blocks, while the device
+// also holds what was allocated around it (weights, libraries, other processes): when the device is out of memory the
+// cached blocks go back to it and the request is tried once more.
+void* CachingAllocator::driver_malloc_locked(size_t size) {
+  void* ptr = driver_->malloc(size);
+  if (ptr == nullptr && cached_ > 0) {
+    release_locked();
+    ptr = driver_->malloc(size);
+  }
+  BG_CHECK(ptr != nullptr, "CUDA out of memory: {:.1f} MiB requested with {:.1f} MiB in use by this process's "
+           "allocator (its cache was given back first)", static_cast<double>(size) / (1 << 20),
+           static_cast<double>(in_use_) / (1 << 20));
+  return ptr;
 }
 
 // During a capture: the pool's own freed blocks, the shared cache, a new block within the budget, and at the budget
@@ -85,18 +100,19 @@ void* CachingAllocator::take_capture_locked(size_t size, size_t& got) {
   if (auto it = pool.free_.find(size); it != pool.free_.end()) return take(pool.free_, it, false);
   if (auto it = free_.find(size); it != free_.end()) return take(free_, it, true);
   if (in_use_ + cached_ + size <= budget_) {
-    got = size;
-    void* ptr = driver_->malloc(size);
-    in_use_ += size;
-    pool.bytes_ += size;
-    ++pool.n_blocks_;
-    return ptr;
+    if (void* ptr = driver_->malloc(size)) {  // out of device memory: a larger free block below, as at the budget
+      got = size;
+      in_use_ += size;
+      pool.bytes_ += size;
+      ++pool.n_blocks_;
+      return ptr;
+    }
   }
   if (auto it = pool.free_.lower_bound(size); it != pool.free_.end()) return take(pool.free_, it, false);
   if (auto it = free_.lower_bound(size); it != free_.end()) return take(free_, it, true);
-  fail("CUDA memory budget exceeded during CUDA graph capture: {} bytes requested with {} in use and {} cached of a "
-       "{} byte budget, and no free block is large enough (cached blocks cannot be returned to the driver while a "
-       "graph is captured)", size, in_use_, cached_, budget_);
+  fail("CUDA memory budget or device memory exhausted during CUDA graph capture: {} bytes requested with {} in use "
+       "and {} cached of a {} byte budget, and no free block is large enough (cached blocks cannot be returned to the "
+       "driver while a graph is captured)", size, in_use_, cached_, budget_);
 }
 
 std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
@@ -114,6 +130,7 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
       in_use_ += got;
     }
     peak_held_ = std::max(peak_held_, in_use_ + cached_);
+    peak_in_use_ = std::max(peak_in_use_, in_use_);
   }
   std::weak_ptr<CachingAllocator> self = weak_from_this();
   std::weak_ptr<CapturePool> owner = pool;
@@ -162,9 +179,15 @@ size_t CachingAllocator::peak_bytes_held() const {
   return peak_held_;
 }
 
+size_t CachingAllocator::peak_bytes_in_use() const {
+  std::lock_guard lock(mutex_);
+  return peak_in_use_;
+}
+
 void CachingAllocator::reset_peak() {
   std::lock_guard lock(mutex_);
   peak_held_ = in_use_ + cached_;
+  peak_in_use_ = in_use_;
 }
 
 void CachingAllocator::release_cache() {

@@ -9,7 +9,8 @@
 
 namespace bg {
 
-// The device calls the allocator makes. malloc throws bg::Error when the device cannot give the memory.
+// The device calls the allocator makes. malloc returns nullptr when the device is out of memory (the allocator then
+// gives its cached blocks back and asks once more) and throws bg::Error on any other failure.
 class BlockDriver {
  public:
   virtual ~BlockDriver() = default;
@@ -61,7 +62,8 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   // The most device memory this allocator held at once (in use + cached) since it was made or reset_peak() was
   // last called: what a workload needs of the budget.
   size_t peak_bytes_held() const;
-  void reset_peak();  // the peak becomes what is held now
+  size_t peak_bytes_in_use() const;  // the most handed out at once over the same span: what a workload needs
+  void reset_peak();  // the peaks become what is held / in use now
   size_t budget_bytes() const { return budget_; }
   // Returns every cached block to the driver. During a capture this is deferred to end_capture: cudaFree is illegal
   // while a stream is being captured (it would end the capture with an error).
@@ -81,6 +83,7 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   static size_t round_size(size_t bytes);
   void* take_locked(size_t size, size_t& got);
   void* take_capture_locked(size_t size, size_t& got);
+  void* driver_malloc_locked(size_t size);
   void release_locked();
   void give_back(void* ptr, size_t size, const std::shared_ptr<CapturePool>& pool);
   void return_pool(CapturePool& pool);
@@ -91,6 +94,7 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   size_t in_use_ = 0;
   size_t cached_ = 0;
   size_t peak_held_ = 0;  // max of in_use_ + cached_
+  size_t peak_in_use_ = 0;
   std::multimap<size_t, void*> free_;  // size -> block
   std::shared_ptr<CapturePool> capture_;  // the pool of the capture in progress
   bool release_deferred_ = false;         // release_cache was asked for during the capture

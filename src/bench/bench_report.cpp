@@ -70,7 +70,8 @@ json prefill_json(const PrefillResult& p) {
   return {{"model", p.model}, {"prompt_tokens", p.prompt_tokens}, {"chunk_tokens", p.chunk_tokens},
           {"seconds", p.seconds}, {"tokens_per_s", p.tokens_per_s}, {"roofline_tokens_per_s", p.roofline_tokens_per_s},
           {"flops", p.flops}, {"ratio", p.ratio}, {"peak_device_bytes", p.peak_device_bytes},
-          {"peak_pool_bytes", p.peak_pool_bytes}, {"device_total_bytes", p.device_total_bytes},
+          {"peak_pool_bytes", p.peak_pool_bytes}, {"peak_in_use_bytes", p.peak_in_use_bytes},
+          {"device_total_bytes", p.device_total_bytes},
           {"peak_rss_bytes", p.peak_rss_bytes}, {"decoded_ids", p.decoded_ids}, {"decode_margins", p.decode_margins},
           {"decode_ms_per_token", p.decode_ms_per_token}};
 }

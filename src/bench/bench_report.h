@@ -104,8 +104,10 @@ struct PrefillResult {
   double flops = 0;
   double ratio = 0;  // roofline_tokens_per_s / tokens_per_s
   // Memory of the prompt (bytes): the device's use at the backend allocator's peak during the prefill, what the
-  // allocator held at most, the device's size (all 0 on a host backend), and this process's peak resident set.
-  double peak_device_bytes = 0, peak_pool_bytes = 0, device_total_bytes = 0, peak_rss_bytes = 0;
+  // allocator held at most (in use + cached) and had in use at most, the device's size (all 0 on a host backend),
+  // and this process's peak resident set.
+  double peak_device_bytes = 0, peak_pool_bytes = 0, peak_in_use_bytes = 0, device_total_bytes = 0,
+         peak_rss_bytes = 0;
   // --decode-tokens: the greedy continuation after the prompt (the first id is the prompt's own argmax), each
   // step's top-1 minus top-2 logit (a small margin means another device's rounding may pick another id), and the
   // wall time of one decode step at the prompt's length.

@@ -216,6 +216,7 @@ std::vector<PrefillResult> bench_prefill(Model& model, kv::StateManager& state, 
     const Backend::MemoryUse mem = model.backend().memory_use();
     r.peak_device_bytes = static_cast<double>(mem.peak_device_used);
     r.peak_pool_bytes = static_cast<double>(mem.peak_held);
+    r.peak_in_use_bytes = static_cast<double>(mem.peak_in_use);
     r.device_total_bytes = static_cast<double>(mem.device_total);
     warn_if_not_finite(logits, fmt::format("prefill of {} tokens", n_prompt));
     r.tokens_per_s = static_cast<double>(n_prompt) / r.seconds;

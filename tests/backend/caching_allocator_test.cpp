@@ -3,7 +3,9 @@
 // freed during a capture reused inside it, a captured graph's memory kept from everyone else while the graph lives.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <set>
 
@@ -14,22 +16,31 @@ namespace bg {
 namespace {
 
 // Host memory standing in for the device. `capturing` mirrors a stream under capture: a free then is the bug.
+// `device_bytes` stands for the device's free memory: a malloc past it returns nullptr (cudaErrorMemoryAllocation).
 struct FakeDriver final : BlockDriver {
   void* malloc(size_t bytes) override {
     ++n_malloc;
+    if (live_bytes + bytes > device_bytes) return nullptr;
     void* p = std::malloc(bytes);
     live.insert(p);
+    sizes[p] = bytes;
+    live_bytes += bytes;
     return p;
   }
   void free(void* ptr) noexcept override {
     ++n_free;
     if (capturing) ++n_free_while_capturing;
     live.erase(ptr);
+    live_bytes -= sizes[ptr];
+    sizes.erase(ptr);
     std::free(ptr);
   }
   bool capturing = false;
   int n_malloc = 0, n_free = 0, n_free_while_capturing = 0;
   std::set<void*> live;
+  std::map<void*, size_t> sizes;
+  size_t live_bytes = 0;
+  size_t device_bytes = SIZE_MAX;
 };
 
 struct Fixture {
@@ -75,6 +86,41 @@ TEST(CachingAllocator, ThePeakCountsWhatWasHeldAtOnceUntilReset) {
   EXPECT_EQ(f.alloc->peak_bytes_held(), 1024u);
   auto d = f.alloc->allocate(4096);
   EXPECT_EQ(f.alloc->peak_bytes_held(), 5120u);
+}
+
+// The device holds more than this allocator (weights, libraries): when it is out of memory below the budget, the
+// cached blocks go back and the request is tried again; with nothing left to give back the error says so.
+TEST(CachingAllocator, OutOfDeviceMemoryGivesTheCacheBackAndAsksAgain) {
+  Fixture f(1 << 20);
+  f.driver->device_bytes = 5120;
+  f.alloc->allocate(2048).reset();  // cached
+  EXPECT_EQ(f.alloc->bytes_cached(), 2048u);
+  auto big = f.alloc->allocate(4096);  // 2048 + 4096 > 5120: fails, the cache goes back, then fits
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(f.driver->n_free, 1);
+  EXPECT_EQ(f.alloc->bytes_cached(), 0u);
+  EXPECT_EQ(f.alloc->peak_bytes_in_use(), 4096u);
+  std::string message;
+  try {
+    f.alloc->allocate(2048);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("CUDA out of memory"), std::string::npos) << message;
+  EXPECT_EQ(f.alloc->bytes_in_use(), 4096u);  // the failed request left nothing behind
+}
+
+// During a capture nothing can be freed: out of device memory, a larger cached block serves instead.
+TEST(CachingAllocator, OutOfDeviceMemoryDuringACaptureTakesALargerFreeBlock) {
+  Fixture f(1 << 20);
+  f.driver->device_bytes = 4096;
+  f.alloc->allocate(4096).reset();  // cached; the device is full
+  auto pool = f.begin();
+  auto small = f.alloc->allocate(1024);
+  f.end();
+  ASSERT_NE(small, nullptr);
+  EXPECT_EQ(f.driver->n_free_while_capturing, 0);
+  EXPECT_EQ(pool->bytes(), 4096u);
 }
 
 TEST(CachingAllocator, OutsideACaptureTheCacheGoesBackToTheDriverAtTheBudget) {

@@ -16,6 +16,10 @@ class CudaBlockDriver final : public BlockDriver {
     BG_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     const cudaError_t err = cudaMalloc(&ptr, bytes);
     BG_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // not sticky: clear it, the allocator frees its cache and asks again
+      return nullptr;
+    }
     BG_CUDA_CHECK(err);
     return ptr;
   }

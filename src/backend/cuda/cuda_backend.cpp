@@ -198,6 +198,7 @@ class CudaBackend final : public Backend {
     MemoryUse m;
     m.held = alloc_->bytes_in_use() + alloc_->bytes_cached();
     m.peak_held = alloc_->peak_bytes_held();
+    m.peak_in_use = alloc_->peak_bytes_in_use();
     size_t free_bytes = 0;
     BG_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &m.device_total));
     m.device_used = m.device_total - free_bytes;
