@@ -79,6 +79,9 @@ void register_serve(CLI::App& app) {
                   "supervisor gives up (default 5; backoff 1 s doubling to 30 s)");
   cmd->add_flag("--no-prefix-cache", [a](int64_t) { a->opt.prefix_cache = false; }, "Do not reuse the KV / state "
                "of earlier requests that share a prompt prefix (default: on)");
+  cmd->add_flag("--no-step-profile", [a](int64_t) { a->opt.profile_memory = false; }, "cuda: size the KV cache "
+               "without first measuring the largest prefill step's memory (default: measured and kept out of the "
+               "--gpu-memory-utilization budget)");
   cmd->add_flag("--no-warmup", [a](int64_t) { a->opt.warmup = false; }, "cuda: workers report ready without "
                "running dummy requests first (default: a prefill and every decode graph bucket before ready)");
   cmd->add_option("--prefix-snapshot-interval", a->prefix_snapshot_interval, "Tokens between KDA state snapshots in "

@@ -44,6 +44,9 @@ void register_worker(CLI::App& app) {
   add_expert_residency_options(cmd, o->resident_experts, o->expert_trace);
   cmd->add_flag("--no-prefix-cache", [o](int64_t) { o->prefix_cache = false; },
                "Do not reuse KV / state of earlier requests that share a prefix (default: on)");
+  cmd->add_flag("--no-step-profile", [o](int64_t) { o->profile_memory = false; },
+               "cuda: size the KV cache without first measuring the largest prefill step's memory (default: measured "
+               "and kept out of the --gpu-memory-utilization budget)");
   cmd->add_flag("--no-warmup", [o](int64_t) { o->warmup = false; },
                "cuda: report ready without running dummy requests first (default: a prefill and every decode graph "
                "bucket are run before ready)");

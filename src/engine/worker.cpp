@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "dist/comm.h"
 #include "dist/rank_setup.h"
+#include "ops/mla/mla_prefill_plan.h"
 #include "sched/planner.h"
 
 namespace bg::engine {
@@ -380,6 +381,33 @@ int64_t ranks_per_device(const WorkerOptions& o, const dist::RankPlace& place) {
 #endif
 }
 
+// What the largest step needs of the device beyond the weights and the pools, measured (the planner keeps it out of
+// the KV budget): a throwaway sequence prefills pseudo-random ids in steps of `step_tokens` until its context holds
+// the largest MLA prefill pass (16,384 gathered rows) and one more step, or `max_len`; the result is the allocator's
+// peak in use during those steps less what it had in use before them (the throwaway pools), plus 5 % for what
+// another prompt may route differently. The cached blocks stay for the steps that follow.
+int64_t profile_step_memory(Model& model, int64_t step_tokens, int64_t max_len) {
+  const int64_t n = std::min(max_len, ops::MlaPrefillOptions{}.max_pass_rows + step_tokens);
+  const int64_t vocab = model.info().vocab_size;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % vocab);
+  std::unique_ptr<kv::StateManager> state = make_state(model, 1, n);
+  std::unique_ptr<Sequence> seq = state->new_sequence(n);
+  Backend& be = model.backend();
+  be.reset_memory_peak();
+  const size_t before = be.memory_use().in_use;
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  for (int64_t start = 0; start < n; start += step_tokens) {
+    const int64_t len = std::min(step_tokens, n - start);
+    const BatchEntry entry{seq.get(), std::span<const int32_t>(ids).subspan(static_cast<size_t>(start),
+                                                                            static_cast<size_t>(len))};
+    model.forward_batch(std::span<const BatchEntry>(&entry, 1), logits.data());
+  }
+  const size_t peak = be.memory_use().peak_in_use;
+  const auto need = static_cast<double>(peak > before ? peak - before : 0);
+  return static_cast<int64_t>(need * 1.05);
+}
+
 }  // namespace
 
 std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<void(const std::string&)>& on_phase,
@@ -407,7 +435,11 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
   in.snapshot_interval = o.snapshot_interval;
   in.state_codec = kv::parse_state_codec(o.state_offload_dtype);
   in.deterministic = o.deterministic;
-  sched::Plan plan = sched::make_plan(geo, in);
+  // One probe before the weights load: a second plan (after the profile step below) must see the same free memory.
+  const sched::DeviceMemory device_memory =
+      o.kv_cache_memory_bytes > 0 ? sched::DeviceMemory{} : sched::probe_device_memory(o.device);
+  const sched::MemoryProbe probe = [&](const std::string&) { return device_memory; };
+  sched::Plan plan = sched::make_plan(geo, in, probe);
   log::info("worker rank {}: {}", o.rank, plan.describe());
   std::shared_ptr<dist::RankContext> ranks;
   if (place.layout.multi_rank()) {
@@ -427,24 +459,35 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
     ranks = std::move(started.ranks);
     if (on_phase) on_phase("loading");
   }
-  BG_CHECK(o.chunked_prefill_size >= plan.max_num_seqs, "--chunked-prefill-size {} must be >= --max-num-seqs {} "
-           "(every running sequence decodes one token per step)", o.chunked_prefill_size, plan.max_num_seqs);
-  sched::SchedulerConfig sc;
-  sc.max_num_seqs = plan.max_num_seqs;
-  sc.max_model_len = plan.max_model_len;
-  sc.chunked_prefill_size = o.chunked_prefill_size;
-  sc.idle_prefill_size = o.idle_prefill_size == -1 ? idle_prefill_default(o.device, o.chunked_prefill_size)
-                                                   : o.idle_prefill_size;
-  sc.max_queue = o.max_queue;
-  sc.swap_quantum_steps = o.swap_quantum_steps;
-  sc.deterministic = o.deterministic;
+  const int64_t idle_prefill_size = o.idle_prefill_size == -1 ? idle_prefill_default(o.device, o.chunked_prefill_size)
+                                                              : o.idle_prefill_size;
   LoadOptions lo = plan.load_options();
   lo.ranks = ranks;
   lo.weight_store = o.weight_store;
   lo.distributed_weight_config = o.distributed_weight_config;
   lo.resident_experts = o.resident_experts;
   lo.expert_trace = o.expert_trace;
-  auto engine = std::make_unique<Engine>(load_model(o.model_dir, lo), plan.state_plan(), sc);
+  std::unique_ptr<Model> model = load_model(o.model_dir, lo);
+  // One CUDA rank with a budget from free memory: measure the largest step and plan again without its memory. (A rank
+  // set agreed on its plan before loading; its ranks keep the --gpu-memory-utilization headroom.)
+  if (o.device == "cuda" && !ranks && o.kv_cache_memory_bytes == 0 && o.profile_memory) {
+    if (on_phase) on_phase("measuring a step");
+    const int64_t step = o.deterministic ? o.chunked_prefill_size : std::max(o.chunked_prefill_size, idle_prefill_size);
+    in.activation_reserve_bytes = profile_step_memory(*model, step, plan.max_model_len);
+    plan = sched::make_plan(geo, in, probe);
+    log::info("worker rank {}: with the largest step measured: {}", o.rank, plan.describe());
+  }
+  BG_CHECK(o.chunked_prefill_size >= plan.max_num_seqs, "--chunked-prefill-size {} must be >= --max-num-seqs {} "
+           "(every running sequence decodes one token per step)", o.chunked_prefill_size, plan.max_num_seqs);
+  sched::SchedulerConfig sc;
+  sc.max_num_seqs = plan.max_num_seqs;
+  sc.max_model_len = plan.max_model_len;
+  sc.chunked_prefill_size = o.chunked_prefill_size;
+  sc.idle_prefill_size = idle_prefill_size;
+  sc.max_queue = o.max_queue;
+  sc.swap_quantum_steps = o.swap_quantum_steps;
+  sc.deterministic = o.deterministic;
+  auto engine = std::make_unique<Engine>(std::move(model), plan.state_plan(), sc);
   if (o.warmup && o.device == "cuda" && !ranks) {
     if (on_phase) on_phase("warming up");
     const auto t0 = std::chrono::steady_clock::now();

@@ -41,6 +41,8 @@ void validate_input(const PlannerInput& in) {
   BG_CHECK(in.max_num_seqs >= 0, "--max-num-seqs {} must be >= 1", in.max_num_seqs);
   BG_CHECK(in.max_model_len >= 0, "--max-model-len {} must be >= 1", in.max_model_len);
   BG_CHECK(in.kv_cache_memory_bytes >= 0, "--kv-cache-memory-bytes {} must be > 0", in.kv_cache_memory_bytes);
+  BG_CHECK(in.activation_reserve_bytes >= 0, "planner: a negative activation reserve ({})",
+           in.activation_reserve_bytes);
   BG_CHECK(in.gpu_memory_utilization > 0.0 && in.gpu_memory_utilization <= 1.0,
            "--gpu-memory-utilization {} must be in (0, 1]", in.gpu_memory_utilization);
   BG_CHECK(in.cpu_budget_bytes > 0, "cpu memory budget {} must be > 0", in.cpu_budget_bytes);
@@ -121,10 +123,11 @@ int64_t memory_budget_bytes(const ModelGeometry& geo, const PlannerInput& in, co
   // Ranks sharing one GPU start together and each would see it empty: each takes its share of the total at most.
   const int64_t share = std::min(mem.free_bytes, mem.total_bytes / std::max<int64_t>(in.ranks_per_device, 1));
   const auto usable = static_cast<int64_t>(static_cast<double>(share) * in.gpu_memory_utilization);
-  const int64_t budget = usable - geo.weight_bytes;
-  BG_CHECK(budget > 0, "planner: the weights ({:.2f} GiB) leave nothing of {:.2f} GiB ({} x {:.2f} GiB free) for the "
-           "KV cache; raise --gpu-memory-utilization or use more GPUs", gib(geo.weight_bytes), gib(usable),
-           in.gpu_memory_utilization, gib(share));
+  const int64_t budget = usable - geo.weight_bytes - in.activation_reserve_bytes;
+  BG_CHECK(budget > 0, "planner: the weights ({:.2f} GiB) and the largest step's activations ({:.2f} GiB) leave "
+           "nothing of {:.2f} GiB ({} x {:.2f} GiB free) for the KV cache; raise --gpu-memory-utilization, lower "
+           "--idle-prefill-size / --chunked-prefill-size or use more GPUs", gib(geo.weight_bytes),
+           gib(in.activation_reserve_bytes), gib(usable), in.gpu_memory_utilization, gib(share));
   return budget;
 }
 
@@ -160,6 +163,7 @@ Plan make_plan(const ModelGeometry& geo, const PlannerInput& in, const MemoryPro
   p.kv_block_size = in.kv_block_size;
   p.weight_bytes = geo.weight_bytes;
   p.budget_bytes = memory_budget_bytes(geo, in, in.kv_cache_memory_bytes > 0 ? DeviceMemory{} : probe(in.device));
+  p.activation_reserve_bytes = in.kv_cache_memory_bytes > 0 || in.device == "cpu" ? 0 : in.activation_reserve_bytes;
   check_host_tier(in, p.budget_bytes, probe);
   p.host_bytes = in.host_memory_bytes;
   p.prefix_cache = in.prefix_cache;
@@ -237,10 +241,10 @@ kv::StatePlan Plan::state_plan() const {
 }
 
 std::string Plan::describe() const {
-  return fmt::format("planner ({}): weights {:.3f} GiB on this rank; KV + state budget {:.3f} GiB -> {} sequences "
-                     "(state {} B each), {} KV blocks x {} tokens ({} B/token, {:.3f} GiB), max_model_len {}; host "
-                     "tier {:.3f} GiB; prefix cache {} (its own room: {} blocks, {} slots){}", device, gib(weight_bytes),
-                     gib(budget_bytes), max_num_seqs, state_bytes_per_seq, kv_blocks, kv_block_size,
+  return fmt::format("planner ({}): weights {:.3f} GiB on this rank; step activations {:.3f} GiB; KV + state budget "
+                     "{:.3f} GiB -> {} sequences (state {} B each), {} KV blocks x {} tokens ({} B/token, {:.3f} GiB), "
+                     "max_model_len {}; host tier {:.3f} GiB; prefix cache {} (its own room: {} blocks, {} slots){}",
+                     device, gib(weight_bytes), gib(activation_reserve_bytes), gib(budget_bytes), max_num_seqs, state_bytes_per_seq, kv_blocks, kv_block_size,
                      kv_bytes_per_token, gib(kv_bytes()), max_model_len, gib(host_bytes), prefix_cache ? "on" : "off",
                      cache_blocks, cache_slots,
                      prefix_cache && state_bytes_per_seq > 0

@@ -46,6 +46,9 @@ struct PlannerInput {
   int64_t max_model_len = 0;             // 0: max_position_embeddings capped by memory
   int64_t kv_cache_memory_bytes = 0;     // > 0: the KV + state budget, exactly (overrides the two below)
   double gpu_memory_utilization = 0.9;   // cuda: fraction of free device memory for weights + KV + state
+                                         // + the step's activations
+  int64_t activation_reserve_bytes = 0;  // cuda: device memory the largest step needs beyond the weights and the
+                                         // pools (measured by the worker's profile step), kept out of the budget
   int64_t ranks_per_device = 1;          // cuda: ranks sharing this rank's GPU (ll rank sets); each plans with at
                                          // most total / ranks_per_device of it, whatever the others hold yet
   int64_t cpu_budget_bytes = int64_t{2} << 30;  // cpu: at most this, and at most a quarter of RAM
@@ -70,6 +73,7 @@ struct Plan {
   int64_t kv_bytes_per_token = 0;        // n_mla_layers x entry_dim x act_bytes
   int64_t state_bytes_per_seq = 0;       // KdaStateGeometry::slot_floats x 4 (fp32)
   int64_t budget_bytes = 0;              // KV + state
+  int64_t activation_reserve_bytes = 0;  // kept for the step's activations (PlannerInput)
   int64_t max_num_seqs = 0;
   int64_t max_model_len = 0;
   int64_t kv_block_size = 0;

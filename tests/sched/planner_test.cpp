@@ -204,6 +204,38 @@ TEST(Planner, CudaBudgetIsAFractionOfFreeMemoryMinusWeights) {
   EXPECT_NE(error_of([&] { make_plan(g, in, probe); }).find("leave nothing"), std::string::npos);
 }
 
+// The worker's profile step measures what the largest step needs beyond the weights and the pools; the budget keeps
+// it out (cuda only: the CPU's pools have a budget of their own, and an explicit KV budget is taken as given).
+TEST(Planner, TheActivationReserveComesOutOfTheCudaBudget) {
+  ModelGeometry g;
+  g.arch = "deepseek_v3";
+  g.state.n_mla_layers = 61;
+  g.state.kv_lora_rank = 512;
+  g.state.rope_dim = 64;
+  g.max_position_embeddings = 163840;
+  g.weight_bytes = int64_t{10} << 30;
+  PlannerInput in;
+  in.device = "cuda";
+  in.gpu_memory_utilization = 0.5;
+  const MemoryProbe probe = [](const std::string&) { return DeviceMemory{int64_t{80} << 30, int64_t{141} << 30}; };
+  in.activation_reserve_bytes = int64_t{6} << 30;
+  const Plan p = make_plan(g, in, probe);
+  EXPECT_EQ(p.budget_bytes, int64_t{24} << 30);  // 0.5 x 80 GiB - 10 GiB - 6 GiB
+  EXPECT_EQ(p.activation_reserve_bytes, int64_t{6} << 30);
+  EXPECT_EQ(p.kv_blocks, (int64_t{24} << 30) / (64 * 70272) - 1);
+  EXPECT_NE(p.describe().find("step activations 6.000 GiB"), std::string::npos) << p.describe();
+  in.activation_reserve_bytes = int64_t{30} << 30;  // with the weights, all of 0.5 x 80 GiB
+  const std::string e = error_of([&] { make_plan(g, in, probe); });
+  EXPECT_NE(e.find("largest step's activations (30.00 GiB)"), std::string::npos) << e;
+  EXPECT_NE(e.find("--idle-prefill-size"), std::string::npos) << e;
+  in.activation_reserve_bytes = -1;
+  EXPECT_NE(error_of([&] { make_plan(g, in, probe); }).find("negative activation reserve"), std::string::npos);
+  in.activation_reserve_bytes = int64_t{6} << 30;
+  in.kv_cache_memory_bytes = int64_t{2} << 30;  // an explicit budget is exact
+  EXPECT_EQ(make_plan(g, in, probe).budget_bytes, int64_t{2} << 30);
+  EXPECT_EQ(make_plan(g, in, probe).activation_reserve_bytes, 0);
+}
+
 TEST(Planner, CpuDefaultBudgetIsCappedByRam) {
   TempDir tmp;
   ModelGeometry g = tiny_k3_geometry(tmp);

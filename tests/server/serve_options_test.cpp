@@ -172,6 +172,10 @@ TEST(ServeOptions, WorkerCommandLine) {
   argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 0, "rank-0-i0");
   const std::vector<std::string> steps = {"--chunked-prefill-size", "1024", "--idle-prefill-size", "0"};
   EXPECT_NE(std::search(argv.begin(), argv.end(), steps.begin(), steps.end()), argv.end());
+  EXPECT_EQ(std::find(argv.begin(), argv.end(), "--no-step-profile"), argv.end());  // measured by default
+  opt.profile_memory = false;
+  argv = worker_command(opt, "/bin/batchgen", "ipc:///tmp/x/workers.sock", 0, "rank-0-i0");
+  EXPECT_NE(std::find(argv.begin(), argv.end(), "--no-step-profile"), argv.end());
 }
 
 TEST(ServeOptions, WorkerCommandLineOfARankSet) {

@@ -196,7 +196,8 @@ class CudaBackend final : public Backend {
   }
   MemoryUse memory_use() const override {
     MemoryUse m;
-    m.held = alloc_->bytes_in_use() + alloc_->bytes_cached();
+    m.in_use = alloc_->bytes_in_use();
+    m.held = m.in_use + alloc_->bytes_cached();
     m.peak_held = alloc_->peak_bytes_held();
     m.peak_in_use = alloc_->peak_bytes_in_use();
     size_t free_bytes = 0;

@@ -161,6 +161,7 @@ std::vector<std::string> worker_command(const ServeOptions& opt, const std::stri
   add("--swap-quantum-steps", opt.swap_quantum_steps);
   if (!opt.prefix_cache) argv.push_back("--no-prefix-cache");
   if (!opt.warmup) argv.push_back("--no-warmup");
+  if (!opt.profile_memory) argv.push_back("--no-step-profile");
   if (opt.deterministic) argv.push_back("--deterministic");
   if (opt.host_memory_gb) {
     argv.push_back("--host-memory-gb");

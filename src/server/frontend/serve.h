@@ -26,6 +26,7 @@ struct ServeOptions {
   // Sequence state (the worker's kv::StateManager; docs/SERVING_ENGINE.md)
   bool prefix_cache = true;                     // false: --no-prefix-cache
   bool warmup = true;                           // false: --no-warmup
+  bool profile_memory = true;                   // false: --no-step-profile
   std::optional<int64_t> prefix_snapshot_interval;
   std::optional<double> host_memory_gb;
   std::string state_offload_dtype;              // "": the worker's (f32)
