@@ -257,9 +257,9 @@ class Backend {
     return nullptr;
   }
   // Device memory. held / peak_held: what the backend's caching allocator holds (in use + cached) now and at most
-  // since reset_memory_peak(); in_use / peak_in_use: what it has handed out now and at most over that span (the cache is given
-  // back before the device runs out, so this is what the work needed); device_used / device_total: the device's own
-  // figures (every allocation of every process, weights and the context included); peak_device_used: device_used -
+  // since reset_memory_peak(); in_use / peak_in_use: what it has handed out now and at most over that span (the
+  // cache is given back before the device runs out, so this is what the work needed); device_used / device_total:
+  // the device's own figures (every allocation of every process, weights and the context included); peak_device_used: device_used -
   // held + peak_held, the device's use at the allocator's peak (weights are allocated outside the allocator and do
   // not change during a step). Host backends: zeros.
   struct MemoryUse {

@@ -244,7 +244,8 @@ std::string Plan::describe() const {
   return fmt::format("planner ({}): weights {:.3f} GiB on this rank; step activations {:.3f} GiB; KV + state budget "
                      "{:.3f} GiB -> {} sequences (state {} B each), {} KV blocks x {} tokens ({} B/token, {:.3f} GiB), "
                      "max_model_len {}; host tier {:.3f} GiB; prefix cache {} (its own room: {} blocks, {} slots){}",
-                     device, gib(weight_bytes), gib(activation_reserve_bytes), gib(budget_bytes), max_num_seqs, state_bytes_per_seq, kv_blocks, kv_block_size,
+                     device, gib(weight_bytes), gib(activation_reserve_bytes), gib(budget_bytes), max_num_seqs,
+                     state_bytes_per_seq, kv_blocks, kv_block_size,
                      kv_bytes_per_token, gib(kv_bytes()), max_model_len, gib(host_bytes), prefix_cache ? "on" : "off",
                      cache_blocks, cache_slots,
                      prefix_cache && state_bytes_per_seq > 0
