@@ -304,6 +304,9 @@ void Engine::fill_status(proto::WorkerStatus& s) const {
   s.host_kv_bytes = m.host_kv_bytes;
   s.host_state_bytes = m.host_state_bytes;
   s.seqs_offloaded = m.seqs_offloaded;
+  const sched::Request* longest = scheduler_.longest_running();
+  s.longest_seq_tokens = longest != nullptr ? longest->seq->n_past() : 0;
+  s.longest_seq_gpu_bytes = longest != nullptr ? state_.gpu_bytes_of(*longest->seq) : 0;
   s.prefix_cache_lookups_total = m.cache_lookups;
   s.prefix_cache_hits_total = m.cache_hits;
   s.prefix_cache_lookup_tokens_total = m.cache_lookup_tokens;

@@ -66,6 +66,12 @@ StepPools StateManager::step_pools() const {
   return {&kv_, geometry_.has_state() ? &state_ : nullptr};
 }
 
+int64_t StateManager::gpu_bytes_of(const Sequence& seq) const {
+  if (seq.residency() != Residency::kGpu) return 0;
+  const int64_t kv = static_cast<int64_t>(seq.kv_blocks().size()) * kv_.block_bytes();
+  return kv + (seq.kda_slot() >= 0 ? state_.slot_bytes() : 0);
+}
+
 StateUsage StateManager::usage() const {
   StateUsage u = counters_;
   u.kv_block_tokens = kv_.block_size();

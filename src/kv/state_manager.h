@@ -91,6 +91,9 @@ class StateManager {
   Backend& backend() const { return backend_; }
   StepPools step_pools() const;
   const MlaKvPool& kv_pool() const { return kv_; }
+  // GPU bytes a sequence holds now: its KV blocks (a block shared with the prefix cache counts in full) and its state
+  // slot; 0 while it is in the host tier.
+  int64_t gpu_bytes_of(const Sequence& seq) const;
   const KdaStatePool& state_pool() const { return state_; }
   bool prefix_cache_on() const { return plan_.prefix_cache; }
   StateUsage usage() const;

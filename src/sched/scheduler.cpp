@@ -256,6 +256,14 @@ const Request* Scheduler::find(const std::string& id) const {
   return nullptr;
 }
 
+const Request* Scheduler::longest_running() const {
+  const Request* best = nullptr;
+  for (const auto& r : running_) {
+    if (best == nullptr || r->seq->n_past() > best->seq->n_past()) best = r.get();
+  }
+  return best;
+}
+
 std::vector<std::string> Scheduler::ids() const {
   std::vector<std::string> out;
   for (const auto& r : running_) out.push_back(r->id);

@@ -91,6 +91,8 @@ class Scheduler {
   std::vector<std::string> ids() const;  // running, then waiting
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   int64_t n_running() const { return static_cast<int64_t>(running_.size()); }
+  // The running request whose sequence holds the most positions (the oldest among equals); nullptr when none runs.
+  const Request* longest_running() const;
   int64_t n_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t preemptions_total() const { return preemptions_total_; }
   int64_t recomputes_total() const { return recomputes_total_; }  // preemptions the host tier could not take

@@ -90,6 +90,8 @@ struct WorkerStatus {
   int64_t host_kv_bytes = 0;
   int64_t host_state_bytes = 0;
   int64_t seqs_offloaded = 0;              // preempted sequences waiting in the host tier
+  int64_t longest_seq_tokens = 0;          // the running sequence with the most positions: its positions
+  int64_t longest_seq_gpu_bytes = 0;       // ... and the GPU bytes its KV blocks and state slot take
   // counters since start
   int64_t prompt_tokens_total = 0;
   int64_t generation_tokens_total = 0;

@@ -187,8 +187,14 @@ TEST(Engine, CancelAbortsAndFreesAtOnce) {
   EXPECT_EQ(st.running, 1);
   EXPECT_EQ(st.state_slots_free, st.state_slots_total - 1);
   EXPECT_EQ(st.kv_blocks_free, st.kv_blocks_total - 1);  // b: 4 tokens in the cache, one 4-token block
+  EXPECT_EQ(st.longest_seq_tokens, 4);                   // b: its prompt and the 2 tokens it generated
+  const kv::StateManager& state = h.engine.state();
+  const int64_t slot_bytes = st.state_slots_total > 0 ? state.state_pool().slot_bytes() : 0;
+  EXPECT_EQ(st.longest_seq_gpu_bytes, state.kv_pool().block_bytes() + slot_bytes);
   h.engine.cancel("b");
   h.engine.fill_status(st);
+  EXPECT_EQ(st.longest_seq_tokens, 0);
+  EXPECT_EQ(st.longest_seq_gpu_bytes, 0);
   EXPECT_EQ(st.kv_blocks_free, st.kv_blocks_total);
   EXPECT_EQ(st.state_slots_free, st.state_slots_total);
   EXPECT_FALSE(h.engine.has_work());

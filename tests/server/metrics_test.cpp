@@ -54,6 +54,8 @@ TEST(Metrics, RenderCountersAndWorkerGauges) {
   w.state_bytes_used = 1000;
   w.expert_copies_total = 7;
   w.expert_bytes_copied_total = 7168;
+  w.longest_seq_tokens = 262144;
+  w.longest_seq_gpu_bytes = 322125824;
   RankState rank0;
   rank0.connected = true;
   rank0.status = w;
@@ -72,6 +74,8 @@ TEST(Metrics, RenderCountersAndWorkerGauges) {
   EXPECT_TRUE(has_line(t, "batchgen_kv_host_bytes_used{rank=\"0\"} 4096")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_state_gpu_bytes_used{rank=\"0\"} 1000")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_expert_copies_total{rank=\"0\"} 7")) << t;
+  EXPECT_TRUE(has_line(t, "batchgen_longest_sequence_tokens{rank=\"0\"} 262144")) << t;
+  EXPECT_TRUE(has_line(t, "batchgen_longest_sequence_gpu_bytes{rank=\"0\"} 322125824")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_expert_bytes_copied_total{rank=\"0\"} 7168")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"} 1")) << t;

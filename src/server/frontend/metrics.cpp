@@ -113,6 +113,10 @@ void render_workers(std::string& out, const std::vector<RankState>& ws) {
            [](const W& w) { return w.kv_bytes_used; });
   per_rank(out, "batchgen_state_gpu_bytes_used", "GPU bytes of recurrent state slots in use", ws,
            [](const W& w) { return w.state_bytes_used; });
+  per_rank(out, "batchgen_longest_sequence_tokens", "Positions of the running sequence that holds the most", ws,
+           [](const W& w) { return w.longest_seq_tokens; });
+  per_rank(out, "batchgen_longest_sequence_gpu_bytes", "GPU bytes (KV blocks and state slot) of that sequence", ws,
+           [](const W& w) { return w.longest_seq_gpu_bytes; });
   per_rank(out, "batchgen_host_tier_bytes_total", "Host tier (pinned host memory) size", ws,
            [](const W& w) { return w.host_bytes_total; });
   per_rank(out, "batchgen_kv_host_bytes_used", "Host-tier bytes holding MLA KV blocks", ws,
