@@ -5,10 +5,12 @@
 #  2. a reduced-width K3 (`make-random --preset tiny` patched to 4 layers K K K M, one MLA head, 270,336 positions:
 #     the same chunked KDA, paged MLA prefill passes and decode code on CUDA; small enough for the fp32 CPU
 #     reference to finish) runs the same 262,144-token prompt on CUDA and on the CPU; the greedy continuations are
-#     compared id by id, with each step's top-1 margin.
+#     compared id by id, with each step's top-1 margin;
+#  3. the slice serves a prompt of that length while /metrics is polled for the longest sequence's positions and
+#     GPU bytes.
 #   scripts/gpu-long-context.sh [BUNDLE] [PROMPT_TOKENS]     (default .gpu, 262144)
 # Output: $OUT/long-context.txt (the summary) and the logs / JSON beside it. The slice is written once into
-# $BG_BENCH_MODEL (default /tmp/bg-ep16-rank). BG_LONG_SKIP_SLICE=1 runs only step 2.
+# $BG_BENCH_MODEL (default /tmp/bg-ep16-rank). BG_LONG_SKIP_SLICE=1 runs only step 2; BG_LONG_ONLY_SERVE=1 only step 3.
 set -u
 BUNDLE=${1:-.gpu}
 N=${2:-262144}
@@ -30,12 +32,12 @@ prefill() {  # prefill NAME DEVICE MODEL CHUNK: bench prefill of the N-token pro
   echo "$name rc=$? $((SECONDS - t0))s" >> "$SUMMARY"
   sed -n '/^prefill /,$p' "$OUT/$name.log" >> "$SUMMARY"
 }
-if [[ "${BG_LONG_SKIP_SLICE:-0}" != 1 ]]; then
-  if [[ ! -f "$MODEL/model.safetensors.index.json" ]]; then
-    "$BG" make-random --arch kimi_k3 --preset ep16-rank --out "$MODEL" --force 2> "$OUT/make-random-ep16.log"
-  fi
-  prefill slice-cuda cuda "$MODEL" 8192
+ONLY_SERVE=${BG_LONG_ONLY_SERVE:-0}
+if [[ "${BG_LONG_SKIP_SLICE:-0}" != 1 && ! -f "$MODEL/model.safetensors.index.json" ]]; then
+  "$BG" make-random --arch kimi_k3 --preset ep16-rank --out "$MODEL" --force 2> "$OUT/make-random-ep16.log"
 fi
+if [[ "${BG_LONG_SKIP_SLICE:-0}" != 1 && $ONLY_SERVE != 1 ]]; then prefill slice-cuda cuda "$MODEL" 8192; fi
+if [[ $ONLY_SERVE != 1 ]]; then
 PATCH='{"text_config":{"num_hidden_layers":4,"num_attention_heads":1,"num_key_value_heads":1,
   "max_position_embeddings":270336,"linear_attn_config":{"full_attn_layers":[4],"kda_layers":[1,2,3]}}}'
 "$BG" make-random --arch kimi_k3 --preset tiny --out "$REDUCED" --force --config-patch "$PATCH" \
@@ -55,4 +57,54 @@ print(f"reduced model, {cpu['prompt_tokens']}-token prompt: cpu  {b}")
 print(f"cpu margins {[round(m, 3) for m in cpu['decode_margins']]}")
 print(f"equal ids: {same} of {len(b)}" + ("" if first_diff is None else f", first difference at step {first_diff}"))
 EOF
+fi
+if [[ "${BG_LONG_SKIP_SLICE:-0}" != 1 ]]; then
+  # 3. The same length served: /metrics reports the sequence's positions and GPU bytes while it runs.
+  PORT=${BG_PORT:-8440}
+  "$BG" serve "$MODEL" --device cuda --port "$PORT" --served-model-name k3 --max-num-seqs 4 \
+    --max-model-len $((N + 256)) > "$OUT/long-serve.log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 480); do
+    curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null && break
+    kill -0 "$server" 2> /dev/null || break
+    sleep 0.5
+  done
+  python3 - "$PORT" "$N" >> "$SUMMARY" <<'EOF'
+import json, sys, threading, time, urllib.request
+port, n = sys.argv[1], int(sys.argv[2])
+seen = {"tokens": 0, "bytes": 0}
+done = threading.Event()
+def poll():
+    while not done.is_set():
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            for line in text.splitlines():
+                for key, name in (("tokens", "batchgen_longest_sequence_tokens"),
+                                  ("bytes", "batchgen_longest_sequence_gpu_bytes")):
+                    if line.startswith(name + "{"):
+                        seen[key] = max(seen[key], int(float(line.split()[-1])))
+        except Exception:  # noqa: BLE001 - a missed poll is not a finding
+            pass
+        time.sleep(0.25)
+t = threading.Thread(target=poll)
+t.start()
+prompt = [(i * 7919 + 13) % 150000 + 100 for i in range(n)]
+body = json.dumps({"model": "k3", "prompt": prompt, "max_tokens": 8, "temperature": 0}).encode()
+req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+t0 = time.monotonic()
+try:
+    with urllib.request.urlopen(req, timeout=600) as r:
+        out = json.load(r)
+    result = f"ok: {out['usage']['prompt_tokens']} prompt tokens, {out['usage']['completion_tokens']} generated"
+except Exception as e:  # noqa: BLE001 - reported
+    result = f"FAILED: {e}"
+elapsed = time.monotonic() - t0
+time.sleep(0.6)
+done.set()
+t.join()
+print(f"served {n}-token prompt: {result} in {elapsed:.2f} s; /metrics saw the longest sequence at "
+      f"{seen['tokens']} positions, {seen['bytes'] / 1e6:.1f} MB on the GPU")
+EOF
+  kill "$server" 2> /dev/null; wait "$server" 2> /dev/null
+fi
 cat "$SUMMARY"
