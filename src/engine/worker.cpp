@@ -473,7 +473,15 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
   if (o.device == "cuda" && !ranks && o.kv_cache_memory_bytes == 0 && o.profile_memory) {
     if (on_phase) on_phase("measuring a step");
     const int64_t step = o.deterministic ? o.chunked_prefill_size : std::max(o.chunked_prefill_size, idle_prefill_size);
-    in.activation_reserve_bytes = profile_step_memory(*model, step, plan.max_model_len);
+    try {
+      in.activation_reserve_bytes = profile_step_memory(*model, step, plan.max_model_len);
+    } catch (const DeviceFault&) {
+      throw;  // the context is gone: the supervisor's report names the fault
+    } catch (const Error& e) {
+      fail("worker rank {}: measuring a {}-token prefill step before sizing the KV cache failed: {} (lower "
+           "--idle-prefill-size / --chunked-prefill-size, or --no-step-profile to size the cache without it)", o.rank,
+           step, e.what());
+    }
     plan = sched::make_plan(geo, in, probe);
     log::info("worker rank {}: with the largest step measured: {}", o.rank, plan.describe());
   }
