@@ -18,11 +18,7 @@ DECODE=${BG_LONG_DECODE:-8}
 OUT=${OUT:-$PWD/gpu-out}
 MODEL=${BG_BENCH_MODEL:-/tmp/bg-ep16-rank}
 REDUCED=${BG_LONG_REDUCED:-/tmp/bg-k3-long}
-mkdir -p "$OUT"
-if [[ -f $BUNDLE/bundle.tar.xz && ! -x $BUNDLE/batchgen ]]; then tar -C "$BUNDLE" -xJf "$BUNDLE/bundle.tar.xz"; fi
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH="$BUNDLE/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}"
-BG="$BUNDLE/batchgen"
+source "$(dirname "$0")/gpu-bundle-env.sh"
 SUMMARY="$OUT/long-context.txt"
 : > "$SUMMARY"
 prefill() {  # prefill NAME DEVICE MODEL CHUNK: bench prefill of the N-token prompt + DECODE greedy tokens
@@ -33,9 +29,7 @@ prefill() {  # prefill NAME DEVICE MODEL CHUNK: bench prefill of the N-token pro
   sed -n '/^prefill /,$p' "$OUT/$name.log" >> "$SUMMARY"
 }
 ONLY_SERVE=${BG_LONG_ONLY_SERVE:-0}
-if [[ "${BG_LONG_SKIP_SLICE:-0}" != 1 && ! -f "$MODEL/model.safetensors.index.json" ]]; then
-  "$BG" make-random --arch kimi_k3 --preset ep16-rank --out "$MODEL" --force 2> "$OUT/make-random-ep16.log"
-fi
+if [[ "${BG_LONG_SKIP_SLICE:-0}" != 1 ]]; then ensure_slice "$MODEL"; fi
 if [[ "${BG_LONG_SKIP_SLICE:-0}" != 1 && $ONLY_SERVE != 1 ]]; then prefill slice-cuda cuda "$MODEL" 8192; fi
 if [[ $ONLY_SERVE != 1 ]]; then
 PATCH='{"text_config":{"num_hidden_layers":4,"num_attention_heads":1,"num_key_value_heads":1,
@@ -64,11 +58,7 @@ if [[ "${BG_LONG_SKIP_SLICE:-0}" != 1 ]]; then
   "$BG" serve "$MODEL" --device cuda --port "$PORT" --served-model-name k3 --max-num-seqs 4 \
     --max-model-len $((N + 256)) > "$OUT/long-serve.log" 2>&1 &
   server=$!
-  for _ in $(seq 1 480); do
-    curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null && break
-    kill -0 "$server" 2> /dev/null || break
-    sleep 0.5
-  done
+  wait_ready "$PORT" "$server"
   python3 - "$PORT" "$N" >> "$SUMMARY" <<'EOF'
 import json, sys, threading, time, urllib.request
 port, n = sys.argv[1], int(sys.argv[2])

@@ -12,16 +12,10 @@ BUNDLE=${1:-.gpu}
 OUT=${OUT:-$PWD/gpu-out}
 PORT=${BG_PORT:-8430}
 MODEL=${BG_BENCH_MODEL:-/tmp/bg-ep16-rank}
-mkdir -p "$OUT"
-if [[ -f $BUNDLE/bundle.tar.xz && ! -x $BUNDLE/batchgen ]]; then tar -C "$BUNDLE" -xJf "$BUNDLE/bundle.tar.xz"; fi
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH="$BUNDLE/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}"
-BG="$BUNDLE/batchgen"
+source "$(dirname "$0")/gpu-bundle-env.sh"
 SUMMARY="$OUT/memory-check.txt"
 : > "$SUMMARY"
-if [[ ! -f "$MODEL/model.safetensors.index.json" ]]; then
-  "$BG" make-random --arch kimi_k3 --preset ep16-rank --out "$MODEL" --force 2> "$OUT/make-random-ep16.log"
-fi
+ensure_slice "$MODEL"
 "$BG" bench prefill --device cuda --model "$MODEL" --prefill-tokens 8192,65536 --prefill-chunk 8192 \
   --json "$OUT/memory-prefill.json" > "$OUT/memory-prefill.log" 2>&1
 echo "bench prefill rc=$?" >> "$SUMMARY"
@@ -36,11 +30,7 @@ t0=$SECONDS
 "$BG" serve "$MODEL" --device cuda --port "$PORT" --served-model-name k3 > "$OUT/memory-serve.log" 2>&1 &
 server=$!
 ready=0
-for _ in $(seq 1 480); do
-  if curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null; then ready=1; break; fi
-  kill -0 "$server" 2> /dev/null || break
-  sleep 0.5
-done
+wait_ready "$PORT" "$server" && ready=1
 echo "serve defaults: ready=$ready after $((SECONDS - t0)) s" >> "$SUMMARY"
 grep -E "worker rank 0: |warmed up|out of memory|error" "$OUT/memory-serve.log" | head -8 >> "$SUMMARY"
 if [[ $ready == 1 ]]; then

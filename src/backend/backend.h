@@ -259,9 +259,9 @@ class Backend {
   // Device memory. held / peak_held: what the backend's caching allocator holds (in use + cached) now and at most
   // since reset_memory_peak(); in_use / peak_in_use: what it has handed out now and at most over that span (the
   // cache is given back before the device runs out, so this is what the work needed); device_used / device_total:
-  // the device's own figures (every allocation of every process, weights and the context included); peak_device_used: device_used -
-  // held + peak_held, the device's use at the allocator's peak (weights are allocated outside the allocator and do
-  // not change during a step). Host backends: zeros.
+  // the device's own figures (every allocation of every process, weights and the context included);
+  // peak_device_used: device_used - held + peak_held, the device's use at the allocator's peak (weights are
+  // allocated outside the allocator and do not change during a step). Host backends: zeros.
   struct MemoryUse {
     size_t held = 0, in_use = 0, peak_held = 0, peak_in_use = 0, device_used = 0, device_total = 0,
            peak_device_used = 0;

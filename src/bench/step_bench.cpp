@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/fabricate_context.h"
+#include "ops/sampling/sampling.h"
 
 namespace bg::bench {
 namespace {
@@ -23,15 +24,15 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-// The largest logit's id (the lowest id among equal ones, as the engine's greedy sampler) and its lead over the
-// second largest.
+// The engine's greedy id (ops::argmax: lowest id among equal logits, NaN refused) and its lead over the second
+// largest logit.
 std::pair<int32_t, float> greedy_pick(const std::vector<float>& logits) {
-  const auto best = std::max_element(logits.begin(), logits.end());
+  const int32_t best = ops::argmax(logits.data(), static_cast<int64_t>(logits.size()));
   float second = -INFINITY;
-  for (auto it = logits.begin(); it != logits.end(); ++it) {
-    if (it != best) second = std::max(second, *it);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (i != static_cast<size_t>(best)) second = std::max(second, logits[i]);
   }
-  return {static_cast<int32_t>(best - logits.begin()), *best - second};
+  return {best, logits[static_cast<size_t>(best)] - second};
 }
 
 double peak_rss_bytes() {

@@ -173,7 +173,8 @@ TEST(Planner, ClearErrors) {
   EXPECT_NE(error_of([&] { make_plan(g, in); }).find("--device 'tpu'"), std::string::npos);
 }
 
-TEST(Planner, CudaBudgetIsAFractionOfFreeMemoryMinusWeights) {
+// DeepSeek-V3's KV geometry (61 MLA layers, no KDA) with 10 GiB of weights on this rank.
+ModelGeometry deepseek_geometry() {
   ModelGeometry g;
   g.arch = "deepseek_v3";
   g.state.n_mla_layers = 61;
@@ -181,9 +182,20 @@ TEST(Planner, CudaBudgetIsAFractionOfFreeMemoryMinusWeights) {
   g.state.rope_dim = 64;
   g.max_position_embeddings = 163840;
   g.weight_bytes = int64_t{10} << 30;
+  return g;
+}
+
+// A cuda plan at half the free memory.
+PlannerInput half_of_cuda() {
   PlannerInput in;
   in.device = "cuda";
   in.gpu_memory_utilization = 0.5;
+  return in;
+}
+
+TEST(Planner, CudaBudgetIsAFractionOfFreeMemoryMinusWeights) {
+  ModelGeometry g = deepseek_geometry();
+  PlannerInput in = half_of_cuda();
   const MemoryProbe probe = [](const std::string& device) {
     EXPECT_EQ(device, "cuda");
     return DeviceMemory{int64_t{80} << 30, int64_t{141} << 30};
@@ -207,16 +219,8 @@ TEST(Planner, CudaBudgetIsAFractionOfFreeMemoryMinusWeights) {
 // The worker's profile step measures what the largest step needs beyond the weights and the pools; the budget keeps
 // it out (cuda only: the CPU's pools have a budget of their own, and an explicit KV budget is taken as given).
 TEST(Planner, TheActivationReserveComesOutOfTheCudaBudget) {
-  ModelGeometry g;
-  g.arch = "deepseek_v3";
-  g.state.n_mla_layers = 61;
-  g.state.kv_lora_rank = 512;
-  g.state.rope_dim = 64;
-  g.max_position_embeddings = 163840;
-  g.weight_bytes = int64_t{10} << 30;
-  PlannerInput in;
-  in.device = "cuda";
-  in.gpu_memory_utilization = 0.5;
+  ModelGeometry g = deepseek_geometry();
+  PlannerInput in = half_of_cuda();
   const MemoryProbe probe = [](const std::string&) { return DeviceMemory{int64_t{80} << 30, int64_t{141} << 30}; };
   in.activation_reserve_bytes = int64_t{6} << 30;
   const Plan p = make_plan(g, in, probe);

@@ -1,0 +1,22 @@
+# Sourced by the GPU-machine scripts that run a carried bundle (scripts/gpu-bundle.sh): with BUNDLE and OUT set,
+# unpacks the bundle once, puts its libraries and torch's CUDA ones on the library path, and sets BG to its batchgen.
+#   ensure_slice DIR       writes the K3 ep16-rank slice into DIR unless it is there (log in $OUT)
+#   wait_ready PORT PID    waits up to 240 s for /ready on PORT while process PID lives; status 0 when ready
+mkdir -p "$OUT"
+if [[ -f $BUNDLE/bundle.tar.xz && ! -x $BUNDLE/batchgen ]]; then tar -C "$BUNDLE" -xJf "$BUNDLE/bundle.tar.xz"; fi
+SP=/opt/torch/.venv/lib/python3.12/site-packages
+export LD_LIBRARY_PATH="$BUNDLE/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}"
+BG="$BUNDLE/batchgen"
+ensure_slice() {
+  if [[ ! -f "$1/model.safetensors.index.json" ]]; then
+    "$BG" make-random --arch kimi_k3 --preset ep16-rank --out "$1" --force 2> "$OUT/make-random-ep16.log"
+  fi
+}
+wait_ready() {
+  for _ in $(seq 1 480); do
+    curl -sf "http://127.0.0.1:$1/ready" > /dev/null && return 0
+    kill -0 "$2" 2> /dev/null || return 1
+    sleep 0.5
+  done
+  return 1
+}
