@@ -137,7 +137,12 @@ TEST_F(FrontendTest, ConnectionCapKeepsProbesAnswered) {
   EXPECT_EQ(r.status, 200);
   EXPECT_TRUE(r.closed);
   EXPECT_EQ(get("/ready").status, 200);
-  r = post("/v1/completions", R"({"prompt": "hi"})");
+  // The two probes' connections hold both reserve slots until the server has read their close; a request that
+  // arrives before then is refused at accept (status 0). Once a slot is free it must get the 503.
+  ASSERT_TRUE(eventually([&] {
+    r = post("/v1/completions", R"({"prompt": "hi"})");
+    return r.status != 0;
+  }));
   EXPECT_EQ(r.status, 503);
   EXPECT_EQ(error_of(r)["code"], "too_many_connections");
   // Beyond cap + reserve: closed at once. Incomplete headers hold the reserve slots; while a probe above still lingers
