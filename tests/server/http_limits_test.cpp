@@ -145,22 +145,13 @@ TEST_F(FrontendTest, ConnectionCapKeepsProbesAnswered) {
   }));
   EXPECT_EQ(r.status, 503);
   EXPECT_EQ(error_of(r)["code"], "too_many_connections");
-  // Beyond cap + reserve: closed at once. Incomplete headers hold the reserve slots; while a probe above still lingers
-  // in one (the server reads until the client's close), one of them can be refused, so another is opened for every
-  // probe that still found a free slot.
-  std::vector<std::unique_ptr<TestConnection>> extras;
-  auto hold_reserve_slot = [&] {
-    extras.push_back(std::make_unique<TestConnection>(port_));
-    extras.back()->send_raw("GET /health HTTP/1.1\r\nHost: x\r\n");
-  };
-  hold_reserve_slot();
-  hold_reserve_slot();
-  ASSERT_TRUE(eventually([&] {
-    if (get("/health").status == 0) return true;
-    hold_reserve_slot();
-    return false;
-  }));
-  EXPECT_LE(extras.size(), 6u) << "the reserve is 2 connections";
+  // Beyond cap + reserve: closed at once. Once the probes above have left the reserve, two incomplete headers fill it.
+  ASSERT_TRUE(eventually([&] { return server_->reserve_connections_open() == 0; }));
+  TestConnection first_extra(port_), second_extra(port_);
+  first_extra.send_raw("GET /health HTTP/1.1\r\nHost: x\r\n");
+  second_extra.send_raw("GET /health HTTP/1.1\r\nHost: x\r\n");
+  ASSERT_TRUE(eventually([&] { return server_->reserve_connections_open() == 2; }));
+  EXPECT_EQ(get("/health").status, 0) << "the reserve is 2 connections";
   // Freeing regular slots lets full service resume.
   held.clear();
   EXPECT_TRUE(eventually([&] { return post("/v1/completions", R"({"prompt": "hi", "max_tokens": 1})").status == 200; }));

@@ -181,6 +181,8 @@ void FrontendServer::begin_drain() {
 
 size_t FrontendServer::active_requests() const { return impl_->core.n_active.load(); }
 
+size_t FrontendServer::reserve_connections_open() const { return impl_->core.n_limited.load(); }
+
 void FrontendServer::stop() {
   Impl& s = *impl_;
   {

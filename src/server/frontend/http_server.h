@@ -52,6 +52,8 @@ class FrontendServer {
   void begin_drain();
   // Generation requests read and not yet fully answered.
   size_t active_requests() const;
+  // Connections open beyond --max-connections, in the reserve that answers only /health and /ready.
+  size_t reserve_connections_open() const;
   // Closes every connection (cancelling their generations) and joins the threads.
   void stop();
 
