@@ -2,9 +2,11 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 namespace bg::testing {
@@ -36,5 +38,14 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Writes `text` to `dir`/`name` with `mode` (600: a secret only its owner reads) and returns the path.
+inline std::string write_secret_file(const TempDir& dir, const std::string& name, const std::string& text,
+                                     mode_t mode = 0600) {
+  const std::string path = (dir / name).string();
+  std::ofstream(path) << text;
+  EXPECT_EQ(::chmod(path.c_str(), mode), 0) << path;
+  return path;
+}
 
 }  // namespace bg::testing

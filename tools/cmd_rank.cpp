@@ -39,6 +39,7 @@ int run_rank(const RankArgs& a) {
   constexpr int64_t kAny = std::numeric_limits<int64_t>::max();  // rank 0's plan wins (the set takes the minimum)
   s.plan = {kAny, kAny};
   s.max_tokens_per_call = a.par.max_tokens_per_call;
+  s.link_key = dist::load_link_key(a.par.node_secret_file);
   const dist::StartedRank started = dist::start_rank(s);
   LoadOptions o;
   o.device = a.device;

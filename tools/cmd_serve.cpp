@@ -116,6 +116,8 @@ void register_serve(CLI::App& app) {
     a->opt.max_connections = given(a->max_connections);
     a->opt.parallel = a->par.flags();
     a->opt.dist_init_addr = a->par.dist_init_addr;
+    a->opt.node_secret_file = a->par.node_secret_file;
+    warn_if_unauthenticated(a->par);
     a->opt.k3_moe_exchange = a->par.exchange;
     a->opt.moe_exchange_tokens = a->par.max_tokens_per_call;
     a->opt.prefix_snapshot_interval = given(a->prefix_snapshot_interval);

@@ -67,6 +67,7 @@ void register_worker(CLI::App& app) {
   cmd->callback([o, par] {
     o->parallel = par->flags();
     o->moe_exchange = par->exchange;
+    o->node_secret_file = par->node_secret_file;
     o->moe_exchange_tokens = par->max_tokens_per_call;
     const int code = engine::run_worker(*o);
     if (code != 0) std::exit(code);

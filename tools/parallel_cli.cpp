@@ -52,6 +52,17 @@ void add_parallel_flags(CLI::App* cmd, ParallelArgs& a, bool with_nodes) {
   cmd->add_option("--dist-init-addr", a.dist_init_addr, "host:port on node 0 that every node reaches (needed with "
                   "--nnodes > 1): score and generate bind their rendezvous there; serve its node control socket, and "
                   "the worker link on the next port");
+  cmd->add_option("--node-secret-file", a.node_secret_file, "With --nnodes > 1: a file (mode 600, at least 32 bytes) "
+                  "holding a secret every node has: the links between nodes are then authenticated and encrypted "
+                  "(ZeroMQ CURVE), and a peer without it cannot join. Without it those links trust their network");
+}
+
+void warn_if_unauthenticated(const ParallelArgs& a) {
+  if (a.nnodes > 1 && a.node_secret_file.empty()) {
+    log::warn("--nnodes {} without --node-secret-file: the links between nodes are not authenticated; anyone who "
+              "reaches --dist-init-addr {} can join the set (use a private network or give a secret)", a.nnodes,
+              a.dist_init_addr);
+  }
 }
 
 namespace {
@@ -87,7 +98,8 @@ std::vector<std::string> rank_command(const ParallelArgs& args, const dist::Para
     }
   }
   for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"--weight-store", options.weight_store},
-                                    {"--distributed-weight-config", options.distributed_weight_config}}) {
+                                    {"--distributed-weight-config", options.distributed_weight_config},
+                                    {"--node-secret-file", args.node_secret_file}}) {
     if (value.empty()) continue;
     argv.push_back(flag);
     argv.push_back(value);
@@ -110,6 +122,8 @@ void LocalRanks::run_node(const ParallelArgs& args, const fs::path& model_dir, c
   BG_CHECK(runs_on_other_node(args), "run_node: node {} of {} runs rank 0 itself", args.node_rank, layout.nnodes());
   BG_CHECK(args.max_tokens_per_call >= 0, "--moe-exchange-tokens {} must be >= 0", args.max_tokens_per_call);
   const std::string endpoint = dist_init_endpoint(args.dist_init_addr);
+  warn_if_unauthenticated(args);
+  (void)dist::load_link_key(args.node_secret_file);  // a bad secret file fails here, not in every rank
   const int32_t first = layout.first_rank_of(args.node_rank), n = layout.ranks_per_node();
   dist::ChildRanks children;
   for (int32_t r = first; r < first + n; ++r) {
@@ -148,10 +162,12 @@ std::unique_ptr<LocalRanks> LocalRanks::start(const ParallelArgs& args, const fs
     set->dir_ = tmpl;
     endpoint = "ipc://" + (set->dir_ / "rendezvous.sock").string();
   }
+  warn_if_unauthenticated(args);
+  const dist::LinkKeyPtr key = dist::load_link_key(args.node_secret_file);
   zmq::context_t zctx(1);
   std::unique_ptr<dist::RendezvousServer> server;
   try {
-    server = std::make_unique<dist::RendezvousServer>(zctx, endpoint, layout.world(), layout.describe());
+    server = std::make_unique<dist::RendezvousServer>(zctx, endpoint, layout.world(), layout.describe(), key.get());
   } catch (const std::exception& e) {
     fail("cannot bind the rendezvous at {}: {}{}", endpoint, e.what(),
          layout.nnodes() > 1 ? " (--dist-init-addr must be an address of node 0 with a free port)" : "");
@@ -172,6 +188,7 @@ std::unique_ptr<LocalRanks> LocalRanks::start(const ParallelArgs& args, const fs
   s.rendezvous = endpoint;
   s.plan = {state.max_sequences, state.max_tokens};
   s.max_tokens_per_call = args.max_tokens_per_call;
+  s.link_key = key;
   s.abandon = [&set] { return set->children_.any_exited(); };  // a child died before the set was complete
   try {
     set->ctx_ = dist::start_rank(s).ranks;

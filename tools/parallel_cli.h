@@ -23,6 +23,7 @@ struct ParallelArgs {
   int32_t nnodes = 1, node_rank = 0;
   std::string dist_init_addr;      // host:port on node 0 for several nodes (score/generate: the rendezvous; serve:
                                    // the node control socket, and the worker link on the next port)
+  std::string node_secret_file;    // --node-secret-file: authenticates the links between nodes (link_key.h)
   std::string exchange = "nccl";   // --k3-moe-exchange
   int64_t max_tokens_per_call = 0; // --moe-exchange-tokens (0: the exchange's default)
 
@@ -30,8 +31,10 @@ struct ParallelArgs {
   dist::ParallelLayout layout() const { return dist::ParallelLayout::from_flags(flags()); }
 };
 
-// Adds the flags to `cmd`; with_nodes adds --nnodes / --node-rank / --dist-init-addr.
+// Adds the flags to `cmd`; with_nodes adds --nnodes / --node-rank / --dist-init-addr / --node-secret-file.
 void add_parallel_flags(CLI::App* cmd, ParallelArgs& args, bool with_nodes);
+// With --nnodes > 1 and no --node-secret-file: a warning that the links between nodes are not authenticated.
+void warn_if_unauthenticated(const ParallelArgs& args);
 
 // The ranks of a single-process CLI on this host.
 class LocalRanks {

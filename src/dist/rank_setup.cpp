@@ -31,7 +31,7 @@ StartedRank start_cpu(const RankSetup& s, zmq::context_t& zctx, JoinInfo& me) {
     shm = ShmRankSet::create(unique_shm_name("comm"), s.place, opt);
     me.transport_id = to_hex(shm->name().data(), shm->name().size());
   }
-  const WorldInfo w = rendezvous_join(zctx, s.rendezvous, me, rank_timeout_s(s.timeout_s), s.abandon);
+  const WorldInfo w = rendezvous_join(zctx, s.rendezvous, me, rank_timeout_s(s.timeout_s), s.abandon, s.link_key.get());
   if (s.place.rank != 0) {
     const std::vector<uint8_t> name = from_hex(w.transport_id);
     try {
@@ -98,7 +98,7 @@ StartedRank start_rank(const RankSetup& s) {
     id = nccl_unique_id();
     me.transport_id = to_hex(id.data(), id.size());
   }
-  const WorldInfo w = rendezvous_join(zctx, s.rendezvous, me, rank_timeout_s(s.timeout_s), s.abandon);
+  const WorldInfo w = rendezvous_join(zctx, s.rendezvous, me, rank_timeout_s(s.timeout_s), s.abandon, s.link_key.get());
   const std::vector<uint8_t> bytes = from_hex(w.transport_id);
   BG_CHECK(bytes.size() == id.size(), "rank {}: an NCCL unique id of {} bytes", s.place.rank, bytes.size());
   std::copy(bytes.begin(), bytes.end(), id.begin());

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/link_key.h"
 #include "dist/rank_context.h"
 
 namespace bg::dist {
@@ -21,6 +22,7 @@ struct RankSetup {
   double timeout_s = 600.0;         // joining and every later wait for a peer (BG_RANK_TIMEOUT_S overrides)
   int64_t max_tokens_per_call = 0;  // expert exchange tokens per rank per call (0: the exchange's default)
   std::function<bool()> abandon;    // polled while joining: true gives up (shutdown while loading)
+  LinkKeyPtr link_key;              // --node-secret-file's key: the rendezvous is a CURVE server (null: none)
 };
 
 struct StartedRank {

@@ -59,9 +59,11 @@ JoinInfo parse_join(const json& j) {
 
 }  // namespace
 
-RendezvousServer::RendezvousServer(zmq::context_t& ctx, const std::string& endpoint, int32_t world, std::string layout)
+RendezvousServer::RendezvousServer(zmq::context_t& ctx, const std::string& endpoint, int32_t world, std::string layout,
+                                   const LinkKey* key)
     : sock_(ctx, zmq::socket_type::router), world_(world), layout_(std::move(layout)) {
   BG_CHECK(world >= 1, "rendezvous: world {}", world);
+  secure_bind_side(sock_, key);
   sock_.set(zmq::sockopt::linger, 0);
   sock_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxFrameBytes));
   try {
@@ -150,8 +152,9 @@ void RendezvousServer::on_join(const std::string& identity, const std::string& f
 }
 
 WorldInfo rendezvous_join(zmq::context_t& ctx, const std::string& endpoint, const JoinInfo& me, double timeout_s,
-                          const std::function<bool()>& abandon) {
+                          const std::function<bool()>& abandon, const LinkKey* key) {
   zmq::socket_t sock(ctx, zmq::socket_type::dealer);
+  secure_connect_side(sock, key);
   sock.set(zmq::sockopt::linger, 0);
   sock.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxFrameBytes));
   try {
@@ -181,8 +184,8 @@ WorldInfo rendezvous_join(zmq::context_t& ctx, const std::string& endpoint, cons
     }
     if (abandon && abandon()) fail("rank {}: stopped while waiting for the other ranks to join", me.rank);
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    BG_CHECK(waited < timeout_s, "rank {}: the other ranks did not join the rendezvous at {} within {:.0f} s", me.rank,
-             endpoint, timeout_s);
+    BG_CHECK(waited < timeout_s, "rank {}: the other ranks did not join the rendezvous at {} within {:.0f} s{}",
+             me.rank, endpoint, timeout_s, key != nullptr ? " (does every node hold the same --node-secret-file?)" : "");
   }
 }
 

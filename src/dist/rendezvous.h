@@ -14,6 +14,8 @@
 
 #include <zmq.hpp>
 
+#include "dist/link_key.h"
+
 namespace bg::dist {
 
 struct JoinInfo {
@@ -33,8 +35,10 @@ struct WorldInfo {
 
 class RendezvousServer {
  public:
-  // Binds `endpoint` (ipc://..., tcp://host:port) for a set of `world` ranks with `layout`.
-  RendezvousServer(zmq::context_t& ctx, const std::string& endpoint, int32_t world, std::string layout);
+  // Binds `endpoint` (ipc://..., tcp://host:port) for a set of `world` ranks with `layout`; with a `key`, only ranks
+  // holding the same node secret can connect (link_key.h).
+  RendezvousServer(zmq::context_t& ctx, const std::string& endpoint, int32_t world, std::string layout,
+                   const LinkKey* key = nullptr);
   ~RendezvousServer();
   RendezvousServer(const RendezvousServer&) = delete;
   RendezvousServer& operator=(const RendezvousServer&) = delete;
@@ -62,9 +66,9 @@ class RendezvousServer {
 };
 
 // Joins the set at `endpoint` and waits for the world info; throws bg::Error on a rejection, when `abandon()`
-// returns true (checked every 100 ms) or after timeout_s.
+// returns true (checked every 100 ms) or after timeout_s. `key`: the node secret's (the server's must be the same).
 WorldInfo rendezvous_join(zmq::context_t& ctx, const std::string& endpoint, const JoinInfo& me, double timeout_s,
-                          const std::function<bool()>& abandon = {});
+                          const std::function<bool()>& abandon = {}, const LinkKey* key = nullptr);
 
 std::string to_hex(const void* data, size_t n);
 std::vector<uint8_t> from_hex(const std::string& hex);

@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "dist/comm.h"
+#include "dist/link_key.h"
 #include "dist/rank_setup.h"
 #include "ops/mla/mla_prefill_plan.h"
 #include "sched/planner.h"
@@ -77,6 +78,7 @@ Worker::Worker(const WorkerOptions& options) : o_(options) {
   sock_.set(zmq::sockopt::rcvhwm, 0);
   sock_.set(zmq::sockopt::linger, 2000);  // deliver the last events and status on exit
   BG_CHECK(!o_.endpoint.empty(), "--endpoint is required (the frontend's ROUTER, e.g. ipc:///tmp/bg/router.sock)");
+  dist::secure_connect_side(sock_, dist::load_link_key(o_.node_secret_file).get());
   try {
     sock_.connect(o_.endpoint);
   } catch (const zmq::error_t& e) {
@@ -450,6 +452,7 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
     s.device = o.device;
     s.exchange = o.moe_exchange;
     s.rendezvous = o.rendezvous;
+    s.link_key = dist::load_link_key(o.node_secret_file);
     s.plan = {plan.max_num_seqs, plan.running_kv_blocks(), plan.max_model_len};
     s.max_tokens_per_call = o.moe_exchange_tokens;
     s.abandon = abandon;

@@ -49,6 +49,7 @@ struct WorkerOptions {
   // exchange between CUDA ranks and its tokens per call.
   dist::ParallelFlags parallel;
   std::string rendezvous;                 // --rendezvous (required with several ranks)
+  std::string node_secret_file;           // --node-secret-file: the worker link and the rendezvous use its key
   std::string moe_exchange = "nccl";      // --k3-moe-exchange
   int64_t moe_exchange_tokens = 0;        // --moe-exchange-tokens (0: the exchange's default)
   int64_t multi_rank_idle_poll_ms = 5;    // longest wait for a message between step agreements when idle

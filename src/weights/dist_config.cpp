@@ -1,34 +1,19 @@
 // load_dist_config: every field type-checked; secrets never printed.
 #include "weights/dist_config.h"
 
-#include <sys/stat.h>
-
 #include <fstream>
-#include <iterator>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/secret_file.h"
 #include "weights/segment.h"
 
 namespace bg::weights {
 namespace {
 
 using json = nlohmann::json;
-constexpr size_t kMinSecretBytes = 32;
-
-std::string read_private_file(const std::filesystem::path& path, const std::string& what) {
-  struct stat st {};
-  BG_CHECK(::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode), "{}: {} is not a readable file", what,
-           path.string());
-  BG_CHECK((st.st_mode & 077) == 0, "{}: {} holds the shared secret but has mode {:o}; chmod 600 it", what,
-           path.string(), st.st_mode & 0777);
-  std::ifstream in(path, std::ios::binary);
-  BG_CHECK(in.good(), "{}: cannot read {}", what, path.string());
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 std::string get_string(const json& j, const char* key, const std::string& where) {
   BG_CHECK(j.contains(key) && j[key].is_string() && !j[key].get_ref<const std::string&>().empty(),
            "{}: '{}' must be a non-empty string", where, key);
@@ -100,14 +85,13 @@ DistConfig load_dist_config(const std::filesystem::path& path) {
     c.secret = get_string(j, "secret", what);
     // An inline secret is only as private as the config file.
     read_private_file(path, what);
+    BG_CHECK(c.secret.size() >= kMinSecretBytes, "{}: the shared secret has {} bytes; at least {} are required", what,
+             c.secret.size(), kMinSecretBytes);
   } else {
     std::filesystem::path sf = get_string(j, "secret_file", what);
     if (sf.is_relative()) sf = path.parent_path() / sf;
-    c.secret = read_private_file(sf, what);
-    while (!c.secret.empty() && (c.secret.back() == '\n' || c.secret.back() == '\r')) c.secret.pop_back();
+    c.secret = read_secret_file(sf, what);
   }
-  BG_CHECK(c.secret.size() >= kMinSecretBytes, "{}: the shared secret has {} bytes; at least {} are required", what,
-           c.secret.size(), kMinSecretBytes);
   BG_CHECK(j.contains("nodes") && j["nodes"].is_array() && !j["nodes"].empty(), "{}: 'nodes' must be a non-empty array",
            what);
   std::set<std::string> names, endpoints;

@@ -168,7 +168,8 @@ TEST(Safetensors, DeepNestingIsAnErrorNotACrash) {
   expect_open_error(deep_shape, "", {"tensor 't' shape", "expected a non-negative integer", "an array of 1 elements"});
   std::string deep_obj;
   for (int i = 0; i < 50000; ++i) deep_obj += "{\"k\":";
-  deep_obj += "1" + std::string(50000, '}');
+  deep_obj += '1';
+  deep_obj.append(50000, '}');
   expect_open_error(deep_obj, "", {"tensor 'k'", "missing or non-string 'dtype'"});
 }
 

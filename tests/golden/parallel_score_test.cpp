@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -122,11 +123,13 @@ TEST(ParallelScoreNodes, TwoNodesOnOneHostEqualOneRank) {
   const GoldenPrompt g = gc.prompt(0);
   const int port = free_tcp_port();
   ASSERT_GT(port, 0);
+  // With a node secret: the rendezvous over TCP is a CURVE server and every rank a client holding the key.
+  const std::string secret = write_secret_file(tmp, "node.secret", std::string(32, 'n'));
   auto argv_of = [&](int node, const std::filesystem::path& out) {
     return std::vector<std::string>{exe, "score", "--model", gc.model_dir().string(), "--tokens", join_ids(g.tokens),
                                     "--prefill", std::to_string(g.prompt.size()), "--out", out.string(), "--ep", "4",
                                     "--nnodes", "2", "--node-rank", std::to_string(node), "--dist-init-addr",
-                                    "127.0.0.1:" + std::to_string(port)};
+                                    "127.0.0.1:" + std::to_string(port), "--node-secret-file", secret};
   };
   const std::filesystem::path out0 = tmp.path() / "node0.safetensors", out1 = tmp.path() / "node1.safetensors";
   int node1_status = -1;
@@ -145,8 +148,9 @@ TEST(ParallelScoreNodes, TwoNodesOnOneHostEqualOneRank) {
   EXPECT_EQ(static_cast<int64_t>(got.size()), static_cast<int64_t>(g.tokens.size()) * V);
 }
 
-// Node 0 without node 1: a clear error naming the ranks that never joined (and their node) once the rank timeout
-// passes, never a hang; a malformed --dist-init-addr, or ll-fp8 on CPU ranks, is refused before anything starts.
+// Node 0 without node 1, or with a node 1 holding another --node-secret-file: a clear error naming the ranks that never
+// joined (and their node) once the rank timeout passes, never a hang; a malformed --dist-init-addr, or ll-fp8 on CPU
+// ranks, is refused before anything starts.
 TEST(ParallelScoreNodes, AMissingNodeIsNamedAfterTheRankTimeout) {
   TempDir tmp;
   const std::string exe = std::string(BG_BINARY_DIR) + "/batchgen";
@@ -165,6 +169,24 @@ TEST(ParallelScoreNodes, AMissingNodeIsNamedAfterTheRankTimeout) {
   EXPECT_EQ(status, 1) << log;
   EXPECT_LT(s, 30.0);
   EXPECT_NE(log.find("ranks that never joined: 2 (node 1), 3 (node 1)"), std::string::npos) << log;
+  // Node 1 there but holding another secret than node 0: its ranks are never let in, and both nodes say so.
+  std::vector<std::string> keyed = argv;
+  keyed.insert(keyed.end(), {"--node-secret-file", write_secret_file(tmp, "a.secret", std::string(32, 'a'))});
+  std::vector<std::string> intruder = keyed;
+  intruder[std::find(intruder.begin(), intruder.end(), "--node-rank") - intruder.begin() + 1] = "1";
+  intruder.back() = write_secret_file(tmp, "b.secret", std::string(32, 'b'));
+  setenv("BG_RANK_TIMEOUT_S", "3", 1);
+  int intruder_status = -1;
+  std::thread node1([&] { intruder_status = run(intruder, tmp.path() / "intruder.log"); });
+  const int keyed_status = run(keyed, tmp.path() / "keyed.log");
+  node1.join();
+  unsetenv("BG_RANK_TIMEOUT_S");
+  EXPECT_EQ(keyed_status, 1);
+  EXPECT_NE(read_file(tmp.path() / "keyed.log").find("ranks that never joined: 2 (node 1), 3 (node 1)"),
+            std::string::npos) << read_file(tmp.path() / "keyed.log");
+  EXPECT_EQ(intruder_status, 1);
+  EXPECT_NE(read_file(tmp.path() / "intruder.log").find("does every node hold the same --node-secret-file?"),
+            std::string::npos) << read_file(tmp.path() / "intruder.log");
   argv.back() = "127.0.0.1";
   EXPECT_EQ(run(argv, tmp.path() / "bad.log"), 1);
   EXPECT_NE(read_file(tmp.path() / "bad.log").find("must be host:port"), std::string::npos);

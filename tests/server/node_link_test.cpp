@@ -1,13 +1,15 @@
 // Node 0's control link with fake node agents (in-process DEALERs): one agent per node, with node 0's config and a
 // node rank in range, or a refusal that says why; starts per incarnation (late agents get the current one, nobody
 // gets a killed one), reports only for the agent's own ranks and the current incarnation, and an agent that says
-// goodbye, falls silent or disconnects is gone. Plus the message parsers, which trust nothing.
+// goodbye, falls silent or disconnects is gone; with a node secret, only agents holding it are heard. Plus the
+// message parsers, which trust nothing.
 #include <gtest/gtest.h>
 
 #include <thread>
 
 #include "core/error.h"
 #include "process_testing.h"
+#include "temp_dir.h"
 #include "server/frontend/node_link.h"
 #include "server/frontend/node_protocol.h"
 
@@ -30,13 +32,15 @@ NodeLinkConfig config(const std::string& ep, std::chrono::milliseconds node_time
   f.ep = 4;
   f.nnodes = 2;
   return NodeLinkConfig{ep, "127.0.0.1:29500", dist::ParallelLayout::from_flags(f), kConfig, node_timeout,
-                        [] { return std::string("tcp://127.0.0.1:40000"); }};
+                        [] { return std::string("tcp://127.0.0.1:40000"); }, nullptr};
 }
 
 // A node agent as the test drives it: says hello, answers nothing by itself.
 class FakeAgent {
  public:
-  FakeAgent(zmq::context_t& ctx, const std::string& ep, const std::string& id) : sock_(ctx, zmq::socket_type::dealer) {
+  FakeAgent(zmq::context_t& ctx, const std::string& ep, const std::string& id, const dist::LinkKey* key = nullptr)
+      : sock_(ctx, zmq::socket_type::dealer) {
+    dist::secure_connect_side(sock_, key);
     sock_.set(zmq::sockopt::routing_id, id);
     sock_.set(zmq::sockopt::linger, 0);
     sock_.connect(ep);
@@ -112,6 +116,26 @@ TEST(NodeLink, OneAgentPerNodeWithNodeZerosConfig) {
   e.send("exited", nodes::to_json(nodes::RankProcess{1, 2, 9, 9}));  // a report before any hello
   EXPECT_EQ(e.next(300ms).type, "");
   EXPECT_EQ(link.n_connected(), 2);
+}
+
+TEST(NodeLink, WithASecretOnlyAgentsHoldingItAreHeard) {
+  bg::testing::TempDir tmp;
+  zmq::context_t ctx;
+  const std::string ep = "ipc://" + (tmp / "control.sock").string();  // CURVE runs over ipc and tcp, not inproc
+  NodeLinkConfig cfg = config(ep);
+  cfg.key = std::make_shared<const dist::LinkKey>(dist::derive_link_key(std::string(32, 'k')));
+  NodeLink link(ctx, cfg);
+  const dist::LinkKey other = dist::derive_link_key(std::string(32, 'o'));
+  FakeAgent plain(ctx, ep, "agent-plain"), wrong(ctx, ep, "agent-wrong", &other);
+  plain.hello(1);
+  wrong.hello(1);
+  EXPECT_EQ(plain.next(500ms).type, "") << "an agent without the secret is dropped in the handshake";
+  EXPECT_EQ(wrong.next(10ms).type, "") << "so is one with another secret";
+  EXPECT_EQ(link.n_connected(), 1);
+  FakeAgent good(ctx, ep, "agent-good", cfg.key.get());
+  good.hello(1);
+  EXPECT_EQ(good.next().type, "welcome");
+  EXPECT_TRUE(eventually([&] { return link.n_connected() == 2; }));
 }
 
 TEST(NodeLink, StartsKillsAndReportsPerIncarnation) {

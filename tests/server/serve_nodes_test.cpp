@@ -3,8 +3,9 @@
 // naming the rank and its node, and the set comes back with the same answer; kill -9 of node 1's agent is reported
 // and leaves no process behind; a new agent brings the set back and SIGTERM ends both nodes cleanly; an agent whose
 // node 0 is killed stops its rank and exits. And the errors: another layout or a taken node rank is refused by node
-// 0, a node 0 that never answers or a node that never comes is named after the rank timeout, an unresolvable
-// --dist-init-addr is an error at once.
+// 0, an agent with another --node-secret-file is never heard (its own error says to check the secret), a node 0 that
+// never answers or a node that never comes is named after the rank timeout, an unresolvable --dist-init-addr is an
+// error at once.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -125,7 +126,9 @@ struct NodeSetup {
   std::string model;
   int port = 0;       // HTTP
   std::string addr;   // --dist-init-addr
+  std::string secret; // --node-secret-file of every node
   NodeSetup() {
+    secret = write_secret("node.secret", "a secret every node of this test holds, 48 bytes");
     model = (tmp.path() / "tiny-k3").string();
     EXPECT_EQ(run_process({kExe, "make-random", "--arch", "kimi_k3", "--preset", "tiny", "--out", model},
                           tmp.path() / "make.log"), 0);
@@ -138,9 +141,13 @@ struct NodeSetup {
     argv.insert(argv.end(), extra.begin(), extra.end());
     return argv;
   }
-  std::vector<std::string> node(int k, const std::vector<std::string>& extra = {}) const {
+  std::string write_secret(const std::string& name, const std::string& text) const {
+    return write_secret_file(tmp, name, text + "\n");
+  }
+  std::vector<std::string> node(int k, const std::vector<std::string>& extra = {}, std::string secret_file = "") const {
+    if (secret_file.empty()) secret_file = secret;
     std::vector<std::string> argv = serve({"--ep", "2", "--nnodes", "2", "--node-rank", std::to_string(k),
-                                           "--dist-init-addr", addr});
+                                           "--dist-init-addr", addr, "--node-secret-file", secret_file});
     if (k == 0) argv.insert(argv.end(), {"--port", std::to_string(port)});
     argv.insert(argv.end(), extra.begin(), extra.end());
     return argv;
@@ -179,16 +186,26 @@ TEST(ServeNodes, TwoNodesServeLikeOneRankSurviveAKilledRankAndReportAGoneAgent) 
   EXPECT_EQ(r["ranks"][1]["node"], 1) << r.dump();
   EXPECT_EQ(chat(s.port), one) << "two nodes answer like one rank";
 
-  // Bad company while it serves: another layout, and a second agent for node 1, are refused; the set keeps serving.
-  Proc other(s.serve({"--ep", "4", "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", s.addr}),
-             s.tmp.path() / "other.log");
+  // Bad company while it serves: another layout, and a second agent for node 1, are refused; an agent with another
+  // secret is never heard; the set keeps serving.
+  Proc other(s.serve({"--ep", "4", "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", s.addr,
+                      "--node-secret-file", s.secret}), s.tmp.path() / "other.log");
   Proc twin(s.node(1), s.tmp.path() / "twin.log");
+  Proc intruder(s.node(1, {}, s.write_secret("other.secret", std::string(40, 'x'))), s.tmp.path() / "intruder.log",
+                {{"BG_RANK_TIMEOUT_S", "3"}});
   EXPECT_EQ(other.wait(20s), 1);
   EXPECT_NE(other.log().find("node 0 refused this node: node 1 was started with 'dp=4"), std::string::npos)
       << other.log();
   EXPECT_EQ(twin.wait(20s), 1);
   EXPECT_NE(twin.log().find("node rank 1 is already taken by the agent pid " + std::to_string(node1->pid())),
             std::string::npos) << twin.log();
+  EXPECT_EQ(intruder.wait(20s), 1);
+  EXPECT_NE(intruder.log().find("node 0 did not answer at tcp://" + s.addr + " within 3 s"), std::string::npos)
+      << intruder.log();
+  EXPECT_NE(intruder.log().find("Does node 0 use the same --node-secret-file"), std::string::npos);
+  EXPECT_EQ(node0->log().find("pid " + std::to_string(intruder.pid()) + " on"), std::string::npos)
+      << "node 0 heard the intruder";
+  EXPECT_EQ(ready(s.port).status, 200);
 
   // kill -9 of the remote rank, with a request in flight: 503, /ready names rank 1 on node 1, the set comes back.
   const std::vector<pid_t> first_set = {pids_in(node0->log(), R"(started rank 0 \(pid (\d+)\))").at(0),

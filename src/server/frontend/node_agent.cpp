@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/spawn.h"
+#include "dist/link_key.h"
 #include "dist/shm_comm.h"
 #include "server/frontend/node_protocol.h"
 #include "server/frontend/worker_manager.h"
@@ -85,6 +86,7 @@ NodeAgent::NodeAgent(const ServeOptions& opt)
       exe_(std::filesystem::read_symlink("/proc/self/exe").string()),
       ctx_(1),
       sock_(ctx_, zmq::socket_type::dealer) {
+  dist::secure_connect_side(sock_, dist::load_link_key(opt.node_secret_file).get());
   sock_.set(zmq::sockopt::linger, 500);  // the last reports and the goodbye, if node 0 still listens
   // Its own routing id, kept across a reconnect (node 0 knows the agent by it); random, so two agents never share one.
   std::random_device rd;
@@ -240,7 +242,9 @@ int NodeAgent::run(const sigset_t& signals) {
              "stopped", node_, ep_.control, join_timeout.count());
       }
       fail("node {}: node 0 did not answer at {} within {:.0f} s (BG_RANK_TIMEOUT_S): is its serve running, and is "
-           "--dist-init-addr {} its address?", node_, ep_.control, join_timeout.count(), opt_.dist_init_addr);
+           "--dist-init-addr {} its address?{}", node_, ep_.control, join_timeout.count(), opt_.dist_init_addr,
+           opt_.node_secret_file.empty() ? "" : " Does node 0 use the same --node-secret-file (a peer with another "
+           "secret is dropped during the handshake)?");
     }
     if (welcomed_ && now - last_heard_ > silence) {
       // Node 0 is gone (killed, crashed, cut off): no rank of this node may outlive its set, so they stop now. The

@@ -26,6 +26,7 @@ NodeLink::NodeLink(zmq::context_t& ctx, NodeLinkConfig cfg)
     : cfg_(std::move(cfg)), sock_(ctx, zmq::socket_type::router) {
   BG_CHECK(cfg_.layout.nnodes() > 1, "node link: {} has one node", cfg_.layout.describe());
   BG_CHECK(static_cast<bool>(cfg_.rendezvous), "node link: no rendezvous source");
+  dist::secure_bind_side(sock_, cfg_.key.get());
   sock_.set(zmq::sockopt::linger, 1000);  // the goodbye reaches the agents on close
   sock_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(nodes::kMaxFrameBytes));
   sock_.set(zmq::sockopt::router_mandatory, 1);

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
+#include "dist/link_key.h"
 #include "dist/parallel_layout.h"
 #include "server/frontend/worker_manager.h"
 
@@ -30,6 +31,7 @@ struct NodeLinkConfig {
   std::string config;                            // config_signature(): every agent must send the same
   std::chrono::milliseconds node_timeout{10'000};  // an agent silent this long is gone
   std::function<std::string()> rendezvous;       // the current incarnation's rendezvous endpoint
+  dist::LinkKeyPtr key;                          // --node-secret-file's: only agents holding it connect (or null)
 };
 
 class NodeLink final : public RemoteRanks {

@@ -109,6 +109,7 @@ void validate_serve_options(ServeOptions& opt) {
              "one host (CUDA IPC); {} nodes need --k3-moe-exchange nccl", opt.k3_moe_exchange, layout.nnodes());
   }
   validate_distributed_config(opt.distributed_weight_config);
+  (void)dist::load_link_key(opt.node_secret_file);  // a bad secret file fails here, not in every worker
   if (!opt.weight_store.empty()) weights::check_store_name(opt.weight_store);
   if (opt.served_model_name.empty()) {
     fs::path p = fs::weakly_canonical(opt.model_dir, ec);
@@ -150,7 +151,8 @@ std::vector<std::string> worker_command(const ServeOptions& opt, const std::stri
     }
   }
   for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"--weight-store", opt.weight_store},
-                                    {"--distributed-weight-config", opt.distributed_weight_config}}) {
+                                    {"--distributed-weight-config", opt.distributed_weight_config},
+                                    {"--node-secret-file", opt.node_secret_file}}) {
     if (!value.empty()) {
       argv.push_back(flag);
       argv.push_back(value);
@@ -295,9 +297,10 @@ int run_serve(ServeOptions opt) {
   const std::string endpoint = node_ep ? node_ep->worker_link : "ipc://" + (ipc_dir.path() / "workers.sock").string();
   zmq::context_t zmq_ctx;
   Metrics metrics;
+  const dist::LinkKeyPtr link_key = dist::load_link_key(opt.node_secret_file);
   std::unique_ptr<WorkerLink> link_owner;
   try {
-    link_owner = std::make_unique<WorkerLink>(zmq_ctx, endpoint, layout.world(), layout.tp());
+    link_owner = std::make_unique<WorkerLink>(zmq_ctx, endpoint, layout.world(), layout.tp(), link_key.get());
   } catch (const Error& e) {
     if (!node_ep) throw;
     fail("{} (--dist-init-addr {}: node 0 listens on that port and the next one, on an address of this host)",
@@ -316,7 +319,7 @@ int run_serve(ServeOptions opt) {
       rendezvous = std::make_unique<dist::RendezvousServer>(
           zmq_ctx, node_ep ? node_ep->rendezvous_bind
                            : fmt::format("ipc://{}/rendezvous-{}.sock", ipc_dir.path().string(), n_sets++),
-          layout.world(), layout.describe());
+          layout.world(), layout.describe(), link_key.get());
     }
     return rendezvous->endpoint();
   };
@@ -331,7 +334,7 @@ int run_serve(ServeOptions opt) {
                                   const std::string bound = rendezvous ? rendezvous->endpoint() : "";
                                   return fmt::format("tcp://{}:{}", node_ep->host,
                                                      bound.substr(bound.rfind(':') + 1));
-                                }});
+                                }, link_key});
     log::info("serve: node 0 of {}: ranks 0..{} here; the agents of nodes 1..{} connect to {} (the ranks' worker "
               "link is {})", layout.nnodes(), layout.ranks_per_node() - 1, layout.nnodes() - 1, node_ep->control,
               node_ep->worker_link);

@@ -38,6 +38,7 @@ struct ServeOptions {
   int64_t moe_exchange_tokens = 0;              // tokens per rank per exchange call (0: the exchange's default)
   dist::ParallelFlags parallel;                 // --tp / --dp / --ep, --nnodes / --node-rank (docs/PARALLEL.md)
   std::string dist_init_addr;                   // --dist-init-addr HOST:PORT of node 0 (several nodes)
+  std::string node_secret_file;                 // --node-secret-file: authenticates the links between nodes
   double node_timeout_s = 10.0;                 // --node-timeout: a node agent (or node 0) silent this long is gone
   std::string distributed_weight_config;        // path (docs/WEIGHTS.md), passed to the workers
   std::string weight_store = "";                // weightd store the workers attach to ("" = read the files)

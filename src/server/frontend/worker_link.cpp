@@ -85,7 +85,8 @@ proto::TokenEvent error_event(const std::string& id, const std::string& reason, 
 
 }  // namespace
 
-WorkerLink::WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t n_ranks, int32_t tp)
+WorkerLink::WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t n_ranks, int32_t tp,
+                       const dist::LinkKey* key)
     : ctx_(ctx),
       endpoint_(endpoint),
       cmd_endpoint_(fmt::format("inproc://bg-frontend-cmd-{}", static_cast<const void*>(this))),
@@ -104,6 +105,7 @@ WorkerLink::WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t
     s.status.rank = r;
     ranks_.push_back(s);
   }
+  dist::secure_bind_side(router_, key);
   router_.set(zmq::sockopt::linger, 0);
   router_.set(zmq::sockopt::router_mandatory, 1);  // a send to a peer that is not connected fails, never vanishes
   if (endpoint.rfind("tcp://", 0) == 0) {

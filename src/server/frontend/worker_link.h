@@ -20,6 +20,7 @@
 
 #include <zmq.hpp>
 
+#include "dist/link_key.h"
 #include "server/frontend/rank_state.h"
 #include "server/protocol.h"
 
@@ -47,7 +48,9 @@ class WorkerLink {
   // routing id "rank-<r>" until begin_incarnation says otherwise.
   // With several ranks they form DP groups of `tp` consecutive ranks; each group's first rank (its leader) takes the
   // group's requests.
-  WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t n_ranks, int32_t tp = 1);
+  // `key`: the node secret's (link_key.h): only workers holding it can connect.
+  WorkerLink(zmq::context_t& ctx, const std::string& endpoint, int32_t n_ranks, int32_t tp = 1,
+             const dist::LinkKey* key = nullptr);
   ~WorkerLink();
   WorkerLink(const WorkerLink&) = delete;
   WorkerLink& operator=(const WorkerLink&) = delete;
