@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -25,6 +26,7 @@
 #include "dist/comm.h"
 #include "dist/link_key.h"
 #include "dist/rank_setup.h"
+#include "engine/step_profile.h"
 #include "ops/mla/mla_prefill_plan.h"
 #include "sched/planner.h"
 
@@ -383,31 +385,22 @@ int64_t ranks_per_device(const WorkerOptions& o, const dist::RankPlace& place) {
 #endif
 }
 
-// What the largest step needs of the device beyond the weights and the pools, measured (the planner keeps it out of
-// the KV budget): a throwaway sequence prefills pseudo-random ids in steps of `step_tokens` until its context holds
-// the largest MLA prefill pass (16,384 gathered rows) and one more step, or `max_len`; the result is the allocator's
-// peak in use during those steps less what it had in use before them (the throwaway pools), plus 5 % for what
-// another prompt may route differently. The cached blocks stay for the steps that follow.
-int64_t profile_step_memory(Model& model, int64_t step_tokens, int64_t max_len) {
-  const int64_t n = std::min(max_len, ops::MlaPrefillOptions{}.max_pass_rows + step_tokens);
-  const int64_t vocab = model.info().vocab_size;
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % vocab);
-  std::unique_ptr<kv::StateManager> state = make_state(model, 1, n);
-  std::unique_ptr<Sequence> seq = state->new_sequence(n);
-  Backend& be = model.backend();
-  be.reset_memory_peak();
-  const size_t before = be.memory_use().in_use;
-  std::vector<float> logits(static_cast<size_t>(vocab));
-  for (int64_t start = 0; start < n; start += step_tokens) {
-    const int64_t len = std::min(step_tokens, n - start);
-    const BatchEntry entry{seq.get(), std::span<const int32_t>(ids).subspan(static_cast<size_t>(start),
-                                                                            static_cast<size_t>(len))};
-    model.forward_batch(std::span<const BatchEntry>(&entry, 1), logits.data());
+// The plan again with `in` (after the step profile). A rank set agrees on it (the smallest of every rank's numbers);
+// a rank whose plan fails marks the set failed first, so the others do not wait for it.
+sched::Plan replan_for_set(const sched::ModelGeometry& geo, const sched::PlannerInput& in,
+                           const sched::MemoryProbe& probe, const dist::RankContext* ranks, int32_t rank) {
+  sched::Plan plan;
+  try {
+    plan = sched::make_plan(geo, in, probe);
+  } catch (const Error& e) {
+    if (ranks != nullptr) ranks->world->mark_failed(fmt::format("rank {}: {}", rank, e.what()));
+    throw;
   }
-  const size_t peak = be.memory_use().peak_in_use;
-  const auto need = static_cast<double>(peak > before ? peak - before : 0);
-  return static_cast<int64_t>(need * 1.05);
+  if (ranks == nullptr) return plan;
+  std::array<int64_t, 3> least{-plan.max_num_seqs, -plan.running_kv_blocks(), -plan.max_model_len};
+  ranks->world->all_reduce_max(least);  // the max of the negated numbers: their minimum
+  plan.agree(-least[0], -least[1], -least[2]);
+  return plan;
 }
 
 }  // namespace
@@ -471,22 +464,28 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
   lo.resident_experts = o.resident_experts;
   lo.expert_trace = o.expert_trace;
   std::unique_ptr<Model> model = load_model(o.model_dir, lo);
-  // One CUDA rank with a budget from free memory: measure the largest step and plan again without its memory. (A rank
-  // set agreed on its plan before loading; its ranks keep the --gpu-memory-utilization headroom.)
-  if (o.device == "cuda" && !ranks && o.kv_cache_memory_bytes == 0 && o.profile_memory) {
+  // A CUDA budget from free memory: measure the largest step and plan again without its memory. In a rank set every
+  // rank measures together (the largest need over the set) and the set agrees on the new plan.
+  if (o.device == "cuda" && o.kv_cache_memory_bytes == 0 && o.profile_memory) {
     if (on_phase) on_phase("measuring a step");
     const int64_t step = o.deterministic ? o.chunked_prefill_size : std::max(o.chunked_prefill_size, idle_prefill_size);
     try {
-      in.activation_reserve_bytes = profile_step_memory(*model, step, plan.max_model_len);
+      in.activation_reserve_bytes = profile_step_memory(*model, ranks.get(), step, plan.max_model_len,
+                                                        ops::MlaPrefillOptions{}.max_pass_rows);
     } catch (const DeviceFault&) {
       throw;  // the context is gone: the supervisor's report names the fault
+    } catch (const dist::RankFailure&) {
+      throw;  // another rank failed: its own error says why
     } catch (const Error& e) {
-      fail("worker rank {}: measuring a {}-token prefill step before sizing the KV cache failed: {} (lower "
-           "--idle-prefill-size / --chunked-prefill-size, or --no-step-profile to size the cache without it)", o.rank,
-           step, e.what());
+      const std::string why = fmt::format("worker rank {}: measuring a {}-token prefill step before sizing the KV "
+                                          "cache failed: {} (lower --idle-prefill-size / --chunked-prefill-size, or "
+                                          "--no-step-profile to size the cache without it)", o.rank, step, e.what());
+      if (ranks) ranks->world->mark_failed(why);
+      fail("{}", why);
     }
-    plan = sched::make_plan(geo, in, probe);
-    log::info("worker rank {}: with the largest step measured: {}", o.rank, plan.describe());
+    plan = replan_for_set(geo, in, probe, ranks.get(), o.rank);
+    log::info("worker rank {}: with the largest step measured{}: {}", o.rank, ranks ? " (over the set)" : "",
+              plan.describe());
   }
   BG_CHECK(o.chunked_prefill_size >= plan.max_num_seqs, "--chunked-prefill-size {} must be >= --max-num-seqs {} "
            "(every running sequence decodes one token per step)", o.chunked_prefill_size, plan.max_num_seqs);

@@ -34,7 +34,7 @@ struct WorkerOptions {
   bool prefix_cache = true;               // --no-prefix-cache turns it off
   bool warmup = true;                     // --no-warmup: no dummy requests before "ready" (cuda, one rank)
   bool profile_memory = true;             // --no-step-profile: no measured step before the KV cache is sized (cuda,
-                                          // one rank, budget from --gpu-memory-utilization)
+                                          // budget from --gpu-memory-utilization; a rank set measures together)
   int64_t snapshot_interval = 0;          // --prefix-snapshot-interval (0: the planner's default)
   bool deterministic = false;             // --deterministic: batch-invariant kernels and prefill cut points
   double host_memory_gb = 0.0;            // --host-memory-gb: the host tier (0: none)

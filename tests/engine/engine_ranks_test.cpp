@@ -1,6 +1,7 @@
 // The engine as one rank of a CPU rank set (ranks as threads, tests/dist/rank_testing.h): each rank's engine owns
 // its state manager, a TP follower runs its leader's layouts on its own pools, an idle rank takes part in every step
-// with its pools (Model::sync_idle), and the requests' tokens equal one rank's.
+// with its pools (Model::sync_idle), and the requests' tokens equal one rank's. The step memory profile of a set runs
+// as one collective: every rank gets the same need and the set still steps together afterwards.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -12,6 +13,7 @@
 #include "dist/comm.h"
 #include "dist/rank_testing.h"
 #include "engine/engine.h"
+#include "engine/step_profile.h"
 #include "model/random_checkpoint.h"
 #include "temp_dir.h"
 
@@ -101,6 +103,59 @@ TEST_P(EngineRanks, TokensEqualOneRank) {
         },
         {.slot_bytes = size_t{1} << 20, .timeout_s = 120.0});
     EXPECT_EQ(set, one) << "--tp " << tp << " --dp " << dp;
+  }
+}
+
+// The last-token logits of `prompt` on a fresh sequence (a leader of a set, or one rank); a TP follower (leader false)
+// takes part in that step with its own pools.
+std::vector<float> prefill_logits(Model& model, const std::vector<int32_t>& prompt, bool leader) {
+  std::unique_ptr<kv::StateManager> state = make_state(model, 1, 64);
+  std::vector<float> logits(static_cast<size_t>(model.info().vocab_size));
+  if (!leader) {
+    EXPECT_TRUE(model.sync_idle(false, state->step_pools()));
+    return logits;
+  }
+  std::unique_ptr<Sequence> seq = state->new_sequence(64);
+  const BatchEntry entry{seq.get(), std::span<const int32_t>(prompt)};
+  model.forward_batch(std::span<const BatchEntry>(&entry, 1), logits.data());
+  return logits;
+}
+
+TEST_P(EngineRanks, TheStepProfileOfASetIsOneCollective) {
+  testing::TempDir tmp;
+  RandomCheckpointSpec spec;
+  spec.arch = GetParam();
+  spec.preset = "tiny";
+  spec.seed = 4;
+  spec.out_dir = tmp / "model";
+  write_random_checkpoint(spec);
+  const std::vector<int32_t> prompt = {5, 17, 2, 40, 33, 8, 61};
+  auto one = load_model(spec.out_dir, LoadOptions{.device = "cpu"});
+  EXPECT_EQ(profile_step_memory(*one, nullptr, 32, 100, 40), 0) << "the CPU backend counts no device memory";
+  const std::vector<float> want = prefill_logits(*one, prompt, true);
+  dist::ParallelFlags flags;
+  flags.tp = 2;
+  flags.dp = 2;
+  std::vector<int64_t> needs(4, -1);
+  std::vector<std::vector<float>> got(4);
+  testing::run_ranks(
+      dist::ParallelLayout::from_flags(flags),
+      [&](dist::RankContext& ctx) {
+        std::shared_ptr<dist::RankContext> ranks(std::shared_ptr<void>(), &ctx);  // not owned: lives for the call
+        auto model = load_model(spec.out_dir, LoadOptions{.device = "cpu", .ranks = ranks});
+        // 100 tokens in steps of 32: four steps, run by the two DP leaders, joined by their TP followers.
+        needs[static_cast<size_t>(ctx.rank())] = profile_step_memory(*model, ranks.get(), 32, 100, 40);
+        got[static_cast<size_t>(ctx.rank())] = prefill_logits(*model, prompt, ctx.place.is_leader());
+        std::unique_ptr<kv::StateManager> state = make_state(*model, 1, 16);
+        EXPECT_FALSE(model->sync_idle(ctx.rank() == 0, state->step_pools())) << "rank 0 ends the set";
+      },
+      {.slot_bytes = size_t{1} << 20, .timeout_s = 60.0});
+  EXPECT_EQ(needs, std::vector<int64_t>(4, 0));
+  for (const int leader : {0, 2}) {
+    ASSERT_EQ(got[static_cast<size_t>(leader)].size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[static_cast<size_t>(leader)][i], want[i], 1e-4) << "rank " << leader << ", logit " << i;
+    }
   }
 }
 
