@@ -218,6 +218,9 @@ class Backend {
   // rewritten by ops issued before compute_wait(fence).
   virtual CopyFence copy_to_host(std::span<const HostCopy> copies);
   virtual CopyFence copy_from_host(std::span<const HostCopy> copies);
+  // copy_from_host for bytes no op needs yet (a prefetch): ops issued after it do not wait for it; call
+  // compute_wait(fence) before issuing one that reads them. CPU: done at once, as copy_from_host.
+  virtual CopyFence prefetch_from_host(std::span<const HostCopy> copies) { return copy_from_host(copies); }
   virtual bool fence_done(CopyFence fence) { return fence <= copies_issued_; }
   virtual void wait_fence(CopyFence fence) { (void)fence; }
   // Ops issued from now on run after the fence's copies (device side; the host does not wait).

@@ -63,6 +63,7 @@ json step_json(const StepResult& s) {
           {"wall_ms", s.wall_ms}, {"roofline_ms", s.roofline_ms}, {"roofline_bytes", s.roofline_bytes},
           {"roofline_flops", s.roofline_flops}, {"ratio", s.ratio}, {"touched_experts", s.touched_experts},
           {"streamed_bytes", s.streamed_bytes}, {"copy_floor_ms", s.copy_floor_ms},
+          {"prefetched_experts", s.prefetched_experts}, {"prefetch_hits", s.prefetch_hits},
           {"replays", s.replays}, {"n_ops", s.n_ops}, {"ops", ops}};
 }
 
@@ -170,6 +171,7 @@ std::string format_table(const BenchReport& r) {
           out += fmt::format(", {:.3f} ms at the pinned H2D rate (step / (roofline + copy floor) = {:.2f}x)",
                              s.copy_floor_ms, s.ms / (s.roofline_ms + s.copy_floor_ms));
         }
+        out += fmt::format("; {:.1f} experts prefetched, {:.1f} of them used", s.prefetched_experts, s.prefetch_hits);
         out += "\n";
       }
     }

@@ -90,6 +90,8 @@ struct StepResult {
   // and those bytes at the pinned H2D ceiling (the step's floor on the copy engine; 0 when nothing streams).
   double streamed_bytes = 0;
   double copy_floor_ms = 0;
+  // Of those, experts copied ahead while the layer before ran, and prefetched experts used (per step).
+  double prefetched_experts = 0, prefetch_hits = 0;
   int64_t replays = 0;
   int64_t n_ops = 0;        // backend ops of one step (each one or more kernel launches)
   std::vector<OpTime> ops;  // eager, event-instrumented replay

@@ -122,7 +122,7 @@ StepResult bench_one_step(Model& model, kv::StateManager& state, const StepBench
   r.touched_experts = touched.empty() ? 0.0 : touched_sum / static_cast<double>(touched.size());
 
   std::vector<double> device_ms, wall_ms;
-  const int64_t copied_before = model.expert_stream_counters().bytes_copied;
+  const Model::ExpertStreamCounters streamed_before = model.expert_stream_counters();
   {
     std::unique_ptr<StepProfiler> profiler = device.profiler(false);
     ProfilerAttachment attach(model, profiler.get());
@@ -133,8 +133,13 @@ StepResult bench_one_step(Model& model, kv::StateManager& state, const StepBench
       device_ms.push_back(step_span_ms(profiler->take()));
     }
   }
-  r.streamed_bytes = static_cast<double>(model.expert_stream_counters().bytes_copied - copied_before) /
-                     static_cast<double>(spec.replays);
+  const Model::ExpertStreamCounters streamed = model.expert_stream_counters();
+  const auto per_replay = [&](int64_t after, int64_t before) {
+    return static_cast<double>(after - before) / static_cast<double>(spec.replays);
+  };
+  r.streamed_bytes = per_replay(streamed.bytes_copied, streamed_before.bytes_copied);
+  r.prefetched_experts = per_replay(streamed.prefetches, streamed_before.prefetches);
+  r.prefetch_hits = per_replay(streamed.prefetch_hits, streamed_before.prefetch_hits);
   if (ceilings.h2d_gbps && *ceilings.h2d_gbps > 0) r.copy_floor_ms = r.streamed_bytes / (*ceilings.h2d_gbps * 1e6);
   {
     std::unique_ptr<StepProfiler> profiler = device.profiler(true);

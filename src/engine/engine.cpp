@@ -322,6 +322,8 @@ void Engine::fill_status(proto::WorkerStatus& s) const {
   s.expert_copies_total = e.copies;
   s.expert_pool_hits_total = e.hits;
   s.expert_bytes_copied_total = e.bytes_copied;
+  s.expert_prefetches_total = e.prefetches;
+  s.expert_prefetch_hits_total = e.prefetch_hits;
 }
 
 }  // namespace bg::engine

@@ -93,7 +93,7 @@ class Model {
   // Streamed experts (LoadOptions::resident_experts < 1) since load: experts copied into the pool, routed streamed
   // experts found already there, bytes copied. All 0 when every expert is resident.
   struct ExpertStreamCounters {
-    int64_t copies = 0, hits = 0, bytes_copied = 0;
+    int64_t copies = 0, hits = 0, bytes_copied = 0, prefetches = 0, prefetch_hits = 0;
   };
   virtual ExpertStreamCounters expert_stream_counters() const { return {}; }
   // True when this model is one rank of a set: forward / forward_batch are collectives (every rank must step

@@ -12,6 +12,7 @@
 #include "formats/model_config.h"
 #include "model/deepseek_v3.h"
 #include "model/kimi_k3.h"
+#include "moe/expert_stream.h"
 
 namespace bg {
 
@@ -144,7 +145,8 @@ int64_t resident_expert_bytes(const RankWeightBytes& w, double fraction) {
   const int64_t n_resident = std::clamp<int64_t>(std::llround(fraction * static_cast<double>(n_local)), 0, n_local);
   const int64_t per_expert = w.experts / w.n_expert_blocks;
   const int64_t n_layers = w.n_expert_blocks / n_local;
-  return per_expert * (n_layers * n_resident + (n_local - n_resident));  // resident + the pool
+  // Resident experts, and the pool (moe::ExpertStream::pool_buffers: two layers' worth of streamed experts).
+  return per_expert * (n_layers * n_resident + moe::ExpertStream::pool_buffers(n_local - n_resident));
 }
 
 }  // namespace bg

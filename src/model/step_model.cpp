@@ -68,8 +68,9 @@ moe::StreamedExperts StepModel::streamed_experts(const moe::ExpertResidency& res
   }
   if (out.sources.empty()) return out;
   if (!expert_stream_) {
-    expert_stream_ = std::make_unique<moe::ExpertStream>(backend(), residency.n_streamed_per_layer(),
-                                                         out.sources.begin()->second, placement.n_experts());
+    const int64_t n_buffers = moe::ExpertStream::pool_buffers(residency.n_streamed_per_layer());
+    expert_stream_ = std::make_unique<moe::ExpertStream>(backend(), n_buffers, out.sources.begin()->second,
+                                                         placement.n_experts());
     log::info("streamed experts: {} of {} experts per MoE layer resident on this rank, a pool of {} expert buffers",
               residency.n_resident_per_layer(), placement.n_local(), expert_stream_->n_buffers());
   }
@@ -86,7 +87,8 @@ void StepModel::pin_streamed_experts() {
 Model::ExpertStreamCounters StepModel::expert_stream_counters() const {
   if (!expert_stream_) return {};
   const moe::ExpertStream::Stats& s = expert_stream_->stats();
-  return {static_cast<int64_t>(s.copies), static_cast<int64_t>(s.hits), static_cast<int64_t>(s.bytes_copied)};
+  return {static_cast<int64_t>(s.copies), static_cast<int64_t>(s.hits), static_cast<int64_t>(s.bytes_copied),
+          static_cast<int64_t>(s.prefetches), static_cast<int64_t>(s.prefetch_hits)};
 }
 
 void StepModel::tp_all_reduce(Tensor& t) const {

@@ -2,6 +2,7 @@
 #include "moe/expert_stream.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -136,8 +137,10 @@ void write_expert_trace(const std::filesystem::path& path, int64_t n_experts,
   BG_CHECK(out.good(), "{}: cannot write the expert trace", path.string());
 }
 
-ExpertStream::ExpertStream(Backend& be, int64_t n_buffers, const ExpertSource& like, int64_t n_experts)
-    : n_experts_(n_experts) {
+ExpertStream::ExpertStream(Backend& be, int64_t n_buffers, const ExpertSource& like, int64_t n_experts,
+                           bool prefetch)
+    : n_experts_(n_experts), prefetch_(prefetch) {
+  if (const char* v = std::getenv("BG_EXPERT_PREFETCH"); v != nullptr && std::string(v) == "0") prefetch_ = false;
   BG_CHECK(n_buffers >= 1, "internal: an expert pool of {} buffers", n_buffers);
   buffers_.resize(static_cast<size_t>(n_buffers));
   for (Buffer& b : buffers_) {
@@ -186,43 +189,101 @@ void ExpertStream::pin_host_bytes(Backend& be) {
 
 void ExpertStream::stage(Backend& be, int64_t layer, ExpertTable& table, std::span<const int32_t> rows_per_slot) {
   ++epoch_;
+  if (last_layer_ >= 0) next_of_[last_layer_] = layer;  // the order the model stages its layers in
+  last_layer_ = layer;
+  if (sources_.count(layer) == 0) sources_[layer] = table.streamed_sources();  // for prefetches into this layer
   std::vector<uint64_t>& counts = counts_[layer];
   counts.resize(static_cast<size_t>(n_experts_), 0);
   std::vector<int64_t> missing;  // slots whose streamed expert is in no buffer
+  std::vector<int32_t>& routed = last_routed_[layer];
+  routed.clear();
+  CopyFence prefetched = 0;      // the latest prefetch a hit below must wait for
   for (int64_t s = 0; s < table.n_slots(); ++s) {
     const int32_t rows = rows_per_slot[static_cast<size_t>(s)];
     if (rows <= 0) continue;
     const int32_t e = table.expert_in(s);
     counts[static_cast<size_t>(e)] += static_cast<uint64_t>(rows);
     if (table.source(e) == nullptr) continue;  // resident
+    routed.push_back(e);
     auto it = where_.find({layer, e});
-    if (it != where_.end()) {
-      buffers_[it->second].last_use = epoch_;  // kept for this layer: not a victim below
-      ++stats_.hits;
-    } else {
+    if (it == where_.end()) {
       missing.push_back(s);
+      continue;
     }
+    Buffer& b = buffers_[it->second];
+    b.last_use = epoch_;  // kept for this layer: not a victim below
+    ++stats_.hits;
+    if (b.pending != 0) {
+      ++stats_.prefetch_hits;
+      prefetched = std::max(prefetched, b.pending);
+      b.pending = 0;
+    }
+    point(be, table, layer, s, it->second);
   }
   std::vector<HostCopy> copies;  // every missing expert's bytes in one batch on the copy stream
   for (int64_t s : missing) {
-    size_t victim = buffers_.size();
-    for (size_t b = 0; b < buffers_.size(); ++b) {
-      if (buffers_[b].last_use == epoch_) continue;
-      if (victim == buffers_.size() || buffers_[b].last_use < buffers_[victim].last_use) victim = b;
-    }
+    const size_t victim = pick_victim();
     BG_CHECK(victim < buffers_.size(), "internal: the expert pool of {} buffers cannot hold layer {}'s streamed "
              "experts", buffers_.size(), layer);
-    Buffer& b = buffers_[victim];
-    if (b.expert >= 0) where_.erase({b.layer, b.expert});
-    const int32_t e = table.expert_in(s);
-    fill(b, *table.source(e), copies);
-    b.layer = layer;
-    b.expert = e;
-    b.last_use = epoch_;
-    where_[{layer, e}] = victim;
-    table.point(be, s, {b.gate.handle.get(), b.up.handle.get(), b.down.handle.get()});
+    load(buffers_[victim], victim, layer, table.expert_in(s), *table.source(table.expert_in(s)), copies);
+    point(be, table, layer, s, victim);
   }
+  if (prefetched != 0) be.compute_wait(prefetched);  // prefetched experts: their copies land before they run
   if (!copies.empty()) be.compute_wait(be.copy_from_host(copies));  // the layer's experts run after the copies land
+  if (prefetch_) prefetch(be);
+}
+
+size_t ExpertStream::pick_victim() const {
+  size_t victim = buffers_.size();
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    if (buffers_[b].last_use == epoch_) continue;
+    if (victim == buffers_.size() || buffers_[b].last_use < buffers_[victim].last_use) victim = b;
+  }
+  return victim;
+}
+
+void ExpertStream::load(Buffer& b, size_t index, int64_t layer, int32_t expert, const ExpertSource& src,
+                        std::vector<HostCopy>& copies) {
+  if (b.expert >= 0) where_.erase({b.layer, b.expert});
+  fill(b, src, copies);
+  b.layer = layer;
+  b.expert = expert;
+  b.last_use = epoch_;
+  b.pending = 0;
+  where_[{layer, expert}] = index;
+}
+
+void ExpertStream::point(Backend& be, ExpertTable& table, int64_t layer, int64_t slot, size_t index) {
+  size_t& at = pointed_[{layer, slot}];
+  if (at == index + 1) return;  // already there (0: never pointed by the pool)
+  const Buffer& b = buffers_[index];
+  table.point(be, slot, {b.gate.handle.get(), b.up.handle.get(), b.down.handle.get()});
+  at = index + 1;
+}
+
+// The next layer's streamed experts that its last stage routed rows to, copied now into buffers this layer does not
+// use, so that the copies run while this layer and the attention before the next one compute. The copies are ordered
+// after every op issued so far (nothing running reads those buffers); the next layer waits for them only if it uses
+// them. A wrong guess costs copy bandwidth, never a wrong result.
+void ExpertStream::prefetch(Backend& be) {
+  const auto next = next_of_.find(last_layer_);
+  if (next == next_of_.end()) return;
+  const auto routed = last_routed_.find(next->second);
+  const auto sources = sources_.find(next->second);
+  if (routed == last_routed_.end() || sources == sources_.end()) return;
+  std::vector<HostCopy> copies;
+  std::vector<size_t> filled;
+  for (int32_t e : routed->second) {
+    if (where_.count({next->second, e}) != 0) continue;
+    const size_t victim = pick_victim();
+    if (victim == buffers_.size()) break;  // every buffer is this layer's or already prefetched
+    load(buffers_[victim], victim, next->second, e, sources->second.at(e), copies);  // last_use = epoch_: kept
+    filled.push_back(victim);
+    ++stats_.prefetches;
+  }
+  if (copies.empty()) return;
+  const CopyFence fence = be.prefetch_from_host(copies);
+  for (size_t b : filled) buffers_[b].pending = fence;
 }
 
 }  // namespace bg::moe

@@ -4,7 +4,9 @@
 // are copied on demand into a pool of expert buffers shared by every layer (ExpertStream). Before a layer's experts
 // run, the slots that received rows and hold a streamed expert are staged: a buffer already holding that expert is
 // reused, else the least recently used buffer not needed by this layer is rewritten from the host bytes and the slot
-// pointed at it. The copies are byte for byte, so the outputs do not depend on the fraction.
+// pointed at it. Then the next layer's experts (those its last stage routed to) are prefetched into buffers this
+// layer does not use, so their copies overlap this layer's compute. The copies are byte for byte, so the outputs do
+// not depend on the fraction or on what was prefetched.
 #pragma once
 
 #include <cstdint>
@@ -65,12 +67,18 @@ std::vector<HostRegion> page_aligned_regions(std::vector<HostRegion> ranges);
 class ExpertStream {
  public:
   struct Stats {
-    uint64_t copies = 0;        // experts copied into a buffer
-    uint64_t hits = 0;          // streamed experts found already in a buffer
-    uint64_t bytes_copied = 0;  // host -> backend bytes
+    uint64_t copies = 0;         // experts copied into a buffer (prefetches included)
+    uint64_t hits = 0;           // streamed experts found already in a buffer (prefetch hits included)
+    uint64_t bytes_copied = 0;   // host -> backend bytes
+    uint64_t prefetches = 0;     // experts copied ahead for the next layer
+    uint64_t prefetch_hits = 0;  // prefetched experts the next layer used
   };
-  // n_buffers expert buffers of `like`'s formats and shapes (every MoE layer's experts are alike).
-  ExpertStream(Backend& be, int64_t n_buffers, const ExpertSource& like, int64_t n_experts);
+  // Buffers for a model whose layers stream `n_streamed_per_layer` experts each: two layers' worth (the layer that
+  // runs, and the next one's prefetches).
+  static int64_t pool_buffers(int64_t n_streamed_per_layer) { return 2 * n_streamed_per_layer; }
+  // n_buffers expert buffers of `like`'s formats and shapes (every MoE layer's experts are alike). prefetch: copy
+  // the next layer's likely experts ahead (BG_EXPERT_PREFETCH=0 in the environment turns it off for measurements).
+  ExpertStream(Backend& be, int64_t n_buffers, const ExpertSource& like, int64_t n_experts, bool prefetch = true);
 
   int64_t n_buffers() const { return static_cast<int64_t>(buffers_.size()); }
   int64_t n_experts() const { return n_experts_; }
@@ -88,7 +96,9 @@ class ExpertStream {
   void add_host_bytes(const ExpertSource& src);
   void pin_host_bytes(Backend& be);
   // Makes every slot of `table` (MoE layer `layer`) with rows in `rows_per_slot` hold its expert: streamed experts
-  // not in a buffer are copied in (ordered before the ops issued after this call) and their slots rewritten.
+  // not in a buffer are copied in (ordered before the ops issued after this call) and their slots rewritten; then
+  // prefetches the next layer's (the layer staged after this one last time; ops issued after this call never wait
+  // for those copies unless that layer uses them).
   void stage(Backend& be, int64_t layer, ExpertTable& table, std::span<const int32_t> rows_per_slot);
 
  private:
@@ -96,10 +106,19 @@ class ExpertStream {
     WritableLinear gate, up, down;
     int64_t layer = -1;
     int32_t expert = -1;
-    uint64_t last_use = 0;  // stage() call that last needed it
+    uint64_t last_use = 0;  // stage() call that last needed it (or prefetched into it)
+    CopyFence pending = 0;  // a prefetch whose copies no op has waited for yet (0: none)
   };
   // Appends the copies that write `src` into `b`.
   void fill(Buffer& b, const ExpertSource& src, std::vector<HostCopy>& copies);
+  // The least recently used buffer this stage() does not use (buffers_.size(): none).
+  size_t pick_victim() const;
+  // Makes buffer `index` hold (layer, expert): appends its copies, moves the expert -> buffer map.
+  void load(Buffer& b, size_t index, int64_t layer, int32_t expert, const ExpertSource& src,
+            std::vector<HostCopy>& copies);
+  // Points `slot` of `table` at buffer `index` unless this pool already did.
+  void point(Backend& be, ExpertTable& table, int64_t layer, int64_t slot, size_t index);
+  void prefetch(Backend& be);
 
   std::vector<Buffer> buffers_;
   std::vector<HostRegion> host_bytes_;  // noted by add_host_bytes until pinned
@@ -109,6 +128,12 @@ class ExpertStream {
   int64_t n_experts_ = 0;
   uint64_t epoch_ = 0;
   Stats stats_;
+  bool prefetch_ = true;
+  int64_t last_layer_ = -1;                                    // the layer staged last
+  std::map<int64_t, int64_t> next_of_;                         // layer -> the layer staged after it
+  std::map<int64_t, std::vector<int32_t>> last_routed_;        // layer -> its streamed experts with rows, last stage
+  std::map<int64_t, std::map<int32_t, ExpertSource>> sources_; // layer -> its streamed experts' host bytes
+  std::map<std::pair<int64_t, int64_t>, size_t> pointed_;      // (layer, slot) -> 1 + the buffer this pool pointed it at
 };
 
 }  // namespace bg::moe

@@ -91,6 +91,8 @@ class ExpertTable {
     return std::none_of(host_map_.begin(), host_map_.end(), [](int32_t slot) { return slot < 0; });
   }
   const ExpertSource* source(int32_t expert) const;
+  // Every streamed expert's host bytes (global expert -> source; empty when nothing streams).
+  const std::map<int32_t, ExpertSource>& streamed_sources() const { return streamed_.sources; }
   void stage(Backend& be, std::span<const int32_t> rows_per_slot);
   // Points `slot` at other weights of its own expert (a stream buffer), ordered with the ops already issued.
   void point(Backend& be, int64_t slot, const ExpertHandles& w);

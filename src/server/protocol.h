@@ -107,6 +107,8 @@ struct WorkerStatus {
   int64_t expert_copies_total = 0;               // streamed experts copied into the pool (--resident-experts)
   int64_t expert_pool_hits_total = 0;            // routed streamed experts already in the pool
   int64_t expert_bytes_copied_total = 0;         // host -> backend bytes of those copies
+  int64_t expert_prefetches_total = 0;           // ... of them copied ahead for the next MoE layer
+  int64_t expert_prefetch_hits_total = 0;        // prefetched experts the next layer used
 };
 
 void to_json(nlohmann::json& j, const SamplingParams& v);

@@ -123,21 +123,26 @@ TEST(BenchCli, CpuQuickWritesTheDocumentedJson) {
   }
 }
 
-// --resident-experts below 1: each step reports the bytes its streamed experts copied (the pool holds one layer's
-// worth, so every step copies again) and the table says so.
+// --resident-experts below 1: each step reports the bytes its streamed experts copied (with every expert streamed,
+// the pool of two layers' worth cannot keep the tiny models' routed experts between steps) and the experts
+// prefetched for the next layer, and the table says so.
 TEST(BenchCli, StreamedExpertsReportTheirCopiesPerStep) {
   TempDir tmp;
   const auto out = tmp / "stream.json";
-  const CommandResult r = run_batchgen("bench step --device cpu --quick --resident-experts 0.5 --json " + out.string(),
+  const CommandResult r = run_batchgen("bench step --device cpu --quick --resident-experts 0 --json " + out.string(),
                                        tmp / "log.txt");
   ASSERT_EQ(r.exit_code, 0) << read_text(tmp / "log.txt");
   EXPECT_NE(r.stdout_text.find("streamed experts:"), std::string::npos) << r.stdout_text;
   const json j = json::parse(read_text(out));
   ASSERT_FALSE(j["steps"].empty());
+  double prefetch_hits = 0;
   for (const json& s : j["steps"]) {
-    expect_keys(s, {"streamed_bytes", "copy_floor_ms"}, "step");
+    expect_keys(s, {"streamed_bytes", "copy_floor_ms", "prefetched_experts", "prefetch_hits"}, "step");
     EXPECT_TRUE(positive(s["streamed_bytes"])) << s.dump();
+    prefetch_hits += s["prefetch_hits"].get<double>();
   }
+  EXPECT_GT(prefetch_hits, 0.0);
+  EXPECT_NE(r.stdout_text.find("experts prefetched"), std::string::npos) << r.stdout_text;
 }
 
 // bench-multiturn on the tiny K3 golden model: the cache off computes every prompt token, the cache on reuses the

@@ -72,6 +72,10 @@ TEST(StreamedExpertsEngine, StatusCountsTheCopies) {
   engine.fill_status(after);
   EXPECT_GT(after.expert_copies_total, 0);
   EXPECT_GT(after.expert_bytes_copied_total, after.expert_copies_total);
+  // Decode steps route much as the step before: the next layer's experts are copied ahead and used.
+  EXPECT_GT(after.expert_prefetches_total, 0);
+  EXPECT_GT(after.expert_prefetch_hits_total, 0);
+  EXPECT_LE(after.expert_prefetch_hits_total, after.expert_prefetches_total);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, StreamedExpertsGolden,

@@ -1,6 +1,7 @@
 // Resident and streamed experts on the CPU backend: residency planning (fraction, routing trace), the trace file's
 // validation, and the MoE layer with a fraction of its experts streamed through a shared pool giving bit-identical
-// outputs to the all-resident layer, with the copies and buffer hits the pool reports.
+// outputs to the all-resident layer, with the copies and buffer hits the pool reports, and the next layer's experts
+// prefetched while a layer runs.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -160,91 +161,132 @@ TEST(ExpertStream, PinnedRegionsAreWholePagesMergedWhereTheyTouch) {
   EXPECT_TRUE(page_aligned_regions({}).empty());
 }
 
+using Call = std::tuple<std::vector<int32_t>, std::vector<float>, std::vector<float>>;  // ids, weights, x
+
+constexpr int64_t kE = 12, kTopK = 3, kHidden = 64, kInter = 32;
+
+// `layers` MoE layers (their experts in `experts`) with `fraction` of each resident run every call in order; the
+// streamed ones share a pool of `n_buffers` (0: ExpertStream::pool_buffers). Returns every layer's outputs, in order.
+std::vector<float> run_layers(Backend& be, const std::vector<std::unique_ptr<Mxfp4Experts>>& experts,
+                              const std::vector<Call>& calls, double fraction, ExpertStream::Stats* stats,
+                              int64_t n_buffers = 0, bool prefetch = true) {
+  const ExpertPlacement p = ExpertPlacement::contiguous(kE, 1, 0);
+  const ExpertResidency r = ExpertResidency::plan(p, fraction);
+  if (n_buffers == 0) n_buffers = ExpertStream::pool_buffers(r.n_streamed_per_layer());
+  std::unique_ptr<ExpertStream> stream;
+  std::vector<MoeLayerWeights> layers(experts.size());
+  for (size_t l = 0; l < experts.size(); ++l) {
+    const Mxfp4Experts& ex = *experts[l];
+    StreamedExperts s;
+    std::vector<int32_t> streamed;
+    for (int32_t e = 0; e < kE; ++e) {
+      if (!r.resident(static_cast<int64_t>(l), e)) {
+        s.sources.emplace(e, ex.source(e));
+        streamed.push_back(e);
+      }
+    }
+    if (!streamed.empty()) {
+      if (!stream) stream = std::make_unique<ExpertStream>(be, n_buffers, ex.source(0), kE, prefetch);
+      s.stream = stream.get();
+      s.layer = static_cast<int64_t>(l);
+    }
+    layers[l].experts = ExpertTable(be, p, ex.resident(p, streamed), std::move(s));
+    EXPECT_EQ(layers[l].experts.streams(), fraction < 1.0);
+  }
+  std::vector<float> all;
+  for (const auto& [ids, wts, x] : calls) {
+    const auto n = static_cast<int64_t>(x.size()) / kHidden;
+    const MoeLayerSpec spec{{n, kE, kTopK, 1, 1, true, 1.0f}, {GluKind::kSwiGlu, 1.0f, 0.0f}};
+    MoeChoice choice{upload_i32(be, ids, {n, kTopK}), be.upload_f32(wts, {n, kTopK}, DType::kF32)};
+    const Tensor xt = be.upload_f32(x, {n, kHidden}, DType::kF32);
+    for (MoeLayerWeights& w : layers) {
+      Tensor out = be.zeros({n, kHidden}, DType::kF32);
+      auto exchange = make_loopback_exchange();
+      moe_routed(be, *exchange, spec, w, choice, xt, out, {});
+      const std::vector<float> v = download(be, out);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+  }
+  if (stats != nullptr && stream) *stats = stream->stats();
+  return all;
+}
+
+// `n` tokens, each routed to kTopK of the first `n_used` even experts.
+Call random_call(std::mt19937_64& rng, int64_t n, int32_t n_used) {
+  std::vector<int32_t> ids;
+  std::vector<float> wts, x(static_cast<size_t>(n * kHidden));
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<int32_t> pool(static_cast<size_t>(n_used));
+    std::iota(pool.begin(), pool.end(), 0);
+    std::shuffle(pool.begin(), pool.end(), rng);
+    for (int64_t j = 0; j < kTopK; ++j) {
+      ids.push_back(pool[static_cast<size_t>(j)] * 2 % static_cast<int32_t>(kE));  // even experts only
+      wts.push_back(std::uniform_real_distribution<float>(0.1f, 1.0f)(rng));
+    }
+  }
+  for (float& f : x) f = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+  return {ids, wts, x};
+}
+
+std::vector<std::unique_ptr<Mxfp4Experts>> make_layers(Backend& be, int64_t n_layers) {
+  std::vector<std::unique_ptr<Mxfp4Experts>> experts;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    experts.push_back(std::make_unique<Mxfp4Experts>(be, kE, kHidden, kInter, 10 + static_cast<uint64_t>(l)));
+  }
+  return experts;
+}
+
 // Three MoE layers of 12 experts share one pool; tokens routed over a few experts per call, a call repeated: the
 // outputs equal the all-resident layers bit for bit whatever the fraction, every streamed expert is copied when it
 // is first needed, and a repeated call finds what the previous one left in the pool.
 TEST(ExpertStream, StreamedLayersEqualResidentOnesBitForBit) {
   auto be = make_backend("cpu");
-  const int64_t E = 12, k = 3, hidden = 64, inter = 32, n_layers = 3;
-  const ExpertPlacement p = ExpertPlacement::contiguous(E, 1, 0);
-  std::vector<std::unique_ptr<Mxfp4Experts>> experts;
-  for (int64_t l = 0; l < n_layers; ++l) {
-    experts.push_back(std::make_unique<Mxfp4Experts>(*be, E, hidden, inter, 10 + static_cast<uint64_t>(l)));
-  }
+  const auto experts = make_layers(*be, 3);
   std::mt19937_64 rng(7);
-  auto random_call = [&](int64_t n, int32_t n_used) {
-    std::vector<int32_t> ids;
-    std::vector<float> wts, x(static_cast<size_t>(n * hidden));
-    for (int64_t t = 0; t < n; ++t) {
-      std::vector<int32_t> pool(static_cast<size_t>(n_used));
-      std::iota(pool.begin(), pool.end(), 0);
-      std::shuffle(pool.begin(), pool.end(), rng);
-      for (int64_t j = 0; j < k; ++j) {
-        ids.push_back(pool[static_cast<size_t>(j)] * 2 % static_cast<int32_t>(E));  // even experts only
-        wts.push_back(std::uniform_real_distribution<float>(0.1f, 1.0f)(rng));
-      }
-    }
-    for (float& f : x) f = std::normal_distribution<float>(0.0f, 1.0f)(rng);
-    return std::make_tuple(ids, wts, x);
-  };
   // (tokens, distinct experts to draw from) per call; the last call repeats the first.
-  std::vector<std::tuple<std::vector<int32_t>, std::vector<float>, std::vector<float>>> calls;
-  for (auto [n, used] : {std::pair<int64_t, int32_t>{5, 4}, {9, 6}, {1, 3}}) calls.push_back(random_call(n, used));
+  std::vector<Call> calls;
+  for (auto [n, used] : {std::pair<int64_t, int32_t>{5, 4}, {9, 6}, {1, 3}}) calls.push_back(random_call(rng, n, used));
   calls.insert(calls.begin() + 1, calls.front());  // repeated at once: everything it needs is still in the pool
   calls.push_back(calls.front());
-
-  auto run = [&](double fraction, ExpertStream::Stats* stats) {
-    const ExpertResidency r = ExpertResidency::plan(p, fraction);
-    std::unique_ptr<ExpertStream> stream;
-    std::vector<MoeLayerWeights> layers(static_cast<size_t>(n_layers));
-    for (int64_t l = 0; l < n_layers; ++l) {
-      const Mxfp4Experts& ex = *experts[static_cast<size_t>(l)];
-      StreamedExperts s;
-      std::vector<int32_t> streamed;
-      for (int32_t e = 0; e < E; ++e) {
-        if (!r.resident(l, e)) {
-          s.sources.emplace(e, ex.source(e));
-          streamed.push_back(e);
-        }
-      }
-      if (!streamed.empty()) {
-        if (!stream) stream = std::make_unique<ExpertStream>(*be, r.n_streamed_per_layer(), ex.source(0), E);
-        s.stream = stream.get();
-        s.layer = l;
-      }
-      layers[static_cast<size_t>(l)].experts = ExpertTable(*be, p, ex.resident(p, streamed), std::move(s));
-      EXPECT_EQ(layers[static_cast<size_t>(l)].experts.streams(), fraction < 1.0);
-    }
-    std::vector<float> all;
-    for (const auto& [ids, wts, x] : calls) {
-      const auto n = static_cast<int64_t>(x.size()) / hidden;
-      const MoeLayerSpec spec{{n, E, k, 1, 1, true, 1.0f}, {GluKind::kSwiGlu, 1.0f, 0.0f}};
-      MoeChoice choice{upload_i32(*be, ids, {n, k}), be->upload_f32(wts, {n, k}, DType::kF32)};
-      const Tensor xt = be->upload_f32(x, {n, hidden}, DType::kF32);
-      for (MoeLayerWeights& w : layers) {
-        Tensor out = be->zeros({n, hidden}, DType::kF32);
-        auto exchange = make_loopback_exchange();
-        moe_routed(*be, *exchange, spec, w, choice, xt, out, {});
-        const std::vector<float> v = download(*be, out);
-        all.insert(all.end(), v.begin(), v.end());
-      }
-    }
-    if (stats != nullptr && stream) *stats = stream->stats();
-    return all;
-  };
-  const std::vector<float> resident = run(1.0, nullptr);
+  const std::vector<float> resident = run_layers(*be, experts, calls, 1.0, nullptr);
   for (float v : resident) ASSERT_TRUE(std::isfinite(v));
   ExpertStream::Stats none, half;
-  EXPECT_EQ(run(0.0, &none), resident);
-  EXPECT_EQ(run(0.5, &half), resident);
-  // Fraction 0: every used (even) expert streams; each layer's 12 buffers are shared, so the first call's experts
-  // are still there when it repeats: hits, and fewer copies than routed experts.
+  EXPECT_EQ(run_layers(*be, experts, calls, 0.0, &none), resident);
+  EXPECT_EQ(run_layers(*be, experts, calls, 0.5, &half), resident);
+  // Fraction 0: every used (even) expert streams; the pool is shared, so the first call's experts are still there
+  // when it repeats: hits, and fewer copies than routed experts.
   EXPECT_GT(none.copies, 0u);
   EXPECT_GT(none.hits, 0u);
-  EXPECT_EQ(none.bytes_copied, none.copies * 3 * (inter * hidden / 2 + inter * hidden / 32));
+  EXPECT_EQ(none.bytes_copied, none.copies * 3 * (kInter * kHidden / 2 + kInter * kHidden / 32));
   // Fraction 0.5: experts 0..5 resident, so only 6, 8, 10 can stream.
   EXPECT_GT(half.copies, 0u);
   EXPECT_LT(half.copies, none.copies);
+}
+
+// A pool of two layers' worth under three layers that each route the same six experts every call: without prefetch
+// the least recently used buffer is always the one the next layer needs (no hit at all); with it, once the order of
+// the layers is known (after the first call), each layer's experts are copied while the layer before it runs and
+// every later stage finds them there. The outputs are the resident ones either way.
+TEST(ExpertStream, TheNextLayersExpertsArePrefetched) {
+  auto be = make_backend("cpu");
+  const auto experts = make_layers(*be, 3);
+  std::mt19937_64 rng(9);
+  Call call = random_call(rng, 24, 6);  // 24 tokens over the six even experts: each one routed
+  const std::vector<Call> calls(3, call);
+  const std::vector<float> resident = run_layers(*be, experts, calls, 1.0, nullptr);
+  ExpertStream::Stats off, on;
+  EXPECT_EQ(run_layers(*be, experts, calls, 0.0, &off, 12, false), resident);
+  EXPECT_EQ(run_layers(*be, experts, calls, 0.0, &on, 12, true), resident);
+  EXPECT_EQ(off.hits, 0u);
+  EXPECT_EQ(off.copies, 54u);  // 3 calls x 3 layers x 6 experts
+  EXPECT_EQ(off.prefetches, 0u);
+  // Call 1 learns the order (18 copies); call 2: layer 0 misses (its buffers went to layer 2), then layers 1 and 2
+  // and the next call's layer 0 are prefetched; call 3: every layer a prefetch hit.
+  EXPECT_EQ(on.prefetch_hits, 30u);
+  EXPECT_EQ(on.hits, 30u);
+  // Copies: the stages' misses plus every prefetch, the last one (a fourth call's layer 0) never used.
+  EXPECT_EQ(on.prefetches, 36u);
+  EXPECT_EQ(on.copies, (off.copies - on.hits) + on.prefetches);
 }
 
 }  // namespace

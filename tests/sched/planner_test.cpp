@@ -320,7 +320,7 @@ TEST(Planner, PlanMatchesThePoolsTheModelAllocates) {
 namespace bg::sched {
 namespace {
 
-// --resident-experts: the planner counts the resident experts plus one layer's worth of pool buffers, so a model
+// --resident-experts: the planner counts the resident experts plus two layers' worth of pool buffers, so a model
 // whose experts do not fit can still be planned; at 1 the weights are the files, as without the flag.
 TEST(Planner, StreamedExpertsCountTheResidentOnesAndThePool) {
   TempDir tmp;
@@ -335,8 +335,8 @@ TEST(Planner, StreamedExpertsCountTheResidentOnesAndThePool) {
   ASSERT_GT(w.n_local_experts, 1);
   const int64_t per_expert = w.experts / w.n_expert_blocks, n_layers = w.n_expert_blocks / w.n_local_experts;
   const int64_t n_res = (w.n_local_experts + 1) / 2;  // round(0.5 n)
-  EXPECT_EQ(half.weight_share.experts, per_expert * (n_layers * n_res + w.n_local_experts - n_res));
-  EXPECT_EQ(none.weight_share.experts, per_expert * w.n_local_experts);
+  EXPECT_EQ(half.weight_share.experts, per_expert * (n_layers * n_res + 2 * (w.n_local_experts - n_res)));
+  EXPECT_EQ(none.weight_share.experts, per_expert * 2 * w.n_local_experts);
   EXPECT_LT(none.weight_bytes, half.weight_bytes);
   EXPECT_LT(half.weight_bytes, all.weight_bytes);
   EXPECT_EQ(all.weight_bytes - half.weight_bytes, w.experts - half.weight_share.experts);

@@ -54,6 +54,8 @@ TEST(Metrics, RenderCountersAndWorkerGauges) {
   w.state_bytes_used = 1000;
   w.expert_copies_total = 7;
   w.expert_bytes_copied_total = 7168;
+  w.expert_prefetches_total = 5;
+  w.expert_prefetch_hits_total = 4;
   w.longest_seq_tokens = 262144;
   w.longest_seq_gpu_bytes = 322125824;
   RankState rank0;
@@ -77,6 +79,8 @@ TEST(Metrics, RenderCountersAndWorkerGauges) {
   EXPECT_TRUE(has_line(t, "batchgen_longest_sequence_tokens{rank=\"0\"} 262144")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_longest_sequence_gpu_bytes{rank=\"0\"} 322125824")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_expert_bytes_copied_total{rank=\"0\"} 7168")) << t;
+  EXPECT_TRUE(has_line(t, "batchgen_expert_prefetches_total{rank=\"0\"} 5")) << t;
+  EXPECT_TRUE(has_line(t, "batchgen_expert_prefetch_hits_total{rank=\"0\"} 4")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"} 1")) << t;
   EXPECT_TRUE(has_line(t, "batchgen_requests_finished_total{reason=\"stop\"} 1")) << t;

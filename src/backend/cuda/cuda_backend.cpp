@@ -431,6 +431,9 @@ class CudaBackend final : public Backend {
     compute_wait(fence);
     return fence;
   }
+  CopyFence prefetch_from_host(std::span<const HostCopy> copies) override {
+    return issue_copies(copies, cudaMemcpyHostToDevice);
+  }
   bool fence_done(CopyFence fence) override;
   void wait_fence(CopyFence fence) override;
   void compute_wait(CopyFence fence) override;

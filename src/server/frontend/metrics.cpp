@@ -156,6 +156,10 @@ void render_workers(std::string& out, const std::vector<RankState>& ws) {
            [](const W& w) { return w.expert_pool_hits_total; });
   per_rank(out, "batchgen_expert_bytes_copied_total", "Bytes copied into the expert pool", ws,
            [](const W& w) { return w.expert_bytes_copied_total; });
+  per_rank(out, "batchgen_expert_prefetches_total", "Streamed experts copied ahead while the layer before them ran",
+           ws, [](const W& w) { return w.expert_prefetches_total; });
+  per_rank(out, "batchgen_expert_prefetch_hits_total", "Prefetched experts their layer used", ws,
+           [](const W& w) { return w.expert_prefetch_hits_total; });
 }
 
 }  // namespace
