@@ -184,8 +184,9 @@ WorldInfo rendezvous_join(zmq::context_t& ctx, const std::string& endpoint, cons
     }
     if (abandon && abandon()) fail("rank {}: stopped while waiting for the other ranks to join", me.rank);
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const char* hint = key != nullptr ? " (does every node hold the same --node-secret-file?)" : "";
     BG_CHECK(waited < timeout_s, "rank {}: the other ranks did not join the rendezvous at {} within {:.0f} s{}",
-             me.rank, endpoint, timeout_s, key != nullptr ? " (does every node hold the same --node-secret-file?)" : "");
+             me.rank, endpoint, timeout_s, hint);
   }
 }
 

@@ -133,7 +133,7 @@ class ExpertStream {
   std::map<int64_t, int64_t> next_of_;                         // layer -> the layer staged after it
   std::map<int64_t, std::vector<int32_t>> last_routed_;        // layer -> its streamed experts with rows, last stage
   std::map<int64_t, std::map<int32_t, ExpertSource>> sources_; // layer -> its streamed experts' host bytes
-  std::map<std::pair<int64_t, int64_t>, size_t> pointed_;      // (layer, slot) -> 1 + the buffer this pool pointed it at
+  std::map<std::pair<int64_t, int64_t>, size_t> pointed_;      // (layer, slot) -> 1 + the buffer it points at
 };
 
 }  // namespace bg::moe

@@ -101,7 +101,8 @@ void from_json(const json& j, TokenEvent& v) {
   X(host_bytes_total) X(host_kv_bytes) X(host_state_bytes) X(seqs_offloaded) X(prefix_cache_lookups_total)          \
   X(prefix_cache_hits_total) X(prefix_cache_lookup_tokens_total) X(prefix_cache_hit_tokens_total) X(offloads_total) \
   X(restores_total) X(kv_bytes_used) X(state_bytes_used) X(rotations_total) X(expert_copies_total)                 \
-  X(expert_pool_hits_total) X(expert_bytes_copied_total) X(expert_prefetches_total) X(expert_prefetch_hits_total) X(longest_seq_tokens) X(longest_seq_gpu_bytes)
+  X(expert_pool_hits_total) X(expert_bytes_copied_total) X(expert_prefetches_total) X(expert_prefetch_hits_total)   \
+  X(longest_seq_tokens) X(longest_seq_gpu_bytes)
 
 void to_json(json& j, const WorkerStatus& v) {
   j = json::object();
