@@ -76,14 +76,20 @@ void idle_rank(const std::filesystem::path& model_dir, std::shared_ptr<dist::Ran
 
 class EngineRanks : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(EngineRanks, TokensEqualOneRank) {
-  testing::TempDir tmp;
+// The tiny random checkpoint of `arch` under `tmp`.
+RandomCheckpointSpec tiny_checkpoint(const testing::TempDir& tmp, const char* arch, uint64_t seed) {
   RandomCheckpointSpec spec;
-  spec.arch = GetParam();
+  spec.arch = arch;
   spec.preset = "tiny";
-  spec.seed = 3;
+  spec.seed = seed;
   spec.out_dir = tmp / "model";
   write_random_checkpoint(spec);
+  return spec;
+}
+
+TEST_P(EngineRanks, TokensEqualOneRank) {
+  testing::TempDir tmp;
+  const RandomCheckpointSpec spec = tiny_checkpoint(tmp, GetParam(), 3);
   const Outputs one = run_requests(spec.out_dir, nullptr);
   ASSERT_EQ(one.size(), 3u);
   for (const auto& [tp, dp] : {std::pair{2, 1}, std::pair{1, 2}}) {
@@ -123,12 +129,7 @@ std::vector<float> prefill_logits(Model& model, const std::vector<int32_t>& prom
 
 TEST_P(EngineRanks, TheStepProfileOfASetIsOneCollective) {
   testing::TempDir tmp;
-  RandomCheckpointSpec spec;
-  spec.arch = GetParam();
-  spec.preset = "tiny";
-  spec.seed = 4;
-  spec.out_dir = tmp / "model";
-  write_random_checkpoint(spec);
+  const RandomCheckpointSpec spec = tiny_checkpoint(tmp, GetParam(), 4);
   const std::vector<int32_t> prompt = {5, 17, 2, 40, 33, 8, 61};
   auto one = load_model(spec.out_dir, LoadOptions{.device = "cpu"});
   EXPECT_EQ(profile_step_memory(*one, nullptr, 32, 100, 40), 0) << "the CPU backend counts no device memory";
