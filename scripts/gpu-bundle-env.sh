@@ -5,7 +5,7 @@
 mkdir -p "$OUT"
 if [[ -f $BUNDLE/bundle.tar.xz && ! -x $BUNDLE/batchgen ]]; then tar -C "$BUNDLE" -xJf "$BUNDLE/bundle.tar.xz"; fi
 SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH="$BUNDLE/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$BUNDLE/lib:$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:$SP/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}"
 BG="$BUNDLE/batchgen"
 ensure_slice() {
   if [[ ! -f "$1/model.safetensors.index.json" ]]; then

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <tuple>
@@ -416,8 +417,11 @@ TEST(MlaCuda, RejectsUnsupportedShapes) {
 // One step: per sequence, the last n_query[s] of its written positions are the step's query tokens (in sequence
 // order, as the scheduler lays a step out). Sequences with at least options.min_tokens queries take the prefill path,
 // the others the absorbed kernel over their token ranges; every token is checked against the CPU reference.
+// With kCudnn, every whole-contexts pass at the production dims must have run on cuDNN (`shared` keeps plans across
+// calls when given).
 void run_prefill_with(PagedSequences& seqs, const std::vector<int64_t>& n_query, int64_t n_heads,
-                      const MlaPrefillOptions& options, uint64_t seed, bool expect_state, MlaPrefillMma mma) {
+                      const MlaPrefillOptions& options, uint64_t seed, bool expect_state, MlaPrefillMma mma,
+                      MlaCudnnPrefill* shared = nullptr) {
   const Dims& d = seqs.dims;
   const int64_t lora = d.lora, nope = d.nope, v_head = d.v, block = d.block;
   const int64_t nh = n_heads, qk = d.nope + d.rope;
@@ -456,7 +460,10 @@ void run_prefill_with(PagedSequences& seqs, const std::vector<int64_t>& n_query,
   DeviceBuffer d_flags = cuda::upload(std::vector<int32_t>{0});
   MlaPagedCache cache = seqs.cache_view(d_seq, d_pos);
   cache.error_flags = d_flags.as<int32_t>();
-  const MlaPrefillContext ctx{handle, cublas_ws.data(), kCublasWorkspaceBytes, d_ws.data(), ws.total_bytes};
+  MlaCudnnPrefill own_cudnn;
+  MlaCudnnPrefill& cudnn = shared != nullptr ? *shared : own_cudnn;
+  const int64_t launches_before = cudnn.launches();
+  const MlaPrefillContext ctx{handle, cublas_ws.data(), kCublasWorkspaceBytes, d_ws.data(), ws.total_bytes, &cudnn};
   mla_prefill_cuda(p, plan, ws, d_q.as<__nv_bfloat16>(), d_uk.as<__nv_bfloat16>(), d_uv.as<__nv_bfloat16>(), cache,
                    d_out.as<__nv_bfloat16>(), ctx, nullptr, mma);
   // The other tokens as the backend runs them: runs of single-token sequences through the decode kernel at the
@@ -485,6 +492,11 @@ void run_prefill_with(PagedSequences& seqs, const std::vector<int64_t>& n_query,
   BG_CUBLAS_CHECK(cublasDestroy(handle));
   EXPECT_EQ(cuda::download<int32_t>(d_flags, 1)[0], 0);
   const std::vector<float> got = from_bf16(cuda::download<uint16_t>(d_out, static_cast<size_t>(n * nh * v_head)));
+  int64_t cudnn_passes = 0;
+  if (mma == MlaPrefillMma::kCudnn && nope == kMlaPrefillNope && d.rope == kMlaPrefillRope && v_head == kMlaPrefillV) {
+    for (const MlaPrefillPass& pass : plan.passes) cudnn_passes += mla_prefill_dense_fits(pass, plan, nh) ? 1 : 0;
+  }
+  EXPECT_EQ(cudnn.launches() - launches_before, cudnn_passes) << cudnn.last_refusal();
 
   const size_t row = static_cast<size_t>(nh * v_head);
   double worst = 0.0;
@@ -502,19 +514,51 @@ void run_prefill_with(PagedSequences& seqs, const std::vector<int64_t>& n_query,
                                          << v_head;
   }
   std::printf("[mla prefill %s] lora %lld rope %lld nope %lld v %lld block %lld, heads %lld, %lld tokens, %zu "
-              "passes, %zu items: max rel err %.3g\n",
+              "passes (%lld on cuDNN), %zu items: max rel err %.3g\n",
               mla_prefill_mma_name(mma), static_cast<long long>(lora), static_cast<long long>(d.rope),
               static_cast<long long>(nope),
               static_cast<long long>(v_head), static_cast<long long>(block), static_cast<long long>(nh),
-              static_cast<long long>(n), plan.passes.size(), plan.items.size(), worst);
+              static_cast<long long>(n), plan.passes.size(), static_cast<long long>(cudnn_passes), plan.items.size(),
+              worst);
 }
 
 // Both tensor-core kernels on the same step.
 void run_prefill(PagedSequences& seqs, const std::vector<int64_t>& n_query, int64_t n_heads,
                  const MlaPrefillOptions& options, uint64_t seed, bool expect_state) {
-  for (MlaPrefillMma mma : {MlaPrefillMma::kWgmma, MlaPrefillMma::kMmaSync}) {
+  for (MlaPrefillMma mma : {MlaPrefillMma::kWgmma, MlaPrefillMma::kMmaSync, MlaPrefillMma::kCudnn}) {
+    if (mma == MlaPrefillMma::kCudnn && !MlaCudnnPrefill::built()) continue;
     run_prefill_with(seqs, n_query, n_heads, options, seed, expect_state, mma);
   }
+}
+
+TEST(MlaPrefillCudnn, K3HeadsAndBucketsShareOnePlan) {
+  BG_REQUIRE_GPU();
+  if (!MlaCudnnPrefill::built()) GTEST_SKIP() << "this build has no cuDNN";
+  // K3's 96 heads. Fresh prompts of 300 and 400 tokens fall in one bucket (512 queries, 512 keys): one plan, two
+  // launches; a 200-token chunk after a 1000-token prefix (bottom-right causal) takes a second plan.
+  MlaCudnnPrefill cudnn;
+  PagedSequences a({300}, 940), b({400}, 941), c({1200}, 942);
+  a.write_all(943);
+  b.write_all(944);
+  c.write_all(945);
+  run_prefill_with(a, {300}, 96, {}, 946, false, MlaPrefillMma::kCudnn, &cudnn);
+  run_prefill_with(b, {400}, 96, {}, 947, false, MlaPrefillMma::kCudnn, &cudnn);
+  EXPECT_EQ(cudnn.plans_built(), 1);
+  run_prefill_with(c, {200}, 96, {}, 948, false, MlaPrefillMma::kCudnn, &cudnn);
+  EXPECT_EQ(cudnn.plans_built(), 2);
+  EXPECT_EQ(cudnn.launches(), 3);
+}
+
+TEST(MlaPrefillCudnn, ChoiceFromTheEnvironment) {
+  BG_REQUIRE_GPU();
+  ::setenv("BG_MLA_PREFILL", "wgmma", 1);
+  EXPECT_EQ(mla_prefill_mma_from_env(), MlaPrefillMma::kWgmma);
+  ::setenv("BG_MLA_PREFILL", "mmasync", 1);
+  EXPECT_EQ(mla_prefill_mma_from_env(), MlaPrefillMma::kMmaSync);
+  ::setenv("BG_MLA_PREFILL", "flash", 1);
+  EXPECT_THROW(mla_prefill_mma_from_env(), Error);
+  ::unsetenv("BG_MLA_PREFILL");
+  EXPECT_EQ(mla_prefill_mma_from_env(), MlaCudnnPrefill::built() ? MlaPrefillMma::kCudnn : MlaPrefillMma::kWgmma);
 }
 
 TEST(MlaPrefillCuda, FreshPromptMatchesCpu) {

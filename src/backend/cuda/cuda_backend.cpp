@@ -547,9 +547,9 @@ class CudaBackend final : public Backend {
       prefill_meta_serial_ = step_serial_;
     }
     const ops::MlaPrefillContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, prefill_ws_.get(),
-                                     prefill_ws_bytes_};
+                                     prefill_ws_bytes_, &mla_cudnn_};
     ops::mla_prefill_cuda(p, plan, ws, q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), paged(c), out.as<bf16>(), ctx,
-                          stream_);
+                          stream_, mla_prefill_mma_);
     const int64_t qk = p.qk_nope_dim + p.qk_rope_dim;
     for (const auto& [begin, end] : plan.absorbed_runs) {
       ops::MlaParams run = p;
@@ -612,6 +612,9 @@ class CudaBackend final : public Backend {
   int64_t prefill_plan_serial_ = -1;
   std::shared_ptr<void> prefill_ws_;
   size_t prefill_ws_bytes_ = 0;
+  // MLA prefill attention: cuDNN's fused attention where built in, else the wgmma kernel (BG_MLA_PREFILL overrides).
+  ops::MlaPrefillMma mla_prefill_mma_ = ops::mla_prefill_mma_from_env();
+  ops::MlaCudnnPrefill mla_cudnn_;
   int64_t prefill_meta_serial_ = -1;  // the step whose metadata prefill_ws_ holds
   ops::KdaVarlenPlan kda_plan_;  // this step's chunked KDA sequences (upload_step)
   std::vector<int32_t> kda_plan_packed_;

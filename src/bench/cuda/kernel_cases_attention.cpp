@@ -6,10 +6,12 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "bench/cuda/kernel_case.h"
+#include "core/error.h"
 #include "ops/kda/kda_cuda.h"
 #include "ops/kda/kda_varlen_plan.h"
 #include "ops/mla/mla_cuda.h"
@@ -123,15 +125,20 @@ KernelCase mla_decode_case(int64_t batch, int64_t context, bool tensor_cores = t
 
 // Prefill of one sequence of `n` tokens at positions 0 .. n - 1 (causal). FLOPs are those of causal attention with
 // q/k head dim 192 and v 128 (what a FlashAttention kernel does), so every implementation is held to the same count.
-// mla_prefill: the path the backend runs for prefill sequences (mla_prefill_cuda: gather, the two k_nope / v GEMMs
-// and the wgmma attention, all timed); mla_prefill_mmasync: the same with the mma.sync kernel; mla_prefill_absorbed:
-// the general absorbed kernel it replaced (CUDA cores, O(T^2) over the 576-wide latent), kept as the reference point.
-KernelCase mla_prefill_case(int64_t n, bool absorbed = false, ops::MlaPrefillMma mma = ops::MlaPrefillMma::kWgmma) {
+// mla_prefill: the path the backend runs for prefill sequences (mla_prefill_cuda with mla_prefill_mma_from_env():
+// cuDNN's fused attention where built in; gather, the two k_nope / v GEMMs and the attention, all timed);
+// mla_prefill_wgmma / mla_prefill_mmasync: the same with batchgen's own kernels; mla_prefill_absorbed: the general
+// absorbed kernel (CUDA cores, O(T^2) over the 576-wide latent) the non-absorbed path replaced, as a reference point.
+KernelCase mla_prefill_case(int64_t n, bool absorbed = false, std::optional<ops::MlaPrefillMma> mma = std::nullopt) {
   KernelCase c;
   if (absorbed) {
     c.name = "mla_prefill_absorbed";
+  } else if (!mma) {
+    c.name = "mla_prefill";
   } else {
-    c.name = mma == ops::MlaPrefillMma::kWgmma ? "mla_prefill" : "mla_prefill_mmasync";
+    c.name = *mma == ops::MlaPrefillMma::kWgmma ? "mla_prefill_wgmma"
+             : *mma == ops::MlaPrefillMma::kMmaSync ? "mla_prefill_mmasync"
+                                                    : "mla_prefill_cudnn";
   }
   c.shape = fmt::format("T={}", n);
   c.set_bytes = absorbed ? d(n * kEntry) * 2 : 0;  // compute-bound: one input set, no L2 rotation needed
@@ -156,10 +163,19 @@ KernelCase mla_prefill_case(int64_t n, bool absorbed = false, ops::MlaPrefillMma
     void* workspace = mem.zeros(ws.total_bytes);
     const std::vector<std::byte> meta = ops::mla_prefill_meta(plan, ws);
     BG_CUDA_CHECK(cudaMemcpy(workspace, meta.data(), meta.size(), cudaMemcpyHostToDevice));
+    auto cudnn = std::make_shared<ops::MlaCudnnPrefill>();
     const ops::MlaPrefillContext ctx{env.cublas, env.cublas_workspace, env.cublas_workspace_bytes, workspace,
-                                     ws.total_bytes};
+                                     ws.total_bytes, cudnn.get()};
+    const ops::MlaPrefillMma kind = mma.value_or(ops::mla_prefill_mma_from_env());
+    // One eager launch: cuDNN builds its plan and workspace here, outside the timed graph's capture.
+    ops::mla_prefill_cuda(p, plan, ws, m.q, w_uk, w_uv, m.cache, m.out, ctx, nullptr, kind);
+    BG_CUDA_CHECK(cudaDeviceSynchronize());
+    if (kind == ops::MlaPrefillMma::kCudnn && cudnn->launches() == 0) {
+      throw Error(fmt::format("mla_prefill: cuDNN declined T={}: {}", n, cudnn->last_refusal()));
+    }
     k.launch = [=](int, cudaStream_t stream) {
-      ops::mla_prefill_cuda(p, plan, ws, m.q, w_uk, w_uv, m.cache, m.out, ctx, stream, mma);
+      ops::mla_prefill_cuda(p, plan, ws, m.q, w_uk, w_uv, m.cache, m.out, ctx, stream, kind);
+      (void)cudnn;  // kept alive with the launch
     };
     return k;
   };
@@ -366,8 +382,9 @@ void register_attention_cases(KernelRegistry& r, bool quick) {
     r.add(mla_prefill_case(t));
   }
   if (!quick) {
-    // The mma.sync kernel (the FlashAttention-2 formulation) and the absorbed kernel on CUDA cores (~0.12 s at 4k,
-    // ~2 s at 16k) it replaced, as reference points.
+    // batchgen's own kernels beside the default (wgmma; mma.sync, the FlashAttention-2 formulation) and the absorbed
+    // kernel on CUDA cores (~0.12 s at 4k, ~2 s at 16k) they replaced, as reference points.
+    for (int64_t t : {4096, 16384, 65536}) r.add(mla_prefill_case(t, false, ops::MlaPrefillMma::kWgmma));
     for (int64_t t : {4096, 16384}) r.add(mla_prefill_case(t, false, ops::MlaPrefillMma::kMmaSync));
     r.add(mla_prefill_case(4096, /*absorbed=*/true));
   }

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
@@ -69,6 +71,19 @@ __global__ void mla_prefill_pad_q_kernel(const bf16* __restrict__ q, bf16* __res
 
 bool aligned(const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
 
+// k [rows, heads, 192]: columns 128..191 of every head = the row's k_pe (shared by the heads), 16 bytes a thread.
+__global__ void mla_prefill_k_pe_heads_kernel(const bf16* __restrict__ k_pe, bf16* __restrict__ k, int64_t rows,
+                                              int heads) {
+  constexpr int kChunks = kRope / 8;
+  const int64_t n = rows * heads * kChunks;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / (int64_t{heads} * kChunks);
+    const int c = static_cast<int>(i % kChunks);
+    const int64_t head_row = i / kChunks;  // row * heads + head
+    reinterpret_cast<uint4*>(k + head_row * kQk + kNope)[c] = reinterpret_cast<const uint4*>(k_pe + row * kRope)[c];
+  }
+}
+
 }  // namespace
 
 void mla_prefill_cuda(const MlaParams& p, const MlaPrefillPlan& plan, const MlaPrefillWorkspace& ws,
@@ -132,11 +147,24 @@ void mla_prefill_cuda(const MlaParams& p, const MlaPrefillPlan& plan, const MlaP
   BG_CUBLAS_CHECK(cublasSetStream(ctx.cublas, stream));
   BG_CUBLAS_CHECK(cublasSetWorkspace(ctx.cublas, ctx.cublas_workspace, ctx.cublas_workspace_bytes));
   const float one = 1.0f, zero = 0.0f;
+  // cuDNN takes a whole-contexts pass at the production dims (q read in place, 16-byte aligned output rows).
+  const bool cudnn_dims = mma == MlaPrefillMma::kCudnn && ctx.cudnn != nullptr && exact && v_head == kV &&
+                          aligned(out, 16) && ws.n_heads == h;
   for (const MlaPrefillPass& pass : plan.passes) {
     const int rows = static_cast<int>(pass.rows);
     int max_len = 0;
     for (int64_t i = pass.segment_begin; i < pass.segment_begin + pass.n_segments; ++i) {
       max_len = std::max(max_len, plan.segments[static_cast<size_t>(i)].len);
+    }
+    MlaCudnnLaunch dense;
+    if (cudnn_dims && mla_prefill_dense_fits(pass, plan, h)) {
+      const MlaPrefillDenseSeq& first = plan.dense_seqs[static_cast<size_t>(pass.segment_begin)];
+      const auto* arrays = reinterpret_cast<const int32_t*>(base + ws.dense + pass.dense_meta);
+      const int64_t n = pass.n_segments, at = mla_prefill_dense_stride(n);
+      dense = {n, h, pass.max_q, pass.max_kv, p.softmax_scale, q + int64_t{first.q_row0} * h * kQk, k_nope, v,
+               out + int64_t{first.q_row0} * h * kV, arrays, arrays + at, arrays + 2 * at, arrays + 3 * at,
+               arrays + 4 * at, arrays + 5 * at};
+      if (!ctx.cudnn->takes(dense)) dense.batch = 0;
     }
     const GatherArgs g{segments + pass.segment_begin, cache, c_kv, k_pe, lora, rope, static_cast<int>(p.block_size)};
     mla_prefill_gather_kernel<<<dim3(static_cast<unsigned>((max_len + 7) / 8), static_cast<unsigned>(pass.n_segments)),
@@ -147,17 +175,27 @@ void mla_prefill_cuda(const MlaParams& p, const MlaPrefillPlan& plan, const MlaP
     if (v_head < kV) BG_CUDA_CHECK(cudaMemsetAsync(v, 0, size_t(rows) * h * kV * 2, stream));
     // Per head, column-major: C [nope, rows] (ld H·128, head stride 128) = W_UK[h] ([nope, lora] row-major, i.e.
     // [lora, nope] column-major, transposed) · c_kvᵀ ([lora, rows] column-major, ld lora). Same for V with W_UV.
+    // On a cuDNN pass k_nope lands in columns 0..127 of the whole q/k head [rows, H, 192], k_pe beside it.
+    const int k_stride = dense.batch > 0 ? static_cast<int>(kQk) : static_cast<int>(kNope);
     BG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, nope, rows, lora, &one, w_uk,
                                                CUDA_R_16BF, lora, int64_t{nope} * lora, c_kv, CUDA_R_16BF, lora, 0,
-                                               &zero, k_nope, CUDA_R_16BF, h * kNope, kNope, h, CUBLAS_COMPUTE_32F,
-                                               CUBLAS_GEMM_DEFAULT));
+                                               &zero, k_nope, CUDA_R_16BF, h * k_stride, k_stride, h,
+                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     BG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, v_head, rows, lora, &one, w_uv,
                                                CUDA_R_16BF, lora, int64_t{v_head} * lora, c_kv, CUDA_R_16BF, lora, 0,
                                                &zero, v, CUDA_R_16BF, h * kV, kV, h, CUBLAS_COMPUTE_32F,
                                                CUBLAS_GEMM_DEFAULT));
+    if (dense.batch > 0) {
+      const int64_t chunks = int64_t{rows} * h * (kRope / 8);
+      mla_prefill_k_pe_heads_kernel<<<static_cast<unsigned>(std::min<int64_t>(4096, (chunks + 255) / 256)), 256, 0,
+                                      stream>>>(k_pe, k_nope, rows, h);
+      BG_CUDA_CHECK_LAUNCH();
+      BG_CHECK(ctx.cudnn->run(dense, stream), "{}: cuDNN declined a plan it had built", op);
+      continue;
+    }
     a.items = items + pass.item_begin;
     const auto n_items = static_cast<unsigned>(pass.n_items), n_heads = static_cast<unsigned>(h);
-    if (mma == MlaPrefillMma::kWgmma) {
+    if (mma != MlaPrefillMma::kMmaSync) {
       mla_prefill::launch_attention_wgmma(a, n_items, n_heads, stream);
     } else {
       mla_prefill::launch_attention_mma_sync(a, n_items, n_heads, stream);
@@ -165,10 +203,27 @@ void mla_prefill_cuda(const MlaParams& p, const MlaPrefillPlan& plan, const MlaP
   }
 }
 
-const char* mla_prefill_mma_name(MlaPrefillMma mma) { return mma == MlaPrefillMma::kWgmma ? "wgmma" : "mma.sync"; }
+const char* mla_prefill_mma_name(MlaPrefillMma mma) {
+  switch (mma) {
+    case MlaPrefillMma::kWgmma: return "wgmma";
+    case MlaPrefillMma::kMmaSync: return "mma.sync";
+    case MlaPrefillMma::kCudnn: return "cudnn";
+  }
+  return "?";
+}
+
+MlaPrefillMma mla_prefill_mma_from_env() {
+  const char* v = std::getenv("BG_MLA_PREFILL");
+  const std::string_view s = v == nullptr ? "" : v;
+  if (s.empty()) return MlaCudnnPrefill::built() ? MlaPrefillMma::kCudnn : MlaPrefillMma::kWgmma;
+  if (s == "cudnn") return MlaPrefillMma::kCudnn;
+  if (s == "wgmma") return MlaPrefillMma::kWgmma;
+  if (s == "mmasync") return MlaPrefillMma::kMmaSync;
+  throw Error(fmt::format("BG_MLA_PREFILL={}: expected cudnn, wgmma or mmasync", s));
+}
 
 MlaPrefillKernelInfo mla_prefill_kernel_info(MlaPrefillMma mma) {
-  return mma == MlaPrefillMma::kWgmma ? mla_prefill::attention_info_wgmma() : mla_prefill::attention_info_mma_sync();
+  return mma != MlaPrefillMma::kMmaSync ? mla_prefill::attention_info_wgmma() : mla_prefill::attention_info_mma_sync();
 }
 
 }  // namespace bg::ops

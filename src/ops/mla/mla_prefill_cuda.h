@@ -13,21 +13,36 @@
 
 #include "ops/mla/mla_cuda.h"
 #include "ops/mla/mla_decode_cuda.h"
+#include "ops/mla/mla_prefill_cudnn.h"
 #include "ops/mla/mla_prefill_plan.h"
 
 namespace bg::ops {
 
 // Caller-owned resources, as for the decode launch: the cuBLAS handle (bound to the stream and workspace before each
 // GEMM) and the prefill workspace of at least ws.total_bytes (mla_prefill_workspace), 256-byte aligned, whose first
-// ws.meta_bytes already hold mla_prefill_meta(plan, ws) (uploaded once per step; the launch only reads them).
-using MlaPrefillContext = MlaDecodeContext;
+// ws.meta_bytes already hold mla_prefill_meta(plan, ws) (uploaded once per step; the launch only reads them), and
+// for MlaPrefillMma::kCudnn the cuDNN runner (one per stream; it keeps its plans across steps).
+struct MlaPrefillContext {
+  cublasHandle_t cublas = nullptr;
+  void* cublas_workspace = nullptr;
+  size_t cublas_workspace_bytes = 0;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  MlaCudnnPrefill* cudnn = nullptr;
+};
 
-// Which tensor-core instruction the attention kernel uses (same work items, same results to rounding).
+// Which attention runs a pass (same work, same results to bf16 rounding).
 enum class MlaPrefillMma : uint8_t {
-  kWgmma,    // sm_90a warpgroup MMA: Q·Kᵀ from shared memory, P·V with P in registers; 128 keys per tile (default)
+  kWgmma,    // sm_90a warpgroup MMA: Q·Kᵀ from shared memory, P·V with P in registers; 96 keys per tile
   kMmaSync,  // mma.sync.m16n8k16 fed by ldmatrix; 64 keys per tile (the FlashAttention-2 formulation)
+  // cuDNN's fused attention on every whole-contexts pass at the production head dims (mla_prefill_cudnn.h); the
+  // wgmma kernel runs the other passes, and those cuDNN declines. The backend's default where cuDNN is built in.
+  kCudnn,
 };
 const char* mla_prefill_mma_name(MlaPrefillMma mma);
+// BG_MLA_PREFILL=cudnn|wgmma|mmasync, or unset: kCudnn where this build links cuDNN, else kWgmma. Any other value
+// throws bg::Error naming the choices.
+MlaPrefillMma mla_prefill_mma_from_env();
 
 // The prefill sequences' tokens of the plan (same contract as mla_attention_cuda for those tokens):
 //   q    [n_tokens, n_heads, qk_nope + qk_rope] bf16 (rows of other tokens are not read)

@@ -36,6 +36,36 @@ void add_items(const MlaPrefillSegment& seg, std::span<const int64_t> positions,
   }
 }
 
+// Whether every segment of the pass is the whole context of its sequence with the sequence's query tokens at its last
+// positions, in order (so row i of a segment with n_q queries and n_kv keys sees keys 0 .. n_kv - n_q + i).
+void mark_whole_contexts(MlaPrefillPass& pass, MlaPrefillPlan& plan, std::span<const int64_t> positions,
+                         std::span<const int64_t> seq_begin, const std::vector<int64_t>& context) {
+  pass.whole_contexts = pass.n_segments > 0;
+  plan.dense_seqs.resize(plan.segments.size());
+  for (int64_t i = pass.segment_begin; i < pass.segment_begin + pass.n_segments; ++i) {
+    const MlaPrefillSegment& seg = plan.segments[static_cast<size_t>(i)];
+    const int64_t b = seq_begin[static_cast<size_t>(seg.seq)], e = seq_begin[static_cast<size_t>(seg.seq) + 1];
+    plan.dense_seqs[static_cast<size_t>(i)] = {static_cast<int32_t>(b), static_cast<int32_t>(e - b), seg.row0, seg.len};
+  }
+  for (int64_t i = pass.segment_begin; i < pass.segment_begin + pass.n_segments && pass.whole_contexts; ++i) {
+    const MlaPrefillSegment& seg = plan.segments[static_cast<size_t>(i)];
+    const auto s = static_cast<size_t>(seg.seq);
+    const int64_t b = seq_begin[s], e = seq_begin[s + 1], ctx = context[s];
+    bool whole = seg.k0 == 0 && seg.len == ctx && e - b <= ctx;
+    for (int64_t t = b; t < e && whole; ++t) whole = positions[static_cast<size_t>(t)] == ctx - (e - t);
+    pass.whole_contexts = whole;
+    pass.max_q = std::max(pass.max_q, e - b);
+    pass.max_kv = std::max<int64_t>(pass.max_kv, seg.len);
+  }
+  if (!pass.whole_contexts) {
+    pass.max_q = pass.max_kv = 0;
+    return;
+  }
+  pass.dense_meta = plan.dense_bytes;
+  plan.dense_bytes += static_cast<int64_t>(align_up(
+      static_cast<size_t>(mla_prefill_dense_ints(pass.n_segments)) * sizeof(int32_t), 256));
+}
+
 }  // namespace
 
 bool mla_prefill_takes(const MlaParams& p) {
@@ -95,6 +125,7 @@ MlaPrefillPlan mla_prefill_plan(std::span<const int64_t> positions, std::span<co
                 plan);
     }
     pass.n_items = static_cast<int64_t>(plan.items.size()) - pass.item_begin;
+    mark_whole_contexts(pass, plan, positions, seq_begin, context);
     // Heaviest tiles first, so the causal tail does not leave SMs idle at the end of the launch.
     std::stable_sort(plan.items.begin() + pass.item_begin, plan.items.end(),
                      [](const MlaPrefillItem& a, const MlaPrefillItem& b) { return a.n_keys > b.n_keys; });
@@ -118,6 +149,15 @@ MlaPrefillPlan mla_prefill_plan(std::span<const int64_t> positions, std::span<co
   return plan;
 }
 
+bool mla_prefill_dense_fits(const MlaPrefillPass& pass, const MlaPrefillPlan& plan, int64_t n_heads) {
+  if (!pass.whole_contexts || n_heads < 1) return false;
+  const MlaPrefillDenseSeq& first = plan.dense_seqs[static_cast<size_t>(pass.segment_begin)];
+  const MlaPrefillDenseSeq& last = plan.dense_seqs[static_cast<size_t>(pass.segment_begin + pass.n_segments - 1)];
+  const int64_t q_rows = int64_t{last.q_row0} + last.n_q - first.q_row0;
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  return q_rows * n_heads * kMlaPrefillQk <= kMax && pass.rows * n_heads * kMlaPrefillQk <= kMax;
+}
+
 MlaPrefillWorkspace mla_prefill_workspace(const MlaParams& p, const MlaPrefillPlan& plan) {
   BG_CHECK(mla_prefill_takes(p), "mla_prefill_workspace: head dims nope {} / rope {} / v {} not taken", p.qk_nope_dim,
            p.qk_rope_dim, p.v_head_dim);
@@ -134,11 +174,16 @@ MlaPrefillWorkspace mla_prefill_workspace(const MlaParams& p, const MlaPrefillPl
   };
   ws.segments = region(plan.segments.size() * sizeof(MlaPrefillSegment));
   ws.items = region(plan.items.size() * sizeof(MlaPrefillItem));
+  ws.dense = region(static_cast<size_t>(plan.dense_bytes));
   ws.meta_bytes = at;
+  ws.n_heads = p.n_heads;
   ws.q_pad = region(padded ? n * h * kMlaPrefillQk * kBf16 : 0);
   ws.c_kv = region(rows * static_cast<size_t>(p.kv_lora_rank) * kBf16);
   ws.k_pe = region(rows * kMlaPrefillRope * kBf16);
-  ws.k_nope = region(rows * h * kMlaPrefillNope * kBf16);
+  // k_nope, or the whole q/k head [rows, heads, 192] that cuDNN reads on a whole-contexts pass.
+  const bool dense = std::any_of(plan.passes.begin(), plan.passes.end(),
+                                 [](const MlaPrefillPass& pass) { return pass.whole_contexts; });
+  ws.k_nope = region(rows * h * (dense ? kMlaPrefillQk : kMlaPrefillNope) * kBf16);
   ws.v = region(rows * h * kMlaPrefillV * kBf16);
   ws.state_o = region(plan.needs_state ? n * h * kMlaPrefillV * kF32 : 0);
   ws.state_ml = region(plan.needs_state ? n * h * 2 * kF32 : 0);
@@ -150,6 +195,36 @@ std::vector<std::byte> mla_prefill_meta(const MlaPrefillPlan& plan, const MlaPre
   std::vector<std::byte> meta(ws.meta_bytes);
   std::memcpy(meta.data() + ws.segments, plan.segments.data(), plan.segments.size() * sizeof(MlaPrefillSegment));
   std::memcpy(meta.data() + ws.items, plan.items.data(), plan.items.size() * sizeof(MlaPrefillItem));
+  const int64_t h = ws.n_heads;
+  for (const MlaPrefillPass& pass : plan.passes) {
+    if (!pass.whole_contexts) continue;
+    const int64_t n = pass.n_segments;
+    std::vector<int32_t> a(static_cast<size_t>(mla_prefill_dense_ints(n)), 0);
+    const int64_t stride = mla_prefill_dense_stride(n);
+    int32_t* len_q = a.data();
+    int32_t* len_kv = len_q + stride;
+    int32_t* q_off = len_kv + stride;
+    int32_t* k_off = q_off + stride;
+    int32_t* v_off = k_off + stride;
+    int32_t* o_off = v_off + stride;
+    const MlaPrefillDenseSeq first = plan.dense_seqs[static_cast<size_t>(pass.segment_begin)];
+    // Offsets past int32 are left at 0: mla_prefill_cuda then runs the pass on its own kernel (mla_prefill_dense_fits).
+    if (!mla_prefill_dense_fits(pass, plan, h)) continue;
+    for (int64_t i = 0; i <= n; ++i) {
+      const bool end = i == n;
+      const MlaPrefillDenseSeq d = plan.dense_seqs[static_cast<size_t>(pass.segment_begin + (end ? n - 1 : i))];
+      const int64_t q_row = d.q_row0 - first.q_row0 + (end ? d.n_q : 0), k_row = d.g0 + (end ? d.n_kv : 0);
+      if (!end) {
+        len_q[i] = d.n_q;
+        len_kv[i] = d.n_kv;
+      }
+      q_off[i] = static_cast<int32_t>(q_row * h * kMlaPrefillQk);
+      k_off[i] = static_cast<int32_t>(k_row * h * kMlaPrefillQk);
+      v_off[i] = static_cast<int32_t>(k_row * h * kMlaPrefillV);
+      o_off[i] = static_cast<int32_t>(q_row * h * kMlaPrefillV);
+    }
+    std::memcpy(meta.data() + ws.dense + static_cast<size_t>(pass.dense_meta), a.data(), a.size() * sizeof(int32_t));
+  }
   return meta;
 }
 

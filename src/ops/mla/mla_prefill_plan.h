@@ -71,7 +71,31 @@ struct MlaPrefillPass {
   int64_t n_segments = 0;
   int64_t item_begin = 0;  // into MlaPrefillPlan::items
   int64_t n_items = 0;
+  // Whole contexts: every segment of the pass is the whole context of its sequence, whose
+  // query tokens are its last positions in order. Then the pass is plain causal attention aligned at the bottom
+  // right per segment, the form a library's fused attention takes (cuDNN, mla_prefill_cudnn.h).
+  bool whole_contexts = false;
+  int64_t max_q = 0;       // most query tokens of one segment (whole_contexts only)
+  int64_t max_kv = 0;      // longest segment (whole_contexts only)
+  int64_t dense_meta = 0;  // byte offset of its dense arrays (below) in the workspace's dense region
 };
+
+// A segment's query tokens and keys as a library's attention call sees them: query rows [q_row0, q_row0 + n_q) of
+// the step (all of its sequence's tokens), gathered rows [g0, g0 + n_kv) of its pass.
+struct MlaPrefillDenseSeq {
+  int32_t q_row0 = 0;
+  int32_t n_q = 0;
+  int32_t g0 = 0;
+  int32_t n_kv = 0;
+};
+
+// The metadata of a whole-contexts pass with B segments: six int32 arrays at pass.dense_meta, each
+// mla_prefill_dense_stride(B) ints apart (16-byte aligned): seq_len_q [B], seq_len_kv [B], then element offsets
+// (ragged layout, B + 1 each) of q [tokens, heads, 192] from the first segment's first query row, of k [rows, heads,
+// 192] and v [rows, heads, 128] from row 0 of the pass, and of out [tokens, heads, 128] from the first segment's
+// first query row.
+inline constexpr int64_t mla_prefill_dense_stride(int64_t n_segments) { return (n_segments + 1 + 3) / 4 * 4; }
+inline constexpr int64_t mla_prefill_dense_ints(int64_t n_segments) { return 6 * mla_prefill_dense_stride(n_segments); }
 
 // Everything the prefill launch of one step needs, made from the step layout on the host (the same for every MLA
 // layer of the step).
@@ -84,8 +108,10 @@ struct MlaPrefillPlan {
   std::vector<MlaPrefillSegment> segments;
   std::vector<MlaPrefillItem> items;  // per pass, heaviest first
   std::vector<MlaPrefillPass> passes;
+  std::vector<MlaPrefillDenseSeq> dense_seqs;  // one per segment (same index)
   int64_t max_pass_rows = 0;  // largest pass
   bool needs_state = false;   // some tile spans more than one pass
+  int64_t dense_bytes = 0;    // the dense arrays of all whole-contexts passes
 
   bool empty() const { return prefill_seqs.empty(); }
 };
@@ -99,6 +125,9 @@ bool mla_prefill_takes(const MlaParams& p);
 MlaPrefillPlan mla_prefill_plan(std::span<const int64_t> positions, std::span<const int64_t> seq_begin,
                                 const MlaPrefillOptions& options = {});
 
+// Whether the element offsets of a whole-contexts pass fit the int32 arrays cuDNN reads (at n_heads heads).
+bool mla_prefill_dense_fits(const MlaPrefillPass& pass, const MlaPrefillPlan& plan, int64_t n_heads);
+
 // Byte offsets of the regions of one prefill workspace (each 256-byte aligned).
 struct MlaPrefillWorkspace {
   size_t segments = 0;  // int32 [plan.segments.size(), 4]
@@ -106,17 +135,19 @@ struct MlaPrefillWorkspace {
   size_t q_pad = 0;     // bf16 [n_tokens, n_heads, 192] (only when the head dims are not 128 / 64)
   size_t c_kv = 0;      // bf16 [max_pass_rows, kv_lora]
   size_t k_pe = 0;      // bf16 [max_pass_rows, 64], zero past rope
-  size_t k_nope = 0;    // bf16 [max_pass_rows, n_heads, 128], zero past nope
+  size_t k_nope = 0;    // bf16 [max_pass_rows, n_heads, 128], zero past nope; [.., 192] q/k rows on the cuDNN path
   size_t v = 0;         // bf16 [max_pass_rows, n_heads, 128], zero past v_head
   size_t state_o = 0;   // fp32 [n_tokens, n_heads, 128] (only when plan.needs_state)
   size_t state_ml = 0;  // fp32 [n_tokens, n_heads, 2]
+  size_t dense = 0;     // int32 arrays of the whole-contexts passes (MlaPrefillPass::dense_meta; uploaded too)
   size_t total_bytes = 0;
-  size_t meta_bytes = 0;  // segments + items: the part uploaded from the host
+  int64_t n_heads = 0;  // of the params it was made for (the dense offsets count elements)
+  size_t meta_bytes = 0;  // segments + items + dense: the part uploaded from the host
 };
 MlaPrefillWorkspace mla_prefill_workspace(const MlaParams& p, const MlaPrefillPlan& plan);
 
-// The metadata bytes the launch reads from the start of the workspace (segments, then items), as the host writes
-// them (meta_bytes long).
+// The metadata bytes the launch reads from the start of the workspace (segments, items, dense arrays), as the host
+// writes them (meta_bytes long).
 std::vector<std::byte> mla_prefill_meta(const MlaPrefillPlan& plan, const MlaPrefillWorkspace& ws);
 
 // Attention FLOPs of the plan's prefill tokens (2 (qk + v) per visible (query, key) pair per head), for benchmarks.

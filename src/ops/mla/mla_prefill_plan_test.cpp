@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <vector>
 
@@ -136,6 +137,58 @@ TEST(MlaPrefillPlan, WorkspaceHoldsStateOnlyWhenNeeded) {
   const std::vector<std::byte> meta = mla_prefill_meta(one, a);
   EXPECT_EQ(meta.size(), a.meta_bytes);
   EXPECT_DOUBLE_EQ(mla_prefill_flops(p, st.positions, one, st.seq_begin), 2.0 * 500500.0 * 96 * 320);
+}
+
+TEST(MlaPrefillPlan, WholeContextPassesCarryRaggedArrays) {
+  // A fresh 300-token prompt, a decode token, a 200-token chunk after a 700-token prefix: one pass of two whole
+  // contexts (1200 rows), the decode token absorbed.
+  Step st;
+  st.add(0, 300);
+  st.add(50, 1);
+  st.add(700, 200);
+  const int64_t h = 96;
+  const MlaParams p{501, h, 512, 128, 64, 128, 64, 0.07f};
+  const MlaPrefillPlan plan = mla_prefill_plan(st.positions, st.seq_begin);
+  ASSERT_EQ(plan.passes.size(), 1u);
+  const MlaPrefillPass& pass = plan.passes[0];
+  ASSERT_TRUE(pass.whole_contexts);
+  EXPECT_EQ(pass.max_q, 300);
+  EXPECT_EQ(pass.max_kv, 900);
+  ASSERT_EQ(plan.dense_seqs.size(), 2u);
+  EXPECT_EQ(plan.dense_seqs[1].q_row0, 301);
+  EXPECT_EQ(plan.dense_seqs[1].n_q, 200);
+  EXPECT_EQ(plan.dense_seqs[1].g0, 300);
+  EXPECT_EQ(plan.dense_seqs[1].n_kv, 900);
+  EXPECT_TRUE(mla_prefill_dense_fits(pass, plan, h));
+
+  const MlaPrefillWorkspace ws = mla_prefill_workspace(p, plan);
+  EXPECT_GE(ws.v - ws.k_nope, size_t{1200} * h * 192 * 2);  // the whole q/k head for cuDNN
+  const std::vector<std::byte> meta = mla_prefill_meta(plan, ws);
+  std::vector<int32_t> a(static_cast<size_t>(mla_prefill_dense_ints(2)));
+  std::memcpy(a.data(), meta.data() + ws.dense + static_cast<size_t>(pass.dense_meta), a.size() * 4);
+  EXPECT_EQ(mla_prefill_dense_stride(2), 4);
+  const std::vector<int32_t> want{300, 200, 0, 0,                         // seq_len_q
+                                  300, 900, 0, 0,                         // seq_len_kv
+                                  0, 301 * h * 192, 501 * h * 192, 0,     // q offsets (from row 0)
+                                  0, 300 * h * 192, 1200 * h * 192, 0,    // k
+                                  0, 300 * h * 128, 1200 * h * 128, 0,    // v
+                                  0, 301 * h * 128, 501 * h * 128, 0};    // out
+  EXPECT_EQ(a, want);
+
+  // A context cut over two passes is not whole; neither is a sequence whose queries are not its last positions.
+  const MlaPrefillPlan cut = mla_prefill_plan(st.positions, st.seq_begin, {2, 1000});
+  ASSERT_EQ(cut.passes.size(), 2u);
+  EXPECT_FALSE(cut.passes[0].whole_contexts);
+  EXPECT_FALSE(cut.passes[1].whole_contexts);
+  EXPECT_EQ(cut.dense_bytes, 0);
+  Step gap;
+  gap.positions = {0, 1, 2, 5};  // positions 3 and 4 are not queries: rows do not end at the context's last keys
+  gap.seq_begin = {0, 4};
+  const MlaPrefillPlan holes = mla_prefill_plan(gap.positions, gap.seq_begin);
+  ASSERT_EQ(holes.passes.size(), 1u);
+  EXPECT_FALSE(holes.passes[0].whole_contexts);
+  // Offsets past int32 (a 2^31-element q/k region) are not taken.
+  EXPECT_FALSE(mla_prefill_dense_fits(pass, plan, int64_t{1} << 24));
 }
 
 TEST(MlaPrefillPlan, RefusesBadLayoutsAndOptions) {

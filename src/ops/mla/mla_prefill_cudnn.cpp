@@ -1,0 +1,405 @@
+// MLA prefill attention through cuDNN's fused attention (mla_prefill_cudnn.h). The operation graph is the one cuDNN's
+// fused flash-attention engines recognise (facts from NVIDIA's cuDNN documentation and frontend): S = Q·Kᵀ (fp32),
+// S·scale, a padding mask from the per-sequence lengths, the causal mask aligned at the bottom right
+// (row + len_kv - len_q >= column), softmax (max, subtract, exp, sum, divide; P in bf16), O = P·V. Q, K, V and O are
+// ragged: each sequence starts at its own element offset, so the rows of a step need no copy.
+#include "ops/mla/mla_prefill_cudnn.h"
+
+#include <array>
+#include <limits>
+#include <map>
+#include <span>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+#include "core/log.h"
+
+#if BG_HAVE_CUDNN
+#include <cudnn.h>
+#endif
+
+namespace bg::ops {
+
+int64_t mla_cudnn_bucket(int64_t n) {
+  int64_t b = 64;
+  while (b < n) b *= 2;
+  return b;
+}
+
+#if BG_HAVE_CUDNN
+namespace {
+
+constexpr int64_t kQk = 192, kV = 128;
+
+void check(cudnnStatus_t st, const char* what) {
+  if (st == CUDNN_STATUS_SUCCESS) return;
+  std::array<char, 1024> detail{};
+  cudnnGetLastErrorString(detail.data(), detail.size());
+  throw Error(fmt::format("cuDNN {}: {} ({})", what, cudnnGetErrorString(st), detail.data()));
+}
+
+// One backend descriptor, destroyed with its owner.
+class Desc {
+ public:
+  explicit Desc(cudnnBackendDescriptorType_t type) { check(cudnnBackendCreateDescriptor(type, &d_), "create"); }
+  ~Desc() {
+    if (d_ != nullptr) cudnnBackendDestroyDescriptor(d_);
+  }
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+
+  cudnnBackendDescriptor_t get() const { return d_; }
+  template <class T>
+  Desc& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, std::span<const T> values) {
+    check(cudnnBackendSetAttribute(d_, name, type, static_cast<int64_t>(values.size()), values.data()), "set");
+    return *this;
+  }
+  template <class T>
+  Desc& set1(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, const T& value) {
+    return set(name, type, std::span<const T>(&value, 1));
+  }
+  Desc& set_desc(cudnnBackendAttributeName_t name, const Desc& other) {
+    return set1(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, other.get());
+  }
+  void finalize(const char* what) { check(cudnnBackendFinalize(d_), what); }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+using Dims = std::array<int64_t, 4>;
+
+// The operation graph under construction: every descriptor stays alive as long as the plan made from it.
+struct Builder {
+  std::vector<std::unique_ptr<Desc>> keep;
+  std::vector<cudnnBackendDescriptor_t> ops;
+  int64_t next_virtual_uid = 1000;
+
+  Desc& make(cudnnBackendDescriptorType_t type) { return *keep.emplace_back(std::make_unique<Desc>(type)); }
+
+  Desc& tensor(int64_t uid, cudnnDataType_t type, const Dims& dims, const Dims& strides, bool is_virtual,
+               bool by_value = false, const Desc* ragged = nullptr) {
+    Desc& t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    const int64_t alignment = 16;
+    t.set1(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, uid);
+    t.set1(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, type);
+    t.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, std::span<const int64_t>(dims));
+    t.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, std::span<const int64_t>(strides));
+    t.set1(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, alignment);
+    t.set1(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, is_virtual);
+    if (by_value) t.set1(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, true);
+    if (ragged != nullptr) t.set_desc(CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC, *ragged);
+    t.finalize("tensor");
+    return t;
+  }
+  Desc& virtual_tensor(cudnnDataType_t type, const Dims& dims, const Dims& strides) {
+    return tensor(next_virtual_uid++, type, dims, strides, true);
+  }
+
+  void add_op(Desc& op, const char* what) {
+    op.finalize(what);
+    ops.push_back(op.get());
+  }
+
+  // y = mode(x[, b][, t]) computed in `prec`; axis for GEN_INDEX and the index arithmetic.
+  void pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t prec, const Desc& x, const Desc* b, const Desc* t,
+                 const Desc& y, int64_t axis = -1) {
+    Desc& pw = make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    pw.set1(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, mode);
+    pw.set1(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, prec);
+    if (axis >= 0) pw.set1(CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, axis);
+    pw.finalize("pointwise");
+    Desc& op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
+    if (b != nullptr) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+    if (t != nullptr) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, *t);
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+    add_op(op, "pointwise op");
+  }
+
+  void reduction(cudnnReduceTensorOp_t mode, const Desc& x, const Desc& y) {
+    Desc& red = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    red.set1(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, mode);
+    red.set1(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, CUDNN_DATA_FLOAT);
+    red.finalize("reduction");
+    Desc& op = make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, red);
+    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
+    op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
+    add_op(op, "reduction op");
+  }
+
+  // c = a · b with the GEMM's M / N / K overridden per batch entry by device lengths (null: not overridden).
+  void matmul(const Desc& a, const Desc& b, const Desc& c, const Desc* m, const Desc* n, const Desc* k,
+              bool padded) {
+    Desc& mm = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    mm.set1(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, CUDNN_DATA_FLOAT);
+    if (padded) mm.set1(CUDNN_ATTR_MATMUL_PADDING_VALUE, CUDNN_TYPE_DOUBLE, 0.0);
+    mm.finalize("matmul");
+    Desc& op = make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
+    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
+    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
+    op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
+    if (m != nullptr) op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, *m);
+    if (n != nullptr) op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, *n);
+    if (k != nullptr) op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, *k);
+    add_op(op, "matmul op");
+  }
+};
+
+// Unique ids of the tensors bound at run time.
+enum Uid : int64_t {
+  kUidQ = 1, kUidK, kUidV, kUidO, kUidLenQ, kUidLenKv, kUidOffQ, kUidOffK, kUidOffV, kUidOffO, kUidScale,
+  kUidNegInfPad, kUidNegInfCausal, kUidStats,
+};
+
+struct Plan {
+  Builder graph;
+  std::unique_ptr<Desc> op_graph;
+  std::unique_ptr<Desc> heuristics;
+  std::vector<std::unique_ptr<Desc>> configs;
+  std::unique_ptr<Desc> plan;
+  int64_t workspace_bytes = 0;
+};
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+// Builds the graph and an execution plan for one bucket; throws bg::Error when cuDNN refuses it.
+std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, int64_t b, int64_t h, int64_t sq, int64_t skv) {
+  auto plan = std::make_unique<Plan>();
+  Builder& g = plan->graph;
+  const Dims one{1, 1, 1, 1};
+  Desc& off_q = g.tensor(kUidOffQ, CUDNN_DATA_INT32, {b + 1, 1, 1, 1}, one, false);
+  Desc& off_k = g.tensor(kUidOffK, CUDNN_DATA_INT32, {b + 1, 1, 1, 1}, one, false);
+  Desc& off_v = g.tensor(kUidOffV, CUDNN_DATA_INT32, {b + 1, 1, 1, 1}, one, false);
+  Desc& off_o = g.tensor(kUidOffO, CUDNN_DATA_INT32, {b + 1, 1, 1, 1}, one, false);
+  // Rows of all heads side by side ([token, head, dim]); the batch stride is replaced by the ragged offsets.
+  Desc& q = g.tensor(kUidQ, CUDNN_DATA_BFLOAT16, {b, h, sq, kQk}, {sq * h * kQk, kQk, h * kQk, 1}, false, false,
+                     &off_q);
+  Desc& kt = g.tensor(kUidK, CUDNN_DATA_BFLOAT16, {b, h, kQk, skv}, {skv * h * kQk, kQk, 1, h * kQk}, false, false,
+                      &off_k);
+  Desc& v = g.tensor(kUidV, CUDNN_DATA_BFLOAT16, {b, h, skv, kV}, {skv * h * kV, kV, h * kV, 1}, false, false,
+                     &off_v);
+  Desc& o = g.tensor(kUidO, CUDNN_DATA_BFLOAT16, {b, h, sq, kV}, {sq * h * kV, kV, h * kV, 1}, false, false, &off_o);
+  Desc& len_q = g.tensor(kUidLenQ, CUDNN_DATA_INT32, {b, 1, 1, 1}, one, false);
+  Desc& len_kv = g.tensor(kUidLenKv, CUDNN_DATA_INT32, {b, 1, 1, 1}, one, false);
+  Desc& scale = g.tensor(kUidScale, CUDNN_DATA_FLOAT, one, one, false, true);
+  Desc& neg_inf_pad = g.tensor(kUidNegInfPad, CUDNN_DATA_FLOAT, one, one, false, true);
+  Desc& neg_inf_causal = g.tensor(kUidNegInfCausal, CUDNN_DATA_FLOAT, one, one, false, true);
+
+  const Dims s_dims{b, h, sq, skv}, s_strides{h * sq * skv, sq * skv, skv, 1};
+  const Dims row_dims{b, h, sq, 1}, row_strides{h * sq, sq, 1, 1};
+  auto scores = [&](cudnnDataType_t type) -> Desc& { return g.virtual_tensor(type, s_dims, s_strides); };
+
+  Desc& s0 = scores(CUDNN_DATA_FLOAT);
+  g.matmul(q, kt, s0, &len_q, &len_kv, nullptr, true);
+  Desc& s1 = scores(CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s0, &scale, nullptr, s1);
+
+  // Padding: rows past len_q and columns past len_kv of each sequence.
+  Desc& row = scores(CUDNN_DATA_INT32);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s1, nullptr, nullptr, row, 2);
+  Desc& col = scores(CUDNN_DATA_INT32);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s1, nullptr, nullptr, col, 3);
+  Desc& row_in = scores(CUDNN_DATA_BOOLEAN);
+  g.pointwise(CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, row, &len_q, nullptr, row_in);
+  Desc& col_in = scores(CUDNN_DATA_BOOLEAN);
+  g.pointwise(CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, col, &len_kv, nullptr, col_in);
+  Desc& inside = scores(CUDNN_DATA_BOOLEAN);
+  g.pointwise(CUDNN_POINTWISE_LOGICAL_AND, CUDNN_DATA_BOOLEAN, row_in, &col_in, nullptr, inside);
+  Desc& s2 = scores(CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, s1, &neg_inf_pad, &inside, s2);
+
+  // Causal, bottom right: keep column c of row r when r + len_kv - len_q >= c.
+  Desc& row2 = scores(CUDNN_DATA_INT32);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s2, nullptr, nullptr, row2, 2);
+  Desc& col2 = scores(CUDNN_DATA_INT32);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s2, nullptr, nullptr, col2, 3);
+  Desc& shifted = scores(CUDNN_DATA_INT32);
+  g.pointwise(CUDNN_POINTWISE_ADD, CUDNN_DATA_INT32, row2, &len_kv, nullptr, shifted, 3);
+  Desc& diagonal = scores(CUDNN_DATA_INT32);
+  g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_INT32, shifted, &len_q, nullptr, diagonal, 3);
+  Desc& visible = scores(CUDNN_DATA_BOOLEAN);
+  g.pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, diagonal, &col2, nullptr, visible);
+  Desc& s3 = scores(CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, s2, &neg_inf_causal, &visible, s3);
+
+  // Softmax over the keys.
+  Desc& max = g.virtual_tensor(CUDNN_DATA_FLOAT, row_dims, row_strides);
+  g.reduction(CUDNN_REDUCE_TENSOR_MAX, s3, max);
+  Desc& centred = scores(CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, s3, &max, nullptr, centred);
+  Desc& e = scores(CUDNN_DATA_FLOAT);
+  g.pointwise(CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, centred, nullptr, nullptr, e);
+  Desc& sum = g.virtual_tensor(CUDNN_DATA_FLOAT, row_dims, row_strides);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, sum);
+  // The log-sum-exp of each row (max + log sum), fp32 [B, H, bucket q]. Measured on the H200 with cuDNN 9.19: without
+  // this output the engine chosen still writes per-row statistics, through a pointer it was never given (an illegal
+  // address); with it, every check passes.
+  Desc& log_sum = g.virtual_tensor(CUDNN_DATA_FLOAT, row_dims, row_strides);
+  g.pointwise(CUDNN_POINTWISE_LOG, CUDNN_DATA_FLOAT, sum, nullptr, nullptr, log_sum);
+  Desc& stats = g.tensor(kUidStats, CUDNN_DATA_FLOAT, row_dims, row_strides, false);
+  g.pointwise(CUDNN_POINTWISE_ADD, CUDNN_DATA_FLOAT, max, &log_sum, nullptr, stats);
+  Desc& p = scores(CUDNN_DATA_BFLOAT16);
+  g.pointwise(CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, e, &sum, nullptr, p);
+
+  g.matmul(p, v, o, &len_q, nullptr, &len_kv, false);
+
+  plan->op_graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  plan->op_graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                      std::span<const cudnnBackendDescriptor_t>(g.ops));
+  plan->op_graph->set1(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, handle);
+  plan->op_graph->finalize("operation graph");
+
+  plan->heuristics = std::make_unique<Desc>(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  plan->heuristics->set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *plan->op_graph);
+  plan->heuristics->set1(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, CUDNN_HEUR_MODE_A);
+  plan->heuristics->finalize("heuristics");
+  int64_t count = 0;
+  check(cudnnBackendGetAttribute(plan->heuristics->get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+        "heuristics count");
+  BG_CHECK(count > 0, "cuDNN: no engine for the attention graph");
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int64_t i = 0; i < count; ++i) {
+    raw.push_back(plan->configs.emplace_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))->get());
+  }
+  int64_t got = 0;
+  check(cudnnBackendGetAttribute(plan->heuristics->get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()),
+        "heuristics results");
+  std::string reasons;
+  for (int64_t i = 0; i < got; ++i) {
+    try {
+      auto exec = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      exec->set1(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, handle);
+      exec->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *plan->configs[static_cast<size_t>(i)]);
+      exec->finalize("execution plan");
+      int64_t ws = 0, n_ws = 0;
+      check(cudnnBackendGetAttribute(exec->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+                                     &n_ws, &ws),
+            "workspace size");
+      plan->plan = std::move(exec);
+      plan->workspace_bytes = ws;
+      return plan;
+    } catch (const Error& err) {
+      reasons += fmt::format("[engine config {}: {}] ", i, err.what());
+    }
+  }
+  throw Error(fmt::format("cuDNN: none of {} engine configs built: {}", got, reasons));
+}
+#pragma GCC diagnostic pop
+
+}  // namespace
+
+struct MlaCudnnPrefill::Impl {
+  cudnnHandle_t handle = nullptr;
+  // (batch, heads, bucket q, bucket kv) -> plan, or null when cuDNN refused the bucket.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans;
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
+  float* stats = nullptr;  // [B, H, bucket q] of the largest plan run so far
+  int64_t stats_floats = 0;
+
+  ~Impl() {
+    if (workspace != nullptr) cudaFree(workspace);
+    if (stats != nullptr) cudaFree(stats);
+    if (handle != nullptr) cudnnDestroy(handle);
+  }
+};
+
+MlaCudnnPrefill::MlaCudnnPrefill() : impl_(std::make_unique<Impl>()) {}
+MlaCudnnPrefill::~MlaCudnnPrefill() = default;
+bool MlaCudnnPrefill::built() { return true; }
+
+bool MlaCudnnPrefill::takes(const MlaCudnnLaunch& l) { return plan_for(l) != nullptr; }
+
+void* MlaCudnnPrefill::plan_for(const MlaCudnnLaunch& l) {
+  constexpr const char* op = "mla_prefill_cudnn";
+  BG_CHECK(l.batch >= 1 && l.heads >= 1 && l.max_q >= 1 && l.max_kv >= l.max_q, "{}: bad shape B {} H {} q {} kv {}",
+           op, l.batch, l.heads, l.max_q, l.max_kv);
+  BG_CHECK(l.q && l.k && l.v && l.out && l.seq_len_q && l.seq_len_kv && l.q_off && l.k_off && l.v_off && l.o_off,
+           "{}: null pointer", op);
+  if (impl_->handle == nullptr) check(cudnnCreate(&impl_->handle), "create handle");
+  const auto key = std::make_tuple(l.batch, l.heads, mla_cudnn_bucket(l.max_q), mla_cudnn_bucket(l.max_kv));
+  auto it = impl_->plans.find(key);
+  if (it == impl_->plans.end()) {
+    std::unique_ptr<Plan> plan;
+    try {
+      plan = build_plan(impl_->handle, l.batch, l.heads, std::get<2>(key), std::get<3>(key));
+      ++plans_built_;
+      log::debug("{}: plan for B {} H {} q {} kv {} built, workspace {} bytes", op, l.batch, l.heads,
+                 std::get<2>(key), std::get<3>(key), plan->workspace_bytes);
+    } catch (const Error& e) {
+      last_refusal_ = e.what();
+      log::warn("{}: cuDNN refused B {} H {} q {} kv {}; this shape runs on batchgen's own kernel: {}", op, l.batch,
+                l.heads, std::get<2>(key), std::get<3>(key), e.what());
+    }
+    it = impl_->plans.emplace(key, std::move(plan)).first;
+  }
+  return it->second.get();
+}
+
+bool MlaCudnnPrefill::run(const MlaCudnnLaunch& l, cudaStream_t stream) {
+  auto* plan = static_cast<Plan*>(plan_for(l));
+  if (plan == nullptr) return false;
+  if (plan->workspace_bytes > impl_->workspace_bytes) {
+    BG_CUDA_CHECK(cudaStreamSynchronize(stream));  // an earlier launch may still use the old buffer
+    if (impl_->workspace != nullptr) BG_CUDA_CHECK(cudaFree(impl_->workspace));
+    impl_->workspace = nullptr;
+    BG_CUDA_CHECK(cudaMalloc(&impl_->workspace, static_cast<size_t>(plan->workspace_bytes)));
+    impl_->workspace_bytes = plan->workspace_bytes;
+  }
+  const int64_t stats_floats = l.batch * l.heads * mla_cudnn_bucket(l.max_q);
+  if (stats_floats > impl_->stats_floats) {
+    BG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (impl_->stats != nullptr) BG_CUDA_CHECK(cudaFree(impl_->stats));
+    impl_->stats = nullptr;
+    BG_CUDA_CHECK(cudaMalloc(&impl_->stats, static_cast<size_t>(stats_floats) * sizeof(float)));
+    impl_->stats_floats = stats_floats;
+  }
+  check(cudnnSetStream(impl_->handle, stream), "set stream");
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  float scale = l.scale, neg_inf_pad = neg_inf, neg_inf_causal = neg_inf;
+  const std::array<int64_t, 14> uids{kUidQ,    kUidK,    kUidV,    kUidO,     kUidLenQ,      kUidLenKv,       kUidOffQ,
+                                     kUidOffK, kUidOffV, kUidOffO, kUidScale, kUidNegInfPad, kUidNegInfCausal,
+                                     kUidStats};
+  const std::array<void*, 14> ptrs{const_cast<__nv_bfloat16*>(l.q),  const_cast<__nv_bfloat16*>(l.k),
+                                   const_cast<__nv_bfloat16*>(l.v),  l.out,
+                                   const_cast<int32_t*>(l.seq_len_q), const_cast<int32_t*>(l.seq_len_kv),
+                                   const_cast<int32_t*>(l.q_off),     const_cast<int32_t*>(l.k_off),
+                                   const_cast<int32_t*>(l.v_off),     const_cast<int32_t*>(l.o_off),
+                                   &scale,                            &neg_inf_pad,
+                                   &neg_inf_causal,                   impl_->stats};
+  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, std::span<const int64_t>(uids));
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, std::span<void* const>(ptrs));
+  void* ws = impl_->workspace;
+  pack.set1(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, ws);
+  pack.finalize("variant pack");
+  check(cudnnBackendExecute(impl_->handle, plan->plan->get(), pack.get()), "execute");
+  ++launches_;
+  return true;
+}
+
+#else  // no cuDNN in this build: every call declines.
+
+struct MlaCudnnPrefill::Impl {};
+MlaCudnnPrefill::MlaCudnnPrefill() : impl_(std::make_unique<Impl>()) {}
+MlaCudnnPrefill::~MlaCudnnPrefill() = default;
+bool MlaCudnnPrefill::built() { return false; }
+bool MlaCudnnPrefill::takes(const MlaCudnnLaunch& l) { return plan_for(l) != nullptr; }
+void* MlaCudnnPrefill::plan_for(const MlaCudnnLaunch&) {
+  last_refusal_ = "this build has no cuDNN";
+  return nullptr;
+}
+bool MlaCudnnPrefill::run(const MlaCudnnLaunch& l, cudaStream_t) { return plan_for(l) != nullptr; }
+
+#endif
+
+}  // namespace bg::ops

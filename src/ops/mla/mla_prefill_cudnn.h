@@ -1,0 +1,73 @@
+// MLA prefill attention through cuDNN's fused attention (cuDNN 9 graph API, no frontend library): causal attention
+// aligned at the bottom right, q/k head dim 192 and v 128, bf16 in and out, fp32 softmax, over the ragged batch of a
+// whole-contexts pass (mla_prefill_plan.h). Used by mla_prefill_cuda in place of its own attention kernel when the
+// pass allows it; docs/MLA_PREFILL.md ("cuDNN") has the measurements that made it the default.
+//
+// Shapes vary every step, so execution plans are built for buckets (batch exact, longest query and key runs rounded
+// up to a power of two, at least 64) and the real lengths and ragged offsets are device arrays read at run time:
+// a serving process builds a handful of plans, each once. Not graph-capturable by contract (the backend runs prefill
+// eagerly); one stream at a time.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace bg::ops {
+
+// One launch over B sequences of a pass. Element offsets (int32, B + 1 each, device) are relative to the pointers.
+struct MlaCudnnLaunch {
+  int64_t batch = 0;   // B
+  int64_t heads = 0;
+  int64_t max_q = 0;   // longest query run (tokens of one sequence)
+  int64_t max_kv = 0;  // longest key run
+  float scale = 0.0f;  // softmax scale
+  const __nv_bfloat16* q = nullptr;  // [.., heads, 192] rows at q_off
+  const __nv_bfloat16* k = nullptr;  // [.., heads, 192] rows at k_off
+  const __nv_bfloat16* v = nullptr;  // [.., heads, 128] rows at v_off
+  __nv_bfloat16* out = nullptr;      // [.., heads, 128] rows at o_off
+  const int32_t* seq_len_q = nullptr;   // [B]
+  const int32_t* seq_len_kv = nullptr;  // [B], each >= its seq_len_q (bottom-right causal)
+  const int32_t* q_off = nullptr;
+  const int32_t* k_off = nullptr;
+  const int32_t* v_off = nullptr;
+  const int32_t* o_off = nullptr;
+};
+
+class MlaCudnnPrefill {
+ public:
+  MlaCudnnPrefill();
+  ~MlaCudnnPrefill();
+  MlaCudnnPrefill(const MlaCudnnPrefill&) = delete;
+  MlaCudnnPrefill& operator=(const MlaCudnnPrefill&) = delete;
+
+  // Whether this build links cuDNN.
+  static bool built();
+  // Whether run() would launch for this shape: builds (once) or looks up the plan of its bucket. Host only.
+  bool takes(const MlaCudnnLaunch& launch);
+  // Launches the attention on `stream` and returns true, or returns false with nothing launched when cuDNN has no
+  // engine for this bucket (remembered: later calls of the bucket return false at once; the reason is logged once).
+  // Throws bg::Error on a cuDNN failure after a plan was built (never silently wrong).
+  bool run(const MlaCudnnLaunch& launch, cudaStream_t stream);
+
+  int64_t launches() const { return launches_; }
+  int64_t plans_built() const { return plans_built_; }
+  const std::string& last_refusal() const { return last_refusal_; }
+
+ private:
+  void* plan_for(const MlaCudnnLaunch& launch);  // the bucket's plan (an Impl-private type), null when refused
+
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int64_t launches_ = 0;
+  int64_t plans_built_ = 0;
+  std::string last_refusal_;
+};
+
+// The bucket a length runs in: the next power of two, at least 64.
+int64_t mla_cudnn_bucket(int64_t n);
+
+}  // namespace bg::ops
