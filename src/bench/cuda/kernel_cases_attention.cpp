@@ -170,7 +170,7 @@ KernelCase mla_prefill_case(int64_t n, bool absorbed = false, std::optional<ops:
     // One eager launch: cuDNN builds its plan and workspace here, outside the timed graph's capture.
     ops::mla_prefill_cuda(p, plan, ws, m.q, w_uk, w_uv, m.cache, m.out, ctx, nullptr, kind);
     BG_CUDA_CHECK(cudaDeviceSynchronize());
-    if (kind == ops::MlaPrefillMma::kCudnn && cudnn->launches() == 0) {
+    if (kind == ops::MlaPrefillMma::kCudnn && !plan.cudnn_calls.empty() && cudnn->launches() == 0) {
       throw Error(fmt::format("mla_prefill: cuDNN declined T={}: {}", n, cudnn->last_refusal()));
     }
     k.launch = [=](int, cudaStream_t stream) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
@@ -84,6 +85,61 @@ __global__ void mla_prefill_k_pe_heads_kernel(const bf16* __restrict__ k_pe, bf1
   }
 }
 
+// Merges the output of one cuDNN call into each query's running softmax state. grid (ceil(max n_q / 8), pieces),
+// block 256: one warp per (piece row), looping over heads, 4 channels a lane. A piece's row holds o_part (the softmax-
+// normalised output over the piece's keys, bf16) and its log-sum-exp lse; the state is (m, l) and o = Σ exp(lse_i - m)
+// o_i over the pieces so far, fp32. A first piece starts the state, a final one writes out = o / l.
+struct MergeArgs {
+  const MlaPrefillPiece* pieces;
+  const float* stats;  // [B, heads, stats_rows]
+  int64_t stats_rows;
+  const bf16* o_part;  // [tokens, heads, 128]
+  float* state_o;      // [tokens, heads, 128]
+  float* state_ml;     // [tokens, heads, 2]
+  bf16* out;           // [tokens, heads, 128]
+  int heads;
+};
+__global__ void __launch_bounds__(256) mla_prefill_merge_kernel(MergeArgs a) {
+  const MlaPrefillPiece piece = a.pieces[blockIdx.y];
+  const int r = static_cast<int>(blockIdx.x) * 8 + static_cast<int>(threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (r >= piece.n_q) return;
+  const int64_t token = int64_t{piece.q_row0} + r;
+  const bool first = (piece.flags & kMlaPieceFirst) != 0, final = (piece.flags & kMlaPieceFinal) != 0;
+  for (int h = 0; h < a.heads; ++h) {
+    const int64_t th = token * a.heads + h;
+    const float lse = a.stats[(int64_t{piece.index} * a.heads + h) * a.stats_rows + r];
+    const uint2 raw = reinterpret_cast<const uint2*>(a.o_part + th * kV)[lane];
+    const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+    const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+    const float4 part{__low2float(lo), __high2float(lo), __low2float(hi), __high2float(hi)};
+    float4 o = part;
+    float m = lse, l = 1.0f;
+    if (!first) {
+      const float m_old = a.state_ml[th * 2], l_old = a.state_ml[th * 2 + 1];
+      const float4 o_old = reinterpret_cast<const float4*>(a.state_o + th * kV)[lane];
+      m = fmaxf(m_old, lse);
+      const float keep = __expf(m_old - m), add = __expf(lse - m);
+      o = {o_old.x * keep + part.x * add, o_old.y * keep + part.y * add, o_old.z * keep + part.z * add,
+           o_old.w * keep + part.w * add};
+      l = l_old * keep + add;
+    }
+    if (final) {
+      const float inv = 1.0f / l;
+      const __nv_bfloat162 w0 = __floats2bfloat162_rn(o.x * inv, o.y * inv), w1 = __floats2bfloat162_rn(o.z * inv, o.w * inv);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&w0);
+      packed.y = *reinterpret_cast<const uint32_t*>(&w1);
+      reinterpret_cast<uint2*>(a.out + th * kV)[lane] = packed;
+    } else {
+      reinterpret_cast<float4*>(a.state_o + th * kV)[lane] = o;
+      if (lane == 0) {
+        a.state_ml[th * 2] = m;
+        a.state_ml[th * 2 + 1] = l;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void mla_prefill_cuda(const MlaParams& p, const MlaPrefillPlan& plan, const MlaPrefillWorkspace& ws,
@@ -147,24 +203,35 @@ void mla_prefill_cuda(const MlaParams& p, const MlaPrefillPlan& plan, const MlaP
   BG_CUBLAS_CHECK(cublasSetStream(ctx.cublas, stream));
   BG_CUBLAS_CHECK(cublasSetWorkspace(ctx.cublas, ctx.cublas_workspace, ctx.cublas_workspace_bytes));
   const float one = 1.0f, zero = 0.0f;
-  // cuDNN takes a whole-contexts pass at the production dims (q read in place, 16-byte aligned output rows).
-  const bool cudnn_dims = mma == MlaPrefillMma::kCudnn && ctx.cudnn != nullptr && exact && v_head == kV &&
-                          aligned(out, 16) && ws.n_heads == h;
-  for (const MlaPrefillPass& pass : plan.passes) {
+  // cuDNN takes the step at the production dims (q read in place, 16-byte aligned output rows) when it has a plan for
+  // every call; otherwise the whole step runs on the kernel (the two keep their cross-pass state differently).
+  auto* pieces = reinterpret_cast<const MlaPrefillPiece*>(base + ws.pieces);
+  std::vector<MlaCudnnLaunch> calls;
+  if (mma == MlaPrefillMma::kCudnn && ctx.cudnn != nullptr && exact && v_head == kV && aligned(out, 16) &&
+      ws.n_heads == h && ws.n_tokens == p.n_tokens && mla_prefill_cudnn_fits(plan, p.n_tokens, h)) {
+    auto* o_part = reinterpret_cast<bf16*>(base + ws.o_part);
+    for (const MlaPrefillCudnnCall& call : plan.cudnn_calls) {
+      const int64_t q0 = plan.pieces[static_cast<size_t>(call.piece_begin)].q_row0;
+      const auto* arrays = reinterpret_cast<const int32_t*>(base + ws.cudnn + call.meta);
+      const int64_t at = mla_prefill_cudnn_stride(call.n_pieces);
+      BG_CHECK(call.direct || ws.o_part != ws.state_ml || p.n_tokens == 0, "{}: workspace has no o_part region", op);
+      MlaCudnnLaunch l{call.n_pieces, h, call.max_q, call.max_kv, p.softmax_scale, call.causal, q + q0 * h * kQk, k_nope,
+                       v, (call.direct ? out : o_part) + q0 * h * kV, arrays, arrays + at, arrays + 2 * at,
+                       arrays + 3 * at, arrays + 4 * at, arrays + 5 * at};
+      if (!ctx.cudnn->takes(l)) {
+        calls.clear();
+        break;
+      }
+      calls.push_back(l);
+    }
+  }
+  const bool on_cudnn = !calls.empty();
+  for (size_t pass_index = 0; pass_index < plan.passes.size(); ++pass_index) {
+    const MlaPrefillPass& pass = plan.passes[pass_index];
     const int rows = static_cast<int>(pass.rows);
     int max_len = 0;
     for (int64_t i = pass.segment_begin; i < pass.segment_begin + pass.n_segments; ++i) {
       max_len = std::max(max_len, plan.segments[static_cast<size_t>(i)].len);
-    }
-    MlaCudnnLaunch dense;
-    if (cudnn_dims && mla_prefill_dense_fits(pass, plan, h)) {
-      const MlaPrefillDenseSeq& first = plan.dense_seqs[static_cast<size_t>(pass.segment_begin)];
-      const auto* arrays = reinterpret_cast<const int32_t*>(base + ws.dense + pass.dense_meta);
-      const int64_t n = pass.n_segments, at = mla_prefill_dense_stride(n);
-      dense = {n, h, pass.max_q, pass.max_kv, p.softmax_scale, q + int64_t{first.q_row0} * h * kQk, k_nope, v,
-               out + int64_t{first.q_row0} * h * kV, arrays, arrays + at, arrays + 2 * at, arrays + 3 * at,
-               arrays + 4 * at, arrays + 5 * at};
-      if (!ctx.cudnn->takes(dense)) dense.batch = 0;
     }
     const GatherArgs g{segments + pass.segment_begin, cache, c_kv, k_pe, lora, rope, static_cast<int>(p.block_size)};
     mla_prefill_gather_kernel<<<dim3(static_cast<unsigned>((max_len + 7) / 8), static_cast<unsigned>(pass.n_segments)),
@@ -176,7 +243,7 @@ void mla_prefill_cuda(const MlaParams& p, const MlaPrefillPlan& plan, const MlaP
     // Per head, column-major: C [nope, rows] (ld H·128, head stride 128) = W_UK[h] ([nope, lora] row-major, i.e.
     // [lora, nope] column-major, transposed) · c_kvᵀ ([lora, rows] column-major, ld lora). Same for V with W_UV.
     // On a cuDNN pass k_nope lands in columns 0..127 of the whole q/k head [rows, H, 192], k_pe beside it.
-    const int k_stride = dense.batch > 0 ? static_cast<int>(kQk) : static_cast<int>(kNope);
+    const int k_stride = on_cudnn ? static_cast<int>(kQk) : static_cast<int>(kNope);
     BG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, nope, rows, lora, &one, w_uk,
                                                CUDA_R_16BF, lora, int64_t{nope} * lora, c_kv, CUDA_R_16BF, lora, 0,
                                                &zero, k_nope, CUDA_R_16BF, h * k_stride, k_stride, h,
@@ -185,12 +252,23 @@ void mla_prefill_cuda(const MlaParams& p, const MlaPrefillPlan& plan, const MlaP
                                                CUDA_R_16BF, lora, int64_t{v_head} * lora, c_kv, CUDA_R_16BF, lora, 0,
                                                &zero, v, CUDA_R_16BF, h * kV, kV, h, CUBLAS_COMPUTE_32F,
                                                CUBLAS_GEMM_DEFAULT));
-    if (dense.batch > 0) {
+    if (on_cudnn) {
       const int64_t chunks = int64_t{rows} * h * (kRope / 8);
       mla_prefill_k_pe_heads_kernel<<<static_cast<unsigned>(std::min<int64_t>(4096, (chunks + 255) / 256)), 256, 0,
                                       stream>>>(k_pe, k_nope, rows, h);
       BG_CUDA_CHECK_LAUNCH();
-      BG_CHECK(ctx.cudnn->run(dense, stream), "{}: cuDNN declined a plan it had built", op);
+      for (size_t c = 0; c < calls.size(); ++c) {
+        const MlaPrefillCudnnCall& call = plan.cudnn_calls[c];
+        if (call.pass != static_cast<int64_t>(pass_index)) continue;
+        BG_CHECK(ctx.cudnn->run(calls[c], stream), "{}: cuDNN declined a plan it had built", op);
+        if (call.direct) continue;
+        const MergeArgs m{pieces + call.piece_begin, ctx.cudnn->stats(), ctx.cudnn->stats_rows(),
+                          reinterpret_cast<const bf16*>(base + ws.o_part), a.state_o, a.state_ml, out, h};
+        mla_prefill_merge_kernel<<<dim3(static_cast<unsigned>((call.max_q + 7) / 8),
+                                        static_cast<unsigned>(call.n_pieces)),
+                                   256, 0, stream>>>(m);
+        BG_CUDA_CHECK_LAUNCH();
+      }
       continue;
     }
     a.items = items + pass.item_begin;

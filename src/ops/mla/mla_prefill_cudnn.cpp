@@ -6,6 +6,7 @@
 #include "ops/mla/mla_prefill_cudnn.h"
 
 #include <array>
+#include <chrono>
 #include <limits>
 #include <map>
 #include <span>
@@ -170,7 +171,7 @@ struct Plan {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 // Builds the graph and an execution plan for one bucket; throws bg::Error when cuDNN refuses it.
-std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, int64_t b, int64_t h, int64_t sq, int64_t skv) {
+std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, int64_t b, int64_t h, int64_t sq, int64_t skv, bool causal) {
   auto plan = std::make_unique<Plan>();
   Builder& g = plan->graph;
   const Dims one{1, 1, 1, 1};
@@ -190,7 +191,6 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, int64_t b, int64_t h, int
   Desc& len_kv = g.tensor(kUidLenKv, CUDNN_DATA_INT32, {b, 1, 1, 1}, one, false);
   Desc& scale = g.tensor(kUidScale, CUDNN_DATA_FLOAT, one, one, false, true);
   Desc& neg_inf_pad = g.tensor(kUidNegInfPad, CUDNN_DATA_FLOAT, one, one, false, true);
-  Desc& neg_inf_causal = g.tensor(kUidNegInfCausal, CUDNN_DATA_FLOAT, one, one, false, true);
 
   const Dims s_dims{b, h, sq, skv}, s_strides{h * sq * skv, sq * skv, skv, 1};
   const Dims row_dims{b, h, sq, 1}, row_strides{h * sq, sq, 1, 1};
@@ -216,24 +216,29 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, int64_t b, int64_t h, int
   g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, s1, &neg_inf_pad, &inside, s2);
 
   // Causal, bottom right: keep column c of row r when r + len_kv - len_q >= c.
-  Desc& row2 = scores(CUDNN_DATA_INT32);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s2, nullptr, nullptr, row2, 2);
-  Desc& col2 = scores(CUDNN_DATA_INT32);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s2, nullptr, nullptr, col2, 3);
-  Desc& shifted = scores(CUDNN_DATA_INT32);
-  g.pointwise(CUDNN_POINTWISE_ADD, CUDNN_DATA_INT32, row2, &len_kv, nullptr, shifted, 3);
-  Desc& diagonal = scores(CUDNN_DATA_INT32);
-  g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_INT32, shifted, &len_q, nullptr, diagonal, 3);
-  Desc& visible = scores(CUDNN_DATA_BOOLEAN);
-  g.pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, diagonal, &col2, nullptr, visible);
-  Desc& s3 = scores(CUDNN_DATA_FLOAT);
-  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, s2, &neg_inf_causal, &visible, s3);
+  auto bottom_right = [&]() -> Desc& {
+    Desc& row2 = scores(CUDNN_DATA_INT32);
+    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s2, nullptr, nullptr, row2, 2);
+    Desc& col2 = scores(CUDNN_DATA_INT32);
+    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s2, nullptr, nullptr, col2, 3);
+    Desc& shifted = scores(CUDNN_DATA_INT32);
+    g.pointwise(CUDNN_POINTWISE_ADD, CUDNN_DATA_INT32, row2, &len_kv, nullptr, shifted, 3);
+    Desc& diagonal = scores(CUDNN_DATA_INT32);
+    g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_INT32, shifted, &len_q, nullptr, diagonal, 3);
+    Desc& visible = scores(CUDNN_DATA_BOOLEAN);
+    g.pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, diagonal, &col2, nullptr, visible);
+    Desc& neg_inf_causal = g.tensor(kUidNegInfCausal, CUDNN_DATA_FLOAT, one, one, false, true);
+    Desc& s3 = scores(CUDNN_DATA_FLOAT);
+    g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, s2, &neg_inf_causal, &visible, s3);
+    return s3;
+  };
+  Desc* masked = causal ? &bottom_right() : &s2;
 
   // Softmax over the keys.
   Desc& max = g.virtual_tensor(CUDNN_DATA_FLOAT, row_dims, row_strides);
-  g.reduction(CUDNN_REDUCE_TENSOR_MAX, s3, max);
+  g.reduction(CUDNN_REDUCE_TENSOR_MAX, *masked, max);
   Desc& centred = scores(CUDNN_DATA_FLOAT);
-  g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, s3, &max, nullptr, centred);
+  g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, *masked, &max, nullptr, centred);
   Desc& e = scores(CUDNN_DATA_FLOAT);
   g.pointwise(CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, centred, nullptr, nullptr, e);
   Desc& sum = g.virtual_tensor(CUDNN_DATA_FLOAT, row_dims, row_strides);
@@ -299,8 +304,8 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, int64_t b, int64_t h, int
 
 struct MlaCudnnPrefill::Impl {
   cudnnHandle_t handle = nullptr;
-  // (batch, heads, bucket q, bucket kv) -> plan, or null when cuDNN refused the bucket.
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<Plan>> plans;
+  // (batch, heads, bucket q, bucket kv, causal) -> plan, or null when cuDNN refused the bucket.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, std::unique_ptr<Plan>> plans;
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
   float* stats = nullptr;  // [B, H, bucket q] of the largest plan run so far
@@ -316,6 +321,7 @@ struct MlaCudnnPrefill::Impl {
 MlaCudnnPrefill::MlaCudnnPrefill() : impl_(std::make_unique<Impl>()) {}
 MlaCudnnPrefill::~MlaCudnnPrefill() = default;
 bool MlaCudnnPrefill::built() { return true; }
+const float* MlaCudnnPrefill::stats() const { return impl_->stats; }
 
 bool MlaCudnnPrefill::takes(const MlaCudnnLaunch& l) { return plan_for(l) != nullptr; }
 
@@ -326,19 +332,22 @@ void* MlaCudnnPrefill::plan_for(const MlaCudnnLaunch& l) {
   BG_CHECK(l.q && l.k && l.v && l.out && l.seq_len_q && l.seq_len_kv && l.q_off && l.k_off && l.v_off && l.o_off,
            "{}: null pointer", op);
   if (impl_->handle == nullptr) check(cudnnCreate(&impl_->handle), "create handle");
-  const auto key = std::make_tuple(l.batch, l.heads, mla_cudnn_bucket(l.max_q), mla_cudnn_bucket(l.max_kv));
+  const auto key = std::make_tuple(l.batch, l.heads, mla_cudnn_bucket(l.max_q), mla_cudnn_bucket(l.max_kv), l.causal);
   auto it = impl_->plans.find(key);
   if (it == impl_->plans.end()) {
     std::unique_ptr<Plan> plan;
     try {
-      plan = build_plan(impl_->handle, l.batch, l.heads, std::get<2>(key), std::get<3>(key));
+      const auto t0 = std::chrono::steady_clock::now();
+      plan = build_plan(impl_->handle, l.batch, l.heads, std::get<2>(key), std::get<3>(key), l.causal);
       ++plans_built_;
-      log::debug("{}: plan for B {} H {} q {} kv {} built, workspace {} bytes", op, l.batch, l.heads,
-                 std::get<2>(key), std::get<3>(key), plan->workspace_bytes);
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      plan_build_ms_ += ms;
+      log::debug("{}: plan for B {} H {} q {} kv {} {} built in {:.1f} ms, workspace {} bytes", op, l.batch, l.heads,
+                 std::get<2>(key), std::get<3>(key), l.causal ? "causal" : "full", ms, plan->workspace_bytes);
     } catch (const Error& e) {
       last_refusal_ = e.what();
-      log::warn("{}: cuDNN refused B {} H {} q {} kv {}; this shape runs on batchgen's own kernel: {}", op, l.batch,
-                l.heads, std::get<2>(key), std::get<3>(key), e.what());
+      log::warn("{}: cuDNN refused B {} H {} q {} kv {} {}; such steps run on batchgen's own kernel: {}", op,
+                l.batch, l.heads, std::get<2>(key), std::get<3>(key), l.causal ? "causal" : "full", e.what());
     }
     it = impl_->plans.emplace(key, std::move(plan)).first;
   }
@@ -377,12 +386,22 @@ bool MlaCudnnPrefill::run(const MlaCudnnLaunch& l, cudaStream_t stream) {
                                    &scale,                            &neg_inf_pad,
                                    &neg_inf_causal,                   impl_->stats};
   Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, std::span<const int64_t>(uids));
-  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, std::span<void* const>(ptrs));
+  // The full (non-causal) graph has no causal -inf: its entry is left out (the last one moved into its place).
+  std::array<int64_t, 14> ids = uids;
+  std::array<void*, 14> data = ptrs;
+  size_t n_bound = ids.size();
+  if (!l.causal) {
+    ids[12] = ids[13];
+    data[12] = data[13];
+    n_bound = 13;
+  }
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, std::span<const int64_t>(ids.data(), n_bound));
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, std::span<void* const>(data.data(), n_bound));
   void* ws = impl_->workspace;
   pack.set1(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, ws);
   pack.finalize("variant pack");
   check(cudnnBackendExecute(impl_->handle, plan->plan->get(), pack.get()), "execute");
+  stats_rows_ = mla_cudnn_bucket(l.max_q);
   ++launches_;
   return true;
 }
@@ -393,6 +412,7 @@ struct MlaCudnnPrefill::Impl {};
 MlaCudnnPrefill::MlaCudnnPrefill() : impl_(std::make_unique<Impl>()) {}
 MlaCudnnPrefill::~MlaCudnnPrefill() = default;
 bool MlaCudnnPrefill::built() { return false; }
+const float* MlaCudnnPrefill::stats() const { return nullptr; }
 bool MlaCudnnPrefill::takes(const MlaCudnnLaunch& l) { return plan_for(l) != nullptr; }
 void* MlaCudnnPrefill::plan_for(const MlaCudnnLaunch&) {
   last_refusal_ = "this build has no cuDNN";

@@ -1,6 +1,6 @@
 // MLA prefill attention through cuDNN's fused attention (cuDNN 9 graph API, no frontend library): causal attention
 // aligned at the bottom right, q/k head dim 192 and v 128, bf16 in and out, fp32 softmax, over the ragged batch of a
-// whole-contexts pass (mla_prefill_plan.h). Used by mla_prefill_cuda in place of its own attention kernel when the
+// pass (mla_prefill_plan.h: its causal and full pieces), with each row's log-sum-exp for the merge across passes. Used by mla_prefill_cuda in place of its own attention kernel when the
 // pass allows it; docs/MLA_PREFILL.md ("cuDNN") has the measurements that made it the default.
 //
 // Shapes vary every step, so execution plans are built for buckets (batch exact, longest query and key runs rounded
@@ -25,6 +25,7 @@ struct MlaCudnnLaunch {
   int64_t max_q = 0;   // longest query run (tokens of one sequence)
   int64_t max_kv = 0;  // longest key run
   float scale = 0.0f;  // softmax scale
+  bool causal = true;  // bottom-right causal (row i sees keys 0 .. len_kv - len_q + i), else every key
   const __nv_bfloat16* q = nullptr;  // [.., heads, 192] rows at q_off
   const __nv_bfloat16* k = nullptr;  // [.., heads, 192] rows at k_off
   const __nv_bfloat16* v = nullptr;  // [.., heads, 128] rows at v_off
@@ -53,8 +54,14 @@ class MlaCudnnPrefill {
   // Throws bg::Error on a cuDNN failure after a plan was built (never silently wrong).
   bool run(const MlaCudnnLaunch& launch, cudaStream_t stream);
 
+  // The last launch's log-sum-exp per row (natural log of the scaled scores): fp32 [B, heads, stats_rows()], on the
+  // device; valid until the next launch on the stream.
+  const float* stats() const;
+  int64_t stats_rows() const { return stats_rows_; }
+
   int64_t launches() const { return launches_; }
   int64_t plans_built() const { return plans_built_; }
+  double plan_build_ms() const { return plan_build_ms_; }  // host time spent building plans, in all
   const std::string& last_refusal() const { return last_refusal_; }
 
  private:
@@ -64,6 +71,8 @@ class MlaCudnnPrefill {
   std::unique_ptr<Impl> impl_;
   int64_t launches_ = 0;
   int64_t plans_built_ = 0;
+  int64_t stats_rows_ = 0;
+  double plan_build_ms_ = 0.0;
   std::string last_refusal_;
 };
 

@@ -36,34 +36,41 @@ void add_items(const MlaPrefillSegment& seg, std::span<const int64_t> positions,
   }
 }
 
-// Whether every segment of the pass is the whole context of its sequence with the sequence's query tokens at its last
-// positions, in order (so row i of a segment with n_q queries and n_kv keys sees keys 0 .. n_kv - n_q + i).
-void mark_whole_contexts(MlaPrefillPass& pass, MlaPrefillPlan& plan, std::span<const int64_t> positions,
-                         std::span<const int64_t> seq_begin, const std::vector<int64_t>& context) {
-  pass.whole_contexts = pass.n_segments > 0;
-  plan.dense_seqs.resize(plan.segments.size());
-  for (int64_t i = pass.segment_begin; i < pass.segment_begin + pass.n_segments; ++i) {
-    const MlaPrefillSegment& seg = plan.segments[static_cast<size_t>(i)];
-    const int64_t b = seq_begin[static_cast<size_t>(seg.seq)], e = seq_begin[static_cast<size_t>(seg.seq) + 1];
-    plan.dense_seqs[static_cast<size_t>(i)] = {static_cast<int32_t>(b), static_cast<int32_t>(e - b), seg.row0, seg.len};
+// The cuDNN calls of one pass (MlaPrefillCudnnCall): per segment, its causal piece and its full piece.
+void add_cudnn_calls(int64_t pass_index, const MlaPrefillPass& pass, MlaPrefillPlan& plan,
+                     std::span<const int64_t> positions, std::span<const int64_t> seq_begin) {
+  for (const bool causal : {true, false}) {
+    MlaPrefillCudnnCall call;
+    call.pass = pass_index;
+    call.causal = causal;
+    call.piece_begin = static_cast<int64_t>(plan.pieces.size());
+    for (int64_t i = pass.segment_begin; i < pass.segment_begin + pass.n_segments; ++i) {
+      const MlaPrefillSegment& seg = plan.segments[static_cast<size_t>(i)];
+      const int64_t b = seq_begin[static_cast<size_t>(seg.seq)], e = seq_begin[static_cast<size_t>(seg.seq) + 1];
+      const int64_t p_first = positions[static_cast<size_t>(b)], p_last = positions[static_cast<size_t>(e - 1)];
+      const int64_t seg_end = int64_t{seg.k0} + seg.len;
+      // Query positions [lo, hi] of the piece: inside the segment (causal) or after it (full).
+      const int64_t lo = std::max(p_first, causal ? int64_t{seg.k0} : seg_end);
+      const int64_t hi = causal ? std::min(p_last, seg_end - 1) : p_last;
+      if (lo > hi) continue;
+      MlaPrefillPiece piece;
+      piece.q_row0 = static_cast<int32_t>(b + (lo - p_first));
+      piece.n_q = static_cast<int32_t>(hi - lo + 1);
+      piece.g0 = seg.row0;
+      piece.n_kv = static_cast<int32_t>(causal ? hi - seg.k0 + 1 : seg.len);
+      piece.flags = (seg.k0 == 0 ? kMlaPieceFirst : 0) | (causal ? kMlaPieceFinal : 0);
+      piece.index = static_cast<int32_t>(call.n_pieces++);
+      call.direct = call.direct && piece.flags == (kMlaPieceFirst | kMlaPieceFinal);
+      call.max_q = std::max<int64_t>(call.max_q, piece.n_q);
+      call.max_kv = std::max<int64_t>(call.max_kv, piece.n_kv);
+      plan.pieces.push_back(piece);
+    }
+    if (call.n_pieces == 0) continue;
+    call.meta = plan.cudnn_bytes;
+    plan.cudnn_bytes += static_cast<int64_t>(
+        align_up(static_cast<size_t>(mla_prefill_cudnn_ints(call.n_pieces)) * sizeof(int32_t), 256));
+    plan.cudnn_calls.push_back(call);
   }
-  for (int64_t i = pass.segment_begin; i < pass.segment_begin + pass.n_segments && pass.whole_contexts; ++i) {
-    const MlaPrefillSegment& seg = plan.segments[static_cast<size_t>(i)];
-    const auto s = static_cast<size_t>(seg.seq);
-    const int64_t b = seq_begin[s], e = seq_begin[s + 1], ctx = context[s];
-    bool whole = seg.k0 == 0 && seg.len == ctx && e - b <= ctx;
-    for (int64_t t = b; t < e && whole; ++t) whole = positions[static_cast<size_t>(t)] == ctx - (e - t);
-    pass.whole_contexts = whole;
-    pass.max_q = std::max(pass.max_q, e - b);
-    pass.max_kv = std::max<int64_t>(pass.max_kv, seg.len);
-  }
-  if (!pass.whole_contexts) {
-    pass.max_q = pass.max_kv = 0;
-    return;
-  }
-  pass.dense_meta = plan.dense_bytes;
-  plan.dense_bytes += static_cast<int64_t>(align_up(
-      static_cast<size_t>(mla_prefill_dense_ints(pass.n_segments)) * sizeof(int32_t), 256));
 }
 
 }  // namespace
@@ -114,6 +121,14 @@ MlaPrefillPlan mla_prefill_plan(std::span<const int64_t> positions, std::span<co
   }
   if (plan.prefill_seqs.empty()) return plan;
 
+  // The cuDNN form needs every prefill sequence's tokens at consecutive positions.
+  bool cudnn_form = true;
+  for (int32_t s : plan.prefill_seqs) {
+    const int64_t b = seq_begin[static_cast<size_t>(s)], e = seq_begin[static_cast<size_t>(s) + 1];
+    for (int64_t t = b + 1; t < e && cudnn_form; ++t) {
+      cudnn_form = positions[static_cast<size_t>(t)] == positions[static_cast<size_t>(b)] + (t - b);
+    }
+  }
   // Cut the concatenated contexts into passes of at most max_pass_rows rows.
   MlaPrefillPass pass;
   auto close_pass = [&] {
@@ -125,7 +140,7 @@ MlaPrefillPlan mla_prefill_plan(std::span<const int64_t> positions, std::span<co
                 plan);
     }
     pass.n_items = static_cast<int64_t>(plan.items.size()) - pass.item_begin;
-    mark_whole_contexts(pass, plan, positions, seq_begin, context);
+    if (cudnn_form) add_cudnn_calls(static_cast<int64_t>(plan.passes.size()), pass, plan, positions, seq_begin);
     // Heaviest tiles first, so the causal tail does not leave SMs idle at the end of the launch.
     std::stable_sort(plan.items.begin() + pass.item_begin, plan.items.end(),
                      [](const MlaPrefillItem& a, const MlaPrefillItem& b) { return a.n_keys > b.n_keys; });
@@ -149,13 +164,10 @@ MlaPrefillPlan mla_prefill_plan(std::span<const int64_t> positions, std::span<co
   return plan;
 }
 
-bool mla_prefill_dense_fits(const MlaPrefillPass& pass, const MlaPrefillPlan& plan, int64_t n_heads) {
-  if (!pass.whole_contexts || n_heads < 1) return false;
-  const MlaPrefillDenseSeq& first = plan.dense_seqs[static_cast<size_t>(pass.segment_begin)];
-  const MlaPrefillDenseSeq& last = plan.dense_seqs[static_cast<size_t>(pass.segment_begin + pass.n_segments - 1)];
-  const int64_t q_rows = int64_t{last.q_row0} + last.n_q - first.q_row0;
+bool mla_prefill_cudnn_fits(const MlaPrefillPlan& plan, int64_t n_tokens, int64_t n_heads) {
+  if (plan.cudnn_calls.empty() || n_heads < 1) return false;
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  return q_rows * n_heads * kMlaPrefillQk <= kMax && pass.rows * n_heads * kMlaPrefillQk <= kMax;
+  return n_tokens * n_heads * kMlaPrefillQk <= kMax && plan.max_pass_rows * n_heads * kMlaPrefillQk <= kMax;
 }
 
 MlaPrefillWorkspace mla_prefill_workspace(const MlaParams& p, const MlaPrefillPlan& plan) {
@@ -174,19 +186,21 @@ MlaPrefillWorkspace mla_prefill_workspace(const MlaParams& p, const MlaPrefillPl
   };
   ws.segments = region(plan.segments.size() * sizeof(MlaPrefillSegment));
   ws.items = region(plan.items.size() * sizeof(MlaPrefillItem));
-  ws.dense = region(static_cast<size_t>(plan.dense_bytes));
+  ws.pieces = region(plan.pieces.size() * sizeof(MlaPrefillPiece));
+  ws.cudnn = region(static_cast<size_t>(plan.cudnn_bytes));
   ws.meta_bytes = at;
   ws.n_heads = p.n_heads;
+  ws.n_tokens = p.n_tokens;
   ws.q_pad = region(padded ? n * h * kMlaPrefillQk * kBf16 : 0);
   ws.c_kv = region(rows * static_cast<size_t>(p.kv_lora_rank) * kBf16);
   ws.k_pe = region(rows * kMlaPrefillRope * kBf16);
-  // k_nope, or the whole q/k head [rows, heads, 192] that cuDNN reads on a whole-contexts pass.
-  const bool dense = std::any_of(plan.passes.begin(), plan.passes.end(),
-                                 [](const MlaPrefillPass& pass) { return pass.whole_contexts; });
-  ws.k_nope = region(rows * h * (dense ? kMlaPrefillQk : kMlaPrefillNope) * kBf16);
+  // k_nope, or k_nope | k_pe per head [rows, heads, 192] when the cuDNN form exists (cuDNN reads K whole).
+  const bool cudnn = !plan.cudnn_calls.empty();
+  ws.k_nope = region(rows * h * (cudnn ? kMlaPrefillQk : kMlaPrefillNope) * kBf16);
   ws.v = region(rows * h * kMlaPrefillV * kBf16);
   ws.state_o = region(plan.needs_state ? n * h * kMlaPrefillV * kF32 : 0);
   ws.state_ml = region(plan.needs_state ? n * h * 2 * kF32 : 0);
+  ws.o_part = region(plan.needs_state && cudnn ? n * h * kMlaPrefillV * kBf16 : 0);
   ws.total_bytes = at;
   return ws;
 }
@@ -195,25 +209,25 @@ std::vector<std::byte> mla_prefill_meta(const MlaPrefillPlan& plan, const MlaPre
   std::vector<std::byte> meta(ws.meta_bytes);
   std::memcpy(meta.data() + ws.segments, plan.segments.data(), plan.segments.size() * sizeof(MlaPrefillSegment));
   std::memcpy(meta.data() + ws.items, plan.items.data(), plan.items.size() * sizeof(MlaPrefillItem));
+  std::memcpy(meta.data() + ws.pieces, plan.pieces.data(), plan.pieces.size() * sizeof(MlaPrefillPiece));
+  // Offsets past int32 are not written: mla_prefill_cuda does not take the cuDNN form then (mla_prefill_cudnn_fits).
   const int64_t h = ws.n_heads;
-  for (const MlaPrefillPass& pass : plan.passes) {
-    if (!pass.whole_contexts) continue;
-    const int64_t n = pass.n_segments;
-    std::vector<int32_t> a(static_cast<size_t>(mla_prefill_dense_ints(n)), 0);
-    const int64_t stride = mla_prefill_dense_stride(n);
+  if (!mla_prefill_cudnn_fits(plan, ws.n_tokens, h)) return meta;
+  for (const MlaPrefillCudnnCall& call : plan.cudnn_calls) {
+    const int64_t n = call.n_pieces, stride = mla_prefill_cudnn_stride(n);
+    std::vector<int32_t> a(static_cast<size_t>(mla_prefill_cudnn_ints(n)), 0);
     int32_t* len_q = a.data();
     int32_t* len_kv = len_q + stride;
     int32_t* q_off = len_kv + stride;
     int32_t* k_off = q_off + stride;
     int32_t* v_off = k_off + stride;
     int32_t* o_off = v_off + stride;
-    const MlaPrefillDenseSeq first = plan.dense_seqs[static_cast<size_t>(pass.segment_begin)];
-    // Offsets past int32 are left at 0: mla_prefill_cuda then runs the pass on its own kernel (mla_prefill_dense_fits).
-    if (!mla_prefill_dense_fits(pass, plan, h)) continue;
+    const auto piece = [&](int64_t i) { return plan.pieces[static_cast<size_t>(call.piece_begin + i)]; };
+    const int64_t q_base = piece(0).q_row0;
     for (int64_t i = 0; i <= n; ++i) {
       const bool end = i == n;
-      const MlaPrefillDenseSeq d = plan.dense_seqs[static_cast<size_t>(pass.segment_begin + (end ? n - 1 : i))];
-      const int64_t q_row = d.q_row0 - first.q_row0 + (end ? d.n_q : 0), k_row = d.g0 + (end ? d.n_kv : 0);
+      const MlaPrefillPiece d = piece(end ? n - 1 : i);
+      const int64_t q_row = d.q_row0 - q_base + (end ? d.n_q : 0), k_row = d.g0 + (end ? d.n_kv : 0);
       if (!end) {
         len_q[i] = d.n_q;
         len_kv[i] = d.n_kv;
@@ -223,7 +237,7 @@ std::vector<std::byte> mla_prefill_meta(const MlaPrefillPlan& plan, const MlaPre
       v_off[i] = static_cast<int32_t>(k_row * h * kMlaPrefillV);
       o_off[i] = static_cast<int32_t>(q_row * h * kMlaPrefillV);
     }
-    std::memcpy(meta.data() + ws.dense + static_cast<size_t>(pass.dense_meta), a.data(), a.size() * sizeof(int32_t));
+    std::memcpy(meta.data() + ws.cudnn + static_cast<size_t>(call.meta), a.data(), a.size() * sizeof(int32_t));
   }
   return meta;
 }

@@ -71,31 +71,43 @@ struct MlaPrefillPass {
   int64_t n_segments = 0;
   int64_t item_begin = 0;  // into MlaPrefillPlan::items
   int64_t n_items = 0;
-  // Whole contexts: every segment of the pass is the whole context of its sequence, whose
-  // query tokens are its last positions in order. Then the pass is plain causal attention aligned at the bottom
-  // right per segment, the form a library's fused attention takes (cuDNN, mla_prefill_cudnn.h).
-  bool whole_contexts = false;
-  int64_t max_q = 0;       // most query tokens of one segment (whole_contexts only)
-  int64_t max_kv = 0;      // longest segment (whole_contexts only)
-  int64_t dense_meta = 0;  // byte offset of its dense arrays (below) in the workspace's dense region
 };
 
-// A segment's query tokens and keys as a library's attention call sees them: query rows [q_row0, q_row0 + n_q) of
-// the step (all of its sequence's tokens), gathered rows [g0, g0 + n_kv) of its pass.
-struct MlaPrefillDenseSeq {
-  int32_t q_row0 = 0;
+// cuDNN's fused attention (mla_prefill_cudnn.h) takes a pass as at most two ragged calls. A segment's queries that
+// fall inside its positions form a causal piece aligned at the bottom right (the piece's last query sees exactly the
+// keys up to its own position); its queries after the segment form a full piece (every key of it visible). A piece
+// from the segment at position 0 is the first for its queries; a causal piece holds their own positions, so it is
+// their last. Possible when every prefill sequence's tokens are consecutive positions (the scheduler's layout).
+inline constexpr int32_t kMlaPieceFirst = 1;
+inline constexpr int32_t kMlaPieceFinal = 2;
+struct MlaPrefillPiece {
+  int32_t q_row0 = 0;  // step rows [q_row0, q_row0 + n_q)
   int32_t n_q = 0;
-  int32_t g0 = 0;
+  int32_t g0 = 0;  // gathered rows [g0, g0 + n_kv) of the pass
   int32_t n_kv = 0;
+  int32_t flags = 0;  // kMlaPieceFirst | kMlaPieceFinal
+  int32_t index = 0;  // batch index within its call
+  int32_t reserved[2] = {0, 0};
+};
+static_assert(sizeof(MlaPrefillPiece) == 32);
+
+struct MlaPrefillCudnnCall {
+  int64_t pass = 0;
+  bool causal = true;       // bottom-right causal, else every key visible
+  bool direct = true;       // every piece first and final: the output is written in place, no merge
+  int64_t piece_begin = 0;  // into MlaPrefillPlan::pieces
+  int64_t n_pieces = 0;     // the call's batch B
+  int64_t max_q = 0;        // longest query run of a piece
+  int64_t max_kv = 0;       // longest key run of a piece
+  int64_t meta = 0;         // byte offset of its arrays (below) in the workspace's cudnn region
 };
 
-// The metadata of a whole-contexts pass with B segments: six int32 arrays at pass.dense_meta, each
-// mla_prefill_dense_stride(B) ints apart (16-byte aligned): seq_len_q [B], seq_len_kv [B], then element offsets
-// (ragged layout, B + 1 each) of q [tokens, heads, 192] from the first segment's first query row, of k [rows, heads,
-// 192] and v [rows, heads, 128] from row 0 of the pass, and of out [tokens, heads, 128] from the first segment's
-// first query row.
-inline constexpr int64_t mla_prefill_dense_stride(int64_t n_segments) { return (n_segments + 1 + 3) / 4 * 4; }
-inline constexpr int64_t mla_prefill_dense_ints(int64_t n_segments) { return 6 * mla_prefill_dense_stride(n_segments); }
+// The arrays of a call with B pieces: six int32 arrays at call.meta, each mla_prefill_cudnn_stride(B) ints apart
+// (16-byte aligned): seq_len_q [B], seq_len_kv [B], then element offsets (ragged layout, B + 1 each) of q [tokens,
+// heads, 192] from the first piece's first query row, of k [rows, heads, 192] and v [rows, heads, 128] from row 0 of
+// the pass, and of the output [tokens, heads, 128] from the first piece's first query row.
+inline constexpr int64_t mla_prefill_cudnn_stride(int64_t n) { return (n + 1 + 3) / 4 * 4; }
+inline constexpr int64_t mla_prefill_cudnn_ints(int64_t n) { return 6 * mla_prefill_cudnn_stride(n); }
 
 // Everything the prefill launch of one step needs, made from the step layout on the host (the same for every MLA
 // layer of the step).
@@ -108,10 +120,12 @@ struct MlaPrefillPlan {
   std::vector<MlaPrefillSegment> segments;
   std::vector<MlaPrefillItem> items;  // per pass, heaviest first
   std::vector<MlaPrefillPass> passes;
-  std::vector<MlaPrefillDenseSeq> dense_seqs;  // one per segment (same index)
+  // The cuDNN form of the passes (empty when some prefill sequence's tokens are not consecutive positions).
+  std::vector<MlaPrefillPiece> pieces;
+  std::vector<MlaPrefillCudnnCall> cudnn_calls;  // in pass order, at most two per pass
   int64_t max_pass_rows = 0;  // largest pass
   bool needs_state = false;   // some tile spans more than one pass
-  int64_t dense_bytes = 0;    // the dense arrays of all whole-contexts passes
+  int64_t cudnn_bytes = 0;    // the arrays of all cuDNN calls
 
   bool empty() const { return prefill_seqs.empty(); }
 };
@@ -125,8 +139,9 @@ bool mla_prefill_takes(const MlaParams& p);
 MlaPrefillPlan mla_prefill_plan(std::span<const int64_t> positions, std::span<const int64_t> seq_begin,
                                 const MlaPrefillOptions& options = {});
 
-// Whether the element offsets of a whole-contexts pass fit the int32 arrays cuDNN reads (at n_heads heads).
-bool mla_prefill_dense_fits(const MlaPrefillPass& pass, const MlaPrefillPlan& plan, int64_t n_heads);
+// Whether the plan has a cuDNN form whose element offsets fit the int32 arrays cuDNN reads, for a step of n_tokens
+// tokens at n_heads heads.
+bool mla_prefill_cudnn_fits(const MlaPrefillPlan& plan, int64_t n_tokens, int64_t n_heads);
 
 // Byte offsets of the regions of one prefill workspace (each 256-byte aligned).
 struct MlaPrefillWorkspace {
@@ -135,18 +150,21 @@ struct MlaPrefillWorkspace {
   size_t q_pad = 0;     // bf16 [n_tokens, n_heads, 192] (only when the head dims are not 128 / 64)
   size_t c_kv = 0;      // bf16 [max_pass_rows, kv_lora]
   size_t k_pe = 0;      // bf16 [max_pass_rows, 64], zero past rope
-  size_t k_nope = 0;    // bf16 [max_pass_rows, n_heads, 128], zero past nope; [.., 192] q/k rows on the cuDNN path
+  size_t k_nope = 0;    // bf16 [max_pass_rows, n_heads, 128], zero past nope; [.., 192] (k_nope | k_pe) for cuDNN
   size_t v = 0;         // bf16 [max_pass_rows, n_heads, 128], zero past v_head
   size_t state_o = 0;   // fp32 [n_tokens, n_heads, 128] (only when plan.needs_state)
   size_t state_ml = 0;  // fp32 [n_tokens, n_heads, 2]
-  size_t dense = 0;     // int32 arrays of the whole-contexts passes (MlaPrefillPass::dense_meta; uploaded too)
+  size_t o_part = 0;    // bf16 [n_tokens, n_heads, 128]: a cuDNN piece's output before its merge (plan.needs_state)
+  size_t pieces = 0;    // int32 [plan.pieces.size(), 8] (uploaded)
+  size_t cudnn = 0;     // int32 arrays of the cuDNN calls (MlaPrefillCudnnCall::meta; uploaded)
   size_t total_bytes = 0;
-  int64_t n_heads = 0;  // of the params it was made for (the dense offsets count elements)
-  size_t meta_bytes = 0;  // segments + items + dense: the part uploaded from the host
+  int64_t n_heads = 0;  // of the params it was made for (the cuDNN offsets count elements)
+  int64_t n_tokens = 0;
+  size_t meta_bytes = 0;  // segments + items + pieces + cudnn: the part uploaded from the host
 };
 MlaPrefillWorkspace mla_prefill_workspace(const MlaParams& p, const MlaPrefillPlan& plan);
 
-// The metadata bytes the launch reads from the start of the workspace (segments, items, dense arrays), as the host
+// The metadata bytes the launch reads from the start of the workspace (segments, items, pieces, cuDNN arrays), as the host
 // writes them (meta_bytes long).
 std::vector<std::byte> mla_prefill_meta(const MlaPrefillPlan& plan, const MlaPrefillWorkspace& ws);
 

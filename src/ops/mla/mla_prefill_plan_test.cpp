@@ -139,9 +139,9 @@ TEST(MlaPrefillPlan, WorkspaceHoldsStateOnlyWhenNeeded) {
   EXPECT_DOUBLE_EQ(mla_prefill_flops(p, st.positions, one, st.seq_begin), 2.0 * 500500.0 * 96 * 320);
 }
 
-TEST(MlaPrefillPlan, WholeContextPassesCarryRaggedArrays) {
+TEST(MlaPrefillPlan, CudnnCallsCarryRaggedArrays) {
   // A fresh 300-token prompt, a decode token, a 200-token chunk after a 700-token prefix: one pass of two whole
-  // contexts (1200 rows), the decode token absorbed.
+  // contexts (1200 rows), the decode token absorbed: one causal call of two pieces, written in place.
   Step st;
   st.add(0, 300);
   st.add(50, 1);
@@ -150,45 +150,92 @@ TEST(MlaPrefillPlan, WholeContextPassesCarryRaggedArrays) {
   const MlaParams p{501, h, 512, 128, 64, 128, 64, 0.07f};
   const MlaPrefillPlan plan = mla_prefill_plan(st.positions, st.seq_begin);
   ASSERT_EQ(plan.passes.size(), 1u);
-  const MlaPrefillPass& pass = plan.passes[0];
-  ASSERT_TRUE(pass.whole_contexts);
-  EXPECT_EQ(pass.max_q, 300);
-  EXPECT_EQ(pass.max_kv, 900);
-  ASSERT_EQ(plan.dense_seqs.size(), 2u);
-  EXPECT_EQ(plan.dense_seqs[1].q_row0, 301);
-  EXPECT_EQ(plan.dense_seqs[1].n_q, 200);
-  EXPECT_EQ(plan.dense_seqs[1].g0, 300);
-  EXPECT_EQ(plan.dense_seqs[1].n_kv, 900);
-  EXPECT_TRUE(mla_prefill_dense_fits(pass, plan, h));
+  ASSERT_EQ(plan.cudnn_calls.size(), 1u);
+  const MlaPrefillCudnnCall& call = plan.cudnn_calls[0];
+  EXPECT_TRUE(call.causal);
+  EXPECT_TRUE(call.direct);
+  EXPECT_EQ(call.n_pieces, 2);
+  EXPECT_EQ(call.max_q, 300);
+  EXPECT_EQ(call.max_kv, 900);
+  ASSERT_EQ(plan.pieces.size(), 2u);
+  EXPECT_EQ(plan.pieces[1].q_row0, 301);
+  EXPECT_EQ(plan.pieces[1].n_q, 200);
+  EXPECT_EQ(plan.pieces[1].g0, 300);
+  EXPECT_EQ(plan.pieces[1].n_kv, 900);
+  EXPECT_EQ(plan.pieces[1].flags, kMlaPieceFirst | kMlaPieceFinal);
+  EXPECT_TRUE(mla_prefill_cudnn_fits(plan, 501, h));
 
   const MlaPrefillWorkspace ws = mla_prefill_workspace(p, plan);
-  EXPECT_GE(ws.v - ws.k_nope, size_t{1200} * h * 192 * 2);  // the whole q/k head for cuDNN
+  EXPECT_GE(ws.v - ws.k_nope, size_t{1200} * h * 192 * 2);  // k_nope | k_pe per head for cuDNN
   const std::vector<std::byte> meta = mla_prefill_meta(plan, ws);
-  std::vector<int32_t> a(static_cast<size_t>(mla_prefill_dense_ints(2)));
-  std::memcpy(a.data(), meta.data() + ws.dense + static_cast<size_t>(pass.dense_meta), a.size() * 4);
-  EXPECT_EQ(mla_prefill_dense_stride(2), 4);
-  const std::vector<int32_t> want{300, 200, 0, 0,                         // seq_len_q
-                                  300, 900, 0, 0,                         // seq_len_kv
-                                  0, 301 * h * 192, 501 * h * 192, 0,     // q offsets (from row 0)
-                                  0, 300 * h * 192, 1200 * h * 192, 0,    // k
-                                  0, 300 * h * 128, 1200 * h * 128, 0,    // v
-                                  0, 301 * h * 128, 501 * h * 128, 0};    // out
+  std::vector<int32_t> a(static_cast<size_t>(mla_prefill_cudnn_ints(2)));
+  std::memcpy(a.data(), meta.data() + ws.cudnn + static_cast<size_t>(call.meta), a.size() * 4);
+  EXPECT_EQ(mla_prefill_cudnn_stride(2), 4);
+  const std::vector<int32_t> want{300, 200, 0, 0,                       // seq_len_q
+                                  300, 900, 0, 0,                       // seq_len_kv
+                                  0, 301 * h * 192, 501 * h * 192, 0,   // q offsets (from row 0)
+                                  0, 300 * h * 192, 1200 * h * 192, 0,  // k
+                                  0, 300 * h * 128, 1200 * h * 128, 0,  // v
+                                  0, 301 * h * 128, 501 * h * 128, 0};  // out
   EXPECT_EQ(a, want);
+  // Offsets past int32 are not taken.
+  EXPECT_FALSE(mla_prefill_cudnn_fits(plan, 501, int64_t{1} << 24));
+}
 
-  // A context cut over two passes is not whole; neither is a sequence whose queries are not its last positions.
-  const MlaPrefillPlan cut = mla_prefill_plan(st.positions, st.seq_begin, {2, 1000});
-  ASSERT_EQ(cut.passes.size(), 2u);
-  EXPECT_FALSE(cut.passes[0].whole_contexts);
-  EXPECT_FALSE(cut.passes[1].whole_contexts);
-  EXPECT_EQ(cut.dense_bytes, 0);
+TEST(MlaPrefillPlan, CudnnPiecesAcrossPasses) {
+  // Passes of 1000 rows: the prompt of 300 and the first 700 keys of the chunk's context, then its last 200 keys.
+  Step st;
+  st.add(0, 300);
+  st.add(700, 200);
+  const MlaPrefillPlan plan = mla_prefill_plan(st.positions, st.seq_begin, {2, 1000});
+  ASSERT_EQ(plan.passes.size(), 2u);
+  EXPECT_TRUE(plan.needs_state);
+  // Pass 0: the prompt's causal piece (first and final) and the chunk's full piece over keys 0..699 (first only);
+  // pass 1: the chunk's causal piece over keys 700..899 (final only).
+  ASSERT_EQ(plan.cudnn_calls.size(), 3u);
+  const auto& c = plan.cudnn_calls;
+  EXPECT_TRUE(c[0].causal && c[0].direct && c[0].pass == 0 && c[0].n_pieces == 1);
+  EXPECT_TRUE(!c[1].causal && !c[1].direct && c[1].pass == 0 && c[1].n_pieces == 1);
+  EXPECT_TRUE(c[2].causal && !c[2].direct && c[2].pass == 1 && c[2].n_pieces == 1);
+  const MlaPrefillPiece full = plan.pieces[static_cast<size_t>(c[1].piece_begin)];
+  EXPECT_EQ(full.q_row0, 300);
+  EXPECT_EQ(full.n_q, 200);
+  EXPECT_EQ(full.g0, 300);
+  EXPECT_EQ(full.n_kv, 700);
+  EXPECT_EQ(full.flags, kMlaPieceFirst);
+  const MlaPrefillPiece diag = plan.pieces[static_cast<size_t>(c[2].piece_begin)];
+  EXPECT_EQ(diag.q_row0, 300);
+  EXPECT_EQ(diag.n_q, 200);
+  EXPECT_EQ(diag.g0, 0);
+  EXPECT_EQ(diag.n_kv, 200);  // keys 700..899: the last query (position 899) sees them all
+  EXPECT_EQ(diag.flags, kMlaPieceFinal);
+
+  // A 2500-token fresh prompt over passes of 1000 rows: queries inside each segment are causal pieces, those after
+  // it full pieces; every query gets exactly one final piece and one first piece.
+  Step fresh;
+  fresh.add(0, 2500);
+  const MlaPrefillPlan p3 = mla_prefill_plan(fresh.positions, fresh.seq_begin, {2, 1000});
+  std::vector<int> first(2500, 0), final(2500, 0), seen(2500, 0);
+  for (const MlaPrefillPiece& piece : p3.pieces) {
+    for (int32_t r = piece.q_row0; r < piece.q_row0 + piece.n_q; ++r) {
+      first[static_cast<size_t>(r)] += (piece.flags & kMlaPieceFirst) != 0;
+      final[static_cast<size_t>(r)] += (piece.flags & kMlaPieceFinal) != 0;
+      // Bottom-right causal: row i of the piece sees n_kv - n_q + 1 + i keys; a full piece all of them.
+      const bool causal = (piece.flags & kMlaPieceFinal) != 0;
+      seen[static_cast<size_t>(r)] += causal ? piece.n_kv - piece.n_q + 1 + (r - piece.q_row0) : piece.n_kv;
+    }
+  }
+  for (int r = 0; r < 2500; ++r) {
+    ASSERT_EQ(first[static_cast<size_t>(r)], 1) << r;
+    ASSERT_EQ(final[static_cast<size_t>(r)], 1) << r;
+    ASSERT_EQ(seen[static_cast<size_t>(r)], r + 1) << r;  // every key up to its own position, once
+  }
+
+  // Tokens at non-consecutive positions have no cuDNN form.
   Step gap;
-  gap.positions = {0, 1, 2, 5};  // positions 3 and 4 are not queries: rows do not end at the context's last keys
+  gap.positions = {0, 1, 2, 5};
   gap.seq_begin = {0, 4};
-  const MlaPrefillPlan holes = mla_prefill_plan(gap.positions, gap.seq_begin);
-  ASSERT_EQ(holes.passes.size(), 1u);
-  EXPECT_FALSE(holes.passes[0].whole_contexts);
-  // Offsets past int32 (a 2^31-element q/k region) are not taken.
-  EXPECT_FALSE(mla_prefill_dense_fits(pass, plan, int64_t{1} << 24));
+  EXPECT_TRUE(mla_prefill_plan(gap.positions, gap.seq_begin).cudnn_calls.empty());
 }
 
 TEST(MlaPrefillPlan, RefusesBadLayoutsAndOptions) {
