@@ -171,6 +171,9 @@ struct Plan {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 // Builds the graph and an execution plan for one bucket; throws bg::Error when cuDNN refuses it.
+// Static shapes: the engine compiles its kernel for the plan (~0.8 s on the H200). cuDNN's dynamic shapes with a
+// kernel cache (one compile per topology) were measured giving wrong outputs on ragged multi-sequence and multi-pass
+// steps with cuDNN 9.19 (docs/MLA_PREFILL.md), so they are not used.
 std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, int64_t b, int64_t h, int64_t sq, int64_t skv, bool causal) {
   auto plan = std::make_unique<Plan>();
   Builder& g = plan->graph;
@@ -327,8 +330,9 @@ bool MlaCudnnPrefill::takes(const MlaCudnnLaunch& l) { return plan_for(l) != nul
 
 void* MlaCudnnPrefill::plan_for(const MlaCudnnLaunch& l) {
   constexpr const char* op = "mla_prefill_cudnn";
-  BG_CHECK(l.batch >= 1 && l.heads >= 1 && l.max_q >= 1 && l.max_kv >= l.max_q, "{}: bad shape B {} H {} q {} kv {}",
-           op, l.batch, l.heads, l.max_q, l.max_kv);
+  BG_CHECK(l.batch >= 1 && l.heads >= 1 && l.max_q >= 1 && l.max_kv >= 1 && (!l.causal || l.max_kv >= l.max_q),
+           "{}: bad shape B {} H {} q {} kv {} ({})", op, l.batch, l.heads, l.max_q, l.max_kv,
+           l.causal ? "causal" : "full");
   BG_CHECK(l.q && l.k && l.v && l.out && l.seq_len_q && l.seq_len_kv && l.q_off && l.k_off && l.v_off && l.o_off,
            "{}: null pointer", op);
   if (impl_->handle == nullptr) check(cudnnCreate(&impl_->handle), "create handle");
