@@ -8,7 +8,8 @@ cp "$BUILD/tests/test_cuda" "$BUILD/batchgen" .gpu/
 # Every shared library they link except the C runtime (which the GPU machine has) and CUDA's (from its toolkit).
 for lib in $(ldd "$BUILD/batchgen" "$BUILD/tests/test_cuda" | awk '$3 ~ /^\// {print $3}' | sort -u); do
   case "$(basename "$lib")" in
-    libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|libresolv.so*|ld-linux*|libstdc++*|libgcc_s*|libcublas*|libcudart*|libnccl*|libcudnn*) ;;  # CUDA libraries: the GPU machine has its own (NCCL, cuDNN from torch)
+    libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|libresolv.so*|ld-linux*|libstdc++*|libgcc_s*) ;;
+    libcublas*|libcudart*|libnccl*|libcudnn*) ;;  # CUDA's: the GPU machine has its own (NCCL and cuDNN from torch)
     *) cp -L "$lib" .gpu/lib/ ;;
   esac
 done

@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(256) mla_prefill_merge_kernel(MergeArgs a) {
     }
     if (final) {
       const float inv = 1.0f / l;
-      const __nv_bfloat162 w0 = __floats2bfloat162_rn(o.x * inv, o.y * inv), w1 = __floats2bfloat162_rn(o.z * inv, o.w * inv);
+      const __nv_bfloat162 w0 = __floats2bfloat162_rn(o.x * inv, o.y * inv);
+      const __nv_bfloat162 w1 = __floats2bfloat162_rn(o.z * inv, o.w * inv);
       uint2 packed;
       packed.x = *reinterpret_cast<const uint32_t*>(&w0);
       packed.y = *reinterpret_cast<const uint32_t*>(&w1);
@@ -215,9 +216,11 @@ void mla_prefill_cuda(const MlaParams& p, const MlaPrefillPlan& plan, const MlaP
       const auto* arrays = reinterpret_cast<const int32_t*>(base + ws.cudnn + call.meta);
       const int64_t at = mla_prefill_cudnn_stride(call.n_pieces);
       BG_CHECK(call.direct || ws.o_part != ws.state_ml || p.n_tokens == 0, "{}: workspace has no o_part region", op);
-      MlaCudnnLaunch l{call.n_pieces, h, call.max_q, call.max_kv, p.softmax_scale, call.causal, q + q0 * h * kQk, k_nope,
-                       v, (call.direct ? out : o_part) + q0 * h * kV, arrays, arrays + at, arrays + 2 * at,
-                       arrays + 3 * at, arrays + 4 * at, arrays + 5 * at};
+      MlaCudnnLaunch l{call.n_pieces,     h,          call.max_q,      call.max_kv,
+                       p.softmax_scale,   call.causal, q + q0 * h * kQk, k_nope,
+                       v,                 (call.direct ? out : o_part) + q0 * h * kV,
+                       arrays,            arrays + at, arrays + 2 * at,  arrays + 3 * at,
+                       arrays + 4 * at,   arrays + 5 * at};
       if (!ctx.cudnn->takes(l)) {
         calls.clear();
         break;

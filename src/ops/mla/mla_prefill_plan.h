@@ -164,8 +164,8 @@ struct MlaPrefillWorkspace {
 };
 MlaPrefillWorkspace mla_prefill_workspace(const MlaParams& p, const MlaPrefillPlan& plan);
 
-// The metadata bytes the launch reads from the start of the workspace (segments, items, pieces, cuDNN arrays), as the host
-// writes them (meta_bytes long).
+// The metadata bytes the launch reads from the start of the workspace (segments, items, pieces, cuDNN arrays), as the
+// host writes them (meta_bytes long).
 std::vector<std::byte> mla_prefill_meta(const MlaPrefillPlan& plan, const MlaPrefillWorkspace& ws);
 
 // Attention FLOPs of the plan's prefill tokens (2 (qk + v) per visible (query, key) pair per head), for benchmarks.
