@@ -463,7 +463,7 @@ void run_prefill_with(PagedSequences& seqs, const std::vector<int64_t>& n_query,
   MlaCudnnPrefill own_cudnn;
   MlaCudnnPrefill& cudnn = shared != nullptr ? *shared : own_cudnn;
   const int64_t launches_before = cudnn.launches();
-  const MlaPrefillContext ctx{handle, cublas_ws.data(), kCublasWorkspaceBytes, d_ws.data(), ws.total_bytes, &cudnn};
+  const MlaPrefillContext ctx{{handle, cublas_ws.data(), kCublasWorkspaceBytes, d_ws.data(), ws.total_bytes}, &cudnn};
   mla_prefill_cuda(p, plan, ws, d_q.as<__nv_bfloat16>(), d_uk.as<__nv_bfloat16>(), d_uv.as<__nv_bfloat16>(), cache,
                    d_out.as<__nv_bfloat16>(), ctx, nullptr, mma);
   // The other tokens as the backend runs them: runs of single-token sequences through the decode kernel at the

@@ -546,8 +546,8 @@ class CudaBackend final : public Backend {
       copy_in(prefill_ws_.get(), meta.data(), meta.size());
       prefill_meta_serial_ = step_serial_;
     }
-    const ops::MlaPrefillContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, prefill_ws_.get(),
-                                     prefill_ws_bytes_, &mla_cudnn_};
+    const ops::MlaPrefillContext ctx{
+        {cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, prefill_ws_.get(), prefill_ws_bytes_}, &mla_cudnn_};
     ops::mla_prefill_cuda(p, plan, ws, q.as<bf16>(), w_uk.as<bf16>(), w_uv.as<bf16>(), paged(c), out.as<bf16>(), ctx,
                           stream_, mla_prefill_mma_);
     const int64_t qk = p.qk_nope_dim + p.qk_rope_dim;

@@ -164,8 +164,8 @@ KernelCase mla_prefill_case(int64_t n, bool absorbed = false, std::optional<ops:
     const std::vector<std::byte> meta = ops::mla_prefill_meta(plan, ws);
     BG_CUDA_CHECK(cudaMemcpy(workspace, meta.data(), meta.size(), cudaMemcpyHostToDevice));
     auto cudnn = std::make_shared<ops::MlaCudnnPrefill>();
-    const ops::MlaPrefillContext ctx{env.cublas, env.cublas_workspace, env.cublas_workspace_bytes, workspace,
-                                     ws.total_bytes, cudnn.get()};
+    const ops::MlaPrefillContext ctx{
+        {env.cublas, env.cublas_workspace, env.cublas_workspace_bytes, workspace, ws.total_bytes}, cudnn.get()};
     const ops::MlaPrefillMma kind = mma.value_or(ops::mla_prefill_mma_from_env());
     // One eager launch: cuDNN builds its plan and workspace here, outside the timed graph's capture.
     ops::mla_prefill_cuda(p, plan, ws, m.q, w_uk, w_uv, m.cache, m.out, ctx, nullptr, kind);

@@ -22,12 +22,7 @@ namespace bg::ops {
 // GEMM) and the prefill workspace of at least ws.total_bytes (mla_prefill_workspace), 256-byte aligned, whose first
 // ws.meta_bytes already hold mla_prefill_meta(plan, ws) (uploaded once per step; the launch only reads them), and
 // for MlaPrefillMma::kCudnn the cuDNN runner (one per stream; it keeps its plans across steps).
-struct MlaPrefillContext {
-  cublasHandle_t cublas = nullptr;
-  void* cublas_workspace = nullptr;
-  size_t cublas_workspace_bytes = 0;
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
+struct MlaPrefillContext : MlaDecodeContext {
   MlaCudnnPrefill* cudnn = nullptr;
 };
 
