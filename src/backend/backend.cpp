@@ -20,11 +20,22 @@ Tensor Backend::zeros(Shape shape, DType dtype) {
   return t;
 }
 
-std::vector<std::unique_ptr<LinearHandle>> Backend::prepare_linears(const LinearBatch& batch) {
-  std::vector<std::unique_ptr<LinearHandle>> out;
-  out.reserve(batch.weights.size());
-  for (const QuantWeight* w : batch.weights) out.push_back(prepare_linear(*w));
+PreparedLinears Backend::prepare_linears(const LinearBatch& batch) {
+  PreparedLinears out;
+  out.weights.reserve(batch.weights.size());
+  for (const QuantWeight* w : batch.weights) out.weights.push_back(prepare_linear(*w));
+  out.runs.resize(batch.runs.size());
   return out;
+}
+
+std::vector<Tensor> Backend::linear_group(const LinearGroup& g, const Tensor& x) {
+  std::vector<Tensor> ys;
+  ys.reserve(g.parts.size());
+  for (const LinearHandle* part : g.parts) {
+    ys.push_back(act(x.rows(), part->n_out()));
+    linear(*part, x, ys.back());
+  }
+  return ys;
 }
 
 RopeHandle Backend::prepare_rope(const ops::RopeTable& table) {

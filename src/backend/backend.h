@@ -108,9 +108,26 @@ struct GluSpec {
 // pinned staging buffer, no per-weight cudaMalloc). n_experts > 0: the batch is one layer's routed experts, expert e's
 // weights at [e * k, (e + 1) * k) in table order (k = size / n_experts), each expert laid out as one block
 // (formats/expert_block.h), as the weight store lays it out in host memory.
+struct LinearRun {
+  size_t first = 0, count = 0;  // weights [first, first + count) of a batch
+};
 struct LinearBatch {
   std::vector<const QuantWeight*> weights;
   int64_t n_experts = 0;
+  // Runs of consecutive weights that read the same input (n_experts == 0 only): the backend may also prepare each run
+  // as one linear over the parts' output rows side by side, [sum of n_out, n_in] (PreparedLinears::runs).
+  std::vector<LinearRun> runs;
+};
+struct PreparedLinears {
+  std::vector<std::unique_ptr<LinearHandle>> weights;  // one per weight, in batch order
+  std::vector<std::unique_ptr<LinearHandle>> runs;     // one per run: its concatenated linear, or null (kept apart)
+};
+
+// Linears that read the same input (model/backend_weights.h: BackendLinears::group). `fused`, when the backend made
+// one, computes every part's output side by side in one product; the parts' own handles stay usable alone.
+struct LinearGroup {
+  std::vector<const LinearHandle*> parts;
+  const LinearHandle* fused = nullptr;
 };
 
 // Expert weights of one MoE layer: expert e's FFN is down(glu(gate(x), up(x))). Indexed by global expert id when it
@@ -251,8 +268,8 @@ class Backend {
 
   // ---- weights ------------------------------------------------------------------------------------------------
   virtual std::unique_ptr<LinearHandle> prepare_linear(const QuantWeight& w) = 0;
-  // One handle per weight, in batch order. Default: prepare_linear one by one.
-  virtual std::vector<std::unique_ptr<LinearHandle>> prepare_linears(const LinearBatch& batch);
+  // One handle per weight, in batch order, and per run. Default: prepare_linear one by one; no run is fused.
+  virtual PreparedLinears prepare_linears(const LinearBatch& batch);
   // Pins host memory weights are read from (CUDA: cudaHostRegister, read-only), so uploads (and later streamed
   // experts) copy at the pinned rate; unpinned when the handle is destroyed. Default: nothing to do (null).
   virtual std::shared_ptr<void> pin_host_memory(std::span<const HostRegion> regions) {
@@ -285,6 +302,14 @@ class Backend {
   virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
   // y[n, out] = x[n, in] W^T; y may be act dtype or F32.
   virtual void linear(const LinearHandle& w, const Tensor& x, Tensor& y) = 0;
+  // ys[i] = x W_i^T for each part of g ([n, n_out_i], act dtype). Where linear_group_fuses(g, n), one product for all
+  // (CUDA: one GEMM, plus one split launch above one row); otherwise linear() part by part (the default).
+  virtual std::vector<Tensor> linear_group(const LinearGroup& g, const Tensor& x);
+  virtual bool linear_group_fuses(const LinearGroup& g, int64_t rows) const {
+    (void)g;
+    (void)rows;
+    return false;
+  }
   virtual void add(Tensor& y, const Tensor& x) = 0;                            // y += x
   virtual void glu(const GluSpec& p, const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   virtual void sigmoid_mul(Tensor& x, const Tensor& gate) = 0;                 // x *= sigmoid(gate)

@@ -25,7 +25,20 @@ struct DsLayer {
   MlaLayerWeights mla;
   Tensor input_norm, post_norm;  // F32
   moe::MoeLayerWeights moe;      // MoE layers
+  LinearGroup mlp_in;            // gate, up of the dense MLP or of the shared experts (BackendLinears::group)
 };
+
+// The groups of linears that read one input; BackendLinears prepares each side by side (fused at decode where the
+// backend can).
+const std::vector<std::vector<int>>& ds_linear_groups() {
+  static const std::vector<std::vector<int>> groups = {
+      {int(T::kQAProj), int(T::kKvAProj)},
+      {int(T::kQProj), int(T::kKvAProj)},
+      {int(T::kMlpGate), int(T::kMlpUp)},
+      {int(T::kSharedGate), int(T::kSharedUp)},
+  };
+  return groups;
+}
 
 class DeepseekV3Model final : public StepModel {
  public:
@@ -66,7 +79,7 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
       lin_(*be_, w_, [this](int id, int64_t layer, int64_t expert) {
                if (expert >= 0 && !residency_.resident(layer, expert)) return LinearShare{ShareKind::kSkip};
                return deepseek_v3_share(id, expert, {tp_size(), tp_rank(), &experts_at_});
-             }),
+             }, ds_linear_groups()),
       state_geometry_(bg::state_geometry(c_)) {
   Backend& be = *be_;
   info_ = {"deepseek_v3", c_.vocab_size, c_.hidden_size, c_.n_layers, c_.max_position_embeddings, c_.bos_token_id,
@@ -100,6 +113,12 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
     L.mla.kv_a_norm = vec(T::kKvANorm, l);
     L.mla.o = &lin_.get(int(T::kOProj), l);
     L.mla.set_kv_b(be, w_.linear(int(T::kKvBProj), l), mla_dims_, tp_rank() * mla_dims_.n_heads);
+    L.mla.in = lin_.group({int(c_.q_lora_rank > 0 ? T::kQAProj : T::kQProj), int(T::kKvAProj)}, l);
+    if (!c_.is_moe_layer(l)) {
+      L.mlp_in = lin_.group({int(T::kMlpGate), int(T::kMlpUp)}, l);
+    } else if (c_.n_shared_experts > 0) {
+      L.mlp_in = lin_.group({int(T::kSharedGate), int(T::kSharedUp)}, l);
+    }
     L.input_norm = vec(T::kInputNorm, l);
     L.post_norm = vec(T::kPostAttnNorm, l);
     if (c_.is_moe_layer(l)) {
@@ -158,18 +177,17 @@ void DeepseekV3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
   Backend& be = *be_;
   const int64_t n = x.rows();
   const GluSpec swiglu{GluKind::kSwiGlu};
-  auto mlp = [&](T gate, T up, T down, int64_t inter) {
-    Tensor g = be.act(n, inter), u = be.act(n, inter);  // [n, inter]
-    be.linear(lin_.get(int(gate), layer), x, g);
-    be.linear(lin_.get(int(up), layer), x, u);
-    be.glu(swiglu, g, u, g);
+  DsLayer& L = layers_[static_cast<size_t>(layer)];
+  auto mlp = [&](T down) {  // down(SwiGLU(gate x, up x)), gate and up from the layer's group
+    const GroupProjections in(be, L.mlp_in, x);
+    Tensor g = in[0];  // [n, inter]
+    be.glu(swiglu, g, in[1], g);
     be.linear(lin_.get(int(down), layer), g, out);
   };
   if (!c_.is_moe_layer(layer)) {
-    mlp(T::kMlpGate, T::kMlpUp, T::kMlpDown, c_.intermediate_size / tp_size());
+    mlp(T::kMlpDown);
     return;
   }
-  DsLayer& L = layers_[static_cast<size_t>(layer)];
   // This TP rank routes rows [r0, r0 + rn) of the step (all of them without TP). Route in fp32: logits [rn, E] ->
   // top-k ids / weights [rn, k].
   const auto [r0, rn] = moe_rows(n);
@@ -180,7 +198,7 @@ void DeepseekV3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
   // accumulated on top of this rank's rows.
   auto run_shared = [&] {
     if (c_.n_shared_experts > 0) {
-      mlp(T::kSharedGate, T::kSharedUp, T::kSharedDown, c_.moe_intermediate_size * c_.n_shared_experts / tp_size());
+      mlp(T::kSharedDown);
     } else {
       be.fill_zero(out);
     }

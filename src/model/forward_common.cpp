@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <unordered_set>
+#include <utility>
 
 #include "core/error.h"
 
@@ -104,6 +105,18 @@ void apply_route_hook(Backend& backend, const RouteHook& hook, int64_t layer, Te
            "route hook: layer {} returned {} ids / {} weights for [{}, {}]", layer, id.size(), w.size(), n, k);
   backend.write_bytes(ids, std::as_bytes(std::span<const int32_t>(id)));
   backend.write_bytes(weights, std::as_bytes(std::span<const float>(w)));
+}
+
+GroupProjections::GroupProjections(Backend& be, LinearGroup g, Tensor x) : be_(be), g_(std::move(g)), x_(std::move(x)) {
+  if (be_.linear_group_fuses(g_, x_.rows())) fused_ = be_.linear_group(g_, x_);
+}
+
+Tensor GroupProjections::operator[](size_t i) const {
+  BG_CHECK(i < g_.parts.size(), "internal: projection {} of a group of {}", i, g_.parts.size());
+  if (!fused_.empty()) return fused_[i];
+  Tensor y = be_.act(x_.rows(), g_.parts[i]->n_out());
+  be_.linear(*g_.parts[i], x_, y);
+  return y;
 }
 
 void tap_tensor(Backend& backend, const TapFn* tap, std::string_view name, int64_t layer, const Tensor& t) {

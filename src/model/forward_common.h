@@ -34,6 +34,22 @@ void finish_step(std::span<const BatchEntry> batch);
 // Runs the model's route hook (if any) on one MoE layer's routing and writes back what it changed.
 void apply_route_hook(Backend& backend, const RouteHook& hook, int64_t layer, Tensor& ids, Tensor& weights);
 
+// The projections of x by a linear group's parts ([n, n_out_i], act dtype): all at once from one fused product where
+// the backend fuses the group at x's row count (decode), else each part's when asked for, so a prefill holds only the
+// parts its caller keeps. Ask for each part once: unfused, every call computes it again.
+class GroupProjections {
+ public:
+  GroupProjections(Backend& be, LinearGroup g, Tensor x);
+  Tensor operator[](size_t i) const;
+  size_t size() const { return g_.parts.size(); }
+
+ private:
+  Backend& be_;
+  LinearGroup g_;
+  Tensor x_;
+  std::vector<Tensor> fused_;
+};
+
 // Downloads `t` [n, dim] and passes it to the tap (no-op without one).
 void tap_tensor(Backend& backend, const TapFn* tap, std::string_view name, int64_t layer, const Tensor& t);
 

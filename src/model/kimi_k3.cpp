@@ -31,7 +31,25 @@ struct K3Layer {
   Tensor a_log, dt_bias, o_norm;  // F32 [heads], [P], [head_dim]
   int64_t sub_index = 0;          // index among MLA layers or among KDA layers
   MlaLayerWeights mla;
+  // What projects a sublayer's normed input x (BackendLinears::group, fused at decode where the backend can):
+  // KDA q, k, v, g, f_a, b; the FFN's gate, up (dense layers) or latent-down, shared gate, shared up (MoE layers);
+  // the shared experts' gate, up alone (with TP or a remote exchange, latent-down reads other rows or must wait).
+  LinearGroup kda_in, ffn_in, shared_in;
 };
+
+// The groups of linears that read one input (see K3Layer); BackendLinears prepares each side by side.
+const std::vector<std::vector<int>>& k3_linear_groups() {
+  static const std::vector<std::vector<int>> groups = {
+      {int(T::kKdaQ), int(T::kKdaK), int(T::kKdaV), int(T::kKdaG), int(T::kKdaFA), int(T::kKdaB)},
+      {int(T::kMlaQA), int(T::kMlaKvA), int(T::kMlaG)},
+      {int(T::kMlaQA), int(T::kMlaKvA)},
+      {int(T::kMlaQ), int(T::kMlaKvA), int(T::kMlaG)},
+      {int(T::kMlaQ), int(T::kMlaKvA)},
+      {int(T::kMlpGate), int(T::kMlpUp)},
+      {int(T::kLatentDown), int(T::kSharedGate), int(T::kSharedUp)},
+  };
+  return groups;
+}
 
 class KimiK3Model final : public StepModel {
  public:
@@ -46,7 +64,8 @@ class KimiK3Model final : public StepModel {
   void load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda);
   void kda(const KdaStatePool& state, int64_t layer, const Tensor& x, Tensor& out);
   void ffn(int64_t layer, const Tensor& x, Tensor& out);
-  void situ_mlp(T gate, T up, T down, int64_t layer, int64_t inter, const Tensor& x, Tensor& out);
+  // down(SiTU(gate x, up x)) from the projections `first` (gate) and `first` + 1 (up) of `in`.
+  void situ_mlp(const GroupProjections& in, size_t first, T down, int64_t layer, Tensor& out);
   void latent_moe(int64_t layer, const Tensor& x, Tensor& out);
 
   KimiK3Config c_;
@@ -82,7 +101,7 @@ KimiK3Model::KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_
       lin_(*be_, w_, [this](int id, int64_t layer, int64_t expert) {
                if (expert >= 0 && !residency_.resident(layer, expert)) return LinearShare{ShareKind::kSkip};
                return kimi_k3_share(id, expert, {tp_size(), tp_rank(), &experts_at_});
-             }),
+             }, k3_linear_groups()),
       state_geometry_(tp_state_geometry(bg::state_geometry(c_), tp_size())) {
   BG_CHECK(c_.n_heads % tp_size() == 0 && c_.kda_heads % tp_size() == 0, "--tp {} does not divide the {} MLA heads "
            "and {} KDA heads", tp_size(), c_.n_heads, c_.kda_heads);
@@ -131,6 +150,10 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
   L.mlp_res_norm = vec(T::kMlpResNorm);
   L.mlp_res_proj = vec(T::kMlpResProj);
   if (c_.is_moe_layer(l)) {
+    if (c_.n_shared_experts > 0) {
+      L.ffn_in = lin_.group({int(T::kLatentDown), int(T::kSharedGate), int(T::kSharedUp)}, l);
+      L.shared_in = lin_.group({int(T::kSharedGate), int(T::kSharedUp)}, l);
+    }
     if (c_.latent_norm) L.latent_norm = vec(T::kLatentNorm);
     L.moe.router = &lin_.get(int(T::kRouterGate), l);
     L.moe.router_bias = vec(T::kRouterBias);
@@ -142,6 +165,7 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
         be, experts_at_, lin_.experts(int(T::kExpertW1), int(T::kExpertW3), int(T::kExpertW2), l, c_.n_experts),
         streamed_experts(residency_, experts_at_, l, source));
   }
+  if (!c_.is_moe_layer(l)) L.ffn_in = lin_.group({int(T::kMlpGate), int(T::kMlpUp)}, l);
   if (c_.is_mla(l)) {
     L.sub_index = n_mla++;
     if (c_.q_lora_rank > 0) {
@@ -156,8 +180,13 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
     L.mla.o = &lin_.get(int(T::kMlaO), l);
     if (c_.mla_output_gate) L.mla.gate = &lin_.get(int(T::kMlaG), l);
     L.mla.set_kv_b(be, w_.linear(int(T::kMlaKvB), l), mla_dims_, tp_rank() * mla_dims_.n_heads);
+    std::vector<int> in = {int(c_.q_lora_rank > 0 ? T::kMlaQA : T::kMlaQ), int(T::kMlaKvA)};
+    if (c_.mla_output_gate) in.push_back(int(T::kMlaG));
+    L.mla.in = lin_.group(in, l);
   } else {
     L.sub_index = n_kda++;
+    L.kda_in = lin_.group({int(T::kKdaQ), int(T::kKdaK), int(T::kKdaV), int(T::kKdaG), int(T::kKdaFA), int(T::kKdaB)},
+                          l);
     // This rank's heads: channel rows [tp_rank * P, (tp_rank + 1) * P) of the conv weights and dt_bias.
     const int64_t P = kda_heads_ * c_.kda_head_dim, W = c_.conv_kernel;
     const int32_t tp = tp_size(), part = tp_rank();
@@ -245,40 +274,37 @@ void KimiK3Model::kda(const KdaStatePool& state, int64_t layer, const Tensor& x,
   const int64_t n = x.rows(), nh = kda_heads_, K = c_.kda_head_dim, P = nh * K;  // this rank's heads
   const K3Layer& L = layers_[static_cast<size_t>(layer)];
   const int64_t idx = L.sub_index;
-  // Projections, then causal short conv + SiLU continuing the sequence's conv state: each [n, P] = [n, nh, K].
-  Tensor raw = be.act(n, P), q = be.act(n, P), k = be.act(n, P), v = be.act(n, P);
-  be.linear(lin_.get(int(T::kKdaQ), layer), x, raw);
-  be.short_conv(raw, L.q_conv, state.conv_ref(idx, 0), q);
-  be.linear(lin_.get(int(T::kKdaK), layer), x, raw);
-  be.short_conv(raw, L.k_conv, state.conv_ref(idx, 1), k);
-  be.linear(lin_.get(int(T::kKdaV), layer), x, raw);
-  be.short_conv(raw, L.v_conv, state.conv_ref(idx, 2), v);
+  // Projections of x (one fused product at decode: q, k, v, g, f_a, b), then causal short conv + SiLU continuing the
+  // sequence's conv state: each [n, P] = [n, nh, K].
+  const GroupProjections in(be, L.kda_in, x);
+  Tensor q = be.act(n, P), k = be.act(n, P), v = be.act(n, P);
+  be.short_conv(in[0], L.q_conv, state.conv_ref(idx, 0), q);
+  be.short_conv(in[1], L.k_conv, state.conv_ref(idx, 1), k);
+  be.short_conv(in[2], L.v_conv, state.conv_ref(idx, 2), v);
   // Per-head L2 norm (eps inside the sqrt), q scaled by K^-0.5.
   be.kda_l2norm(K, static_cast<float>(1.0 / std::sqrt(static_cast<double>(K))), q);
   be.kda_l2norm(K, 1.0f, k);
   // Forget gate g = lb * sigmoid(exp(A_log[h]) * (f_b(f_a x) + dt_bias)) [n, nh, K]; beta = sigmoid(b_proj x) [n, nh].
-  Tensor fa = be.act(n, K), g = be.alloc({n, P}, DType::kF32);
-  be.linear(lin_.get(int(T::kKdaFA), layer), x, fa);
-  be.linear(lin_.get(int(T::kKdaFB), layer), fa, raw);
-  be.kda_gate(raw, L.a_log, L.dt_bias, nh, static_cast<float>(c_.gate_lower_bound), g);
-  Tensor b = be.act(n, nh), beta = be.alloc({n, nh}, DType::kF32);
-  be.linear(lin_.get(int(T::kKdaB), layer), x, b);
-  be.kda_beta(b, beta);
+  Tensor g = be.alloc({n, P}, DType::kF32);
+  {
+    Tensor fb = be.act(n, P);
+    be.linear(lin_.get(int(T::kKdaFB), layer), in[4], fb);
+    be.kda_gate(fb, L.a_log, L.dt_bias, nh, static_cast<float>(c_.gate_lower_bound), g);
+  }
+  Tensor beta = be.alloc({n, nh}, DType::kF32);
+  be.kda_beta(in[5], beta);
   // Gated delta rule over each sequence's recurrent state (chunked for a prefill, recurrent for one token).
   Tensor o = be.act(n, P);
   be.kda({n, nh, K, K}, q, k, v, g, beta, state.recurrent_ref(idx), o);
   // Output: per-head RMSNorm x sigmoid(g_proj x), then o_proj.
-  be.linear(lin_.get(int(T::kKdaG), layer), x, raw);
-  be.gated_rmsnorm(nh, static_cast<float>(c_.rms_norm_eps), o, raw, L.o_norm, o);
+  be.gated_rmsnorm(nh, static_cast<float>(c_.rms_norm_eps), o, in[3], L.o_norm, o);
   be.linear(lin_.get(int(T::kKdaO), layer), o, out);
 }
 
-void KimiK3Model::situ_mlp(T gate, T up, T down, int64_t layer, int64_t inter, const Tensor& x, Tensor& out) {
+void KimiK3Model::situ_mlp(const GroupProjections& in, size_t first, T down, int64_t layer, Tensor& out) {
   Backend& be = *be_;
-  Tensor g = be.act(x.rows(), inter), u = be.act(x.rows(), inter);  // [n, inter]
-  be.linear(lin_.get(int(gate), layer), x, g);
-  be.linear(lin_.get(int(up), layer), x, u);
-  be.glu(situ_, g, u, g);
+  Tensor g = in[first];  // [n, inter]
+  be.glu(situ_, g, in[first + 1], g);
   be.linear(lin_.get(int(down), layer), g, out);
 }
 
@@ -286,7 +312,7 @@ void KimiK3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
   if (c_.is_moe_layer(layer)) {
     latent_moe(layer, x, out);
   } else {
-    situ_mlp(T::kMlpGate, T::kMlpUp, T::kMlpDown, layer, c_.intermediate_size / tp_size(), x, out);
+    situ_mlp(GroupProjections(*be_, layers_[static_cast<size_t>(layer)].ffn_in, x), 0, T::kMlpDown, layer, out);
   }
 }
 
@@ -302,15 +328,19 @@ void KimiK3Model::latent_moe(int64_t layer, const Tensor& x, Tensor& out) {
   if (rn > 0) apply_route_hook(be, route_hook_, layer, choice.ids, choice.weights);
   // Routed path in the latent: z = down(x) [rn, D]; y = sum_i w_i E_i(z) [rn, D]; y = norm(y); up(y) [rn, H]. The
   // shared experts (full width, on the un-projected x of every row; a partial sum with TP) run while the routed rows
-  // are in flight.
-  Tensor z = be.act(rn, D), y = be.zeros({rn, D}, be.act_dtype());
-  if (rn > 0) be.linear(lin_.get(int(T::kLatentDown), layer), xs, z);
+  // are in flight. Without TP every row is routed here, and with a local exchange no rows are in flight: latent-down
+  // and the shared experts' gate and up then project x together (one fused product at decode).
+  const bool together = rn == n && exchange().local() && c_.n_shared_experts > 0;
+  const GroupProjections in(be, together ? L.ffn_in : LinearGroup{}, x);  // latent-down, shared gate, shared up
+  const GroupProjections shared_in(be, together ? LinearGroup{} : L.shared_in, x);  // shared gate, shared up
+  Tensor z = together ? in[0] : be.act(rn, D);
+  if (!together && rn > 0) be.linear(lin_.get(int(T::kLatentDown), layer), xs, z);
+  Tensor y = be.zeros({rn, D}, be.act_dtype());
   Tensor shared;
   auto run_shared = [&] {
     if (c_.n_shared_experts == 0) return;
     shared = be.act(n, c_.hidden_size);  // [n, H]
-    situ_mlp(T::kSharedGate, T::kSharedUp, T::kSharedDown, layer,
-             c_.n_shared_experts * c_.moe_intermediate_size / tp_size(), x, shared);
+    situ_mlp(together ? in : shared_in, together ? 1 : 0, T::kSharedDown, layer, shared);
   };
   moe::moe_routed(be, exchange(), moe_spec_, L.moe, choice, z, y, run_shared);
   if (rn < n) be.fill_zero(out);  // TP: the other rows' routed part comes from the other ranks (all-reduce)

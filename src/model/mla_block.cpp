@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/forward_common.h"
 
 namespace bg {
 namespace {
@@ -33,17 +34,18 @@ void mla_block_forward(Backend& be, const MlaDims& d, const MlaLayerWeights& w, 
                        const Tensor& x, Tensor& out) {
   const int64_t n = x.rows(), nh = d.n_heads;
   const int64_t qk = d.qk_nope + d.qk_rope, r = d.kv_lora_rank, entry = r + d.qk_rope;
-  Tensor q = be.act(n, nh * qk);  // [n, nh, nope + rope]
+  BG_CHECK(w.in.parts.size() == (w.gate ? 3u : 2u), "internal: MLA input group of {} linears", w.in.parts.size());
+  const GroupProjections in(be, w.in, x);  // q_a (or q), kv_a, gate
+  Tensor q;                                // [n, nh, nope + rope]
   if (d.q_lora_rank > 0) {
-    Tensor cq = be.act(n, d.q_lora_rank);  // [n, q_lora]
-    be.linear(*w.q_a, x, cq);
+    Tensor cq = in[0];  // [n, q_lora]
     be.rmsnorm(cq, w.q_a_norm, kLatentNormEps, cq);
+    q = be.act(n, nh * qk);
     be.linear(*w.q_b, cq, q);
   } else {
-    be.linear(*w.q, x, q);
+    q = in[0];
   }
-  Tensor kv = be.act(n, entry);  // [n, kv_lora + rope] = [c_kv | k_pe]; only c_kv is normed
-  be.linear(*w.kv_a, x, kv);
+  Tensor kv = in[1];  // [n, kv_lora + rope] = [c_kv | k_pe]; only c_kv is normed
   be.rmsnorm(kv, w.kv_a_norm, kLatentNormEps, kv);
   if (d.rope != nullptr && d.qk_rope > 0) {
     be.rope({n, nh, qk, nh * qk, d.qk_nope, d.qk_rope, d.rope_interleaved}, *d.rope, q);
@@ -53,11 +55,7 @@ void mla_block_forward(Backend& be, const MlaDims& d, const MlaLayerWeights& w, 
   Tensor attn = be.act(n, nh * d.v_head);  // [n, nh, v]
   ops::MlaParams p{n, nh, r, d.qk_nope, d.qk_rope, d.v_head, cache.block_size, d.softmax_scale};
   be.mla_attention(p, q, w.w_uk, w.w_uv, cache, attn);
-  if (w.gate) {
-    Tensor g = be.act(n, nh * d.v_head);
-    be.linear(*w.gate, x, g);
-    be.sigmoid_mul(attn, g);
-  }
+  if (w.gate) be.sigmoid_mul(attn, in[2]);
   be.linear(*w.o, attn, out);
 }
 

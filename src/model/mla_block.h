@@ -32,6 +32,9 @@ struct MlaLayerWeights {
   const LinearHandle* kv_a = nullptr;
   const LinearHandle* o = nullptr;
   const LinearHandle* gate = nullptr;
+  // What projects the block's input x: q_a (or q), kv_a, then gate where there is one (BackendLinears::group; fused
+  // into one product at decode where the backend can).
+  LinearGroup in;
   Tensor q_a_norm, kv_a_norm;                                // F32
   Tensor w_uk;  // [n_heads, qk_nope, kv_lora] (act dtype)
   Tensor w_uv;  // [n_heads, v_head, kv_lora]

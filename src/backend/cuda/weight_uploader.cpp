@@ -173,15 +173,32 @@ void WeightUploader::copy_pinned(std::vector<Op>& ops, std::byte* device) {
 }
 
 std::vector<ops::DeviceWeightStorage> WeightUploader::upload(std::span<const QuantWeight* const> ws,
-                                                             int64_t n_experts) {
+                                                             int64_t n_experts, std::span<const LinearRun> glued) {
   const size_t n = ws.size();
   BG_CHECK(n_experts <= 0 || n % static_cast<size_t>(n_experts) == 0, "upload: {} weights are not {} equal experts",
            n, n_experts);
   // Device layout: parts 256-byte aligned; with experts, each expert one 4 KiB-aligned block.
   std::vector<size_t> off(2 * n);
   size_t cursor = 0;
-  const size_t run = n_experts > 0 ? n / static_cast<size_t>(n_experts) : std::max<size_t>(n, 1);
-  for (size_t b = 0; b < n; b += run) {
+  BG_CHECK(glued.empty() || n_experts <= 0, "upload: glued runs in a batch of experts");
+  std::vector<bool> after_previous(n, false);  // weight i starts where weight i - 1's data ends
+  for (const LinearRun& r : glued) {
+    BG_CHECK(r.first + r.count <= n, "upload: run [{}, {}) past {} weights", r.first, r.first + r.count, n);
+    for (size_t i = r.first + 1; i < r.first + r.count; ++i) after_previous[i] = true;
+  }
+  size_t previous_scale = 0;
+  for (size_t i = 0; i < n && n_experts <= 0; ++i) {
+    auto [d, s] = ops::device_weight_bytes(*ws[i]);
+    BG_CHECK(!after_previous[i] || previous_scale == 0, "upload: '{}' is glued after a weight with scales",
+             ws[i]->name);
+    off[2 * i] = after_previous[i] ? cursor : align_up(cursor, kWeightPartAlign);
+    off[2 * i + 1] = align_up(off[2 * i] + d, kWeightPartAlign);
+    cursor = s > 0 ? off[2 * i + 1] + s : off[2 * i] + d;
+    previous_scale = s;
+  }
+  cursor = align_up(cursor, kWeightPartAlign);
+  const size_t run = n_experts > 0 ? n / static_cast<size_t>(n_experts) : n;
+  for (size_t b = 0; b < n && n_experts > 0; b += run) {
     std::vector<size_t> parts;
     for (size_t i = b; i < b + run; ++i) {
       auto [d, s] = ops::device_weight_bytes(*ws[i]);

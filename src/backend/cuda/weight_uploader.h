@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/backend.h"
 #include "formats/weight_source.h"
 #include "ops/linear/linear_cuda.h"
 
@@ -28,8 +29,11 @@ class WeightUploader {
   // registered is logged with CUDA's reason (its weights then go through the staging buffer).
   std::shared_ptr<void> pin(std::span<const HostRegion> regions);
   // n_experts > 0: the weights are n_experts equal runs (one layer's experts), each laid out as one expert block
-  // (formats/expert_block.h) in device memory, so a store's expert blocks copy as one contiguous run.
-  std::vector<ops::DeviceWeightStorage> upload(std::span<const QuantWeight* const> weights, int64_t n_experts);
+  // (formats/expert_block.h) in device memory, so a store's expert blocks copy as one contiguous run. Otherwise each
+  // part starts 256-byte aligned, except that the weights of each of `glued` follow each other with no gap (the
+  // caller checks they are dense with one n_in: together they are one [sum of n_out, n_in] weight).
+  std::vector<ops::DeviceWeightStorage> upload(std::span<const QuantWeight* const> weights, int64_t n_experts,
+                                               std::span<const LinearRun> glued = {});
   uint64_t bytes_uploaded() const { return bytes_uploaded_; }
   uint64_t bytes_staged() const { return bytes_staged_; }
 

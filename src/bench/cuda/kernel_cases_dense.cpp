@@ -62,6 +62,50 @@ KernelCase linear_case(const std::string& name, int64_t rows, int64_t n_out, int
   return c;
 }
 
+// A fused group of linears that read one input, as CudaBackend::linear_group runs it: one GEMM over the parts'
+// concatenated weights into [rows, sum of n_out], then (above one row) one split launch into each part's output.
+KernelCase linear_group_case(const std::string& name, int64_t rows, const std::vector<int64_t>& parts, int64_t n_in) {
+  int64_t n_out = 0;
+  for (int64_t p : parts) n_out += p;
+  const double out_bytes = d(rows * n_out) * 2.0;
+  const double set = d(n_out * n_in) * 2.0 + d(rows * n_in) * 2.0 + out_bytes * (rows > 1 ? 3.0 : 1.0);
+  KernelCase c;
+  c.name = name;
+  c.shape = fmt::format("T={} {}x{} in {} parts", rows, n_out, n_in, parts.size());
+  c.set_bytes = set;
+  c.prepare = [=](const CudaEnv& env, CaseMemory& mem, int n_sets) {
+    struct Set {
+      ops::DeviceWeight w;
+      const bf16* x;
+      bf16* all;
+      std::vector<ops::ColumnSlice> slices;
+    };
+    std::vector<Set> sets(z(n_sets));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(n_in));
+    for (Set& st : sets) {
+      st.w = {WeightFormat::kDense, n_out, n_in, mem.bf16(z(n_out * n_in), scale), nullptr};
+      st.x = mem.bf16(z(rows * n_in));
+      st.all = mem.zeros_of<bf16>(z(rows * n_out));
+      int64_t col = 0;
+      for (int64_t p : parts) {
+        st.slices.push_back({col, p, mem.zeros_of<bf16>(z(rows * p))});
+        col += p;
+      }
+    }
+    const ops::LinearCudaParams p{rows, ops::LinearOutType::kBf16, ops::LinearPath::kAuto};
+    const ops::LinearCudaContext ctx{env.cublas, env.cublas_workspace, env.cublas_workspace_bytes, nullptr, 0};
+    PreparedKernel k;
+    k.cost = {set, 2.0 * d(rows) * d(n_out) * d(n_in)};
+    k.launch = [=](int s, cudaStream_t stream) {
+      const Set& st = sets[z(s)];
+      ops::linear_cuda(p, st.w, st.x, st.all, ctx, stream);
+      if (rows > 1) ops::split_columns_cuda(rows, st.all, n_out, st.slices, stream);
+    };
+    return k;
+  };
+  return c;
+}
+
 // The quantized linear paths (DeepSeek-V3's FP8 128 x 128 block weights; MXFP4 dense weights): the skinny
 // weight-streaming kernel up to 16 tokens, dequantize + cuBLAS above.
 KernelCase quant_linear_case(const std::string& name, int64_t rows, int64_t n_out, int64_t n_in, WeightFormat format) {
@@ -125,6 +169,14 @@ void register_linears(KernelRegistry& r, bool quick) {
   };
   for (const Shape& s : shapes) {
     for (int64_t b : decode_batches(quick)) r.add(linear_case(s.name, b, s.n_out, s.n_in, s.f32_out));
+  }
+  // The fused groups the K3 model runs at decode (model/kimi_k3.cpp, K3Layer): KDA q | k | v | g | f_a | b; MLA
+  // q_a | kv_a | gate; latent-down | shared gate | shared up.
+  for (int64_t b : decode_batches(quick)) {
+    r.add(linear_group_case("linear_group_decode_kda_in", b, {kKdaProj, kKdaProj, kKdaProj, kKdaProj, kHeadDim, kHeads},
+                            kHidden));
+    r.add(linear_group_case("linear_group_decode_mla_in", b, {1536, 576, kHeads * kHeadDim}, kHidden));
+    r.add(linear_group_case("linear_group_decode_moe_in", b, {3584, 6144, 6144}, kHidden));
   }
   for (int64_t t : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{1024, 4096, 16384}) {
     r.add(linear_case("linear_bf16_prefill_kda_proj", t, kKdaProj, kHidden, false));

@@ -1,4 +1,4 @@
-// CUDA residual add and sigmoid gate on bf16 (fp32 math, one rounding to bf16 per output).
+// CUDA residual add and sigmoid gate on bf16 (fp32 math, one rounding to bf16 per output), and the column split.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,5 +15,10 @@ void add_inplace_cuda(int64_t n, const __nv_bfloat16* x, __nv_bfloat16* y, cudaS
 
 // x[i] = bf16(float(x[i]) * (1 / (1 + exp(-float(gate[i]))))) for i < n. gate may equal x.
 void sigmoid_gate_cuda(int64_t n, const __nv_bfloat16* gate, __nv_bfloat16* x, cudaStream_t stream);
+
+// split_columns_cpu on bf16 (bf16 destinations), one launch for all slices; 16-byte copies when every column offset,
+// width and pointer allows them. The destinations must not overlap the source.
+void split_columns_cuda(int64_t rows, const __nv_bfloat16* src, int64_t src_cols, std::span<const ColumnSlice> slices,
+                        cudaStream_t stream);
 
 }  // namespace bg::ops

@@ -1,4 +1,5 @@
-// Residual add and sigmoid gate against the direct float64 formulas, including saturated gates and aliasing.
+// Residual add and sigmoid gate against the direct float64 formulas, including saturated gates and aliasing; the
+// column split against direct indexing and its bounds checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -57,6 +58,29 @@ TEST(Elementwise, RejectsBadParams) {
   EXPECT_THROW(add_inplace_cpu(1, nullptr, &v), Error);
   EXPECT_THROW(sigmoid_gate_cpu(-1, &v, &v), Error);
   EXPECT_THROW(sigmoid_gate_cpu(1, &v, nullptr), Error);
+}
+
+TEST(Elementwise, SplitColumns) {
+  const int64_t rows = 4, cols = 11;
+  const auto src = random_vec(rows * cols, 3, 1.0f);
+  std::vector<float> a(static_cast<size_t>(rows * 3)), b(static_cast<size_t>(rows * 7)), c(static_cast<size_t>(rows));
+  const std::vector<ColumnSlice> slices = {{0, 3, a.data()}, {4, 7, b.data()}, {3, 1, c.data()}, {11, 0, nullptr}};
+  split_columns_cpu(rows, src.data(), cols, slices);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < 3; ++j) {
+      EXPECT_EQ(a[static_cast<size_t>(r * 3 + j)], src[static_cast<size_t>(r * cols + j)]);
+    }
+    for (int64_t j = 0; j < 7; ++j) {
+      EXPECT_EQ(b[static_cast<size_t>(r * 7 + j)], src[static_cast<size_t>(r * cols + 4 + j)]);
+    }
+    EXPECT_EQ(c[static_cast<size_t>(r)], src[static_cast<size_t>(r * cols + 3)]);
+  }
+  const std::vector<ColumnSlice> outside = {{8, 4, a.data()}};
+  EXPECT_THROW(split_columns_cpu(rows, src.data(), cols, outside), Error);
+  const std::vector<ColumnSlice> null_dst = {{0, 2, nullptr}};
+  EXPECT_THROW(split_columns_cpu(rows, src.data(), cols, null_dst), Error);
+  const std::vector<ColumnSlice> too_many(kMaxColumnSlices + 1, ColumnSlice{0, 1, a.data()});
+  EXPECT_THROW(split_columns_cpu(rows, src.data(), cols, too_many), Error);
 }
 
 }  // namespace

@@ -1,0 +1,67 @@
+// CUDA linear preparation (cuda_linears.h).
+#include "backend/cuda/cuda_linears.h"
+
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/cuda_moe.h"
+#include "core/error.h"
+
+namespace bg::cuda {
+
+bool linear_groups_from_env() {
+  const char* v = std::getenv("BG_LINEAR_GROUPS");
+  if (v == nullptr || std::string_view(v) == "1") return true;
+  BG_CHECK(std::string_view(v) == "0", "BG_LINEAR_GROUPS={} (expected 0 or 1)", v);
+  return false;
+}
+
+bool fusable_linears(std::span<const QuantWeight* const> parts) {
+  if (parts.size() < 2) return false;
+  for (const QuantWeight* w : parts) {
+    if (w->format != WeightFormat::kDense || w->n_in != parts.front()->n_in || w->n_in % 8 != 0) return false;
+  }
+  return true;
+}
+
+PreparedLinears prepare_linears(WeightUploader& uploader, const LinearBatch& batch) {
+  std::vector<LinearRun> glued;
+  for (const LinearRun& r : batch.runs) {
+    BG_CHECK(r.first + r.count <= batch.weights.size(), "prepare_linears: run [{}, {}) past {} weights", r.first,
+             r.first + r.count, batch.weights.size());
+    if (fusable_linears(std::span(batch.weights).subspan(r.first, r.count))) glued.push_back(r);
+  }
+  std::vector<ops::DeviceWeightStorage> up = uploader.upload(batch.weights, batch.n_experts, glued);
+  PreparedLinears out;
+  for (const LinearRun& r : batch.runs) {
+    if (!fusable_linears(std::span(batch.weights).subspan(r.first, r.count))) {
+      out.runs.push_back(nullptr);
+      continue;
+    }
+    // The run's rows, back to back from its first weight's: one [sum of n_out, n_in] dense weight in the same arena.
+    ops::DeviceWeightStorage fused;
+    fused.desc = up[r.first].desc;
+    fused.desc.n_out = 0;
+    fused.arena = up[r.first].arena;
+    std::string name;
+    for (size_t i = r.first; i < r.first + r.count; ++i) {
+      fused.desc.n_out += batch.weights[i]->n_out;
+      name += (name.empty() ? "" : "|") + batch.weights[i]->name;
+    }
+    QuantWeight like;
+    like.format = WeightFormat::kDense;
+    like.n_out = fused.desc.n_out;
+    like.n_in = fused.desc.n_in;
+    like.name = std::move(name);
+    out.runs.push_back(std::make_unique<CudaLinear>(std::move(fused), like));
+  }
+  for (size_t i = 0; i < up.size(); ++i) {
+    out.weights.push_back(std::make_unique<CudaLinear>(std::move(up[i]), *batch.weights[i]));
+  }
+  return out;
+}
+
+}  // namespace bg::cuda
