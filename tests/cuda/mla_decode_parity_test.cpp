@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -421,6 +422,24 @@ TEST(MlaDecodeBench, DISABLED_K3Shapes) {
   BG_REQUIRE_GPU();
   const std::vector<MlaDecodeBenchResult> results = mla_decode_bench(MlaDecodeBenchOptions{});
   for (const MlaDecodeBenchResult& r : results) EXPECT_TRUE(std::isfinite(r.us) && r.us > 0.0);
+}
+
+// One shape and the wgmma policy only, few replays: what a profiler run (Nsight Compute) attaches to. Shape from
+// BG_MLA_DECODE_PROFILE="BATCH,CONTEXT" (default 64,4096).
+TEST(MlaDecodeBench, DISABLED_ProfileOne) {
+  BG_REQUIRE_GPU();
+  MlaDecodeBenchOptions o;
+  long long b = 64, ctx = 4096;
+  if (const char* v = std::getenv("BG_MLA_DECODE_PROFILE")) {
+    ASSERT_EQ(std::sscanf(v, "%lld,%lld", &b, &ctx), 2) << "BG_MLA_DECODE_PROFILE=" << v << " (expected BATCH,CONTEXT)";
+  }
+  o.cases = {{b, ctx}};
+  o.mmas = {MlaDecodeMma::kWgmma};
+  o.replays = 1;
+  o.rotate_bytes = 0;
+  const std::vector<MlaDecodeBenchResult> results = mla_decode_bench(o);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_TRUE(std::isfinite(results[0].us) && results[0].us > 0.0);
 }
 
 }  // namespace

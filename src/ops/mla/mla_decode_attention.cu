@@ -33,12 +33,23 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
+// Lazy rescaling: the running max (log2 units) is raised only when a tile's max exceeds it by more than this, so most
+// tiles leave every head's alpha at exactly 1 and the warps skip rescaling O. P = 2^(s - max) then stays below 2^8,
+// well inside bf16 and the fp32 sums; the output normalises by a sum taken against the same max, and split tokens
+// hand that max to the combine, so the result is the same softmax (up to rounding).
+constexpr float kStaleMaxLog2 = 8.0f;
+
 // Running softmax state of the heads a warpgroup owns: n8 tiles [g kNT/2, (g+1) kNT/2), 2 columns each per thread.
 template <int kNT>
 struct SoftmaxState {
   float max[kNT / 2][2];  // log2 units; -inf before the first tile
   float sum[kNT / 2][2];  // partial sum over this thread's 2 rows, rescaled with the max
 };
+
+// The calling thread's warpgroup (0, 1) and warp in it (0..3), read through a shuffle so the compiler knows they are
+// warp-uniform: descriptors and shared-memory offsets built from them then stay in uniform registers.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, threadIdx.x / 128, 0); }
+__device__ __forceinline__ int warp_in_group() { return __shfl_sync(0xffffffffu, (threadIdx.x / 32) % 4, 0); }
 
 // Largest token t with tile_prefix[t] <= tile (every token has at least one tile, so prefixes strictly increase).
 __device__ __forceinline__ int64_t token_of_tile(const int32_t* prefix, int n_tokens, int64_t tile) {
@@ -72,10 +83,12 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const MlaPagedCache& cac
                      : cache.base;
     bytes = block >= 0 ? 16u : 0u;
   }
-#pragma unroll 1
+  // Unrolled: every destination is one of two per-thread bases plus a constant, every source one base plus an
+  // immediate offset.
+#pragma unroll
   for (int i = 0; i < kChunks / 4; ++i) {
     const int c = part + 4 * i;
-    cp_async16(dst + chunk_offset(row, c, kTileSlabBytes), src + (bytes != 0 ? c * 8 : 0), bytes);
+    cp_async16(dst + chunk_offset(row, c, kTileSlabBytes), src + c * 8, bytes);  // bytes 0: nothing read
   }
 }
 
@@ -98,7 +111,7 @@ __device__ __forceinline__ void softmax_tile(uint8_t* smem, float (&s)[kNT * 4],
                                              SoftmaxState<kNT>& st) {
   using L = Smem<kNT>;
   constexpr int kHalf = kNT / 2, kOwn = kHalf * 4, kHalfHeads = L::kHeads / 2;
-  const int tid = threadIdx.x, wg = tid / 128, w = (tid / 32) % 4, lane = tid % 32, wtid = tid % 128;
+  const int tid = threadIdx.x, wg = warpgroup_index(), w = warp_in_group(), lane = tid % 32, wtid = tid % 128;
   // Exchange: warpgroup 0 owns n8 tiles [0, kHalf), warpgroup 1 the rest; each hands the other its partial.
   float* xch = reinterpret_cast<float*>(smem + L::kXch);
   float own[kOwn];
@@ -110,22 +123,36 @@ __device__ __forceinline__ void softmax_tile(uint8_t* smem, float (&s)[kNT * 4],
   __syncthreads();
   const int row0 = acc_row(lane, w, 0);  // this thread's rows: row0 and row0 + 8
   float* red = reinterpret_cast<float*>(smem + L::kRed) + wg * 4 * kHalfHeads;
+  // Per head column: the max over this thread's 2 rows, then over the warp's 16 rows (3 shuffle rounds, the kHalf x 2
+  // columns' shuffles interleaved so their latencies overlap).
+  float m[kHalf][2];
 #pragma unroll
   for (int jj = 0; jj < kHalf; ++jj) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      float m = -INFINITY;
+      m[jj][e] = -INFINITY;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = 4 * jj + 2 * r + e;
         const float v = (own[i] + xch[((1 - wg) * kOwn + i) * 128 + wtid]) * scale_log2;
         own[i] = row0 + 8 * r < n_rows ? v : -INFINITY;
-        m = fmaxf(m, own[i]);
+        m[jj][e] = fmaxf(m[jj][e], own[i]);
       }
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-      if (lane < 4) red[w * kHalfHeads + acc_col(lane, 4 * jj + e)] = m;
+    }
+  }
+#pragma unroll
+  for (int offset = 4; offset <= 16; offset *= 2) {
+#pragma unroll
+    for (int jj = 0; jj < kHalf; ++jj) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) m[jj][e] = fmaxf(m[jj][e], __shfl_xor_sync(0xffffffffu, m[jj][e], offset));
+    }
+  }
+  if (lane < 4) {
+#pragma unroll
+    for (int jj = 0; jj < kHalf; ++jj) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) red[w * kHalfHeads + acc_col(lane, 4 * jj + e)] = m[jj][e];
     }
   }
   warpgroup_barrier(wg);
@@ -138,8 +165,10 @@ __device__ __forceinline__ void softmax_tile(uint8_t* smem, float (&s)[kNT * 4],
       const int col = acc_col(lane, 4 * jj + e);  // head within this warpgroup's half
       const float tile_max = fmaxf(fmaxf(red[col], red[kHalfHeads + col]),
                                    fmaxf(red[2 * kHalfHeads + col], red[3 * kHalfHeads + col]));
-      const float m_new = fmaxf(st.max[jj][e], tile_max);  // finite: row 0 of every tile is inside the context
-      const float alpha = exp2f(st.max[jj][e] - m_new);   // 0 on the first tile
+      // The running max moves only when the tile's exceeds it by more than kStaleMaxLog2 (finite: row 0 of every
+      // tile is inside the context); otherwise alpha is exactly 1 and P stays below 2^kStaleMaxLog2.
+      const float m_new = tile_max > st.max[jj][e] + kStaleMaxLog2 ? tile_max : st.max[jj][e];
+      const float alpha = exp2f(st.max[jj][e] - m_new);  // 0 on the first tile, 1 while the max stands
       st.max[jj][e] = m_new;
       float sum = 0.0f;
 #pragma unroll
@@ -162,7 +191,7 @@ template <int kNT, class Mma>
 __device__ __forceinline__ void attend_tile(uint8_t* smem, uint32_t tile, int n_rows, float scale_log2,
                                             SoftmaxState<kNT>& st, float (&o)[4][kNT * 4]) {
   using L = Smem<kNT>;
-  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
+  const int tid = threadIdx.x, wg = warpgroup_index(), lane = tid % 32;
   const uint32_t base = smem_addr(smem);
   float s[kNT * 4];
 #pragma unroll
@@ -176,10 +205,17 @@ __device__ __forceinline__ void attend_tile(uint8_t* smem, uint32_t tile, int n_
     alpha[j][0] = alpha_s[acc_col(lane, 4 * j)];
     alpha[j][1] = alpha_s[acc_col(lane, 4 * j + 1)];
   }
+  // alpha is exactly 1 for every head whose max did not grow (most tiles past the first few): the warp then skips
+  // the multiplications, which would change no bit.
+  bool rescale = false;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
+  for (int j = 0; j < kNT; ++j) rescale = rescale || alpha[j][0] != 1.0f || alpha[j][1] != 1.0f;
+  if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-    for (int i = 0; i < kNT * 4; ++i) o[c][i] *= alpha[i / 4][i % 2];
+    for (int c = 0; c < 4; ++c) {
+#pragma unroll
+      for (int i = 0; i < kNT * 4; ++i) o[c][i] *= alpha[i / 4][i % 2];
+    }
   }
   Mma::template pv<kNT>(tile, base + L::kP, wg, o);
 }
@@ -191,7 +227,7 @@ __device__ __forceinline__ void finish_segment(const AttentionArgs& a, uint8_t* 
                                                const SoftmaxState<kNT>& st, const float (&o)[4][kNT * 4]) {
   using L = Smem<kNT>;
   constexpr int kHalf = kNT / 2, kHeads = L::kHeads, kHalfHeads = kHeads / 2;
-  const int tid = threadIdx.x, wg = tid / 128, w = (tid / 32) % 4, lane = tid % 32;
+  const int tid = threadIdx.x, wg = warpgroup_index(), w = warp_in_group(), lane = tid % 32;
   float* red = reinterpret_cast<float*>(smem + L::kRed) + wg * 4 * kHalfHeads;
   float* sum_s = reinterpret_cast<float*>(smem + L::kSum);
   float* max_s = reinterpret_cast<float*>(smem + L::kMax);
@@ -311,7 +347,9 @@ __device__ __forceinline__ void run_segment(const AttentionArgs& a, uint8_t* sme
 template <int kNT, class Mma>
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const AttentionArgs a) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  // Aligned to 1024 by pointer arithmetic on the shared array (not through an integer), so the compiler keeps the
+  // shared address space: st.shared / ld.shared rather than generic accesses with 64-bit addresses.
+  uint8_t* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const int64_t g = blockIdx.x / a.n_groups;
   const int hg = static_cast<int>(blockIdx.x % a.n_groups);
   const int32_t* prefix = a.meta + MlaDecodeMeta::kTilePrefix;

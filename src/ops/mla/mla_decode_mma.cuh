@@ -204,17 +204,40 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[kNT * 4], uint64_t a, uint
   }
 }
 
+// A SW128 descriptor as its two 32-bit words: the start address >> 4 (bits 0-13) and the leading byte offset in `lo`,
+// the stride byte offset and the swizzle in `hi`. at(d, bytes) moves the start by `bytes` with one 32-bit add: the
+// start field never carries (shared addresses stay below 256 KiB). Built once per call from a base address, so the
+// k-steps' descriptors cost one add each instead of the full encoding.
+struct DescWords {
+  uint32_t lo, hi;
+};
+__device__ __forceinline__ DescWords desc_words(uint64_t d) {
+  return {static_cast<uint32_t>(d), static_cast<uint32_t>(d >> 32)};
+}
+__device__ __forceinline__ uint64_t at(DescWords d, uint32_t offset_bytes) {
+  return (static_cast<uint64_t>(d.hi) << 32) | (d.lo + (offset_bytes >> 4));
+}
+
 struct Wgmma {
-  // Same contract as MmaSync::qk: the whole warpgroup issues 18 m64n(8kNT)k16 over its k-steps, then waits.
+  // Same contract as MmaSync::qk: the whole warpgroup issues 18 m64n(8kNT)k16 over its k-steps, then waits. The
+  // warpgroup's k-steps are a template argument, so every descriptor is the base one plus a constant.
   template <int kNT>
   static __device__ __forceinline__ void qk(uint32_t tile, uint32_t q, int k0, float (&s)[kNT * 4]) {
+    if (k0 == 0) {
+      qk_steps<kNT, 0>(tile, q, s);
+    } else {
+      qk_steps<kNT, kKStepsPerWg>(tile, q, s);
+    }
+  }
+  template <int kNT, int kK0>
+  static __device__ __forceinline__ void qk_steps(uint32_t tile, uint32_t q, float (&s)[kNT * 4]) {
     constexpr int kQSlab = Smem<kNT>::kQSlabBytes;
+    const DescWords a = desc_words(desc_k_major(tile)), b = desc_words(desc_k_major(q));
     fence_operands(s);
     wgmma_fence();  // s was zeroed by ordinary register writes
 #pragma unroll
     for (int i = 0; i < kKStepsPerWg; ++i) {
-      const int kk = k0 + i;
-      wgmma_bf16<kNT, 0>(s, desc_k_major(tile + qk_a_start(kk)), desc_k_major(q + qk_b_start(kk, kQSlab)));
+      wgmma_bf16<kNT, 0>(s, at(a, qk_a_start(kK0 + i)), at(b, qk_b_start(kK0 + i, kQSlab)));
     }
     wgmma_commit();
     wgmma_wait_all();
@@ -222,9 +245,18 @@ struct Wgmma {
   }
 
   // Same contract as MmaSync::pv: A = the tile read M-major (channels contiguous), 16 positions = 2 rows of atoms
-  // (2048 B) per k-step; B = P, K-major, 32 B per k-step.
+  // (2048 B) per k-step; B = P, K-major, 32 B per k-step. The warpgroup's channels are a template argument (as qk).
   template <int kNT>
   static __device__ __forceinline__ void pv(uint32_t tile, uint32_t p, int wg, float (&o)[4][kNT * 4]) {
+    if (wg == 0) {
+      pv_steps<kNT, 0>(tile, p, o);
+    } else {
+      pv_steps<kNT, 1>(tile, p, o);
+    }
+  }
+  template <int kNT, int kWg>
+  static __device__ __forceinline__ void pv_steps(uint32_t tile, uint32_t p, float (&o)[4][kNT * 4]) {
+    const DescWords a = desc_words(desc_m_major(tile)), b = desc_words(desc_k_major(p));
 #pragma unroll
     for (int c = 0; c < 4; ++c) fence_operands(o[c]);
     wgmma_fence();  // o was rescaled by ordinary register writes
@@ -232,7 +264,7 @@ struct Wgmma {
     for (int c = 0; c < 4; ++c) {
 #pragma unroll
       for (int ks = 0; ks < kTile / 16; ++ks) {
-        wgmma_bf16<kNT, 1>(o[c], desc_m_major(tile + pv_a_start(wg, c, ks)), desc_k_major(p + pv_b_start(ks)));
+        wgmma_bf16<kNT, 1>(o[c], at(a, pv_a_start(kWg, c, ks)), at(b, pv_b_start(ks)));
       }
     }
     wgmma_commit();
