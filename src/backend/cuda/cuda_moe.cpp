@@ -246,8 +246,11 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
   p.accumulate = true;
   // The grouped prefill path (taken inside moe_experts) goes before the decode kernel when the threshold says so (by
   // default they meet at 32 rows per expert; BG_MOE_GROUPED_MIN_ROWS can lower it, e.g. for the golden tests).
-  // Deterministic: the fused kernel whatever the row count (a choice by rows per expert depends on the batch).
-  const bool fused = c.deterministic || (w4a16_enabled() && ops::moe_w4a16_preferred(p) && !use_grouped(c, p));
+  // Where it does not run — a captured decode graph of many rows (it reads row counts on the host), no scratch —
+  // the fused kernel takes any row count (further passes over each expert's weights): 2.5x the stage kernels at 73
+  // rows per expert (bench/RESULTS.md, batch 256). Deterministic: the fused kernel whatever the row count (a choice
+  // by rows per expert depends on the batch).
+  const bool fused = c.deterministic || (w4a16_enabled() && !use_grouped(c, p));
   if (w == nullptr || !r.shape.all_local || !fused) {
     Tensor rows = Tensor{}, y = Tensor{};
     auto alloc_rows = [&] {

@@ -563,11 +563,6 @@ MoeW4a16Params moe_w4a16_params(const MoeCudaParams& p, int32_t fixed_splits) {
   return q;
 }
 
-bool moe_w4a16_preferred(const MoeCudaParams& p) {
-  return p.expert_format == WeightFormat::kMxfp4 &&
-         (p.shape.n_tokens <= kChunkRows || p.shape.n_pairs() <= kChunkRows * p.shape.n_slots);
-}
-
 MoeW4a16DeviceLayer moe_w4a16_upload(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter) {
   const MoeW4a16LayoutInfo shape = moe_w4a16_layout_info(static_cast<int64_t>(experts.size()), hidden, inter);
   // Not zero-initialised: moe_w4a16_pack writes every byte (blocks and alignment gaps); a K3 layer is ~1 GB, and

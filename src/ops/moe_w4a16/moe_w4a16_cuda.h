@@ -70,9 +70,4 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
 // The op's params from the MoE layer's (expert_format must be MXFP4; p.path is ignored).
 MoeW4a16Params moe_w4a16_params(const MoeCudaParams& p, int32_t fixed_splits = 0);
 
-// Host-side selection: true when every expert has at most 32 rows for sure (n_tokens <= 32, as a token sends at most
-// one row to an expert) or on average (n_tokens * top_k <= 32 * n_experts). Above that the kernel stays correct but
-// streams each expert's weights once per 32 rows; the tiled prefill path should take over.
-bool moe_w4a16_preferred(const MoeCudaParams& p);
-
 }  // namespace bg::ops
