@@ -151,10 +151,15 @@ bool capturing(cudaStream_t stream) {
 // Whether this call takes the grouped path (never under --deterministic). Under graph capture it cannot (its plan
 // reads the row counts on the host); captured steps are decode-sized (B <= 64), far below the threshold, so this only
 // matters for an override.
-bool use_grouped(const MoeContext& c, const ops::MoeCudaParams& p) {
+// `fused_alternative`: the layer has the W4A16 kernel, which takes over below kMoeGroupedMinRowsW4a16 rows per expert
+// (unless BG_MOE_GROUPED_MIN_ROWS says otherwise); else the tiled kernel is the alternative, below the default.
+bool use_grouped(const MoeContext& c, const ops::MoeCudaParams& p, bool fused_alternative = false) {
   if (c.grouped_scratch == nullptr || c.blas.cublas == nullptr) return false;
   if (c.deterministic) return false;  // chosen by rows per expert, i.e. by the batch (docs/DETERMINISM.md)
-  const int64_t min_rows = ops::moe_grouped_min_rows_from_env();
+  const char* env = std::getenv("BG_MOE_GROUPED_MIN_ROWS");
+  const bool env_set = env != nullptr && *env != '\0';
+  const int64_t min_rows =
+      fused_alternative && !env_set ? ops::kMoeGroupedMinRowsW4a16 : ops::moe_grouped_min_rows(env);
   if (!ops::moe_grouped_wanted(p.shape.n_tokens, p.shape.top_k, p.shape.n_experts, min_rows)) return false;
   if (capturing(c.stream)) {
     log::debug("cuda moe: {} tokens reach the grouped threshold under graph capture: tiled kernel", p.shape.n_tokens);
@@ -248,9 +253,10 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
   // default they meet at 32 rows per expert; BG_MOE_GROUPED_MIN_ROWS can lower it, e.g. for the golden tests).
   // Where it does not run — a captured decode graph of many rows (it reads row counts on the host), no scratch —
   // the fused kernel takes any row count (further passes over each expert's weights): 2.5x the stage kernels at 73
-  // rows per expert (bench/RESULTS.md, batch 256). Deterministic: the fused kernel whatever the row count (a choice
+  // rows per expert (bench/RESULTS.md, batch 256). With the fused kernel at hand the grouped path waits for
+  // kMoeGroupedMinRowsW4a16 rows per expert. Deterministic: the fused kernel whatever the row count (a choice
   // by rows per expert depends on the batch).
-  const bool fused = c.deterministic || (w4a16_enabled() && !use_grouped(c, p));
+  const bool fused = c.deterministic || (w4a16_enabled() && !use_grouped(c, p, w != nullptr));
   if (w == nullptr || !r.shape.all_local || !fused) {
     Tensor rows = Tensor{}, y = Tensor{};
     auto alloc_rows = [&] {

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstdlib>
 #include <string_view>
 
 #include "core/error.h"
@@ -21,7 +20,6 @@ int64_t moe_grouped_min_rows(const char* env_value) {
   return rows;
 }
 
-int64_t moe_grouped_min_rows_from_env() { return moe_grouped_min_rows(std::getenv("BG_MOE_GROUPED_MIN_ROWS")); }
 
 bool moe_grouped_wanted(int64_t n_tokens, int64_t top_k, int64_t n_experts, int64_t min_rows) {
   return min_rows > 0 && n_tokens > 0 && n_tokens * top_k >= min_rows * n_experts;

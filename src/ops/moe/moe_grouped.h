@@ -16,6 +16,11 @@ namespace bg::ops {
 // dequant pass (~17 us per K3 expert) costs more than the tiled kernel saves (docs/MOE_PREFILL.md has the estimate;
 // the bench case moe_prefill_grouped measures it). BG_MOE_GROUPED_MIN_ROWS overrides it.
 inline constexpr int64_t kMoeGroupedMinRowsDefault = 32;
+// The same threshold where the layer's MXFP4 experts have the fused W4A16 decode kernel (the alternative there): it
+// runs any row count by further passes over the weights and measured 2.4x / 1.75x faster than the grouped path at 73 /
+// 146 rows per expert on the H200 (K3 slice, eager steps; bench/RESULTS.md); by its pass count the grouped path wins
+// from about 240. BG_MOE_GROUPED_MIN_ROWS overrides both.
+inline constexpr int64_t kMoeGroupedMinRowsW4a16 = 192;
 // Bytes of bf16 expert weights the scratch holds at most: the experts of a layer are processed in groups that fit.
 // 1 GiB = 16 Kimi-K3 experts (66 MB each) or 12 DeepSeek-V3 experts (88 MB).
 inline constexpr size_t kMoeGroupedScratchBudgetBytes = size_t{1} << 30;
@@ -25,8 +30,6 @@ inline constexpr int64_t kMoeGroupedMaxGroupExperts = 64;
 // The threshold from the value of BG_MOE_GROUPED_MIN_ROWS: null or empty -> kMoeGroupedMinRowsDefault; "off" -> 0
 // (never); a positive integer -> that many rows. Anything else throws bg::Error naming the variable.
 int64_t moe_grouped_min_rows(const char* env_value);
-// Reads BG_MOE_GROUPED_MIN_ROWS now (each call, so tests and benchmarks can change it between steps).
-int64_t moe_grouped_min_rows_from_env();
 // Whether a layer call takes the grouped path: min_rows > 0 and n_tokens * top_k >= min_rows * n_experts.
 bool moe_grouped_wanted(int64_t n_tokens, int64_t top_k, int64_t n_experts, int64_t min_rows);
 
