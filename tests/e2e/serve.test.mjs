@@ -3,7 +3,7 @@
 // concurrency, client aborts and bad input. Run by CTest (tests/CMakeLists.txt) or: BATCHGEN=<path> npm test
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, spawnSync, execFileSync } from 'node:child_process';
+import { spawn, execFile, execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -68,14 +68,18 @@ after(async () => {
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
-function serveFails(args) {
-  try {
-    execFileSync(BIN, ['serve', path.join(dir, MODEL), '--port', '0', ...args], { stdio: 'pipe' });
-  } catch (e) {
-    return { status: e.status, stderr: e.stderr.toString() };
-  }
-  return { status: 0, stderr: '' };
+// Runs `batchgen serve ARGS` to its exit without blocking the event loop: a blocked loop keeps the client from retiring
+// its idle keep-alive sockets, which the server closes after --keep-alive-timeout, and the next request then goes out
+// on a closed socket ("Connection error"; seen under load in the sanitizer build).
+function runServe(args, timeoutMs = 60_000) {
+  return new Promise((resolve) => {
+    execFile(BIN, ['serve', ...args], { encoding: 'utf8', timeout: timeoutMs }, (err, stdout, stderr) => {
+      resolve({ status: err ? (typeof err.code === 'number' ? err.code : -1) : 0, stderr });
+    });
+  });
 }
+
+const serveFails = (args) => runServe([path.join(dir, MODEL), '--port', '0', ...args]);
 
 const user = (content) => [{ role: 'user', content }];
 
@@ -87,24 +91,24 @@ test('models, health, ready', async () => {
   assert.equal(ready.ready, true);
 });
 
-test('flags for features that do not exist yet, and bad flag files, fail at startup with a clear message', () => {
-  let r = serveFails(['--ep', '2', '--nnodes', '2']);
+test('flags for features that do not exist yet, and bad flag files, fail at startup with a clear message', async () => {
+  let r = await serveFails(['--ep', '2', '--nnodes', '2']);
   assert.equal(r.status, 1);
   assert.match(r.stderr, /--dist-init-addr HOST:PORT is required with --nnodes > 1/);
-  r = serveFails(['--ep', '2', '--nnodes', '2', '--node-rank', '2', '--dist-init-addr', '127.0.0.1:29500']);
+  r = await serveFails(['--ep', '2', '--nnodes', '2', '--node-rank', '2', '--dist-init-addr', '127.0.0.1:29500']);
   assert.equal(r.status, 1);
   assert.match(r.stderr, /--node-rank 2 must be in \[0, 2\)/);
-  r = serveFails(['--dp', '2', '--tp', '2', '--ep', '8']);
+  r = await serveFails(['--dp', '2', '--tp', '2', '--ep', '8']);
   assert.equal(r.status, 1);
   assert.match(r.stderr, /--ep must equal --dp x --tp/);
-  r = serveFails(['--tp', '2', '--host-memory-gb', '1']);
+  r = await serveFails(['--tp', '2', '--host-memory-gb', '1']);
   assert.equal(r.status, 1);
   assert.match(r.stderr, /--host-memory-gb is not available with --tp 2/);
-  r = serveFails(['--distributed-weight-config', path.join(dir, 'missing.json')]);
+  r = await serveFails(['--distributed-weight-config', path.join(dir, 'missing.json')]);
   assert.equal(r.status, 1);
   assert.match(r.stderr, /missing\.json: no such file/);
   // Not a distributed-weight config: named field by field (docs/WEIGHTS.md has the format).
-  r = serveFails(['--distributed-weight-config', path.join(dir, MODEL, 'config.json')]);
+  r = await serveFails(['--distributed-weight-config', path.join(dir, MODEL, 'config.json')]);
   assert.equal(r.status, 1);
   assert.match(r.stderr, /unknown field 'architectures'/);
 });
@@ -299,17 +303,16 @@ test('a wrong method gets 405 with Allow; serve --model DIR is the same as serve
   assert.equal(res.headers.get('allow'), 'POST');
   assert.equal((await res.json()).error.code, 'method_not_allowed');
   // --model reaches the same validation as the positional form (here: the flag error comes after the model).
-  const r = serveFails(['--model', path.join(dir, MODEL), '--ep', '2', '--nnodes', '2']);
+  const r = await serveFails(['--model', path.join(dir, MODEL), '--ep', '2', '--nnodes', '2']);
   assert.equal(r.status, 1);
   assert.match(r.stderr, /--dist-init-addr HOST:PORT is required with --nnodes > 1/);
-  const both = spawnSync(BIN, ['serve', path.join(dir, MODEL), '--model', dir, '--port', '0'], { encoding: 'utf8' });
+  const both = await runServe([path.join(dir, MODEL), '--model', dir, '--port', '0']);
   assert.equal(both.status, 1);
   assert.match(both.stderr, /two different model directories/);
 });
 
-test('a worker that fails before it is ready makes serve exit 1 with the worker\'s own error', () => {
-  const r = spawnSync(BIN, ['serve', '--model', path.join(dir, MODEL), '--port', '0', '--max-model-len', '100000000'],
-    { encoding: 'utf8', timeout: 60_000 });
+test('a worker that fails before it is ready makes serve exit 1 with the worker\'s own error', async () => {
+  const r = await runServe(['--model', path.join(dir, MODEL), '--port', '0', '--max-model-len', '100000000']);
   assert.equal(r.status, 1, r.stderr);
   assert.match(r.stderr, /worker failed before it was ready: rank 0: .*max[-_]model[-_]len/i);
 });
