@@ -29,15 +29,19 @@ bool fusable_linears(std::span<const QuantWeight* const> parts) {
 
 PreparedLinears prepare_linears(WeightUploader& uploader, const LinearBatch& batch) {
   std::vector<LinearRun> glued;
-  for (const LinearRun& r : batch.runs) {
+  std::vector<bool> fuse(batch.runs.size());
+  for (size_t i = 0; i < batch.runs.size(); ++i) {
+    const LinearRun& r = batch.runs[i];
     BG_CHECK(r.first + r.count <= batch.weights.size(), "prepare_linears: run [{}, {}) past {} weights", r.first,
              r.first + r.count, batch.weights.size());
-    if (fusable_linears(std::span(batch.weights).subspan(r.first, r.count))) glued.push_back(r);
+    fuse[i] = fusable_linears(std::span(batch.weights).subspan(r.first, r.count));
+    if (fuse[i]) glued.push_back(r);
   }
   std::vector<ops::DeviceWeightStorage> up = uploader.upload(batch.weights, batch.n_experts, glued);
   PreparedLinears out;
-  for (const LinearRun& r : batch.runs) {
-    if (!fusable_linears(std::span(batch.weights).subspan(r.first, r.count))) {
+  for (size_t ri = 0; ri < batch.runs.size(); ++ri) {
+    const LinearRun& r = batch.runs[ri];
+    if (!fuse[ri]) {
       out.runs.push_back(nullptr);
       continue;
     }
