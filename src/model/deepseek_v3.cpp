@@ -30,13 +30,11 @@ struct DsLayer {
 
 // The groups of linears that read one input; BackendLinears prepares each side by side (fused at decode where the
 // backend can).
+const std::vector<int> kMlaInLora = {int(T::kQAProj), int(T::kKvAProj)}, kMlaIn = {int(T::kQProj), int(T::kKvAProj)};
+const std::vector<int> kMlpIn = {int(T::kMlpGate), int(T::kMlpUp)};
+const std::vector<int> kSharedIn = {int(T::kSharedGate), int(T::kSharedUp)};
 const std::vector<std::vector<int>>& ds_linear_groups() {
-  static const std::vector<std::vector<int>> groups = {
-      {int(T::kQAProj), int(T::kKvAProj)},
-      {int(T::kQProj), int(T::kKvAProj)},
-      {int(T::kMlpGate), int(T::kMlpUp)},
-      {int(T::kSharedGate), int(T::kSharedUp)},
-  };
+  static const std::vector<std::vector<int>> groups = {kMlaInLora, kMlaIn, kMlpIn, kSharedIn};
   return groups;
 }
 
@@ -113,11 +111,11 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
     L.mla.kv_a_norm = vec(T::kKvANorm, l);
     L.mla.o = &lin_.get(int(T::kOProj), l);
     L.mla.set_kv_b(be, w_.linear(int(T::kKvBProj), l), mla_dims_, tp_rank() * mla_dims_.n_heads);
-    L.mla.in = lin_.group({int(c_.q_lora_rank > 0 ? T::kQAProj : T::kQProj), int(T::kKvAProj)}, l);
+    L.mla.in = lin_.group(c_.q_lora_rank > 0 ? kMlaInLora : kMlaIn, l);
     if (!c_.is_moe_layer(l)) {
-      L.mlp_in = lin_.group({int(T::kMlpGate), int(T::kMlpUp)}, l);
+      L.mlp_in = lin_.group(kMlpIn, l);
     } else if (c_.n_shared_experts > 0) {
-      L.mlp_in = lin_.group({int(T::kSharedGate), int(T::kSharedUp)}, l);
+      L.mlp_in = lin_.group(kSharedIn, l);
     }
     L.input_norm = vec(T::kInputNorm, l);
     L.post_norm = vec(T::kPostAttnNorm, l);

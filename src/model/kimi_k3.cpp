@@ -37,17 +37,23 @@ struct K3Layer {
   LinearGroup kda_in, ffn_in, shared_in;
 };
 
-// The groups of linears that read one input (see K3Layer); BackendLinears prepares each side by side.
+// The groups of linears that read one input (see K3Layer), in the order their outputs are used.
+const std::vector<int> kKdaIn = {int(T::kKdaQ), int(T::kKdaK), int(T::kKdaV), int(T::kKdaG), int(T::kKdaFA),
+                                 int(T::kKdaB)};
+const std::vector<int> kMoeIn = {int(T::kLatentDown), int(T::kSharedGate), int(T::kSharedUp)};
+const std::vector<int> kSharedIn = {int(T::kSharedGate), int(T::kSharedUp)};  // parts only: a member of kMoeIn
+const std::vector<int> kMlpIn = {int(T::kMlpGate), int(T::kMlpUp)};
+// MLA: q_a (or q with no q LoRA), kv_a, then the output gate where the model has one.
+std::vector<int> mla_in(bool q_lora, bool gate) {
+  std::vector<int> ids = {int(q_lora ? T::kMlaQA : T::kMlaQ), int(T::kMlaKvA)};
+  if (gate) ids.push_back(int(T::kMlaG));
+  return ids;
+}
+
+// What BackendLinears prepares side by side (the MLA variants: the one a layer has is complete, the others not).
 const std::vector<std::vector<int>>& k3_linear_groups() {
   static const std::vector<std::vector<int>> groups = {
-      {int(T::kKdaQ), int(T::kKdaK), int(T::kKdaV), int(T::kKdaG), int(T::kKdaFA), int(T::kKdaB)},
-      {int(T::kMlaQA), int(T::kMlaKvA), int(T::kMlaG)},
-      {int(T::kMlaQA), int(T::kMlaKvA)},
-      {int(T::kMlaQ), int(T::kMlaKvA), int(T::kMlaG)},
-      {int(T::kMlaQ), int(T::kMlaKvA)},
-      {int(T::kMlpGate), int(T::kMlpUp)},
-      {int(T::kLatentDown), int(T::kSharedGate), int(T::kSharedUp)},
-  };
+      kKdaIn, mla_in(true, true), mla_in(true, false), mla_in(false, true), mla_in(false, false), kMlpIn, kMoeIn};
   return groups;
 }
 
@@ -151,8 +157,8 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
   L.mlp_res_proj = vec(T::kMlpResProj);
   if (c_.is_moe_layer(l)) {
     if (c_.n_shared_experts > 0) {
-      L.ffn_in = lin_.group({int(T::kLatentDown), int(T::kSharedGate), int(T::kSharedUp)}, l);
-      L.shared_in = lin_.group({int(T::kSharedGate), int(T::kSharedUp)}, l);
+      L.ffn_in = lin_.group(kMoeIn, l);
+      L.shared_in = lin_.group(kSharedIn, l);
     }
     if (c_.latent_norm) L.latent_norm = vec(T::kLatentNorm);
     L.moe.router = &lin_.get(int(T::kRouterGate), l);
@@ -165,7 +171,7 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
         be, experts_at_, lin_.experts(int(T::kExpertW1), int(T::kExpertW3), int(T::kExpertW2), l, c_.n_experts),
         streamed_experts(residency_, experts_at_, l, source));
   }
-  if (!c_.is_moe_layer(l)) L.ffn_in = lin_.group({int(T::kMlpGate), int(T::kMlpUp)}, l);
+  if (!c_.is_moe_layer(l)) L.ffn_in = lin_.group(kMlpIn, l);
   if (c_.is_mla(l)) {
     L.sub_index = n_mla++;
     if (c_.q_lora_rank > 0) {
@@ -180,13 +186,10 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
     L.mla.o = &lin_.get(int(T::kMlaO), l);
     if (c_.mla_output_gate) L.mla.gate = &lin_.get(int(T::kMlaG), l);
     L.mla.set_kv_b(be, w_.linear(int(T::kMlaKvB), l), mla_dims_, tp_rank() * mla_dims_.n_heads);
-    std::vector<int> in = {int(c_.q_lora_rank > 0 ? T::kMlaQA : T::kMlaQ), int(T::kMlaKvA)};
-    if (c_.mla_output_gate) in.push_back(int(T::kMlaG));
-    L.mla.in = lin_.group(in, l);
+    L.mla.in = lin_.group(mla_in(c_.q_lora_rank > 0, c_.mla_output_gate), l);
   } else {
     L.sub_index = n_kda++;
-    L.kda_in = lin_.group({int(T::kKdaQ), int(T::kKdaK), int(T::kKdaV), int(T::kKdaG), int(T::kKdaFA), int(T::kKdaB)},
-                          l);
+    L.kda_in = lin_.group(kKdaIn, l);
     // This rank's heads: channel rows [tp_rank * P, (tp_rank + 1) * P) of the conv weights and dt_bias.
     const int64_t P = kda_heads_ * c_.kda_head_dim, W = c_.conv_kernel;
     const int32_t tp = tp_size(), part = tp_rank();
