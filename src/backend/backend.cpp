@@ -38,6 +38,15 @@ std::vector<Tensor> Backend::linear_group(const LinearGroup& g, const Tensor& x)
   return ys;
 }
 
+void Backend::kda_prep(const KdaPrepArgs& a, Tensor& q, Tensor& k, Tensor& v, Tensor& g, Tensor& beta) {
+  Tensor* out[3] = {&q, &k, &v};
+  for (size_t i = 0; i < 3; ++i) short_conv(a.raw[i], a.conv[i], a.conv_state[i], *out[i]);
+  kda_l2norm(a.head_dim, a.q_scale, q);
+  kda_l2norm(a.head_dim, 1.0f, k);
+  kda_gate(a.g_raw, a.a_log, a.dt_bias, a.n_heads, a.gate_lower_bound, g);
+  kda_beta(a.b, beta);
+}
+
 RopeHandle Backend::prepare_rope(const ops::RopeTable& table) {
   RopeHandle h;
   h.table = table;

@@ -2,6 +2,7 @@
 // CUDA backend runs bf16-activation kernels. Model code never knows which one it drives.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -83,6 +84,17 @@ struct StateRef {
   Tensor storage;
   int64_t offset = 0;
   int64_t slot_stride = 0;
+};
+
+// The inputs of Backend::kda_prep for one KDA layer and step (n rows, P = n_heads * head_dim).
+struct KdaPrepArgs {
+  std::array<Tensor, 3> raw;            // q, k, v projections [n, P] (bf16)
+  std::array<Tensor, 3> conv;           // their depthwise conv weights [P, W] (fp32)
+  std::array<StateRef, 3> conv_state;   // their conv states (slot step().state_slots[s])
+  Tensor g_raw, a_log, dt_bias, b;      // gate input [n, P] (bf16), A_log [>= n_heads], dt_bias [P], b [n, n_heads]
+  int64_t n_heads = 0, head_dim = 0;
+  float q_scale = 1.0f;                 // head_dim^-0.5
+  float gate_lower_bound = -5.0f;
 };
 
 // ---- host tier (kv::StateManager): pinned host memory and copies on a copy stream ----------------------------------
@@ -167,9 +179,12 @@ class OpProfiler {
   virtual ~OpProfiler() = default;
   virtual void op_begin(const char* name, void* stream) noexcept = 0;
   virtual void op_end(const char* name, void* stream) noexcept = 0;
-  // True: the profiler wants every op, so steps run eagerly (no CUDA graph capture or replay). False: a graph replay
-  // is seen as one op named "graph".
+  // True: the profiler wants every op. False: a graph replay is seen as one op named "graph".
   virtual bool per_op() const = 0;
+  // With per_op: true, a step that would replay a CUDA graph captures a graph of its own with the hooks live (the
+  // profiler records its events as graph nodes) and launches it once, so the ops are timed as a replay runs them;
+  // false, such steps run eagerly (every op launched from the host).
+  virtual bool in_graph() const { return false; }
 };
 
 // Brackets one op for the attached profiler, if any.
@@ -354,6 +369,10 @@ class Backend {
   virtual void kda_gate(const Tensor& g_raw, const Tensor& a_log, const Tensor& dt_bias, int64_t n_heads,
                         float lower_bound, Tensor& g) = 0;
   virtual void kda_beta(const Tensor& b, Tensor& beta) = 0;
+  // KDA's per-token preparation after its projections (KdaPrepArgs): q, k, v = short_conv of each projection (SiLU,
+  // conv states updated); q, k L2-normalised per head (q scaled by q_scale); g = kda_gate(g_raw); beta =
+  // kda_beta(b). This default runs those ops one by one; a backend may fuse them (CUDA does for decode steps).
+  virtual void kda_prep(const KdaPrepArgs& a, Tensor& q, Tensor& k, Tensor& v, Tensor& g, Tensor& beta);
   // Gated delta rule of each sequence over its state (slot step().state_slots[s]): chunked for a sequence with
   // several tokens, recurrent for one (all single-token sequences of a step in one batched launch). p.n_tokens is
   // the step's token count.

@@ -64,7 +64,9 @@ json step_json(const StepResult& s) {
           {"roofline_flops", s.roofline_flops}, {"ratio", s.ratio}, {"touched_experts", s.touched_experts},
           {"streamed_bytes", s.streamed_bytes}, {"copy_floor_ms", s.copy_floor_ms},
           {"prefetched_experts", s.prefetched_experts}, {"prefetch_hits", s.prefetch_hits},
-          {"replays", s.replays}, {"n_ops", s.n_ops}, {"ops", ops}};
+          {"replays", s.replays}, {"n_ops", s.n_ops}, {"ops", ops}, {"ops_in_graph", s.ops_in_graph},
+          {"small_ops_ms", s.small_ops_ms}, {"op_overhead_us", s.op_overhead_us},
+          {"small_ops_us_per_layer", s.small_ops_us_per_layer}};
 }
 
 json prefill_json(const PrefillResult& p) {
@@ -155,15 +157,18 @@ std::string format_table(const BenchReport& r) {
     }
   }
   if (!r.steps.empty()) {
-    out += fmt::format("\n{:<16} {:>6} {:>8} {:>10} {:>10} {:>11} {:>7} {:>8}  top ops\n", "step", "batch", "context",
-                       "ms", "wall ms", "roofline ms", "ratio", "experts");
+    // small us/layer: the small ops of one instrumented step per decoder layer, net of the events' own cost
+    // (op_profiler.h SmallOps; 'g': timed inside a graph).
+    out += fmt::format("\n{:<16} {:>6} {:>8} {:>10} {:>10} {:>11} {:>7} {:>8} {:>15}  top ops\n", "step", "batch",
+                       "context", "ms", "wall ms", "roofline ms", "ratio", "experts", "small us/layer");
     for (const auto& s : r.steps) {
       std::string top;
       for (size_t i = 0; i < s.ops.size() && i < 3; ++i) {
         top += fmt::format("{}{} {:.0f}%", i ? ", " : "", s.ops[i].name, 100.0 * s.ops[i].share);
       }
-      out += fmt::format("{:<16} {:>6} {:>8} {:>10.3f} {:>10.3f} {:>11.3f} {:>7.2f} {:>8.1f}  {}\n", s.model, s.batch,
-                         s.context, s.ms, s.wall_ms, s.roofline_ms, s.ratio, s.touched_experts, top);
+      const std::string small = fmt::format("{:.1f}{}", s.small_ops_us_per_layer, s.ops_in_graph ? " g" : "");
+      out += fmt::format("{:<16} {:>6} {:>8} {:>10.3f} {:>10.3f} {:>11.3f} {:>7.2f} {:>8.1f} {:>15}  {}\n", s.model,
+                         s.batch, s.context, s.ms, s.wall_ms, s.roofline_ms, s.ratio, s.touched_experts, small, top);
       if (s.streamed_bytes > 0) {
         out += fmt::format("{:<16} {:>6} {:>8}   streamed experts: {:.2f} MB copied a step", "", "", "",
                            s.streamed_bytes / 1e6);

@@ -94,7 +94,11 @@ struct StepResult {
   double prefetched_experts = 0, prefetch_hits = 0;
   int64_t replays = 0;
   int64_t n_ops = 0;        // backend ops of one step (each one or more kernel launches)
-  std::vector<OpTime> ops;  // eager, event-instrumented replay
+  std::vector<OpTime> ops;  // one event-instrumented step: inside a graph of its own when the step is a graph
+  bool ops_in_graph = false;  // ops were timed inside a captured graph (false: launched eagerly)
+  // Of ops: the small ops (op_profiler.h small_ops) — their spans in all, the instrumentation's estimated cost per op,
+  // and their time net of it per decoder layer (issue 9: <= 30 us)
+  double small_ops_ms = 0, op_overhead_us = 0, small_ops_us_per_layer = 0;
 };
 
 struct PrefillResult {

@@ -20,7 +20,7 @@ class WallProfiler final : public StepProfiler {
     try {
       if (records_.empty() && open_.empty()) origin_ = Clock::now();
       open_.push_back({records_.size(), Clock::now()});
-      records_.push_back({name, static_cast<int>(open_.size()) - 1, ms(open_.back().start), 0.0});
+      records_.push_back({name, static_cast<int>(open_.size()) - 1, ms(open_.back().start), 0.0, false});
     } catch (...) {
       failed_ = true;  // out of memory: reported by take()
     }
@@ -75,6 +75,34 @@ double step_span_ms(const std::vector<OpRecord>& records) {
     any = true;
   }
   return any ? end - begin : 0.0;
+}
+
+bool small_op(const std::string& name) {
+  static const char* const kNotSmall[] = {"linear",       "moe_routed_local", "moe_experts", "mla_attention", "kda",
+                                          "upload_step",  "download_f32",     "sample_rows", "graph"};
+  for (const char* n : kNotSmall) {
+    if (name == n) return false;
+  }
+  return true;
+}
+
+SmallOps small_ops(const std::vector<OpTime>& ops, double step_ms) {
+  SmallOps s;
+  double step_spans = 0;
+  int64_t step_calls = 0;
+  for (const OpTime& o : ops) {
+    if (host_side(o.name)) continue;
+    step_spans += o.ms;
+    step_calls += o.calls;
+    if (!small_op(o.name)) continue;
+    s.raw_ms += o.ms;
+    s.calls += o.calls;
+  }
+  if (step_calls > 0 && step_ms > 0) {
+    s.overhead_us = 1000.0 * std::max(0.0, step_spans - step_ms) / static_cast<double>(step_calls);
+  }
+  s.net_ms = std::max(0.0, s.raw_ms - static_cast<double>(s.calls) * s.overhead_us / 1000.0);
+  return s;
 }
 
 std::vector<OpTime> aggregate_ops(const std::vector<OpRecord>& records) {

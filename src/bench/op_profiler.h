@@ -17,6 +17,7 @@ struct OpRecord {
   int depth = 0;        // 0: a top-level op; nested ops (an op inside another) have depth > 0
   double begin_ms = 0;  // relative to the first op since the last take()
   double end_ms = 0;
+  bool in_graph = false;  // recorded as an event node of a captured graph (CUDA StepProfiler::in_graph)
 };
 
 class StepProfiler : public OpProfiler {
@@ -35,5 +36,19 @@ double step_span_ms(const std::vector<OpRecord>& records);
 
 // Top-level ops grouped by name, largest total first; share = fraction of the sum over the groups.
 std::vector<OpTime> aggregate_ops(const std::vector<OpRecord>& records);
+
+// The "small ops" of issue 9: every op of the step that is neither a GEMM (dense linears, the routed experts) nor
+// attention (MLA, KDA), nor outside the step body (metadata upload, logits download, sampling).
+bool small_op(const std::string& name);
+
+// The small ops of a step's per-op breakdown. Each op's time is the span between the events around it, and those
+// events cost device time of their own (inside a graph, event nodes break the kernel chain): the spans of the step's
+// ops add up to more than the same step without them (step_ms). That excess, spread evenly over the step's ops, is
+// overhead_us per op; net_ms is the small ops' spans less their share of it.
+struct SmallOps {
+  double raw_ms = 0, net_ms = 0, overhead_us = 0;
+  int64_t calls = 0;
+};
+SmallOps small_ops(const std::vector<OpTime>& ops, double step_ms);
 
 }  // namespace bg::bench

@@ -145,9 +145,15 @@ StepResult bench_one_step(Model& model, kv::StateManager& state, const StepBench
     std::unique_ptr<StepProfiler> profiler = device.profiler(true);
     ProfilerAttachment attach(model, profiler.get());
     model.forward_batch_sample(batch, rows, samples);
-    r.ops = aggregate_ops(profiler->take());
+    const std::vector<OpRecord> records = profiler->take();
+    r.ops = aggregate_ops(records);
     for (const OpTime& o : r.ops) r.n_ops += o.calls;
+    r.ops_in_graph = std::any_of(records.begin(), records.end(), [](const OpRecord& o) { return o.in_graph; });
   }
+  const SmallOps small = small_ops(r.ops, median(device_ms));
+  r.small_ops_ms = small.raw_ms;
+  r.op_overhead_us = small.overhead_us;
+  r.small_ops_us_per_layer = 1000.0 * small.net_ms / static_cast<double>(std::max<int64_t>(1, model.info().n_layers));
   r.ms = median(device_ms);
   r.wall_ms = median(wall_ms);
   r.replays = spec.replays;

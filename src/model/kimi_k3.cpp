@@ -277,25 +277,30 @@ void KimiK3Model::kda(const KdaStatePool& state, int64_t layer, const Tensor& x,
   const int64_t n = x.rows(), nh = kda_heads_, K = c_.kda_head_dim, P = nh * K;  // this rank's heads
   const K3Layer& L = layers_[static_cast<size_t>(layer)];
   const int64_t idx = L.sub_index;
-  // Projections of x (one fused product at decode: q, k, v, g, f_a, b), then causal short conv + SiLU continuing the
-  // sequence's conv state: each [n, P] = [n, nh, K].
+  // Projections of x (one fused product at decode: q, k, v, g, f_a, b) and the gate's second projection f_b, then the
+  // per-token preparation (one fused op on CUDA decode steps): causal short conv + SiLU of q, k, v continuing the
+  // sequence's conv states, each [n, P] = [n, nh, K]; per-head L2 norm of q, k (eps inside the sqrt, q scaled by
+  // K^-0.5); the forget gate g = lb * sigmoid(exp(A_log[h]) * (f_b(f_a x) + dt_bias)) [n, nh, K]; beta =
+  // sigmoid(b_proj x) [n, nh].
   const GroupProjections in(be, L.kda_in, x);
+  Tensor fb = be.act(n, P);
+  be.linear(lin_.get(int(T::kKdaFB), layer), in[4], fb);
+  KdaPrepArgs prep;
+  prep.raw = {in[0], in[1], in[2]};
+  prep.conv = {L.q_conv, L.k_conv, L.v_conv};
+  prep.conv_state = {state.conv_ref(idx, 0), state.conv_ref(idx, 1), state.conv_ref(idx, 2)};
+  prep.g_raw = fb;
+  prep.a_log = L.a_log;
+  prep.dt_bias = L.dt_bias;
+  prep.b = in[5];
+  prep.n_heads = nh;
+  prep.head_dim = K;
+  prep.q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(K)));
+  prep.gate_lower_bound = static_cast<float>(c_.gate_lower_bound);
   Tensor q = be.act(n, P), k = be.act(n, P), v = be.act(n, P);
-  be.short_conv(in[0], L.q_conv, state.conv_ref(idx, 0), q);
-  be.short_conv(in[1], L.k_conv, state.conv_ref(idx, 1), k);
-  be.short_conv(in[2], L.v_conv, state.conv_ref(idx, 2), v);
-  // Per-head L2 norm (eps inside the sqrt), q scaled by K^-0.5.
-  be.kda_l2norm(K, static_cast<float>(1.0 / std::sqrt(static_cast<double>(K))), q);
-  be.kda_l2norm(K, 1.0f, k);
-  // Forget gate g = lb * sigmoid(exp(A_log[h]) * (f_b(f_a x) + dt_bias)) [n, nh, K]; beta = sigmoid(b_proj x) [n, nh].
   Tensor g = be.alloc({n, P}, DType::kF32);
-  {
-    Tensor fb = be.act(n, P);
-    be.linear(lin_.get(int(T::kKdaFB), layer), in[4], fb);
-    be.kda_gate(fb, L.a_log, L.dt_bias, nh, static_cast<float>(c_.gate_lower_bound), g);
-  }
   Tensor beta = be.alloc({n, nh}, DType::kF32);
-  be.kda_beta(in[5], beta);
+  be.kda_prep(prep, q, k, v, g, beta);
   // Gated delta rule over each sequence's recurrent state (chunked for a prefill, recurrent for one token).
   Tensor o = be.act(n, P);
   be.kda({n, nh, K, K}, q, k, v, g, beta, state.recurrent_ref(idx), o);

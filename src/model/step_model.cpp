@@ -158,9 +158,10 @@ Tensor StepModel::run_single(std::span<const BatchEntry> batch, bool all_rows, c
   StepLayout step = layout_step(batch, info(), pools);
   *n_rows = all_rows ? step.n_tokens() : step.n_seqs();
   // Decode steps on CUDA replay a graph of the next power-of-two batch (padding sequences write only the pools'
-  // padding block and slot). A route hook synchronises, so it forces eager steps; so does a per-op profiler.
+  // padding block and slot). A route hook synchronises, so it forces eager steps; so does a per-op profiler that
+  // cannot record inside a graph.
   Backend& be = backend();
-  const bool per_op_profile = be.profiler() != nullptr && be.profiler()->per_op();
+  const bool per_op_profile = be.profiler() != nullptr && be.profiler()->per_op() && !be.profiler()->in_graph();
   // Streamed experts wait for each layer's routing on the host: never captured.
   const bool graph_ok = !all_rows && graphs_ && !route_hook_ && !expert_stream_ && !per_op_profile &&
                         be.device() == DeviceKind::kCuda && step.all_single_token();

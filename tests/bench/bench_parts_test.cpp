@@ -70,6 +70,28 @@ TEST(OpRecords, SpanAndAggregation) {
   EXPECT_DOUBLE_EQ(ops[1].share, 3.0 / 8.5);
 }
 
+// The small ops are everything but GEMMs, attention and the host side; the events' excess over the un-instrumented
+// step is spread evenly over the step's ops and taken off the small ones.
+TEST(OpProfiler, SmallOpsNetOfTheInstrumentation) {
+  EXPECT_TRUE(bench::small_op("rmsnorm"));
+  EXPECT_TRUE(bench::small_op("kda_prep"));
+  for (const char* big : {"linear", "moe_routed_local", "moe_experts", "mla_attention", "kda", "sample_rows",
+                          "upload_step", "download_f32", "graph"}) {
+    EXPECT_FALSE(bench::small_op(big)) << big;
+  }
+  const std::vector<bench::OpTime> ops = {{"linear", 2, 3.0, 0}, {"rmsnorm", 4, 0.5, 0}, {"add", 2, 0.1, 0},
+                                          {"upload_step", 1, 9.0, 0}, {"sample_rows", 1, 9.0, 0}};
+  // Step spans 3.6 ms over 8 step ops against a 3.2 ms step: 0.05 ms of events per op.
+  const bench::SmallOps s = bench::small_ops(ops, 3.2);
+  EXPECT_EQ(s.calls, 6);
+  EXPECT_DOUBLE_EQ(s.raw_ms, 0.6);
+  EXPECT_NEAR(s.overhead_us, 50.0, 1e-9);
+  EXPECT_NEAR(s.net_ms, 0.3, 1e-12);
+  // A step no faster than its spans has no overhead to take off; the net never goes negative.
+  EXPECT_DOUBLE_EQ(bench::small_ops(ops, 5.0).net_ms, 0.6);
+  EXPECT_DOUBLE_EQ(bench::small_ops({{"add", 100, 0.1, 0}, {"linear", 1, 1.0, 0}}, 0.01).net_ms, 0.0);
+}
+
 // Decoding after a fabricated context equals decoding after a real one in everything but values: the sequence
 // holds n tokens of blocks, its KDA state is filled, and steps run on from position n with finite logits.
 TEST(FabricateContext, FillsBlocksAndStateAndDecodesOn) {

@@ -43,7 +43,8 @@ struct Shape {
 
 TEST(EmbeddingParity, Bf16AndF32TablesMatchCpuExactly) {
   BG_REQUIRE_GPU();
-  const Shape shapes[] = {{2048, 7168, 1}, {2048, 7168, 17}, {163840, 128, 128}, {300, 33, 1000}, {10, 5, 3}};
+  const Shape shapes[] = {{2048, 7168, 1}, {2048, 7168, 17}, {163840, 128, 128}, {300, 33, 1000}, {10, 5, 3},
+                          {100, 4100, 3}, {100, 8200, 2}};
   for (const Shape& s : shapes) {
     SCOPED_TRACE(::testing::Message() << "vocab " << s.vocab << " dim " << s.dim << " n " << s.n_tokens);
     std::vector<float> table = random_floats(static_cast<size_t>(s.vocab * s.dim), 1.0f, 11);

@@ -68,7 +68,8 @@ void check_dispatch(int64_t n, int64_t k, int64_t E, int64_t n_used, int64_t str
 
 TEST(MoeCudaParity, DispatchAndGatherMatchCpu) {
   BG_REQUIRE_GPU();
-  for (int64_t n : {0, 1, 3, 16, 100, 1000}) {
+  // Up to 1024 pairs (64 tokens of K3) the dispatch is one block; past that, three kernels.
+  for (int64_t n : {0, 1, 3, 16, 64, 65, 100, 1000}) {
     check_dispatch(n, 8, 256, 256, 1, 10 + static_cast<uint64_t>(n));   // DeepSeek-V3
     check_dispatch(n, 16, 896, 896, 1, 20 + static_cast<uint64_t>(n));  // Kimi-K3
     check_dispatch(n, 8, 64, 40, 1, 30 + static_cast<uint64_t>(n));     // experts 40..63 never chosen

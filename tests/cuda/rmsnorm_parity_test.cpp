@@ -18,7 +18,7 @@ std::vector<float> weights(int64_t dim, uint64_t seed) {
 
 TEST(RmsNormParity, ContiguousAndInPlace) {
   BG_REQUIRE_GPU();
-  for (int64_t dim : {7168, 1536, 512, 128, 33, 1}) {
+  for (int64_t dim : {9000, 7168, 3584, 1536, 512, 200, 128, 33, 1}) {  // every register tier and past them
     for (int64_t n_rows : {1, 3, 17, 128, 1000}) {
       if (dim == 7168 && n_rows == 1000) continue;  // 128 rows already cover the block-per-row path at this width
       SCOPED_TRACE(::testing::Message() << "rows " << n_rows << " dim " << dim);

@@ -119,6 +119,8 @@ TEST(RouterCudaParity, NoRenormAndWideTopK) {
   run_case({"no renorm E=128 k=4 groups 4/2", {0, 128, 4, 4, 2, false, 1.0f}, 0.3f, 0.0f}, 100, 400);
   run_case({"top-32 of 1024, 32 groups keep 8", {0, 1024, 32, 32, 8, true, 1.5f}, 0.3f, 0.0f}, 100, 401);
   run_case({"groups of one E=16 k=3 groups 16/5", {0, 16, 3, 16, 5, true, 1.0f}, 0.3f, 0.0f}, 16, 402);
+  // 4 warps x (2 x 1024 + 1024) floats: past the 48 KB of dynamic shared memory a launch gets by default.
+  run_case({"1024 groups of one keep 512", {0, 1024, 8, 1024, 512, true, 1.0f}, 0.3f, 0.0f}, 5, 403);
 }
 
 TEST(RouterCudaParity, RejectsUnsupportedShapes) {

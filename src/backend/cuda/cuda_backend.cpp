@@ -51,44 +51,65 @@ void CudaBackend::upload_step() {
   BG_CUDA_CHECK(cudaEventRecord(step_uploaded_, stream_));
 }
 
-// Capture once per key (the caller guarantees the same ops and shapes for a key; per-step values come from the
-// step buffer, whose address stays fixed while graphs exist), then launch.
-Tensor CudaBackend::run_graph(int64_t key, const std::function<Tensor()>& body) {
-  auto it = graphs_.find(key);
-  if (it == graphs_.end()) {
-    Graph g;
-    cudaGraph_t graph = nullptr;
-    g.memory = alloc_->begin_capture();  // from here until end_capture nothing is returned to the driver
-    if (const cudaError_t began = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed); began != cudaSuccess) {
-      alloc_->end_capture();
-      BG_CUDA_CHECK(began);
-    }
-    OpProfiler* profiler = std::exchange(profiler_, nullptr);  // events must not land in the graph
-    capturing_ = true;
-    try {
-      g.out = body();
-    } catch (...) {
-      cudaStreamEndCapture(stream_, &graph);
-      if (graph != nullptr) cudaGraphDestroy(graph);
-      profiler_ = profiler;
-      capturing_ = false;
-      alloc_->end_capture();
-      throw;
-    }
+// Captures body on the stream into an executable graph. With profile_ops the attached profiler stays live, so its
+// event records become nodes of the graph; otherwise it is detached while capturing (events must not land in a graph
+// that is replayed without it).
+CudaBackend::Graph CudaBackend::capture_graph(const std::function<Tensor()>& body, bool profile_ops) {
+  Graph g;
+  cudaGraph_t graph = nullptr;
+  g.memory = alloc_->begin_capture();  // from here until end_capture nothing is returned to the driver
+  if (const cudaError_t began = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed); began != cudaSuccess) {
+    alloc_->end_capture();
+    BG_CUDA_CHECK(began);
+  }
+  OpProfiler* profiler = profile_ops ? profiler_ : std::exchange(profiler_, nullptr);
+  capturing_ = true;
+  try {
+    g.out = body();
+  } catch (...) {
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
     profiler_ = profiler;
-    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
     capturing_ = false;
     alloc_->end_capture();
-    BG_CUDA_CHECK(ended);
-    const cudaError_t err = cudaGraphInstantiate(&g.exec, graph, 0);
-    cudaGraphDestroy(graph);
-    BG_CUDA_CHECK(err);
-    it = graphs_.emplace(key, std::move(g)).first;
+    throw;
+  }
+  profiler_ = profiler;
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  capturing_ = false;
+  alloc_->end_capture();
+  BG_CUDA_CHECK(ended);
+  const cudaError_t err = cudaGraphInstantiate(&g.exec, graph, 0);
+  cudaGraphDestroy(graph);
+  BG_CUDA_CHECK(err);
+  return g;
+}
+
+// Capture once per key (the caller guarantees the same ops and shapes for a key; per-step values come from the
+// step buffer, whose address stays fixed while graphs exist), then launch. A per-op profiler that records inside
+// graphs gets a graph of its own, launched once and kept (its output and memory) until the next such step.
+Tensor CudaBackend::run_graph(int64_t key, const std::function<Tensor()>& body) {
+  if (profiler_ != nullptr && profiler_->per_op() && profiler_->in_graph()) {
+    drop_profiled_graph();
+    profiled_graph_ = capture_graph(body, true);
+    BG_CUDA_CHECK(cudaGraphLaunch(profiled_graph_.exec, stream_));
+    return profiled_graph_.out;
+  }
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    it = graphs_.emplace(key, capture_graph(body, false)).first;
     log::debug("cuda backend: captured graph {:#x} ({} graphs)", key, graphs_.size());
   }
   BG_PROFILE_OP("graph", stream_);
   BG_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
   return it->second.out;
+}
+
+void CudaBackend::drop_profiled_graph() {
+  if (profiled_graph_.exec == nullptr) return;
+  BG_CUDA_CHECK(cudaStreamSynchronize(stream_));  // its memory goes back to the allocator
+  cudaGraphExecDestroy(profiled_graph_.exec);
+  profiled_graph_ = Graph{};
 }
 
 // A fused group (cuda_linears.h) up to kLinearGroupMaxFusedRows rows: one GEMM into [n, sum of n_out], then each part's

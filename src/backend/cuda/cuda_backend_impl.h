@@ -40,6 +40,7 @@
 #include "ops/rmsnorm/rmsnorm_cuda.h"
 #include "ops/rope/rope_cuda.h"
 #include "ops/router/router_cuda.h"
+#include "ops/kda_gate/kda_prep_cuda.h"
 #include "ops/short_conv/short_conv_cuda.h"
 #include "ops/situ/situ_cuda.h"
 #include "ops/swiglu/swiglu_cuda.h"
@@ -84,6 +85,7 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
     graphs_.clear();
+    if (profiled_graph_.exec != nullptr) cudaGraphExecDestroy(profiled_graph_.exec);
     if (step_host_ != nullptr) cudaFreeHost(step_host_);
     if (step_uploaded_ != nullptr) cudaEventDestroy(step_uploaded_);
     if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
@@ -361,6 +363,37 @@ class CudaBackend final : public Backend {
     BG_PROFILE_OP("kda_beta", stream_);
     ops::kda_beta_cuda(b.numel(), b.as<bf16>(), beta.as<float>(), stream_);
   }
+  // Decode steps: one fused launch (kda_prep_cuda.h; BG_KDA_PREP_FUSED=0 runs the separate ops). Otherwise, and for
+  // head dims or conv widths past the fused kernel's, the separate ops.
+  void kda_prep(const KdaPrepArgs& a, Tensor& q, Tensor& k, Tensor& v, Tensor& g, Tensor& beta) override {
+    if (!step_.all_single_token() || !kda_prep_fused_ || a.head_dim > ops::kKdaPrepMaxHeadDim ||
+        a.conv[0].cols() > ops::kKdaPrepMaxConv) {
+      Backend::kda_prep(a, q, k, v, g, beta);
+      return;
+    }
+    BG_PROFILE_OP("kda_prep", stream_);
+    const int64_t n = q.rows(), width = a.n_heads * a.head_dim;
+    BG_CHECK(n == step_.n_seqs(), "kda_prep: {} rows in a decode step of {} sequences", n, step_.n_seqs());
+    ops::KdaPrepDecodeInputs in;
+    for (size_t i = 0; i < 3; ++i) {
+      BG_CHECK(a.raw[i].rows() == n && a.raw[i].cols() == width, "kda_prep: input {} is {}x{}, expected {}x{}", i,
+               a.raw[i].rows(), a.raw[i].cols(), n, width);
+      in.x[i] = a.raw[i].as<bf16>();
+      in.x_row[i] = width;
+      in.conv_weight[i] = a.conv[i].as<float>();
+      const StateRef& st = a.conv_state[i];
+      in.conv_state[i] = {st.storage.as<float>() + st.offset, dev_.state_slots, st.slot_stride};
+    }
+    in.g_raw = a.g_raw.as<bf16>();
+    in.g_row = width;
+    in.a_log = a.a_log.as<float>();
+    in.dt_bias = a.dt_bias.as<float>();
+    in.b = a.b.as<bf16>();
+    in.b_row = a.n_heads;
+    const ops::KdaPrepDecodeParams p{n, a.n_heads, a.head_dim, a.conv[0].cols(), a.q_scale, 1e-6f, a.gate_lower_bound};
+    ops::kda_prep_decode_cuda(p, in, {q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), g.as<float>(), beta.as<float>()},
+                              stream_);
+  }
   // Decode steps: one recurrent launch over all sequences' slots. Otherwise a recurrent step for each 1-token sequence
   // and one varlen chunked launch pair for all the longer ones (kda_plan_, made in upload_step).
   void kda(const ops::KdaParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
@@ -459,6 +492,8 @@ class CudaBackend final : public Backend {
     Tensor out;
     std::shared_ptr<CapturePool> memory;  // every block handed out while capturing (reused inside the capture)
   };
+  Graph capture_graph(const std::function<Tensor()>& body, bool profile_ops);
+  void drop_profiled_graph();
 
   void upload_step() override;
   CopyFence issue_copies(std::span<const HostCopy> copies, cudaMemcpyKind kind);
@@ -593,6 +628,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t step_uploaded_ = nullptr;  // the last upload finished reading step_host_
   StepDevice dev_;
   std::map<int64_t, Graph> graphs_;
+  Graph profiled_graph_;  // the last step captured with a per-op profiler's event nodes (run_graph)
   bool capturing_ = false;
   // Host-tier copies: their stream, the event it waits on (the compute stream's position at issue), and one event per
   // batch in flight (completed in issue order; completed ones are reused).
@@ -607,6 +643,7 @@ class CudaBackend final : public Backend {
   int64_t n_sms_ = 1;
   bool deterministic_ = false;  // BackendOptions::deterministic
   bool fuse_linear_groups_ = cuda::linear_groups_from_env();  // BG_LINEAR_GROUPS (cuda_linears.h)
+  bool kda_prep_fused_ = cuda::switch_from_env("BG_KDA_PREP_FUSED");
   mutable cuda::MoeGroupedScratch moe_grouped_scratch_;  // grouped prefill MoE: bf16 expert weights (cuda_moe.h)
   std::shared_ptr<void> mla_ws_;  // MLA decode workspace (see mla_decode)
   size_t mla_ws_bytes_ = 0;

@@ -12,12 +12,14 @@
 
 namespace bg::cuda {
 
-bool linear_groups_from_env() {
-  const char* v = std::getenv("BG_LINEAR_GROUPS");
+bool switch_from_env(const char* name) {
+  const char* v = std::getenv(name);
   if (v == nullptr || std::string_view(v) == "1") return true;
-  BG_CHECK(std::string_view(v) == "0", "BG_LINEAR_GROUPS={} (expected 0 or 1)", v);
+  BG_CHECK(std::string_view(v) == "0", "{}={} (expected 0 or 1)", name, v);
   return false;
 }
+
+bool linear_groups_from_env() { return switch_from_env("BG_LINEAR_GROUPS"); }
 
 bool fusable_linears(std::span<const QuantWeight* const> parts) {
   if (parts.size() < 2) return false;

@@ -24,5 +24,7 @@ inline constexpr int64_t kLinearGroupMaxFusedRows = 64;
 // BG_LINEAR_GROUPS=0 runs every group part by part (A/B measurement, triage); unset or 1 fuses. Another value throws.
 // Read when the backend is made.
 bool linear_groups_from_env();
+// An on/off switch of the CUDA backend from the environment: unset or "1" on, "0" off, anything else an error.
+bool switch_from_env(const char* name);
 
 }  // namespace bg::cuda

@@ -1,6 +1,8 @@
 // The CUDA StepProfiler: a pair of events recorded on the backend's stream around each op, read back after the step.
-// Events come from a pool reused across steps; recording costs a few microseconds of host time per op, which the
-// eager per-op replay pays and the graph replay (one "graph" op) does not.
+// Events come from a pool reused across steps. With per_op it also records inside graph captures (in_graph): the
+// backend captures the profiled step as a graph of its own, each record becomes an event node, and the ops are timed
+// as a graph replay runs them, without the host's launch gaps of an eager step (which can exceed a small kernel's
+// own time).
 #include <cuda_runtime.h>
 
 #include <string>
@@ -23,10 +25,11 @@ class CudaEventProfiler final : public StepProfiler {
     if (stream == nullptr) return fail("an op without a stream");
     cudaEvent_t e = next_event();
     if (e == nullptr) return;
-    if (cudaEventRecord(e, static_cast<cudaStream_t>(stream)) != cudaSuccess) return fail("cudaEventRecord");
+    bool captured = false;
+    if (!record(e, stream, &captured)) return;
     try {
       open_.push_back(records_.size());
-      records_.push_back({name, static_cast<int>(open_.size()) - 1, e, nullptr});
+      records_.push_back({name, static_cast<int>(open_.size()) - 1, e, nullptr, captured});
     } catch (...) {
       fail("out of memory");
     }
@@ -35,11 +38,13 @@ class CudaEventProfiler final : public StepProfiler {
     if (open_.empty() || records_[open_.back()].name != name) return fail("unbalanced op records");
     cudaEvent_t e = next_event();
     if (e == nullptr) return;
-    if (cudaEventRecord(e, static_cast<cudaStream_t>(stream)) != cudaSuccess) return fail("cudaEventRecord");
+    bool captured = false;
+    if (!record(e, stream, &captured)) return;
     records_[open_.back()].end = e;
     open_.pop_back();
   }
   bool per_op() const override { return per_op_; }
+  bool in_graph() const override { return per_op_; }
 
   std::vector<OpRecord> take() override {
     std::vector<Raw> raw;
@@ -53,7 +58,7 @@ class CudaEventProfiler final : public StepProfiler {
       float begin_ms = 0, end_ms = 0;
       BG_CUDA_CHECK(cudaEventElapsedTime(&begin_ms, raw.front().begin, r.begin));
       BG_CUDA_CHECK(cudaEventElapsedTime(&end_ms, raw.front().begin, r.end));
-      out.push_back({r.name, r.depth, begin_ms, end_ms});
+      out.push_back({r.name, r.depth, begin_ms, end_ms, r.in_graph});
     }
     return out;
   }
@@ -63,7 +68,24 @@ class CudaEventProfiler final : public StepProfiler {
     std::string name;
     int depth = 0;
     cudaEvent_t begin = nullptr, end = nullptr;
+    bool in_graph = false;
   };
+  // Records e on the stream; while the stream is being captured, as an event node of the graph (external record).
+  bool record(cudaEvent_t e, void* stream, bool* captured) noexcept {
+    const auto s = static_cast<cudaStream_t>(stream);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &status) != cudaSuccess) {
+      fail("cudaStreamIsCapturing");
+      return false;
+    }
+    *captured = status == cudaStreamCaptureStatusActive;
+    const unsigned flags = *captured ? cudaEventRecordExternal : cudaEventRecordDefault;
+    if (cudaEventRecordWithFlags(e, s, flags) != cudaSuccess) {
+      fail("cudaEventRecord");
+      return false;
+    }
+    return true;
+  }
   cudaEvent_t next_event() noexcept {
     if (used_ == pool_.size()) {
       cudaEvent_t e = nullptr;

@@ -61,9 +61,13 @@ inline unsigned elementwise_blocks(int64_t n, int threads) {
 inline constexpr int64_t kWarpRowMaxDim = 1024;
 inline constexpr int kRowThreads = 256;
 
-// Row norm: for row r, ss = sum_d op.load(r, d)^2 in fp32; then op.store(r, d, op.load(r, d), f) with
-// f = op.factor(ss). Every element of a row is read (for ss) before any is written, so op may write in place.
-template <bool kWarpPerRow, typename Op>
+// Row norm: for row r, ss = sum_d op.load(r, d)^2 in fp32 (d = lane, lane + step, ... in that order); then
+// op.store(r, d, op.load(r, d), f, op.aux(r, d)) with f = op.factor(ss). Op::Aux is what the epilogue reads besides
+// the value (a weight, a gate). With kPer > 0 each thread keeps its kPer values and auxiliaries in registers, all
+// loaded before anything is stored, so a row costs one memory latency instead of one per element (stores and loads
+// through unrelated pointers cannot be reordered by the compiler); kPer == 0 (dims past the register tiers) loads
+// twice. Every element of a row is read before any is written, so op may write in place.
+template <bool kWarpPerRow, int kPer, typename Op>
 __global__ void __launch_bounds__(kRowThreads) row_norm_kernel(int64_t n_rows, int64_t dim, Op op) {
   __shared__ float scratch[32];
   const int64_t lane = kWarpPerRow ? (threadIdx.x & 31) : threadIdx.x;
@@ -72,9 +76,23 @@ __global__ void __launch_bounds__(kRowThreads) row_norm_kernel(int64_t n_rows, i
                                   : static_cast<int64_t>(blockIdx.x);
   if (kWarpPerRow && row >= n_rows) return;  // whole warps leave together: the shuffles below stay full
   float ss = 0.0f;
-  for (int64_t d = lane; d < dim; d += step) {
-    const float v = op.load(row, d);
-    ss += v * v;
+  constexpr int kN = kPer > 0 ? kPer : 1;
+  float v[kN];
+  typename Op::Aux a[kN];
+  if constexpr (kPer > 0) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int64_t d = lane + i * step;
+      v[i] = d < dim ? op.load(row, d) : 0.0f;
+      if (d < dim) a[i] = op.aux(row, d);
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) ss += v[i] * v[i];  // zeros past dim change nothing
+  } else {
+    for (int64_t d = lane; d < dim; d += step) {
+      const float x = op.load(row, d);
+      ss += x * x;
+    }
   }
   if constexpr (kWarpPerRow) {
     ss = warp_reduce(ss, SumOp{});
@@ -82,18 +100,41 @@ __global__ void __launch_bounds__(kRowThreads) row_norm_kernel(int64_t n_rows, i
     ss = block_reduce(ss, SumOp{}, 0.0f, scratch);
   }
   const float f = op.factor(ss);
-  for (int64_t d = lane; d < dim; d += step) op.store(row, d, op.load(row, d), f);
+  if constexpr (kPer > 0) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int64_t d = lane + i * step;
+      if (d < dim) op.store(row, d, v[i], f, a[i]);
+    }
+  } else {
+    for (int64_t d = lane; d < dim; d += step) op.store(row, d, op.load(row, d), f, op.aux(row, d));
+  }
 }
 
-// Launches row_norm_kernel with the row mapping that suits dim. n_rows > 0.
+// Launches row_norm_kernel with the row mapping and register tier that suit dim. n_rows > 0.
 template <typename Op>
 void launch_row_norm(int64_t n_rows, int64_t dim, const Op& op, cudaStream_t stream) {
   if (dim <= kWarpRowMaxDim) {
     constexpr int64_t rows_per_block = kRowThreads / 32;
     const auto blocks = static_cast<unsigned>((n_rows + rows_per_block - 1) / rows_per_block);
-    row_norm_kernel<true><<<blocks, kRowThreads, 0, stream>>>(n_rows, dim, op);
+    if (dim <= 4 * 32) {
+      row_norm_kernel<true, 4><<<blocks, kRowThreads, 0, stream>>>(n_rows, dim, op);
+    } else if (dim <= 8 * 32) {
+      row_norm_kernel<true, 8><<<blocks, kRowThreads, 0, stream>>>(n_rows, dim, op);
+    } else {
+      row_norm_kernel<true, 32><<<blocks, kRowThreads, 0, stream>>>(n_rows, dim, op);
+    }
   } else {
-    row_norm_kernel<false><<<static_cast<unsigned>(n_rows), kRowThreads, 0, stream>>>(n_rows, dim, op);
+    const auto blocks = static_cast<unsigned>(n_rows);
+    if (dim <= 8 * kRowThreads) {
+      row_norm_kernel<false, 8><<<blocks, kRowThreads, 0, stream>>>(n_rows, dim, op);
+    } else if (dim <= 16 * kRowThreads) {
+      row_norm_kernel<false, 16><<<blocks, kRowThreads, 0, stream>>>(n_rows, dim, op);
+    } else if (dim <= 32 * kRowThreads) {
+      row_norm_kernel<false, 32><<<blocks, kRowThreads, 0, stream>>>(n_rows, dim, op);
+    } else {
+      row_norm_kernel<false, 0><<<blocks, kRowThreads, 0, stream>>>(n_rows, dim, op);
+    }
   }
 }
 

@@ -1,5 +1,9 @@
-// CUDA embedding lookup: one block per token copies (and, for an fp32 table, rounds) one table row.
+// CUDA embedding lookup: one block per token copies (and, for an fp32 table, rounds) one table row; bf16 rows of a
+// multiple of 8 in 16-byte units.
 #include "ops/embedding/embedding_cuda.h"
+
+#include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
@@ -26,7 +30,52 @@ __global__ void embedding_kernel(EmbeddingParams p, const T* table, const int32_
     return;
   }
   const T* row = table + static_cast<int64_t>(id) * p.dim;
-  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) row_out[i] = as_bf16(row[i]);
+  // kUnroll elements per thread loaded before any is stored: the compiler cannot move a load of the table past a
+  // store to out (they might alias), so an element-by-element loop pays a memory latency per element.
+  constexpr int kUnroll = 8;
+  for (int64_t base = 0; base < p.dim; base += kUnroll * static_cast<int64_t>(blockDim.x)) {
+    T v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+      if (i < p.dim) v[u] = row[i];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+      if (i < p.dim) row_out[i] = as_bf16(v[u]);
+    }
+  }
+}
+
+// bf16 rows whose width is a multiple of 8 (16-byte aligned rows): the same with 16-byte loads, kUnroll per thread.
+__global__ void embedding_vec_kernel(EmbeddingParams p, const bf16* table, const int32_t* ids, bf16* out,
+                                     int32_t* error_flag) {
+  const int64_t t = blockIdx.x;
+  const int32_t id = ids[t];
+  bf16* row_out = out + t * p.dim;
+  if (id < 0 || id >= p.vocab) {
+    for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) row_out[i] = cuda_util::bf16_nan();
+    if (threadIdx.x == 0 && error_flag != nullptr) atomicExch(error_flag, 1);
+    return;
+  }
+  const auto* row = reinterpret_cast<const uint4*>(table + static_cast<int64_t>(id) * p.dim);
+  auto* dst = reinterpret_cast<uint4*>(row_out);
+  const int64_t n_vec = p.dim / 8;
+  constexpr int kUnroll = 4;
+  for (int64_t base = 0; base < n_vec; base += kUnroll * static_cast<int64_t>(blockDim.x)) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+      if (i < n_vec) v[u] = __ldg(row + i);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+      if (i < n_vec) dst[i] = v[u];
+    }
+  }
 }
 
 template <typename T>
@@ -37,6 +86,14 @@ void launch_embedding(const EmbeddingParams& p, const T* table, const int32_t* i
   BG_CHECK(p.n_tokens < (int64_t{1} << 31), "embedding_cuda: n_tokens {} exceeds the grid", p.n_tokens);
   if (p.n_tokens == 0) return;
   BG_CHECK(table && ids && out, "embedding_cuda: null pointer with n_tokens {}", p.n_tokens);
+  const bool aligned = (reinterpret_cast<uintptr_t>(table) % 16 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0);
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (aligned && p.dim % 8 == 0) {
+      embedding_vec_kernel<<<static_cast<unsigned>(p.n_tokens), 256, 0, stream>>>(p, table, ids, out, error_flag);
+      BG_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   embedding_kernel<T><<<static_cast<unsigned>(p.n_tokens), 256, 0, stream>>>(p, table, ids, out, error_flag);
   BG_CUDA_CHECK_LAUNCH();
 }

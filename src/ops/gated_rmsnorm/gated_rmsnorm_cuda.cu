@@ -19,11 +19,15 @@ struct GatedNormOp {
   int64_t dim;
   float inv_dim, eps;
 
+  struct Aux {
+    float w, g;  // weight[d], gate[r, d]
+  };
   __device__ float load(int64_t r, int64_t d) const { return cuda_util::to_f32(x[r * dim + d]); }
+  __device__ Aux aux(int64_t r, int64_t d) const { return {weight[d], cuda_util::to_f32(gate[r * dim + d])}; }
   __device__ float factor(float ss) const { return 1.0f / sqrtf(ss * inv_dim + eps); }
-  __device__ void store(int64_t r, int64_t d, float v, float rstd) const {
-    const float normed = v * rstd * weight[d];
-    y[r * dim + d] = cuda_util::to_bf16(normed / (1.0f + expf(-cuda_util::to_f32(gate[r * dim + d]))));
+  __device__ void store(int64_t r, int64_t d, float v, float rstd, Aux a) const {
+    const float normed = v * rstd * a.w;
+    y[r * dim + d] = cuda_util::to_bf16(normed / (1.0f + expf(-a.g)));
   }
 };
 

@@ -41,9 +41,13 @@ struct L2NormOp {
   int64_t dim;
   float scale, eps;
 
+  struct Aux {};  // the epilogue reads nothing else
   __device__ float load(int64_t r, int64_t d) const { return cuda_util::to_f32(x[r * dim + d]); }
+  __device__ Aux aux(int64_t, int64_t) const { return {}; }
   __device__ float factor(float ss) const { return scale / sqrtf(ss + eps); }
-  __device__ void store(int64_t r, int64_t d, float v, float f) const { out[r * dim + d] = cuda_util::to_bf16(v * f); }
+  __device__ void store(int64_t r, int64_t d, float v, float f, Aux) const {
+    out[r * dim + d] = cuda_util::to_bf16(v * f);
+  }
 };
 
 }  // namespace

@@ -2,8 +2,8 @@
 // expert -> slot map), gather into slot order, and the weighted combine back to token order. A three-kernel stable
 // counting sort: (1) each 256-pair chunk ranks its pairs per slot and histograms them, (2) one block turns the chunk
 // histograms into per-slot prefixes, counts, offsets, tile offsets and the active list, (3) each pair lands at
-// offsets[slot] + (its chunk's base for the slot) + (its rank in the chunk). No host reads anywhere, so the whole
-// routed path can be captured in a CUDA graph.
+// offsets[slot] + (its chunk's base for the slot) + (its rank in the chunk). Up to 1024 pairs (a decode step) the three
+// run as one block in one launch. No host reads anywhere, so the whole routed path can be captured in a CUDA graph.
 
 #include <algorithm>
 #include <type_traits>
@@ -126,6 +126,81 @@ __global__ void __launch_bounds__(kScanThreads) dispatch_scan_kernel(int E, int 
     ws.tile_offsets[E] = total_tiles;
     *ws.n_active = total_act;
   }
+}
+
+// A step of at most kSmallChunks chunks (decode: 64 tokens x top-16) in one block of kScanThreads: the rank, scan and
+// scatter kernels' work with the same results (counts, offsets, tile offsets, active list, chunk prefixes, rows), in
+// one launch instead of three. Dynamic smem: kSmallChunks * E ints (per-chunk histograms, then prefixes).
+constexpr int kSmallChunks = kScanThreads / kMoeDispatchChunk;
+
+__global__ void __launch_bounds__(kScanThreads) dispatch_small_kernel(const int32_t* ids, const float* weights,
+                                                                      int n_pairs, int top_k, int n_experts, int E,
+                                                                      bool all_local, MoeWorkspace ws) {
+  __shared__ int s_slot[kScanThreads];
+  __shared__ int s_warp[32];
+  extern __shared__ int hist[];  // [kSmallChunks][E]
+  const int tid = static_cast<int>(threadIdx.x), chunks = (n_pairs + kMoeDispatchChunk - 1) / kMoeDispatchChunk;
+  const int e = tid < n_pairs ? slot_of_pair(ids, tid, n_experts, all_local, ws) : -1;
+  const float w = tid < n_pairs ? weights[tid] : 0.0f;
+  s_slot[tid] = e;
+  for (int j = tid; j < kSmallChunks * E; j += kScanThreads) hist[j] = 0;
+  __syncthreads();
+  const int c = tid / kMoeDispatchChunk;
+  int rank = 0;
+  if (e >= 0) {
+    for (int j = c * kMoeDispatchChunk; j < tid; ++j) rank += s_slot[j] == e ? 1 : 0;
+    atomicAdd(&hist[c * E + e], 1);
+  }
+  __syncthreads();
+  // Per slot: the chunk histograms become prefixes over chunks; counts.
+  for (int x = tid; x < E; x += kScanThreads) {
+    int run = 0;
+    for (int cc = 0; cc < chunks; ++cc) {
+      const int v = hist[cc * E + x];
+      hist[cc * E + x] = run;
+      ws.chunk_base[static_cast<int64_t>(cc) * E + x] = run;
+      run += v;
+    }
+    ws.counts[x] = run;
+  }
+  __syncthreads();
+  const int per = (E + kScanThreads - 1) / kScanThreads;
+  const int lo = min(E, tid * per), hi = min(E, lo + per);
+  int rows = 0, tiles = 0, act = 0;
+  for (int x = lo; x < hi; ++x) {
+    const int n = ws.counts[x];
+    rows += n;
+    tiles += (n + kMoeTileRows - 1) / kMoeTileRows;
+    act += n > 0 ? 1 : 0;
+  }
+  int total_rows, total_tiles, total_act;
+  int r = block_exclusive_scan(rows, s_warp, total_rows);
+  int t = block_exclusive_scan(tiles, s_warp, total_tiles);
+  int a = block_exclusive_scan(act, s_warp, total_act);
+  for (int x = lo; x < hi; ++x) {
+    const int n = ws.counts[x];
+    ws.offsets[x] = r;
+    ws.tile_offsets[x] = t;
+    if (n > 0) ws.active[a++] = x;
+    r += n;
+    t += (n + kMoeTileRows - 1) / kMoeTileRows;
+  }
+  if (tid == 0) {
+    ws.offsets[E] = total_rows;
+    ws.tile_offsets[E] = total_tiles;
+    *ws.n_active = total_act;
+  }
+  __syncthreads();  // offsets are read back below by other threads
+  if (tid >= n_pairs) return;
+  if (e < 0) {
+    ws.slot_row[tid] = -1;
+    return;
+  }
+  ws.pair_rank[tid] = rank;
+  const int row = ws.offsets[e] + hist[c * E + e] + rank;
+  ws.row_token[row] = tid / top_k;
+  ws.row_weight[row] = w;
+  ws.slot_row[tid] = row;
 }
 
 // Pair i = (token i / k, k = i % k) goes to row offsets[s] + (earlier chunks' rows of s) + its rank in the chunk;
@@ -272,6 +347,15 @@ void moe_dispatch_cuda(const MoeCudaParams& p, const int32_t* expert_ids, const 
   BG_CHECK(ws.slot_map != nullptr && ws.error_flags != nullptr, "moe_dispatch_cuda: null slot map or error word");
   const int pairs = static_cast<int>(p.shape.n_pairs()), E = static_cast<int>(p.shape.n_slots);
   const int n_experts = static_cast<int>(p.shape.n_experts), chunks = static_cast<int>(p.shape.n_chunks());
+  const size_t small_smem = sizeof(int) * static_cast<size_t>(kSmallChunks) * static_cast<size_t>(E);
+  if (pairs > 0 && chunks <= kSmallChunks && small_smem <= 32 * 1024) {
+    BG_CHECK(expert_ids && weights, "moe_dispatch_cuda: null ids or weights with {} tokens", p.shape.n_tokens);
+    dispatch_small_kernel<<<1, kScanThreads, small_smem, stream>>>(expert_ids, weights, pairs,
+                                                                   static_cast<int>(p.shape.top_k), n_experts, E,
+                                                                   p.shape.all_local, ws);
+    BG_CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (pairs > 0) {
     BG_CHECK(expert_ids && weights, "moe_dispatch_cuda: null ids or weights with {} tokens", p.shape.n_tokens);
     dispatch_rank_kernel<<<chunks, kMoeDispatchChunk, sizeof(int) * static_cast<size_t>(E), stream>>>(

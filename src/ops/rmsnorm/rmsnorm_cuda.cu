@@ -18,10 +18,12 @@ struct RmsNormOp {
   int64_t x_row, y_row;
   float inv_dim, eps;
 
+  using Aux = float;  // weight[d]
   __device__ float load(int64_t r, int64_t d) const { return cuda_util::to_f32(x[r * x_row + d]); }
+  __device__ float aux(int64_t, int64_t d) const { return weight[d]; }
   __device__ float factor(float ss) const { return 1.0f / sqrtf(ss * inv_dim + eps); }
-  __device__ void store(int64_t r, int64_t d, float v, float inv) const {
-    y[r * y_row + d] = cuda_util::to_bf16(weight[d] * (v * inv));
+  __device__ void store(int64_t r, int64_t d, float v, float inv, float w) const {
+    y[r * y_row + d] = cuda_util::to_bf16(w * (v * inv));
   }
 };
 

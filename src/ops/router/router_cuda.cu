@@ -1,9 +1,9 @@
 // CUDA router: one warp per token. Biased scores live in shared memory; group selection ranks groups exactly like the
-// CPU's stable sort; the top-k are taken in k rounds of a warp argmax (score desc, index asc), which reproduces the
-// CPU's partial_sort order. Sigmoid and the weight arithmetic use the same fp32 expressions as route_topk_cpu. A NaN
-// score selects as the lowest finite value (as on the CPU) and every pick is a valid index, so corrupted logits never
-// become an out-of-bounds read; the NaN weight reaches the logits, where the engine's per-step check fails the request.
-
+// CPU's stable sort; the top-k are taken in k rounds of a warp argmax (score desc, index asc) over each lane's own
+// best, which reproduces the CPU's partial_sort order. Sigmoid and the weight arithmetic use the same fp32 expressions
+// as route_topk_cpu. A NaN score selects as the lowest finite value (as on the CPU) and every pick is a valid index,
+// so corrupted logits never become an out-of-bounds read; the NaN weight reaches the logits, where the engine's
+// per-step check fails the request.
 
 #include "ops/router/router_cuda.h"
 
@@ -65,7 +65,7 @@ __device__ void mask_losing_groups(const RouterDims& d, float* choice, float* gr
   }
 }
 
-// grid ceil(n_tokens / 4), block 4 warps, dynamic shared memory 4 * (n_experts + n_group) floats.
+// grid ceil(n_tokens / 4), block 4 warps, dynamic shared memory 4 * (2 n_experts + n_group) floats.
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_topk_kernel(RouterDims d, const float* logits,
                                                                         const float* bias, int32_t* expert_ids,
                                                                         float* weights) {
@@ -73,30 +73,42 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_topk_kernel(RouterD
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int t = static_cast<int>(blockIdx.x) * kWarpsPerBlock + warp;
   if (t >= d.n_tokens) return;  // whole warp; no block-level synchronization below
-  float* choice = smem + warp * (d.n_experts + d.n_group);
-  float* group_score = choice + d.n_experts;
+  float* choice = smem + warp * (2 * d.n_experts + d.n_group);
+  float* unbiased = choice + d.n_experts;  // sigmoid(logit): the weight of a pick
+  float* group_score = unbiased + d.n_experts;
   const float* row = logits + static_cast<int64_t>(t) * d.n_experts;
 
   for (int e = lane; e < d.n_experts; e += 32) {
-    const float c = sigmoid(row[e]) + (bias ? bias[e] : 0.0f);
+    const float s = sigmoid(row[e]);
+    const float c = s + (bias ? bias[e] : 0.0f);
+    unbiased[e] = s;
     choice[e] = isnan(c) ? -FLT_MAX : c;
   }
   __syncwarp();
   if (d.n_group > 1 && d.topk_group < d.n_group) mask_losing_groups(d, choice, group_score, lane);
 
-  // k rounds of argmax; the winner is marked -inf so it is not taken again. Lane j keeps the j-th pick.
+  // k rounds of argmax; the winner is marked -inf so it is not taken again. Lane j keeps the j-th pick. Each lane
+  // keeps the best of its own experts (e = lane mod 32, lowest index among equals); a round reduces those over the
+  // warp, and only the lane that owns the winner rescans its experts.
+  auto lane_best = [&](float& v, int& i) {
+    v = -INFINITY;
+    i = 0x7fffffff;
+    for (int e = lane; e < d.n_experts; e += 32) {
+      const float c = choice[e];
+      if (c > v) {  // ascending e: strict > keeps the lowest index among equals
+        v = c;
+        i = e;
+      }
+    }
+  };
+  float own_v;
+  int own_i;
+  lane_best(own_v, own_i);
   int my_id = 0;
   float my_score = 0.0f;
   for (int k = 0; k < d.top_k; ++k) {
-    float best_v = -INFINITY;
-    int best_i = 0x7fffffff;
-    for (int e = lane; e < d.n_experts; e += 32) {
-      const float v = choice[e];
-      if (v > best_v) {  // ascending e: strict > keeps the lowest index among equals
-        best_v = v;
-        best_i = e;
-      }
-    }
+    float best_v = own_v;
+    int best_i = own_i;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, best_v, off);
@@ -109,11 +121,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) route_topk_kernel(RouterD
     if (best_i >= d.n_experts) best_i = 0;  // unreachable (top_k <= n_experts and picks are -inf, never NaN)
     if (lane == k) {
       my_id = best_i;
-      my_score = sigmoid(row[best_i]);  // unbiased score, same expression as above
+      my_score = unbiased[best_i];
     }
-    __syncwarp();
-    if (lane == 0) choice[best_i] = -INFINITY;
-    __syncwarp();
+    if (lane == best_i % 32) {
+      choice[best_i] = -INFINITY;
+      lane_best(own_v, own_i);
+    }
   }
   // Renormalise with the CPU's sequential sum order, then scale.
   float sum = 0.0f;
@@ -143,7 +156,11 @@ void route_topk_cuda(const RouterParams& p, const float* logits, const float* bi
   const RouterDims d{static_cast<int>(p.n_tokens), static_cast<int>(p.n_experts), static_cast<int>(p.top_k),
                      static_cast<int>(p.n_group), static_cast<int>(p.topk_group), p.renormalize, p.scaling_factor};
   const int blocks = static_cast<int>((p.n_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  const size_t smem = sizeof(float) * kWarpsPerBlock * static_cast<size_t>(p.n_experts + p.n_group);
+  const size_t smem = sizeof(float) * kWarpsPerBlock * static_cast<size_t>(2 * p.n_experts + p.n_group);
+  if (smem > 48 * 1024) {
+    BG_CUDA_CHECK(cudaFuncSetAttribute(route_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+  }
   route_topk_kernel<<<blocks, kWarpsPerBlock * 32, smem, stream>>>(d, logits, bias, expert_ids, weights);
   BG_CUDA_CHECK_LAUNCH();
 }

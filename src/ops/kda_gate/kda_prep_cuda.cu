@@ -1,0 +1,144 @@
+// The fused KDA decode preparation (kda_prep_cuda.h). Lane l of a warp owns channels l, l + 32, ... of its head, as
+// the warp-per-row L2 norm does, so the sums of squares are added in that kernel's order.
+#include "ops/kda_gate/kda_prep_cuda.h"
+
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+#include "ops/elementwise/cuda_utils.cuh"
+
+namespace bg::ops {
+namespace {
+
+using cuda_util::bf16;
+
+constexpr int kMaxHist = static_cast<int>(kKdaPrepMaxConv) - 1;
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Short conv + SiLU of this warp's channels (rounded to bf16 as the conv kernel stores them), the state shifted by
+// one token. Returns the rounded outputs as floats in v (0 for lanes past the head). Every input, weight and state
+// value is loaded before anything is stored (a store could alias a later load, so the compiler would not move that
+// load ahead of it), so the warp waits for memory once, not once per channel.
+template <int kPer>
+__device__ __forceinline__ void conv_head(const KdaPrepDecodeParams& p, const bf16* x, const float* weight,
+                                          float* state, int64_t c0, int lane, float (&v)[kPer]) {
+  const int n_hist = static_cast<int>(p.kernel_size) - 1;
+  float xv[kPer], wv[kPer][kMaxHist + 1], hist[kPer][kMaxHist];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t d = lane + 32 * i, c = c0 + d;
+    xv[i] = d < p.head_dim ? cuda_util::to_f32(x[c]) : 0.0f;
+#pragma unroll
+    for (int j = 0; j <= kMaxHist; ++j) {
+      wv[i][j] = d < p.head_dim && j <= n_hist ? weight[c * p.kernel_size + j] : 0.0f;
+      if (j < kMaxHist) hist[i][j] = d < p.head_dim && j < n_hist ? state[c * n_hist + j] : 0.0f;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t d = lane + 32 * i, c = c0 + d;
+    v[i] = 0.0f;
+    if (d >= p.head_dim) continue;
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxHist; ++j) {
+      if (j < n_hist) acc += wv[i][j] * hist[i][j];
+    }
+#pragma unroll
+    for (int j = 0; j <= kMaxHist; ++j) {
+      if (j == n_hist) acc += wv[i][j] * xv[i];
+    }
+    v[i] = cuda_util::to_f32(cuda_util::to_bf16(silu(acc)));
+    float* st = state + c * n_hist;
+#pragma unroll
+    for (int j = 0; j + 1 < kMaxHist; ++j) {
+      if (j + 1 < n_hist) st[j] = hist[i][j + 1];
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxHist; ++j) {
+      if (j == n_hist - 1) st[j] = xv[i];
+    }
+  }
+}
+
+// grid (H, n_seqs), 128 threads: warp 0 q, 1 k, 2 v, 3 gate and beta. kPer: channels per lane (head_dim <= 32 kPer).
+template <int kPer>
+__global__ void __launch_bounds__(128) kda_prep_decode_kernel(KdaPrepDecodeParams p, KdaPrepDecodeInputs in,
+                                                              KdaPrepDecodeOutputs out) {
+  const int64_t h = blockIdx.x, s = blockIdx.y;
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t width = p.n_heads * p.head_dim, c0 = h * p.head_dim;
+  if (warp == 3) {
+    const float a = expf(in.a_log[h]);
+    const bf16* gr = in.g_raw + s * in.g_row;
+    float* g = out.g + s * width;
+    for (int64_t d = lane; d < p.head_dim; d += 32) {
+      const int64_t c = c0 + d;
+      g[c] = p.lower_bound * sigmoid(a * (cuda_util::to_f32(gr[c]) + in.dt_bias[c]));
+    }
+    if (lane == 0) out.beta[s * p.n_heads + h] = sigmoid(cuda_util::to_f32(in.b[s * in.b_row + h]));
+    return;
+  }
+  bf16* y = (warp == 0 ? out.q : warp == 1 ? out.k : out.v) + s * width;
+  const ConvStateSlots& cs = in.conv_state[warp];
+  const int32_t slot = cs.slot_idx[s];
+  if (slot < 0) {  // padding: no state to continue
+    for (int64_t d = lane; d < p.head_dim; d += 32) y[c0 + d] = cuda_util::to_bf16(0.0f);
+    return;
+  }
+  float v[kPer];
+  conv_head<kPer>(p, in.x[warp] + s * in.x_row[warp], in.conv_weight[warp], cs.base + slot * cs.slot_stride, c0, lane, v);
+  float f = 1.0f;
+  if (warp < 2) {  // the L2 norm of kda_l2norm_cuda's warp-per-row kernel: ss over d = lane, lane + 32, ...
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) ss += v[i] * v[i];
+    ss = cuda_util::warp_reduce(ss, cuda_util::SumOp{});
+    f = (warp == 0 ? p.q_scale : 1.0f) / sqrtf(ss + p.l2_eps);
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t d = lane + 32 * i;
+    if (d < p.head_dim) y[c0 + d] = cuda_util::to_bf16(warp < 2 ? v[i] * f : v[i]);
+  }
+}
+
+}  // namespace
+
+void kda_prep_decode_cuda(const KdaPrepDecodeParams& p, const KdaPrepDecodeInputs& in, const KdaPrepDecodeOutputs& out,
+                          cudaStream_t stream) {
+  BG_CHECK(p.n_seqs >= 0 && p.n_seqs < 65536, "kda_prep_decode_cuda: n_seqs {} outside [0, 65535]", p.n_seqs);
+  BG_CHECK(p.n_heads > 0 && p.n_heads < (int64_t{1} << 31), "kda_prep_decode_cuda: bad n_heads {}", p.n_heads);
+  BG_CHECK(p.head_dim > 0 && p.head_dim <= kKdaPrepMaxHeadDim, "kda_prep_decode_cuda: head_dim {} outside [1, {}]",
+           p.head_dim, kKdaPrepMaxHeadDim);
+  BG_CHECK(p.kernel_size >= 1 && p.kernel_size <= kMaxHist + 1, "kda_prep_decode_cuda: kernel_size {} outside [1, {}]",
+           p.kernel_size, kMaxHist + 1);
+  BG_CHECK(p.lower_bound < 0.0f && p.l2_eps > 0.0f, "kda_prep_decode_cuda: lower_bound {} must be < 0 and eps {} > 0",
+           p.lower_bound, p.l2_eps);
+  if (p.n_seqs == 0) return;
+  const int64_t width = p.n_heads * p.head_dim;
+  for (int i = 0; i < 3; ++i) {
+    BG_CHECK(in.x[i] && in.conv_weight[i] && in.conv_state[i].slot_idx, "kda_prep_decode_cuda: null input {}", i);
+    BG_CHECK(in.conv_state[i].base != nullptr || p.kernel_size == 1, "kda_prep_decode_cuda: null conv state {}", i);
+    BG_CHECK(in.x_row[i] >= width, "kda_prep_decode_cuda: row stride {} of input {} below {}", in.x_row[i], i, width);
+    BG_CHECK(in.conv_state[i].slot_stride >= width * (p.kernel_size - 1),
+             "kda_prep_decode_cuda: conv state stride {} below C * (W-1) = {}", in.conv_state[i].slot_stride,
+             width * (p.kernel_size - 1));
+  }
+  BG_CHECK(in.g_raw && in.a_log && in.dt_bias && in.b, "kda_prep_decode_cuda: null gate or beta input");
+  BG_CHECK(in.g_row >= width && in.b_row >= p.n_heads, "kda_prep_decode_cuda: row strides g {} b {} too small",
+           in.g_row, in.b_row);
+  BG_CHECK(out.q && out.k && out.v && out.g && out.beta, "kda_prep_decode_cuda: null output");
+  const dim3 grid(static_cast<unsigned>(p.n_heads), static_cast<unsigned>(p.n_seqs));
+  if (p.head_dim <= 64) {
+    kda_prep_decode_kernel<2><<<grid, 128, 0, stream>>>(p, in, out);
+  } else if (p.head_dim <= 128) {
+    kda_prep_decode_kernel<4><<<grid, 128, 0, stream>>>(p, in, out);
+  } else {
+    kda_prep_decode_kernel<8><<<grid, 128, 0, stream>>>(p, in, out);
+  }
+  BG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace bg::ops
