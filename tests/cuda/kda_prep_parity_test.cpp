@@ -1,5 +1,5 @@
-// The fused KDA decode preparation (kda_prep_decode_cuda) against the separate CUDA kernels it replaces — bit for bit:
-// q, k, v, g, beta and every conv state of the pool — and against the CPU references (short conv, L2 norm, gate,
+// The fused KDA decode preparation (kda_prep_decode_cuda) against the separate CUDA kernels it replaces, bit for bit
+// (q, k, v, g, beta and every conv state of the pool), and against the CPU references (short conv, L2 norm, gate,
 // beta) within bf16 / fp32 tolerance. K3's 96 heads x 128 and smaller / odd head dims, conv widths 4 and 2, scattered
 // state slots with a padding row (-1: zero q / k / v, state untouched), inputs read as column slices of a wider
 // projection buffer (row strides).
@@ -96,8 +96,8 @@ void run_case(const PrepCase& c) {
   for (int i = 0; i < 3; ++i) {
     sep.push_back(poisoned(np * 2));
     const ops::ConvStateSlots cs{d_pool_sep.as<float>() + i * part, d_slots.as<int32_t>(), slot_stride};
-    ops::short_conv_decode_cuda({n, P, W}, bf16_ptr(d_x[static_cast<size_t>(i)]), d_w[static_cast<size_t>(i)].as<float>(),
-                                cs, bf16_ptr(sep.back()), nullptr);
+    const auto u = static_cast<size_t>(i);
+    ops::short_conv_decode_cuda({n, P, W}, bf16_ptr(d_x[u]), d_w[u].as<float>(), cs, bf16_ptr(sep.back()), nullptr);
   }
   ops::kda_l2norm_cuda({n * H, K, q_scale, 1e-6f}, bf16_ptr(sep[0]), bf16_ptr(sep[0]), nullptr);
   ops::kda_l2norm_cuda({n * H, K, 1.0f, 1e-6f}, bf16_ptr(sep[1]), bf16_ptr(sep[1]), nullptr);
@@ -127,7 +127,8 @@ void run_case(const PrepCase& c) {
   const cuda::DeviceBuffer* fused_out[3] = {&fq, &fk, &fv};
   for (int i = 0; i < 3; ++i) {
     SCOPED_TRACE(::testing::Message() << "output " << "qkv"[i]);
-    const std::vector<float> got = download_bf16(*fused_out[i], np), other = download_bf16(sep[static_cast<size_t>(i)], np);
+    const auto u = static_cast<size_t>(i);
+    const std::vector<float> got = download_bf16(*fused_out[i], np), other = download_bf16(sep[u], np);
     std::vector<float> got_valid, other_valid, ref_valid;
     for (int64_t s = 0; s < n; ++s) {
       const auto lo = static_cast<std::ptrdiff_t>(s * P), hi = lo + P;
@@ -137,7 +138,7 @@ void run_case(const PrepCase& c) {
       }
       got_valid.insert(got_valid.end(), got.begin() + lo, got.begin() + hi);
       other_valid.insert(other_valid.end(), other.begin() + lo, other.begin() + hi);
-      ref_valid.insert(ref_valid.end(), ref[static_cast<size_t>(i)].begin() + lo, ref[static_cast<size_t>(i)].begin() + hi);
+      ref_valid.insert(ref_valid.end(), ref[u].begin() + lo, ref[u].begin() + hi);
     }
     EXPECT_EQ(first_mismatch(got_valid, other_valid), -1);
     EXPECT_LE(max_rel_error(got_valid, ref_valid), kTolBf16Out);

@@ -88,7 +88,8 @@ __global__ void __launch_bounds__(128) kda_prep_decode_kernel(KdaPrepDecodeParam
     return;
   }
   float v[kPer];
-  conv_head<kPer>(p, in.x[warp] + s * in.x_row[warp], in.conv_weight[warp], cs.base + slot * cs.slot_stride, c0, lane, v);
+  float* state = cs.base + slot * cs.slot_stride;
+  conv_head<kPer>(p, in.x[warp] + s * in.x_row[warp], in.conv_weight[warp], state, c0, lane, v);
   float f = 1.0f;
   if (warp < 2) {  // the L2 norm of kda_l2norm_cuda's warp-per-row kernel: ss over d = lane, lane + 32, ...
     float ss = 0.0f;
