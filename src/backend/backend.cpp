@@ -47,6 +47,20 @@ void Backend::kda_prep(const KdaPrepArgs& a, Tensor& q, Tensor& k, Tensor& v, Te
   kda_beta(a.b, beta);
 }
 
+void Backend::attn_res_add_mix_rmsnorm(const Tensor& addend, bool replace, const Tensor& bank, int64_t n_candidates,
+                                       const Tensor& norm, const Tensor& proj, float eps, Tensor& h,
+                                       const Tensor& rms_weight, float rms_eps, Tensor& x) {
+  BG_CHECK(bank.shape.size() == 3 && n_candidates >= 1 && n_candidates <= bank.shape[0],
+           "attn_res_add_mix_rmsnorm: {} candidates of a bank of {}", n_candidates, shape_str(bank.shape));
+  Tensor partial = bank.rows_view(n_candidates - 1, 1).reshaped({bank.shape[1], bank.shape[2]});
+  if (replace) {
+    copy(addend, partial);
+  } else {
+    add(partial, addend);
+  }
+  attn_res_mix_rmsnorm(bank, n_candidates, norm, proj, eps, h, rms_weight, rms_eps, x);
+}
+
 RopeHandle Backend::prepare_rope(const ops::RopeTable& table) {
   RopeHandle h;
   h.table = table;

@@ -390,6 +390,12 @@ class Backend {
     attn_res_mix(bank, n_candidates, norm, proj, eps, h);
     rmsnorm(h, rms_weight, rms_eps, x);
   }
+  // The residual update that precedes a mix, folded into it: the last candidate (the running partial sum) first
+  // becomes `addend` (replace) or partial + addend (as add()), written back into the bank, then
+  // attn_res_mix_rmsnorm over n_candidates. This default runs copy / add, then the mix; CUDA does it in one kernel.
+  virtual void attn_res_add_mix_rmsnorm(const Tensor& addend, bool replace, const Tensor& bank, int64_t n_candidates,
+                                        const Tensor& norm, const Tensor& proj, float eps, Tensor& h,
+                                        const Tensor& rms_weight, float rms_eps, Tensor& x);
 
  protected:
   // Called by begin_step after step_ changed (CUDA uploads the metadata).

@@ -231,14 +231,40 @@ Tensor KimiK3Model::step_body(const StepPools& pools, bool all_rows, const TapFn
   be.embedding(embed_, p0);
   tap_tensor(*be_, tap, "embed", 0, p0);
   const float eps = static_cast<float>(c_.rms_norm_eps);
+  // A sublayer's output goes into the partial sum (slot n_banked) right before the next mix reads it; without taps
+  // that update is folded into the mix (attn_res_add_mix_rmsnorm: one kernel on CUDA). pending: the output not yet
+  // added; pending_replace: it starts the partial sum (copied, not added).
+  Tensor pending;
+  bool pending_replace = false;
+  auto update = [&](const Tensor& out, bool replace) {
+    if (tap == nullptr) {
+      pending = out;
+      pending_replace = replace;
+      return;
+    }
+    Tensor p = partial();  // with taps the update is its own op, so the "layer" tap sees the partial sum
+    if (replace) {
+      be.copy(out, p);
+    } else {
+      be.add(p, out);
+    }
+  };
+  auto mix = [&](int64_t n_candidates, const Tensor& norm, const Tensor& proj, const Tensor& rms_weight) {
+    if (pending.empty()) {
+      be.attn_res_mix_rmsnorm(bank, n_candidates, norm, proj, eps, h, rms_weight, eps, x);
+    } else {
+      be.attn_res_add_mix_rmsnorm(pending, pending_replace, bank, n_candidates, norm, proj, eps, h, rms_weight, eps,
+                                  x);
+      pending = Tensor{};
+    }
+  };
   for (int64_t l = 0; l < c_.n_layers; ++l) {
     const K3Layer& L = layers_[static_cast<size_t>(l)];
     if (n_banked == 0) {
       be.copy(partial(), h);
       be.rmsnorm(h, L.input_norm, eps, x);
     } else {
-      be.attn_res_mix_rmsnorm(bank, n_banked + (partial_empty ? 0 : 1), L.attn_res_norm, L.attn_res_proj, eps, h,
-                              L.input_norm, eps, x);
+      mix(n_banked + (partial_empty ? 0 : 1), L.attn_res_norm, L.attn_res_proj, L.input_norm);
     }
     if (l % B == 0) {  // bank the RAW input of this block
       ++n_banked;
@@ -251,22 +277,16 @@ Tensor KimiK3Model::step_body(const StepPools& pools, bool all_rows, const TapFn
     }
     tp_all_reduce(y);  // TP: each rank's heads gave a partial o_proj sum
     tap_tensor(be, tap, "attn", l + 1, y);
-    Tensor p = partial();
-    if (partial_empty) {
-      be.copy(y, p);
-      partial_empty = false;
-    } else {
-      be.add(p, y);
-    }
-    be.attn_res_mix_rmsnorm(bank, n_banked + 1, L.mlp_res_norm, L.mlp_res_proj, eps, h, L.post_norm, eps, x);
+    update(y, partial_empty);
+    partial_empty = false;
+    mix(n_banked + 1, L.mlp_res_norm, L.mlp_res_proj, L.post_norm);  // takes the pending y: y is free again
     ffn(l, x, y);
     tp_all_reduce(y);  // TP: partial down-projection sums (dense, shared experts) + each rank's routed rows
     tap_tensor(be, tap, "ffn", l + 1, y);
-    be.add(p, y);
-    tap_tensor(*be_, tap, "layer", l + 1, p);
+    update(y, false);
+    if (tap != nullptr) tap_tensor(*be_, tap, "layer", l + 1, partial());
   }
-  be.attn_res_mix_rmsnorm(bank, n_banked + (partial_empty ? 0 : 1), out_res_norm_, out_res_proj_, eps, h, final_norm_,
-                          eps, x);
+  mix(n_banked + (partial_empty ? 0 : 1), out_res_norm_, out_res_proj_, final_norm_);
   tap_tensor(*be_, tap, "attnres_out", c_.n_layers, h);
   tap_tensor(*be_, tap, "final_norm", c_.n_layers, x);
   return lm_head_logits(tied_lm_head_ ? *tied_lm_head_ : lin_.get(int(T::kLmHead)), x, all_rows);

@@ -1,7 +1,8 @@
 // CUDA Attention-Residual mix against attn_res_mix_cpu on bf16-rounded candidates: 1 .. 16 candidates of very
 // different scales, hidden 7168 (16-byte loads) and dims that are not a multiple of 8 (scalar loads), ragged token
 // counts, large scores (softmax must subtract its max), an all-zero candidate row, and the output written over the
-// last candidate (the partial sum). The fused mix + RMSNorm writes the same h bit for bit and x as rmsnorm_cuda of it.
+// last candidate (the partial sum). The fused mix + RMSNorm writes the same h bit for bit and x as rmsnorm_cuda of it;
+// with the residual update folded in, the bank, h and x are bit for bit the separate add (or copy) and mix.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "cuda/small_ops_testing.h"
 #include "ops/attn_res/attn_res_cuda.h"
+#include "ops/elementwise/elementwise_cuda.h"
 #include "ops/rmsnorm/rmsnorm_cuda.h"
 
 namespace bg::testing {
@@ -78,6 +80,49 @@ TEST(AttnResParity, MatchesCpu) {
   }
 }
 
+// The residual update folded into the mix: the partial sum (last candidate) becomes partial + addend (or the addend)
+// in the same kernel, bit for bit add_inplace_cuda / a copy followed by attn_res_mix_rmsnorm_cuda: the updated
+// partial, h and x. 16-byte and scalar paths.
+TEST(AttnResParity, AddFoldedIntoTheMixEqualsAddThenMix) {
+  BG_REQUIRE_GPU();
+  const MixCase cases[] = {{9, 1, 7168, 1.0f}, {9, 17, 7168, 1.0f}, {1, 3, 7168, 1.0f}, {4, 9, 7172, 1.0f},
+                           {3, 5, 256, 30.0f}, {16, 2, 12288, 1.0f}};
+  for (const MixCase& c : cases) {
+    for (bool replace : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "n " << c.n_candidates << " T " << c.n_tokens << " D " << c.dim
+                                        << (replace ? " replace" : " add"));
+      const size_t per = static_cast<size_t>(c.n_tokens * c.dim), total = per * static_cast<size_t>(c.n_candidates);
+      std::vector<float> packed = random_floats(total, 1.0f, static_cast<uint64_t>(c.n_candidates * 7 + c.n_tokens));
+      std::vector<float> addend = random_floats(per, 0.5f, 44);
+      std::vector<float> norm = random_floats(static_cast<size_t>(c.dim), 0.3f, 45), rms_w = norm;
+      for (auto& v : norm) v += 1.0f;
+      for (auto& v : rms_w) v += 0.5f;
+      const std::vector<float> proj =
+          random_floats(static_cast<size_t>(c.dim), c.proj_scale / std::sqrt(static_cast<float>(c.dim)), 46);
+      const cuda::DeviceBuffer d_norm = cuda::upload(norm), d_proj = cuda::upload(proj), d_w = cuda::upload(rms_w);
+      const cuda::DeviceBuffer d_add = upload_bf16(addend);
+      cuda::DeviceBuffer fused = upload_bf16(packed), sep = upload_bf16(packed);
+      cuda::DeviceBuffer h1 = poisoned(per * 2), x1 = poisoned(per * 2), h2 = poisoned(per * 2), x2 = poisoned(per * 2);
+      const ops::AttnResParams p{c.n_candidates, c.n_tokens, c.dim, 1e-5f};
+      ops::attn_res_add_mix_rmsnorm_cuda(p, bf16_ptr(d_add), replace, bf16_ptr(fused), d_norm.as<float>(),
+                                         d_proj.as<float>(), d_w.as<float>(), 1e-6f, bf16_ptr(h1), bf16_ptr(x1),
+                                         nullptr);
+      __nv_bfloat16* partial = bf16_ptr(sep) + static_cast<size_t>(c.n_candidates - 1) * per;
+      if (replace) {
+        BG_CUDA_CHECK(cudaMemcpy(partial, d_add.data(), per * 2, cudaMemcpyDeviceToDevice));
+      } else {
+        ops::add_inplace_cuda(static_cast<int64_t>(per), bf16_ptr(d_add), partial, nullptr);
+      }
+      ops::attn_res_mix_rmsnorm_cuda(p, bf16_ptr(sep), d_norm.as<float>(), d_proj.as<float>(), d_w.as<float>(), 1e-6f,
+                                     bf16_ptr(h2), bf16_ptr(x2), nullptr);
+      sync_device();
+      EXPECT_EQ(first_mismatch(download_bf16(fused, total), download_bf16(sep, total)), -1) << "the bank";
+      EXPECT_EQ(first_mismatch(download_bf16(h1, per), download_bf16(h2, per)), -1) << "h";
+      EXPECT_EQ(first_mismatch(download_bf16(x1, per), download_bf16(x2, per)), -1) << "x";
+    }
+  }
+}
+
 TEST(AttnResParity, RejectsBadParams) {
   BG_REQUIRE_GPU();
   cuda::DeviceBuffer b(64);
@@ -88,6 +133,15 @@ TEST(AttnResParity, RejectsBadParams) {
                                       nullptr),
                Error);
   EXPECT_NO_THROW(ops::attn_res_mix_cuda({2, 0, 4, 1e-5f}, nullptr, nullptr, nullptr, nullptr, nullptr));
+  // The addend, the partial sum (the last candidate), h and x must not overlap.
+  cuda::DeviceBuffer big(4 * 8 * 2);
+  __nv_bfloat16* base = bf16_ptr(big);
+  EXPECT_THROW(ops::attn_res_add_mix_rmsnorm_cuda({2, 1, 8, 1e-5f}, base + 8, false, base, b.as<float>(),
+                                                  b.as<float>(), b.as<float>(), 1e-6f, base + 16, base + 24, nullptr),
+               Error);
+  EXPECT_THROW(ops::attn_res_add_mix_rmsnorm_cuda({2, 1, 8, 1e-5f}, base + 16, false, base, b.as<float>(),
+                                                  b.as<float>(), b.as<float>(), 1e-6f, base + 16, base + 24, nullptr),
+               Error);
   EXPECT_THROW(ops::attn_res_mix_rmsnorm_cuda({2, 1, 4, 1e-5f}, bf16_ptr(b), b.as<float>(), b.as<float>(), b.as<float>(),
                                               1e-6f, bf16_ptr(b), bf16_ptr(b), nullptr),
                Error);  // x == h

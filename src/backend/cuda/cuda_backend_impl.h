@@ -454,6 +454,20 @@ class CudaBackend final : public Backend {
                                    h.as<bf16>(), x.as<bf16>(), stream_);
   }
 
+  void attn_res_add_mix_rmsnorm(const Tensor& addend, bool replace, const Tensor& bank, int64_t n_candidates,
+                                const Tensor& norm, const Tensor& proj, float eps, Tensor& h, const Tensor& rms_weight,
+                                float rms_eps, Tensor& x) override {
+    BG_PROFILE_OP("attn_res_add_mix_rmsnorm", stream_);
+    BG_CHECK(h.rows() == bank.shape.at(1) && h.cols() == bank.shape.at(2) && x.rows() == h.rows() &&
+                 x.cols() == h.cols() && rms_weight.numel() == h.cols() && addend.rows() == h.rows() &&
+                 addend.cols() == h.cols() && n_candidates <= bank.shape.at(0),
+             "attn_res_add_mix_rmsnorm: addend / h / x / weight do not match the bank's [{}, {}], or {} candidates "
+             "of {}", bank.shape.at(1), bank.shape.at(2), n_candidates, bank.shape.at(0));
+    ops::attn_res_add_mix_rmsnorm_cuda({n_candidates, bank.shape.at(1), bank.shape.at(2), eps}, addend.as<bf16>(),
+                                       replace, bank.as<bf16>(), norm.as<float>(), proj.as<float>(),
+                                       rms_weight.as<float>(), rms_eps, h.as<bf16>(), x.as<bf16>(), stream_);
+  }
+
   Tensor run_graph(int64_t key, const std::function<Tensor()>& body) override;
   int64_t n_graphs() const override { return static_cast<int64_t>(graphs_.size()); }
 

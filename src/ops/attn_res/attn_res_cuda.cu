@@ -56,11 +56,14 @@ __device__ __forceinline__ void store_vec(bf16* p, const float (&v)[kVec]) {
 // turns them into the softmax weights; pass 2 writes the weighted sum of the raw candidates to h. kNorm: then
 // x = rms_weight * (h * inv), inv = 1 / sqrt(mean(h^2) + rms_eps) over the bf16 values of h just written (rmsnorm_cuda's
 // formula), each thread reading back only what it wrote.
-template <int kVec, bool kNorm>
+// kAdd: the last candidate (the partial sum) is first updated in pass 1, each element by the thread that reads it:
+// partial = replace ? addend : bf16(partial + addend) (add_inplace_cuda's arithmetic), stored back; pass 2 reads it
+// back (the same thread's own stores).
+template <int kVec, bool kNorm, bool kAdd>
 __global__ void __launch_bounds__(kThreads) attn_res_kernel(AttnResParams p, const bf16* candidates,
                                                             const float* norm, const float* proj,
                                                             const float* rms_weight, float rms_eps, bf16* h,
-                                                            bf16* x) {
+                                                            bf16* x, const bf16* addend, bool replace) {
   __shared__ float partial[kWarps][2 * kMax];  // per warp: sum of squares, then dot, of each candidate
   __shared__ float alpha[kMax];
   __shared__ float scratch[32];
@@ -81,7 +84,22 @@ __global__ void __launch_bounds__(kThreads) attn_res_kernel(AttnResParams p, con
     for (int i = 0; i < kMax; ++i) {
       if (i < n) {
         float v[kVec];
-        load_vec<kVec>(base + i * cand_stride + d, v);
+        if (kAdd && i == n - 1) {
+          bf16* partial = const_cast<bf16*>(base + i * cand_stride + d);
+          float a[kVec];
+          load_vec<kVec>(addend + t * dim + d, a);
+          if (replace) {
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) v[k] = a[k];
+          } else {
+            load_vec<kVec>(partial, v);
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) v[k] = cuda_util::to_f32(cuda_util::to_bf16(v[k] + a[k]));
+          }
+          store_vec<kVec>(partial, v);
+        } else {
+          load_vec<kVec>(base + i * cand_stride + d, v);
+        }
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
           ss[i] += v[k] * v[k];
@@ -171,16 +189,19 @@ void check_mix(const AttnResParams& p, const char* who) {
   BG_CHECK(p.eps > 0.0f, "{}: eps {} must be positive", who, p.eps);
 }
 
-template <bool kNorm>
+template <bool kNorm, bool kAdd = false>
 void launch(const AttnResParams& p, const bf16* candidates, const float* norm, const float* proj,
-            const float* rms_weight, float rms_eps, bf16* h, bf16* x, cudaStream_t stream) {
+            const float* rms_weight, float rms_eps, bf16* h, bf16* x, cudaStream_t stream,
+            const bf16* addend = nullptr, bool replace = false) {
   const bool vec = p.dim % 8 == 0 && aligned16(candidates) && aligned16(norm) && aligned16(proj) && aligned16(h) &&
-                   (!kNorm || (aligned16(rms_weight) && aligned16(x)));
+                   (!kNorm || (aligned16(rms_weight) && aligned16(x))) && (!kAdd || aligned16(addend));
   const auto grid = static_cast<unsigned>(p.n_tokens);
   if (vec) {
-    attn_res_kernel<8, kNorm><<<grid, kThreads, 0, stream>>>(p, candidates, norm, proj, rms_weight, rms_eps, h, x);
+    attn_res_kernel<8, kNorm, kAdd><<<grid, kThreads, 0, stream>>>(p, candidates, norm, proj, rms_weight, rms_eps, h,
+                                                                   x, addend, replace);
   } else {
-    attn_res_kernel<1, kNorm><<<grid, kThreads, 0, stream>>>(p, candidates, norm, proj, rms_weight, rms_eps, h, x);
+    attn_res_kernel<1, kNorm, kAdd><<<grid, kThreads, 0, stream>>>(p, candidates, norm, proj, rms_weight, rms_eps, h,
+                                                                   x, addend, replace);
   }
   BG_CUDA_CHECK_LAUNCH();
 }
@@ -205,6 +226,24 @@ void attn_res_mix_rmsnorm_cuda(const AttnResParams& p, const __nv_bfloat16* cand
            "attn_res_mix_rmsnorm_cuda: null pointer with n_tokens {}", p.n_tokens);
   BG_CHECK(x != h, "attn_res_mix_rmsnorm_cuda: x must not be h");
   launch<true>(p, candidates, norm, proj, rms_weight, rms_eps, h, x, stream);
+}
+
+void attn_res_add_mix_rmsnorm_cuda(const AttnResParams& p, const __nv_bfloat16* addend, bool replace,
+                                   __nv_bfloat16* candidates, const float* norm, const float* proj,
+                                   const float* rms_weight, float rms_eps, __nv_bfloat16* h, __nv_bfloat16* x,
+                                   cudaStream_t stream) {
+  check_mix(p, "attn_res_add_mix_rmsnorm_cuda");
+  BG_CHECK(rms_eps > 0.0f, "attn_res_add_mix_rmsnorm_cuda: rms eps {} must be positive", rms_eps);
+  if (p.n_tokens == 0) return;
+  BG_CHECK(addend && candidates && norm && proj && rms_weight && h && x,
+           "attn_res_add_mix_rmsnorm_cuda: null pointer with n_tokens {}", p.n_tokens);
+  BG_CHECK(x != h, "attn_res_add_mix_rmsnorm_cuda: x must not be h");
+  const __nv_bfloat16* partial = candidates + (p.n_candidates - 1) * p.n_tokens * p.dim;
+  const int64_t n_values = p.n_tokens * p.dim;
+  auto overlaps = [&](const __nv_bfloat16* a, const __nv_bfloat16* b) { return a < b + n_values && b < a + n_values; };
+  BG_CHECK(!overlaps(addend, partial) && !overlaps(h, partial) && !overlaps(x, partial) && !overlaps(addend, h),
+           "attn_res_add_mix_rmsnorm_cuda: the addend, the partial sum, h and x must not overlap");
+  launch<true, true>(p, candidates, norm, proj, rms_weight, rms_eps, h, x, stream, addend, replace);
 }
 
 }  // namespace bg::ops

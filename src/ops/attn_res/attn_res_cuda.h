@@ -26,4 +26,13 @@ void attn_res_mix_rmsnorm_cuda(const AttnResParams& p, const __nv_bfloat16* cand
                                const float* proj, const float* rms_weight, float rms_eps, __nv_bfloat16* h,
                                __nv_bfloat16* x, cudaStream_t stream);
 
+// attn_res_mix_rmsnorm_cuda after the residual update it follows, in the same kernel: the last candidate (the partial
+// sum, candidate n_candidates - 1 of the packed buffer) first becomes addend (replace) or bf16(partial + addend)
+// (add_inplace_cuda's arithmetic), written back; then the mix and the norm as above, bit for bit the separate add /
+// copy and attn_res_mix_rmsnorm_cuda. addend [n_tokens, dim] bf16; it, the partial sum, h and x do not overlap.
+void attn_res_add_mix_rmsnorm_cuda(const AttnResParams& p, const __nv_bfloat16* addend, bool replace,
+                                   __nv_bfloat16* candidates, const float* norm, const float* proj,
+                                   const float* rms_weight, float rms_eps, __nv_bfloat16* h, __nv_bfloat16* x,
+                                   cudaStream_t stream);
+
 }  // namespace bg::ops
