@@ -17,6 +17,15 @@ using cuda_util::bf16;
 __device__ __forceinline__ bf16 as_bf16(bf16 v) { return v; }
 __device__ __forceinline__ bf16 as_bf16(float v) { return cuda_util::to_bf16(v); }
 
+// A bad id gets a NaN row (and raises the flag): true when the block has nothing else to do.
+__device__ __forceinline__ bool rejected(const EmbeddingParams& p, int32_t id, bf16* row_out,
+                                         int32_t* error_flag) {
+  if (id >= 0 && id < p.vocab) return false;
+  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) row_out[i] = cuda_util::bf16_nan();
+  if (threadIdx.x == 0 && error_flag != nullptr) atomicExch(error_flag, 1);
+  return true;
+}
+
 // grid (n_tokens), block 256: block t writes out[t, :] (a NaN row for a bad id, which also raises the flag).
 template <typename T>
 __global__ void embedding_kernel(EmbeddingParams p, const T* table, const int32_t* ids, bf16* out,
@@ -24,11 +33,7 @@ __global__ void embedding_kernel(EmbeddingParams p, const T* table, const int32_
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   bf16* row_out = out + t * p.dim;
-  if (id < 0 || id >= p.vocab) {
-    for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) row_out[i] = cuda_util::bf16_nan();
-    if (threadIdx.x == 0 && error_flag != nullptr) atomicExch(error_flag, 1);
-    return;
-  }
+  if (rejected(p, id, row_out, error_flag)) return;
   const T* row = table + static_cast<int64_t>(id) * p.dim;
   // kUnroll elements per thread loaded before any is stored: the compiler cannot move a load of the table past a
   // store to out (they might alias), so an element-by-element loop pays a memory latency per element.
@@ -54,11 +59,7 @@ __global__ void embedding_vec_kernel(EmbeddingParams p, const bf16* table, const
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   bf16* row_out = out + t * p.dim;
-  if (id < 0 || id >= p.vocab) {
-    for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) row_out[i] = cuda_util::bf16_nan();
-    if (threadIdx.x == 0 && error_flag != nullptr) atomicExch(error_flag, 1);
-    return;
-  }
+  if (rejected(p, id, row_out, error_flag)) return;
   const auto* row = reinterpret_cast<const uint4*>(table + static_cast<int64_t>(id) * p.dim);
   auto* dst = reinterpret_cast<uint4*>(row_out);
   const int64_t n_vec = p.dim / 8;

@@ -60,6 +60,39 @@ __device__ int block_exclusive_scan(int v, int* s_warp, int& total) {
   return prefix;
 }
 
+// From ws.counts (complete, visible to the block): offsets, tile offsets, the active list and n_active, by the
+// kScanThreads threads of one block (every thread must call it).
+__device__ void scan_counts(int E, const MoeWorkspace& ws, int* s_warp) {
+  const int tid = static_cast<int>(threadIdx.x);
+  // Thread tid owns experts [lo, hi) so that a thread-order scan is an expert-order scan.
+  const int per = (E + kScanThreads - 1) / kScanThreads;
+  const int lo = min(E, tid * per), hi = min(E, lo + per);
+  int rows = 0, tiles = 0, act = 0;
+  for (int e = lo; e < hi; ++e) {
+    const int c = ws.counts[e];
+    rows += c;
+    tiles += (c + kMoeTileRows - 1) / kMoeTileRows;
+    act += c > 0 ? 1 : 0;
+  }
+  int total_rows, total_tiles, total_act;
+  int r = block_exclusive_scan(rows, s_warp, total_rows);
+  int t = block_exclusive_scan(tiles, s_warp, total_tiles);
+  int a = block_exclusive_scan(act, s_warp, total_act);
+  for (int e = lo; e < hi; ++e) {
+    const int c = ws.counts[e];
+    ws.offsets[e] = r;
+    ws.tile_offsets[e] = t;
+    if (c > 0) ws.active[a++] = e;
+    r += c;
+    t += (c + kMoeTileRows - 1) / kMoeTileRows;
+  }
+  if (tid == 0) {
+    ws.offsets[E] = total_rows;
+    ws.tile_offsets[E] = total_tiles;
+    *ws.n_active = total_act;
+  }
+}
+
 // Block c ranks pairs [256 c, 256 c + 256): pair_rank[i] = earlier pairs of the chunk with the same slot (stable),
 // chunk_base[c, s] = the chunk's pairs of slot s (turned into a prefix by the scan kernel). Dynamic smem: E ints
 // (E = local slots).
@@ -99,33 +132,7 @@ __global__ void __launch_bounds__(kScanThreads) dispatch_scan_kernel(int E, int 
     ws.counts[e] = run;
   }
   __syncthreads();
-  // Thread tid owns experts [lo, hi) so that a thread-order scan is an expert-order scan.
-  const int per = (E + kScanThreads - 1) / kScanThreads;
-  const int lo = min(E, tid * per), hi = min(E, lo + per);
-  int rows = 0, tiles = 0, act = 0;
-  for (int e = lo; e < hi; ++e) {
-    const int c = ws.counts[e];
-    rows += c;
-    tiles += (c + kMoeTileRows - 1) / kMoeTileRows;
-    act += c > 0 ? 1 : 0;
-  }
-  int total_rows, total_tiles, total_act;
-  int r = block_exclusive_scan(rows, s_warp, total_rows);
-  int t = block_exclusive_scan(tiles, s_warp, total_tiles);
-  int a = block_exclusive_scan(act, s_warp, total_act);
-  for (int e = lo; e < hi; ++e) {
-    const int c = ws.counts[e];
-    ws.offsets[e] = r;
-    ws.tile_offsets[e] = t;
-    if (c > 0) ws.active[a++] = e;
-    r += c;
-    t += (c + kMoeTileRows - 1) / kMoeTileRows;
-  }
-  if (tid == 0) {
-    ws.offsets[E] = total_rows;
-    ws.tile_offsets[E] = total_tiles;
-    *ws.n_active = total_act;
-  }
+  scan_counts(E, ws, s_warp);
 }
 
 // A step of at most kSmallChunks chunks (decode: 64 tokens x top-16) in one block of kScanThreads: the rank, scan and
@@ -164,32 +171,7 @@ __global__ void __launch_bounds__(kScanThreads) dispatch_small_kernel(const int3
     ws.counts[x] = run;
   }
   __syncthreads();
-  const int per = (E + kScanThreads - 1) / kScanThreads;
-  const int lo = min(E, tid * per), hi = min(E, lo + per);
-  int rows = 0, tiles = 0, act = 0;
-  for (int x = lo; x < hi; ++x) {
-    const int n = ws.counts[x];
-    rows += n;
-    tiles += (n + kMoeTileRows - 1) / kMoeTileRows;
-    act += n > 0 ? 1 : 0;
-  }
-  int total_rows, total_tiles, total_act;
-  int r = block_exclusive_scan(rows, s_warp, total_rows);
-  int t = block_exclusive_scan(tiles, s_warp, total_tiles);
-  int a = block_exclusive_scan(act, s_warp, total_act);
-  for (int x = lo; x < hi; ++x) {
-    const int n = ws.counts[x];
-    ws.offsets[x] = r;
-    ws.tile_offsets[x] = t;
-    if (n > 0) ws.active[a++] = x;
-    r += n;
-    t += (n + kMoeTileRows - 1) / kMoeTileRows;
-  }
-  if (tid == 0) {
-    ws.offsets[E] = total_rows;
-    ws.tile_offsets[E] = total_tiles;
-    *ws.n_active = total_act;
-  }
+  scan_counts(E, ws, s_warp);
   __syncthreads();  // offsets are read back below by other threads
   if (tid >= n_pairs) return;
   if (e < 0) {
