@@ -130,7 +130,7 @@ std::unique_ptr<Backend> make_backend(std::string_view device, const BackendOpti
   if (device == "cpu-bf16") return make_cpu_backend(true);
   if (device == "cuda") {
 #ifdef BG_HAVE_CUDA
-    return make_cuda_backend({.deterministic = options.deterministic});
+    return make_cuda_backend({.deterministic = options.deterministic, .background_plans = options.background_plans});
 #else
     (void)options;  // only the CUDA backend has options
     fail("--device cuda: this batchgen was built without the CUDA backend (configure where nvcc is installed, with "

@@ -231,6 +231,8 @@ class Backend {
   // Host bytes -> an existing tensor of exactly that size (any dtype). Synchronises.
   virtual void write_bytes(Tensor& dst, std::span<const std::byte> src) = 0;
   virtual void synchronize() = 0;
+  // Waits for the plans queued for background builds (BackendOptions::background_plans); a no-op without them.
+  virtual void wait_for_plans() {}
 
   // ---- sampling (one step's "sample this step": the engine's only interface to it) ---------------------------------
   // out[i] for rows[i] over logits F32 [n_rows, vocab] in backend memory, by ops/sampling's rules (sample_rows_cpu
@@ -411,6 +413,10 @@ struct BackendOptions {
   // reduction orders and kernel choices independent of the batch size); CUDA pays for it at small batches
   // (docs/DETERMINISM.md). The CPU backend is batch invariant anyway.
   bool deterministic = false;
+  // Library execution plans (CUDA: cuDNN's MLA prefill attention) are built on a helper thread; until a plan is
+  // ready its steps run batchgen's own kernel instead of waiting for the build (a serving process). Off: the first
+  // step of a shape waits for its plan (tests and benchmarks, which want the same kernel every time).
+  bool background_plans = false;
 };
 
 // "cpu" or "cuda" (CUDA only when built with it and a GPU is present); throws naming what is missing.

@@ -101,6 +101,7 @@ int64_t Engine::warm_up() {
     run(b, std::min(block + 1, longest), 2);
     if (b == cfg.max_num_seqs) break;
   }
+  model_->backend().wait_for_plans();  // the warm-up's buckets are built before the server reports ready
   stats_ = EngineStats{};
   return steps;
 }

@@ -463,6 +463,7 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
   lo.distributed_weight_config = o.distributed_weight_config;
   lo.resident_experts = o.resident_experts;
   lo.expert_trace = o.expert_trace;
+  lo.background_plans = true;  // no request waits for a cuDNN plan build (BackendOptions::background_plans)
   std::unique_ptr<Model> model = load_model(o.model_dir, lo);
   // A CUDA budget from free memory: measure the largest step and plan again without its memory. In a rank set every
   // rank measures together (the largest need over the set) and the set agrees on the new plan.

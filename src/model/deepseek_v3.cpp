@@ -211,7 +211,8 @@ std::unique_ptr<Model> load_deepseek_v3(const std::filesystem::path& dir, const 
                                         const LoadOptions& options) {
   auto source = weights::open_weight_source(dir, {options.weight_store, options.distributed_weight_config});
   ModelWeights weights = ModelWeights::bind(source, deepseek_v3_table(config));
-  auto backend = make_backend(options.device, {.deterministic = options.deterministic});
+  auto backend = make_backend(options.device,
+                              {.deterministic = options.deterministic, .background_plans = options.background_plans});
   log::info("loaded deepseek_v3 checkpoint {} on {}: {} layers, {} routed experts, hidden {}", dir.string(),
             backend->name(), config.n_layers, config.n_routed_experts, config.hidden_size);
   return std::make_unique<DeepseekV3Model>(config, std::move(weights), std::move(backend), options);

@@ -388,7 +388,8 @@ std::unique_ptr<Model> load_kimi_k3(const std::filesystem::path& dir, const Kimi
   ModelWeights weights = ModelWeights::bind(source, kimi_k3_table(config));
   log::info("loaded kimi_k3 checkpoint {}: {} layers ({} MLA), {} experts top-{}, hidden {}", dir.string(),
             config.n_layers, count_mla(config), config.n_experts, config.n_experts_per_token, config.hidden_size);
-  auto backend = make_backend(options.device, {.deterministic = options.deterministic});
+  auto backend = make_backend(options.device,
+                              {.deterministic = options.deterministic, .background_plans = options.background_plans});
   return std::make_unique<KimiK3Model>(config, std::move(weights), std::move(backend), options);
 }
 

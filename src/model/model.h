@@ -47,6 +47,7 @@ struct LoadOptions {
   std::string weight_store = "";           // attach to this weightd store instead of reading the files (docs/WEIGHTS.md)
   std::string distributed_weight_config = "";  // fetch what the node lacks from the peers this config names
   bool deterministic = false;  // batch-invariant kernels (BackendOptions::deterministic, docs/DETERMINISM.md)
+  bool background_plans = false;  // BackendOptions::background_plans (a serving worker sets it)
   // Fraction of each MoE layer's experts (on this rank) kept in backend memory; the others stream from host memory
   // when routed (docs/WEIGHTS.md, "Streamed experts"). expert_trace: routing counts that pick the resident ones.
   double resident_experts = 1.0;

@@ -9,12 +9,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -417,11 +420,11 @@ TEST(MlaCuda, RejectsUnsupportedShapes) {
 // One step: per sequence, the last n_query[s] of its written positions are the step's query tokens (in sequence
 // order, as the scheduler lays a step out). Sequences with at least options.min_tokens queries take the prefill path,
 // the others the absorbed kernel over their token ranges; every token is checked against the CPU reference.
-// With kCudnn at the production dims, every cuDNN call of the plan must have run (`shared` keeps plans across calls
-// when given).
+// With kCudnn at the production dims, every cuDNN call of the plan must have run, or none with expect_cudnn false
+// (a plan still building in the background; `shared` keeps plans across calls when given).
 void run_prefill_with(PagedSequences& seqs, const std::vector<int64_t>& n_query, int64_t n_heads,
                       const MlaPrefillOptions& options, uint64_t seed, bool expect_state, MlaPrefillMma mma,
-                      MlaCudnnPrefill* shared = nullptr) {
+                      MlaCudnnPrefill* shared = nullptr, bool expect_cudnn = true) {
   const Dims& d = seqs.dims;
   const int64_t lora = d.lora, nope = d.nope, v_head = d.v, block = d.block;
   const int64_t nh = n_heads, qk = d.nope + d.rope;
@@ -494,7 +497,8 @@ void run_prefill_with(PagedSequences& seqs, const std::vector<int64_t>& n_query,
   const std::vector<float> got = from_bf16(cuda::download<uint16_t>(d_out, static_cast<size_t>(n * nh * v_head)));
   // At the production dims every cuDNN call of the plan ran (all or nothing per step).
   int64_t cudnn_calls = 0;
-  if (mma == MlaPrefillMma::kCudnn && nope == kMlaPrefillNope && d.rope == kMlaPrefillRope && v_head == kMlaPrefillV) {
+  if (mma == MlaPrefillMma::kCudnn && nope == kMlaPrefillNope && d.rope == kMlaPrefillRope && v_head == kMlaPrefillV &&
+      expect_cudnn) {
     cudnn_calls = static_cast<int64_t>(plan.cudnn_calls.size());
     EXPECT_GT(cudnn_calls, 0);
   }
@@ -552,6 +556,58 @@ TEST(MlaPrefillCudnn, K3HeadsAndBucketsShareOnePlan) {
   EXPECT_EQ(cudnn.launches(), 3);
   std::printf("[mla prefill cudnn] plan build: the process's first %.1f ms, the next %.1f ms\n", first_ms,
               cudnn.plan_build_ms() - first_ms);
+}
+
+TEST(MlaPrefillCudnn, BatchesRoundUpToAPowerOfTwoWithEmptySequences) {
+  BG_REQUIRE_GPU();
+  if (!MlaCudnnPrefill::built()) GTEST_SKIP() << "this build has no cuDNN";
+  // Three fresh prompts launch with batch 4 (the fourth sequence empty), four with batch 4: one plan for both, and
+  // every token equal to the CPU reference (the empty entry writes nothing).
+  MlaCudnnPrefill cudnn;
+  PagedSequences three({100, 300, 200}, 960), four({400, 50, 130, 7}, 961);
+  three.write_all(962);
+  four.write_all(963);
+  run_prefill_with(three, {100, 300, 200}, 96, {}, 964, false, MlaPrefillMma::kCudnn, &cudnn);
+  run_prefill_with(four, {400, 50, 130, 7}, 96, {}, 965, false, MlaPrefillMma::kCudnn, &cudnn);
+  EXPECT_EQ(cudnn.plans_built(), 1);
+  EXPECT_EQ(cudnn.launches(), 2);
+}
+
+TEST(MlaPrefillCudnn, BackgroundBuildsLetTheStepRunOnTheKernel) {
+  BG_REQUIRE_GPU();
+  if (!MlaCudnnPrefill::built()) GTEST_SKIP() << "this build has no cuDNN";
+  MlaCudnnPrefill cudnn;
+  cudnn.set_background_builds(true);
+  PagedSequences a({300, 120}, 970);
+  a.write_all(971);
+  {
+    // While builds are held (a graph capture), the queued plan is not built; the step runs batchgen's own kernel.
+    const std::unique_lock held = cudnn.hold_builds();
+    run_prefill_with(a, {300, 120}, 96, {}, 972, false, MlaPrefillMma::kCudnn, &cudnn, false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(cudnn.plans_built(), 0);
+    EXPECT_EQ(cudnn.launches(), 0);
+  }
+  size_t free_before = 0, free_after = 0, total = 0;
+  BG_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+  cudnn.wait_for_builds();
+  BG_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+  EXPECT_EQ(cudnn.plans_built(), 1) << cudnn.last_refusal();
+  std::printf("[mla prefill cudnn] a plan built on the helper thread (its own handle) in %.1f ms took %.1f MiB of "
+              "device memory\n", cudnn.plan_build_ms(),
+              (static_cast<double>(free_before) - static_cast<double>(free_after)) / (1 << 20));
+  // Built on the helper thread with a handle of its own, run from this one.
+  run_prefill_with(a, {300, 120}, 96, {}, 973, false, MlaPrefillMma::kCudnn, &cudnn);
+  EXPECT_EQ(cudnn.launches(), 1);
+  // A second bucket while the first is in use.
+  PagedSequences b({1500}, 974);
+  b.write_all(975);
+  run_prefill_with(b, {1500}, 96, {}, 976, false, MlaPrefillMma::kCudnn, &cudnn, false);
+  cudnn.wait_for_builds();
+  run_prefill_with(b, {1500}, 96, {}, 977, false, MlaPrefillMma::kCudnn, &cudnn);
+  run_prefill_with(a, {300, 120}, 96, {}, 978, false, MlaPrefillMma::kCudnn, &cudnn);
+  EXPECT_EQ(cudnn.plans_built(), 2);
+  EXPECT_EQ(cudnn.launches(), 3);
 }
 
 TEST(MlaPrefillCudnn, K3PassesMergeThroughTheLogSumExp) {

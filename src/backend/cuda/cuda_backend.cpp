@@ -57,6 +57,7 @@ void CudaBackend::upload_step() {
 CudaBackend::Graph CudaBackend::capture_graph(const std::function<Tensor()>& body, bool profile_ops) {
   Graph g;
   cudaGraph_t graph = nullptr;
+  const std::unique_lock no_builds = mla_cudnn_.hold_builds();  // a plan build must not touch the legacy stream now
   g.memory = alloc_->begin_capture();  // from here until end_capture nothing is returned to the driver
   if (const cudaError_t began = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed); began != cudaSuccess) {
     alloc_->end_capture();

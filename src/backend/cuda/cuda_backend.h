@@ -12,6 +12,7 @@ struct CudaBackendOptions {
   int device = -1;                // CUDA device ordinal; -1: the thread's current device (0, or a rank's GPU)
   size_t memory_budget_bytes = 0;  // 0: the free memory at start
   bool deterministic = false;      // BackendOptions::deterministic: batch-invariant kernel choices
+  bool background_plans = false;   // BackendOptions::background_plans
 };
 
 // Throws bg::Error when no CUDA device is usable.

@@ -78,6 +78,7 @@ class CudaBackend final : public Backend {
     BG_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     n_sms_ = prop.multiProcessorCount;
     deterministic_ = o.deterministic;
+    mla_cudnn_.set_background_builds(o.background_plans);
     log::info("cuda backend: {} (sm_{}{}), {:.1f} GiB budget", prop.name, prop.major, prop.minor,
               static_cast<double>(alloc_->budget_bytes()) / (1 << 30));
   }
@@ -164,6 +165,7 @@ class CudaBackend final : public Backend {
     BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
     check_device_errors();
   }
+  void wait_for_plans() override { mla_cudnn_.wait_for_builds(); }
   // The logits stay on the device: see cuda/step_sampler.h (its pinned buffers are this backend's).
   void sample_rows(const Tensor& logits, std::span<const ops::RowSampling> rows,
                    std::span<ops::RowSample> out) override {

@@ -214,9 +214,9 @@ void mla_prefill_cuda(const MlaParams& p, const MlaPrefillPlan& plan, const MlaP
     for (const MlaPrefillCudnnCall& call : plan.cudnn_calls) {
       const int64_t q0 = plan.pieces[static_cast<size_t>(call.piece_begin)].q_row0;
       const auto* arrays = reinterpret_cast<const int32_t*>(base + ws.cudnn + call.meta);
-      const int64_t at = mla_prefill_cudnn_stride(call.n_pieces);
+      const int64_t at = mla_prefill_cudnn_stride(call.batch);
       BG_CHECK(call.direct || ws.o_part != ws.state_ml || p.n_tokens == 0, "{}: workspace has no o_part region", op);
-      MlaCudnnLaunch l{call.n_pieces,     h,          call.max_q,      call.max_kv,
+      MlaCudnnLaunch l{call.batch,        h,          call.max_q,      call.max_kv,
                        p.softmax_scale,   call.causal, q + q0 * h * kQk, k_nope,
                        v,                 (call.direct ? out : o_part) + q0 * h * kV,
                        arrays,            arrays + at, arrays + 2 * at,  arrays + 3 * at,

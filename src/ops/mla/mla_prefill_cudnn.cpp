@@ -7,9 +7,12 @@
 
 #include <array>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <limits>
 #include <map>
 #include <span>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -159,7 +162,30 @@ enum Uid : int64_t {
   kUidNegInfPad, kUidNegInfCausal, kUidStats,
 };
 
+// A cuDNN handle owned by a plan built on the helper thread (destroyed after the plan's descriptors).
+class OwnedHandle {
+ public:
+  OwnedHandle() = default;
+  explicit OwnedHandle(cudnnHandle_t h) : h_(h) {}
+  ~OwnedHandle() {
+    if (h_ != nullptr) cudnnDestroy(h_);
+  }
+  OwnedHandle(OwnedHandle&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+  OwnedHandle& operator=(OwnedHandle&& o) noexcept {
+    std::swap(h_, o.h_);
+    return *this;
+  }
+  OwnedHandle(const OwnedHandle&) = delete;
+  OwnedHandle& operator=(const OwnedHandle&) = delete;
+  cudnnHandle_t get() const { return h_; }
+
+ private:
+  cudnnHandle_t h_ = nullptr;
+};
+
 struct Plan {
+  OwnedHandle owned;              // first member: destroyed last
+  cudnnHandle_t exec = nullptr;   // the handle the plan was built with and runs with
   Builder graph;
   std::unique_ptr<Desc> op_graph;
   std::unique_ptr<Desc> heuristics;
@@ -176,6 +202,7 @@ struct Plan {
 // steps with cuDNN 9.19 (docs/MLA_PREFILL.md), so they are not used.
 std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, int64_t b, int64_t h, int64_t sq, int64_t skv, bool causal) {
   auto plan = std::make_unique<Plan>();
+  plan->exec = handle;
   Builder& g = plan->graph;
   const Dims one{1, 1, 1, 1};
   Desc& off_q = g.tensor(kUidOffQ, CUDNN_DATA_INT32, {b + 1, 1, 1, 1}, one, false);
@@ -303,21 +330,124 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, int64_t b, int64_t h, int
 }
 #pragma GCC diagnostic pop
 
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool>;  // (batch, heads, bucket q, bucket kv, causal)
+
+std::string describe(const Key& k) {
+  return fmt::format("B {} H {} q {} kv {} {}", std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k),
+                     std::get<4>(k) ? "causal" : "full");
+}
+
 }  // namespace
 
 struct MlaCudnnPrefill::Impl {
-  cudnnHandle_t handle = nullptr;
-  // (batch, heads, bucket q, bucket kv, causal) -> plan, or null when cuDNN refused the bucket.
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, std::unique_ptr<Plan>> plans;
+  // A bucket's entry: done with a plan, done without one (refused), or queued / being built (not done).
+  struct Entry {
+    bool done = false;
+    std::unique_ptr<Plan> plan;
+  };
+
+  cudnnHandle_t handle = nullptr;  // the calling thread's: builds on the step's path, and first of the process
+  bool background = false;
+  int device = 0;  // the caller's CUDA device, made current on the helper thread
+
+  mutable std::mutex mu;  // guards everything below it but the buffers
+  std::map<Key, Entry> plans;
+  std::deque<Key> queue;
+  bool building = false;
+  bool stop = false;
+  int64_t plans_built = 0;
+  double plan_build_ms = 0.0;
+  std::string last_refusal;
+  std::condition_variable wake;  // the helper: a key was queued, or stop
+  std::condition_variable idle;  // wait_for_builds: the queue drained
+  std::mutex build_mu;           // held across each helper build, and by hold_builds()
+  std::thread helper;
+
+  // The step thread's buffers.
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
   float* stats = nullptr;  // [B, H, bucket q] of the largest plan run so far
   int64_t stats_floats = 0;
 
   ~Impl() {
+    {
+      std::lock_guard lock(mu);
+      stop = true;
+    }
+    wake.notify_all();
+    if (helper.joinable()) helper.join();
+    plans.clear();  // before the handle the step thread's plans were built with
     if (workspace != nullptr) cudaFree(workspace);
     if (stats != nullptr) cudaFree(stats);
     if (handle != nullptr) cudnnDestroy(handle);
+  }
+
+  // Records a finished build (plan null: refused) under mu.
+  void finish(const Key& key, std::unique_ptr<Plan> plan, double ms, const std::string& refusal, const char* where) {
+    constexpr const char* op = "mla_prefill_cudnn";
+    if (plan != nullptr) {
+      ++plans_built;
+      plan_build_ms += ms;
+      log::debug("{}: plan for {} built {}in {:.1f} ms, workspace {} bytes", op, describe(key), where, ms,
+                 plan->workspace_bytes);
+    } else {
+      last_refusal = refusal;
+      log::warn("{}: cuDNN refused {}; such steps run on batchgen's own kernel: {}", op, describe(key), refusal);
+    }
+    Entry& e = plans[key];
+    e.plan = std::move(plan);
+    e.done = true;
+  }
+
+  // Builds one plan; null with the reason when cuDNN refuses it (or fails to make a handle on the helper thread).
+  static std::unique_ptr<Plan> build(cudnnHandle_t shared, const Key& key, double& ms, std::string& refusal) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_ptr<Plan> plan;
+    try {
+      OwnedHandle owned;
+      cudnnHandle_t h = shared;
+      if (h == nullptr) {
+        cudnnHandle_t fresh = nullptr;
+        check(cudnnCreate(&fresh), "create handle");
+        owned = OwnedHandle(fresh);
+        h = fresh;
+      }
+      plan = build_plan(h, std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key), std::get<4>(key));
+      plan->owned = std::move(owned);
+    } catch (const std::exception& e) {
+      refusal = e.what();
+      plan.reset();
+    }
+    ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return plan;
+  }
+
+  void helper_loop() {
+    if (cudaSetDevice(device) != cudaSuccess) log::warn("mla_prefill_cudnn: helper thread could not select device");
+    for (;;) {
+      Key key;
+      {
+        std::unique_lock lock(mu);
+        wake.wait(lock, [&] { return stop || !queue.empty(); });
+        if (stop) return;
+        key = queue.front();
+        queue.pop_front();
+        building = true;
+      }
+      double ms = 0.0;
+      std::string refusal;
+      std::unique_ptr<Plan> plan;
+      {
+        std::lock_guard hold(build_mu);
+        plan = build(nullptr, key, ms, refusal);  // a handle of its own, used by the step thread once published
+      }
+      {
+        std::lock_guard lock(mu);
+        finish(key, std::move(plan), ms, refusal, "on the helper thread ");
+        building = false;
+      }
+      idle.notify_all();
+    }
   }
 };
 
@@ -325,6 +455,34 @@ MlaCudnnPrefill::MlaCudnnPrefill() : impl_(std::make_unique<Impl>()) {}
 MlaCudnnPrefill::~MlaCudnnPrefill() = default;
 bool MlaCudnnPrefill::built() { return true; }
 const float* MlaCudnnPrefill::stats() const { return impl_->stats; }
+
+void MlaCudnnPrefill::set_background_builds(bool on) {
+  std::lock_guard lock(impl_->mu);
+  BG_CHECK(!impl_->helper.joinable() || on, "mla_prefill_cudnn: background builds cannot be turned off once started");
+  impl_->background = on;
+}
+
+void MlaCudnnPrefill::wait_for_builds() {
+  std::unique_lock lock(impl_->mu);
+  impl_->idle.wait(lock, [&] { return impl_->queue.empty() && !impl_->building; });
+}
+
+std::unique_lock<std::mutex> MlaCudnnPrefill::hold_builds() { return std::unique_lock(impl_->build_mu); }
+
+int64_t MlaCudnnPrefill::plans_built() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->plans_built;
+}
+
+double MlaCudnnPrefill::plan_build_ms() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->plan_build_ms;
+}
+
+std::string MlaCudnnPrefill::last_refusal() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->last_refusal;
+}
 
 bool MlaCudnnPrefill::takes(const MlaCudnnLaunch& l) { return plan_for(l) != nullptr; }
 
@@ -335,27 +493,32 @@ void* MlaCudnnPrefill::plan_for(const MlaCudnnLaunch& l) {
            l.causal ? "causal" : "full");
   BG_CHECK(l.q && l.k && l.v && l.out && l.seq_len_q && l.seq_len_kv && l.q_off && l.k_off && l.v_off && l.o_off,
            "{}: null pointer", op);
-  if (impl_->handle == nullptr) check(cudnnCreate(&impl_->handle), "create handle");
-  const auto key = std::make_tuple(l.batch, l.heads, mla_cudnn_bucket(l.max_q), mla_cudnn_bucket(l.max_kv), l.causal);
-  auto it = impl_->plans.find(key);
-  if (it == impl_->plans.end()) {
-    std::unique_ptr<Plan> plan;
-    try {
-      const auto t0 = std::chrono::steady_clock::now();
-      plan = build_plan(impl_->handle, l.batch, l.heads, std::get<2>(key), std::get<3>(key), l.causal);
-      ++plans_built_;
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      plan_build_ms_ += ms;
-      log::debug("{}: plan for B {} H {} q {} kv {} {} built in {:.1f} ms, workspace {} bytes", op, l.batch, l.heads,
-                 std::get<2>(key), std::get<3>(key), l.causal ? "causal" : "full", ms, plan->workspace_bytes);
-    } catch (const Error& e) {
-      last_refusal_ = e.what();
-      log::warn("{}: cuDNN refused B {} H {} q {} kv {} {}; such steps run on batchgen's own kernel: {}", op,
-                l.batch, l.heads, std::get<2>(key), std::get<3>(key), l.causal ? "causal" : "full", e.what());
+  Impl& m = *impl_;
+  // The process's first handle is made here, on the step thread, before any helper makes its own (cuDNN's advice).
+  if (m.handle == nullptr) check(cudnnCreate(&m.handle), "create handle");
+  const Key key{l.batch, l.heads, mla_cudnn_bucket(l.max_q), mla_cudnn_bucket(l.max_kv), l.causal};
+  std::unique_lock lock(m.mu);
+  if (const auto it = m.plans.find(key); it != m.plans.end()) return it->second.done ? it->second.plan.get() : nullptr;
+  if (m.background) {
+    m.plans.emplace(key, Impl::Entry{});
+    m.queue.push_back(key);
+    if (!m.helper.joinable()) {
+      BG_CUDA_CHECK(cudaGetDevice(&m.device));
+      m.helper = std::thread([&m] { m.helper_loop(); });
     }
-    it = impl_->plans.emplace(key, std::move(plan)).first;
+    log::debug("{}: plan for {} queued; the bucket's steps run batchgen's own kernel until it is built", op,
+               describe(key));
+    lock.unlock();
+    m.wake.notify_one();
+    return nullptr;
   }
-  return it->second.get();
+  lock.unlock();
+  double ms = 0.0;
+  std::string refusal;
+  std::unique_ptr<Plan> plan = Impl::build(m.handle, key, ms, refusal);
+  lock.lock();
+  m.finish(key, std::move(plan), ms, refusal, "");
+  return m.plans[key].plan.get();
 }
 
 bool MlaCudnnPrefill::run(const MlaCudnnLaunch& l, cudaStream_t stream) {
@@ -376,7 +539,7 @@ bool MlaCudnnPrefill::run(const MlaCudnnLaunch& l, cudaStream_t stream) {
     BG_CUDA_CHECK(cudaMalloc(&impl_->stats, static_cast<size_t>(stats_floats) * sizeof(float)));
     impl_->stats_floats = stats_floats;
   }
-  check(cudnnSetStream(impl_->handle, stream), "set stream");
+  check(cudnnSetStream(plan->exec, stream), "set stream");
   const float neg_inf = -std::numeric_limits<float>::infinity();
   float scale = l.scale, neg_inf_pad = neg_inf, neg_inf_causal = neg_inf;
   const std::array<int64_t, 14> uids{kUidQ,    kUidK,    kUidV,    kUidO,     kUidLenQ,      kUidLenKv,       kUidOffQ,
@@ -404,7 +567,7 @@ bool MlaCudnnPrefill::run(const MlaCudnnLaunch& l, cudaStream_t stream) {
   void* ws = impl_->workspace;
   pack.set1(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, ws);
   pack.finalize("variant pack");
-  check(cudnnBackendExecute(impl_->handle, plan->plan->get(), pack.get()), "execute");
+  check(cudnnBackendExecute(plan->exec, plan->plan->get(), pack.get()), "execute");
   stats_rows_ = mla_cudnn_bucket(l.max_q);
   ++launches_;
   return true;
@@ -412,16 +575,21 @@ bool MlaCudnnPrefill::run(const MlaCudnnLaunch& l, cudaStream_t stream) {
 
 #else  // no cuDNN in this build: every call declines.
 
-struct MlaCudnnPrefill::Impl {};
+struct MlaCudnnPrefill::Impl {
+  std::mutex build_mu;
+};
 MlaCudnnPrefill::MlaCudnnPrefill() : impl_(std::make_unique<Impl>()) {}
 MlaCudnnPrefill::~MlaCudnnPrefill() = default;
 bool MlaCudnnPrefill::built() { return false; }
 const float* MlaCudnnPrefill::stats() const { return nullptr; }
+void MlaCudnnPrefill::set_background_builds(bool) {}
+void MlaCudnnPrefill::wait_for_builds() {}
+std::unique_lock<std::mutex> MlaCudnnPrefill::hold_builds() { return std::unique_lock(impl_->build_mu); }
+int64_t MlaCudnnPrefill::plans_built() const { return 0; }
+double MlaCudnnPrefill::plan_build_ms() const { return 0.0; }
+std::string MlaCudnnPrefill::last_refusal() const { return "this build has no cuDNN"; }
 bool MlaCudnnPrefill::takes(const MlaCudnnLaunch& l) { return plan_for(l) != nullptr; }
-void* MlaCudnnPrefill::plan_for(const MlaCudnnLaunch&) {
-  last_refusal_ = "this build has no cuDNN";
-  return nullptr;
-}
+void* MlaCudnnPrefill::plan_for(const MlaCudnnLaunch&) { return nullptr; }
 bool MlaCudnnPrefill::run(const MlaCudnnLaunch& l, cudaStream_t) { return plan_for(l) != nullptr; }
 
 #endif

@@ -4,10 +4,13 @@
 // log-sum-exp for the merge across passes. mla_prefill_cuda uses it in place of its own attention kernel;
 // docs/MLA_PREFILL.md ("cuDNN's fused attention") has the measurements that made it the default.
 //
-// Shapes vary every step, so execution plans are built for buckets (batch exact, longest query and key runs rounded
-// up to a power of two, at least 64) and the real lengths and ragged offsets are device arrays read at run time:
-// a serving process builds a handful of plans, each once (the process's first ~1.5 s, later ones ~50 ms, measured on
-// the H200). Not graph-capturable by contract (the backend runs prefill eagerly); one stream at a time.
+// Shapes vary every step, so execution plans are built for buckets (the batch as the caller rounds it,
+// mla_prefill_cudnn_batch; the longest query and key runs rounded up to a power of two, at least 64) and the real
+// lengths and ragged offsets are device arrays read at run time. A build takes 0.05-1.5 s of host time (measured on
+// the H200; 0.5 s for a batch of 64 in a serving process). By default the first step of a bucket waits for its
+// build; with background builds (a serving process) a helper thread builds it and the steps before it is ready run
+// batchgen's own kernel (takes() returns false), so no step waits. Not graph-capturable by contract (the backend
+// runs prefill eagerly); one stream at a time.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace bg::ops {
@@ -48,8 +52,19 @@ class MlaCudnnPrefill {
 
   // Whether this build links cuDNN.
   static bool built();
-  // Whether run() would launch for this shape: builds (once) or looks up the plan of its bucket. Host only.
+  // Off (the default): takes() builds a missing plan on the calling thread. On: takes() queues it for a helper
+  // thread (with a cuDNN handle of its own per plan, as cuDNN's thread-safety rules ask) and returns false until it is
+  // built. Set before the first takes().
+  void set_background_builds(bool on);
+  // Whether run() would launch for this shape now: looks up the plan of its bucket, building it first (off) or
+  // queueing it (background builds). Host only.
   bool takes(const MlaCudnnLaunch& launch);
+  // Blocks until no background build is queued or running.
+  void wait_for_builds();
+  // While the returned lock is held the helper thread starts no build (and any build under way has finished): a
+  // caller that captures a CUDA graph holds it, since a build may touch the legacy stream, which would invalidate
+  // the capture of a blocking stream.
+  std::unique_lock<std::mutex> hold_builds();
   // Launches the attention on `stream` and returns true, or returns false with nothing launched when cuDNN has no
   // engine for this bucket (remembered: later calls of the bucket return false at once; the reason is logged once).
   // Throws bg::Error on a cuDNN failure after a plan was built (never silently wrong).
@@ -61,20 +76,18 @@ class MlaCudnnPrefill {
   int64_t stats_rows() const { return stats_rows_; }
 
   int64_t launches() const { return launches_; }
-  int64_t plans_built() const { return plans_built_; }
-  double plan_build_ms() const { return plan_build_ms_; }  // host time spent building plans, in all
-  const std::string& last_refusal() const { return last_refusal_; }
+  int64_t plans_built() const;
+  double plan_build_ms() const;  // host time spent building plans, in all (either thread)
+  std::string last_refusal() const;
 
  private:
-  void* plan_for(const MlaCudnnLaunch& launch);  // the bucket's plan (an Impl-private type), null when refused
+  // The bucket's plan (an Impl-private type); null when refused or, with background builds, not built yet.
+  void* plan_for(const MlaCudnnLaunch& launch);
 
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int64_t launches_ = 0;
-  int64_t plans_built_ = 0;
   int64_t stats_rows_ = 0;
-  double plan_build_ms_ = 0.0;
-  std::string last_refusal_;
 };
 
 // The bucket a length runs in: the next power of two, at least 64.

@@ -66,9 +66,10 @@ void add_cudnn_calls(int64_t pass_index, const MlaPrefillPass& pass, MlaPrefillP
       plan.pieces.push_back(piece);
     }
     if (call.n_pieces == 0) continue;
+    call.batch = mla_prefill_cudnn_batch(call.n_pieces);
     call.meta = plan.cudnn_bytes;
     plan.cudnn_bytes += static_cast<int64_t>(
-        align_up(static_cast<size_t>(mla_prefill_cudnn_ints(call.n_pieces)) * sizeof(int32_t), 256));
+        align_up(static_cast<size_t>(mla_prefill_cudnn_ints(call.batch)) * sizeof(int32_t), 256));
     plan.cudnn_calls.push_back(call);
   }
 }
@@ -214,8 +215,8 @@ std::vector<std::byte> mla_prefill_meta(const MlaPrefillPlan& plan, const MlaPre
   const int64_t h = ws.n_heads;
   if (!mla_prefill_cudnn_fits(plan, ws.n_tokens, h)) return meta;
   for (const MlaPrefillCudnnCall& call : plan.cudnn_calls) {
-    const int64_t n = call.n_pieces, stride = mla_prefill_cudnn_stride(n);
-    std::vector<int32_t> a(static_cast<size_t>(mla_prefill_cudnn_ints(n)), 0);
+    const int64_t n = call.n_pieces, stride = mla_prefill_cudnn_stride(call.batch);
+    std::vector<int32_t> a(static_cast<size_t>(mla_prefill_cudnn_ints(call.batch)), 0);  // padding lengths stay 0
     int32_t* len_q = a.data();
     int32_t* len_kv = len_q + stride;
     int32_t* q_off = len_kv + stride;
@@ -224,8 +225,8 @@ std::vector<std::byte> mla_prefill_meta(const MlaPrefillPlan& plan, const MlaPre
     int32_t* o_off = v_off + stride;
     const auto piece = [&](int64_t i) { return plan.pieces[static_cast<size_t>(call.piece_begin + i)]; };
     const int64_t q_base = piece(0).q_row0;
-    for (int64_t i = 0; i <= n; ++i) {
-      const bool end = i == n;
+    for (int64_t i = 0; i <= call.batch; ++i) {
+      const bool end = i >= n;
       const MlaPrefillPiece d = piece(end ? n - 1 : i);
       const int64_t q_row = d.q_row0 - q_base + (end ? d.n_q : 0), k_row = d.g0 + (end ? d.n_kv : 0);
       if (!end) {

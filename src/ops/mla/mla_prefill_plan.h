@@ -96,16 +96,27 @@ struct MlaPrefillCudnnCall {
   bool causal = true;       // bottom-right causal, else every key visible
   bool direct = true;       // every piece first and final: the output is written in place, no merge
   int64_t piece_begin = 0;  // into MlaPrefillPlan::pieces
-  int64_t n_pieces = 0;     // the call's batch B
+  int64_t n_pieces = 0;     // pieces of the call
+  int64_t batch = 0;        // the launch's batch B: n_pieces rounded up (mla_prefill_cudnn_batch), so steps share plans
   int64_t max_q = 0;        // longest query run of a piece
   int64_t max_kv = 0;       // longest key run of a piece
   int64_t meta = 0;         // byte offset of its arrays (below) in the workspace's cudnn region
 };
 
-// The arrays of a call with B pieces: six int32 arrays at call.meta, each mla_prefill_cudnn_stride(B) ints apart
+// The batch a call of n pieces launches with: the next power of two. cuDNN's plans are built per batch (a build takes
+// 0.05-1.5 s), so rounding up lets a serving process with up to 64 prefill sequences per step build 7 plans per length
+// bucket instead of 64. The entries past the pieces are empty sequences (lengths 0, offsets at the end).
+inline constexpr int64_t mla_prefill_cudnn_batch(int64_t n) {
+  int64_t b = 1;
+  while (b < n) b *= 2;
+  return b;
+}
+
+// The arrays of a call of batch B: six int32 arrays at call.meta, each mla_prefill_cudnn_stride(B) ints apart
 // (16-byte aligned): seq_len_q [B], seq_len_kv [B], then element offsets (ragged layout, B + 1 each) of q [tokens,
 // heads, 192] from the first piece's first query row, of k [rows, heads, 192] and v [rows, heads, 128] from row 0 of
-// the pass, and of the output [tokens, heads, 128] from the first piece's first query row.
+// the pass, and of the output [tokens, heads, 128] from the first piece's first query row. Padding entries (past the
+// pieces) have lengths 0 and the offsets of the end.
 inline constexpr int64_t mla_prefill_cudnn_stride(int64_t n) { return (n + 1 + 3) / 4 * 4; }
 inline constexpr int64_t mla_prefill_cudnn_ints(int64_t n) { return 6 * mla_prefill_cudnn_stride(n); }
 

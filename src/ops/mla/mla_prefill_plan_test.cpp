@@ -182,6 +182,40 @@ TEST(MlaPrefillPlan, CudnnCallsCarryRaggedArrays) {
   EXPECT_FALSE(mla_prefill_cudnn_fits(plan, 501, int64_t{1} << 24));
 }
 
+TEST(MlaPrefillPlan, CudnnBatchRoundsUpWithEmptyEntries) {
+  EXPECT_EQ(mla_prefill_cudnn_batch(1), 1);
+  EXPECT_EQ(mla_prefill_cudnn_batch(2), 2);
+  EXPECT_EQ(mla_prefill_cudnn_batch(3), 4);
+  EXPECT_EQ(mla_prefill_cudnn_batch(33), 64);
+  EXPECT_EQ(mla_prefill_cudnn_batch(64), 64);
+  // Three fresh prompts: one causal call of three pieces launched with batch 4; the fourth entry is an empty sequence
+  // whose offsets are those of the end.
+  Step st;
+  st.add(0, 10);
+  st.add(0, 20);
+  st.add(0, 30);
+  const int64_t h = 2;
+  const MlaParams p{60, h, 512, 128, 64, 128, 64, 0.07f};
+  const MlaPrefillPlan plan = mla_prefill_plan(st.positions, st.seq_begin);
+  ASSERT_EQ(plan.cudnn_calls.size(), 1u);
+  const MlaPrefillCudnnCall& call = plan.cudnn_calls[0];
+  EXPECT_EQ(call.n_pieces, 3);
+  EXPECT_EQ(call.batch, 4);
+  const MlaPrefillWorkspace ws = mla_prefill_workspace(p, plan);
+  const std::vector<std::byte> meta = mla_prefill_meta(plan, ws);
+  ASSERT_EQ(mla_prefill_cudnn_stride(4), 8);
+  std::vector<int32_t> a(static_cast<size_t>(mla_prefill_cudnn_ints(4)));
+  ASSERT_LE(ws.cudnn + static_cast<size_t>(call.meta) + a.size() * 4, meta.size());
+  std::memcpy(a.data(), meta.data() + ws.cudnn + static_cast<size_t>(call.meta), a.size() * 4);
+  const std::vector<int32_t> want{10, 20, 30, 0, 0, 0, 0, 0,                                           // seq_len_q
+                                  10, 20, 30, 0, 0, 0, 0, 0,                                           // seq_len_kv
+                                  0, 10 * h * 192, 30 * h * 192, 60 * h * 192, 60 * h * 192, 0, 0, 0,  // q
+                                  0, 10 * h * 192, 30 * h * 192, 60 * h * 192, 60 * h * 192, 0, 0, 0,  // k
+                                  0, 10 * h * 128, 30 * h * 128, 60 * h * 128, 60 * h * 128, 0, 0, 0,  // v
+                                  0, 10 * h * 128, 30 * h * 128, 60 * h * 128, 60 * h * 128, 0, 0, 0};  // out
+  EXPECT_EQ(a, want);
+}
+
 TEST(MlaPrefillPlan, CudnnPiecesAcrossPasses) {
   // Passes of 1000 rows: the prompt of 300 and the first 700 keys of the chunk's context, then its last 200 keys.
   Step st;
