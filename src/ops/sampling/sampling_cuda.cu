@@ -29,7 +29,10 @@ namespace bg::ops {
 namespace {
 
 // ---- kernel 1: chunk statistics ------------------------------------------------------------------------------------
-// grid (chunks per row, n_rows), block kChunkThreads.
+// grid (chunks per row, n_rows), block kChunkThreads. Per logit three cheap operations: the running max with its first
+// index (a thread sees its indices in increasing order, so a strict > keeps the lowest index of equal logits, -0 and +0
+// tie), the running min, and l * 0 summed (0 for every finite logit, NaN once one is not). The key of the max is made
+// once per thread.
 __global__ void __launch_bounds__(kChunkThreads)
     row_stats_kernel(int vocab, int chunk_len, const RowSampling* rows, const float* logits, Workspace ws) {
   __shared__ ReduceScratch rs;
@@ -37,32 +40,36 @@ __global__ void __launch_bounds__(kChunkThreads)
   const float* row = logits + static_cast<int64_t>(rows[r].row) * vocab;
   const int begin = c * chunk_len, end = min(vocab, begin + chunk_len);
   const bool vec = vector_row(row);
-  u64 best = 0;
-  unsigned min_ord = 0xffffffffu;
-  int non_finite = 0;
-  constexpr int kVecs = 2;  // float4 loads in flight per thread
+  float best_l = -INFINITY, min_l = INFINITY, poison = 0.0f;
+  int best_i = -1;
+  constexpr int kVecs = 4;  // float4 loads in flight per thread
   for (int base = begin; base < end; base += 4 * kVecs * kChunkThreads) {
     float4 v[kVecs];
 #pragma unroll
     for (int u = 0; u < kVecs; ++u)
       v[u] = load4(row, base + (u * kChunkThreads + static_cast<int>(threadIdx.x)) * 4, end, vec);
+    const bool full = base + 4 * kVecs * kChunkThreads <= end;
 #pragma unroll
     for (int u = 0; u < kVecs; ++u) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int i = base + (u * kChunkThreads + static_cast<int>(threadIdx.x)) * 4 + k;
+        if (!full && i >= end) continue;
         const float l = lane_of(v[u], k);
-        if (i >= end) continue;
-        if (isfinite(l)) {
-          const unsigned o = ordered(l);
-          best = max(best, make_key(o, i));
-          min_ord = min(min_ord, o);
-        } else {
-          non_finite = 1;
+        poison = fmaf(l, 0.0f, poison);
+        min_l = fminf(min_l, l);
+        if (l > best_l) {
+          best_l = l;
+          best_i = i;
         }
       }
     }
   }
+  // Non-finite logits make the row fail (row_info), so max and min need only be right when every logit is finite.
+  const bool finite = poison == 0.0f;
+  u64 best = finite && best_i >= 0 ? make_key(ordered(best_l), best_i) : 0;
+  unsigned min_ord = finite && best_i >= 0 ? ordered(min_l) : 0xffffffffu;
+  int non_finite = finite ? 0 : 1;
   best = cuda_util::block_reduce(best, cuda_util::MaxOp{}, u64{0}, rs.u64s);
   min_ord = cuda_util::block_reduce(min_ord, cuda_util::MinOp{}, 0xffffffffu, rs.u32s);
   non_finite = cuda_util::block_reduce(non_finite, cuda_util::MaxOp{}, 0, rs.ints);
@@ -87,10 +94,52 @@ struct HistShared {
   unsigned count[kBins];
   double z[kChunkThreads / 32];
   ReduceScratch rs;
+  Exp2Entry exp2[kExp2Steps];
 };
 
-// grid (chunks per row, n_rows), block kChunkThreads.
-__global__ void __launch_bounds__(kChunkThreads)
+// The chunk's logits into the shared histograms (and the log Z partials), for a row's needs known at compile time so
+// the per-logit path has no flag tests: kSample, the mass (mass_of); kCounts, the counts; kLogZ, the partials.
+template <bool kSample, bool kCounts, bool kLogZ>
+__device__ __forceinline__ void histogram_chunk(const float* row, bool vec, int begin, int end, const Binning& bn,
+                                                double max_logit, double inv_temperature, HistShared& sh,
+                                                double* z_out) {
+  // One kBlock at a time (four logits per thread), so that the log Z partial of each block is the same whatever the
+  // chunking; the next block's logits are loaded before this block's are processed.
+  static_assert(kBlock == 4 * kChunkThreads);
+  const int at = static_cast<int>(threadIdx.x) * 4;
+  float4 next = load4(row, begin + at, end, vec);
+  for (int blk = begin; blk < end; blk += kBlock) {
+    const float4 cur = next;
+    if (blk + kBlock < end) next = load4(row, blk + kBlock + at, end, vec);
+    const bool full = blk + kBlock <= end;  // no entry of the block past the row: no per-entry check
+    double z = 0.0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int i = blk + at + k;
+      if (!full && i >= end) continue;
+      const float l = lane_of(cur, k);
+      if constexpr (kSample || kCounts) {
+        const int b = bin_of(bn, l);
+        if constexpr (kCounts) atomicAdd(&sh.count[b], 1u);
+        if constexpr (kSample) {
+          const u64 w = mass_of(l, max_logit, inv_temperature, sh.exp2);
+          const auto lo = static_cast<unsigned>(w);
+          const unsigned units = static_cast<unsigned>(w >> 32) + (atomicAdd(&sh.mass_lo[b], lo) + lo < lo ? 1u : 0u);
+          if (units != 0) atomicAdd(&sh.mass_hi[b], units);
+        }
+      }
+      if constexpr (kLogZ) z += exp(static_cast<double>(l) - max_logit);
+    }
+    if constexpr (kLogZ) {
+      z = cuda_util::block_reduce(z, cuda_util::SumOp{}, 0.0, sh.z);
+      if (threadIdx.x == 0) z_out[blk / kBlock] = z;
+    }
+  }
+}
+
+// grid (chunks per row, n_rows), block kChunkThreads; eight CTAs per SM (32 registers, 27 KB of shared memory each),
+// so the ~1024 CTAs of a step run in one wave.
+__global__ void __launch_bounds__(kChunkThreads, 8)
     row_histogram_kernel(int vocab, int chunk_len, const RowSampling* rows, const float* logits, Workspace ws) {
   __shared__ HistShared sh;
   const int r = blockIdx.y, c = blockIdx.x;
@@ -108,40 +157,25 @@ __global__ void __launch_bounds__(kChunkThreads)
     sh.mass_hi[b] = 0;
     sh.count[b] = 0;
   }
+  load_exp2(sh.exp2);
   __syncthreads();
   const int begin = c * chunk_len, end = min(vocab, begin + chunk_len);
-  // One kBlock at a time (four logits per thread), so that the log Z partial of each block is the same whatever the
-  // chunking; the next block's logits are loaded before this block's are processed.
-  static_assert(kBlock == 4 * kChunkThreads);
-  const int at = static_cast<int>(threadIdx.x) * 4;
-  float4 next = load4(row, begin + at, end, vec);
-  for (int blk = begin; blk < end; blk += kBlock) {
-    const float4 cur = next;
-    if (blk + kBlock < end) next = load4(row, blk + kBlock + at, end, vec);
-    double z = 0.0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int i = blk + at + k;
-      if (i >= end) continue;
-      const float l = lane_of(cur, k);
-      if (need.sample || need.counts) {
-        const int b = bin_of(bn, l);
-        if (need.counts) atomicAdd(&sh.count[b], 1u);
-        if (need.sample) {
-          const u64 w = mass_of(l, max_logit, inv_temperature);
-          if (w != 0) {
-            const auto lo = static_cast<unsigned>(w);
-            const unsigned units = static_cast<unsigned>(w >> 32) + (atomicAdd(&sh.mass_lo[b], lo) + lo < lo ? 1u : 0u);
-            if (units != 0) atomicAdd(&sh.mass_hi[b], units);
-          }
-        }
-      }
-      if (need.log_z) z += exp(static_cast<double>(l) - max_logit);
+  double* z = ws.z + static_cast<int64_t>(r) * ws.blocks;
+  // The combinations the engine sends: top_p (sample), top_k + top_p (sample, counts), with logprobs (log Z, and
+  // counts for the alternatives), and logprobs of a greedy row.
+  const auto run = [&]<bool kS, bool kC, bool kZ>() {
+    histogram_chunk<kS, kC, kZ>(row, vec, begin, end, bn, max_logit, inv_temperature, sh, z);
+  };
+  if (need.sample) {
+    if (need.counts) {
+      need.log_z ? run.template operator()<true, true, true>() : run.template operator()<true, true, false>();
+    } else {
+      need.log_z ? run.template operator()<true, false, true>() : run.template operator()<true, false, false>();
     }
-    if (need.log_z) {
-      z = cuda_util::block_reduce(z, cuda_util::SumOp{}, 0.0, sh.z);
-      if (threadIdx.x == 0) ws.z[static_cast<int64_t>(r) * ws.blocks + blk / kBlock] = z;
-    }
+  } else if (need.counts) {
+    need.log_z ? run.template operator()<false, true, true>() : run.template operator()<false, true, false>();
+  } else {
+    run.template operator()<false, false, true>();
   }
   __syncthreads();
   u64* mass = ws.mass + static_cast<int64_t>(r) * kBins;
@@ -223,24 +257,28 @@ __global__ void __launch_bounds__(kPickThreads) row_plan_kernel(int vocab, int n
 }
 
 // grid (chunks per row, n_rows), block kChunkThreads: appends every logit of the chunk whose bin lies in a window of
-// the row's plan to that window's list (in no particular order).
+// the row's plan to that window's list (in no particular order). Which windows hold a bin is a byte per bin in shared
+// memory, so a logit outside every window costs its bin and one shared load (the windows' hull, tested before, could
+// span most of the row when the top-p and pick windows lay far apart: then every warp took the per-window path).
 __global__ void __launch_bounds__(kChunkThreads) row_gather_kernel(int vocab, int chunk_len, const RowSampling* rows,
                                                                    const float* logits, Workspace ws) {
   __shared__ ReduceScratch rs;
+  __shared__ unsigned char windows_of[kBins];
   const int r = blockIdx.y, c = blockIdx.x;
   RowPlan* plan = ws.plans + r;
   if (!plan->any) return;
-  int lo[kWindows], hi[kWindows], any_lo = kBins, any_hi = -1;
+  int lo[kWindows], hi[kWindows];
   for (int w = 0; w < kWindows; ++w) {
     lo[w] = plan->lo[w];
     hi[w] = plan->hi[w];
-    if (lo[w] <= hi[w]) {
-      any_lo = min(any_lo, lo[w]);
-      any_hi = max(any_hi, hi[w]);
-    }
+  }
+  for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
+    unsigned m = 0;
+    for (int w = 0; w < kWindows; ++w) m |= (lo[w] <= b && b <= hi[w] ? 1u : 0u) << w;
+    windows_of[b] = static_cast<unsigned char>(m);
   }
   const RowSampling rsamp = rows[r];
-  const RowInfo info = row_info(ws.stats + static_cast<int64_t>(r) * ws.blocks, gridDim.x, rs);
+  const RowInfo info = row_info(ws.stats + static_cast<int64_t>(r) * ws.blocks, gridDim.x, rs);  // synchronises
   const Binning bn = make_binning(info.max_logit, info.min_logit, rsamp.params.temperature);
   const float* row = logits + static_cast<int64_t>(rsamp.row) * vocab;
   u64* lists = ws.lists + static_cast<int64_t>(r) * kWindows * kGather;
@@ -250,21 +288,21 @@ __global__ void __launch_bounds__(kChunkThreads) row_gather_kernel(int vocab, in
   for (int base = begin; base < end; base += 4 * kChunkThreads) {
     const int at = base + static_cast<int>(threadIdx.x) * 4;
     const float4 v = load4(row, at, end, vec);
+    const bool full = base + 4 * kChunkThreads <= end;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int i = at + k;
-      const int b = i < end ? bin_of(bn, lane_of(v, k)) : -1;
-      const bool in_any = any_lo <= b && b <= any_hi;
-      if (__ballot_sync(0xffffffffu, in_any) == 0) continue;
-      const u64 key = in_any ? make_key(ordered(lane_of(v, k)), i) : 0;
+      const unsigned m = full || i < end ? windows_of[bin_of(bn, lane_of(v, k))] : 0u;
+      if (__ballot_sync(0xffffffffu, m != 0) == 0) continue;
+      const u64 key = m != 0 ? make_key(ordered(lane_of(v, k)), i) : 0;
       for (int w = 0; w < kWindows; ++w) {
-        const bool take = in_any && lo[w] <= b && b <= hi[w];
-        const unsigned m = __ballot_sync(0xffffffffu, take);
-        if (m == 0) continue;
-        const int leader = __ffs(m) - 1;
+        const bool take = (m >> w) & 1u;
+        const unsigned taken = __ballot_sync(0xffffffffu, take);
+        if (taken == 0) continue;
+        const int leader = __ffs(taken) - 1;
         unsigned slot = 0;
-        if (lane == leader) slot = atomicAdd(&plan->n[w], static_cast<unsigned>(__popc(m)));
-        slot = __shfl_sync(0xffffffffu, slot, leader) + static_cast<unsigned>(__popc(m & ((1u << lane) - 1u)));
+        if (lane == leader) slot = atomicAdd(&plan->n[w], static_cast<unsigned>(__popc(taken)));
+        slot = __shfl_sync(0xffffffffu, slot, leader) + static_cast<unsigned>(__popc(taken & ((1u << lane) - 1u)));
         if (take && slot < static_cast<unsigned>(kGather)) lists[w * kGather + slot] = key;
       }
     }
@@ -290,6 +328,7 @@ __global__ void __launch_bounds__(kPickThreads) row_pick_kernel(int vocab, int n
     return;
   }
   if (threadIdx.x == 0) sh.plan = ws.plans[r];
+  load_exp2(sh.exp2);
   __syncthreads();
   const float* row_logits = logits + static_cast<int64_t>(rs.row) * vocab;
   const RowCtx row{row_logits,
@@ -299,7 +338,8 @@ __global__ void __launch_bounds__(kPickThreads) row_pick_kernel(int vocab, int n
                    1.0 / static_cast<double>(rs.params.temperature),
                    vector_row(row_logits),
                    &sh.plan,
-                   ws.lists + r * kWindows * kGather};
+                   ws.lists + r * kWindows * kGather,
+                   sh.exp2};
   int token = key_index(info.best);
   if (rs.params.temperature > 0.0f) token = params_ok(rs) ? sample_row(rs, row, r, ws, sh) : -1;
   if (threadIdx.x == 0) {

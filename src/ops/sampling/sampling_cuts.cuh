@@ -25,6 +25,7 @@ struct PickShared {
   int n_top_found;
   u64 top_keys[kMaxTopLogprobs];
   RowPlan plan;
+  Exp2Entry exp2[kExp2Steps];  // load_exp2's copy for mass_of
 };
 
 // The last bin b <= limit whose exclusive prefix is <= target (its weight is then > 0 unless b == limit).
@@ -72,12 +73,13 @@ struct RowCtx {
   bool vec;                // 16-byte loads of the row are aligned
   const RowPlan* plan;     // row_gather's windows (shared memory copy)
   const u64* lists;        // and their candidates: [kWindows][kGather] (global)
+  const Exp2Entry* exp2;   // mass_of's table (shared memory)
 };
 
 template <Weigh kW>
 __device__ __forceinline__ u64 weight_of(const RowCtx& row, float l) {
   if constexpr (kW == Weigh::kMass) {
-    return mass_of(l, row.max_logit, row.inv_temperature);
+    return mass_of(l, row.max_logit, row.inv_temperature, row.exp2);
   } else {
     return 1;
   }
@@ -224,7 +226,7 @@ __device__ void scan_sorted(const RowCtx& row, int size, u64 target, PickShared&
     const int i = first + k;
     const u64 key = i < size ? sh.keys[i] : 0;
     w[k] = key != 0 ? weight_of<kW>(row, key_logit(key)) : 0;
-    m[k] = kAlsoMass && key != 0 ? mass_of(key_logit(key), row.max_logit, row.inv_temperature) : 0;
+    m[k] = kAlsoMass && key != 0 ? mass_of(key_logit(key), row.max_logit, row.inv_temperature, row.exp2) : 0;
     sum += w[k];
     msum += m[k];
   }
@@ -260,7 +262,7 @@ __device__ void pred_sums(const RowCtx& row, const BinPred& p, u64 at_least, Pic
     u64 key = 0;
     if (!in_bin(row, p, l, i, &key) || key < at_least) continue;
     w += weight_of<kW>(row, l);
-    if constexpr (kAlsoMass) m += mass_of(l, row.max_logit, row.inv_temperature);
+    if constexpr (kAlsoMass) m += mass_of(l, row.max_logit, row.inv_temperature, row.exp2);
   }
   *weight = cuda_util::block_reduce(w, cuda_util::SumOp{}, u64{0}, sh.rs.u64s);
   *mass = cuda_util::block_reduce(m, cuda_util::SumOp{}, u64{0}, sh.rs.u64s);

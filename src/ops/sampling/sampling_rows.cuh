@@ -11,6 +11,7 @@
 
 #include "ops/elementwise/cuda_utils.cuh"
 #include "ops/sampling/sampling.h"
+#include "ops/sampling/sampling_weight.h"
 
 namespace bg::ops {
 namespace {
@@ -23,8 +24,7 @@ constexpr int kChunkThreads = 256;               // row_stats and row_histogram
 constexpr int kPickThreads = 512;                // row_pick
 constexpr int kGather = 2048;                    // the most candidates of one bin resolved in shared memory
 constexpr int kTargetCtas = 1024;                // chunks per row: about eight CTAs per SM over the batch
-constexpr double kMassScale = 17592186044416.0;  // 2^44: a probability p in [0, 1] weighs rint(p * 2^44)
-constexpr double kZeroWeightNats = 31.5;         // exp(-31.5) * 2^44 = 0.37: rounds to 0, as does all below it
+// A probability p in [0, 1] weighs rint(p * 2^44) (mass_weight, sampling_weight.h): 0 from 31.5 nats below the max.
 constexpr float kSpanNats = 32.0f;               // bins cover at most 32 nats (at the temperature) below the max
 // Fixed-point mass: at most kSamplingMaxVocab (2^19) * 2^44 = 2^63 in total, so u64 sums never overflow.
 
@@ -110,12 +110,20 @@ __device__ __forceinline__ int key_index(u64 key) {
 }
 __device__ __forceinline__ float key_logit(u64 key) { return from_ordered(static_cast<unsigned>(key >> 32)); }
 
-// The fixed-point weight exp((l - max) / T) * 2^44 in double, as the CPU computes it but with the division by T done as
-// a product with 1 / T (exact at T = 1; elsewhere within an ulp of x, far below the 2^-44 rounding of the weight). 0
-// past kZeroWeightNats, where it rounds to 0 anyway.
-__device__ __forceinline__ u64 mass_of(float l, double max_logit, double inv_temperature) {
-  const double x = (static_cast<double>(l) - max_logit) * inv_temperature;
-  return x < -kZeroWeightNats ? 0 : __double2ull_rn(exp(x) * kMassScale);
+// The fixed-point weight exp((l - max) / T) * 2^44 (sampling_weight.h, within about half an ulp of the double exp
+// before the rounding, as the CPU's std::exp), with the division by T done as a product with 1 / T (exact at T = 1;
+// elsewhere within an ulp of x, far below the 2^-44 rounding of the weight). `exp2` is the kernel's shared copy of
+// kExp2Table (load_exp2).
+__device__ __forceinline__ u64 mass_of(float l, double max_logit, double inv_temperature, const Exp2Entry* exp2) {
+  return mass_weight((static_cast<double>(l) - max_logit) * inv_temperature, exp2);
+}
+
+__constant__ Exp2Entry c_exp2[kExp2Steps] = BG_SAMPLING_EXP2_TABLE;
+
+// Copies kExp2Table into shared memory (indices vary per lane, which constant memory would serialise); the caller
+// synchronises before the first mass_of.
+__device__ __forceinline__ void load_exp2(Exp2Entry* dst) {
+  for (int j = threadIdx.x; j < kExp2Steps; j += blockDim.x) dst[j] = c_exp2[j];
 }
 
 // Four consecutive logits from i (a multiple of 4): one 16-byte load when the row allows it, else scalar loads; entries
