@@ -77,6 +77,8 @@ TEST(MoeCudaParity, DispatchAndGatherMatchCpu) {
   }
   check_dispatch(5000, 16, 896, 896, 1, 50);  // many dispatch chunks
   check_dispatch(5000, 16, 896, 896, 3, 51);
+  check_dispatch(16384, 16, 896, 896, 16, 52);  // a 16k-token prefill step on an EP16 rank: 1024 chunks
+  check_dispatch(20000, 8, 256, 256, 1, 53);    // chunks not a multiple of 32 lanes
 }
 
 TEST(MoeCudaParity, BadIdsAndMissingSlotsRaiseErrorFlags) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -45,6 +46,57 @@ TEST(ShortConvParity, PrefillFromState) {
     EXPECT_LE(max_rel_error(download_bf16(out, n), ref), kTolBf16Out);
     EXPECT_EQ(first_mismatch(cuda::download<float>(d_state, n_state), state), -1);
   }
+}
+
+// The vectorised prefill kernel (widths 1-4, 8 channels x 16 tokens per thread) against the per-element one
+// (BG_SHORT_CONV_SCALAR=1) bit for bit, outputs and states, over run edges (T not a multiple of 16, T below W - 1),
+// from a non-zero state; a misaligned x takes the per-element kernel and still matches the CPU.
+TEST(ShortConvParity, VectorisedEqualsPerElementBitForBit) {
+  BG_REQUIRE_GPU();
+  std::vector<ConvCase> cases;
+  for (int64_t w : {1, 2, 3, 4}) {
+    for (int64_t t : {1, 2, 15, 16, 17, 100}) cases.push_back({t, 256, w});
+  }
+  cases.push_back({1000, kChannels, 4});
+  for (const ConvCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "T " << c.n_tokens << " C " << c.n_channels << " W " << c.kernel_size);
+    const ops::ShortConvParams p{c.n_tokens, c.n_channels, c.kernel_size};
+    const size_t n = static_cast<size_t>(c.n_tokens * c.n_channels);
+    const size_t n_state = static_cast<size_t>(c.n_channels * (c.kernel_size - 1));
+    std::vector<float> x = random_floats(n, 2.0f, 71);  // rounded to bf16 by the upload
+    const std::vector<float> w = random_floats(static_cast<size_t>(c.n_channels * c.kernel_size), 0.7f, 72);
+    const std::vector<float> state = random_floats(n_state, 1.5f, 73);
+    const cuda::DeviceBuffer d_x = upload_bf16(x), d_w = cuda::upload(w);
+    std::vector<std::vector<float>> outs, states;
+    for (const char* scalar : {"1", "0"}) {
+      ::setenv("BG_SHORT_CONV_SCALAR", scalar, 1);
+      cuda::DeviceBuffer d_state = cuda::upload(state), out = poisoned(n * 2);
+      ops::short_conv_cuda(p, bf16_ptr(d_x), d_w.as<float>(), n_state ? d_state.as<float>() : nullptr, bf16_ptr(out),
+                           nullptr);
+      sync_device();
+      outs.push_back(download_bf16(out, n));
+      states.push_back(cuda::download<float>(d_state, n_state));
+    }
+    ::unsetenv("BG_SHORT_CONV_SCALAR");
+    EXPECT_EQ(first_mismatch(outs[1], outs[0]), -1);
+    EXPECT_EQ(first_mismatch(states[1], states[0]), -1);
+    std::vector<float> ref(n), ref_state = state;
+    ops::short_conv_cpu(p, x.data(), w.data(), ref_state.data(), ref.data());
+    EXPECT_LE(max_rel_error(outs[1], ref), kTolBf16Out);
+  }
+  // x one element off 16-byte alignment: the per-element kernel.
+  const int64_t t = 20, ch = 64, width = 4;
+  std::vector<float> x = random_floats(static_cast<size_t>((t + 1) * ch), 1.0f, 74);
+  const std::vector<float> w = random_floats(static_cast<size_t>(ch * width), 0.7f, 75);
+  const cuda::DeviceBuffer d_x = upload_bf16(x), d_w = cuda::upload(w);
+  std::vector<float> state(static_cast<size_t>(ch * (width - 1)), 0.0f), ref(static_cast<size_t>(t * ch));
+  ops::short_conv_cpu({t, ch, width}, x.data() + 1, w.data(), state.data(), ref.data());
+  cuda::DeviceBuffer d_state = cuda::upload(std::vector<float>(state.size(), 0.0f)), out = poisoned(ref.size() * 2);
+  ops::short_conv_cuda({t, ch, width}, bf16_ptr(d_x) + 1, d_w.as<float>(), d_state.as<float>(), bf16_ptr(out),
+                       nullptr);
+  sync_device();
+  EXPECT_LE(max_rel_error(download_bf16(out, ref.size()), ref), kTolBf16Out);
+  EXPECT_EQ(first_mismatch(cuda::download<float>(d_state, state.size()), state), -1);
 }
 
 TEST(ShortConvParity, PrefillThenDecodeSteps) {

@@ -1,6 +1,12 @@
-// CUDA short conv + SiLU. Prefill: one thread per (token, channel) output reading W inputs from x or the old state,
-// then one thread per channel shifts the state. Decode: one thread per (sequence, channel) does both.
+// CUDA short conv + SiLU. Prefill: for widths up to 4 on 16-byte aligned rows, a thread takes 8 channels over a run
+// of kRun tokens with a sliding window in registers (16-byte loads and stores; each input row is read (kRun + W - 1)
+// / kRun times instead of W); otherwise one thread per (token, channel) output reads W inputs from x or the old state.
+// Both accumulate in the same order, so they give the same bits. Then one thread per channel shifts the state.
+// Decode: one thread per (sequence, channel) does both.
 #include "ops/short_conv/short_conv_cuda.h"
+
+#include <cstdlib>
+#include <string_view>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
@@ -37,6 +43,65 @@ __global__ void conv_kernel(ShortConvParams p, const bf16* x, const float* weigh
   }
 }
 
+constexpr int kVecChannels = 8;  // one 16-byte row piece of bf16
+constexpr int kRun = 16;         // tokens per thread
+constexpr int64_t kVecMaxKernel = 4;
+
+union Bf16x8 {
+  uint4 raw;
+  bf16 v[kVecChannels];
+};
+
+// Thread (run r, channel group g): outputs t in [r * kRun, r * kRun + kRun) of channels 8g .. 8g + 7. Channel groups
+// are fastest within a block, so a warp's loads of one token row are 512 contiguous bytes.
+template <int W>
+__global__ void __launch_bounds__(kThreads) conv_vec_kernel(ShortConvParams p, const bf16* x, const float* weight,
+                                                            const float* state, bf16* out) {
+  const int64_t groups = p.n_channels / kVecChannels;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= groups) return;
+  const int64_t c0 = g * kVecChannels, t0 = static_cast<int64_t>(blockIdx.y) * kRun;
+  const int64_t t_end = min(p.n_tokens, t0 + kRun);
+  float w[kVecChannels][W];
+#pragma unroll
+  for (int ch = 0; ch < kVecChannels; ++ch) {
+#pragma unroll
+    for (int j = 0; j < W; ++j) w[ch][j] = weight[(c0 + ch) * W + j];
+  }
+  // win[ch][j]: the input of token t - (W - 1) + j for the next output t (j < W - 1 filled before each step).
+  float win[kVecChannels][W];
+#pragma unroll
+  for (int j = 0; j < W - 1; ++j) {
+    const int64_t s = t0 - (W - 1) + j;
+    if (s >= 0) {
+      Bf16x8 in;
+      in.raw = *reinterpret_cast<const uint4*>(x + s * p.n_channels + c0);
+#pragma unroll
+      for (int ch = 0; ch < kVecChannels; ++ch) win[ch][j] = cuda_util::to_f32(in.v[ch]);
+    } else {
+#pragma unroll
+      for (int ch = 0; ch < kVecChannels; ++ch) win[ch][j] = state[(c0 + ch) * (W - 1) + (W - 1) + s];
+    }
+  }
+  for (int64_t t = t0; t < t_end; ++t) {
+    Bf16x8 in, o;
+    in.raw = *reinterpret_cast<const uint4*>(x + t * p.n_channels + c0);
+#pragma unroll
+    for (int ch = 0; ch < kVecChannels; ++ch) {
+      win[ch][W - 1] = cuda_util::to_f32(in.v[ch]);
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < W; ++j) acc += w[ch][j] * win[ch][j];
+      o.v[ch] = cuda_util::to_bf16(silu(acc));
+#pragma unroll
+      for (int j = 0; j + 1 < W; ++j) win[ch][j] = win[ch][j + 1];
+    }
+    *reinterpret_cast<uint4*>(out + t * p.n_channels + c0) = o.raw;
+  }
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
 // New state of channel c: the inputs of tokens T-(W-1) .. T-1, oldest first. Entry j reads old entry T+j >= j, so
 // ascending j is safe in place.
 __global__ void state_kernel(ShortConvParams p, const bf16* x, float* state) {
@@ -70,6 +135,11 @@ __global__ void decode_kernel(ShortConvDecodeParams p, const bf16* x, const floa
 
 }  // namespace
 
+bool short_conv_scalar_from_env() {
+  const char* v = std::getenv("BG_SHORT_CONV_SCALAR");
+  return v != nullptr && std::string_view(v) == "1";
+}
+
 void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const float* weight, float* state,
                      __nv_bfloat16* out, cudaStream_t stream) {
   BG_CHECK(p.n_tokens >= 0, "short_conv_cuda: n_tokens {} is negative", p.n_tokens);
@@ -82,7 +152,21 @@ void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const flo
   BG_CHECK(x && weight && out, "short_conv_cuda: null x/weight/out with n_tokens {}", p.n_tokens);
   BG_CHECK(static_cast<const void*>(out) != static_cast<const void*>(x), "short_conv_cuda: out aliases x");
   const int64_t n = p.n_tokens * p.n_channels;
-  conv_kernel<<<cuda_util::elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(p, x, weight, state, out);
+  const bool vec = p.kernel_size <= kVecMaxKernel && p.n_channels % kVecChannels == 0 && aligned16(x) &&
+                   aligned16(out) && p.n_tokens <= int64_t{kRun} * 65535 && !short_conv_scalar_from_env();
+  if (vec) {
+    const int64_t groups = p.n_channels / kVecChannels;
+    const dim3 grid(static_cast<unsigned>((groups + kThreads - 1) / kThreads),
+                    static_cast<unsigned>((p.n_tokens + kRun - 1) / kRun));
+    switch (p.kernel_size) {
+      case 1: conv_vec_kernel<1><<<grid, kThreads, 0, stream>>>(p, x, weight, state, out); break;
+      case 2: conv_vec_kernel<2><<<grid, kThreads, 0, stream>>>(p, x, weight, state, out); break;
+      case 3: conv_vec_kernel<3><<<grid, kThreads, 0, stream>>>(p, x, weight, state, out); break;
+      default: conv_vec_kernel<4><<<grid, kThreads, 0, stream>>>(p, x, weight, state, out); break;
+    }
+  } else {
+    conv_kernel<<<cuda_util::elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(p, x, weight, state, out);
+  }
   BG_CUDA_CHECK_LAUNCH();
   if (p.kernel_size == 1) return;
   state_kernel<<<cuda_util::elementwise_blocks(p.n_channels, kThreads), kThreads, 0, stream>>>(p, x, state);
