@@ -41,7 +41,7 @@ struct MoeRoutingArrays {
   int32_t* tile_offsets = nullptr;  // [n_slots + 1] cumulative ceil(counts / kMoeTileRows)
   int32_t* active = nullptr;        // [n_slots] slots with rows, ascending; the first *n_active are valid
   int32_t* n_active = nullptr;      // [1]
-  int32_t* chunk_base = nullptr;    // [n_chunks, n_slots] per chunk: its rows before, per slot (dispatch scratch)
+  int32_t* chunk_base = nullptr;    // [n_slots, n_chunks] per slot: each chunk's rows before it (dispatch scratch)
   int32_t* pair_rank = nullptr;     // [n_pairs] rank of the pair among its chunk's pairs of the same slot (scratch)
   int32_t* row_token = nullptr;     // [n_pairs] source token of each row
   float* row_weight = nullptr;      // [n_pairs] routing weight of each row

@@ -1,9 +1,9 @@
 // MoE dispatch on the device (per-slot counts, offsets and a stable permutation from the router's ids through the
-// expert -> slot map), gather into slot order, and the weighted combine back to token order. A three-kernel stable
-// counting sort: (1) each 256-pair chunk ranks its pairs per slot and histograms them, (2) one block turns the chunk
-// histograms into per-slot prefixes, counts, offsets, tile offsets and the active list, (3) each pair lands at
-// offsets[slot] + (its chunk's base for the slot) + (its rank in the chunk). Up to 1024 pairs (a decode step) the three
-// run as one block in one launch. No host reads anywhere, so the whole routed path can be captured in a CUDA graph.
+// expert -> slot map), gather into slot order, and the weighted combine back to token order. A stable counting sort:
+// (1) each 256-pair chunk ranks its pairs per slot and histograms them, (2) a block per slot turns its chunk histograms
+// into prefixes and its count, then one block makes offsets, tile offsets and the active list, (3) each pair lands at
+// offsets[slot] + (its chunk's base for the slot) + (its rank in the chunk). Up to 1024 pairs (a decode step) it all
+// runs as one block in one launch. No host reads anywhere, so the whole routed path can be captured in a CUDA graph.
 
 #include <algorithm>
 #include <type_traits>
@@ -94,8 +94,8 @@ __device__ void scan_counts(int E, const MoeWorkspace& ws, int* s_warp) {
 }
 
 // Block c ranks pairs [256 c, 256 c + 256): pair_rank[i] = earlier pairs of the chunk with the same slot (stable),
-// chunk_base[c, s] = the chunk's pairs of slot s (turned into a prefix by the scan kernel). Dynamic smem: E ints
-// (E = local slots).
+// chunk_base[s, c] = the chunk's pairs of slot s (turned into a prefix by the scan kernel; slot-major, so a slot's
+// chunks are contiguous for the scan). Dynamic smem: E ints (E = local slots).
 __global__ void __launch_bounds__(kMoeDispatchChunk) dispatch_rank_kernel(const int32_t* ids, int n_pairs,
                                                                          int n_experts, int E, bool all_local,
                                                                          MoeWorkspace ws) {
@@ -114,24 +114,33 @@ __global__ void __launch_bounds__(kMoeDispatchChunk) dispatch_rank_kernel(const 
     atomicAdd(&hist[e], 1);  // counts do not depend on the order of the atomics
   }
   __syncthreads();
-  for (int j = tid; j < E; j += kMoeDispatchChunk) ws.chunk_base[static_cast<int64_t>(blockIdx.x) * E + j] = hist[j];
+  for (int j = tid; j < E; j += kMoeDispatchChunk) {
+    ws.chunk_base[static_cast<int64_t>(j) * gridDim.x + blockIdx.x] = hist[j];
+  }
 }
 
-// One block of 1024 threads: per-expert prefix over chunks (chunk_base), counts, offsets, tile offsets, active list.
-__global__ void __launch_bounds__(kScanThreads) dispatch_scan_kernel(int E, int chunks, MoeWorkspace ws) {
+// Block s of E: slot s's prefix over its (contiguous) chunk counts, kScanThreads chunks at a time, and its count.
+// A block per slot, so the E slots' scans run on E SMs: one block walking every slot's chunks was bound by one SM's
+// L2 traffic (88 us at 16k tokens of K3). Integers: the same values as a walk in chunk order.
+__global__ void __launch_bounds__(kScanThreads) dispatch_scan_kernel(int chunks, MoeWorkspace ws) {
   __shared__ int s_warp[32];
-  const int tid = static_cast<int>(threadIdx.x);
-  for (int e = tid; e < E; e += kScanThreads) {
-    int run = 0;
-    for (int c = 0; c < chunks; ++c) {
-      int* cell = ws.chunk_base + static_cast<int64_t>(c) * E + e;
-      const int v = *cell;
-      *cell = run;
-      run += v;
-    }
-    ws.counts[e] = run;
+  const int tid = static_cast<int>(threadIdx.x), e = static_cast<int>(blockIdx.x);
+  int* row = ws.chunk_base + static_cast<int64_t>(e) * chunks;
+  int carry = 0;
+  for (int base = 0; base < chunks; base += kScanThreads) {  // uniform trip count: every thread scans
+    const int c = base + tid;
+    const int v = c < chunks ? row[c] : 0;
+    int total = 0;
+    const int prefix = block_exclusive_scan(v, s_warp, total);
+    if (c < chunks) row[c] = carry + prefix;
+    carry += total;
   }
-  __syncthreads();
+  if (tid == 0) ws.counts[e] = carry;
+}
+
+// One block: offsets, tile offsets and the active list from the counts.
+__global__ void __launch_bounds__(kScanThreads) dispatch_counts_kernel(int E, MoeWorkspace ws) {
+  __shared__ int s_warp[32];
   scan_counts(E, ws, s_warp);
 }
 
@@ -165,7 +174,7 @@ __global__ void __launch_bounds__(kScanThreads) dispatch_small_kernel(const int3
     for (int cc = 0; cc < chunks; ++cc) {
       const int v = hist[cc * E + x];
       hist[cc * E + x] = run;
-      ws.chunk_base[static_cast<int64_t>(cc) * E + x] = run;
+      ws.chunk_base[static_cast<int64_t>(x) * chunks + cc] = run;
       run += v;
     }
     ws.counts[x] = run;
@@ -197,8 +206,8 @@ __global__ void dispatch_scatter_kernel(const int32_t* ids, const float* weights
     ws.slot_row[i] = -1;
     return;
   }
-  const int c = i / kMoeDispatchChunk;
-  const int row = ws.offsets[e] + ws.chunk_base[static_cast<int64_t>(c) * E + e] + ws.pair_rank[i];
+  const int c = i / kMoeDispatchChunk, chunks = (n_pairs + kMoeDispatchChunk - 1) / kMoeDispatchChunk;
+  const int row = ws.offsets[e] + ws.chunk_base[static_cast<int64_t>(e) * chunks + c] + ws.pair_rank[i];
   ws.row_token[row] = i / top_k;
   ws.row_weight[row] = weights[i];
   ws.slot_row[i] = row;
@@ -345,7 +354,11 @@ void moe_dispatch_cuda(const MoeCudaParams& p, const int32_t* expert_ids, const 
     BG_CUDA_CHECK_LAUNCH();
   }
   // Runs for 0 tokens too, so that counts / offsets / n_active read as empty.
-  dispatch_scan_kernel<<<1, kScanThreads, 0, stream>>>(E, chunks, ws);
+  if (E > 0) {
+    dispatch_scan_kernel<<<static_cast<unsigned>(E), kScanThreads, 0, stream>>>(chunks, ws);
+    BG_CUDA_CHECK_LAUNCH();
+  }
+  dispatch_counts_kernel<<<1, kScanThreads, 0, stream>>>(E, ws);
   BG_CUDA_CHECK_LAUNCH();
   if (pairs > 0) {
     dispatch_scatter_kernel<<<(pairs + 255) / 256, 256, 0, stream>>>(expert_ids, weights, pairs,
