@@ -203,5 +203,20 @@ TEST_F(FrontendTest, SecondServerOnTheSamePortFails) {
   }
 }
 
+// stop() on another thread right as listen() starts the server: whichever runs first, no I/O thread is left joinable.
+// Before start() and stop() shared stop_mu, a stop() that ran first left start() to make threads that nothing joined
+// (std::terminate when the server was destroyed; seen as this fixture's SecondServerOnTheSamePortFails aborting).
+TEST_F(FrontendTest, StopRacingListenLeavesNoThreadBehind) {
+  start(hello_script);
+  for (int i = 0; i < 100; ++i) {
+    FrontendServer server(FrontendConfig{}, model_, *link_, metrics_);
+    server.bind("127.0.0.1", 0);
+    std::thread listener([&] { server.listen(); });
+    if (i % 2 == 1) std::this_thread::sleep_for(std::chrono::microseconds(200));  // some iterations start first
+    server.stop();
+    listener.join();
+  }
+}
+
 }  // namespace
 }  // namespace bg::frontend

@@ -142,7 +142,10 @@ int FrontendServer::bind(const std::string& host, int port) {
 
 void FrontendServer::start() {
   Impl& s = *impl_;
-  if (!s.threads.empty()) return;
+  // Under stop_mu, so that a stop() on another thread either sees the I/O threads (and joins them) or makes this
+  // start nothing: a stop() that ran between the check and the emplace left joinable threads behind (terminate).
+  std::lock_guard lock(s.stop_mu);
+  if (s.stopped || !s.threads.empty()) return;
   BG_CHECK(s.acceptor.is_open(), "FrontendServer::start: bind() first");
   net::post(s.acceptor.get_executor(), [&s] { s.accept(); });
   for (size_t i = 0; i < std::max<size_t>(s.cfg.n_io_threads, 1); ++i) {
@@ -185,15 +188,18 @@ size_t FrontendServer::reserve_connections_open() const { return impl_->core.n_l
 
 void FrontendServer::stop() {
   Impl& s = *impl_;
+  std::vector<std::thread> threads;  // the I/O threads start() made; none can start after this block
   {
     std::lock_guard lock(s.stop_mu);
     if (s.stopped) return;
     s.stopped = true;
+    threads = std::move(s.threads);
+    s.threads.clear();
   }
   s.stop_cv.notify_all();
   s.core.draining = true;
   s.router.set_draining();
-  if (!s.threads.empty()) {
+  if (!threads.empty()) {
     net::post(s.acceptor.get_executor(), [&s] {
       beast::error_code ignored;
       s.acceptor.close(ignored);
@@ -207,8 +213,7 @@ void FrontendServer::stop() {
     s.prep.join();  // requests being prepared finish; their results find their connections closed
     s.work.reset();
     s.ioc.stop();
-    for (std::thread& t : s.threads) t.join();
-    s.threads.clear();
+    for (std::thread& t : threads) t.join();
   } else {
     s.prep.join();
   }
