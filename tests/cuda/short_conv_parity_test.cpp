@@ -175,6 +175,10 @@ TEST(ShortConvParity, RejectsBadParams) {
   EXPECT_THROW(ops::short_conv_cuda({1, 2, 4}, bf16_ptr(b), b.as<float>(), nullptr, bf16_ptr(b) + 8, nullptr), Error);
   EXPECT_THROW(ops::short_conv_cuda({1, 2, 4}, bf16_ptr(b), b.as<float>(), b.as<float>(), bf16_ptr(b), nullptr),
                Error);
+  ::setenv("BG_SHORT_CONV_SCALAR", "yes", 1);  // only 0 or 1
+  EXPECT_THROW(ops::short_conv_cuda({1, 8, 4}, bf16_ptr(b), b.as<float>(), b.as<float>(), bf16_ptr(b) + 64, nullptr),
+               Error);
+  ::unsetenv("BG_SHORT_CONV_SCALAR");
   EXPECT_THROW(ops::short_conv_decode_cuda({1, 8, 4}, bf16_ptr(b), b.as<float>(),
                                            {b.as<float>(), b.as<int32_t>(), 8}, bf16_ptr(b) + 64, nullptr),
                Error);

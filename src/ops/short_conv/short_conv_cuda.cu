@@ -137,7 +137,9 @@ __global__ void decode_kernel(ShortConvDecodeParams p, const bf16* x, const floa
 
 bool short_conv_scalar_from_env() {
   const char* v = std::getenv("BG_SHORT_CONV_SCALAR");
-  return v != nullptr && std::string_view(v) == "1";
+  if (v == nullptr || std::string_view(v) == "0") return false;
+  BG_CHECK(std::string_view(v) == "1", "BG_SHORT_CONV_SCALAR={} (expected 0 or 1)", v);
+  return true;
 }
 
 void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const float* weight, float* state,
