@@ -14,7 +14,9 @@ class LoopbackExchange final : public Exchange {
 
   void begin_dispatch(Backend& be, const ExpertTable& table, const DispatchInput& in, ExpertRows& rows) override {
     BG_CHECK(in.ids && in.weights && in.x, "loopback exchange: incomplete dispatch input");
-    const int64_t n = in.x->rows(), hidden = in.x->cols(), top_k = in.ids->cols();
+    BG_CHECK(in.ids->shape.size() == 2 && in.x->shape.size() == 2, "loopback exchange: ids and x must be 2-D");
+    // From the shapes, not cols(): an empty batch ([0, top_k]) has cols() 0, which the routing shape refuses.
+    const int64_t n = in.x->rows(), hidden = in.x->shape[1], top_k = in.ids->shape[1];
     ops::MoeRoutingShape shape{n, top_k, table.n_experts(), table.n_slots(), /*all_local=*/true};
     rows.routing = be.moe_routing(shape);
     be.moe_dispatch(table.slot_map(), *in.ids, *in.weights, rows.routing);

@@ -38,7 +38,9 @@ MoeChoice moe_route(Backend& be, const MoeLayerSpec& spec, const MoeLayerWeights
 void moe_routed(Backend& be, Exchange& exchange, const MoeLayerSpec& spec, MoeLayerWeights& w,
                 const MoeChoice& choice, const Tensor& x_expert, Tensor& out, const std::function<void()>& overlap) {
   if (exchange.local()) {  // one rank: no rows move; gather, experts and combine as one (fusable) backend op
-    const ops::MoeRoutingShape shape{x_expert.rows(), choice.ids.cols(), w.experts.n_experts(), w.experts.n_slots(),
+    BG_CHECK(choice.ids.shape.size() == 2, "moe_routed: ids must be [tokens, top_k]");
+    // top_k from the shape: cols() is 0 for an empty batch, which the routing shape refuses.
+    const ops::MoeRoutingShape shape{x_expert.rows(), choice.ids.shape[1], w.experts.n_experts(), w.experts.n_slots(),
                                      /*all_local=*/true};
     MoeRouting routing = be.moe_routing(shape);
     be.moe_dispatch(w.experts.slot_map(), choice.ids, choice.weights, routing);

@@ -192,5 +192,29 @@ TEST(LoopbackExchange, RowsCarryTheirTokens) {
   for (size_t i = 0; i < x.size(); ++i) EXPECT_FLOAT_EQ(combined[i], static_cast<float>(k) * x[i]);
 }
 
+// A rank with no tokens in a step (EP with DP attention; the nccl exchange test's reference on such a rank): the
+// loopback and moe_routed take an empty [0, top_k] batch, move nothing and leave out as it was. (cols() of an empty
+// tensor is 0: a routing shape made from it was refused with "top_k 0", first seen on two H200s.)
+TEST(LoopbackExchange, AnEmptyBatchMovesNothing) {
+  auto be = make_backend("cpu");
+  const int64_t k = 3, E = 5, hidden = 4;
+  TinyExperts ex(*be, E, hidden, 4, 4);
+  MoeLayerWeights w;
+  w.experts = ExpertTable(*be, ExpertPlacement::contiguous(E, 1, 0), ex.weights);
+  Tensor ti = be->alloc({0, k}, DType::kI32), tw = be->alloc({0, k}, DType::kF32);
+  Tensor tx = be->alloc({0, hidden}, DType::kF32), out = be->alloc({0, hidden}, DType::kF32);
+  auto exchange = make_loopback_exchange();
+  ExpertRows rows;
+  ASSERT_NO_THROW(exchange->begin_dispatch(*be, w.experts, {&ti, &tw, &tx}, rows));
+  EXPECT_EQ(rows.routing.shape.top_k, k);
+  EXPECT_EQ(rows.x.rows(), 0);
+  exchange->finish_dispatch(*be, rows);
+  ASSERT_NO_THROW(exchange->begin_combine(*be, rows, out));
+  exchange->finish_combine(*be, out);
+  const MoeLayerSpec spec{{0, E, k, 1, 1, true, 1.0f}, {GluKind::kSwiGlu, 4.0f, 25.0f}};
+  MoeChoice choice{ti, tw};
+  EXPECT_NO_THROW(moe_routed(*be, *exchange, spec, w, choice, tx, out, [] {}));
+}
+
 }  // namespace
 }  // namespace bg::moe
