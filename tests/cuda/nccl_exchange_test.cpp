@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -37,7 +38,8 @@ int gpus_for_test() {
     if (cuda::device_count() < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs: multi-GPU test did not run"; \
   } while (0)
 
-// Runs body(ctx) on `world` threads, one rank (and GPU) each; failures inside are gtest failures.
+// Runs body(ctx) on `world` threads, one rank (and GPU) each; failures inside, exceptions included, are gtest
+// failures (an exception escaping a rank's thread used to abort the whole binary; the other ranks' waits time out).
 template <typename Fn>
 void run_gpu_ranks(int32_t world, Fn body) {
   const dist::NcclUniqueIdBytes id = dist::nccl_unique_id();
@@ -47,8 +49,12 @@ void run_gpu_ranks(int32_t world, Fn body) {
   std::vector<std::thread> threads;
   for (int32_t r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
-      auto ctx = dist::make_nccl_rank_context(id, dist::RankPlace{layout, r}, 120.0);
-      body(*ctx);
+      try {
+        auto ctx = dist::make_nccl_rank_context(id, dist::RankPlace{layout, r}, 120.0);
+        body(*ctx);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << r << ": " << e.what();
+      }
     });
   }
   for (auto& t : threads) t.join();
