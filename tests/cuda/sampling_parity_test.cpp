@@ -219,22 +219,30 @@ TEST(SamplingParity, RejectsBadBatches) {
   EXPECT_NO_THROW(ops::sample_rows_cuda({0, 8}, nullptr, nullptr, nullptr, nullptr, 0, nullptr));
 }
 
-// For profiling (ncu -k regex:row_): one sample_rows_cuda at B = 1, 16 and 64 of top_p 0.95 rows over 163840 Normal(0,
-// 6) logits; nothing asserted beyond the launches succeeding.
+// For profiling (ncu -k regex:row_): one sample_rows_cuda at B = 1, 16 and 64 over 163840 logits uniform in [-6, 6]
+// for each of the bench's settings (top_p 0.95; temperature 0.7, top_k 50, top_p 0.9; top_p 0.95 with 20 logprobs);
+// nothing asserted beyond the launches succeeding.
 TEST(SamplingParity, DISABLED_ProfileOnce) {
   BG_REQUIRE_GPU();
   const int64_t vocab = 163840;
-  for (int64_t b : {1, 16, 64}) {
-    std::vector<float> logits = random_floats(static_cast<size_t>(b * vocab), 6.0f, 89);
-    std::vector<ops::RowSampling> rows;
-    for (int32_t r = 0; r < b; ++r) rows.push_back({{1.0f, 0, 0.95f}, (r + 1.0) / static_cast<double>(b + 2), r, -1});
-    const cuda::DeviceBuffer d_rows = cuda::upload(rows), d_l = cuda::upload(logits);
-    cuda::DeviceBuffer out(rows.size() * sizeof(ops::RowSample));
-    const size_t scratch = ops::sample_rows_workspace_bytes({b, vocab});
-    cuda::DeviceBuffer ws(scratch);
-    ops::sample_rows_cuda({b, vocab}, d_rows.as<ops::RowSampling>(), d_l.as<float>(), out.as<ops::RowSample>(),
-                          ws.data(), scratch, nullptr);
-    sync_device();
+  struct Setting {
+    ops::SamplingParams params;
+    int32_t n_top;
+  };
+  const Setting settings[] = {{{1.0f, 0, 0.95f}, -1}, {{0.7f, 50, 0.9f}, -1}, {{1.0f, 0, 0.95f}, 20}};
+  for (const Setting& s : settings) {
+    for (int64_t b : {1, 16, 64}) {
+      std::vector<float> logits = random_floats(static_cast<size_t>(b * vocab), 6.0f, 89);
+      std::vector<ops::RowSampling> rows;
+      for (int32_t r = 0; r < b; ++r) rows.push_back({s.params, (r + 1.0) / static_cast<double>(b + 2), r, s.n_top});
+      const cuda::DeviceBuffer d_rows = cuda::upload(rows), d_l = cuda::upload(logits);
+      cuda::DeviceBuffer out(rows.size() * sizeof(ops::RowSample));
+      const size_t scratch = ops::sample_rows_workspace_bytes({b, vocab});
+      cuda::DeviceBuffer ws(scratch);
+      ops::sample_rows_cuda({b, vocab}, d_rows.as<ops::RowSampling>(), d_l.as<float>(), out.as<ops::RowSample>(),
+                            ws.data(), scratch, nullptr);
+      sync_device();
+    }
   }
 }
 

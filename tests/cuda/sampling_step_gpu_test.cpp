@@ -92,6 +92,38 @@ TEST(SamplingStepGpu, BackendSampleRowsMatchesTheCpuSampler) {
   check_vocab(*be, 163840, 3);
 }
 
+// Rows whose top-k or n-best window (bounded from the mass histogram, plan_row) cannot be used: a peaked row (one
+// logit 60 nats above the rest, so every other weight is 0 and the bound never reaches k or n: the window is the whole
+// row, too many to gather) and a flat row (every logit in bin 0). Both go through exact counts from a pass over the row
+// (count_pass); the ids and logprobs still equal the CPU's.
+TEST(SamplingStepGpu, UnusableWindowsFallBackToExactCounts) {
+  BG_REQUIRE_GPU();
+  auto be = make_backend("cuda");
+  constexpr int64_t kVocab = 163840;
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> logits(static_cast<size_t>(2 * kVocab), 0.25f);  // row 1: flat
+  for (int64_t i = 0; i < kVocab; ++i) logits[static_cast<size_t>(i)] = normal(rng);
+  logits[777] = 60.0f;  // row 0: peaked
+  auto u = [&] { return ops::draw_uniform(rng); };
+  std::vector<RowSampling> rows;
+  for (int32_t row : {0, 1}) {
+    rows.push_back({{1.0f, 50, 1.0f}, u(), row, -1});   // top-k
+    rows.push_back({{0.7f, 50, 0.9f}, u(), row, 20});   // top-k + top-p, 20 logprobs
+    rows.push_back({{1.0f, 0, 0.95f}, u(), row, 20});   // top-p, 20 logprobs
+    rows.push_back({{0.0f, 0, 1.0f}, 0.0, row, 20});    // greedy, 20 logprobs
+    rows.push_back({{1.0f, 3000, 0.5f}, u(), row, 7});  // a k past what shared memory sorts
+  }
+  const Tensor d_logits = be->upload_f32(logits, {2, kVocab}, DType::kF32);
+  std::vector<RowSample> got(rows.size()), want(rows.size());
+  for (RowSample& g : got) g.token = -7;
+  be->sample_rows(d_logits, rows, got);
+  ops::sample_rows_cpu(rows, logits.data(), 2, kVocab, want);
+  for (size_t i = 0; i < rows.size(); ++i) expect_same_sample(got[i], want[i], i);
+  EXPECT_EQ(got[3].token, 777);
+  EXPECT_EQ(got[3].top_ids[0], 777);
+}
+
 TEST(SamplingStepGpu, BadRowsAreErrors) {
   BG_REQUIRE_GPU();
   auto be = make_backend("cuda");

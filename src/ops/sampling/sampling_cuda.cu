@@ -1,15 +1,18 @@
 // CUDA sampling of one step's rows in five kernels over a workspace, so that a row spreads over many CTAs and the
-// logits are read three times (statistics, histograms, candidates) by the whole GPU:
+// logits are read three times (statistics, histogram, candidates) by the whole GPU:
 //   1. row_stats: per chunk of a row, the largest key, the smallest finite logit and a non-finite flag; clears the
-//      row's histograms.
+//      row's histogram and Z.
 //   2. row_histogram: per chunk, every logit's value bin (monotone in the logit: a bin is a contiguous run of the
-//      CPU's sorted order) summed into the row's histograms of fixed-point mass and of counts, and the log Z partials.
-//   3. row_plan: one CTA per row bounds, from the histograms alone, the bins each cut can fall in (top-k, top-p, the
-//      pick, the n_top best): the earlier cuts are not exact yet, but each target is monotone in the kept mass.
+//      CPU's sorted order) summed into the row's histogram of fixed-point mass, and the row's fixed-point Z (logprobs).
+//   3. row_plan (plan_row): one CTA per row bounds, from the mass histogram alone, the bins the cuts can fall in: for
+//      a top-k row the bins 0..B that surely hold its k best (counts bounded from the mass), else those of the top-p
+//      cut and the pick (each target is monotone in the kept mass); for logprobs the bins 0..B that hold the n best.
 //   4. row_gather: per chunk, every logit whose bin lies in such a window is appended to that window's list.
-//   5. row_pick: one CTA per row walks the histograms to the bin holding each cut, takes that bin's candidates from a
-//      window's list (or, when no window holds them, from a pass over the row), sorts them in shared memory and scans
-//      their weights. A bin too large for shared memory falls back to a radix descent over the row.
+//   5. row_pick: one CTA per row. A top-k row sorts its window's list and makes its three cuts in one scan; otherwise
+//      it walks the histogram to the bin holding each cut, takes that bin's candidates from a window's list (or, when
+//      no window holds them, from a pass over the row), sorts them in shared memory and scans their weights. A bin too
+//      large for shared memory falls back to a radix descent over the row; a window that holds too few or too many
+//      logits, to exact counts from a pass over the row.
 // Keys: the order-preserving logit bits, then the inverted index, so that descending key order is exactly the CPU's
 // (logit descending, lower index first; -0 and +0 tie). Probabilities are 2^-44 fixed point: integer sums are exact and
 // order-free, so the histograms, the cuts and the ids do not depend on how the row was split. The row model (sizes,
@@ -76,173 +79,192 @@ __global__ void __launch_bounds__(kChunkThreads)
   if (threadIdx.x == 0) ws.stats[static_cast<int64_t>(r) * ws.blocks + c] = {best, min_ord, non_finite};
   // This chunk's share of the row's histograms starts at zero (row_histogram adds to them).
   u64* mass = ws.mass + static_cast<int64_t>(r) * kBins;
-  unsigned* count = ws.count + static_cast<int64_t>(r) * kBins;
   const int bin_begin = c * kBins / n_chunks, bin_end = (c + 1) * kBins / n_chunks;
-  for (int b = bin_begin + static_cast<int>(threadIdx.x); b < bin_end; b += kChunkThreads) {
-    mass[b] = 0;
-    count[b] = 0;
-  }
+  for (int b = bin_begin + static_cast<int>(threadIdx.x); b < bin_end; b += kChunkThreads) mass[b] = 0;
+  if (c == 0 && threadIdx.x == 0) ws.z[r] = 0;  // and so does the row's Z
 }
 
-// ---- kernel 2: histograms and log Z partials -----------------------------------------------------------------------
+// ---- kernel 2: the mass histogram and Z -----------------------------------------------------------------------------
 // The mass histogram in shared memory as two 32-bit words per bin (there is no native 64-bit shared atomic add; its
 // compare-and-swap loop was most of this kernel's time): low 32 bits, and the units of 2^32 (the weight's high bits
-// plus the carries out of the low word, detected from the value the add returned). Both sums are exact integers.
+// plus the carries out of the low word, detected from the value the add returned). Both sums are exact integers. Shared
+// atomics bound this kernel on the H200 (about two lanes' adds per clock per SM): there is no count histogram (plan_row
+// bounds counts from the mass), and a logit of weight 0 adds nothing.
 struct HistShared {
   unsigned mass_lo[kBins];
   unsigned mass_hi[kBins];
-  unsigned count[kBins];
-  double z[kChunkThreads / 32];
-  ReduceScratch rs;
-  Exp2Entry exp2[kExp2Steps];
 };
 
-// The chunk's logits into the shared histograms (and the log Z partials), for a row's needs known at compile time so
-// the per-logit path has no flag tests: kSample, the mass (mass_of); kCounts, the counts; kLogZ, the partials.
-template <bool kSample, bool kCounts, bool kLogZ>
+// The chunk's logits into the shared histogram (and into the row's Z), for a row's needs known at compile time so the
+// per-logit path has no flag tests: kMass, the mass (mass_of at the row's mass temperature); kLogZ, Z: the same
+// fixed-point weight at temperature 1 (kZIsMass: the mass itself, when that temperature is 1), summed per thread, per
+// CTA, then added to the row's total with one atomic per CTA. Integer sums: Z is the same whatever the chunking (batch
+// invariant), and within 163840 * 2^-45 of the exact sum, whose largest term is 1 (log Z off by < 5e-9).
+template <bool kMass, bool kLogZ, bool kZIsMass>
 __device__ __forceinline__ void histogram_chunk(const float* row, bool vec, int begin, int end, const Binning& bn,
                                                 double max_logit, double inv_temperature, HistShared& sh,
-                                                double* z_out) {
-  // One kBlock at a time (four logits per thread), so that the log Z partial of each block is the same whatever the
-  // chunking; the next block's logits are loaded before this block's are processed.
-  static_assert(kBlock == 4 * kChunkThreads);
+                                                ReduceScratch& rs, const Exp2Entry* exp2, u64* z_out) {
+  static_assert(kMass || !kZIsMass);
+  u64 z = 0;
   const int at = static_cast<int>(threadIdx.x) * 4;
   float4 next = load4(row, begin + at, end, vec);
-  for (int blk = begin; blk < end; blk += kBlock) {
+  for (int blk = begin; blk < end; blk += 4 * kChunkThreads) {
     const float4 cur = next;
-    if (blk + kBlock < end) next = load4(row, blk + kBlock + at, end, vec);
-    const bool full = blk + kBlock <= end;  // no entry of the block past the row: no per-entry check
-    double z = 0.0;
+    if (blk + 4 * kChunkThreads < end) next = load4(row, blk + 4 * kChunkThreads + at, end, vec);
+    const bool full = blk + 4 * kChunkThreads <= end;  // no entry past the row: no per-entry check
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int i = blk + at + k;
       if (!full && i >= end) continue;
       const float l = lane_of(cur, k);
-      if constexpr (kSample || kCounts) {
-        const int b = bin_of(bn, l);
-        if constexpr (kCounts) atomicAdd(&sh.count[b], 1u);
-        if constexpr (kSample) {
-          const u64 w = mass_of(l, max_logit, inv_temperature, sh.exp2);
+      [[maybe_unused]] u64 w = 0;
+      if constexpr (kMass) {
+        w = mass_of(l, max_logit, inv_temperature, exp2);
+        if (w != 0) {
+          const int b = bin_of(bn, l);
           const auto lo = static_cast<unsigned>(w);
           const unsigned units = static_cast<unsigned>(w >> 32) + (atomicAdd(&sh.mass_lo[b], lo) + lo < lo ? 1u : 0u);
           if (units != 0) atomicAdd(&sh.mass_hi[b], units);
         }
       }
-      if constexpr (kLogZ) z += exp(static_cast<double>(l) - max_logit);
+      if constexpr (kLogZ) z += kZIsMass ? w : mass_of(l, max_logit, 1.0, exp2);
     }
-    if constexpr (kLogZ) {
-      z = cuda_util::block_reduce(z, cuda_util::SumOp{}, 0.0, sh.z);
-      if (threadIdx.x == 0) z_out[blk / kBlock] = z;
-    }
+  }
+  if constexpr (kLogZ) {
+    z = cuda_util::block_reduce(z, cuda_util::SumOp{}, u64{0}, rs.u64s);
+    if (threadIdx.x == 0 && z != 0) atomicAdd(z_out, z);
   }
 }
 
-// grid (chunks per row, n_rows), block kChunkThreads; eight CTAs per SM (32 registers, 27 KB of shared memory each),
-// so the ~1024 CTAs of a step run in one wave.
-__global__ void __launch_bounds__(kChunkThreads, 8)
-    row_histogram_kernel(int vocab, int chunk_len, const RowSampling* rows, const float* logits, Workspace ws) {
-  __shared__ HistShared sh;
-  const int r = blockIdx.y, c = blockIdx.x;
-  const RowSampling rsamp = rows[r];
-  const RowNeeds need = needs_of(rsamp, vocab);
-  if (!need.sample && !need.counts && !need.log_z) return;  // greedy without logprobs: row_pick needs the max only
-  const RowInfo info = row_info(ws.stats + static_cast<int64_t>(r) * ws.blocks, gridDim.x, sh.rs);
-  if (info.non_finite) return;
-  const float* row = logits + static_cast<int64_t>(rsamp.row) * vocab;
-  const Binning bn = make_binning(info.max_logit, info.min_logit, rsamp.params.temperature);
-  const double max_logit = info.max_logit, inv_temperature = 1.0 / static_cast<double>(rsamp.params.temperature);
-  const bool vec = vector_row(row);
-  for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
-    sh.mass_lo[b] = 0;
-    sh.mass_hi[b] = 0;
-    sh.count[b] = 0;
-  }
-  load_exp2(sh.exp2);
-  __syncthreads();
-  const int begin = c * chunk_len, end = min(vocab, begin + chunk_len);
-  double* z = ws.z + static_cast<int64_t>(r) * ws.blocks;
-  // The combinations the engine sends: top_p (sample), top_k + top_p (sample, counts), with logprobs (log Z, and
-  // counts for the alternatives), and logprobs of a greedy row.
-  const auto run = [&]<bool kS, bool kC, bool kZ>() {
-    histogram_chunk<kS, kC, kZ>(row, vec, begin, end, bn, max_logit, inv_temperature, sh, z);
-  };
-  if (need.sample) {
-    if (need.counts) {
-      need.log_z ? run.template operator()<true, true, true>() : run.template operator()<true, true, false>();
-    } else {
-      need.log_z ? run.template operator()<true, false, true>() : run.template operator()<true, false, false>();
-    }
-  } else if (need.counts) {
-    need.log_z ? run.template operator()<false, true, true>() : run.template operator()<false, true, false>();
-  } else {
-    run.template operator()<false, false, true>();
-  }
-  __syncthreads();
-  u64* mass = ws.mass + static_cast<int64_t>(r) * kBins;
-  unsigned* count = ws.count + static_cast<int64_t>(r) * kBins;
-  for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
-    const u64 m = (static_cast<u64>(sh.mass_hi[b]) << 32) + sh.mass_lo[b];
-    if (m != 0) atomicAdd(&mass[b], m);
-    if (sh.count[b] != 0) atomicAdd(&count[b], sh.count[b]);
-  }
-}
-
-
-// ---- kernels 3 and 4: the windows, and their candidates -----------------------------------------------------------
-
+// ---- kernel 3: the row's plan, the windows of row_gather ------------------------------------------------------------
 struct PlanShared {
   u64 mass_excl[kBins + 1];
-  unsigned count_excl[kBins + 1];
-  u64 scan_u64[kPickThreads / 32];
-  ReduceScratch rs;
+  u64 scan_u64[kChunkThreads / 32];
+  int found_bin;
 };
 
-// grid (n_rows), block kPickThreads: ws.plans[r], the windows of row r (none for rows row_pick resolves without).
-__global__ void __launch_bounds__(kPickThreads) row_plan_kernel(int vocab, int n_chunks, const RowSampling* rows,
-                                                                Workspace ws) {
-  __shared__ PlanShared sh;
-  const int64_t r = blockIdx.x;
-  const RowSampling rs = rows[r];
-  const RowNeeds need = needs_of(rs, vocab);
+// The shared memory of row_histogram (the histogram) and of row_plan (the prefix sums).
+struct RowShared {
+  union {
+    HistShared hist;
+    PlanShared plan;
+  };
+  ReduceScratch rs;
+  Exp2Entry exp2[kExp2Steps];
+};
+
+// The bound of bin b (see bin_holding_at_least): at least this many logits lie in it.
+__device__ __forceinline__ u64 count_at_least(const Binning& bn, double inv_temperature, int b, const u64* excl,
+                                              const Exp2Entry* exp2) {
+  const u64 mass = excl[b + 1] - excl[b];
+  if (mass == 0) return 0;
+  const double d_min = b == 0 ? 0.0 : static_cast<double>(b) / static_cast<double>(bn.scale) * (1.0 - 0x1p-20);
+  const double w_max = mass_exp(-d_min * inv_temperature, exp2) * (1.0 + 0x1p-40) + 1.0;
+  const double at_least = ceil(static_cast<double>(mass) / w_max - 1e-6);
+  return at_least > 0.0 ? static_cast<u64>(at_least) : 0;
+}
+
+// The smallest bin B such that bins 0..B surely hold at least n logits, from the mass histogram alone (no count
+// histogram is kept): a logit of bin b lies at least b / scale below the max (less a margin for the rounding of d and
+// of the scale), so it weighs at most wmax(b), and bin b holds at least ceil(mass(b) / wmax(b)) logits -- exactly its
+// count when it holds fewer than ~64 (a bin spans at most 1/64 nat at the temperature, so its weights differ by under
+// 1.6 %). kBins - 1 when the bound never reaches n (weights of 0 say nothing). An under-estimate only widens the
+// window; row_pick checks the gathered count and falls back to exact counts when a window holds too few or too many.
+__device__ __noinline__ int bin_holding_at_least(const Binning& bn, double inv_temperature, u64 n, RowShared& sh) {
+  const u64* excl = sh.plan.mass_excl;
+  // Warp 0 tries the first bins, 32 at a time (a window near the top usually ends there) ...
+  constexpr int kWarpBins = 64;
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    u64 run = 0;
+    int found = -1;
+    for (int base = 0; base < kWarpBins; base += 32) {
+      u64 incl = count_at_least(bn, inv_temperature, base + lane, excl, sh.exp2);
+      for (int o = 1; o < 32; o <<= 1) {
+        const u64 other = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += other;
+      }
+      const unsigned reached = __ballot_sync(0xffffffffu, run + incl >= n);
+      if (reached != 0) {
+        found = base + __ffs(reached) - 1;
+        break;
+      }
+      run += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) sh.plan.found_bin = found;
+  }
+  __syncthreads();
+  int found = sh.plan.found_bin;
+  __syncthreads();
+  if (found >= 0) return found;
+  // ... else the whole block bounds every bin and scans them.
+  constexpr int kPer = kBins / kChunkThreads;
+  u64 lb[kPer];
+  u64 sum = 0;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    lb[k] = count_at_least(bn, inv_temperature, static_cast<int>(threadIdx.x) * kPer + k, excl, sh.exp2);
+    sum += lb[k];
+  }
+  if (threadIdx.x == 0) sh.plan.found_bin = kBins - 1;
+  u64 total = 0;
+  u64 run = block_exclusive_scan(sum, sh.plan.scan_u64, &total);  // synchronises: found_bin is set
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    if (run < n && run + lb[k] >= n) atomicMin(&sh.plan.found_bin, static_cast<int>(threadIdx.x) * kPer + k);
+    run += lb[k];
+  }
+  __syncthreads();
+  found = sh.plan.found_bin;
+  __syncthreads();
+  return found;
+}
+
+// A row's RowPlan (all threads of a kChunkThreads block): its windows (none for rows row_pick resolves without) and its
+// statistics. For a top-k row, the bins 0..B that hold its k best (every cut of the row lies among them); else the bins
+// the top-p cut and the pick can fall in; for a row asking for alternatives, the bins that hold its n best.
+__device__ __forceinline__ void plan_row(int vocab, int n_chunks, const RowSampling* rows, const ChunkStat* stats,
+                                         const u64* row_mass, RowPlan* out, RowShared& sh) {
+  const RowSampling rs = *rows;
+  const RowInfo info = row_info(stats, n_chunks, sh.rs);
+  const RowNeeds need = needs_of(rs);
   int lo[kWindows], hi[kWindows];
   for (int w = 0; w < kWindows; ++w) {
     lo[w] = 1;
     hi[w] = 0;
   }
-  const RowInfo info = row_info(ws.stats + r * ws.blocks, n_chunks, sh.rs);
-  if (!info.non_finite && need.sample) {
+  if (!info.non_finite && need.mass) {
+    scan_histogram<u64, kChunkThreads>(row_mass, sh.plan.mass_excl, sh.plan.scan_u64);
+    const u64* excl = sh.plan.mass_excl;
+    const Binning bn = make_binning(info.max_logit, info.min_logit, rs.params.temperature);
+    const double inv_temperature = mass_inv_temperature(rs);
     const SamplingParams& sp = rs.params;
-    scan_histogram(ws.mass + r * kBins, sh.mass_excl, sh.scan_u64);
-    // Bounds on the kept mass and on the bin limit before each cut.
-    u64 kept_lo = sh.mass_excl[kBins], kept_hi = kept_lo;
-    int limit_lo = kBins - 1, limit_hi = kBins - 1;
-    if (sp.top_k > 0 && sp.top_k < vocab) {
-      scan_histogram(ws.count + r * kBins, sh.count_excl, sh.scan_u64);
-      const int bk = bin_for(sh.count_excl, static_cast<u64>(sp.top_k - 1), kBins - 1);
-      lo[kWinTopK] = hi[kWinTopK] = bk;
-      kept_lo = max(sh.mass_excl[bk], u64{1});
-      kept_hi = sh.mass_excl[bk + 1];
-      limit_lo = limit_hi = bk;
+    if (need.sample && sp.top_k > 0 && sp.top_k < vocab) {
+      lo[kWinTopK] = 0;
+      hi[kWinTopK] = bin_holding_at_least(bn, inv_temperature, static_cast<u64>(sp.top_k), sh);
+    } else if (need.sample) {
+      // Bounds on the kept mass and on the bin limit before each cut.
+      u64 kept_lo = excl[kBins], kept_hi = kept_lo;
+      int limit_lo = kBins - 1, limit_hi = kBins - 1;
+      if (sp.top_p < 1.0f) {
+        const u64 t_lo = top_p_target(sp.top_p, kept_lo), t_hi = top_p_target(sp.top_p, kept_hi);
+        lo[kWinTopP] = bin_for(excl, t_lo, limit_lo);
+        hi[kWinTopP] = bin_for(excl, t_hi, limit_hi);
+        // The cut's key has running mass > its target, and no more than the mass through its bin.
+        kept_lo = t_lo + 1;
+        kept_hi = min(kept_hi, excl[hi[kWinTopP] + 1]);
+        limit_lo = lo[kWinTopP];
+        limit_hi = hi[kWinTopP];
+      }
+      if (kept_hi >= kept_lo && kept_lo > 0) {
+        lo[kWinPick] = bin_for(excl, pick_target(rs.uniform, kept_lo), limit_lo);
+        hi[kWinPick] = bin_for(excl, pick_target(rs.uniform, kept_hi), limit_hi);
+      }
     }
-    if (sp.top_p < 1.0f) {
-      const u64 t_lo = top_p_target(sp.top_p, kept_lo), t_hi = top_p_target(sp.top_p, kept_hi);
-      lo[kWinTopP] = bin_for(sh.mass_excl, t_lo, limit_lo);
-      hi[kWinTopP] = bin_for(sh.mass_excl, t_hi, limit_hi);
-      // The cut's key has running mass > its target, and no more than the mass through its bin.
-      kept_lo = t_lo + 1;
-      kept_hi = min(kept_hi, sh.mass_excl[hi[kWinTopP] + 1]);
-      limit_lo = lo[kWinTopP];
-      limit_hi = hi[kWinTopP];
+    if (rs.n_top > 0) {
+      lo[kWinBest] = 0;
+      hi[kWinBest] = bin_holding_at_least(bn, inv_temperature, static_cast<u64>(min(rs.n_top, vocab)), sh);
     }
-    if (kept_hi >= kept_lo && kept_lo > 0) {
-      lo[kWinPick] = bin_for(sh.mass_excl, pick_target(rs.uniform, kept_lo), limit_lo);
-      hi[kWinPick] = bin_for(sh.mass_excl, pick_target(rs.uniform, kept_hi), limit_hi);
-    }
-  }
-  if (!info.non_finite && rs.n_top > 0) {
-    scan_histogram(ws.count + r * kBins, sh.count_excl, sh.scan_u64);
-    lo[kWinBest] = 0;
-    hi[kWinBest] = bin_for(sh.count_excl, static_cast<u64>(min(rs.n_top, vocab) - 1), kBins - 1);
   }
   if (threadIdx.x != 0) return;
   RowPlan plan{};
@@ -253,16 +275,78 @@ __global__ void __launch_bounds__(kPickThreads) row_plan_kernel(int vocab, int n
     plan.n[w] = 0;
     plan.any |= lo[w] <= hi[w];
   }
-  ws.plans[r] = plan;
+  plan.info = info;
+  *out = plan;
 }
+
+// Chunk c of row r into the row's mass histogram and Z (row_histogram's body).
+__device__ __forceinline__ void chunk_sums(int vocab, int chunk_len, const RowSampling* rows, const float* logits,
+                                           const Workspace& ws, int r, int c, RowShared& sh) {
+  const RowSampling rsamp = rows[r];
+  const RowNeeds need = needs_of(rsamp);
+  if (!need.mass && !need.log_z) return;  // greedy without logprobs: row_pick needs the max only
+  const RowInfo info = row_info(ws.stats + static_cast<int64_t>(r) * ws.blocks, gridDim.x, sh.rs);
+  if (info.non_finite) return;
+  const float* row = logits + static_cast<int64_t>(rsamp.row) * vocab;
+  const Binning bn = make_binning(info.max_logit, info.min_logit, rsamp.params.temperature);
+  const double max_logit = info.max_logit, inv_temperature = mass_inv_temperature(rsamp);
+  const bool vec = vector_row(row);
+  for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
+    sh.hist.mass_lo[b] = 0;
+    sh.hist.mass_hi[b] = 0;
+  }
+  __syncthreads();
+  const int begin = c * chunk_len, end = min(vocab, begin + chunk_len);
+  u64* z = ws.z + r;
+  const auto run = [&]<bool kMass, bool kLogZ, bool kZIsMass>() {
+    histogram_chunk<kMass, kLogZ, kZIsMass>(row, vec, begin, end, bn, max_logit, inv_temperature, sh.hist, sh.rs,
+                                            sh.exp2, z);
+  };
+  if (!need.mass) {
+    run.template operator()<false, true, false>();
+  } else if (!need.log_z) {
+    run.template operator()<true, false, false>();
+  } else if (inv_temperature == 1.0) {
+    run.template operator()<true, true, true>();
+  } else {
+    run.template operator()<true, true, false>();
+  }
+  if (!need.mass) return;
+  __syncthreads();
+  u64* mass = ws.mass + static_cast<int64_t>(r) * kBins;
+  for (int b = threadIdx.x; b < kBins; b += kChunkThreads) {
+    const u64 m = (static_cast<u64>(sh.hist.mass_hi[b]) << 32) + sh.hist.mass_lo[b];
+    if (m != 0) atomicAdd(&mass[b], m);
+  }
+}
+
+// grid (chunks per row, n_rows), block kChunkThreads; eight CTAs per SM (32 registers, 19 KB of shared memory each), so
+// the ~1024 CTAs of a step run in one wave. (Planning the row in the last CTA to finish, instead of in a kernel of its
+// own, spilled this loop's registers: 150 MB of local traffic at B = 64 on the H200.)
+__global__ void __launch_bounds__(kChunkThreads, 8)
+    row_histogram_kernel(int vocab, int chunk_len, const RowSampling* rows, const float* logits, Workspace ws) {
+  __shared__ RowShared sh;
+  load_exp2(sh.exp2);  // row_info synchronises before the first use
+  chunk_sums(vocab, chunk_len, rows, logits, ws, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.x), sh);
+}
+
+// grid (n_rows), block kChunkThreads: ws.plans[r] (plan_row).
+__global__ void __launch_bounds__(kChunkThreads)
+    row_plan_kernel(int vocab, int n_chunks, const RowSampling* rows, Workspace ws) {
+  __shared__ RowShared sh;
+  const int64_t r = blockIdx.x;
+  load_exp2(sh.exp2);  // row_info synchronises before the first use
+  plan_row(vocab, n_chunks, rows + r, ws.stats + r * ws.blocks, ws.mass + r * kBins, ws.plans + r, sh);
+}
+
+// ---- kernel 4: the candidates of the windows ------------------------------------------------------------------------
 
 // grid (chunks per row, n_rows), block kChunkThreads: appends every logit of the chunk whose bin lies in a window of
 // the row's plan to that window's list (in no particular order). Which windows hold a bin is a byte per bin in shared
 // memory, so a logit outside every window costs its bin and one shared load (the windows' hull, tested before, could
 // span most of the row when the top-p and pick windows lay far apart: then every warp took the per-window path).
-__global__ void __launch_bounds__(kChunkThreads) row_gather_kernel(int vocab, int chunk_len, const RowSampling* rows,
-                                                                   const float* logits, Workspace ws) {
-  __shared__ ReduceScratch rs;
+__global__ void __launch_bounds__(kChunkThreads)
+    row_gather_kernel(int vocab, int chunk_len, const RowSampling* rows, const float* logits, Workspace ws) {
   __shared__ unsigned char windows_of[kBins];
   const int r = blockIdx.y, c = blockIdx.x;
   RowPlan* plan = ws.plans + r;
@@ -278,16 +362,19 @@ __global__ void __launch_bounds__(kChunkThreads) row_gather_kernel(int vocab, in
     windows_of[b] = static_cast<unsigned char>(m);
   }
   const RowSampling rsamp = rows[r];
-  const RowInfo info = row_info(ws.stats + static_cast<int64_t>(r) * ws.blocks, gridDim.x, rs);  // synchronises
+  const RowInfo info = plan->info;
+  __syncthreads();  // windows_of is complete
   const Binning bn = make_binning(info.max_logit, info.min_logit, rsamp.params.temperature);
   const float* row = logits + static_cast<int64_t>(rsamp.row) * vocab;
   u64* lists = ws.lists + static_cast<int64_t>(r) * kWindows * kGather;
   const bool vec = vector_row(row);
   const int begin = c * chunk_len, end = min(vocab, begin + chunk_len);
   const int lane = threadIdx.x & 31;
+  float4 next = load4(row, begin + static_cast<int>(threadIdx.x) * 4, end, vec);  // one load ahead, as row_histogram
   for (int base = begin; base < end; base += 4 * kChunkThreads) {
     const int at = base + static_cast<int>(threadIdx.x) * 4;
-    const float4 v = load4(row, at, end, vec);
+    const float4 v = next;
+    if (base + 4 * kChunkThreads < end) next = load4(row, at + 4 * kChunkThreads, end, vec);
     const bool full = base + 4 * kChunkThreads <= end;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -311,13 +398,13 @@ __global__ void __launch_bounds__(kChunkThreads) row_gather_kernel(int vocab, in
 
 // ---- kernel 5: the cuts and the pick ------------------------------------------------------------------------------
 // grid (n_rows), block kPickThreads; writes out[r] for rows[r].
-__global__ void __launch_bounds__(kPickThreads) row_pick_kernel(int vocab, int n_chunks, const RowSampling* rows,
-                                                                const float* logits, Workspace ws, RowSample* out) {
+__global__ void __launch_bounds__(kPickThreads)
+    row_pick_kernel(int vocab, const RowSampling* rows, const float* logits, Workspace ws, RowSample* out) {
   __shared__ PickShared sh;
   const int64_t r = blockIdx.x;
   const RowSampling rs = rows[r];
   RowSample* o = out + r;
-  const RowInfo info = row_info(ws.stats + r * ws.blocks, n_chunks, sh.rs);
+  const RowInfo info = ws.plans[r].info;  // row_plan's
   if (info.non_finite) {  // the engine fails this request: no id, no logprobs
     if (threadIdx.x == 0) {
       o->token = -1;
@@ -335,13 +422,16 @@ __global__ void __launch_bounds__(kPickThreads) row_pick_kernel(int vocab, int n
                    vocab,
                    make_binning(info.max_logit, info.min_logit, rs.params.temperature),
                    static_cast<double>(info.max_logit),
-                   1.0 / static_cast<double>(rs.params.temperature),
+                   mass_inv_temperature(rs),
                    vector_row(row_logits),
                    &sh.plan,
                    ws.lists + r * kWindows * kGather,
                    sh.exp2};
-  int token = key_index(info.best);
-  if (rs.params.temperature > 0.0f) token = params_ok(rs) ? sample_row(rs, row, r, ws, sh) : -1;
+  const u64 z = ws.z[r];  // read early (row_histogram's; used at the end)
+  u64 token_key = info.best;
+  if (rs.params.temperature > 0.0f) token_key = params_ok(rs) ? sample_row(rs, row, r, ws, sh) : 0;
+  const int token = token_key == 0 ? -1 : key_index(token_key);
+  const float token_logit = key_logit(token_key);
   if (threadIdx.x == 0) {
     o->token = token;
     o->finite = true;
@@ -349,24 +439,22 @@ __global__ void __launch_bounds__(kPickThreads) row_pick_kernel(int vocab, int n
     o->logprob = 0.0f;
   }
   if (rs.n_top < 0 || token < 0) return;
-  // log-softmax (double, as top_logprobs_cpu) at the token and at the n_top best keys. log Z: the per-block partials
-  // summed in block order (the same sum whatever the chunking).
+  // log-softmax (double, as top_logprobs_cpu) at the token and at the n_top best keys, one per lane of warp 0. Z is
+  // row_histogram's fixed-point sum (2^-44 units).
   const int n = min(rs.n_top, vocab);
-  if (n > 0) {
-    scan_histogram(ws.count + r * kBins, sh.count_excl, sh.scan_u64);
-    best_keys(row, sh.count_excl, n, sh);
+  if (n > 0) best_keys(row, n, sh);
+  if (threadIdx.x >= 32) return;
+  const double log_z = static_cast<double>(info.max_logit) + log(ldexp(static_cast<double>(z), -kMassScaleExponent));
+  const int a = static_cast<int>(threadIdx.x);
+  if (a < n) {  // a key holds its logit's bits: no second read of the row
+    const u64 key = sh.top_keys[a];
+    o->top_ids[a] = key_index(key);
+    o->top_logprobs[a] = static_cast<float>(static_cast<double>(key_logit(key)) - log_z);
   }
-  if (threadIdx.x != 0) return;
-  double z = 0.0;
-  for (int b = 0; b < ws.blocks; ++b) z += ws.z[r * ws.blocks + b];
-  const double log_z = static_cast<double>(info.max_logit) + log(z);
-  for (int a = 0; a < n; ++a) {
-    const int id = key_index(sh.top_keys[a]);
-    o->top_ids[a] = id;
-    o->top_logprobs[a] = static_cast<float>(static_cast<double>(row.logits[id]) - log_z);
+  if (a == 0) {
+    o->n_top = n;
+    o->logprob = static_cast<float>(static_cast<double>(token_logit) - log_z);
   }
-  o->n_top = n;
-  o->logprob = static_cast<float>(static_cast<double>(row.logits[token]) - log_z);
 }
 
 void check_batch(const SamplingBatch& b, const char* who) {
@@ -399,11 +487,11 @@ void sample_rows_cuda(const SamplingBatch& b, const RowSampling* rows, const flo
   BG_CUDA_CHECK_LAUNCH();
   row_histogram_kernel<<<grid, kChunkThreads, 0, stream>>>(vocab, chunk_len, rows, logits, ws);
   BG_CUDA_CHECK_LAUNCH();
-  row_plan_kernel<<<static_cast<unsigned>(b.n_rows), kPickThreads, 0, stream>>>(vocab, n_chunks, rows, ws);
+  row_plan_kernel<<<static_cast<unsigned>(b.n_rows), kChunkThreads, 0, stream>>>(vocab, n_chunks, rows, ws);
   BG_CUDA_CHECK_LAUNCH();
   row_gather_kernel<<<grid, kChunkThreads, 0, stream>>>(vocab, chunk_len, rows, logits, ws);
   BG_CUDA_CHECK_LAUNCH();
-  row_pick_kernel<<<static_cast<unsigned>(b.n_rows), kPickThreads, 0, stream>>>(vocab, n_chunks, rows, logits, ws, out);
+  row_pick_kernel<<<static_cast<unsigned>(b.n_rows), kPickThreads, 0, stream>>>(vocab, rows, logits, ws, out);
   BG_CUDA_CHECK_LAUNCH();
 }
 

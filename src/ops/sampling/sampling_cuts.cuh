@@ -105,11 +105,12 @@ __device__ u64 block_exclusive_scan(u64 v, u64* scratch, u64* total) {
   return before + incl - v;
 }
 
-// Exclusive prefix of a histogram (kBins entries, global) into shared excl[0..kBins].
-template <typename T>
+// Exclusive prefix of a histogram (kBins entries) into shared excl[0..kBins], by a block of kThreads (hist may be excl:
+// each thread reads its bins before the scan and writes them after).
+template <typename T, int kThreads = kPickThreads>
 __device__ void scan_histogram(const T* hist, T* excl, u64* scratch) {
-  constexpr int kPer = kBins / kPickThreads;
-  static_assert(kBins % kPickThreads == 0);
+  constexpr int kPer = kBins / kThreads;
+  static_assert(kBins % kThreads == 0);
   T v[kPer];
   u64 sum = 0;
 #pragma unroll
@@ -152,7 +153,7 @@ __device__ __forceinline__ bool in_bin(const RowCtx& row, const BinPred& p, floa
 
 // Gathers the candidates of p into sh.keys (order arbitrary); returns their number (> kGather: too many, only the count
 // is right).
-__device__ int gather(const RowCtx& row, const BinPred& p, PickShared& sh) {
+__device__ __noinline__ int gather(const RowCtx& row, const BinPred& p, PickShared& sh) {
   if (threadIdx.x == 0) sh.n_keys = 0;
   __syncthreads();
   if (const int w = window_of(*row.plan, p.bin); w >= 0) {  // row_gather has them: filter its list
@@ -189,14 +190,45 @@ __device__ int gather(const RowCtx& row, const BinPred& p, PickShared& sh) {
   return sh.n_keys;
 }
 
-// Sorts sh.keys[0..n) descending (n <= kGather), padding with 0 up to the next power of two; returns that size.
-__device__ int sort_keys(int n, PickShared& sh) {
+static_assert(kPickThreads % 32 == 0);
+
+// Sorts sh.keys[0..n) descending (n <= kGather), padding with 0 up to the next power of two; returns that size. Up to
+// kRankSortMax keys (a bin's candidates, a top-k window), each key's place is the number of larger keys (keys are
+// distinct): one pass of broadcast shared loads and two barriers, against a bitonic network's dozens of steps.
+constexpr int kRankSortMax = 256;
+static_assert(kRankSortMax <= kPickThreads);
+
+__device__ __forceinline__ int sort_keys(int n, PickShared& sh) {
   int size = 1;
   while (size < n) size <<= 1;
+  if (n <= kRankSortMax) {
+    __syncthreads();  // the keys were written by every warp
+    const int t = static_cast<int>(threadIdx.x);
+    u64 key = 0;
+    int place = t;
+    if (t < n) {
+      key = sh.keys[t];
+      place = 0;
+      for (int j = 0; j < n; ++j) place += sh.keys[j] > key ? 1 : 0;
+    }
+    __syncthreads();
+    if (t < size) sh.keys[place] = key;  // keys at their places, zeros after them
+    __syncthreads();
+    return size;
+  }
   for (int i = n + static_cast<int>(threadIdx.x); i < size; i += kPickThreads) sh.keys[i] = 0;
-  __syncthreads();
+  // A step with j < 32 exchanges keys within a 32-aligned run of indices, and one warp owns each run (thread t handles
+  // t, t + kPickThreads, ...): such steps need only __syncwarp between them; a step reaching across warps (j >= 32) has
+  // a __syncthreads on either side.
+  bool wide = true;  // the keys and the padding were written by every warp
   for (int k = 2; k <= size; k <<= 1) {
     for (int j = k >> 1; j > 0; j >>= 1) {
+      if (wide || j >= 32) {
+        __syncthreads();
+      } else {
+        __syncwarp();
+      }
+      wide = j >= 32;
       for (int i = threadIdx.x; i < size; i += kPickThreads) {
         const int partner = i ^ j;
         if (partner <= i) continue;
@@ -207,16 +239,16 @@ __device__ int sort_keys(int n, PickShared& sh) {
           sh.keys[partner] = a;
         }
       }
-      __syncthreads();
     }
   }
+  __syncthreads();
   return size;
 }
 
 // Among the sorted keys sh.keys[0..size) (zeros last), the first at which the running selection weight exceeds target:
 // sets sh.found_key / found_run (in-bin, inclusive) and, when kAlsoMass, found_mass (in-bin mass through it).
 template <Weigh kW, bool kAlsoMass>
-__device__ void scan_sorted(const RowCtx& row, int size, u64 target, PickShared& sh) {
+__device__ __noinline__ void scan_sorted(const RowCtx& row, int size, u64 target, PickShared& sh) {
   constexpr int kPer = kGather / kPickThreads;
   const int first = static_cast<int>(threadIdx.x) * kPer;
   u64 w[kPer], m[kPer];
@@ -255,7 +287,8 @@ __device__ void scan_sorted(const RowCtx& row, int size, u64 target, PickShared&
 
 // Total selection weight (and, when kAlsoMass, mass) of the candidates of p with key >= at_least.
 template <Weigh kW, bool kAlsoMass>
-__device__ void pred_sums(const RowCtx& row, const BinPred& p, u64 at_least, PickShared& sh, u64* weight, u64* mass) {
+__device__ __noinline__ void pred_sums(const RowCtx& row, const BinPred& p, u64 at_least, PickShared& sh, u64* weight,
+                                       u64* mass) {
   u64 w = 0, m = 0;
   for (int i = threadIdx.x; i < row.vocab; i += kPickThreads) {
     const float l = row.logits[i];
@@ -272,7 +305,7 @@ __device__ void pred_sums(const RowCtx& row, const BinPred& p, u64 at_least, Pic
 // passes over the row restricted to the bin), then an index-ordered scan among the equal logits left. Returns the key
 // of the first candidate (descending key order) at which the running weight exceeds target.
 template <Weigh kW>
-__device__ u64 radix_select(const RowCtx& row, const BinPred& p, u64 target, PickShared& sh) {
+__device__ __noinline__ u64 radix_select(const RowCtx& row, const BinPred& p, u64 target, PickShared& sh) {
   unsigned prefix = 0, mask = 0;
   u64 above = 0;  // weight of the candidates ahead of the current prefix
   for (int shift = 24; shift >= 0; shift -= 8) {
@@ -335,7 +368,7 @@ __device__ u64 radix_select(const RowCtx& row, const BinPred& p, u64 target, Pic
 // The cut at `target` (selection weight kW) among the candidates: bins below lo_bin whole, bin lo_bin from key lo on.
 // excl is the exclusive prefix of the kW histogram over whole bins; target must be below the candidates' total.
 template <Weigh kW, bool kAlsoMass, typename T>
-__device__ Cut cut(const RowCtx& row, const T* excl, u64 target, u64 lo, int lo_bin, PickShared& sh) {
+__device__ __noinline__ Cut cut(const RowCtx& row, const T* excl, u64 target, u64 lo, int lo_bin, PickShared& sh) {
   const int b = bin_for(excl, target, lo_bin);
   const BinPred p{b, b == lo_bin ? lo : 0};
   const u64 above = excl[b];
@@ -357,13 +390,51 @@ __device__ Cut cut(const RowCtx& row, const T* excl, u64 target, u64 lo, int lo_
   return {key, b, above + w, m};
 }
 
-// The n best keys of the row (a count cut over the whole row, then the keys at or above it), best first, into
-// sh.top_keys by thread 0. counts: the exclusive count prefix.
-__device__ void best_keys(const RowCtx& row, const unsigned* count_excl, int n, PickShared& sh) {
-  const Cut c = cut<Weigh::kCount, false>(row, count_excl, static_cast<u64>(n - 1), 0, kBins - 1, sh);
+// The exact count histogram of the row as an exclusive prefix in sh.count_excl (one pass over the row by the CTA): the
+// fallback when a window of row_plan (bounded from the mass) did not gather the logits it was meant to.
+__device__ __noinline__ void count_pass(const RowCtx& row, PickShared& sh) {
+  for (int b = threadIdx.x; b < kBins; b += kPickThreads) sh.count_excl[b] = 0;
+  __syncthreads();
+  for (int base = 0; base < row.vocab; base += 4 * kPickThreads) {
+    const int at = base + static_cast<int>(threadIdx.x) * 4;
+    const float4 v = load4(row.logits, at, row.vocab, row.vec);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (at + k < row.vocab) atomicAdd(&sh.count_excl[bin_of(row.bn, lane_of(v, k))], 1u);
+    }
+  }
+  __syncthreads();
+  scan_histogram(sh.count_excl, sh.count_excl, sh.scan_u64);  // in place
+}
+
+// The number of logits row_gather collected for window w when it starts at bin 0 and all of them fit (then they are
+// every logit of bins 0 .. hi, so the m best keys of the row are the list's m best when it holds at least m); else -1.
+__device__ __forceinline__ int top_list_size(const RowPlan& plan, int w) {
+  if (plan.lo[w] != 0 || plan.hi[w] < 0 || plan.n[w] > static_cast<unsigned>(kGather)) return -1;
+  return static_cast<int>(plan.n[w]);
+}
+
+// Copies window w's list (n keys) into sh.keys and sorts it, best first; returns the padded size (sort_keys).
+__device__ __forceinline__ int sorted_list(const RowCtx& row, int w, int n, PickShared& sh) {
+  const u64* list = row.lists + w * kGather;
+  for (int i = threadIdx.x; i < n; i += kPickThreads) sh.keys[i] = list[i];
+  return sort_keys(n, sh);  // synchronises first
+}
+
+// The n best keys of the row, best first, into sh.top_keys: the first n of row_gather's sorted best window when it
+// holds them; else a count cut over the whole row (exact counts from count_pass) and the keys at or above it.
+__device__ __noinline__ void best_keys(const RowCtx& row, int n, PickShared& sh) {
+  const RowPlan& plan = *row.plan;
+  if (const int listed = top_list_size(plan, kWinBest); listed >= n) {
+    sorted_list(row, kWinBest, listed, sh);
+    if (static_cast<int>(threadIdx.x) < n) sh.top_keys[threadIdx.x] = sh.keys[threadIdx.x];
+    __syncthreads();
+    return;
+  }
+  count_pass(row, sh);
+  const Cut c = cut<Weigh::kCount, false>(row, sh.count_excl, static_cast<u64>(n - 1), 0, kBins - 1, sh);
   if (threadIdx.x == 0) sh.n_top_found = 0;
   __syncthreads();
-  const RowPlan& plan = *row.plan;
   if (plan.lo[kWinBest] == 0 && c.bin <= plan.hi[kWinBest] && plan.n[kWinBest] <= static_cast<unsigned>(kGather)) {
     // row_gather collected every logit of bins 0 .. c.bin: the n best are among them.
     const u64* list = row.lists + kWinBest * kGather;
@@ -384,20 +455,22 @@ __device__ void best_keys(const RowCtx& row, const unsigned* count_excl, int n, 
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int a = 1; a < n; ++a) {  // insertion sort, largest key (best) first
-      const u64 key = sh.top_keys[a];
-      int b = a;
-      for (; b > 0 && sh.top_keys[b - 1] < key; --b) sh.top_keys[b] = sh.top_keys[b - 1];
-      sh.top_keys[b] = key;
-    }
+  // Best first: each key's place is the number of larger keys (keys are distinct).
+  const int found = min(sh.n_top_found, kMaxTopLogprobs);
+  u64 key = 0;
+  int place = 0;
+  if (static_cast<int>(threadIdx.x) < found) {
+    key = sh.top_keys[threadIdx.x];
+    for (int b = 0; b < found; ++b) place += sh.top_keys[b] > key ? 1 : 0;
   }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < found) sh.top_keys[place] = key;
   __syncthreads();
 }
 
 // Smallest prefix with mass / total >= top_p: the first key at which the running mass exceeds ceil(top_p * kept) - 1.
-// Then the pick, as on the CPU: the first id whose running mass exceeds u * kept. Both targets are monotone in the
-// kept mass, so bounds on the kept mass give bounds on the targets (row_plan).
+// Then the pick, as on the CPU: the first id whose running mass exceeds u * kept. Both targets are monotone in the kept
+// mass, so bounds on the kept mass give bounds on the targets (row_plan).
 __device__ __forceinline__ u64 top_p_target(float top_p, u64 kept) {
   const u64 need = static_cast<u64>(ceil(static_cast<double>(top_p) * static_cast<double>(kept)));
   return min(max(need, u64{1}), kept) - 1;
@@ -406,31 +479,87 @@ __device__ __forceinline__ u64 pick_target(double u, u64 kept) {
   return min(static_cast<u64>(u * static_cast<double>(kept)), kept - 1);
 }
 
-// The sampled id of a sampling row (all threads return it); -1 if a cut was not found.
-__device__ int sample_row(const RowSampling& rs, const RowCtx& row, const int64_t r, const Workspace& ws,
-                          PickShared& sh) {
+// A top-k row whose k best row_gather collected (every logit of bins 0 .. B, sorted here): the three cuts in one scan
+// of the sorted list, with the arithmetic of the bin-wise cuts (the same weights and targets, so the same id): the kept
+// mass is that of the k best; the top-p cut is the first key at which the running mass exceeds its target, and the mass
+// through it is kept; the pick is the first key at which the running mass exceeds u times that.
+__device__ __forceinline__ u64 sample_top_k_list(const RowSampling& rs, const RowCtx& row, int listed, PickShared& sh) {
   const SamplingParams& sp = rs.params;
+  sorted_list(row, kWinTopK, listed, sh);
+  const int keep = static_cast<int>(sp.top_k);  // <= listed
+  constexpr int kPer = kGather / kPickThreads;
+  const int first = static_cast<int>(threadIdx.x) * kPer;
+  u64 m[kPer];
+  u64 sum = 0;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    m[k] = first + k < keep ? mass_of(key_logit(sh.keys[first + k]), row.max_logit, row.inv_temperature, row.exp2) : 0;
+    sum += m[k];
+  }
+  if (threadIdx.x == 0) {
+    sh.found = -1;
+    sh.found_run = 0;
+  }
+  u64 kept = 0;
+  const u64 before = block_exclusive_scan(sum, sh.scan_u64, &kept);  // synchronises: the found fields are reset
+  if (sp.top_p < 1.0f) {
+    const u64 target = top_p_target(sp.top_p, kept);
+    u64 run = before;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      if (m[k] > 0 && run <= target && target < run + m[k]) sh.found_run = run + m[k];
+      run += m[k];
+    }
+    __syncthreads();
+    kept = sh.found_run;
+    if (kept == 0) return 0;  // every thread: the cut was not found
+  }
+  const u64 target = pick_target(rs.uniform, kept);
+  u64 run = before;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    if (m[k] > 0 && run <= target && target < run + m[k]) sh.found = first + k;
+    run += m[k];
+  }
+  __syncthreads();
+  const int found = sh.found;
+  const u64 key = found < 0 ? 0 : sh.keys[found];
+  __syncthreads();
+  return key;
+}
+
+// The key of the sampled id of a sampling row (all threads return it); 0 if a cut was not found. A top-k row takes the
+// list path when row_gather collected its k best, else exact counts (count_pass) and the bin-wise cuts.
+__device__ __forceinline__ u64 sample_row(const RowSampling& rs, const RowCtx& row, const int64_t r,
+                                          const Workspace& ws, PickShared& sh) {
+  const SamplingParams& sp = rs.params;
+  const bool top_k = sp.top_k > 0 && sp.top_k < row.vocab;
+  if (top_k) {
+    if (const int listed = top_list_size(*row.plan, kWinTopK); listed >= sp.top_k) {
+      return sample_top_k_list(rs, row, listed, sh);
+    }
+  }
   scan_histogram(ws.mass + r * kBins, sh.mass_excl, sh.scan_u64);
   u64 kept = sh.mass_excl[kBins];
   u64 lo = 0;
   int lo_bin = kBins - 1;
-  if (sp.top_k > 0 && sp.top_k < row.vocab) {
-    scan_histogram(ws.count + r * kBins, sh.count_excl, sh.scan_u64);
+  if (top_k) {
+    count_pass(row, sh);
     const Cut c = cut<Weigh::kCount, true>(row, sh.count_excl, static_cast<u64>(sp.top_k - 1), 0, kBins - 1, sh);
-    if (c.key == 0) return -1;
+    if (c.key == 0) return 0;
     lo = c.key;
     lo_bin = c.bin;
     kept = sh.mass_excl[c.bin] + c.mass;
   }
   if (sp.top_p < 1.0f) {
     const Cut c = cut<Weigh::kMass, false>(row, sh.mass_excl, top_p_target(sp.top_p, kept), lo, lo_bin, sh);
-    if (c.key == 0) return -1;
+    if (c.key == 0) return 0;
     lo = c.key;
     lo_bin = c.bin;
     kept = c.run;
   }
   const Cut c = cut<Weigh::kMass, false>(row, sh.mass_excl, pick_target(rs.uniform, kept), lo, lo_bin, sh);
-  return c.key == 0 ? -1 : key_index(c.key);
+  return c.key;
 }
 
 }  // namespace

@@ -19,8 +19,8 @@ namespace {
 using u64 = unsigned long long;
 
 constexpr int kBins = 2048;                      // value bins per row; the last also takes all past the span
-constexpr int kBlock = 1024;                     // logits per block: chunks are whole blocks; log Z per block
-constexpr int kChunkThreads = 256;               // row_stats and row_histogram
+constexpr int kBlock = 1024;                     // logits per block: chunks are whole blocks
+constexpr int kChunkThreads = 256;               // row_stats, row_histogram and row_plan
 constexpr int kPickThreads = 512;                // row_pick
 constexpr int kGather = 2048;                    // the most candidates of one bin resolved in shared memory
 constexpr int kTargetCtas = 1024;                // chunks per row: about eight CTAs per SM over the batch
@@ -28,7 +28,7 @@ constexpr int kTargetCtas = 1024;                // chunks per row: about eight 
 constexpr float kSpanNats = 32.0f;               // bins cover at most 32 nats (at the temperature) below the max
 // Fixed-point mass: at most kSamplingMaxVocab (2^19) * 2^44 = 2^63 in total, so u64 sums never overflow.
 
-// Per chunk of a row (row_stats) and per block of a row (log Z partials, row_histogram).
+// Per chunk of a row (row_stats).
 struct ChunkStat {
   u64 best;          // largest key among the finite logits (0: none)
   unsigned min_ord;  // smallest ordered finite logit (0xffffffff: none)
@@ -44,23 +44,31 @@ int blocks_per_chunk(int64_t n_rows, int64_t vocab) {
 }
 
 // The bin windows whose candidates row_gather collects for row_pick (so that row_pick need not pass over the row):
-// the bin of the top-k cut, the bins the top-p cut and the pick can fall in (bounded from the histograms before the
-// earlier cuts are exact), and the bins of the n_top best.
+// bins 0..B holding a top-k row's k best (every cut of such a row lies among them), the bins the top-p cut and the pick
+// of a row without top-k can fall in (bounded from the mass histogram before the top-p cut is exact), and bins 0..B
+// holding the n_top best.
 enum Window { kWinTopK, kWinTopP, kWinPick, kWinBest, kWindows };
+
+// A row's statistics (row_info).
+struct RowInfo {
+  u64 best;
+  float max_logit, min_logit;
+  bool non_finite;
+};
 
 struct RowPlan {
   int lo[kWindows], hi[kWindows];  // bin ranges; lo > hi: none
   unsigned n[kWindows];            // candidates appended (> kGather: too many; only the count is right)
   int any;                         // some window is set
+  RowInfo info;                    // row_plan's row_info, for row_gather and row_pick (no second reduction)
 };
 
-// The workspace of n_rows entries: [ChunkStat x blocks][double x blocks][u64 mass x kBins][u32 count x kBins]
-// [RowPlan][u64 keys x kGather x kWindows] per row, each array over all rows.
+// The workspace of n_rows entries: [ChunkStat x blocks][u64 Z][u64 mass x kBins][u64 keys x kGather x kWindows]
+// [RowPlan] per row, each array over all rows.
 struct Workspace {
   ChunkStat* stats;
-  double* z;
+  u64* z;  // per row: the sum of rint(exp(l - max) * 2^44) over the row (log Z for logprobs; exact, order-free)
   u64* mass;
-  unsigned* count;
   RowPlan* plans;
   u64* lists;  // [n_rows][kWindows][kGather]
   int blocks;  // per row
@@ -73,21 +81,19 @@ Workspace carve(void* base, int64_t n_rows, int64_t vocab) {
   w.blocks = static_cast<int>(blocks);
   w.stats = reinterpret_cast<ChunkStat*>(p);
   p += n_rows * blocks * static_cast<int64_t>(sizeof(ChunkStat));
-  w.z = reinterpret_cast<double*>(p);
-  p += n_rows * blocks * static_cast<int64_t>(sizeof(double));
+  w.z = reinterpret_cast<u64*>(p);
+  p += n_rows * static_cast<int64_t>(sizeof(u64));
   w.mass = reinterpret_cast<u64*>(p);
   p += n_rows * kBins * static_cast<int64_t>(sizeof(u64));
   w.lists = reinterpret_cast<u64*>(p);
   p += n_rows * kWindows * kGather * static_cast<int64_t>(sizeof(u64));
   w.plans = reinterpret_cast<RowPlan*>(p);
-  p += n_rows * static_cast<int64_t>(sizeof(RowPlan));
-  w.count = reinterpret_cast<unsigned*>(p);
   return w;
 }
 
 size_t workspace_bytes(int64_t n_rows, int64_t vocab) {
-  const int64_t per_row = blocks_of(vocab) * static_cast<int64_t>(sizeof(ChunkStat) + sizeof(double)) +
-                          kBins * static_cast<int64_t>(sizeof(u64) + sizeof(unsigned)) +
+  const int64_t per_row = blocks_of(vocab) * static_cast<int64_t>(sizeof(ChunkStat)) +
+                          static_cast<int64_t>(sizeof(u64)) + kBins * static_cast<int64_t>(sizeof(u64)) +
                           kWindows * kGather * static_cast<int64_t>(sizeof(u64)) +
                           static_cast<int64_t>(sizeof(RowPlan));
   return static_cast<size_t>(n_rows * per_row);
@@ -164,19 +170,13 @@ __device__ __forceinline__ int bin_of(const Binning& bn, float l) {
   return min(static_cast<int>(__fmul_rn(d, bn.scale)), kBins - 2);
 }
 
-// A row's statistics, reduced over its chunk stats by a whole block (every thread gets them).
-struct RowInfo {
-  u64 best;
-  float max_logit, min_logit;
-  bool non_finite;
-};
-
 struct ReduceScratch {
   u64 u64s[32];
   unsigned u32s[32];
   int ints[32];
 };
 
+// A row's statistics, reduced over its chunk stats by a whole block (every thread gets them).
 __device__ RowInfo row_info(const ChunkStat* stats, int n_chunks, ReduceScratch& rs) {
   u64 best = 0;
   unsigned min_ord = 0xffffffffu;
@@ -197,9 +197,10 @@ __device__ RowInfo row_info(const ChunkStat* stats, int n_chunks, ReduceScratch&
   return info;
 }
 
-// What row_histogram must sum for a row.
+// What row_histogram must sum for a row: the mass histogram of a sampling row (at its temperature) and of a row asking
+// for alternatives (at temperature 1: the window of its n best comes from it, row_plan), and Z for logprobs.
 struct RowNeeds {
-  bool sample, counts, log_z;
+  bool sample, mass, log_z;
 };
 
 __device__ __forceinline__ bool params_ok(const RowSampling& rs) {
@@ -207,10 +208,14 @@ __device__ __forceinline__ bool params_ok(const RowSampling& rs) {
   return p.top_p > 0.0f && p.top_p <= 1.0f && p.top_k >= 0 && rs.uniform >= 0.0 && rs.uniform < 1.0;
 }
 
-__device__ __forceinline__ RowNeeds needs_of(const RowSampling& rs, int vocab) {
+__device__ __forceinline__ RowNeeds needs_of(const RowSampling& rs) {
   const bool sample = rs.params.temperature > 0.0f && params_ok(rs);
-  const bool top_k = sample && rs.params.top_k > 0 && rs.params.top_k < vocab;
-  return {sample, top_k || rs.n_top > 0, rs.n_top >= 0};
+  return {sample, sample || rs.n_top > 0, rs.n_top >= 0};
+}
+
+// 1 / the temperature of a row's mass weights: the sampling temperature, 1 for a greedy row.
+__device__ __forceinline__ double mass_inv_temperature(const RowSampling& rs) {
+  return rs.params.temperature > 0.0f ? 1.0 / static_cast<double>(rs.params.temperature) : 1.0;
 }
 
 }  // namespace
