@@ -53,12 +53,16 @@ void Backend::attn_res_add_mix_rmsnorm(const Tensor& addend, bool replace, const
   BG_CHECK(bank.shape.size() == 3 && n_candidates >= 1 && n_candidates <= bank.shape[0],
            "attn_res_add_mix_rmsnorm: {} candidates of a bank of {}", n_candidates, shape_str(bank.shape));
   Tensor partial = bank.rows_view(n_candidates - 1, 1).reshaped({bank.shape[1], bank.shape[2]});
+  attn_res_update(addend, replace, partial);
+  attn_res_mix_rmsnorm(bank, n_candidates, norm, proj, eps, h, rms_weight, rms_eps, x);
+}
+
+void Backend::attn_res_update(const Tensor& addend, bool replace, Tensor& partial) {
   if (replace) {
     copy(addend, partial);
   } else {
     add(partial, addend);
   }
-  attn_res_mix_rmsnorm(bank, n_candidates, norm, proj, eps, h, rms_weight, rms_eps, x);
 }
 
 RopeHandle Backend::prepare_rope(const ops::RopeTable& table) {

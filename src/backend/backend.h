@@ -398,6 +398,9 @@ class Backend {
   virtual void attn_res_add_mix_rmsnorm(const Tensor& addend, bool replace, const Tensor& bank, int64_t n_candidates,
                                         const Tensor& norm, const Tensor& proj, float eps, Tensor& h,
                                         const Tensor& rms_weight, float rms_eps, Tensor& x);
+  // That residual update alone: partial = addend (replace) or partial += addend (add()). The model runs it as its own
+  // op when taps must see the partial sum.
+  void attn_res_update(const Tensor& addend, bool replace, Tensor& partial);
 
  protected:
   // Called by begin_step after step_ changed (CUDA uploads the metadata).

@@ -243,11 +243,7 @@ Tensor KimiK3Model::step_body(const StepPools& pools, bool all_rows, const TapFn
       return;
     }
     Tensor p = partial();  // with taps the update is its own op, so the "layer" tap sees the partial sum
-    if (replace) {
-      be.copy(out, p);
-    } else {
-      be.add(p, out);
-    }
+    be.attn_res_update(out, replace, p);
   };
   auto mix = [&](int64_t n_candidates, const Tensor& norm, const Tensor& proj, const Tensor& rms_weight) {
     if (pending.empty()) {

@@ -5,9 +5,15 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
+
 #include "core/error.h"
 
 namespace bg::cuda {
+
+// Whether p is a multiple of `bytes`: the host's test before a vectorised (16-byte), TMA or wgmma launch.
+inline bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);
 [[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* what, const char* file, int line);

@@ -187,8 +187,6 @@ __global__ void __launch_bounds__(kThreads) attn_res_kernel(AttnResParams p, con
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 void check_mix(const AttnResParams& p, const char* who) {
   BG_CHECK(p.n_candidates > 0 && p.n_candidates <= kAttnResMaxCandidates, "{}: n_candidates {} outside [1, {}]", who,
            p.n_candidates, kAttnResMaxCandidates);
@@ -201,8 +199,8 @@ template <bool kNorm, bool kAdd = false>
 void launch(const AttnResParams& p, const bf16* candidates, const float* norm, const float* proj,
             const float* rms_weight, float rms_eps, bf16* h, bf16* x, cudaStream_t stream,
             const bf16* addend = nullptr, bool replace = false) {
-  const bool vec = p.dim % 8 == 0 && aligned16(candidates) && aligned16(norm) && aligned16(proj) && aligned16(h) &&
-                   (!kNorm || (aligned16(rms_weight) && aligned16(x))) && (!kAdd || aligned16(addend));
+  const bool vec = p.dim % 8 == 0 && cuda::aligned_to(candidates, 16) && cuda::aligned_to(norm, 16) && cuda::aligned_to(proj, 16) && cuda::aligned_to(h, 16) &&
+                   (!kNorm || (cuda::aligned_to(rms_weight, 16) && cuda::aligned_to(x, 16))) && (!kAdd || cuda::aligned_to(addend, 16));
   const auto grid = static_cast<unsigned>(p.n_tokens);
   if (vec) {
     attn_res_kernel<8, kNorm, kAdd><<<grid, kThreads, 0, stream>>>(p, candidates, norm, proj, rms_weight, rms_eps, h,

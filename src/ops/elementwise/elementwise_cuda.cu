@@ -79,9 +79,8 @@ void launch_split(int64_t rows, const void* src, int64_t src_cols, std::span<con
 void split_columns_cuda(int64_t rows, const __nv_bfloat16* src, int64_t src_cols, std::span<const ColumnSlice> slices,
                         cudaStream_t stream) {
   check_column_slices(rows, src_cols, src, slices, "split_columns_cuda");
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  bool vec = src_cols % 8 == 0 && aligned(src);
-  for (const ColumnSlice& s : slices) vec = vec && s.col0 % 8 == 0 && s.cols % 8 == 0 && aligned(s.dst);
+  bool vec = src_cols % 8 == 0 && cuda::aligned_to(src, 16);
+  for (const ColumnSlice& s : slices) vec = vec && s.col0 % 8 == 0 && s.cols % 8 == 0 && cuda::aligned_to(s.dst, 16);
   if (vec) {
     launch_split<uint4>(rows, src, src_cols, slices, 8, stream);
   } else {

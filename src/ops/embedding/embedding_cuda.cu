@@ -87,7 +87,7 @@ void launch_embedding(const EmbeddingParams& p, const T* table, const int32_t* i
   BG_CHECK(p.n_tokens < (int64_t{1} << 31), "embedding_cuda: n_tokens {} exceeds the grid", p.n_tokens);
   if (p.n_tokens == 0) return;
   BG_CHECK(table && ids && out, "embedding_cuda: null pointer with n_tokens {}", p.n_tokens);
-  const bool aligned = (reinterpret_cast<uintptr_t>(table) % 16 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0);
+  const bool aligned = cuda::aligned_to(table, 16) && cuda::aligned_to(out, 16);
   if constexpr (std::is_same_v<T, bf16>) {
     if (aligned && p.dim % 8 == 0) {
       embedding_vec_kernel<<<static_cast<unsigned>(p.n_tokens), 256, 0, stream>>>(p, table, ids, out, error_flag);

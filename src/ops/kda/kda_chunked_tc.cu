@@ -292,8 +292,7 @@ void check_common(const char* op, const KdaParams& p, const KdaCudaInputs& in, c
   BG_CHECK(in.q && in.k && in.v && in.g && in.beta && out, "{}: null input/output pointer with n_tokens {}", op,
            p.n_tokens);
   if (!tc_dims(p)) return;
-  auto aligned = [](const void* ptr, uintptr_t n) { return reinterpret_cast<uintptr_t>(ptr) % n == 0; };
-  BG_CHECK(aligned(in.q, 16) && aligned(in.k, 16) && aligned(in.v, 16) && aligned(out, 4),
+  BG_CHECK(cuda::aligned_to(in.q, 16) && cuda::aligned_to(in.k, 16) && cuda::aligned_to(in.v, 16) && cuda::aligned_to(out, 4),
            "{}: q / k / v must be 16-byte aligned and out 4-byte aligned (q {}, k {}, v {}, out {})", op,
            static_cast<const void*>(in.q), static_cast<const void*>(in.k), static_cast<const void*>(in.v),
            static_cast<const void*>(out));
@@ -302,7 +301,7 @@ void check_common(const char* op, const KdaParams& p, const KdaCudaInputs& in, c
 void check_workspace(const char* op, const KdaWorkspace& ws, size_t need) {
   BG_CHECK(ws.ptr != nullptr && ws.bytes >= need, "{}: workspace of {} bytes at {} < the {} bytes needed", op, ws.bytes,
            ws.ptr, need);
-  BG_CHECK(reinterpret_cast<uintptr_t>(ws.ptr) % 16 == 0, "{}: workspace {} not 16-byte aligned", op, ws.ptr);
+  BG_CHECK(cuda::aligned_to(ws.ptr, 16), "{}: workspace {} not 16-byte aligned", op, ws.ptr);
 }
 
 }  // namespace

@@ -318,17 +318,16 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(AttnArgs a) {
   }
 }
 
-bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
 // Whether 16-byte copies of whole entries are possible: every entry of every block starts 16-byte aligned.
 bool cache_vectorizable(const MlaPagedCache& c, int64_t entry_dim) {
-  return entry_dim % 8 == 0 && c.block_stride % 8 == 0 && aligned(c.base, 16);
+  return entry_dim % 8 == 0 && c.block_stride % 8 == 0 && cuda::aligned_to(c.base, 16);
 }
 
 void check_cache(const char* op, const MlaParams& p, const MlaPagedCache& c, int64_t entry_dim) {
   BG_CHECK(p.block_size > 0 && p.block_size <= (1 << 20), "{}: block_size {} outside [1, 2^20]", op, p.block_size);
   BG_CHECK(c.base && c.block_tables && c.seq_idx && c.positions, "{}: null cache pointer", op);
-  BG_CHECK(aligned(c.base, 2), "{}: cache base is not bf16-aligned", op);
+  BG_CHECK(cuda::aligned_to(c.base, 2), "{}: cache base is not bf16-aligned", op);
   BG_CHECK(c.block_stride >= p.block_size * entry_dim, "{}: block_stride {} must be >= block_size {} * entry {}", op,
            c.block_stride, p.block_size, entry_dim);
   BG_CHECK(c.max_blocks_per_seq > 0, "{}: max_blocks_per_seq {} must be positive", op, c.max_blocks_per_seq);
@@ -347,10 +346,10 @@ void mla_cache_write_cuda(const MlaParams& p, const __nv_bfloat16* latent, const
            "{}: kv_lora_rank {} / qk_rope_dim {} unsupported (kv_lora_rank in [1, {}], qk_rope_dim in [0, {}])", op,
            p.kv_lora_rank, p.qk_rope_dim, kMlaCudaMaxKvLoraRank, kMlaCudaMaxRopeDim);
   const int64_t entry_dim = p.kv_lora_rank + p.qk_rope_dim;
-  BG_CHECK(latent != nullptr && aligned(latent, 2), "{}: latent null or not bf16-aligned", op);
+  BG_CHECK(latent != nullptr && cuda::aligned_to(latent, 2), "{}: latent null or not bf16-aligned", op);
   check_cache(op, p, cache, entry_dim);
   const unsigned grid = static_cast<unsigned>(p.n_tokens);
-  if (cache_vectorizable(cache, entry_dim) && aligned(latent, 16)) {
+  if (cache_vectorizable(cache, entry_dim) && cuda::aligned_to(latent, 16)) {
     mla_cache_write_kernel<true><<<grid, 128, 0, stream>>>(latent, cache, static_cast<int>(entry_dim),
                                                            static_cast<int>(p.block_size));
   } else {
@@ -376,13 +375,13 @@ void mla_attention_cuda(const MlaParams& p, const __nv_bfloat16* q, const __nv_b
   BG_CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f, "{}: softmax_scale {} must be positive", op,
            p.softmax_scale);
   BG_CHECK(q && w_uk && w_uv && out, "{}: null q / w_uk / w_uv / out", op);
-  BG_CHECK(aligned(q, 2) && aligned(w_uk, 2) && aligned(w_uv, 2) && aligned(out, 2),
+  BG_CHECK(cuda::aligned_to(q, 2) && cuda::aligned_to(w_uk, 2) && cuda::aligned_to(w_uv, 2) && cuda::aligned_to(out, 2),
            "{}: q / w_uk / w_uv / out must be bf16-aligned", op);
   const int64_t entry_dim = p.kv_lora_rank + p.qk_rope_dim;
   check_cache(op, p, cache, entry_dim);
   // The production shape on aligned memory takes the exact path; everything else the zero-padded one.
   const bool exact = p.kv_lora_rank == kLora && p.qk_rope_dim == kRope && cache_vectorizable(cache, entry_dim) &&
-                     aligned(w_uk, 4) && aligned(w_uv, 4);
+                     cuda::aligned_to(w_uk, 4) && cuda::aligned_to(w_uv, 4);
   const int64_t n_groups = (p.n_heads + kHeads - 1) / kHeads;
   BG_CHECK(p.n_tokens * n_groups <= std::numeric_limits<int32_t>::max(), "{}: {} tokens x {} head groups too many", op,
            p.n_tokens, n_groups);

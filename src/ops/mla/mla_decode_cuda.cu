@@ -251,7 +251,6 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineA
   }
 }
 
-bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 void check_inputs(const MlaDecodePlan& plan, const MlaDecodeTensors& x, const MlaPagedCache& c,
                   const MlaDecodeContext& ctx) {
@@ -260,17 +259,17 @@ void check_inputs(const MlaDecodePlan& plan, const MlaDecodeTensors& x, const Ml
   BG_CHECK(mla_decode_takes(p) && plan.n_groups >= 1 && plan.n_partitions >= 1 && plan.ws.total_bytes > 0,
            "{}: the plan was not made by mla_decode_plan", op);
   BG_CHECK(x.q && x.w_uk && x.w_uv && x.out, "{}: null q / w_uk / w_uv / out", op);
-  BG_CHECK(aligned(x.q, 2) && aligned(x.w_uk, 2) && aligned(x.w_uv, 2) && aligned(x.out, 2),
+  BG_CHECK(cuda::aligned_to(x.q, 2) && cuda::aligned_to(x.w_uk, 2) && cuda::aligned_to(x.w_uv, 2) && cuda::aligned_to(x.out, 2),
            "{}: q / w_uk / w_uv / out must be bf16-aligned", op);
   BG_CHECK(c.base && c.block_tables && c.seq_idx && c.positions, "{}: null cache pointer", op);
-  BG_CHECK(aligned(c.base, 16) && c.block_stride % 8 == 0,
+  BG_CHECK(cuda::aligned_to(c.base, 16) && c.block_stride % 8 == 0,
            "{}: the latent cache base and block stride ({} elements) must be 16-byte aligned", op, c.block_stride);
   BG_CHECK(c.block_stride >= p.block_size * kMlaDecodeEntry, "{}: block_stride {} must be >= block_size {} * {}", op,
            c.block_stride, p.block_size, kMlaDecodeEntry);
   BG_CHECK(c.max_blocks_per_seq > 0, "{}: max_blocks_per_seq {} must be positive", op, c.max_blocks_per_seq);
   BG_CHECK(ctx.cublas && ctx.cublas_workspace && ctx.cublas_workspace_bytes > 0,
            "{}: a cuBLAS handle and workspace are required", op);
-  BG_CHECK(ctx.workspace && aligned(ctx.workspace, 256) && ctx.workspace_bytes >= plan.ws.total_bytes,
+  BG_CHECK(ctx.workspace && cuda::aligned_to(ctx.workspace, 256) && ctx.workspace_bytes >= plan.ws.total_bytes,
            "{}: workspace of {} bytes (256-byte aligned) required, got {} bytes", op, plan.ws.total_bytes,
            ctx.workspace_bytes);
 }
@@ -327,7 +326,7 @@ void mla_decode_cuda(const MlaDecodePlan& plan, const MlaDecodeTensors& x, const
   }
 
   // 2. Schedule (CTA 0) and q_pe -> q_full[:, :, 512:576] (the other CTAs).
-  const bool vec = aligned(x.q, 16) && nope % 8 == 0 && qk % 8 == 0;
+  const bool vec = cuda::aligned_to(x.q, 16) && nope % 8 == 0 && qk % 8 == 0;
   const int64_t copy_work = int64_t{n} * h * (vec ? 8 : 64);
   const int copy_ctas = static_cast<int>(std::min<int64_t>(kCopyCtas, (copy_work + kPrepThreads - 1) / kPrepThreads));
   const PrepArgs prep{x.q, q_full, meta, cache, n, h, nope, qk, static_cast<int>(p.block_size),

@@ -70,7 +70,6 @@ __global__ void mla_prefill_pad_q_kernel(const bf16* __restrict__ q, bf16* __res
   }
 }
 
-bool aligned(const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
 
 // k [rows, heads, 192]: columns 128..191 of every head = the row's k_pe (shared by the heads), 16 bytes a thread.
 __global__ void mla_prefill_k_pe_heads_kernel(const bf16* __restrict__ k_pe, bf16* __restrict__ k, int64_t rows,
@@ -155,7 +154,7 @@ void mla_prefill_cuda(const MlaParams& p, const MlaPrefillPlan& plan, const MlaP
            p.softmax_scale);
   BG_CHECK(p.block_size >= 1, "{}: block_size {} must be positive", op, p.block_size);
   BG_CHECK(q && w_uk && w_uv && out && cache.base && cache.block_tables && cache.positions, "{}: null pointer", op);
-  BG_CHECK(ctx.cublas && ctx.workspace && aligned(ctx.workspace, 256) && ctx.workspace_bytes >= ws.total_bytes,
+  BG_CHECK(ctx.cublas && ctx.workspace && cuda::aligned_to(ctx.workspace, 256) && ctx.workspace_bytes >= ws.total_bytes,
            "{}: workspace of {} bytes (256-aligned) needed, {} given", op, ws.total_bytes, ctx.workspace_bytes);
   if (plan.empty()) return;
   BG_CHECK(plan.items.size() <= 0x7fffffffu && plan.segments.size() <= 65535u, "{}: plan too large", op);
@@ -173,7 +172,7 @@ void mla_prefill_cuda(const MlaParams& p, const MlaPrefillPlan& plan, const MlaP
 
   // Q: read in place at the production dims (16-byte aligned rows), else through a zero-padded copy.
   AttnArgs a{};
-  const bool exact = nope == kNope && rope == kRope && aligned(q, 16);
+  const bool exact = nope == kNope && rope == kRope && cuda::aligned_to(q, 16);
   if (exact) {
     a.q = q;
     a.q_row = int64_t{h} * kQk;
@@ -208,7 +207,7 @@ void mla_prefill_cuda(const MlaParams& p, const MlaPrefillPlan& plan, const MlaP
   // every call; otherwise the whole step runs on the kernel (the two keep their cross-pass state differently).
   auto* pieces = reinterpret_cast<const MlaPrefillPiece*>(base + ws.pieces);
   std::vector<MlaCudnnLaunch> calls;
-  if (mma == MlaPrefillMma::kCudnn && ctx.cudnn != nullptr && exact && v_head == kV && aligned(out, 16) &&
+  if (mma == MlaPrefillMma::kCudnn && ctx.cudnn != nullptr && exact && v_head == kV && cuda::aligned_to(out, 16) &&
       ws.n_heads == h && ws.n_tokens == p.n_tokens && mla_prefill_cudnn_fits(plan, p.n_tokens, h)) {
     auto* o_part = reinterpret_cast<bf16*>(base + ws.o_part);
     for (const MlaPrefillCudnnCall& call : plan.cudnn_calls) {

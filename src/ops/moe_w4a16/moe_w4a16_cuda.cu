@@ -464,7 +464,6 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   return k;
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 }  // namespace
 
@@ -475,7 +474,7 @@ size_t moe_w4a16_workspace_bytes(const MoeW4a16Params& p) {
 
 MoeW4a16Workspace moe_w4a16_workspace_layout(const MoeW4a16Params& p, void* base) {
   moe_w4a16_check_params(p);
-  BG_CHECK(base != nullptr && reinterpret_cast<uintptr_t>(base) % 256 == 0,
+  BG_CHECK(base != nullptr && cuda::aligned_to(base, 256),
            "moe_w4a16_workspace_layout: base {} must be non-null and 256-byte aligned", base);
   const int grid = sm_count();
   const MoeW4a16WorkspaceGeometry s = moe_w4a16_workspace_geometry(p, grid);
@@ -513,7 +512,7 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
            w.info.hidden, w.info.inter, p.n_experts, p.hidden, p.inter);
   check_workspace(p, ws);
   if (p.n_tokens == 0) return;
-  BG_CHECK(w.data && aligned16(w.data) && args.x && aligned16(args.x) && args.out && aligned16(args.out),
+  BG_CHECK(w.data && cuda::aligned_to(w.data, 16) && args.x && cuda::aligned_to(args.x, 16) && args.out && cuda::aligned_to(args.out, 16),
            "moe_w4a16_cuda: weights {}, x {} and out {} must be non-null and 16-byte aligned", w.data,
            static_cast<const void*>(args.x), args.out);
   BG_CHECK(d.offsets && d.active && d.n_active && d.row_token && d.row_weight && d.slot_row,

@@ -105,11 +105,14 @@ inline constexpr double kInvStep = 184.66496523378731;  // 128 / ln 2
 inline constexpr double kStepHi = 0x1.62e42fee00000p-1 / 128;  // ln 2 / 128, high 32 bits (k * kStepHi is exact)
 inline constexpr double kStepLo = 0x1.a39ef35793c76p-33 / 128;  // the rest of ln 2 / 128
 
+// The coefficients of mass_exp that no instruction can take as an immediate: 128 / ln 2, ln 2 / 128 in two parts, and
+// the polynomial's 1/120, 1/24, 1/6 (the kernels read them from the constant bank; as immediates the compiler
+// re-materialised each one with two moves per use).
+#define BG_SAMPLING_MASS_COEFFICIENTS {kInvStep, kStepHi, kStepLo, 1.0 / 120, 1.0 / 24, 1.0 / 6}
+
 #if defined(__CUDACC__)
 namespace {
-// The coefficients that no instruction can take as an immediate, for the kernels' DFMAs to read from the constant bank
-// (as immediates the compiler re-materialised each one with two moves per use).
-__constant__ double c_mass_coefficients[6] = {kInvStep, kStepHi, kStepLo, 1.0 / 120, 1.0 / 24, 1.0 / 6};
+__constant__ double c_mass_coefficients[6] = BG_SAMPLING_MASS_COEFFICIENTS;
 }  // namespace
 #endif
 
@@ -119,7 +122,7 @@ BG_SAMPLING_HD inline double mass_exp(double x, const Exp2Entry* table) {
 #if defined(__CUDA_ARCH__)
   const double* c = c_mass_coefficients;
 #else
-  static constexpr double c[6] = {kInvStep, kStepHi, kStepLo, 1.0 / 120, 1.0 / 24, 1.0 / 6};
+  static constexpr double c[6] = BG_SAMPLING_MASS_COEFFICIENTS;
 #endif
   x = x < kMassClampNats ? kMassClampNats : x;
   const double t = fma(x, c[0], kExp2Shifter);

@@ -100,7 +100,6 @@ __global__ void __launch_bounds__(kThreads) conv_vec_kernel(ShortConvParams p, c
   }
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
 // New state of channel c: the inputs of tokens T-(W-1) .. T-1, oldest first. Entry j reads old entry T+j >= j, so
 // ascending j is safe in place.
@@ -154,8 +153,8 @@ void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const flo
   BG_CHECK(x && weight && out, "short_conv_cuda: null x/weight/out with n_tokens {}", p.n_tokens);
   BG_CHECK(static_cast<const void*>(out) != static_cast<const void*>(x), "short_conv_cuda: out aliases x");
   const int64_t n = p.n_tokens * p.n_channels;
-  const bool vec = p.kernel_size <= kVecMaxKernel && p.n_channels % kVecChannels == 0 && aligned16(x) &&
-                   aligned16(out) && p.n_tokens <= int64_t{kRun} * 65535 && !short_conv_scalar_from_env();
+  const bool vec = p.kernel_size <= kVecMaxKernel && p.n_channels % kVecChannels == 0 && cuda::aligned_to(x, 16) &&
+                   cuda::aligned_to(out, 16) && p.n_tokens <= int64_t{kRun} * 65535 && !short_conv_scalar_from_env();
   if (vec) {
     const int64_t groups = p.n_channels / kVecChannels;
     const dim3 grid(static_cast<unsigned>((groups + kThreads - 1) / kThreads),
