@@ -610,6 +610,47 @@ TEST(MlaPrefillCudnn, BackgroundBuildsLetTheStepRunOnTheKernel) {
   EXPECT_EQ(cudnn.launches(), 3);
 }
 
+TEST(MlaPrefillCudnn, PlansPastTheBoundAreDroppedAndRebuilt) {
+  BG_REQUIRE_GPU();
+  if (!MlaCudnnPrefill::built()) GTEST_SKIP() << "this build has no cuDNN";
+  // Six buckets under a bound of four: the two least recently used plans are dropped (their handles freed), every
+  // step still matches the CPU reference, and a dropped bucket that comes back is rebuilt.
+  MlaCudnnPrefill cudnn;
+  EXPECT_THROW(cudnn.set_max_plans(MlaCudnnPrefill::kMinPlans - 1), Error);
+  cudnn.set_max_plans(4);
+  EXPECT_EQ(cudnn.max_plans(), 4);
+  uint64_t seed = 990;
+  auto step = [&](int64_t total, int64_t queries) {
+    PagedSequences s({total}, seed++);
+    s.write_all(seed++);
+    run_prefill_with(s, {queries}, 8, {}, seed++, false, MlaPrefillMma::kCudnn, &cudnn);
+  };
+  for (const int64_t len : {50, 100, 200, 400, 700}) step(len, len);  // buckets 64 .. 1024 (fresh, causal)
+  step(1200, 200);                                                     // q 256 after a prefix: kv 2048
+  EXPECT_EQ(cudnn.plans_built(), 6) << cudnn.last_refusal();
+  EXPECT_EQ(cudnn.plans_held(), 4);
+  EXPECT_EQ(cudnn.plans_dropped(), 2);
+  EXPECT_EQ(cudnn.launches(), 6);
+  step(400, 400);  // still held: no build
+  EXPECT_EQ(cudnn.plans_built(), 6);
+  step(50, 50);  // dropped first: rebuilt, and another dropped for it
+  EXPECT_EQ(cudnn.plans_built(), 7);
+  EXPECT_EQ(cudnn.plans_held(), 4);
+  EXPECT_EQ(cudnn.plans_dropped(), 3);
+  cudnn.set_max_plans(MlaCudnnPrefill::kMinPlans);
+  EXPECT_EQ(cudnn.launches(), 8);
+}
+
+TEST(MlaPrefillCudnn, MaxPlansFromTheEnvironment) {
+  EXPECT_EQ(mla_cudnn_max_plans(nullptr), MlaCudnnPrefill::kDefaultMaxPlans);
+  EXPECT_EQ(mla_cudnn_max_plans(""), MlaCudnnPrefill::kDefaultMaxPlans);
+  EXPECT_EQ(mla_cudnn_max_plans("8"), 8);
+  EXPECT_EQ(mla_cudnn_max_plans("4"), 4);
+  for (const char* bad : {"3", "0", "-8", "8x", "x", " 8", "99999999999999999999"}) {
+    EXPECT_THROW(mla_cudnn_max_plans(bad), Error) << bad;
+  }
+}
+
 TEST(MlaPrefillCudnn, K3PassesMergeThroughTheLogSumExp) {
   BG_REQUIRE_GPU();
   if (!MlaCudnnPrefill::built()) GTEST_SKIP() << "this build has no cuDNN";

@@ -6,12 +6,15 @@
 #include "ops/mla/mla_prefill_cudnn.h"
 
 #include <array>
+#include <charconv>
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <limits>
 #include <map>
 #include <span>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -31,6 +34,17 @@ int64_t mla_cudnn_bucket(int64_t n) {
   int64_t b = 64;
   while (b < n) b *= 2;
   return b;
+}
+
+int64_t mla_cudnn_max_plans(const char* env_value) {
+  if (env_value == nullptr || *env_value == '\0') return MlaCudnnPrefill::kDefaultMaxPlans;
+  const std::string_view v(env_value);
+  int64_t n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  BG_CHECK(ec == std::errc() && end == v.data() + v.size() && n >= MlaCudnnPrefill::kMinPlans,
+           "BG_MLA_CUDNN_MAX_PLANS='{}': expected a whole number of plans, at least {}", v,
+           MlaCudnnPrefill::kMinPlans);
+  return n;
 }
 
 #if BG_HAVE_CUDNN
@@ -344,6 +358,7 @@ struct MlaCudnnPrefill::Impl {
   struct Entry {
     bool done = false;
     std::unique_ptr<Plan> plan;
+    int64_t last_use = 0;  // use_clock at the bucket's last lookup
   };
 
   cudnnHandle_t handle = nullptr;  // the calling thread's: builds on the step's path, and first of the process
@@ -352,6 +367,9 @@ struct MlaCudnnPrefill::Impl {
 
   mutable std::mutex mu;  // guards everything below it but the buffers
   std::map<Key, Entry> plans;
+  int64_t use_clock = 0;
+  int64_t max_plans = mla_cudnn_max_plans(std::getenv("BG_MLA_CUDNN_MAX_PLANS"));
+  int64_t plans_dropped = 0;
   std::deque<Key> queue;
   bool building = false;
   bool stop = false;
@@ -380,6 +398,34 @@ struct MlaCudnnPrefill::Impl {
     if (workspace != nullptr) cudaFree(workspace);
     if (stats != nullptr) cudaFree(stats);
     if (handle != nullptr) cudnnDestroy(handle);
+  }
+
+  // Takes out of the map, under mu, the least recently used built plans past `keep` (never one still queued or
+  // being built, whose entry has no plan yet); the caller destroys them after the device is idle.
+  std::vector<std::unique_ptr<Plan>> take_over(int64_t keep) {
+    std::vector<std::unique_ptr<Plan>> out;
+    for (;;) {
+      int64_t held = 0;
+      auto oldest = plans.end();
+      for (auto it = plans.begin(); it != plans.end(); ++it) {
+        if (it->second.plan == nullptr) continue;
+        ++held;
+        if (oldest == plans.end() || it->second.last_use < oldest->second.last_use) oldest = it;
+      }
+      if (held <= keep || oldest == plans.end()) return out;
+      log::debug("mla_prefill_cudnn: plan for {} dropped (least recently used of {}; bound {})", describe(oldest->first),
+                 held, max_plans);
+      out.push_back(std::move(oldest->second.plan));
+      plans.erase(oldest);
+      ++plans_dropped;
+    }
+  }
+
+  // Destroys dropped plans once the device has finished what they launched (prefill is eager, never captured).
+  static void destroy(std::vector<std::unique_ptr<Plan>> dropped) {
+    if (dropped.empty()) return;
+    BG_CUDA_CHECK(cudaDeviceSynchronize());
+    dropped.clear();
   }
 
   // Records a finished build (plan null: refused) under mu.
@@ -498,9 +544,19 @@ void* MlaCudnnPrefill::plan_for(const MlaCudnnLaunch& l) {
   if (m.handle == nullptr) check(cudnnCreate(&m.handle), "create handle");
   const Key key{l.batch, l.heads, mla_cudnn_bucket(l.max_q), mla_cudnn_bucket(l.max_kv), l.causal};
   std::unique_lock lock(m.mu);
-  if (const auto it = m.plans.find(key); it != m.plans.end()) return it->second.done ? it->second.plan.get() : nullptr;
+  if (const auto it = m.plans.find(key); it != m.plans.end()) {
+    it->second.last_use = ++m.use_clock;
+    return it->second.done ? it->second.plan.get() : nullptr;
+  }
+  // A new bucket: make room for its plan first. The buckets of this step were all looked up just now, so they are
+  // the most recently used and stay (the bound is at least kMinPlans).
+  if (std::vector<std::unique_ptr<Plan>> dropped = m.take_over(m.max_plans - 1); !dropped.empty()) {
+    lock.unlock();
+    Impl::destroy(std::move(dropped));
+    lock.lock();
+  }
   if (m.background) {
-    m.plans.emplace(key, Impl::Entry{});
+    m.plans.emplace(key, Impl::Entry{false, nullptr, ++m.use_clock});
     m.queue.push_back(key);
     if (!m.helper.joinable()) {
       BG_CUDA_CHECK(cudaGetDevice(&m.device));
@@ -518,7 +574,37 @@ void* MlaCudnnPrefill::plan_for(const MlaCudnnLaunch& l) {
   std::unique_ptr<Plan> plan = Impl::build(m.handle, key, ms, refusal);
   lock.lock();
   m.finish(key, std::move(plan), ms, refusal, "");
-  return m.plans[key].plan.get();
+  Impl::Entry& entry = m.plans[key];
+  entry.last_use = ++m.use_clock;
+  return entry.plan.get();
+}
+
+void MlaCudnnPrefill::set_max_plans(int64_t n) {
+  BG_CHECK(n >= kMinPlans, "mla_prefill_cudnn: at most {} plans asked; the bound is at least {}", n, kMinPlans);
+  std::vector<std::unique_ptr<Plan>> dropped;
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->max_plans = n;
+    dropped = impl_->take_over(n);
+  }
+  Impl::destroy(std::move(dropped));
+}
+
+int64_t MlaCudnnPrefill::max_plans() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->max_plans;
+}
+
+int64_t MlaCudnnPrefill::plans_held() const {
+  std::lock_guard lock(impl_->mu);
+  int64_t held = 0;
+  for (const auto& [key, entry] : impl_->plans) held += entry.plan != nullptr ? 1 : 0;
+  return held;
+}
+
+int64_t MlaCudnnPrefill::plans_dropped() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->plans_dropped;
 }
 
 bool MlaCudnnPrefill::run(const MlaCudnnLaunch& l, cudaStream_t stream) {
@@ -585,6 +671,12 @@ const float* MlaCudnnPrefill::stats() const { return nullptr; }
 void MlaCudnnPrefill::set_background_builds(bool) {}
 void MlaCudnnPrefill::wait_for_builds() {}
 std::unique_lock<std::mutex> MlaCudnnPrefill::hold_builds() { return std::unique_lock(impl_->build_mu); }
+void MlaCudnnPrefill::set_max_plans(int64_t n) {
+  BG_CHECK(n >= kMinPlans, "mla_prefill_cudnn: at most {} plans asked; the bound is at least {}", n, kMinPlans);
+}
+int64_t MlaCudnnPrefill::max_plans() const { return kDefaultMaxPlans; }
+int64_t MlaCudnnPrefill::plans_held() const { return 0; }
+int64_t MlaCudnnPrefill::plans_dropped() const { return 0; }
 int64_t MlaCudnnPrefill::plans_built() const { return 0; }
 double MlaCudnnPrefill::plan_build_ms() const { return 0.0; }
 std::string MlaCudnnPrefill::last_refusal() const { return "this build has no cuDNN"; }

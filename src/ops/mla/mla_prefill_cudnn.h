@@ -10,7 +10,9 @@
 // the H200; 0.5 s for a batch of 64 in a serving process). By default the first step of a bucket waits for its
 // build; with background builds (a serving process) a helper thread builds it and the steps before it is ready run
 // batchgen's own kernel (takes() returns false), so no step waits. Not graph-capturable by contract (the backend
-// runs prefill eagerly); one stream at a time.
+// runs prefill eagerly); one stream at a time. Plans are kept up to a bound (each one built on the helper thread holds
+// a cuDNN handle of its own, ~8 MiB of device memory): past it the least recently used is dropped when a new bucket
+// comes, and rebuilt if that bucket comes back.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -76,6 +78,15 @@ class MlaCudnnPrefill {
   int64_t stats_rows() const { return stats_rows_; }
 
   int64_t launches() const { return launches_; }
+  // The most plans kept (kDefaultMaxPlans, or BG_MLA_CUDNN_MAX_PLANS when set: an integer >= kMinPlans, else an
+  // error naming the variable). A smaller bound drops the least recently used plans now. At least kMinPlans, so that
+  // the distinct buckets of one step (a few: one per pass and kind) never evict each other.
+  static constexpr int64_t kDefaultMaxPlans = 32;
+  static constexpr int64_t kMinPlans = 4;
+  void set_max_plans(int64_t n);
+  int64_t max_plans() const;
+  int64_t plans_held() const;    // plans kept now (built, not refused)
+  int64_t plans_dropped() const;  // dropped for the bound, in all
   int64_t plans_built() const;
   double plan_build_ms() const;  // host time spent building plans, in all (either thread)
   std::string last_refusal() const;
@@ -92,5 +103,9 @@ class MlaCudnnPrefill {
 
 // The bucket a length runs in: the next power of two, at least 64.
 int64_t mla_cudnn_bucket(int64_t n);
+
+// The plan bound from BG_MLA_CUDNN_MAX_PLANS's value: kDefaultMaxPlans when unset or empty, else an integer >=
+// kMinPlans (anything else throws bg::Error naming the variable).
+int64_t mla_cudnn_max_plans(const char* env_value);
 
 }  // namespace bg::ops
