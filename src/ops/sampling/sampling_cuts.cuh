@@ -1,8 +1,8 @@
 // The cuts of one row, resolved by one CTA (sampling_cuda.cu's row_pick; design in docs/PERF.md, "Sampling"): the
-// bin holding a target from the histograms' prefix sums, that bin's candidates (from a window's list or a pass over
-// the row), a bitonic sort and scan in shared memory or a radix descent for a bin too large for it, and the sampled id
-// of a row through its top-k, top-p and pick cuts. Device code in an anonymous namespace: included only by
-// sampling_cuda.cu.
+// bin holding a target from the histogram's prefix sums (the mass; counts from count_pass when needed), that bin's
+// candidates (from a window's list or a pass over the row), a rank or bitonic sort and scan in shared memory or a radix
+// descent for a bin too large for it, and the sampled id of a row through its top-k, top-p and pick cuts (a top-k row
+// from its sorted window in one scan). Device code in an anonymous namespace: included only by sampling_cuda.cu.
 #pragma once
 
 #include "ops/elementwise/cuda_utils.cuh"
@@ -69,7 +69,7 @@ struct RowCtx {
   int vocab;
   Binning bn;
   double max_logit;
-  double inv_temperature;  // of the mass weights: 1 / the sampling temperature
+  double inv_temperature;  // of the mass weights: mass_inv_temperature (1 / T; 1 for a greedy row)
   bool vec;                // 16-byte loads of the row are aligned
   const RowPlan* plan;     // row_gather's windows (shared memory copy)
   const u64* lists;        // and their candidates: [kWindows][kGather] (global)

@@ -100,7 +100,6 @@ __global__ void __launch_bounds__(kThreads) conv_vec_kernel(ShortConvParams p, c
   }
 }
 
-
 // New state of channel c: the inputs of tokens T-(W-1) .. T-1, oldest first. Entry j reads old entry T+j >= j, so
 // ascending j is safe in place.
 __global__ void state_kernel(ShortConvParams p, const bf16* x, float* state) {
