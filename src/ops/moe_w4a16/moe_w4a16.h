@@ -107,6 +107,7 @@ struct MoeW4a16WorkspaceGeometry {
   int64_t seq_slot_base = 0;    // first per-CTA running-sum slot (fixed splits with > 32 tokens)
   int64_t slot_floats = 0;      // 4 tiles x nb_cap x 256 threads x 4
   int64_t rows = 0;             // n_tokens x top_k permuted rows (h, y)
+  int32_t table_entries = 0;    // the most items one CTA takes (its item table in shared memory, 16 B each)
 };
 MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, int grid);
 

@@ -41,6 +41,9 @@ void moe_w4a16_check_params(const MoeW4a16Params& p) {
            p.top_k, p.n_experts);
   BG_CHECK(p.hidden > 0 && p.inter > 0 && p.hidden % kMxfp4GroupSize == 0 && p.inter % kMxfp4GroupSize == 0,
            "moe_w4a16: hidden {} and inter {} must be positive multiples of 32", p.hidden, p.inter);
+  // The kernel's item table packs an item index in 15 bits and a tile in 24 (moe_w4a16_schedule.h).
+  BG_CHECK(p.hidden <= (int64_t{1} << 20) && p.inter <= (int64_t{1} << 20),
+           "moe_w4a16: hidden {} and inter {} must be at most 2^20", p.hidden, p.inter);
   BG_CHECK(p.n_tokens * p.top_k <= (int64_t{1} << 30), "moe_w4a16: {} tokens x top-{} is too many rows", p.n_tokens,
            p.top_k);
   BG_CHECK(p.act != MoeW4a16Act::kSiTU || (p.beta > 0.0f && p.beta_lin > 0.0f),

@@ -77,6 +77,7 @@ struct KernelArgs {
   int top_k = 0;
   int n_items_down = 0;              // combine counters per token
   MoeW4a16Workspace ws;
+  int table_cap = 0;                 // item table entries in dynamic shared memory (after the pipeline's buffers)
   void* out = nullptr;
   bool out_f32 = false, accumulate = false;
   MoeW4a16Act act_kind = MoeW4a16Act::kSwiGLU;
@@ -132,9 +133,10 @@ __device__ __forceinline__ void issue_acts(const Producer& p, const KernelArgs& 
 
 // Moves the producer to its next stage.
 template <bool kGateUp>
-__device__ __forceinline__ void producer_next(Producer& p, const KernelArgs& a, const Plan& pl, int grid) {
+__device__ __forceinline__ void producer_next(Producer& p, const KernelArgs& a, const Plan& pl,
+                                              const ItemEntry* table) {
   const bool same_pass = p.c.ks + 1 < p.c.ke;
-  advance(p.c, a.sched, pl, grid);
+  advance(p.c, a.sched, pl, table);
   if (same_pass) {
     p.w += kStageBytes;
     p.k += kKStage;
@@ -182,9 +184,10 @@ __device__ bool reduce_splits(Acc<NB>& acc, const Cursor& c, const KernelArgs& a
       __stcg(reinterpret_cast<float4*>(own + partial_index(a, mt, nb)),
              make_float4(acc[mt][nb][0], acc[mt][nb][1], acc[mt][nb][2], acc[mt][nb][3]));
     }
-  // Release (every thread's partial, then the arrival) and acquire (the arrival, then the other partials): the same
-  // fence / barrier / atomic / fence / barrier pattern as a grid-wide barrier.
-  __threadfence();
+  // Release (every thread's partial, then the arrival) and acquire (the arrival, then the other partials): the
+  // barrier / fence / atomic / fence / barrier pattern of a grid-wide barrier. Thread 0's fences are cumulative over
+  // the writes the CTA barrier ordered before them, so the other threads need no fence of their own (one each cost
+  // ~1% at 1-4 rows, measured on the H200).
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
@@ -244,8 +247,8 @@ __device__ void store_y_and_combine(const Acc<NB>& acc, const Cursor& c, const K
         if (n >= c.chunk_rows || col >= a.n_out) continue;
         __stcg(a.ws.y + static_cast<int64_t>(c.chunk_row0 + n) * a.n_out + col, acc[mt][nb][i] * a.out_scale);
       }
-  // Release y, count the rows as done, acquire the other slots' y (pattern as in reduce_splits).
-  __threadfence();
+  // Release y, count the rows as done, acquire the other slots' y (pattern as in reduce_splits: the counting
+  // threads' fences are cumulative over the CTA's y stores the barrier ordered before them).
   __syncthreads();
   if (tid < c.chunk_rows) {
     const int token = a.d.row_token[c.chunk_row0 + tid];
@@ -298,7 +301,7 @@ struct Consumer {
 // ahead (across pass and item boundaries), then its epilogue. The accumulators live in this function, sized by NB.
 template <bool kGateUp, int NB>
 __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const KernelArgs& a, const Plan& pl,
-                                             int grid, uint8_t* smem, int* s_flag, int* s_done) {
+                                             const ItemEntry* table, uint8_t* smem, int* s_flag, int* s_done) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   Acc<NB> acc;
 #pragma unroll
@@ -318,7 +321,7 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
     if (prod.c.valid) {
       issue_weights(prod, smem + pbuf * kBufBytes);
       issue_acts(prod, a, smem + pbuf * kBufBytes);
-      producer_next<kGateUp>(prod, a, pl, grid);
+      producer_next<kGateUp>(prod, a, pl, table);
     } else if (!k.triggered) {
       // Nothing left to request: let the dependent grid (down, with a.pdl) start on SMs as they free up.
       launch_dependents();
@@ -337,22 +340,34 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
       store_y_and_combine<NB>(acc, k.c, a, s_done);
     }
   }
-  advance(k.c, a.sched, pl, grid);
+  advance(k.c, a.sched, pl, table);
 }
 
 template <bool kGateUp>
-__global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs a) {
+__global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const __grid_constant__ KernelArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int s_flag;
   __shared__ int s_done[kChunkRows];
   const int grid = static_cast<int>(gridDim.x);
   const Plan pl = make_plan(a.sched, *a.d.n_active, grid);
 
+  // This CTA's items, read from the dispatch all at once (one round of dependent global loads, not one per pass).
+  auto* table = reinterpret_cast<ItemEntry*>(smem + kSmemBytes);
+  const int count = items_of_cta(pl, static_cast<int>(blockIdx.x), grid);
+  if (count > a.table_cap) {  // the host sized the table for every touched-expert count: a broken dispatch
+    if (threadIdx.x == 0) atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
+    return;
+  }
+  for (int k = static_cast<int>(threadIdx.x); k < count; k += kThreads) {
+    table[k] = make_entry(a.sched, pl, static_cast<int>(blockIdx.x) + k * grid);
+  }
+  __syncthreads();
+
   Producer prod;
   Consumer cons;
-  prod.c.item = cons.c.item = blockIdx.x;
-  load_item(prod.c, a.sched, pl, grid);
-  load_item(cons.c, a.sched, pl, grid);
+  prod.c.count = cons.c.count = count;
+  load_item(prod.c, a.sched, pl, table);
+  load_item(cons.c, a.sched, pl, table);
   if (prod.c.valid) producer_start_pass<kGateUp>(prod, a);
   // Prologue: the first stages' weights do not depend on the previous kernel, so they are requested before
   // griddepcontrol.wait (a no-op unless this grid was launched as a programmatic dependent, see a.pdl); the
@@ -362,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs
 #pragma unroll 1
     for (int i = 0; i < kStages - 1 && w.c.valid; ++i) {
       issue_weights(w, smem + i * kBufBytes);
-      producer_next<kGateUp>(w, a, pl, grid);
+      producer_next<kGateUp>(w, a, pl, table);
     }
   }
   grid_dependency_wait();
@@ -370,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs
   for (int i = 0; i < kStages - 1; ++i) {
     if (prod.c.valid) {
       issue_acts(prod, a, smem + i * kBufBytes);
-      producer_next<kGateUp>(prod, a, pl, grid);
+      producer_next<kGateUp>(prod, a, pl, table);
     }
     cp_async_commit();
   }
@@ -378,10 +393,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const KernelArgs
 #pragma unroll 1
   while (cons.c.valid) {
     switch (cons.c.nb) {  // uniform across the CTA
-      case 1: consume_pass<kGateUp, 1>(cons, prod, a, pl, grid, smem, &s_flag, s_done); break;
-      case 2: consume_pass<kGateUp, 2>(cons, prod, a, pl, grid, smem, &s_flag, s_done); break;
-      case 3: consume_pass<kGateUp, 3>(cons, prod, a, pl, grid, smem, &s_flag, s_done); break;
-      default: consume_pass<kGateUp, 4>(cons, prod, a, pl, grid, smem, &s_flag, s_done); break;
+      case 1: consume_pass<kGateUp, 1>(cons, prod, a, pl, table, smem, &s_flag, s_done); break;
+      case 2: consume_pass<kGateUp, 2>(cons, prod, a, pl, table, smem, &s_flag, s_done); break;
+      case 3: consume_pass<kGateUp, 3>(cons, prod, a, pl, table, smem, &s_flag, s_done); break;
+      default: consume_pass<kGateUp, 4>(cons, prod, a, pl, table, smem, &s_flag, s_done); break;
     }
   }
   cp_async_wait<0>();
@@ -394,18 +409,30 @@ int sm_count() {
   return n;
 }
 
-// The dynamic shared-memory opt-in is per device: set it once on each device a launch runs on.
+// Dynamic shared memory of a launch: the pipeline's buffers, then the item table.
+int smem_bytes(const MoeW4a16Workspace& ws) {
+  return kSmemBytes + ws.table_entries * static_cast<int>(sizeof(ItemEntry));
+}
+
+// The most dynamic shared memory a CTA may opt in to, less the kernel's static shared memory (s_flag, s_done).
+int smem_limit() {
+  int dev = 0, optin = 0;
+  BG_CUDA_CHECK(cudaGetDevice(&dev));
+  BG_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return optin - 1024;
+}
+
+// The dynamic shared-memory opt-in is per device and kernel: raised to `bytes` when a launch needs more than set.
 template <bool kGateUp>
-void set_smem_attribute() {
+void set_smem_attribute(int bytes) {
   static std::mutex mu;
-  static uint64_t done = 0;  // bit d: set on device d
+  static int set[64] = {};  // per device
   int dev = 0;
   BG_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
-  if (dev < 64 && ((done >> dev) & 1u)) return;
-  BG_CUDA_CHECK(cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     kSmemBytes));
-  if (dev < 64) done |= uint64_t{1} << dev;
+  if (dev < 64 && set[dev] >= bytes) return;
+  BG_CUDA_CHECK(cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  if (dev < 64) set[dev] = bytes;
 }
 
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -455,6 +482,7 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   k.top_k = static_cast<int>(p.top_k);
   k.n_items_down = w.info.down.n_items;
   k.ws = ws;
+  k.table_cap = ws.table_entries;
   k.out = args.out;
   k.out_f32 = p.out_f32;
   k.accumulate = p.accumulate;
@@ -484,6 +512,10 @@ MoeW4a16Workspace moe_w4a16_workspace_layout(const MoeW4a16Params& p, void* base
   ws.params = p;
   ws.grid = grid;
   ws.nb_cap = s.nb_cap;
+  ws.table_entries = s.table_entries;
+  BG_CHECK(smem_bytes(ws) <= smem_limit(),
+           "moe_w4a16: {} work items per CTA need {} bytes of shared memory, the device allows {}", s.table_entries,
+           smem_bytes(ws), smem_limit());
   ws.counters = reinterpret_cast<int32_t*>(b + o.counters);
   ws.n_counters = s.tile_counters + s.token_counters;
   ws.tile_counters = ws.counters;
@@ -517,14 +549,15 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
            static_cast<const void*>(args.x), args.out);
   BG_CHECK(d.offsets && d.active && d.n_active && d.row_token && d.row_weight && d.slot_row,
            "moe_w4a16_cuda: the dispatch workspace is incomplete");
-  set_smem_attribute<true>();
-  set_smem_attribute<false>();
+  const int smem = smem_bytes(ws);
+  set_smem_attribute<true>(smem);
+  set_smem_attribute<false>(smem);
   const KernelArgs gu = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kGateUp);
-  moe_w4a16_kernel<true><<<ws.grid, kThreads, kSmemBytes, stream>>>(gu);
+  moe_w4a16_kernel<true><<<ws.grid, kThreads, smem, stream>>>(gu);
   BG_CUDA_CHECK_LAUNCH();
   const KernelArgs dn = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kDown);
   if (!p.pdl) {
-    moe_w4a16_kernel<false><<<ws.grid, kThreads, kSmemBytes, stream>>>(dn);
+    moe_w4a16_kernel<false><<<ws.grid, kThreads, smem, stream>>>(dn);
     BG_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -533,7 +566,7 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(ws.grid));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;

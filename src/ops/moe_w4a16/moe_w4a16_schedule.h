@@ -1,7 +1,9 @@
 // The W4A16 kernel's work list: the plan every CTA derives from the device-side touched-expert count (split-K factor,
-// parallel or in-order splits, row chunk size) and the cursor a CTA's producer and consumer walk through its stages
-// (item -> row chunk -> split -> k-stage). Plain integer code shared by the kernel and the host test that walks every
-// CTA's schedule (moe_w4a16_test.cpp).
+// parallel or in-order splits, row chunk size), the table of its items each CTA builds in shared memory at its start
+// (the dispatch's global arrays are read there, all items at once, so a pass boundary costs no dependent global
+// loads), and the cursor a CTA's producer and consumer walk through its stages (item -> row chunk -> split ->
+// k-stage). Plain integer code shared by the kernel and the host test that walks every CTA's schedule
+// (moe_w4a16_test.cpp).
 #pragma once
 
 #include <cstdint>
@@ -43,9 +45,36 @@ BG_W4_HD Plan make_plan(const ScheduleParams& sp, int n_active, int grid) {
   return pl;
 }
 
-// Position in a CTA's stream of stages. A CTA takes items b, b + grid, b + 2 grid, ...
+// A CTA takes items b, b + grid, b + 2 grid, ...: how many.
+BG_W4_HD int items_of_cta(const Plan& pl, int cta, int grid) {
+  return pl.n_items > cta ? static_cast<int>((pl.n_items - cta + grid - 1) / grid) : 0;
+}
+
+// One item of a CTA's table (16 bytes): the touched expert's rows, its slot and item, the tile and split.
+struct ItemEntry {
+  int32_t row0 = 0, rows = 0;  // the expert's permuted rows [row0, row0 + rows)
+  int32_t e_m = 0;             // expert slot | item << 16 (slots <= 1024, items < 2^15: moe_w4a16_check_params)
+  int32_t tile_s = 0;          // tile (touched-expert index x n_items + item) | split << 24 (parallel splits)
+};
+
+// Item `item` of the plan, read from the dispatch (active, offsets).
+// 32-bit arithmetic: items < 2^27 (tiles < 2^24, splits <= 8).
+BG_W4_HD ItemEntry make_entry(const ScheduleParams& sp, const Plan& pl, int item) {
+  const int tile = pl.parallel ? item / pl.splits : item;
+  const int s = pl.parallel ? item - tile * pl.splits : 0;
+  const int j = tile / sp.n_items;
+  const int e = sp.active[j];
+  ItemEntry en;
+  en.row0 = sp.offsets[e];
+  en.rows = sp.offsets[e + 1] - en.row0;
+  en.e_m = e | (tile - j * sp.n_items) << 16;
+  en.tile_s = tile | s << 24;
+  return en;
+}
+
+// Position in a CTA's stream of stages: entry k of its item table.
 struct Cursor {
-  int64_t item = 0;
+  int k = 0, count = 0;            // table entry; entries of this CTA
   bool valid = false;
   bool bad = false;                // contract violation (see load_item): the kernel traps
   int tile = 0, m = 0, e = 0;      // tile = j * n_items + m (j: touched-expert index); e: the expert slot
@@ -69,21 +98,21 @@ BG_W4_HD void set_chunk(Cursor& c, const Plan& pl) {
   c.nb = (c.chunk_rows + 7) / 8;
 }
 
-// Loads item c.item, or the next one of this CTA with rows; valid = false past the end.
-BG_W4_HD void load_item(Cursor& c, const ScheduleParams& sp, const Plan& pl, int grid) {
-  for (; c.item < pl.n_items; c.item += grid) {
-    const int64_t tile = pl.parallel ? c.item / pl.splits : c.item;
-    c.tile = static_cast<int>(tile);
-    c.m = static_cast<int>(tile % sp.n_items);
-    c.e = sp.active[tile / sp.n_items];
-    c.row0 = sp.offsets[c.e];
-    c.rows = sp.offsets[c.e + 1] - c.row0;
-    if (c.rows <= 0) continue;
+// Loads the cursor's table entry, or the next one with rows; valid = false past the CTA's last item.
+BG_W4_HD void load_item(Cursor& c, const ScheduleParams& sp, const Plan& pl, const ItemEntry* table) {
+  for (; c.k < c.count; ++c.k) {
+    const ItemEntry en = table[c.k];
+    if (en.rows <= 0) continue;
+    c.row0 = en.row0;
+    c.rows = en.rows;
+    c.e = en.e_m & 0xffff;
+    c.m = en.e_m >> 16;
+    c.tile = en.tile_s & 0xffffff;
     c.n_chunks = (c.rows + pl.chunk_rows - 1) / pl.chunk_rows;
     // Parallel splits own one partial slot per (tile, split): one pass of rows only. rows <= n_tokens <= 8 nb_cap
     // holds unless a token sent two rows to one expert (a token's expert ids must be distinct).
     c.bad = pl.parallel && pl.splits > 1 && c.n_chunks > 1;
-    c.s_begin = pl.parallel ? static_cast<int>(c.item % pl.splits) : 0;
+    c.s_begin = en.tile_s >> 24;
     c.s_end = pl.parallel ? c.s_begin + 1 : pl.splits;
     c.s = c.s_begin;
     c.chunk = 0;
@@ -96,7 +125,7 @@ BG_W4_HD void load_item(Cursor& c, const ScheduleParams& sp, const Plan& pl, int
 }
 
 // Next stage: k-stage, then split (in-order splits), then row chunk, then the CTA's next item.
-BG_W4_HD void advance(Cursor& c, const ScheduleParams& sp, const Plan& pl, int grid) {
+BG_W4_HD void advance(Cursor& c, const ScheduleParams& sp, const Plan& pl, const ItemEntry* table) {
   if (++c.ks < c.ke) return;
   if (++c.s < c.s_end) {
     set_split(c, sp, pl);
@@ -108,8 +137,8 @@ BG_W4_HD void advance(Cursor& c, const ScheduleParams& sp, const Plan& pl, int g
     set_chunk(c, pl);
     return;
   }
-  c.item += grid;
-  load_item(c, sp, pl, grid);
+  ++c.k;
+  load_item(c, sp, pl, table);
 }
 
 // Split-K partial slot of a pass: (tile, split) for parallel splits, the CTA's running-sum slot otherwise.

@@ -355,9 +355,16 @@ void walk_schedules(const WalkCase& wc) {
     std::vector<uint8_t> seen(static_cast<size_t>(rows * m->n_items * m->n_kstages), 0);
     std::set<int64_t> parallel_slots;
     for (int cta = 0; cta < wc.grid; ++cta) {
+      // The CTA's item table, as the kernel builds it; it must fit the capacity the workspace reserved.
+      std::vector<w4::ItemEntry> table;
+      for (int64_t item = cta; item < pl.n_items; item += wc.grid) {
+        table.push_back(w4::make_entry(sp, pl, static_cast<int>(item)));
+      }
+      ASSERT_EQ(static_cast<int>(table.size()), w4::items_of_cta(pl, cta, wc.grid)) << what;
+      ASSERT_LE(static_cast<int>(table.size()), geo.table_entries) << what;
       w4::Cursor c;
-      c.item = cta;
-      w4::load_item(c, sp, pl, wc.grid);
+      c.count = static_cast<int>(table.size());
+      w4::load_item(c, sp, pl, table.data());
       for (int guard = 0; c.valid; ++guard) {
         ASSERT_LT(guard, 1 << 24) << what;
         ASSERT_FALSE(c.bad) << what;
@@ -378,7 +385,7 @@ void walk_schedules(const WalkCase& wc) {
             ASSERT_GE(slot, geo.seq_slot_base) << what;
           }
         }
-        w4::advance(c, sp, pl, wc.grid);
+        w4::advance(c, sp, pl, table.data());
       }
     }
     for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], 1) << what << " (row, item, k-stage) " << i;
