@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU machine: runs each W4A16 experiment binary in .gpu/var (scripts/w4a16-variant-build.sh; the K3 bench table),
-# then Nsight Compute source-level
-# profiles of PROFILE (a variant name) at ROWS_SKIPS ("rows:launches-to-skip"; 98 kernel launches per bench config).
+# then Nsight Compute source-level profiles of PROFILE (a variant name) at ROWS_SKIPS ("rows:launches-to-skip"; 98
+# kernel launches per bench config).
 set -uo pipefail
 BUNDLE=${BUNDLE:-.gpu}; OUT=${OUT:-/tmp/out}
 source scripts/gpu-bundle-env.sh

@@ -10,7 +10,7 @@
 //   into the stored exponent. Activations are gathered per token straight from x by the dispatch's row_token
 //   (cp.async, no separate gather), 16-byte runs that land in B registers under a k permutation applied to both sides.
 // - Work list: item = (touched expert j, 512-row item m, k-split s); CTA b takes items b, b + grid, ... (grid = SM
-//   count, 1 CTA of 8 warps per SM). The touched-expert count is read on the device, so a CUDA graph captured once
+//   count, 1 CTA of 8 warps per SM), read from the dispatch once at its start into a shared-memory item table. The touched-expert count is read on the device, so a CUDA graph captured once
 //   serves every routing. Split-K S (1..8) is chosen on the device from n_active so that e.g. 16 touched Kimi-K3
 //   experts (192 gate/up items) become 384 and fill 132 SMs in 3 even waves; fixed_splits pins S (batch invariance).
 // - Pipeline: 6 stages of (17408 B weights + 4608 B activations) = 129 KiB of shared memory; the producer (every
@@ -40,11 +40,13 @@
 //   ~0.7 sustained by mma.sync on Hopper; 32 rows per expert is the tight case (wgmma would lift it).
 // - Fixed costs per kernel: pipeline fill (~1.5 us), the last wave's tail and the final reductions (~1-2 us).
 // - Predicted: >= 0.85 of read at 1-16 rows per expert (16 of 56 K3 experts: ~72 us for 281 MB), ~0.75-0.8 at 32.
-//   Measured on the H200: 0.46-0.49 at 1 row, 0.43-0.46 at 4, 0.31 at 16, 0.23 at 32. The same pipeline with the
-//   decode and mma removed (copies, cursor, epilogues only) reaches 0.61-0.65 at 1 row and 0.33 at 32: the stream
-//   itself is a bound, beside the ~23 instructions per code word (docs/MOE_W4A16.md, "Where the time goes").
-// Resources (nvcc 13.0 -Xptxas -v, sm_90a): 232 / 224 registers (down / gate-up), no stack, no spills; 129 KiB of
-// dynamic shared memory, 1 CTA of 256 threads per SM. Full report and measurements: docs/MOE_W4A16.md.
+//   Measured on the H200: 0.53 at 1 row, 0.49-0.50 at 4, 0.35 at 16, 0.25 at 32 (PDL on). The main loop is 55-65 %
+//   of the warp samples, the integer pipe throttling the decode's chains after each stage barrier; per-pass code
+//   (reductions, GLU, cursors) was a third before the item table and the out-of-line GLU (docs/MOE_W4A16.md,
+//   "Where the time goes").
+// Resources (nvcc 13.0 -Xptxas -v, sm_90a): 220 / 213 registers (down / gate-up), no stack, no spills; 129 KiB of
+// dynamic shared memory + the item table, 1 CTA of 256 threads per SM. Full report and measurements:
+// docs/MOE_W4A16.md.
 #include <algorithm>
 #include <memory>
 #include <mutex>

@@ -404,6 +404,31 @@ TEST(MoeW4a16Schedule, EveryStageOnceAndInsideTheWorkspace) {
   walk_schedules({7, 2, 4, 4, 64, 96, 8, 3});
 }
 
+// The item table's capacity per CTA (shared memory beside the pipeline): the most items CTA 0 takes over every
+// touched-expert count, by the kernel's own plan. Kimi-K3 and a DeepSeek-V3 rank holding all 256 experts on 132 SMs.
+TEST(MoeW4a16Schedule, ItemTableCapacity) {
+  const auto entries = [](int64_t n_tokens, int64_t top_k, int64_t experts, int64_t hidden, int64_t inter) {
+    MoeW4a16Params p;
+    p.n_tokens = n_tokens;
+    p.top_k = top_k;
+    p.n_experts = experts;
+    p.hidden = hidden;
+    p.inter = inter;
+    return moe_w4a16_workspace_geometry(p, 132).table_entries;
+  };
+  EXPECT_EQ(entries(1, 16, 56, 3584, 3072), 4);    // 16 experts: gate/up 192 tiles x 2 splits = 384 items
+  EXPECT_EQ(entries(64, 16, 56, 3584, 3072), 6);   // 56 experts x 14 down items = 784 items
+  EXPECT_EQ(entries(512, 8, 256, 7168, 2048), 28); // 256 x 14 = 3584 items
+  EXPECT_EQ(entries(1, 8, 256, 7168, 2048), 3);
+  MoeW4a16Params big;
+  big.n_tokens = 1;
+  big.top_k = 1;
+  big.n_experts = 1;
+  big.hidden = int64_t{1} << 21;  // past the packing bounds of the item table
+  big.inter = 64;
+  EXPECT_THROW(moe_w4a16_workspace_geometry(big, 132), Error);
+}
+
 TEST(MoeW4a16Cpu, ReferenceMatchesDirectFormula) {
   const int64_t hidden = 64, inter = 96, n = 3, k = 2;
   const Layer l = make_layer(4, hidden, inter, 31, -1, 118);
