@@ -1,8 +1,8 @@
 // CUDA Attention-Residual mix against attn_res_mix_cpu on bf16-rounded candidates: 1 .. 16 candidates of very
 // different scales, hidden 7168 (16-byte loads) and dims that are not a multiple of 8 (scalar loads), ragged token
-// counts, large scores (softmax must subtract its max), an all-zero candidate row, and the output written over the
-// last candidate (the partial sum). The fused mix + RMSNorm writes the same h bit for bit and x as rmsnorm_cuda of it;
-// with the residual update folded in, the bank, h and x are bit for bit the separate add (or copy) and mix.
+// counts (up to 70,000), a single 16-byte vector per token, large scores (softmax must subtract its max), an all-zero candidate row, and the output written over the last candidate (the partial sum). The
+// fused mix + RMSNorm writes the same h bit for bit and x as rmsnorm_cuda of it; with the residual update folded in,
+// the bank, h and x are bit for bit the separate add (or copy) and mix.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,7 +27,8 @@ TEST(AttnResParity, MatchesCpu) {
   BG_REQUIRE_GPU();
   const MixCase cases[] = {{1, 3, 7168, 1.0f},   {9, 1, 7168, 1.0f},  {9, 17, 7168, 1.0f}, {10, 128, 7168, 1.0f},
                            {16, 5, 256, 30.0f},  {5, 1000, 128, 1.0f}, {2, 7, 1, 1.0f},     {3, 17, 1000, 0.01f},
-                           {4, 9, 7172, 1.0f},   {16, 2, 12288, 1.0f}};
+                           {4, 9, 7172, 1.0f},   {16, 2, 12288, 1.0f},
+                           {2, 3, 8, 1.0f},      {3, 70000, 64, 1.0f}};
   for (const MixCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << "n " << c.n_candidates << " T " << c.n_tokens << " D " << c.dim);
     const size_t per = static_cast<size_t>(c.n_tokens * c.dim), total = per * static_cast<size_t>(c.n_candidates);
