@@ -3,7 +3,8 @@
 // src/ops/attn_res/attn_res_cuda.cu of commit 175a513 (each CTA an eighth of the columns, partial sums through
 // distributed shared memory, every CTA the same softmax, 64-80 registers). On the H200: attn_res_mix_rmsnorm
 // 11.2 -> 9.1 us at B = 1, 16.6 -> 11.8 at 16, 17.8 -> 13.3 at 64; AttnResParity.*, Cases/GoldenGpu.*,
-// Models/StepGpu.*, BackendDiff.*, Cases/StreamedExpertsGpu.*, Archs/EngineStateGpu.DeterministicPrefixCacheOnGivesTheSameTokens pass;
+// Models/StepGpu.*, BackendDiff.*, Cases/StreamedExpertsGpu.*,
+// Archs/EngineStateGpu.DeterministicPrefixCacheOnGivesTheSameTokens pass;
 // Archs/EngineStateGpu.OffloadedAndRestoredSequencesEqualRoomyOnes/kimi_k3 fails (sequence t1.2 from token 15,
 // logprobs off by ~0.05), as the first, independent cluster version did (bench/RESULTS.md, 2026-12-04 08:12). The
 // same run under --deterministic passes. See bench/RESULTS.md, 2026-12-04 16:40, for the open question.
