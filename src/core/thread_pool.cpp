@@ -2,8 +2,10 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
-#include <cstdlib>
+#include <optional>
 #include <string>
+
+#include "core/env.h"
 
 namespace bg {
 namespace {
@@ -83,10 +85,7 @@ void ThreadPool::worker_loop() {
 
 ThreadPool& default_pool() {
   static ThreadPool pool([] {
-    if (const char* env = std::getenv("BG_NUM_THREADS")) {
-      int n = std::atoi(env);
-      if (n > 0) return n;
-    }
+    if (const std::optional<int64_t> n = env_int("BG_NUM_THREADS", 1, 4096)) return static_cast<int>(*n);
     return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }());
   return pool;

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "formats/json_fields.h"
 
@@ -140,7 +141,7 @@ void write_expert_trace(const std::filesystem::path& path, int64_t n_experts,
 ExpertStream::ExpertStream(Backend& be, int64_t n_buffers, const ExpertSource& like, int64_t n_experts,
                            bool prefetch)
     : n_experts_(n_experts), prefetch_(prefetch) {
-  if (const char* v = std::getenv("BG_EXPERT_PREFETCH"); v != nullptr && std::string(v) == "0") prefetch_ = false;
+  if (!env_switch("BG_EXPERT_PREFETCH", true)) prefetch_ = false;
   BG_CHECK(n_buffers >= 1, "internal: an expert pool of {} buffers", n_buffers);
   buffers_.resize(static_cast<size_t>(n_buffers));
   for (Buffer& b : buffers_) {

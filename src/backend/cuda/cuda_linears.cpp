@@ -8,16 +8,12 @@
 #include <vector>
 
 #include "backend/cuda/cuda_moe.h"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace bg::cuda {
 
-bool switch_from_env(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || std::string_view(v) == "1") return true;
-  BG_CHECK(std::string_view(v) == "0", "{}={} (expected 0 or 1)", name, v);
-  return false;
-}
+bool switch_from_env(const char* name) { return env_switch(name, true); }
 
 bool linear_groups_from_env() { return switch_from_env("BG_LINEAR_GROUPS"); }
 

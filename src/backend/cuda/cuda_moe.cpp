@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -29,12 +30,13 @@ ops::MoeWorkspace workspace(const MoeContext& c, const MoeRouting& r) {
 
 // BG_MOE_FFN_PATH=skinny|tiled pins the stage expert kernel, which is otherwise chosen by the routing's token count.
 // Lets a test compare routings of different shapes (one rank against an ll rank set, whose receive side counts every
-// source rank's tokens) with the same per-row arithmetic. Anything else: automatic.
+// source rank's tokens) with the same per-row arithmetic. Unset, empty or auto: automatic; anything else an error.
 ops::MoeFfnPath ffn_path_from_env() {
-  const char* v = std::getenv("BG_MOE_FFN_PATH");
-  if (v == nullptr) return ops::MoeFfnPath::kAuto;
-  const std::string_view s(v);
-  return s == "skinny" ? ops::MoeFfnPath::kSkinny : s == "tiled" ? ops::MoeFfnPath::kTiled : ops::MoeFfnPath::kAuto;
+  switch (env_choice("BG_MOE_FFN_PATH", {"skinny", "tiled", "auto"})) {
+    case 0: return ops::MoeFfnPath::kSkinny;
+    case 1: return ops::MoeFfnPath::kTiled;
+    default: return ops::MoeFfnPath::kAuto;
+  }
 }
 
 ops::MoeCudaParams params(const MoeRouting& r, int64_t hidden, int64_t inter) {
@@ -234,10 +236,7 @@ namespace {
 // BG_MOE_W4A16=0 turns the fused decode kernel off (the stage kernels run instead): for triage on a GPU machine, and
 // for tests that compare with a model whose streamed layers have no packed copy. Read at every MoE call (a few
 // hundred nanoseconds a layer), so a test may set it at any point of the process.
-bool w4a16_enabled() {
-  const char* v = std::getenv("BG_MOE_W4A16");
-  return v == nullptr || std::string_view(v) != "0";
-}
+bool w4a16_enabled() { return env_switch("BG_MOE_W4A16", true); }
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "ops/mla/mla_prefill_internal.cuh"
 
@@ -293,13 +294,12 @@ const char* mla_prefill_mma_name(MlaPrefillMma mma) {
 }
 
 MlaPrefillMma mla_prefill_mma_from_env() {
-  const char* v = std::getenv("BG_MLA_PREFILL");
-  const std::string_view s = v == nullptr ? "" : v;
-  if (s.empty()) return MlaCudnnPrefill::built() ? MlaPrefillMma::kCudnn : MlaPrefillMma::kWgmma;
-  if (s == "cudnn") return MlaPrefillMma::kCudnn;
-  if (s == "wgmma") return MlaPrefillMma::kWgmma;
-  if (s == "mmasync") return MlaPrefillMma::kMmaSync;
-  throw Error(fmt::format("BG_MLA_PREFILL={}: expected cudnn, wgmma or mmasync", s));
+  switch (env_choice("BG_MLA_PREFILL", {"cudnn", "wgmma", "mmasync"})) {
+    case 0: return MlaPrefillMma::kCudnn;
+    case 1: return MlaPrefillMma::kWgmma;
+    case 2: return MlaPrefillMma::kMmaSync;
+    default: return MlaCudnnPrefill::built() ? MlaPrefillMma::kCudnn : MlaPrefillMma::kWgmma;
+  }
 }
 
 MlaPrefillKernelInfo mla_prefill_kernel_info(MlaPrefillMma mma) {

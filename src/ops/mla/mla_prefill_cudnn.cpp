@@ -6,7 +6,6 @@
 #include "ops/mla/mla_prefill_cudnn.h"
 
 #include <array>
-#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <condition_variable>
@@ -21,6 +20,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -37,14 +37,14 @@ int64_t mla_cudnn_bucket(int64_t n) {
 }
 
 int64_t mla_cudnn_max_plans(const char* env_value) {
-  if (env_value == nullptr || *env_value == '\0') return MlaCudnnPrefill::kDefaultMaxPlans;
-  const std::string_view v(env_value);
-  int64_t n = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  BG_CHECK(ec == std::errc() && end == v.data() + v.size() && n >= MlaCudnnPrefill::kMinPlans,
-           "BG_MLA_CUDNN_MAX_PLANS='{}': expected a whole number of plans, at least {}", v,
+  return env_int("BG_MLA_CUDNN_MAX_PLANS", env_value, MlaCudnnPrefill::kMinPlans, int64_t{1} << 20)
+      .value_or(MlaCudnnPrefill::kDefaultMaxPlans);
+}
+
+// set_max_plans' argument, in the builds with and without cuDNN alike.
+static void check_max_plans(int64_t n) {
+  BG_CHECK(n >= MlaCudnnPrefill::kMinPlans, "mla_prefill_cudnn: at most {} plans asked; the bound is at least {}", n,
            MlaCudnnPrefill::kMinPlans);
-  return n;
 }
 
 #if BG_HAVE_CUDNN
@@ -580,7 +580,7 @@ void* MlaCudnnPrefill::plan_for(const MlaCudnnLaunch& l) {
 }
 
 void MlaCudnnPrefill::set_max_plans(int64_t n) {
-  BG_CHECK(n >= kMinPlans, "mla_prefill_cudnn: at most {} plans asked; the bound is at least {}", n, kMinPlans);
+  check_max_plans(n);
   std::vector<std::unique_ptr<Plan>> dropped;
   {
     std::lock_guard lock(impl_->mu);
@@ -672,7 +672,7 @@ void MlaCudnnPrefill::set_background_builds(bool) {}
 void MlaCudnnPrefill::wait_for_builds() {}
 std::unique_lock<std::mutex> MlaCudnnPrefill::hold_builds() { return std::unique_lock(impl_->build_mu); }
 void MlaCudnnPrefill::set_max_plans(int64_t n) {
-  BG_CHECK(n >= kMinPlans, "mla_prefill_cudnn: at most {} plans asked; the bound is at least {}", n, kMinPlans);
+  check_max_plans(n);
 }
 int64_t MlaCudnnPrefill::max_plans() const { return kDefaultMaxPlans; }
 int64_t MlaCudnnPrefill::plans_held() const { return 0; }

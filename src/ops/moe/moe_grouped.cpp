@@ -2,22 +2,16 @@
 #include "ops/moe/moe_grouped.h"
 
 #include <algorithm>
-#include <charconv>
 #include <string_view>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace bg::ops {
 
 int64_t moe_grouped_min_rows(const char* env_value) {
-  if (env_value == nullptr || *env_value == '\0') return kMoeGroupedMinRowsDefault;
-  const std::string_view v(env_value);
-  if (v == "off") return 0;
-  int64_t rows = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), rows);
-  BG_CHECK(ec == std::errc() && end == v.data() + v.size() && rows > 0,
-           "BG_MOE_GROUPED_MIN_ROWS='{}': expected a positive number of rows per expert or 'off'", v);
-  return rows;
+  if (env_value != nullptr && std::string_view(env_value) == "off") return 0;
+  return env_int("BG_MOE_GROUPED_MIN_ROWS", env_value, 1, int64_t{1} << 30).value_or(kMoeGroupedMinRowsDefault);
 }
 
 

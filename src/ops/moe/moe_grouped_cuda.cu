@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "ops/linear/linear_cuda_device.cuh"
 #include "ops/moe/moe_glu_device.cuh"
@@ -195,11 +196,8 @@ MoeGroupedPlan moe_grouped_plan_from_device(const MoeCudaParams& p, const MoeWor
 }
 
 MoeGroupedGemmApi moe_grouped_gemm_api(const char* env_value) {
-  if (env_value == nullptr || *env_value == '\0' || std::string_view(env_value) == "per_expert") {
-    return MoeGroupedGemmApi::kPerExpert;
-  }
-  if (std::string_view(env_value) == "grouped") return MoeGroupedGemmApi::kGrouped;
-  fail("BG_MOE_GROUPED_GEMM='{}': expected 'grouped' or 'per_expert'", env_value);
+  return env_choice("BG_MOE_GROUPED_GEMM", env_value, {"per_expert", "grouped"}) == 1 ? MoeGroupedGemmApi::kGrouped
+                                                                                       : MoeGroupedGemmApi::kPerExpert;
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "ops/elementwise/cuda_utils.cuh"
 
@@ -133,12 +134,7 @@ __global__ void decode_kernel(ShortConvDecodeParams p, const bf16* x, const floa
 
 }  // namespace
 
-bool short_conv_scalar_from_env() {
-  const char* v = std::getenv("BG_SHORT_CONV_SCALAR");
-  if (v == nullptr || std::string_view(v) == "0") return false;
-  BG_CHECK(std::string_view(v) == "1", "BG_SHORT_CONV_SCALAR={} (expected 0 or 1)", v);
-  return true;
-}
+bool short_conv_scalar_from_env() { return env_switch("BG_SHORT_CONV_SCALAR", false); }
 
 void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const float* weight, float* state,
                      __nv_bfloat16* out, cudaStream_t stream) {
