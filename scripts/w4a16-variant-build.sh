@@ -16,8 +16,8 @@ NVCC=$(echo "$CMD" | sed -e 's|.*/usr/bin/ccache ||' -e 's| -MD -MT [^ ]* -MF [^
 eval "$NVCC -Xptxas -v" 2>&1 | grep -E "error|Used"
 c++ -O2 -std=c++20 -DBG_HAVE_CUDA=1 -DFMT_SHARED -Isrc -Iinclude -I/usr/local/cuda/include \
   -c bench/probes/w4a16_variant_main.cpp -o "$TMP/main.o"
-LIBS=$(ninja -C build-cuda -t commands test_cuda | grep -m1 "o tests/test_cuda " | sed -e 's/^.*-o tests\/test_cuda //' -e 's/ && cd .*//' \
-  | tr ' ' '\n' | grep -v gtest | tr '\n' ' ')
+LIBS=$(ninja -C build-cuda -t commands test_cuda | grep -m1 "o tests/test_cuda " \
+  | sed -e 's/^.*-o tests\/test_cuda //' -e 's/ && cd .*//' | tr ' ' '\n' | grep -v gtest | tr '\n' ' ')
 (cd build-cuda && c++ -O2 -o "../.gpu/var/$NAME" "../$TMP/main.o" "../$TMP/$NAME.o" $LIBS)
 strip ".gpu/var/$NAME"
 ls -la ".gpu/var/$NAME"
