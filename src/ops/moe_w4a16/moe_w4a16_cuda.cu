@@ -469,13 +469,7 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   const MoeW4a16MatrixInfo& m = proj == MoeW4a16Proj::kGateUp ? w.info.gate_up : w.info.down;
   k.weights = static_cast<const uint8_t*>(w.data) + m.offset_bytes;
   k.slot_bytes = m.slot_bytes;
-  k.sched.n_items = m.n_items;
-  k.sched.n_kstages = m.n_kstages;
-  k.sched.nb_cap = ws.nb_cap;
-  k.sched.fixed_splits = p.fixed_splits;
-  k.sched.parallel_splits = p.n_tokens <= kChunkRows;
-  k.sched.active = d.active;
-  k.sched.offsets = d.offsets;
+  k.sched = schedule_params(m.n_items, m.n_kstages, ws.nb_cap, p.fixed_splits, p.n_tokens, d.active, d.offsets);
   k.n_in = m.n_in;
   k.n_out = m.n_out;
   k.out_scale = std::ldexp(1.0f, m.scale_shift);

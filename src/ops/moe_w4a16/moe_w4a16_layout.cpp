@@ -238,12 +238,7 @@ MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, 
   if (p.n_tokens > w4::kChunkRows && p.fixed_splits > 1) s.partial_slots += grid;  // in-order splits: one per CTA
   // Item table: the most items CTA 0 (which has the most) takes, over every touched-expert count, by the kernel's plan.
   for (const MoeW4a16MatrixInfo* m : {&info.gate_up, &info.down}) {
-    w4::ScheduleParams sp;
-    sp.n_items = m->n_items;
-    sp.n_kstages = m->n_kstages;
-    sp.nb_cap = s.nb_cap;
-    sp.fixed_splits = p.fixed_splits;
-    sp.parallel_splits = p.n_tokens <= w4::kChunkRows;
+    const w4::ScheduleParams sp = w4::schedule_params(m->n_items, m->n_kstages, s.nb_cap, p.fixed_splits, p.n_tokens);
     for (int64_t n = 1; n <= max_active; ++n) {
       const w4::Plan pl = w4::make_plan(sp, static_cast<int>(n), grid);
       s.table_entries = std::max(s.table_entries, w4::items_of_cta(pl, 0, grid));

@@ -22,6 +22,21 @@ struct ScheduleParams {
   const int32_t* offsets = nullptr;   // [n_experts + 1] first permuted row of each expert
 };
 
+// One projection's schedule inputs for a launch of n_tokens rows per expert set: what the kernel, the workspace
+// geometry and the schedule test all derive from the projection's shape (items, k-stages) and the launch.
+BG_W4_HD ScheduleParams schedule_params(int n_items, int n_kstages, int nb_cap, int fixed_splits, int64_t n_tokens,
+                                        const int32_t* active = nullptr, const int32_t* offsets = nullptr) {
+  ScheduleParams sp;
+  sp.n_items = n_items;
+  sp.n_kstages = n_kstages;
+  sp.nb_cap = nb_cap;
+  sp.fixed_splits = fixed_splits;
+  sp.parallel_splits = n_tokens <= kChunkRows;
+  sp.active = active;
+  sp.offsets = offsets;
+  return sp;
+}
+
 // The work decomposition for n_active touched experts on `grid` CTAs.
 struct Plan {
   int splits = 1;

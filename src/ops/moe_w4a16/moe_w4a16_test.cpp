@@ -343,14 +343,8 @@ void walk_schedules(const WalkCase& wc) {
   }
   const int64_t rows = offsets.back();
   for (const MoeW4a16MatrixInfo* m : {&info.gate_up, &info.down}) {
-    w4::ScheduleParams sp;
-    sp.n_items = m->n_items;
-    sp.n_kstages = m->n_kstages;
-    sp.nb_cap = geo.nb_cap;
-    sp.fixed_splits = wc.fixed_splits;
-    sp.parallel_splits = wc.n_tokens <= w4::kChunkRows;
-    sp.active = active.data();
-    sp.offsets = offsets.data();
+    const w4::ScheduleParams sp = w4::schedule_params(m->n_items, m->n_kstages, geo.nb_cap, wc.fixed_splits,
+                                                      wc.n_tokens, active.data(), offsets.data());
     const w4::Plan pl = w4::make_plan(sp, static_cast<int>(active.size()), wc.grid);
     std::vector<uint8_t> seen(static_cast<size_t>(rows * m->n_items * m->n_kstages), 0);
     std::set<int64_t> parallel_slots;
