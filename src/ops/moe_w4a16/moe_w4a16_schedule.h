@@ -72,8 +72,8 @@ struct ItemEntry {
   int32_t tile_s = 0;          // tile (touched-expert index x n_items + item) | split << 24 (parallel splits)
 };
 
-// Item `item` of the plan, read from the dispatch (active, offsets).
-// 32-bit arithmetic: items < 2^27 (tiles < 2^24, splits <= 8).
+// Item `item` of the plan, read from the dispatch (active, offsets). 32-bit arithmetic: items < 2^27 (tiles < 2^24,
+// splits <= 8).
 BG_W4_HD ItemEntry make_entry(const ScheduleParams& sp, const Plan& pl, int item) {
   const int tile = pl.parallel ? item / pl.splits : item;
   const int s = pl.parallel ? item - tile * pl.splits : 0;
@@ -91,7 +91,7 @@ BG_W4_HD ItemEntry make_entry(const ScheduleParams& sp, const Plan& pl, int item
 struct Cursor {
   int k = 0, count = 0;            // table entry; entries of this CTA
   bool valid = false;
-  bool bad = false;                // contract violation (see load_item): the kernel traps
+  bool bad = false;                // contract violation (see load_item): the kernel flags kMoeErrorDuplicateExpert
   int tile = 0, m = 0, e = 0;      // tile = j * n_items + m (j: touched-expert index); e: the expert slot
   int row0 = 0, rows = 0;          // the expert's permuted rows
   int s = 0, s_begin = 0, s_end = 1;
