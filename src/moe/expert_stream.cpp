@@ -2,7 +2,6 @@
 #include "moe/expert_stream.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
 #include <fstream>
 #include <limits>

@@ -1,8 +1,9 @@
 // CUDA Attention-Residual mix against attn_res_mix_cpu on bf16-rounded candidates: 1 .. 16 candidates of very
 // different scales, hidden 7168 (16-byte loads) and dims that are not a multiple of 8 (scalar loads), ragged token
-// counts (up to 70,000), a single 16-byte vector per token, large scores (softmax must subtract its max), an all-zero candidate row, and the output written over the last candidate (the partial sum). The
-// fused mix + RMSNorm writes the same h bit for bit and x as rmsnorm_cuda of it; with the residual update folded in,
-// the bank, h and x are bit for bit the separate add (or copy) and mix.
+// counts (up to 70,000), a single 16-byte vector per token, large scores (softmax must subtract its max), an all-zero
+// candidate row, and the output written over the last candidate (the partial sum). The fused mix + RMSNorm writes the
+// same h bit for bit and x as rmsnorm_cuda of it; with the residual update folded in, the bank, h and x are bit for
+// bit the separate add (or copy) and mix.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,9 +1,7 @@
 // CUDA linear preparation (cuda_linears.h).
 #include "backend/cuda/cuda_linears.h"
 
-#include <cstdlib>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 

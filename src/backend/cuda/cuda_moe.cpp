@@ -5,7 +5,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <string_view>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/env.h"

@@ -199,8 +199,9 @@ template <bool kNorm, bool kAdd = false>
 void launch(const AttnResParams& p, const bf16* candidates, const float* norm, const float* proj,
             const float* rms_weight, float rms_eps, bf16* h, bf16* x, cudaStream_t stream,
             const bf16* addend = nullptr, bool replace = false) {
-  const bool vec = p.dim % 8 == 0 && cuda::aligned_to(candidates, 16) && cuda::aligned_to(norm, 16) && cuda::aligned_to(proj, 16) && cuda::aligned_to(h, 16) &&
-                   (!kNorm || (cuda::aligned_to(rms_weight, 16) && cuda::aligned_to(x, 16))) && (!kAdd || cuda::aligned_to(addend, 16));
+  auto a16 = [](const void* ptr) { return cuda::aligned_to(ptr, 16); };
+  const bool vec = p.dim % 8 == 0 && a16(candidates) && a16(norm) && a16(proj) && a16(h) &&
+                   (!kNorm || (a16(rms_weight) && a16(x))) && (!kAdd || a16(addend));
   const auto grid = static_cast<unsigned>(p.n_tokens);
   if (vec) {
     attn_res_kernel<8, kNorm, kAdd><<<grid, kThreads, 0, stream>>>(p, candidates, norm, proj, rms_weight, rms_eps, h,

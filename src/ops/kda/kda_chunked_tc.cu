@@ -292,7 +292,8 @@ void check_common(const char* op, const KdaParams& p, const KdaCudaInputs& in, c
   BG_CHECK(in.q && in.k && in.v && in.g && in.beta && out, "{}: null input/output pointer with n_tokens {}", op,
            p.n_tokens);
   if (!tc_dims(p)) return;
-  BG_CHECK(cuda::aligned_to(in.q, 16) && cuda::aligned_to(in.k, 16) && cuda::aligned_to(in.v, 16) && cuda::aligned_to(out, 4),
+  BG_CHECK(cuda::aligned_to(in.q, 16) && cuda::aligned_to(in.k, 16) && cuda::aligned_to(in.v, 16) &&
+               cuda::aligned_to(out, 4),
            "{}: q / k / v must be 16-byte aligned and out 4-byte aligned (q {}, k {}, v {}, out {})", op,
            static_cast<const void*>(in.q), static_cast<const void*>(in.k), static_cast<const void*>(in.v),
            static_cast<const void*>(out));

@@ -318,7 +318,6 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(AttnArgs a) {
   }
 }
 
-
 // Whether 16-byte copies of whole entries are possible: every entry of every block starts 16-byte aligned.
 bool cache_vectorizable(const MlaPagedCache& c, int64_t entry_dim) {
   return entry_dim % 8 == 0 && c.block_stride % 8 == 0 && cuda::aligned_to(c.base, 16);

@@ -251,7 +251,6 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineA
   }
 }
 
-
 void check_inputs(const MlaDecodePlan& plan, const MlaDecodeTensors& x, const MlaPagedCache& c,
                   const MlaDecodeContext& ctx) {
   constexpr const char* op = "mla_decode_cuda";
@@ -259,7 +258,8 @@ void check_inputs(const MlaDecodePlan& plan, const MlaDecodeTensors& x, const Ml
   BG_CHECK(mla_decode_takes(p) && plan.n_groups >= 1 && plan.n_partitions >= 1 && plan.ws.total_bytes > 0,
            "{}: the plan was not made by mla_decode_plan", op);
   BG_CHECK(x.q && x.w_uk && x.w_uv && x.out, "{}: null q / w_uk / w_uv / out", op);
-  BG_CHECK(cuda::aligned_to(x.q, 2) && cuda::aligned_to(x.w_uk, 2) && cuda::aligned_to(x.w_uv, 2) && cuda::aligned_to(x.out, 2),
+  BG_CHECK(cuda::aligned_to(x.q, 2) && cuda::aligned_to(x.w_uk, 2) && cuda::aligned_to(x.w_uv, 2) &&
+               cuda::aligned_to(x.out, 2),
            "{}: q / w_uk / w_uv / out must be bf16-aligned", op);
   BG_CHECK(c.base && c.block_tables && c.seq_idx && c.positions, "{}: null cache pointer", op);
   BG_CHECK(cuda::aligned_to(c.base, 16) && c.block_stride % 8 == 0,

@@ -71,7 +71,6 @@ __global__ void mla_prefill_pad_q_kernel(const bf16* __restrict__ q, bf16* __res
   }
 }
 
-
 // k [rows, heads, 192]: columns 128..191 of every head = the row's k_pe (shared by the heads), 16 bytes a thread.
 __global__ void mla_prefill_k_pe_heads_kernel(const bf16* __restrict__ k_pe, bf16* __restrict__ k, int64_t rows,
                                               int heads) {

@@ -13,7 +13,6 @@
 #include <limits>
 #include <map>
 #include <span>
-#include <string_view>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -413,8 +412,8 @@ struct MlaCudnnPrefill::Impl {
         if (oldest == plans.end() || it->second.last_use < oldest->second.last_use) oldest = it;
       }
       if (held <= keep || oldest == plans.end()) return out;
-      log::debug("mla_prefill_cudnn: plan for {} dropped (least recently used of {}; bound {})", describe(oldest->first),
-                 held, max_plans);
+      log::debug("mla_prefill_cudnn: plan for {} dropped (least recently used of {}; bound {})",
+                 describe(oldest->first), held, max_plans);
       out.push_back(std::move(oldest->second.plan));
       plans.erase(oldest);
       ++plans_dropped;

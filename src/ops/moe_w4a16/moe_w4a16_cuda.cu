@@ -10,9 +10,10 @@
 //   into the stored exponent. Activations are gathered per token straight from x by the dispatch's row_token
 //   (cp.async, no separate gather), 16-byte runs that land in B registers under a k permutation applied to both sides.
 // - Work list: item = (touched expert j, 512-row item m, k-split s); CTA b takes items b, b + grid, ... (grid = SM
-//   count, 1 CTA of 8 warps per SM), read from the dispatch once at its start into a shared-memory item table. The touched-expert count is read on the device, so a CUDA graph captured once
-//   serves every routing. Split-K S (1..8) is chosen on the device from n_active so that e.g. 16 touched Kimi-K3
-//   experts (192 gate/up items) become 384 and fill 132 SMs in 3 even waves; fixed_splits pins S (batch invariance).
+//   count, 1 CTA of 8 warps per SM), read from the dispatch once at its start into a shared-memory item table. The
+//   touched-expert count is read on the device, so a CUDA graph captured once serves every routing. Split-K S (1..8)
+//   is chosen on the device from n_active so that e.g. 16 touched Kimi-K3 experts (192 gate/up items) become 384 and
+//   fill 132 SMs in 3 even waves; fixed_splits pins S (batch invariance).
 // - Pipeline: 6 stages of (17408 B weights + 4608 B activations) = 129 KiB of shared memory; the producer (every
 //   thread, cp.async 16 B, plain L2 caching: see cp_async16) runs 5 stages ahead of the consumer across item
 //   boundaries, so the stream of weights never stops for an epilogue. One __syncthreads per 17 KiB stage. The
@@ -540,7 +541,8 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
            w.info.hidden, w.info.inter, p.n_experts, p.hidden, p.inter);
   check_workspace(p, ws);
   if (p.n_tokens == 0) return;
-  BG_CHECK(w.data && cuda::aligned_to(w.data, 16) && args.x && cuda::aligned_to(args.x, 16) && args.out && cuda::aligned_to(args.out, 16),
+  BG_CHECK(w.data && cuda::aligned_to(w.data, 16) && args.x && cuda::aligned_to(args.x, 16) && args.out &&
+               cuda::aligned_to(args.out, 16),
            "moe_w4a16_cuda: weights {}, x {} and out {} must be non-null and 16-byte aligned", w.data,
            static_cast<const void*>(args.x), args.out);
   BG_CHECK(d.offsets && d.active && d.n_active && d.row_token && d.row_weight && d.slot_row,

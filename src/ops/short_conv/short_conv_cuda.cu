@@ -5,8 +5,6 @@
 // Decode: one thread per (sequence, channel) does both.
 #include "ops/short_conv/short_conv_cuda.h"
 
-#include <cstdlib>
-#include <string_view>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/env.h"
