@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The ep16-rank slice (Kimi-K3 real dimensions, 56 experts) generated greedily by one CUDA rank and by 2, 4 and 8 ranks
-# sharing this GPU over the ll exchange (and ll-fp8): with the expert kernels pinned (one rank's fused W4A16 decode
-# kernel off, tiled FFN, no grouped path) a row's arithmetic does not depend on the rank count, so the ll runs must
+# sharing this GPU over the ll exchange (and ll-fp8): with the expert kernels pinned (the W4A16 layout off, i.e. the
+# stage kernels, tiled FFN, no grouped path) a row's arithmetic does not depend on the rank count, so the ll runs must
 # print the same ids as the one-rank run; ll-fp8 and the unpinned runs are printed beside them. Prints one line per run.
 #   scripts/gpu-ll-slice.sh BUNDLE [WORKDIR]
 set -u -o pipefail

@@ -146,12 +146,9 @@ struct LinearGroup {
 // comes from the checkpoint, by local slot when handed to Backend::prepare_experts.
 struct ExpertWeights {
   std::vector<const LinearHandle*> gate, up, down;
-  // Slots are repointed while serving (streamed experts, moe/expert_stream.h): CUDA keeps no packed per-layer copy.
+  // Slots are repointed while serving (streamed experts, moe/expert_stream.h) at buffers in the checkpoint's format:
+  // CUDA then keeps the experts in that format (no W4A16 layout).
   bool streamed = false;
-  // Every expert of the layer has a slot here (one rank), so the routing is all-local and a backend may keep a second,
-  // fused-kernel copy (CUDA: the W4A16 decode layout). False on an expert-parallel rank: its rows come through the
-  // exchange and run the per-slot kernels only, so such a copy would double the experts' memory for nothing.
-  bool all_local = true;
   int64_t size() const { return static_cast<int64_t>(gate.size()); }
 };
 

@@ -79,7 +79,6 @@ ExpertTable::ExpertTable(Backend& be, const ExpertPlacement& placement, const Ex
     by_slot.down.push_back(all_experts.down[i]);
   }
   by_slot.streamed = streams();
-  by_slot.all_local = all_local();
   slots_ = be.prepare_experts(by_slot);
   slot_map_ = be.alloc({n_experts()}, DType::kI32);
   upload_map(be);

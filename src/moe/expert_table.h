@@ -86,7 +86,7 @@ class ExpertTable {
   // Streamed experts: whether any slot streams, the host bytes of a streamed expert (null when resident), and the
   // staging before the layer's experts run: every slot with rows (rows_per_slot [n_slots]) holds its expert after.
   bool streams() const { return streamed_.stream != nullptr && !streamed_.sources.empty(); }
-  // Every expert has a slot on this rank (one rank): what ExpertWeights::all_local tells the backend.
+  // Every expert has a slot on this rank (one rank).
   bool all_local() const {
     return std::none_of(host_map_.begin(), host_map_.end(), [](int32_t slot) { return slot < 0; });
   }

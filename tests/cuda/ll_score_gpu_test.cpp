@@ -1,6 +1,6 @@
 // `batchgen score --device cuda` with 2 and 4 rank processes sharing this GPU through the ll exchange (CUDA IPC
 // between the processes), against one rank on the same GPU, on every golden case and prompt: the logits must be equal
-// bit for bit. Both runs pin the same expert kernels (BG_MOE_W4A16=0 turns off the one-rank fused decode kernel,
+// bit for bit. Both runs pin the same expert kernels (BG_MOE_W4A16=0 keeps the experts for the stage kernels,
 // BG_MOE_FFN_PATH=tiled and a grouped threshold out of reach make a row's arithmetic independent of how many rows its
 // expert got), so what differs between them is the exchange alone: every pair's row must reach its expert on the
 // right rank and come back, and the combine must add the k outputs in the loopback's order.

@@ -2,11 +2,13 @@
 // of the whole routed path (gather -> linear_cpu gate/up -> SwiGLU/SiTU -> linear_cpu down -> weighted combine), on
 // random inputs: Kimi-K3 latent (3584 <-> 3072, SiTU) and DeepSeek-V3 (7168 <-> 2048, SwiGLU) expert widths with
 // 32..400 rows per expert, MXFP4 first and FP8 / bf16 experts, ragged widths, routings that leave experts empty, and
-// groups smaller than the touched experts (the scratch reused). Same tolerance as the other MoE parity tests (1e-2 of
-// max |ref|, bf16 outputs). Every device buffer starts poisoned (0xff: bf16 NaN), so a row that is not written fails.
+// groups smaller than the touched experts (the scratch reused); MXFP4 experts also from the W4A16 layout (the same bits
+// as from the checkpoint's format). Same tolerance as the other MoE parity tests (1e-2 of max |ref|, bf16 outputs).
+// Every device buffer starts poisoned (0xff: bf16 NaN), so a row that is not written fails.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +49,13 @@ struct GroupedBuffers {
 
 void run_grouped_case(const GroupedCase& c, uint64_t seed) {
   const Experts ex = make_experts(c.shape, seed);
+  // MXFP4 experts the W4A16 layout takes also run from it (a packed layer's only device copy): the same bits.
+  std::optional<MoeW4a16DeviceLayer> packed;
+  if (c.shape.format == WeightFormat::kMxfp4 && c.shape.hidden % 32 == 0 && c.shape.inter % 32 == 0) {
+    std::vector<MoeW4a16ExpertView> views;
+    for (size_t e = 0; e < ex.gate.size(); ++e) views.push_back({&ex.gate[e].w, &ex.up[e].w, &ex.down[e].w});
+    packed = moe_w4a16_upload(views, c.shape.hidden, c.shape.inter);
+  }
   testing::CublasFixture blas;
   const int64_t E = c.shape.n_experts, hidden = c.shape.hidden;
   for (int64_t n : c.token_counts) {
@@ -77,14 +86,17 @@ void run_grouped_case(const GroupedCase& c, uint64_t seed) {
       ASSERT_EQ(plan.row_begin[i], ref.r.offsets[s]) << what;
     }
     const std::vector<float> want = reference_moe(p, ex, r, x);
-    // Both GEMM entry points, each from freshly poisoned outputs and scratch.
-    for (MoeGroupedGemmApi api : {MoeGroupedGemmApi::kGrouped, MoeGroupedGemmApi::kPerExpert}) {
-      const std::string label = what + (api == MoeGroupedGemmApi::kGrouped ? " grouped" : " per-expert");
+    // Both GEMM entry points, each from freshly poisoned outputs and scratch; then the packed layout's copy.
+    std::vector<uint16_t> first_bits;
+    for (int run = 0; run < (packed ? 3 : 2); ++run) {
+      const MoeGroupedGemmApi api = run == 1 ? MoeGroupedGemmApi::kPerExpert : MoeGroupedGemmApi::kGrouped;
+      const std::string label = what + (run == 2 ? " w4a16 layout" : run == 0 ? " grouped" : " per-expert");
       for (cuda::DeviceBuffer* b : {&w.h, &w.y_perm, &d_out}) b->fill_bytes(0xff);
       GroupedBuffers bufs(plan);
       MoeGroupedArgs a;
       a.plan = &plan;
-      a.experts = ex.table.as<ExpertWeightsCuda>();
+      a.experts = run == 2 ? nullptr : ex.table.as<ExpertWeightsCuda>();
+      a.packed = run == 2 ? &packed->weights : nullptr;
       a.ws = w.ws;
       a.bufs = bufs.view;
       a.ctx = {blas.handle, blas.workspace.data(), blas.workspace.bytes(), api};
@@ -93,9 +105,12 @@ void run_grouped_case(const GroupedCase& c, uint64_t seed) {
       moe_combine_cuda(p, w.ws, d_out.data(), nullptr);
       BG_CUDA_CHECK(cudaDeviceSynchronize());
       EXPECT_EQ(w.error_word(), 0) << label;
-      const std::vector<float> got =
-          testing::from_bf16(cuda::download<uint16_t>(d_out, static_cast<size_t>(n * hidden)));
-      testing::expect_parity(got, want, testing::kTolBf16Out, label);
+      const std::vector<uint16_t> bits = cuda::download<uint16_t>(d_out, static_cast<size_t>(n * hidden));
+      testing::expect_parity(testing::from_bf16(bits), want, testing::kTolBf16Out, label);
+      if (run == 0) first_bits = bits;
+      if (run == 2) {
+        EXPECT_TRUE(bits == first_bits) << label << ": dequantized from the layout, not the same bits";
+      }
     }
   }
 }

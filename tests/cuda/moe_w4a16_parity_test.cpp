@@ -2,7 +2,8 @@
 // E8M0 scales around the weight scale), random routings giving 1, 2, 5, 16, 32 and 100 rows per expert and ragged
 // counts, Kimi-K3 latent (3584 <-> 3072, top-16, SiTU) and DeepSeek-V3 (7168 <-> 2048, top-8, SwiGLU) experts and
 // small odd shapes, bf16 / fp32 / accumulating outputs, poisoned outputs and scratch (NaN never passes). Then bitwise:
-// two runs, a CUDA-graph replay against eager, and a fixed split factor giving the same rows whatever the batch.
+// two runs, a CUDA-graph replay against eager, and a fixed split factor giving the same rows whatever the batch. Rows
+// out (an expert-parallel rank's rows) and blocks found through the table wherever they lie.
 // The K3 micro-benchmark at the end is DISABLED_ (run it on the H200, see docs/MOE_W4A16.md).
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
@@ -281,6 +282,87 @@ TEST(MoeW4a16Parity, FixedSplitsAreBatchInvariant) {
   testing::expect_parity(big.download_out(), ref, testing::kTolBf16Out, "batch of 40, fixed splits 4");
 }
 
+// Rows in, rows out (an expert-parallel rank, whose rows arrive grouped by slot): the gathered rows of a dispatch
+// through the kernel with rows_out give each row's unweighted expert output (the reference run as top-1 with weight 1
+// over the rows in dispatch order). The blocks are found through the table wherever they are: the layer's blocks copied in
+// reverse order into another allocation give the same bits; a touched slot without a block raises
+// kMoeErrorBadDescriptor and the launch stays in bounds.
+TEST(MoeW4a16Parity, RowsOutAndScatteredBlocks) {
+  BG_REQUIRE_GPU();
+  const int64_t hidden = 3584, inter = 3072, top_k = 16, E = 24;
+  const ExpertSet set = make_experts(E, hidden, inter, 6);
+  const MoeW4a16LayoutInfo& info = set.layer.weights.info;
+  // The same blocks, reversed, in another allocation.
+  cuda::DeviceBuffer moved(static_cast<size_t>(info.total_bytes));
+  std::vector<const void*> moved_ptrs(static_cast<size_t>(E));
+  for (int64_t s = 0; s < E; ++s) {
+    auto* dst = moved.as<uint8_t>() + (E - 1 - s) * info.block_bytes;
+    BG_CUDA_CHECK(cudaMemcpy(dst, set.layer.storage.as<uint8_t>() + s * info.block_bytes,
+                             static_cast<size_t>(info.block_bytes), cudaMemcpyDeviceToDevice));
+    moved_ptrs[static_cast<size_t>(s)] = dst;
+  }
+  const cuda::DeviceBuffer moved_table = cuda::upload(moved_ptrs);
+  for (int64_t n : {1, 3, 40}) {
+    const std::string what = fmt::format("rows out, {} tokens x top-{}", n, top_k);
+    Stream st;
+    Launch L;
+    const Routing r = make_routing(n, top_k, E, E, Pattern::kRandom, 100 + static_cast<uint64_t>(n));
+    prepare(L, set, hidden, inter, top_k, MoeW4a16Act::kSiTU, {n, Pattern::kRandom}, r, 100 + n, st.s);
+    moe_gather_cuda(L.mp, L.d_x.as<__nv_bfloat16>(), L.dws, st.s);
+    const MoeW4a16Params p = moe_w4a16_rows_params(L.mp);
+    cuda::DeviceBuffer ws_buf(moe_w4a16_workspace_bytes(p));
+    ws_buf.fill_bytes(0xff);
+    const MoeW4a16Workspace ws = moe_w4a16_workspace_layout(p, ws_buf.data());
+    moe_w4a16_workspace_init(ws, st.s);
+    const int64_t rows = n * top_k;
+    cuda::DeviceBuffer y(static_cast<size_t>(rows * hidden) * 2);
+    y.fill_bytes(0xff);
+    moe_w4a16_cuda(p, set.layer.weights, L.dws, {L.dws.x_perm, y.data()}, ws, st.s);
+    BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    const std::vector<uint16_t> bits = cuda::download<uint16_t>(y, static_cast<size_t>(rows * hidden));
+    // The rows in dispatch order: by expert, then (token, k).
+    std::vector<int32_t> row_expert;
+    std::vector<float> x_rows, ones;
+    for (int32_t e = 0; e < E; ++e) {
+      for (int64_t i = 0; i < rows; ++i) {
+        if (r.ids[static_cast<size_t>(i)] != e) continue;
+        row_expert.push_back(e);
+        const auto* xt = L.x.data() + (i / top_k) * hidden;
+        x_rows.insert(x_rows.end(), xt, xt + hidden);
+        ones.push_back(1.0f);
+      }
+    }
+    MoeW4a16Params q = p;
+    q.rows_out = false;
+    q.n_tokens = rows;
+    q.top_k = 1;
+    std::vector<float> ref(static_cast<size_t>(rows * hidden));
+    moe_w4a16_cpu(q, set.views, x_rows.data(), row_expert.data(), ones.data(), ref.data());
+    testing::expect_parity(testing::from_bf16(bits), ref, testing::kTolBf16Out, what);
+    EXPECT_EQ(L.dispatch->error_word(), 0) << what;
+
+    MoeW4a16Weights scattered = set.layer.weights;
+    scattered.blocks = moved_table.as<const void*>();
+    y.fill_bytes(0xff);
+    moe_w4a16_cuda(p, scattered, L.dws, {L.dws.x_perm, y.data()}, ws, st.s);
+    BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    EXPECT_TRUE(cuda::download<uint16_t>(y, bits.size()) == bits) << what << ": blocks elsewhere, other bits";
+  }
+  // A touched slot without a block: flagged, nothing read from a null pointer.
+  Stream st;
+  Launch L;
+  const Routing r = make_routing(2, top_k, E, E, Pattern::kSame, 130);
+  prepare(L, set, hidden, inter, top_k, MoeW4a16Act::kSiTU, {2, Pattern::kSame}, r, 130, st.s);
+  std::vector<const void*> holes = moved_ptrs;
+  for (int64_t j = 0; j < top_k; ++j) holes[static_cast<size_t>(r.ids[static_cast<size_t>(j)])] = nullptr;
+  const cuda::DeviceBuffer hole_table = cuda::upload(holes);
+  MoeW4a16Weights with_holes = set.layer.weights;
+  with_holes.blocks = hole_table.as<const void*>();
+  moe_w4a16_cuda(L.p, with_holes, L.dws, {L.d_x.as<__nv_bfloat16>(), L.d_out.data()}, L.ws, st.s);
+  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  EXPECT_EQ(L.dispatch->error_word(), kMoeErrorBadDescriptor);
+}
+
 TEST(MoeW4a16Parity, ZeroTokensAndBadInput) {
   BG_REQUIRE_GPU();
   const ExpertSet set = make_experts(4, 64, 64, 5);
@@ -301,6 +383,9 @@ TEST(MoeW4a16Parity, ZeroTokensAndBadInput) {
   MoeCudaParams fp8 = M.mp;
   fp8.expert_format = WeightFormat::kFp8Block;
   EXPECT_THROW(moe_w4a16_params(fp8), Error);
+  MoeW4a16Params rows_f32 = moe_w4a16_rows_params(M.mp);
+  rows_f32.out_f32 = true;  // rows out writes bf16 rows only
+  EXPECT_THROW(moe_w4a16_workspace_bytes(rows_f32), Error);
   MoeW4a16Params bad_splits = M.p;
   bad_splits.fixed_splits = 9;
   EXPECT_THROW(moe_w4a16_workspace_bytes(bad_splits), Error);

@@ -80,7 +80,7 @@ TEST(ExpertTable, SlotMapFollowsPlacementAndAssign) {
   const ExpertPlacement p = ExpertPlacement::contiguous(8, 2, 1);  // rank 1 holds experts 4..7
   ExpertTable table(*be, p, ex.weights);
   EXPECT_EQ(table.n_slots(), 4);
-  EXPECT_FALSE(table.all_local());  // an expert-parallel rank: the backend keeps no fused-kernel copy
+  EXPECT_FALSE(table.all_local());  // an expert-parallel rank
   EXPECT_TRUE(ExpertTable(*be, ExpertPlacement::contiguous(8, 1, 0), ex.weights).all_local());
   std::vector<int32_t> map(8);
   std::memcpy(map.data(), table.slot_map().data, 8 * sizeof(int32_t));

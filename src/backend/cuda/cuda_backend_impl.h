@@ -239,6 +239,8 @@ class CudaBackend final : public Backend {
     ops::LinearCudaParams p{x.rows(), y.dtype == DType::kF32 ? ops::LinearOutType::kF32 : ops::LinearOutType::kBf16,
                             ops::LinearPath::kAuto, deterministic_};
     const ops::DeviceWeight& d = desc(w);
+    BG_CHECK(d.data != nullptr, "cuda linear '{}': no device copy (a routed expert, held in the MoE layer's own layout)",
+             cuda::cuda_linear(w).host().name);
     size_t scratch_bytes = ops::linear_dequant_scratch_bytes(d, p);
     std::shared_ptr<void> scratch = scratch_bytes > 0 ? alloc_->allocate(scratch_bytes) : nullptr;
     ops::LinearCudaContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, scratch.get(), scratch_bytes};
@@ -307,7 +309,7 @@ class CudaBackend final : public Backend {
                          weights.as<float>(), stream_);
   }
   std::unique_ptr<ExpertSlots> prepare_experts(const ExpertWeights& by_slot) override {
-    return std::make_unique<CudaExpertSlots>(by_slot);
+    return std::make_unique<CudaExpertSlots>(by_slot, uploader());
   }
   void set_expert_slot(ExpertSlots& slots, int64_t slot, const LinearHandle& gate, const LinearHandle& up,
                        const LinearHandle& down) override {

@@ -24,6 +24,18 @@ bool fusable_linears(std::span<const QuantWeight* const> parts) {
 }
 
 PreparedLinears prepare_linears(WeightUploader& uploader, const LinearBatch& batch) {
+  if (batch.n_experts > 0 && moe_w4a16_wanted() && w4a16_packable(batch.weights)) {
+    // One layer's MXFP4 experts: nothing goes up now. prepare_experts packs them into the W4A16 layout, their only
+    // device copy, or uploads them as they are where the layer cannot use it (streamed slots).
+    PreparedLinears out;
+    for (const QuantWeight* w : batch.weights) {
+      ops::DeviceWeightStorage s;
+      s.desc = {w->format, w->n_out, w->n_in, nullptr, nullptr};
+      out.weights.push_back(std::make_unique<CudaLinear>(std::move(s), *w));
+    }
+    out.runs.resize(batch.runs.size());
+    return out;
+  }
   std::vector<LinearRun> glued;
   std::vector<bool> fuse(batch.runs.size());
   for (size_t i = 0; i < batch.runs.size(); ++i) {

@@ -3,6 +3,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 
@@ -59,45 +60,70 @@ void expect_bf16(const Tensor& t, const char* what) {
 
 }  // namespace
 
-CudaExpertSlots::CudaExpertSlots(const ExpertWeights& by_slot) {
+bool moe_w4a16_wanted() { return env_switch("BG_MOE_W4A16", true); }
+
+bool w4a16_packable(std::span<const QuantWeight* const> weights) {
+  return !weights.empty() && std::all_of(weights.begin(), weights.end(), [](const QuantWeight* w) {
+    return w->format == WeightFormat::kMxfp4 && w->n_in % kMxfp4GroupSize == 0 && w->n_out % kMxfp4GroupSize == 0;
+  });
+}
+
+CudaExpertSlots::CudaExpertSlots(const ExpertWeights& by_slot, WeightUploader& uploader) {
   BG_CHECK(by_slot.size() > 0, "prepare_experts: no experts");
+  std::vector<const QuantWeight*> all;
   for (int64_t s = 0; s < by_slot.size(); ++s) {
     auto i = static_cast<size_t>(s);
     host_.push_back(descs(*by_slot.gate[i], *by_slot.up[i], *by_slot.down[i]));
     views_.push_back({&cuda_linear(*by_slot.gate[i]).host(), &cuda_linear(*by_slot.up[i]).host(),
                       &cuda_linear(*by_slot.down[i]).host()});
+    all.insert(all.end(), {views_.back().gate, views_.back().up, views_.back().down});
   }
+  // Streamed slots are repointed while serving at checkpoint-format pool buffers: such a layer keeps its experts as
+  // they are. Otherwise MXFP4 experts the decode kernel takes live in its layout only (BG_MOE_W4A16=0 at load: never).
+  const bool pack = !by_slot.streamed && n_slots() <= 1024 && moe_w4a16_wanted() && w4a16_packable(all);
+  if (pack) {
+    const ops::DeviceWeight& g = gate0();
+    w4a16_ = ops::moe_w4a16_upload(views_, g.n_in, g.n_out);
+  } else {
+    upload_deferred(uploader);
+    log::debug("cuda moe: {} experts [{} x {}] {}: stage kernels (the W4A16 kernel takes unstreamed MXFP4 experts "
+               "with widths in multiples of 32)", n_slots(), gate0().n_out, gate0().n_in,
+               weight_format_name(gate0().format));
+  }
+  stages_ = std::all_of(host_.begin(), host_.end(), [](const ops::ExpertWeightsCuda& e) {
+    return e.gate.data != nullptr && e.up.data != nullptr && e.down.data != nullptr;
+  });
   dev_ = upload(host_);
-  // Streamed slots are repointed at every stage; the packed layout would be re-packed from host views each time. An
-  // expert-parallel rank never runs the fused kernel (its rows come through the exchange): no second copy there.
-  if (!by_slot.streamed && by_slot.all_local) pack_w4a16();
-  if (!by_slot.all_local) {
-    log::debug("cuda moe: {} experts of an expert-parallel rank: per-slot kernels only, no W4A16 layout", n_slots());
-  }
 }
 
-// The decode kernel's layout of the whole layer, when it applies (MXFP4, widths multiples of 32, <= 1024 slots).
-void CudaExpertSlots::pack_w4a16() {
-  const ops::DeviceWeight& g = gate0();
-  const bool eligible = g.format == WeightFormat::kMxfp4 && g.n_in % kMxfp4GroupSize == 0 &&
-                        g.n_out % kMxfp4GroupSize == 0 && n_slots() <= 1024;
-  if (!eligible) {
-    log::debug("cuda moe: {} experts [{} x {}] {}: stage kernels only (the W4A16 decode kernel takes MXFP4 with "
-               "widths in multiples of 32)", n_slots(), g.n_out, g.n_in, weight_format_name(g.format));
-    return;
+// prepare_linears left one layer's MXFP4 experts on the host (for the W4A16 layout); a layer that does not take the
+// layout gets them as they are, one allocation for the slots that have no device copy.
+void CudaExpertSlots::upload_deferred(WeightUploader& uploader) {
+  std::vector<size_t> slots;
+  std::vector<const QuantWeight*> weights;
+  for (size_t i = 0; i < host_.size(); ++i) {
+    if (host_[i].gate.data != nullptr && host_[i].up.data != nullptr && host_[i].down.data != nullptr) continue;
+    slots.push_back(i);
+    weights.insert(weights.end(), {views_[i].gate, views_[i].up, views_[i].down});
   }
-  w4a16_ = ops::moe_w4a16_upload(views_, g.n_in, g.n_out);
+  if (slots.empty()) return;
+  uploaded_ = uploader.upload(weights, static_cast<int64_t>(slots.size()));
+  for (size_t j = 0; j < slots.size(); ++j) {
+    host_[slots[j]] = {uploaded_[3 * j].desc, uploaded_[3 * j + 1].desc, uploaded_[3 * j + 2].desc};
+  }
 }
 
 void CudaExpertSlots::set(int64_t slot, const LinearHandle& gate, const LinearHandle& up, const LinearHandle& down,
                           cudaStream_t stream) {
   BG_CHECK(slot >= 0 && slot < n_slots(), "set_expert_slot: slot {} of {}", slot, n_slots());
+  BG_CHECK(!w4a16_, "set_expert_slot: the layer's experts live in the W4A16 layout (a layer whose slots are "
+           "repointed must be prepared as streamed)");
   const ops::ExpertWeightsCuda w = descs(gate, up, down);
   const ops::DeviceWeight& g = gate0();
   BG_CHECK(w.gate.format == g.format && w.gate.n_out == g.n_out && w.gate.n_in == g.n_in &&
-               w.down.n_out == host_[0].down.n_out && w.down.n_in == host_[0].down.n_in,
-           "set_expert_slot: slot {} gets a [{}, {}] {} expert; the layer's experts are [{}, {}] {}", slot,
-           w.gate.n_out, w.gate.n_in, weight_format_name(w.gate.format), g.n_out, g.n_in,
+               w.down.n_out == host_[0].down.n_out && w.down.n_in == host_[0].down.n_in && w.gate.data != nullptr,
+           "set_expert_slot: slot {} gets a [{}, {}] {} expert; the layer's experts are [{}, {}] {} on the device",
+           slot, w.gate.n_out, w.gate.n_in, weight_format_name(w.gate.format), g.n_out, g.n_in,
            weight_format_name(g.format));
   const auto i = static_cast<size_t>(slot);
   host_[i] = w;
@@ -105,10 +131,6 @@ void CudaExpertSlots::set(int64_t slot, const LinearHandle& gate, const LinearHa
   // The host mirror is the copy's source: pageable memory is staged before cudaMemcpyAsync returns.
   BG_CUDA_CHECK(cudaMemcpyAsync(dev_.as<ops::ExpertWeightsCuda>() + slot, &host_[i], sizeof(w),
                                 cudaMemcpyHostToDevice, stream));
-  if (w4a16_) {
-    BG_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old layout may be in use by queued kernels
-    pack_w4a16();
-  }
 }
 
 void moe_dispatch(const MoeContext& c, const Tensor& slot_map, const Tensor& ids, const Tensor& weights,
@@ -178,7 +200,8 @@ void run_grouped(const MoeContext& c, const CudaExpertSlots& slots, const ops::M
       static_cast<size_t>(std::min(per_group, slots.n_slots())) * ops::moe_grouped_expert_bytes(p.hidden, p.inter);
   ops::MoeGroupedArgs a;
   a.plan = &plan;
-  a.experts = slots.device();
+  a.experts = slots.stages() ? slots.device() : nullptr;
+  a.packed = slots.w4a16();  // preferred: the only copy of a packed layer
   a.ws = ws;
   a.ctx = c.blas;
   a.ctx.api = ops::moe_grouped_gemm_api(std::getenv("BG_MOE_GROUPED_GEMM"));
@@ -214,10 +237,20 @@ void moe_experts(const MoeContext& c, const CudaExpertSlots& slots, const GluSpe
   ws.x_perm = rows.as<bf16>();
   ws.h = static_cast<bf16*>(h.get());  // [n_pairs, inter] GLU outputs, freed in stream order
   ws.y_perm = y_rows.as<bf16>();
-  if (use_grouped(c, p)) {
+  const ops::MoeW4a16Weights* w = slots.w4a16();
+  if (use_grouped(c, p, w != nullptr)) {
     run_grouped(c, slots, p, ws);
     return;
   }
+  if (w != nullptr) {  // rows in, rows out: the rows an exchange delivered (or the stage path's gathered rows)
+    const ops::MoeW4a16Params wp = ops::moe_w4a16_rows_params(p, c.deterministic ? 1 : 0);
+    std::shared_ptr<void> mem = c.alloc->allocate(ops::moe_w4a16_workspace_bytes(wp));
+    const ops::MoeW4a16Workspace wws = ops::moe_w4a16_workspace_layout(wp, mem.get());
+    ops::moe_w4a16_workspace_init(wws, c.stream);
+    ops::moe_w4a16_cuda(wp, *w, ws, {rows.as<bf16>(), y_rows.data}, wws, c.stream);
+    return;
+  }
+  BG_CHECK(slots.stages(), "moe_experts: the layer's experts have no device copy for the stage kernels");
   ops::moe_expert_ffn_cuda(p, slots.device(), ws, c.stream);
 }
 
@@ -229,15 +262,6 @@ void moe_combine(const MoeContext& c, const MoeRouting& r, const Tensor& y_rows,
   ws.y_perm = y_rows.as<bf16>();
   ops::moe_combine_cuda(p, ws, out.data, c.stream);
 }
-
-namespace {
-
-// BG_MOE_W4A16=0 turns the fused decode kernel off (the stage kernels run instead): for triage on a GPU machine, and
-// for tests that compare with a model whose streamed layers have no packed copy. Read at every MoE call (a few
-// hundred nanoseconds a layer), so a test may set it at any point of the process.
-bool w4a16_enabled() { return env_switch("BG_MOE_W4A16", true); }
-
-}  // namespace
 
 MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu,
                               const MoeRouting& r, const Tensor& x, Tensor& out) {
@@ -253,9 +277,9 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
   // the fused kernel takes any row count (further passes over each expert's weights): 2.5x the stage kernels at 73
   // rows per expert (bench/RESULTS.md, batch 256). With the fused kernel at hand the grouped path waits for
   // kMoeGroupedMinRowsW4a16 rows per expert. Deterministic: the fused kernel whatever the row count (a choice
-  // by rows per expert depends on the batch).
-  const bool fused = c.deterministic || (w4a16_enabled() && !use_grouped(c, p, w != nullptr));
-  if (w == nullptr || !r.shape.all_local || !fused) {
+  // by rows per expert depends on the batch; use_grouped never picks the grouped path then).
+  const bool fused = w != nullptr && r.shape.all_local && !use_grouped(c, p, true);
+  if (!fused) {
     Tensor rows = Tensor{}, y = Tensor{};
     auto alloc_rows = [&] {
       Tensor t;

@@ -7,10 +7,12 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_allocator.h"
+#include "backend/cuda/weight_uploader.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/moe/moe_cuda.h"
 #include "ops/moe/moe_grouped_cuda.h"
@@ -34,26 +36,42 @@ class CudaLinear final : public LinearHandle {
 
 inline const CudaLinear& cuda_linear(const LinearHandle& h) { return static_cast<const CudaLinear&>(h); }
 
-// Expert weights by slot: the device descriptor array (uploaded when prepared, so graph capture never uploads), its
-// host mirror, and — when every slot is MXFP4 with widths the decode kernel takes — the layer's W4A16 layout.
+// BG_MOE_W4A16=0 keeps MXFP4 experts in the checkpoint's format on the device (the stage kernels run, not the W4A16
+// kernel): for triage and for comparisons that need the stage kernels' arithmetic on both sides. Read at load (when
+// a layer's experts are prepared), so it must be set before the model loads.
+bool moe_w4a16_wanted();
+// Whether the W4A16 layout can hold these expert weights (MXFP4, widths in multiples of 32).
+bool w4a16_packable(std::span<const QuantWeight* const> weights);
+
+// Expert weights by slot. A layer of MXFP4 experts the decode kernel takes (not streamed) lives in the W4A16 layout
+// only (prepare_linears left it on the host, one block per expert): every MoE path reads that copy (the fused kernel
+// at decode, with the fused combine on one rank or rows in / rows out behind an exchange; the grouped prefill path
+// dequantizes from it). Any other layer keeps the per-slot device copies and their descriptor array (uploaded when
+// prepared, so graph capture never uploads; rewritten in place by set), which the stage kernels read.
 class CudaExpertSlots final : public ExpertSlots {
  public:
-  explicit CudaExpertSlots(const ExpertWeights& by_slot);
+  CudaExpertSlots(const ExpertWeights& by_slot, WeightUploader& uploader);
   int64_t n_slots() const override { return static_cast<int64_t>(host_.size()); }
+  // The descriptor array (device); its data pointers are null for a layer in the W4A16 layout (stages() false).
   const ops::ExpertWeightsCuda* device() const { return dev_.as<ops::ExpertWeightsCuda>(); }
+  // Format and shape of the layer's experts (data pointers may be null, see device()).
   const ops::DeviceWeight& gate0() const { return host_[0].gate; }
   const ops::MoeW4a16Weights* w4a16() const { return w4a16_ ? &w4a16_->weights : nullptr; }
-  // Rewrites one slot in stream order (the W4A16 layout is re-packed from the slots' host views).
+  // Whether every slot has a device copy in the checkpoint's format (the stage kernels can run).
+  bool stages() const { return stages_; }
+  // Rewrites one slot in stream order (a layer prepared as streamed; not one in the W4A16 layout).
   void set(int64_t slot, const LinearHandle& gate, const LinearHandle& up, const LinearHandle& down,
            cudaStream_t stream);
 
  private:
-  void pack_w4a16();
+  void upload_deferred(WeightUploader& uploader);
 
   std::vector<ops::ExpertWeightsCuda> host_;
   std::vector<ops::MoeW4a16ExpertView> views_;
+  std::vector<ops::DeviceWeightStorage> uploaded_;  // slots prepare_linears left on the host, when not packed
   DeviceBuffer dev_;
   std::optional<ops::MoeW4a16DeviceLayer> w4a16_;
+  bool stages_ = false;
 };
 
 // The grouped prefill path's bf16 expert-weight scratch (ops/moe/moe_grouped.h): one per backend, i.e. per device,
@@ -100,12 +118,13 @@ void moe_dispatch(const MoeContext& c, const Tensor& slot_map, const Tensor& ids
 void moe_gather(const MoeContext& c, const MoeRouting& r, const Tensor& x, Tensor& rows);
 // The expert FFN over the gathered rows: the grouped prefill path (dequantize the touched experts once, cuBLAS grouped
 // GEMMs) when c has its resources, the stream is not capturing and the expected rows per expert reach
-// BG_MOE_GROUPED_MIN_ROWS (default ops::kMoeGroupedMinRowsDefault); the skinny / tiled kernels otherwise.
+// BG_MOE_GROUPED_MIN_ROWS (default ops::kMoeGroupedMinRowsDefault, or kMoeGroupedMinRowsW4a16 for a layer in the
+// W4A16 layout); else the W4A16 kernel with rows out for such a layer, the skinny / tiled kernels for the others.
 void moe_experts(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu, const MoeRouting& r,
                  const Tensor& rows, Tensor& y_rows);
 void moe_combine(const MoeContext& c, const MoeRouting& r, const Tensor& y_rows, Tensor& out);
-// Gather + experts + combine of an all-local routing: the fused W4A16 decode kernel where it applies (MXFP4 slots,
-// few rows per expert), the three stage kernels otherwise. Returns which ran (for logs and tests).
+// Gather + experts + combine of an all-local routing: the fused W4A16 kernel where the layer has the layout (unless
+// the grouped prefill path takes the call), the three stage kernels otherwise. Returns which ran (logs and tests).
 enum class MoeLocalPath : uint8_t { kW4a16, kStages };
 MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu,
                               const MoeRouting& r, const Tensor& x, Tensor& out);

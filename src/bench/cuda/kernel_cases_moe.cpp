@@ -3,6 +3,8 @@
 //   router_topk         the top-16 of 896 router (fp32 logits -> ids, weights)
 //   moe_decode_w4a16    the fused W4A16 kernel (gate/up + GLU, down + weighted combine; dispatch done in setup) over
 //                       the load-time layout, what Backend::moe_routed_local runs at decode (ops/moe_w4a16)
+//   moe_decode_w4a16_rows  the same kernel with rows in / rows out (gather in setup, no combine): what an
+//                       expert-parallel rank runs on the rows the exchange delivered (Backend::moe_experts)
 //   moe_decode_stages   the stage kernels' expert FFN alone (dispatch and gather done in setup), decode batches
 //   moe_decode_routed   dispatch + gather + stage FFN + combine (the path when the fused kernel is not preferred)
 //   moe_prefill_tiled   the tiled stage kernel (weights dequantized per tile in shared memory) at prefill token counts
@@ -105,7 +107,7 @@ double ffn_bytes(int64_t n_tokens, int64_t touched) {
   return d(touched) * expert_bytes() + slots * d(kLatent + 2 * kInter + kLatent) * 2;
 }
 
-enum class MoePart { kW4a16, kFfn, kRouted, kDispatch, kGrouped, kGroupedPerExpert, kGroupedDequant };
+enum class MoePart { kW4a16, kW4a16Rows, kFfn, kRouted, kDispatch, kGrouped, kGroupedPerExpert, kGroupedDequant };
 
 // The grouped path over a dispatched, gathered workspace: its plan (the row counts read once here, outside the
 // captured launches), scratch and pointer arrays. Launch = the whole FFN (dequant included) or the dequant alone.
@@ -160,7 +162,8 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
   c.set_bytes = d(kExperts) * expert_bytes();  // far beyond the L2: one set
   // Decode (a few rows per expert) is bound by the weight bytes: its compute reference is the dense GEMM peak, not the
   // grouped GEMM at the same rows per expert (itself memory-bound there, so a 4-bit kernel would score above 1).
-  c.compute_ref = part == MoePart::kW4a16 || n_tokens <= 256 ? ComputeRef::kGemm : ComputeRef::kGroupedGemm;
+  const bool w4a16 = part == MoePart::kW4a16 || part == MoePart::kW4a16Rows;
+  c.compute_ref = w4a16 || n_tokens <= 256 ? ComputeRef::kGemm : ComputeRef::kGroupedGemm;
   c.rows_per_expert = std::max<int64_t>(1, n_tokens * kTopK / kExperts);
   c.prepare = [=](const CudaEnv& env, CaseMemory& mem, int) {
     const MoeCudaParams p = moe_params(n_tokens);
@@ -178,19 +181,27 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
     const double flops = 2.0 * d(n_tokens * kTopK) * expert_params();
     const double io = d(n_tokens * kLatent) * 2 * 2;  // x in, out read-modify-written
     const double slots = d(n_tokens * kTopK);
-    if (part == MoePart::kW4a16) {
+    if (w4a16) {
       // Random bytes in the load-time layout (codes and stored scales): timing does not depend on the values.
       ops::MoeW4a16Weights w;
       w.info = ops::moe_w4a16_layout_info(kExperts, kLatent, kInter);
-      w.data = mem.bytes(z(w.info.total_bytes));
-      const ops::MoeW4a16Params wp = ops::moe_w4a16_params(p);
+      const uint8_t* base = mem.bytes(z(w.info.total_bytes));
+      std::vector<const void*> blocks;
+      for (int64_t e = 0; e < kExperts; ++e) blocks.push_back(base + e * w.info.block_bytes);
+      w.blocks = mem.upload(blocks);
+      // Rows out: an expert-parallel rank's case, its rows already in dispatch order (gathered here, in setup).
+      const bool rows = part == MoePart::kW4a16Rows;
+      if (rows) ops::moe_gather_cuda(p, x, ws, env.stream);
+      const ops::MoeW4a16Params wp = rows ? ops::moe_w4a16_rows_params(p) : ops::moe_w4a16_params(p);
       const ops::MoeW4a16Workspace wws =
           ops::moe_w4a16_workspace_layout(wp, mem.zeros(ops::moe_w4a16_workspace_bytes(wp)));
       // Packed bytes of the touched experts + x in + out read-modify-written (h stays on chip or in L2).
       k.cost = {d(routing.touched) * d(w.info.gate_up.slot_bytes + w.info.down.slot_bytes) + io, flops};
+      const bf16* in = rows ? ws.x_perm : x;
+      void* dst = rows ? static_cast<void*>(ws.y_perm) : out;
       k.launch = [=](int, cudaStream_t s) {
         (void)disp;
-        ops::moe_w4a16_cuda(wp, w, ws, {x, out}, wws, s);
+        ops::moe_w4a16_cuda(wp, w, ws, {in, dst}, wws, s);
       };
       return k;
     }
@@ -202,6 +213,7 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
     }
     switch (part) {
       case MoePart::kW4a16:
+      case MoePart::kW4a16Rows:
       case MoePart::kGrouped:
       case MoePart::kGroupedPerExpert:
       case MoePart::kGroupedDequant:
@@ -270,6 +282,7 @@ void register_moe_cases(KernelRegistry& r, bool quick) {
   const std::vector<int64_t> decode = quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 16, 64};
   for (int64_t b : decode) r.add(router_case(b));
   for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16", b, MoePart::kW4a16));
+  for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16_rows", b, MoePart::kW4a16Rows));
   for (int64_t b : decode) r.add(moe_case("moe_decode_stages", b, MoePart::kFfn));
   for (int64_t b : decode) r.add(moe_case("moe_decode_routed", b, MoePart::kRouted));
   const std::vector<int64_t> prefill =

@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "ops/linear/linear_cuda_device.cuh"
 #include "ops/moe/moe_glu_device.cuh"
+#include "ops/moe_w4a16/moe_w4a16_layout.h"
 
 namespace bg::ops {
 namespace {
@@ -66,6 +67,70 @@ __global__ void __launch_bounds__(kThreads) grouped_dequant_kernel(const ExpertW
       *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(tmp);
     } else {
       for (int q = 0; q < 8 && k0 + q < n_in; ++q) d[q] = __float2bfloat16(v[q] * s);
+    }
+  }
+}
+
+// The same scratch from the W4A16 expert blocks (moe_w4a16.h): thread i of a matrix decodes one lane's 16 code bytes of
+// one tile of one stage block (rows g and g + 8, the 16 inputs 16 t .. 16 t + 15 of the stage) exactly as the decode
+// kernel does (w4::decode_word, the stored scale, 2^scale_shift), i.e. bf16(code * scale) bit for bit. grid.y: the
+// group's experts x 2 (gate/up, down).
+__global__ void __launch_bounds__(kThreads) grouped_dequant_w4a16_kernel(const void* const* blocks, GroupSlots g,
+                                                                         MoeW4a16LayoutInfo info, bf16* dst,
+                                                                         int32_t* error_flags) {
+  const int j = static_cast<int>(blockIdx.y) / 2;
+  const bool gate_up = blockIdx.y % 2 == 0;
+  const auto* block = static_cast<const uint8_t*>(blocks[g.slot[j]]);
+  if (block == nullptr) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) atomicOr(error_flags, kMoeErrorBadDescriptor);
+    return;
+  }
+  const MoeW4a16MatrixInfo& m = gate_up ? info.gate_up : info.down;
+  const int64_t H = info.hidden, I = info.inter;
+  bf16* out = dst + static_cast<int64_t>(j) * 3 * H * I + (gate_up ? 0 : 2 * I * H);
+  const float shift = exp2f(static_cast<float>(m.scale_shift));
+  constexpr int kLaneTiles = w4::kWarps * w4::kMTiles * 32;  // per stage block
+  const int64_t n = static_cast<int64_t>(m.n_items) * m.n_kstages * kLaneTiles;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t stage = i / kLaneTiles;
+    const int in_stage = static_cast<int>(i % kLaneTiles);
+    const int lane = in_stage & 31, mt = (in_stage >> 5) % w4::kMTiles, warp = in_stage >> 5 >> 2;
+    const int item = static_cast<int>(stage / m.n_kstages), kstage = static_cast<int>(stage % m.n_kstages);
+    const uint8_t* sb = block + m.offset_bytes + stage * w4::kStageBytes;
+    const uint4 q = *reinterpret_cast<const uint4*>(sb + w4::code_offset(warp, mt, lane));
+    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+    const int g8 = lane >> 2, t = lane & 3;
+    int64_t rows[2];
+    float scales[2];
+    for (int rh = 0; rh < 2; ++rh) {
+      const int r16 = g8 + 8 * rh;
+      rows[rh] = gate_up ? w4::gate_up_column(item, warp, mt, r16) : w4::down_row(item, warp, mt, r16);
+      const uint32_t s_bits = w4::scale_bf16x2(sb[w4::scale_offset(warp, g8, t >> 1, mt, rh)]) & 0xffffu;
+      scales[rh] = __uint_as_float(s_bits << 16);
+    }
+    const int64_t k0 = static_cast<int64_t>(kstage) * w4::kKStage + 16 * t;
+    if (k0 >= m.n_in) continue;  // padding inputs (n_in % 32 == 0: a thread's 16 are all real or all padding)
+    __align__(16) bf16 v[2][16];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      uint32_t r[4];
+      w4::decode_word(words[ks], r);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const auto lane_bits = static_cast<uint32_t>(r[e >> 1] >> (16 * (e & 1))) & 0xffffu;
+        const int rh = w4::element_row_half(e);
+        // As the kernel: the bf16 product (mul.rn.bf16x2), then its fp32 accumulators' 2^shift.
+        const float prod = __bfloat162float(__float2bfloat16(__uint_as_float(lane_bits << 16) * scales[rh]));
+        v[rh][w4::element_k(t, ks, e) - 16 * t] = __float2bfloat16(prod * shift);
+      }
+    }
+    for (int rh = 0; rh < 2; ++rh) {
+      if (rows[rh] >= m.n_out) continue;  // padding rows
+      const bool up = gate_up && w4::gate_up_is_up(mt);
+      bf16* d = out + (rows[rh] + (up ? I : 0)) * m.n_in + k0;
+      reinterpret_cast<uint4*>(d)[0] = reinterpret_cast<const uint4*>(v[rh])[0];
+      reinterpret_cast<uint4*>(d)[1] = reinterpret_cast<const uint4*>(v[rh])[1];
     }
   }
 }
@@ -146,7 +211,7 @@ void grouped_gemm(const MoeGroupedContext& ctx, const GroupedGemm& g, cudaStream
 }
 
 void check_args(const MoeCudaParams& p, const MoeGroupedArgs& a) {
-  BG_CHECK(a.plan != nullptr && a.experts != nullptr, "moe grouped: null plan or expert table");
+  BG_CHECK(a.plan != nullptr && (a.experts != nullptr || a.packed != nullptr), "moe grouped: null plan or experts");
   const MoeGroupedPlan& plan = *a.plan;
   BG_CHECK(plan.hidden == p.hidden && plan.inter == p.inter,
            "moe grouped: plan for experts [{} -> {}] launched with [{} -> {}]", plan.hidden, plan.inter, p.hidden,
@@ -174,6 +239,22 @@ void launch_dequant(const MoeCudaParams& p, const MoeGroupedArgs& a, const MoeGr
   const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(3 * g.n_experts));
   grouped_dequant_kernel<F><<<grid, kThreads, 0, stream>>>(a.experts, slots, p.hidden, p.inter, a.bufs.weights,
                                                            a.ws.error_flags);
+  BG_CUDA_CHECK_LAUNCH();
+}
+
+void launch_dequant_w4a16(const MoeCudaParams& p, const MoeGroupedArgs& a, const MoeGroupedGroup& g,
+                          cudaStream_t stream) {
+  const MoeW4a16Weights& w = *a.packed;
+  BG_CHECK(w.info.version == kMoeW4a16LayoutVersion && w.info.hidden == p.hidden && w.info.inter == p.inter &&
+               w.info.n_slots == p.shape.n_slots && w.blocks != nullptr,
+           "moe grouped: W4A16 layout v{} of {} experts [{} -> {}] for a call over {} slots [{} -> {}]",
+           w.info.version, w.info.n_slots, w.info.hidden, w.info.inter, p.shape.n_slots, p.hidden, p.inter);
+  GroupSlots slots{};
+  for (int j = 0; j < g.n_experts; ++j) slots.slot[j] = a.plan->slots[static_cast<size_t>(g.first + j)];
+  const int x = grid_for(p.hidden * p.inter / 32, std::max(1, 2 * 132 * 8 / (2 * g.n_experts)));
+  const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(2 * g.n_experts));
+  grouped_dequant_w4a16_kernel<<<grid, kThreads, 0, stream>>>(w.blocks, slots, w.info, a.bufs.weights,
+                                                               a.ws.error_flags);
   BG_CUDA_CHECK_LAUNCH();
 }
 
@@ -244,6 +325,11 @@ void moe_grouped_dequant_cuda(const MoeCudaParams& p, const MoeGroupedArgs& a, s
   check_args(p, a);
   BG_CHECK(group < a.plan->groups.size(), "moe grouped: group {} of {}", group, a.plan->groups.size());
   const MoeGroupedGroup& g = a.plan->groups[group];
+  if (a.packed != nullptr) {
+    BG_CHECK(p.expert_format == WeightFormat::kMxfp4, "moe grouped: a W4A16 layout for {} experts",
+             weight_format_name(p.expert_format));
+    return launch_dequant_w4a16(p, a, g, stream);
+  }
   switch (p.expert_format) {
     case WeightFormat::kDense: return launch_dequant<WeightFormat::kDense>(p, a, g, stream);
     case WeightFormat::kFp8Block: return launch_dequant<WeightFormat::kFp8Block>(p, a, g, stream);

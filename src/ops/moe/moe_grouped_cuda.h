@@ -13,6 +13,7 @@
 
 #include "ops/moe/moe_cuda.h"
 #include "ops/moe/moe_grouped.h"
+#include "ops/moe_w4a16/moe_w4a16_cuda.h"
 
 namespace bg::ops {
 
@@ -48,6 +49,7 @@ struct MoeGroupedContext {
 struct MoeGroupedArgs {
   const MoeGroupedPlan* plan = nullptr;
   const ExpertWeightsCuda* experts = nullptr;  // device array [n_slots], as for moe_expert_ffn_cuda
+  const MoeW4a16Weights* packed = nullptr;     // or MXFP4 experts in the W4A16 layout (dequantized from it)
   MoeWorkspace ws;                             // x_perm, h, y_perm and error_flags are used
   MoeGroupedBuffers bufs;
   MoeGroupedContext ctx;
@@ -64,8 +66,8 @@ void moe_grouped_write_pointers(const MoeGroupedArgs& a, cudaStream_t stream);
 
 // Dequantizes the experts of group `group` into a.bufs.weights: expert j of the group at j * expert bytes, gate rows
 // [0, inter), up rows [inter, 2 inter) of a [2 inter, hidden] matrix, then down [hidden, inter]; value =
-// bf16(code * scale), as the tiled kernel rounds it. A descriptor that disagrees with p raises
-// kMoeErrorBadDescriptor and its matrix is not read.
+// bf16(code * scale), as the tiled kernel rounds it (from a.packed: the same bits). A descriptor that disagrees with
+// p, or a null block pointer, raises kMoeErrorBadDescriptor and its matrix is not read.
 void moe_grouped_dequant_cuda(const MoeCudaParams& p, const MoeGroupedArgs& a, size_t group, cudaStream_t stream);
 
 // The FFN over the plan: per group, dequant -> gu = x_perm W_gu^T (bf16 out) -> h = bf16(GLU(g, u)) in fp32 ->

@@ -1,6 +1,6 @@
-// Grouped W4A16 MXFP4 expert FFN for decode (few rows per expert): the versioned weight layout (one allocation per
-// MoE layer, all local experts, in the order the tensor-core kernel consumes it), its host-side builder and reader,
-// the op's POD params (shared by the CPU reference and the CUDA launcher) and the CPU reference.
+// Grouped W4A16 MXFP4 expert FFN (few rows per expert): the versioned weight layout (one contiguous block per expert,
+// in the order the tensor-core kernel consumes it), its host-side builder and reader, the op's POD params (shared by
+// the CPU reference and the CUDA launcher) and the CPU reference.
 // Kernel design, layout diagram and performance model: moe_w4a16_cuda.cu. Included by CPU and CUDA code.
 #pragma once
 
@@ -13,32 +13,35 @@
 
 namespace bg::ops {
 
-// Bump whenever a byte of the layout below changes meaning: the host weight store keeps this exact layout, and a
-// launcher refuses a layout of another version.
-inline constexpr uint32_t kMoeW4a16LayoutVersion = 1;
+// Bump whenever a byte of the layout below changes meaning: a launcher refuses a layout of another version.
+// 2: one block per expert (gate/up then down), found through a per-slot pointer table (1: projection-major layer).
+inline constexpr uint32_t kMoeW4a16LayoutVersion = 2;
 
 // The two projections of an expert: gate and up (interleaved per 16-row tile so one warp holds matching gate/up
 // accumulators for the fused GLU), and down.
 enum class MoeW4a16Proj : uint8_t { kGateUp, kDown };
 
-// One projection of every expert slot. The projection is cut into work items of 512 weight rows (gate/up: 256 gate
-// rows + the 256 up rows of the same intermediate columns; down: 512 output rows) and k-stages of 64 inputs; each
-// (slot, item, k-stage) is one contiguous 17408-byte block (16 KiB of E2M1 codes in mma.sync A-fragment order, then
-// 1 KiB of E8M0 scales), so a pipeline stage is one contiguous copy. Rows / inputs past the real shape are zero
-// codes (padding; none at the DeepSeek-V3 and Kimi-K3 shapes).
+// One projection of an expert. The projection is cut into work items of 512 weight rows (gate/up: 256 gate rows + the
+// 256 up rows of the same intermediate columns; down: 512 output rows) and k-stages of 64 inputs; each (item, k-stage)
+// is one contiguous 17408-byte block (16 KiB of E2M1 codes in mma.sync A-fragment order, then 1 KiB of E8M0 scales),
+// so a pipeline stage is one contiguous copy. Rows / inputs past the real shape are zero codes (padding; none at the
+// DeepSeek-V3 and Kimi-K3 shapes).
 struct MoeW4a16MatrixInfo {
   int64_t n_out = 0;         // gate/up: inter (intermediate columns of h); down: hidden
   int64_t n_in = 0;          // gate/up: hidden; down: inter
   int32_t n_items = 0;       // gate/up: ceil(inter / 256); down: ceil(hidden / 512)
   int32_t n_kstages = 0;     // ceil(n_in / 64)
-  int64_t offset_bytes = 0;  // from the start of the layer's allocation
-  int64_t slot_bytes = 0;    // n_items * n_kstages * 17408
+  int64_t offset_bytes = 0;  // from the start of an expert's block
+  int64_t slot_bytes = 0;    // of one expert: n_items * n_kstages * 17408
   // Stored scale bytes are s' = s + 126 - scale_shift (s = the checkpoint's E8M0 exponent); the kernel multiplies its
   // fp32 accumulators by 2^scale_shift. 0 unless some scale of the projection exceeds 2^1 (s > 128), see the .cu.
   int32_t scale_shift = 0;
 };
 
-// POD descriptor of one MoE layer's re-laid-out experts (the launcher's view; the device pointer travels beside it).
+// POD descriptor of one MoE layer's re-laid-out experts (the launcher's view; the blocks' device pointers travel
+// beside it). Each expert is one block of block_bytes: gate/up at gate_up.offset_bytes (0), down at
+// down.offset_bytes, 256-byte aligned; a block can live anywhere (a layer's allocation, a streamed-expert buffer).
+// Packed contiguously (moe_w4a16_pack), slot s's block is at s * block_bytes of total_bytes.
 struct MoeW4a16LayoutInfo {
   uint32_t version = kMoeW4a16LayoutVersion;
   int64_t n_slots = 0;  // local experts, indexed by the dispatch's expert id 0..n_slots-1
@@ -46,7 +49,8 @@ struct MoeW4a16LayoutInfo {
   int64_t inter = 0;    // expert intermediate width (2048; 3072)
   MoeW4a16MatrixInfo gate_up;
   MoeW4a16MatrixInfo down;
-  int64_t total_bytes = 0;  // of the whole allocation (256-byte aligned parts)
+  int64_t block_bytes = 0;  // one expert (a multiple of 256)
+  int64_t total_bytes = 0;  // n_slots * block_bytes
 };
 
 // One expert's weights as loaded from the checkpoint (views; all MXFP4): gate/up [inter, hidden], down [hidden, inter].
@@ -59,16 +63,27 @@ struct MoeW4a16ExpertView {
 // The layout geometry for a shape (scale shifts 0). Throws for widths that are not positive multiples of 32.
 MoeW4a16LayoutInfo moe_w4a16_layout_info(int64_t n_slots, int64_t hidden, int64_t inter);
 
-// Builds the layout of experts [0, n_slots) into `dst` (info.total_bytes, host memory; uploaded as one allocation).
-// Checks every expert's format (MXFP4) and shape, and rejects an E8M0 scale of 0xFF (NaN) naming expert, projection,
-// row and group. Returns the info with the scale shifts it chose. Parallel over slots. Writes every byte of dst (the
-// alignment gaps as zeros), so dst need not be initialised.
+// The layout of experts [0, n_slots) with the scale shifts they need (one per projection, over every expert, so any
+// expert's block can go into any slot of the layer). Checks every expert's format (MXFP4) and shape, and rejects an
+// E8M0 scale of 0xFF (NaN) naming expert, projection, row and group.
+MoeW4a16LayoutInfo moe_w4a16_layer_info(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter);
+
+// Packs one expert (checked as above; its scales must fit info's shifts) into `block` (info.block_bytes). Writes every
+// byte (the alignment gaps as zeros), so the block need not be initialised. Parallel over the expert's stage blocks.
+void moe_w4a16_pack_expert(const MoeW4a16LayoutInfo& info, const MoeW4a16ExpertView& expert, int64_t slot,
+                           std::span<std::byte> block);
+
+// moe_w4a16_layer_info, then every expert's block into `dst` (info.total_bytes, host memory), slot s at
+// s * block_bytes. Returns the info.
 MoeW4a16LayoutInfo moe_w4a16_pack(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter,
                                   std::span<std::byte> dst);
 
-// Reads a projection of one slot back out of a layout, decoding exactly as the kernel does (bit placement, scale
+// Reads a projection of one expert back out of its block, decoding exactly as the kernel does (bit placement, scale
 // fold, 2^scale_shift): fp32 [n_out, n_in], or for gate/up the gate (which = 0) or up (which = 1) half. For tests
 // and debugging: a correct layout gives back QuantWeight::decode_all() bit for bit.
+std::vector<float> moe_w4a16_unpack_block(const MoeW4a16LayoutInfo& info, std::span<const std::byte> block,
+                                          MoeW4a16Proj proj, int which = 0);
+// The same for slot `slot` of a contiguous layer (info.total_bytes).
 std::vector<float> moe_w4a16_unpack(const MoeW4a16LayoutInfo& info, std::span<const std::byte> layout, int64_t slot,
                                     MoeW4a16Proj proj, int which = 0);
 
@@ -93,6 +108,11 @@ struct MoeW4a16Params {
   // finishes). Same results bit for bit (tested), and faster on the H200: 0.467 -> 0.491 of read at 1 row per expert,
   // 0.435 -> 0.458 at 4, 0.319 -> 0.325 at 16, equal at 32 (MoeW4a16Bench, bench/RESULTS.md 2026-12-02 13:02).
   bool pdl = true;
+  // Rows in, rows out (an expert-parallel rank, whose rows arrive through the exchange already grouped by slot): x is
+  // [n_tokens * top_k, hidden] in the dispatch's row order (no gather), and out[row] = bf16(expert(x[row])), unweighted
+  // (the exchange's combine applies the weights). n_tokens bounds the rows of one expert (the tokens of every rank);
+  // out must be bf16 and accumulate false. Only the dispatch's offsets / active / n_active are read.
+  bool rows_out = false;
 };
 
 // Throws naming the bad field.
@@ -102,12 +122,12 @@ void moe_w4a16_check_params(const MoeW4a16Params& p);
 struct MoeW4a16WorkspaceGeometry {
   int32_t nb_cap = 1;           // n8 token blocks per pass: min(4, ceil(n_tokens / 8))
   int64_t tile_counters = 0;    // split-K arrival counters: touched experts x items
-  int64_t token_counters = 0;   // combine counters: n_tokens x down items
+  int64_t token_counters = 0;   // combine counters: n_tokens x down items (0 with rows out)
   int64_t partial_slots = 0;    // split-K partial sums: the most any touched-expert count asks for, + per-CTA slots
   int64_t seq_slot_base = 0;    // first per-CTA running-sum slot (fixed splits with > 32 tokens)
   int64_t slot_floats = 0;      // 4 tiles x nb_cap x 256 threads x 4
   int64_t rows = 0;             // n_tokens x top_k permuted rows (h, y)
-  int32_t table_entries = 0;    // the most items one CTA takes (its item table in shared memory, 16 B each)
+  int32_t table_entries = 0;    // the most items one CTA takes (its item table in shared memory, 24 B each)
 };
 MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, int grid);
 

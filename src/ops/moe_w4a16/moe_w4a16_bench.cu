@@ -179,11 +179,14 @@ MoeW4a16BenchResult moe_w4a16_bench_k3(const MoeW4a16BenchConfig& cfg) {
   MoeW4a16Weights w;
   w.info = moe_w4a16_layout_info(cfg.n_slots, cfg.hidden, cfg.inter);
   cuda::DeviceBuffer storage(static_cast<size_t>(w.info.total_bytes));
-  w.data = storage.data();
-  for (const MoeW4a16MatrixInfo* m : {&w.info.gate_up, &w.info.down}) {
-    fill_layout_kernel<<<1024, 256, 0, stream>>>(storage.as<uint8_t>() + m->offset_bytes, m->slot_bytes * cfg.n_slots,
-                                                 0);
-    BG_CUDA_CHECK_LAUNCH();
+  const cuda::DeviceBuffer table = moe_w4a16_block_table(storage.data(), w.info);
+  w.blocks = table.as<const void*>();
+  for (int64_t e = 0; e < cfg.n_slots; ++e) {
+    for (const MoeW4a16MatrixInfo* m : {&w.info.gate_up, &w.info.down}) {
+      fill_layout_kernel<<<256, 256, 0, stream>>>(storage.as<uint8_t>() + e * w.info.block_bytes + m->offset_bytes,
+                                                  m->slot_bytes, 0);
+      BG_CUDA_CHECK_LAUNCH();
+    }
   }
   r.read_ceiling_gbps = read_ceiling_gbps(storage.data(), w.info.total_bytes / 16 * 16, stream);
   r.bytes_per_launch = static_cast<double>(cfg.touched) * (w.info.gate_up.slot_bytes + w.info.down.slot_bytes);

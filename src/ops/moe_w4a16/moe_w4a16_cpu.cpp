@@ -50,11 +50,14 @@ void moe_w4a16_check_params(const MoeW4a16Params& p) {
            "moe_w4a16: SiTU beta {} and beta_lin {} must be positive", p.beta, p.beta_lin);
   BG_CHECK(p.fixed_splits >= 0 && p.fixed_splits <= 8, "moe_w4a16: fixed_splits {} (0 = auto, 1..8)",
            p.fixed_splits);
+  BG_CHECK(!p.rows_out || (!p.out_f32 && !p.accumulate),
+           "moe_w4a16: rows out writes bf16 rows (out_f32 {}, accumulate {})", p.out_f32, p.accumulate);
 }
 
 void moe_w4a16_cpu(const MoeW4a16Params& p, std::span<const MoeW4a16ExpertView> experts, const float* x,
                    const int32_t* ids, const float* weights, float* out) {
   moe_w4a16_check_params(p);
+  BG_CHECK(!p.rows_out, "moe_w4a16_cpu: rows out is the case top_k = 1, weights 1 (pass it that way)");
   BG_CHECK(static_cast<int64_t>(experts.size()) == p.n_experts, "moe_w4a16_cpu: {} expert views for {} experts",
            experts.size(), p.n_experts);
   if (p.n_tokens == 0) return;

@@ -70,9 +70,8 @@ constexpr int kSmemBytes = kStages * kBufBytes;  // 132096
 
 // Everything a launch needs, by value (POD).
 struct KernelArgs {
-  const uint8_t* weights = nullptr;  // this projection: layer base + offset
-  int64_t slot_bytes = 0;
-  ScheduleParams sched;              // items, k-stages, nb_cap, splits policy, dispatch active / offsets
+  int64_t proj_offset = 0;           // this projection's offset in an expert block
+  ScheduleParams sched;              // items, k-stages, nb_cap, splits policy, dispatch active / offsets, blocks
   int64_t n_in = 0, n_out = 0;       // activation width; output width (gate/up: inter; down: hidden)
   float out_scale = 1.0f;            // 2^scale_shift
   const __nv_bfloat16* act = nullptr;  // gate/up: x [n_tokens, hidden]; down: h [rows, inter]
@@ -83,6 +82,7 @@ struct KernelArgs {
   int table_cap = 0;                 // item table entries in dynamic shared memory (after the pipeline's buffers)
   void* out = nullptr;
   bool out_f32 = false, accumulate = false;
+  bool rows_out = false;             // MoeW4a16Params::rows_out: x is the rows, out the unweighted bf16 rows
   MoeW4a16Act act_kind = MoeW4a16Act::kSwiGLU;
   float beta = 4.0f, beta_lin = 25.0f;
 };
@@ -99,19 +99,18 @@ struct Producer {
 
 // First stage of a pass: thread tid copies weight bytes tid * 16 + i * 4096 (and scale bytes tid * 16 for the first 64
 // threads) and activation chunk (tid & 7) of row (tid >> 3); gate/up rows come straight from x through row_token (the
-// gather is fused here), down rows from h.
+// gather is fused here; with rows out x is already in row order), down rows from h.
 template <bool kGateUp>
 __device__ __forceinline__ void producer_start_pass(Producer& p, const KernelArgs& a) {
   const int tid = static_cast<int>(threadIdx.x);
   const Cursor& c = p.c;
-  p.w = a.weights + static_cast<int64_t>(c.e) * a.slot_bytes +
-        (static_cast<int64_t>(c.m) * a.sched.n_kstages + c.ks) * kStageBytes + tid * 16;
+  p.w = c.block + a.proj_offset + (static_cast<int64_t>(c.m) * a.sched.n_kstages + c.ks) * kStageBytes + tid * 16;
   const int row = tid >> 3;
   p.k = static_cast<int64_t>(c.ks) * kKStage + (tid & 7) * 8;
   p.act = nullptr;
   if (row < c.chunk_rows) {
     const int prow = c.chunk_row0 + row;
-    const int64_t act_row = kGateUp ? static_cast<int64_t>(a.d.row_token[prow]) : prow;
+    const int64_t act_row = kGateUp && !a.rows_out ? static_cast<int64_t>(a.d.row_token[prow]) : prow;
     p.act = a.act + act_row * a.n_in + p.k;
   }
 }
@@ -235,6 +234,24 @@ __device__ void store_h(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a
       }
 }
 
+// down with rows out: out[row, col] = bf16(2^shift acc), no combine.
+template <int NB>
+__device__ void store_rows(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a) {
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  auto* out = static_cast<__nv_bfloat16*>(a.out);
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int n = nb * 8 + (lane & 3) * 2 + (i & 1);
+        const int64_t col = down_row(c.m, warp, mt, (lane >> 2) + (i >> 1) * 8);
+        if (n >= c.chunk_rows || col >= a.n_out) continue;
+        out[static_cast<int64_t>(c.chunk_row0 + n) * a.n_out + col] = __float2bfloat16(acc[mt][nb][i] * a.out_scale);
+      }
+}
+
 // down: y[row, col] (fp32); then the fused combine of every token whose last slot this pass completed.
 template <int NB>
 __device__ void store_y_and_combine(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a, int* s_done) {
@@ -339,6 +356,8 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
   if (reduce_splits<NB>(acc, k.c, a, pl, s_flag)) {
     if constexpr (kGateUp) {
       store_h<NB>(acc, k.c, a);
+    } else if (a.rows_out) {
+      store_rows<NB>(acc, k.c, a);
     } else {
       store_y_and_combine<NB>(acc, k.c, a, s_done);
     }
@@ -362,7 +381,12 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const __grid_con
     return;
   }
   for (int k = static_cast<int>(threadIdx.x); k < count; k += kThreads) {
-    table[k] = make_entry(a.sched, pl, static_cast<int>(blockIdx.x) + k * grid);
+    ItemEntry en = make_entry(a.sched, pl, static_cast<int>(blockIdx.x) + k * grid);
+    if (en.block == nullptr && en.rows > 0) {  // a slot without weights: its rows are skipped (every item alike)
+      atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
+      en.rows = 0;
+    }
+    table[k] = en;
   }
   __syncthreads();
 
@@ -449,7 +473,7 @@ WsOffsets ws_offsets(const MoeW4a16Params& p, const MoeW4a16WorkspaceGeometry& s
   o.partials = align256(static_cast<size_t>(s.tile_counters + s.token_counters) * sizeof(int32_t));
   o.h = o.partials + align256(static_cast<size_t>(s.partial_slots * s.slot_floats) * sizeof(float));
   o.y = o.h + align256(static_cast<size_t>(s.rows * p.inter) * sizeof(__nv_bfloat16));
-  o.total = o.y + align256(static_cast<size_t>(s.rows * p.hidden) * sizeof(float));
+  o.total = o.y + align256(static_cast<size_t>(p.rows_out ? 0 : s.rows * p.hidden) * sizeof(float));  // y: combine
   return o;
 }
 
@@ -468,9 +492,9 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
                        const MoeW4a16Args& args, const MoeW4a16Workspace& ws, MoeW4a16Proj proj) {
   KernelArgs k;
   const MoeW4a16MatrixInfo& m = proj == MoeW4a16Proj::kGateUp ? w.info.gate_up : w.info.down;
-  k.weights = static_cast<const uint8_t*>(w.data) + m.offset_bytes;
-  k.slot_bytes = m.slot_bytes;
-  k.sched = schedule_params(m.n_items, m.n_kstages, ws.nb_cap, p.fixed_splits, p.n_tokens, d.active, d.offsets);
+  k.proj_offset = m.offset_bytes;
+  k.sched = schedule_params(m.n_items, m.n_kstages, ws.nb_cap, p.fixed_splits, p.n_tokens, d.active, d.offsets,
+                            w.blocks);
   k.n_in = m.n_in;
   k.n_out = m.n_out;
   k.out_scale = std::ldexp(1.0f, m.scale_shift);
@@ -483,6 +507,7 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   k.out = args.out;
   k.out_f32 = p.out_f32;
   k.accumulate = p.accumulate;
+  k.rows_out = p.rows_out;
   k.act_kind = p.act;
   k.beta = p.beta;
   k.beta_lin = p.beta_lin;
@@ -541,11 +566,11 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
            w.info.hidden, w.info.inter, p.n_experts, p.hidden, p.inter);
   check_workspace(p, ws);
   if (p.n_tokens == 0) return;
-  BG_CHECK(w.data && cuda::aligned_to(w.data, 16) && args.x && cuda::aligned_to(args.x, 16) && args.out &&
-               cuda::aligned_to(args.out, 16),
-           "moe_w4a16_cuda: weights {}, x {} and out {} must be non-null and 16-byte aligned", w.data,
-           static_cast<const void*>(args.x), args.out);
-  BG_CHECK(d.offsets && d.active && d.n_active && d.row_token && d.row_weight && d.slot_row,
+  BG_CHECK(w.blocks && args.x && cuda::aligned_to(args.x, 16) && args.out && cuda::aligned_to(args.out, 16),
+           "moe_w4a16_cuda: block table {}, x {} and out {} must be non-null (x and out 16-byte aligned)",
+           static_cast<const void*>(w.blocks), static_cast<const void*>(args.x), args.out);
+  BG_CHECK(d.offsets && d.active && d.n_active && d.error_flags &&
+               (p.rows_out || (d.row_token && d.row_weight && d.slot_row)),
            "moe_w4a16_cuda: the dispatch workspace is incomplete");
   const int smem = smem_bytes(ws);
   set_smem_attribute<true>(smem);
@@ -574,11 +599,13 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
   BG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_w4a16_kernel<false>, dn));
 }
 
-MoeW4a16Params moe_w4a16_params(const MoeCudaParams& p, int32_t fixed_splits) {
+namespace {
+
+// The fields every use of the kernel shares.
+MoeW4a16Params moe_w4a16_common_params(const MoeCudaParams& p, int32_t fixed_splits) {
   BG_CHECK(p.expert_format == WeightFormat::kMxfp4, "moe_w4a16: experts are {}, the kernel reads MXFP4",
            weight_format_name(p.expert_format));
   MoeW4a16Params q;
-  BG_CHECK(p.shape.all_local, "moe_w4a16: the fused combine needs every pair on this rank (all_local routing)");
   q.n_tokens = p.shape.n_tokens;
   q.top_k = p.shape.top_k;
   q.n_experts = p.shape.n_slots;
@@ -593,6 +620,21 @@ MoeW4a16Params moe_w4a16_params(const MoeCudaParams& p, int32_t fixed_splits) {
   return q;
 }
 
+}  // namespace
+
+MoeW4a16Params moe_w4a16_params(const MoeCudaParams& p, int32_t fixed_splits) {
+  BG_CHECK(p.shape.all_local, "moe_w4a16: the fused combine needs every pair on this rank (all_local routing)");
+  return moe_w4a16_common_params(p, fixed_splits);
+}
+
+MoeW4a16Params moe_w4a16_rows_params(const MoeCudaParams& p, int32_t fixed_splits) {
+  MoeW4a16Params q = moe_w4a16_common_params(p, fixed_splits);
+  q.out_f32 = false;
+  q.accumulate = false;
+  q.rows_out = true;
+  return q;
+}
+
 MoeW4a16DeviceLayer moe_w4a16_upload(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter) {
   const MoeW4a16LayoutInfo shape = moe_w4a16_layout_info(static_cast<int64_t>(experts.size()), hidden, inter);
   // Not zero-initialised: moe_w4a16_pack writes every byte (blocks and alignment gaps); a K3 layer is ~1 GB, and
@@ -602,8 +644,19 @@ MoeW4a16DeviceLayer moe_w4a16_upload(std::span<const MoeW4a16ExpertView> experts
   MoeW4a16DeviceLayer layer;
   layer.weights.info = moe_w4a16_pack(experts, hidden, inter, std::span<std::byte>(host.get(), bytes));
   layer.storage = cuda::upload_bytes(host.get(), bytes);
-  layer.weights.data = layer.storage.data();
+  layer.table = moe_w4a16_block_table(layer.storage.data(), layer.weights.info);
+  layer.weights.blocks = layer.table.as<const void*>();
   return layer;
+}
+
+cuda::DeviceBuffer moe_w4a16_block_table(const void* base, const MoeW4a16LayoutInfo& info) {
+  BG_CHECK(base != nullptr && cuda::aligned_to(base, 256), "moe_w4a16_block_table: base {} must be 256-byte aligned",
+           base);
+  std::vector<const void*> ptrs(static_cast<size_t>(info.n_slots));
+  for (int64_t s = 0; s < info.n_slots; ++s) {
+    ptrs[static_cast<size_t>(s)] = static_cast<const uint8_t*>(base) + s * info.block_bytes;
+  }
+  return cuda::upload(ptrs);
 }
 
 }  // namespace bg::ops

@@ -1,6 +1,7 @@
-// CUDA launcher of the grouped W4A16 MXFP4 expert FFN for decode (design: moe_w4a16_cuda.cu): the per-layer device
-// weights (one allocation, layout of moe_w4a16.h), the workspace, and the launch that reads the device-side dispatch
-// (ops/moe/moe_cuda.h) and writes the weighted combine. Included only by CUDA code, the CUDA backend and GPU tests.
+// CUDA launcher of the grouped W4A16 MXFP4 expert FFN (design: moe_w4a16_cuda.cu): the per-layer device weights (one
+// block per expert, layout of moe_w4a16.h, found through a device table of block pointers), the workspace, and the
+// launch that reads the device-side dispatch (ops/moe/moe_cuda.h) and writes the weighted combine, or the expert
+// rows of an expert-parallel rank. Included only by CUDA code, the CUDA backend and GPU tests.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,18 +17,25 @@
 
 namespace bg::ops {
 
-// One MoE layer's experts on the device (POD; the allocation is owned elsewhere, e.g. MoeW4a16DeviceLayer).
+// One MoE layer's experts on the device (POD; the memory is owned elsewhere, e.g. MoeW4a16DeviceLayer). The kernel
+// reads slot s's block through blocks[s] when it builds its work list, so a slot can be pointed at another block (a
+// streamed expert's buffer) by rewriting one pointer in stream order, and captured graphs stay valid. A null
+// pointer for a slot that gets rows raises kMoeErrorBadDescriptor and its rows are skipped.
 struct MoeW4a16Weights {
   MoeW4a16LayoutInfo info;
-  const void* data = nullptr;  // info.total_bytes, 16-byte aligned
+  const void* const* blocks = nullptr;  // device array [info.n_slots]: expert blocks (info.block_bytes, 16-B aligned)
 };
 
-// Packs the experts (moe_w4a16_pack) and uploads them into one new device allocation (synchronous; load time).
+// Packs the experts (moe_w4a16_pack) and uploads them into one new device allocation with its block table
+// (synchronous; load time).
 struct MoeW4a16DeviceLayer {
   MoeW4a16Weights weights;
   cuda::DeviceBuffer storage;
+  cuda::DeviceBuffer table;
 };
 MoeW4a16DeviceLayer moe_w4a16_upload(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter);
+// The block table of a contiguous layer at `base` (slot s at s * info.block_bytes), uploaded (synchronous).
+cuda::DeviceBuffer moe_w4a16_block_table(const void* base, const MoeW4a16LayoutInfo& info);
 
 // Views into one caller-owned device buffer (moe_w4a16_workspace_layout), sized for one MoeW4a16Params (the launcher
 // checks that it is launched with the params it was laid out for). The counters must be zero before the first launch
@@ -56,19 +64,22 @@ MoeW4a16Workspace moe_w4a16_workspace_layout(const MoeW4a16Params& p, void* base
 void moe_w4a16_workspace_init(const MoeW4a16Workspace& ws, cudaStream_t stream);
 
 struct MoeW4a16Args {
-  const __nv_bfloat16* x = nullptr;  // [n_tokens, hidden] (rows are gathered by the dispatch's row_token)
-  void* out = nullptr;               // [n_tokens, hidden], bf16 or fp32 (p.out_f32); read too when p.accumulate
+  const __nv_bfloat16* x = nullptr;  // [n_tokens, hidden] (rows gathered by the dispatch's row_token); rows out: rows
+  void* out = nullptr;  // [n_tokens, hidden], bf16 or fp32 (p.out_f32), read too when p.accumulate; rows out: bf16 rows
 };
 
 // out[t] = (accumulate ? out[t] : 0) + sum_k w[t,k] * expert_{e(t,k)}(x[t]) with the dispatch `d` already computed by
 // moe_dispatch_cuda for the same n_tokens / top_k / n_experts (only offsets, active, n_active, row_token, row_weight
 // and slot_row are read; the dispatch's x_perm / h / y_perm are not used). Two kernels (gate/up + GLU, then down +
 // combine), no host synchronisation, no allocation: capturable in a CUDA graph. Deterministic: the same inputs give
-// the same bits on every run and replay.
+// the same bits on every run and replay. With p.rows_out: out[row] = bf16(expert_{slot(row)}(x[row])) for the rows of
+// the dispatch (offsets / active / n_active, as an exchange fills them).
 void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const MoeWorkspace& d,
                     const MoeW4a16Args& args, const MoeW4a16Workspace& ws, cudaStream_t stream);
 
-// The op's params from the MoE layer's (expert_format must be MXFP4; p.path is ignored).
+// The op's params from the MoE layer's (expert_format must be MXFP4; p.path is ignored): the fused combine of an
+// all-local routing, or rows out (MoeW4a16Params::rows_out) for the rows an exchange delivered.
 MoeW4a16Params moe_w4a16_params(const MoeCudaParams& p, int32_t fixed_splits = 0);
+MoeW4a16Params moe_w4a16_rows_params(const MoeCudaParams& p, int32_t fixed_splits = 0);
 
 }  // namespace bg::ops

@@ -171,16 +171,14 @@ MoeW4a16LayoutInfo moe_w4a16_layout_info(int64_t n_slots, int64_t hidden, int64_
   info.hidden = hidden;
   info.inter = inter;
   info.gate_up = matrix_info(inter, hidden, w4::kItemHCols, 0);
-  info.down = matrix_info(hidden, inter, w4::kItemRows, align256(n_slots * info.gate_up.slot_bytes));
-  info.total_bytes = align256(info.down.offset_bytes + n_slots * info.down.slot_bytes);
+  info.down = matrix_info(hidden, inter, w4::kItemRows, align256(info.gate_up.slot_bytes));
+  info.block_bytes = align256(info.down.offset_bytes + info.down.slot_bytes);
+  info.total_bytes = n_slots * info.block_bytes;
   return info;
 }
 
-MoeW4a16LayoutInfo moe_w4a16_pack(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter,
-                                  std::span<std::byte> dst) {
+MoeW4a16LayoutInfo moe_w4a16_layer_info(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter) {
   MoeW4a16LayoutInfo info = moe_w4a16_layout_info(static_cast<int64_t>(experts.size()), hidden, inter);
-  BG_CHECK(static_cast<int64_t>(dst.size()) == info.total_bytes, "moe_w4a16_pack: destination has {} bytes, the "
-           "layout needs {}", dst.size(), info.total_bytes);
   int max_gu = 0, max_dn = 0;
   for (size_t e = 0; e < experts.size(); ++e) {
     const int64_t slot = static_cast<int64_t>(e);
@@ -191,25 +189,48 @@ MoeW4a16LayoutInfo moe_w4a16_pack(std::span<const MoeW4a16ExpertView> experts, i
   // The kernel's bf16 scale 2^(s' - 127) must stay finite: s' <= 254 needs s - shift <= 128.
   info.gate_up.scale_shift = std::max(0, max_gu - 128);
   info.down.scale_shift = std::max(0, max_dn - 128);
+  return info;
+}
 
-  const PairTable pairs = make_pair_table(make_encode_table());
-  auto* base = reinterpret_cast<uint8_t*>(dst.data());
-  // Every block is written whole; only the alignment gaps between and after the two projections need zeros.
-  const int64_t gu_end = info.gate_up.offset_bytes + info.n_slots * info.gate_up.slot_bytes;
-  const int64_t dn_end = info.down.offset_bytes + info.n_slots * info.down.slot_bytes;
+void moe_w4a16_pack_expert(const MoeW4a16LayoutInfo& info, const MoeW4a16ExpertView& expert, int64_t slot,
+                           std::span<std::byte> block) {
+  BG_CHECK(static_cast<int64_t>(block.size()) == info.block_bytes, "moe_w4a16_pack_expert: block of {} bytes, the "
+           "layout's is {}", block.size(), info.block_bytes);
+  check_expert(expert, slot, info.hidden, info.inter);
+  const int max_gu = std::max(max_scale(*expert.gate, slot, "gate"), max_scale(*expert.up, slot, "up"));
+  const int max_dn = max_scale(*expert.down, slot, "down");
+  BG_CHECK(max_gu - info.gate_up.scale_shift <= 128 && max_dn - info.down.scale_shift <= 128,
+           "moe_w4a16_pack_expert: expert {} has scales up to 2^{} / 2^{}, the layer's layout holds 2^{} / 2^{}", slot,
+           max_gu - 127, max_dn - 127, info.gate_up.scale_shift + 1, info.down.scale_shift + 1);
+  static const PairTable pairs = make_pair_table(make_encode_table());
+  auto* base = reinterpret_cast<uint8_t*>(block.data());
+  // Every stage block is written whole; only the alignment gaps after the two projections need zeros.
+  const int64_t gu_end = info.gate_up.offset_bytes + info.gate_up.slot_bytes;
+  const int64_t dn_end = info.down.offset_bytes + info.down.slot_bytes;
   std::memset(base + gu_end, 0, static_cast<size_t>(info.down.offset_bytes - gu_end));
-  std::memset(base + dn_end, 0, static_cast<size_t>(info.total_bytes - dn_end));
-  for (MoeW4a16Proj proj : {MoeW4a16Proj::kGateUp, MoeW4a16Proj::kDown}) {
-    const MoeW4a16MatrixInfo& m = proj == MoeW4a16Proj::kGateUp ? info.gate_up : info.down;
-    const int64_t blocks_per_slot = static_cast<int64_t>(m.n_items) * m.n_kstages;
-    parallel_for(info.n_slots * blocks_per_slot, 16, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const int64_t slot = i / blocks_per_slot, in_slot = i % blocks_per_slot;
-        const int item = static_cast<int>(in_slot / m.n_kstages), kstage = static_cast<int>(in_slot % m.n_kstages);
-        pack_block(experts[static_cast<size_t>(slot)], proj, m, item, kstage, pairs,
-                   base + m.offset_bytes + slot * m.slot_bytes + in_slot * w4::kStageBytes);
-      }
-    });
+  std::memset(base + dn_end, 0, static_cast<size_t>(info.block_bytes - dn_end));
+  const int64_t gu_blocks = static_cast<int64_t>(info.gate_up.n_items) * info.gate_up.n_kstages;
+  const int64_t dn_blocks = static_cast<int64_t>(info.down.n_items) * info.down.n_kstages;
+  parallel_for(gu_blocks + dn_blocks, 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const bool gu = i < gu_blocks;
+      const MoeW4a16MatrixInfo& m = gu ? info.gate_up : info.down;
+      const int64_t in_proj = gu ? i : i - gu_blocks;
+      const int item = static_cast<int>(in_proj / m.n_kstages), kstage = static_cast<int>(in_proj % m.n_kstages);
+      pack_block(expert, gu ? MoeW4a16Proj::kGateUp : MoeW4a16Proj::kDown, m, item, kstage, pairs,
+                 base + m.offset_bytes + in_proj * w4::kStageBytes);
+    }
+  });
+}
+
+MoeW4a16LayoutInfo moe_w4a16_pack(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter,
+                                  std::span<std::byte> dst) {
+  const MoeW4a16LayoutInfo info = moe_w4a16_layer_info(experts, hidden, inter);
+  BG_CHECK(static_cast<int64_t>(dst.size()) == info.total_bytes, "moe_w4a16_pack: destination has {} bytes, the "
+           "layout needs {}", dst.size(), info.total_bytes);
+  for (int64_t s = 0; s < info.n_slots; ++s) {
+    const auto block = static_cast<size_t>(info.block_bytes);
+    moe_w4a16_pack_expert(info, experts[static_cast<size_t>(s)], s, dst.subspan(static_cast<size_t>(s) * block, block));
   }
   return info;
 }
@@ -224,7 +245,7 @@ MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, 
   s.slot_floats = static_cast<int64_t>(w4::kMTiles) * s.nb_cap * w4::kThreads * 4;
   const int64_t max_active = std::min(p.n_experts, std::max<int64_t>(s.rows, 1));
   s.tile_counters = max_active * std::max(info.gate_up.n_items, info.down.n_items);
-  s.token_counters = p.n_tokens * info.down.n_items;
+  s.token_counters = p.rows_out ? 0 : p.n_tokens * info.down.n_items;  // rows out: no combine
   if (p.n_tokens <= w4::kChunkRows) {
     // Parallel splits: the most slots any number of touched experts can ask for, by the kernel's own rule.
     for (const MoeW4a16MatrixInfo* m : {&info.gate_up, &info.down}) {
@@ -249,25 +270,34 @@ MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, 
 
 std::vector<float> moe_w4a16_unpack(const MoeW4a16LayoutInfo& info, std::span<const std::byte> layout, int64_t slot,
                                     MoeW4a16Proj proj, int which) {
-  BG_CHECK(info.version == kMoeW4a16LayoutVersion, "moe_w4a16_unpack: layout version {} (this build reads {})",
-           info.version, kMoeW4a16LayoutVersion);
   BG_CHECK(static_cast<int64_t>(layout.size()) == info.total_bytes && slot >= 0 && slot < info.n_slots,
            "moe_w4a16_unpack: slot {} of {} in {} bytes (want {})", slot, info.n_slots, layout.size(),
            info.total_bytes);
+  return moe_w4a16_unpack_block(
+      info, layout.subspan(static_cast<size_t>(slot * info.block_bytes), static_cast<size_t>(info.block_bytes)), proj,
+      which);
+}
+
+std::vector<float> moe_w4a16_unpack_block(const MoeW4a16LayoutInfo& info, std::span<const std::byte> block,
+                                          MoeW4a16Proj proj, int which) {
+  BG_CHECK(info.version == kMoeW4a16LayoutVersion, "moe_w4a16_unpack: layout version {} (this build reads {})",
+           info.version, kMoeW4a16LayoutVersion);
+  BG_CHECK(static_cast<int64_t>(block.size()) == info.block_bytes, "moe_w4a16_unpack: block of {} bytes (want {})",
+           block.size(), info.block_bytes);
   const MoeW4a16MatrixInfo& m = proj == MoeW4a16Proj::kGateUp ? info.gate_up : info.down;
   const float shift = std::ldexp(1.0f, m.scale_shift);
   std::vector<float> out(static_cast<size_t>(m.n_out * m.n_in), 0.0f);
-  const auto* base = reinterpret_cast<const uint8_t*>(layout.data()) + m.offset_bytes + slot * m.slot_bytes;
+  const auto* base = reinterpret_cast<const uint8_t*>(block.data()) + m.offset_bytes;
   for (int item = 0; item < m.n_items; ++item) {
     for (int kstage = 0; kstage < m.n_kstages; ++kstage) {
-      const uint8_t* block = base + (static_cast<int64_t>(item) * m.n_kstages + kstage) * w4::kStageBytes;
+      const uint8_t* stage = base + (static_cast<int64_t>(item) * m.n_kstages + kstage) * w4::kStageBytes;
       for (int warp = 0; warp < w4::kWarps; ++warp) {
         for (int mt = 0; mt < w4::kMTiles; ++mt) {
           if (proj == MoeW4a16Proj::kGateUp && static_cast<int>(w4::gate_up_is_up(mt)) != which) continue;
           for (int lane = 0; lane < 32; ++lane) {
             const int g = lane >> 2, t = lane & 3;
             uint32_t words[4];
-            std::memcpy(words, block + w4::code_offset(warp, mt, lane), sizeof(words));
+            std::memcpy(words, stage + w4::code_offset(warp, mt, lane), sizeof(words));
             for (int ks = 0; ks < 4; ++ks) {
               uint32_t r[4];
               w4::decode_word(words[ks], r);
@@ -280,7 +310,7 @@ std::vector<float> moe_w4a16_unpack(const MoeW4a16LayoutInfo& info, std::span<co
                 // As the kernel: bf16 lane (value * 2^-126) times the bf16 scale 2^(s'-127), rounded to bf16, then the
                 // fp32 accumulator's 2^shift.
                 const auto lane_bits = static_cast<uint16_t>(r[i >> 1] >> (16 * (i & 1)));
-                const uint8_t s_prime = block[w4::scale_offset(warp, g, t >> 1, mt, rh)];
+                const uint8_t s_prime = stage[w4::scale_offset(warp, g, t >> 1, mt, rh)];
                 const auto scale_bits = static_cast<uint16_t>(w4::scale_bf16x2(s_prime) & 0xffffu);
                 const float prod = bf16_to_f32(f32_to_bf16(bf16_to_f32(lane_bits) * bf16_to_f32(scale_bits)));
                 out[static_cast<size_t>(row * m.n_in + k)] = prod * shift;

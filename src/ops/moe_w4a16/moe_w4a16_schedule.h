@@ -20,12 +20,14 @@ struct ScheduleParams {
   bool parallel_splits = false;       // n_tokens <= 32: splits run on different CTAs
   const int32_t* active = nullptr;    // the dispatch: touched experts, ascending
   const int32_t* offsets = nullptr;   // [n_experts + 1] first permuted row of each expert
+  const void* const* blocks = nullptr;  // [n_experts] each slot's expert block (null in host tests of the schedule)
 };
 
 // One projection's schedule inputs for a launch of n_tokens rows per expert set: what the kernel, the workspace
 // geometry and the schedule test all derive from the projection's shape (items, k-stages) and the launch.
 BG_W4_HD ScheduleParams schedule_params(int n_items, int n_kstages, int nb_cap, int fixed_splits, int64_t n_tokens,
-                                        const int32_t* active = nullptr, const int32_t* offsets = nullptr) {
+                                        const int32_t* active = nullptr, const int32_t* offsets = nullptr,
+                                        const void* const* blocks = nullptr) {
   ScheduleParams sp;
   sp.n_items = n_items;
   sp.n_kstages = n_kstages;
@@ -34,6 +36,7 @@ BG_W4_HD ScheduleParams schedule_params(int n_items, int n_kstages, int nb_cap, 
   sp.parallel_splits = n_tokens <= kChunkRows;
   sp.active = active;
   sp.offsets = offsets;
+  sp.blocks = blocks;
   return sp;
 }
 
@@ -65,8 +68,9 @@ BG_W4_HD int items_of_cta(const Plan& pl, int cta, int grid) {
   return pl.n_items > cta ? static_cast<int>((pl.n_items - cta + grid - 1) / grid) : 0;
 }
 
-// One item of a CTA's table (16 bytes): the touched expert's rows, its slot and item, the tile and split.
+// One item of a CTA's table (24 bytes): the expert's block, its rows, its slot and item, the tile and split.
 struct ItemEntry {
+  const uint8_t* block = nullptr;  // the slot's expert block (ScheduleParams::blocks)
   int32_t row0 = 0, rows = 0;  // the expert's permuted rows [row0, row0 + rows)
   int32_t e_m = 0;             // expert slot | item << 16 (slots <= 1024, items < 2^15: moe_w4a16_check_params)
   int32_t tile_s = 0;          // tile (touched-expert index x n_items + item) | split << 24 (parallel splits)
@@ -80,6 +84,7 @@ BG_W4_HD ItemEntry make_entry(const ScheduleParams& sp, const Plan& pl, int item
   const int j = tile / sp.n_items;
   const int e = sp.active[j];
   ItemEntry en;
+  if (sp.blocks != nullptr) en.block = static_cast<const uint8_t*>(sp.blocks[e]);
   en.row0 = sp.offsets[e];
   en.rows = sp.offsets[e + 1] - en.row0;
   en.e_m = e | (tile - j * sp.n_items) << 16;
@@ -93,6 +98,7 @@ struct Cursor {
   bool valid = false;
   bool bad = false;                // contract violation (see load_item): the kernel flags kMoeErrorDuplicateExpert
   int tile = 0, m = 0, e = 0;      // tile = j * n_items + m (j: touched-expert index); e: the expert slot
+  const uint8_t* block = nullptr;  // the slot's expert block
   int row0 = 0, rows = 0;          // the expert's permuted rows
   int s = 0, s_begin = 0, s_end = 1;
   int chunk = 0, n_chunks = 0;
@@ -121,6 +127,7 @@ BG_W4_HD void load_item(Cursor& c, const ScheduleParams& sp, const Plan& pl, con
     c.row0 = en.row0;
     c.rows = en.rows;
     c.e = en.e_m & 0xffff;
+    c.block = en.block;
     c.m = en.e_m >> 16;
     c.tile = en.tile_s & 0xffffff;
     c.n_chunks = (c.rows + pl.chunk_rows - 1) / pl.chunk_rows;

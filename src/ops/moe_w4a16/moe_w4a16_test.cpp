@@ -5,6 +5,7 @@
 // and the CPU reference are checked too.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -142,6 +143,31 @@ TEST(MoeW4a16Layout, PackWritesEveryByte) {
   for (size_t i = 0; i < dirty.size(); ++i) ASSERT_EQ(dirty[i], l.bytes[i]) << "byte " << i << " was not written";
 }
 
+// Each expert is one block that can live anywhere (a streamed-expert buffer): packing an expert alone gives the bytes
+// of its slot in the layer, and the block decodes on its own.
+TEST(MoeW4a16Layout, ExpertBlocksStandAlone) {
+  const Layer l = make_layer(3, 96, 160, 13, 132);  // expert 0 has a scale of 2^5: the layer's gate/up shift is 4
+  EXPECT_EQ(l.info.block_bytes % 256, 0);
+  EXPECT_EQ(l.info.down.offset_bytes, (l.info.gate_up.slot_bytes + 255) / 256 * 256);
+  EXPECT_EQ(l.info.total_bytes, 3 * l.info.block_bytes);
+  for (int64_t e = 0; e < 3; ++e) {
+    const auto i = static_cast<size_t>(e);
+    std::vector<std::byte> block(static_cast<size_t>(l.info.block_bytes), std::byte{0x5A});
+    moe_w4a16_pack_expert(l.info, l.views[i], e, block);
+    const auto* in_layer = l.bytes.data() + e * l.info.block_bytes;
+    ASSERT_TRUE(std::equal(block.begin(), block.end(), in_layer)) << "expert " << e;
+    const std::vector<float> down = moe_w4a16_unpack_block(l.info, block, MoeW4a16Proj::kDown);
+    EXPECT_EQ(down, l.down[i].w.decode_all()) << "expert " << e;
+  }
+  // An expert whose scales the layer's shifts cannot hold is refused, naming the scales.
+  MoeW4a16LayoutInfo no_shift = l.info;
+  no_shift.gate_up.scale_shift = 0;
+  std::vector<std::byte> block(static_cast<size_t>(l.info.block_bytes));
+  EXPECT_THROW(moe_w4a16_pack_expert(no_shift, l.views[0], 0, block), Error);
+  std::vector<std::byte> short_block(static_cast<size_t>(l.info.block_bytes - 256));
+  EXPECT_THROW(moe_w4a16_pack_expert(l.info, l.views[1], 1, short_block), Error);
+}
+
 TEST(MoeW4a16Layout, RealShapesHaveNoPadding) {
   const MoeW4a16LayoutInfo k3 = moe_w4a16_layout_info(56, 3584, 3072);
   EXPECT_EQ(k3.gate_up.slot_bytes, 2 * 3072 * 3584 / 2 + 2 * 3072 * 3584 / 32);
@@ -149,6 +175,8 @@ TEST(MoeW4a16Layout, RealShapesHaveNoPadding) {
   const MoeW4a16LayoutInfo ds = moe_w4a16_layout_info(256, 7168, 2048);
   EXPECT_EQ(ds.gate_up.slot_bytes, 2 * 2048 * 7168 / 2 + 2 * 2048 * 7168 / 32);
   EXPECT_EQ(ds.down.slot_bytes, 7168 * 2048 / 2 + 7168 * 2048 / 32);
+  EXPECT_EQ(k3.block_bytes, k3.gate_up.slot_bytes + k3.down.slot_bytes);
+  EXPECT_EQ(ds.block_bytes, ds.gate_up.slot_bytes + ds.down.slot_bytes);
 }
 
 TEST(MoeW4a16Layout, RejectsBadInput) {
