@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The ep16-rank slice (Kimi-K3 real dimensions, 56 experts) generated greedily by one CUDA rank and by 2, 4 and 8 ranks
-# sharing this GPU over the ll exchange (and ll-fp8): with the expert kernels pinned (the W4A16 layout off, i.e. the
-# stage kernels, tiled FFN, no grouped path) a row's arithmetic does not depend on the rank count, so the ll runs must
+# sharing this GPU over the ll exchange (and ll-fp8): with the kernels pinned (the W4A16 layout off, i.e. the stage
+# kernels, tiled FFN, no grouped path; linear groups part by part, since one rank fuses K3's latent-down with the shared
+# experts' gate and up into one GEMM where a rank set cannot, and cuBLAS rounds the two shapes differently) a row's arithmetic does not depend on the rank count, so the ll runs must
 # print the same ids as the one-rank run; ll-fp8 and the unpinned runs are printed beside them. Prints one line per run.
 #   scripts/gpu-ll-slice.sh BUNDLE [WORKDIR]
 set -u -o pipefail
@@ -24,7 +25,7 @@ gen() {  # gen LABEL ARGS...: prints LABEL, seconds, the generated ids
   [[ $rc == 0 ]] || tail -3 "$WORK/$label.err"
   eval "out_$label=\"\$out\""
 }
-pinned() { BG_MOE_W4A16=0 BG_MOE_FFN_PATH=tiled BG_MOE_GROUPED_MIN_ROWS=1000000000 "$@"; }
+pinned() { BG_LINEAR_GROUPS=0 BG_MOE_W4A16=0 BG_MOE_FFN_PATH=tiled BG_MOE_GROUPED_MIN_ROWS=1000000000 "$@"; }
 pinned gen one
 for n in 2 4 8; do pinned gen "ll$n" --ep "$n" --k3-moe-exchange ll; done
 gen ll4_default --ep 4 --k3-moe-exchange ll

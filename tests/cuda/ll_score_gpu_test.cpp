@@ -2,8 +2,9 @@
 // between the processes), against one rank on the same GPU, on every golden case and prompt: the logits must be equal
 // bit for bit. Both runs pin the same expert kernels (BG_MOE_W4A16=0 keeps the experts for the stage kernels,
 // BG_MOE_FFN_PATH=tiled and a grouped threshold out of reach make a row's arithmetic independent of how many rows its
-// expert got), so what differs between them is the exchange alone: every pair's row must reach its expert on the
-// right rank and come back, and the combine must add the k outputs in the loopback's order.
+// expert got; BG_LINEAR_GROUPS=0 because one rank fuses K3's latent-down with the shared experts' gate and up into one
+// GEMM where a rank set runs them apart), so what differs between them is the exchange alone: every pair's row must
+// reach its expert on the right rank and come back, and the combine must add the k outputs in the loopback's order.
 // The CLI is $BG_BATCHGEN when set (the GPU machine's bundle), else the build's batchgen.
 #include <gtest/gtest.h>
 
@@ -38,7 +39,8 @@ std::string batchgen_path() {
 int run(const std::vector<std::string>& argv, const std::filesystem::path& log,
         const std::vector<std::pair<std::string, std::string>>& env = {}) {
   std::vector<std::pair<std::string, std::string>> all = {
-      {"BG_MOE_W4A16", "0"}, {"BG_MOE_FFN_PATH", "tiled"}, {"BG_MOE_GROUPED_MIN_ROWS", "1000000000"}};
+      {"BG_MOE_W4A16", "0"}, {"BG_MOE_FFN_PATH", "tiled"}, {"BG_MOE_GROUPED_MIN_ROWS", "1000000000"},
+      {"BG_LINEAR_GROUPS", "0"}};
   all.insert(all.end(), env.begin(), env.end());
   return run_process(argv, log, all);
 }
