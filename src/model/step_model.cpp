@@ -201,7 +201,10 @@ bool StepModel::forward_ranks(std::span<const BatchEntry> batch, const StepPools
   // forward() (every row's logits, taps) always runs eagerly: it counts as a prefill in the vote.
   const bool eager = !step.all_single_token() || (all_rows && step.n_seqs() > 0);
   const StepAgreement a = agree_step(*rc.world, {stop, step.n_seqs(), ceil_div(step.n_tokens(), tp), eager});
-  if (a.stop) return false;
+  if (a.stop) {
+    exchange_->quiesce();  // the peers exit now: not a failure
+    return false;
+  }
   if (a.any_work) {
     // A captured step needs an exchange and collectives without host round trips. The ll exchange is one; the nccl
     // exchange is not, and neither are the TP collectives (NCCL or shared memory: both synchronise the backend), so

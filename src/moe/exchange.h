@@ -62,6 +62,9 @@ class Exchange {
   // for every pair of this rank's tokens. out: [n_tokens, hidden] act.
   virtual void begin_combine(Backend& be, const ExpertRows& rows, Tensor& out) = 0;
   virtual void finish_combine(Backend& be, Tensor& out) = 0;
+  // The rank set agreed to stop (no dispatch or combine follows and the peers are about to exit): an exchange that
+  // watches its peers stops watching, so their normal exit is not reported as a failure.
+  virtual void quiesce() {}
 
  private:
   int64_t step_tokens_ = 0;

@@ -476,7 +476,10 @@ class LlExchange final : public Exchange {
               static_cast<double>(layout_.region_bytes) / (1 << 20));
   }
 
-  ~LlExchange() override {
+  ~LlExchange() override { quiesce(); }
+
+  // The set agreed to stop: the peers exit now, which is no failure to report; no wait of this exchange follows.
+  void quiesce() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
