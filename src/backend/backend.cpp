@@ -28,6 +28,12 @@ PreparedLinears Backend::prepare_linears(const LinearBatch& batch) {
   return out;
 }
 
+void Backend::lay_out_expert(const ExpertSlots& slots, const LinearHandle& gate, const LinearHandle& up,
+                             const LinearHandle& down, Tensor& dst) {
+  (void)slots, (void)gate, (void)up, (void)down, (void)dst;
+  fail("{} backend: no expert layout of its own to lay an expert out in", name());
+}
+
 std::vector<Tensor> Backend::linear_group(const LinearGroup& g, const Tensor& x) {
   std::vector<Tensor> ys;
   ys.reserve(g.parts.size());

@@ -146,9 +146,13 @@ struct LinearGroup {
 // comes from the checkpoint, by local slot when handed to Backend::prepare_experts.
 struct ExpertWeights {
   std::vector<const LinearHandle*> gate, up, down;
-  // Slots are repointed while serving (streamed experts, moe/expert_stream.h) at buffers in the checkpoint's format:
-  // CUDA then keeps the experts in that format (no W4A16 layout).
+  // Slots are repointed while serving (streamed experts, moe/expert_stream.h): streamed_slots[s] marks the slots whose
+  // handles are the pool's placeholder until their expert is staged, and streamed_host holds those experts' host
+  // weights (gate, up, down of each), which a backend with its own layout reads for what every expert of the layer
+  // must share (CUDA: the W4A16 layout's scale shifts).
   bool streamed = false;
+  std::vector<bool> streamed_slots;
+  std::vector<const QuantWeight*> streamed_host;
   int64_t size() const { return static_cast<int64_t>(gate.size()); }
 };
 
@@ -342,9 +346,27 @@ class Backend {
   // ---- MoE stages (the MoE layer, src/moe/, composes them with an exchange) ------------------------------------
   // Prepares experts by local slot (slot s = by_slot.gate[s], ...; all slots the same format and shape).
   virtual std::unique_ptr<ExpertSlots> prepare_experts(const ExpertWeights& by_slot) = 0;
-  // Points `slot` at other weights (same format and shape), ordered with the ops already issued.
+  // Points `slot` at other weights (same format and shape), ordered with the ops already issued. `laid_out`: the same
+  // expert in the backend's own layout (lay_out_expert), required where the layer keeps one (expert_layout_bytes > 0).
   virtual void set_expert_slot(ExpertSlots& slots, int64_t slot, const LinearHandle& gate, const LinearHandle& up,
-                               const LinearHandle& down) = 0;
+                               const LinearHandle& down, const Tensor* laid_out = nullptr) = 0;
+  // Bytes of one expert in the backend's own layout for `slots`' layer (CUDA: one W4A16 block where the layer's MXFP4
+  // experts live in that layout); 0 where the layer reads streamed experts in the checkpoint's format (every CPU layer).
+  virtual size_t expert_layout_bytes(const ExpertSlots& slots) const {
+    (void)slots;
+    return 0;
+  }
+  // Lays the expert in gate / up / down (a streamed-expert buffer whose copies the device has been told to wait for)
+  // out into `dst` (U8, expert_layout_bytes) for `slots`' layer, ordered with the ops already issued.
+  virtual void lay_out_expert(const ExpertSlots& slots, const LinearHandle& gate, const LinearHandle& up,
+                              const LinearHandle& down, Tensor& dst);
+  // The same for a prefetched expert: ordered after the copies issued so far (prefetch_from_host) and not before
+  // compute_wait of the returned fence, so it overlaps the compute as the copies do (CUDA: on the copy stream).
+  virtual CopyFence lay_out_expert_ahead(const ExpertSlots& slots, const LinearHandle& gate, const LinearHandle& up,
+                                         const LinearHandle& down, Tensor& dst) {
+    lay_out_expert(slots, gate, up, down, dst);
+    return copies_issued_;
+  }
   // A routing buffer for `shape` (backend memory; contents written by moe_dispatch).
   MoeRouting moe_routing(const ops::MoeRoutingShape& shape);
   // Groups the pairs whose expert is on this rank by slot: slot_map I32 [n_experts] (local slot or -1), ids I32

@@ -409,7 +409,9 @@ std::unique_ptr<Engine> load_engine(const WorkerOptions& o, const std::function<
                                     const std::function<bool()>& abandon) {
   validate_worker_options(o);
   const dist::RankPlace place{dist::ParallelLayout::from_flags(o.parallel), o.rank};
-  const sched::ModelGeometry geo = sched::read_model_geometry(o.model_dir, place, o.resident_experts);
+  // CUDA: a streamed MXFP4 expert's pool buffer holds it twice (as copied, and laid out for the W4A16 kernel).
+  const sched::ModelGeometry geo =
+      sched::read_model_geometry(o.model_dir, place, o.resident_experts, o.device == "cuda" ? 2 : 1);
   sched::PlannerInput in;
   in.device = o.device;
   in.kv_block_size = o.kv_block_size;

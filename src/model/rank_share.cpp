@@ -139,14 +139,14 @@ RankWeightBytes rank_weight_bytes(const std::filesystem::path& dir, const dist::
   return out;
 }
 
-int64_t resident_expert_bytes(const RankWeightBytes& w, double fraction) {
+int64_t resident_expert_bytes(const RankWeightBytes& w, double fraction, int pool_copies) {
   const int64_t n_local = w.n_local_experts;
   if (fraction >= 1.0 || n_local <= 0 || w.n_expert_blocks == 0) return w.experts;
   const int64_t n_resident = std::clamp<int64_t>(std::llround(fraction * static_cast<double>(n_local)), 0, n_local);
   const int64_t per_expert = w.experts / w.n_expert_blocks;
   const int64_t n_layers = w.n_expert_blocks / n_local;
   // Resident experts, and the pool (moe::ExpertStream::pool_buffers: two layers' worth of streamed experts).
-  return per_expert * (n_layers * n_resident + moe::ExpertStream::pool_buffers(n_local - n_resident));
+  return per_expert * (n_layers * n_resident + pool_copies * moe::ExpertStream::pool_buffers(n_local - n_resident));
 }
 
 }  // namespace bg

@@ -39,7 +39,8 @@ struct RankWeightBytes {
 RankWeightBytes rank_weight_bytes(const std::filesystem::path& dir, const dist::RankPlace& place);
 
 // What backend memory the experts take with --resident-experts `fraction`: the resident ones plus the streamed-expert
-// pool (one layer's streamed experts, moe/expert_stream.h).
-int64_t resident_expert_bytes(const RankWeightBytes& w, double fraction);
+// pool (two layers' worth of streamed experts, moe/expert_stream.h), `pool_copies` times (2 on CUDA: each buffer is
+// the copy target and, for MXFP4 experts, their W4A16 block too; counted for any format, so FP8 over-counts).
+int64_t resident_expert_bytes(const RankWeightBytes& w, double fraction, int pool_copies = 1);
 
 }  // namespace bg

@@ -187,11 +187,25 @@ void ExpertStream::pin_host_bytes(Backend& be) {
   pinned_ = be.pin_host_memory(regions);
 }
 
+void ExpertStream::adopt_layout(Backend& be, const ExpertSlots& slots) {
+  const size_t bytes = be.expert_layout_bytes(slots);
+  if (layout_adopted_) {
+    BG_CHECK(bytes == layout_bytes_, "streamed experts: a layer laid out in {} bytes per expert, another in {} (every "
+             "MoE layer's experts must be alike)", bytes, layout_bytes_);
+    return;
+  }
+  layout_adopted_ = true;
+  layout_bytes_ = bytes;
+  if (bytes == 0) return;
+  for (Buffer& b : buffers_) b.laid_out = be.alloc({static_cast<int64_t>(bytes)}, DType::kU8);
+}
+
 void ExpertStream::stage(Backend& be, int64_t layer, ExpertTable& table, std::span<const int32_t> rows_per_slot) {
   ++epoch_;
   if (last_layer_ >= 0) next_of_[last_layer_] = layer;  // the order the model stages its layers in
   last_layer_ = layer;
   if (sources_.count(layer) == 0) sources_[layer] = table.streamed_sources();  // for prefetches into this layer
+  slots_[layer] = &table.slots();
   std::vector<uint64_t>& counts = counts_[layer];
   counts.resize(static_cast<size_t>(n_experts_), 0);
   std::vector<int64_t> missing;  // slots whose streamed expert is in no buffer
@@ -230,6 +244,17 @@ void ExpertStream::stage(Backend& be, int64_t layer, ExpertTable& table, std::sp
   }
   if (prefetched != 0) be.compute_wait(prefetched);  // prefetched experts: their copies land before they run
   if (!copies.empty()) be.compute_wait(be.copy_from_host(copies));  // the layer's experts run after the copies land
+  if (layout_bytes_ > 0) {  // the buffers this layer uses that were loaded since last laid out, after their copies
+    for (int64_t s = 0; s < table.n_slots(); ++s) {
+      if (rows_per_slot[static_cast<size_t>(s)] <= 0) continue;
+      const int32_t e = table.expert_in(s);
+      if (table.source(e) == nullptr) continue;
+      Buffer& b = buffers_[where_.at({layer, e})];
+      if (!b.needs_layout) continue;
+      be.lay_out_expert(table.slots(), *b.gate.handle, *b.up.handle, *b.down.handle, b.laid_out);
+      b.needs_layout = false;
+    }
+  }
   if (prefetch_) prefetch(be);
 }
 
@@ -246,6 +271,7 @@ void ExpertStream::load(Buffer& b, size_t index, int64_t layer, int32_t expert, 
                         std::vector<HostCopy>& copies) {
   if (b.expert >= 0) where_.erase({b.layer, b.expert});
   fill(b, src, copies);
+  b.needs_layout = layout_bytes_ > 0;
   b.layer = layer;
   b.expert = expert;
   b.last_use = epoch_;
@@ -257,7 +283,8 @@ void ExpertStream::point(Backend& be, ExpertTable& table, int64_t layer, int64_t
   size_t& at = pointed_[{layer, slot}];
   if (at == index + 1) return;  // already there (0: never pointed by the pool)
   const Buffer& b = buffers_[index];
-  table.point(be, slot, {b.gate.handle.get(), b.up.handle.get(), b.down.handle.get()});
+  table.point(be, slot, {b.gate.handle.get(), b.up.handle.get(), b.down.handle.get()},
+              layout_bytes_ > 0 ? &b.laid_out : nullptr);
   at = index + 1;
 }
 
@@ -282,7 +309,15 @@ void ExpertStream::prefetch(Backend& be) {
     ++stats_.prefetches;
   }
   if (copies.empty()) return;
-  const CopyFence fence = be.prefetch_from_host(copies);
+  CopyFence fence = be.prefetch_from_host(copies);
+  if (layout_bytes_ > 0) {  // laid out right after their copies, off the compute stream too
+    for (size_t b : filled) {
+      Buffer& buf = buffers_[b];
+      fence = be.lay_out_expert_ahead(*slots_.at(next->second), *buf.gate.handle, *buf.up.handle, *buf.down.handle,
+                                      buf.laid_out);
+      buf.needs_layout = false;
+    }
+  }
   for (size_t b : filled) buffers_[b].pending = fence;
 }
 

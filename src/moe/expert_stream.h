@@ -82,6 +82,8 @@ class ExpertStream {
 
   int64_t n_buffers() const { return static_cast<int64_t>(buffers_.size()); }
   int64_t n_experts() const { return n_experts_; }
+  // Bytes of a buffer's part in the backend's layout (adopt_layout; 0: none).
+  size_t layout_bytes() const { return layout_bytes_; }
   const Stats& stats() const { return stats_; }
   // Routed (token, expert) pairs seen per layer on this rank, resident experts included (a trace for the planner).
   const std::map<int64_t, std::vector<uint64_t>>& routing_counts() const { return counts_; }
@@ -95,6 +97,11 @@ class ExpertStream {
   // real rank's streamed experts takes seconds, which must not land on the first request.
   void add_host_bytes(const ExpertSource& src);
   void pin_host_bytes(Backend& be);
+  // A streamed layer's slots were prepared (load time): where the backend keeps the layer's experts in its own layout
+  // (Backend::expert_layout_bytes > 0; CUDA: W4A16 blocks), every buffer gets a second part in that layout, which a
+  // stage lays the buffer's expert out into (Backend::lay_out_expert, after its copies) before the layer runs. Every
+  // streamed layer of the model must agree.
+  void adopt_layout(Backend& be, const ExpertSlots& slots);
   // Makes every slot of `table` (MoE layer `layer`) with rows in `rows_per_slot` hold its expert: streamed experts
   // not in a buffer are copied in (ordered before the ops issued after this call) and their slots rewritten; then
   // prefetches the next layer's (the layer staged after this one last time; ops issued after this call never wait
@@ -104,6 +111,8 @@ class ExpertStream {
  private:
   struct Buffer {
     WritableLinear gate, up, down;
+    Tensor laid_out;             // U8 [layout_bytes_]: the expert in the backend's layout (empty without one)
+    bool needs_layout = false;   // loaded since it was last laid out
     int64_t layer = -1;
     int32_t expert = -1;
     uint64_t last_use = 0;  // stage() call that last needed it (or prefetched into it)
@@ -121,6 +130,8 @@ class ExpertStream {
   void prefetch(Backend& be);
 
   std::vector<Buffer> buffers_;
+  size_t layout_bytes_ = 0;       // Backend::expert_layout_bytes of the streamed layers (0: none)
+  bool layout_adopted_ = false;
   std::vector<HostRegion> host_bytes_;  // noted by add_host_bytes until pinned
   std::shared_ptr<void> pinned_;        // unpins when the pool goes
   std::map<std::pair<int64_t, int32_t>, size_t> where_;  // (layer, expert) -> buffer
@@ -133,6 +144,7 @@ class ExpertStream {
   std::map<int64_t, int64_t> next_of_;                         // layer -> the layer staged after it
   std::map<int64_t, std::vector<int32_t>> last_routed_;        // layer -> its streamed experts with rows, last stage
   std::map<int64_t, std::map<int32_t, ExpertSource>> sources_; // layer -> its streamed experts' host bytes
+  std::map<int64_t, const ExpertSlots*> slots_;                // layer -> its slots (to lay prefetches out)
   std::map<std::pair<int64_t, int64_t>, size_t> pointed_;      // (layer, slot) -> 1 + the buffer it points at
 };
 

@@ -65,13 +65,16 @@ ExpertTable::ExpertTable(Backend& be, const ExpertPlacement& placement, const Ex
   ExpertWeights by_slot;
   for (int32_t e : slot_expert_) {
     auto i = static_cast<size_t>(e);
-    if (source(e) != nullptr) {
+    if (const ExpertSource* src = source(e); src != nullptr) {
       const ExpertHandles h = streamed_.stream->placeholder();
       by_slot.gate.push_back(h.gate);
       by_slot.up.push_back(h.up);
       by_slot.down.push_back(h.down);
+      by_slot.streamed_slots.push_back(true);
+      by_slot.streamed_host.insert(by_slot.streamed_host.end(), {&src->gate, &src->up, &src->down});
       continue;
     }
+    by_slot.streamed_slots.push_back(false);
     BG_CHECK(all_experts.gate[i] && all_experts.up[i] && all_experts.down[i],
              "expert table: expert {} belongs to rank {} but its weights were not loaded", e, placement.rank());
     by_slot.gate.push_back(all_experts.gate[i]);
@@ -80,6 +83,7 @@ ExpertTable::ExpertTable(Backend& be, const ExpertPlacement& placement, const Ex
   }
   by_slot.streamed = streams();
   slots_ = be.prepare_experts(by_slot);
+  if (streams()) streamed_.stream->adopt_layout(be, *slots_);  // the pool's buffers in the layer's layout, if any
   slot_map_ = be.alloc({n_experts()}, DType::kI32);
   upload_map(be);
 }
@@ -96,9 +100,9 @@ void ExpertTable::stage(Backend& be, std::span<const int32_t> rows_per_slot) {
   streamed_.stream->stage(be, streamed_.layer, *this, rows_per_slot);
 }
 
-void ExpertTable::point(Backend& be, int64_t slot, const ExpertHandles& w) {
+void ExpertTable::point(Backend& be, int64_t slot, const ExpertHandles& w, const Tensor* laid_out) {
   BG_CHECK(slot >= 0 && slot < n_slots(), "expert table: slot {} of {}", slot, n_slots());
-  be.set_expert_slot(*slots_, slot, *w.gate, *w.up, *w.down);
+  be.set_expert_slot(*slots_, slot, *w.gate, *w.up, *w.down, laid_out);
 }
 
 void ExpertTable::upload_map(Backend& be) {

@@ -94,8 +94,9 @@ class ExpertTable {
   // Every streamed expert's host bytes (global expert -> source; empty when nothing streams).
   const std::map<int32_t, ExpertSource>& streamed_sources() const { return streamed_.sources; }
   void stage(Backend& be, std::span<const int32_t> rows_per_slot);
-  // Points `slot` at other weights of its own expert (a stream buffer), ordered with the ops already issued.
-  void point(Backend& be, int64_t slot, const ExpertHandles& w);
+  // Points `slot` at other weights of its own expert (a stream buffer; laid_out: the same expert in the backend's
+  // layout, where the layer keeps one), ordered with the ops already issued.
+  void point(Backend& be, int64_t slot, const ExpertHandles& w, const Tensor* laid_out = nullptr);
 
  private:
   void upload_map(Backend& be);

@@ -63,7 +63,7 @@ void check_host_tier(const PlannerInput& in, int64_t budget_bytes, const MemoryP
 }  // namespace
 
 ModelGeometry read_model_geometry(const std::filesystem::path& dir, const dist::RankPlace& place,
-                                  double resident_experts) {
+                                  double resident_experts, int pool_copies) {
   BG_CHECK(std::filesystem::is_directory(dir), "model directory '{}' does not exist", dir.string());
   const auto path = dir / "config.json";
   const auto config = read_json_file(path);
@@ -90,7 +90,7 @@ ModelGeometry read_model_geometry(const std::filesystem::path& dir, const dist::
   }
   if (place.layout.multi_rank() || resident_experts < 1.0) {
     g.weight_share = rank_weight_bytes(dir, place);
-    g.weight_share.experts = resident_expert_bytes(g.weight_share, resident_experts);
+    g.weight_share.experts = resident_expert_bytes(g.weight_share, resident_experts, pool_copies);
     g.weight_bytes = g.weight_share.total();
   }
   return g;

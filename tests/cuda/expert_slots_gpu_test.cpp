@@ -84,13 +84,22 @@ TEST(CudaExpertSlots, MxFp4ExpertsLiveInTheDecodeLayoutOnly) {
   be->fill_zero(x);
   EXPECT_THROW(be->linear(*l.all.gate[0], x, y), Error);
 
-  // A streamed layer (slots repointed at checkpoint-format buffers) gets the experts as they are, uploaded now.
+  // A streamed layer keeps the layout too: its resident slots packed now, the streamed ones pointed later at blocks
+  // laid out on the device (expert_layout_bytes each); pointing one without its block is refused.
   ExpertWeights streamed = l.all;
   streamed.streamed = true;
-  const std::unique_ptr<ExpertSlots> s = be->prepare_experts(streamed);
+  streamed.streamed_slots = {false, true, false, true};
+  for (int e : {1, 3}) {
+    for (const HostWeight* h : {&l.host[3 * e], &l.host[3 * e + 1], &l.host[3 * e + 2]}) {
+      streamed.streamed_host.push_back(&h->w);
+    }
+  }
+  std::unique_ptr<ExpertSlots> s = be->prepare_experts(streamed);
   const auto& cs = dynamic_cast<const cuda::CudaExpertSlots&>(*s);
-  EXPECT_EQ(cs.w4a16(), nullptr);
-  EXPECT_TRUE(cs.stages());
+  ASSERT_NE(cs.w4a16(), nullptr);
+  EXPECT_FALSE(cs.stages());
+  EXPECT_EQ(be->expert_layout_bytes(*s), static_cast<size_t>(cs.w4a16()->info.block_bytes));
+  EXPECT_THROW(be->set_expert_slot(*s, 1, *l.all.gate[1], *l.all.up[1], *l.all.down[1]), Error);
 
   // BG_MOE_W4A16=0 at load: the checkpoint's format on the device, the stage kernels.
   ::setenv("BG_MOE_W4A16", "0", 1);

@@ -363,6 +363,64 @@ TEST(MoeW4a16Parity, RowsOutAndScatteredBlocks) {
   EXPECT_EQ(L.dispatch->error_word(), kMoeErrorBadDescriptor);
 }
 
+// A streamed expert's block packed on the device from its checkpoint-format copy equals the host builder's bytes: odd
+// shapes (padding rows and inputs, alignment gaps, a scale that needs a shift) and the Kimi-K3 / DeepSeek-V3 shapes. A
+// NaN scale is flagged.
+TEST(MoeW4a16Parity, DevicePackEqualsHostPack) {
+  BG_REQUIRE_GPU();
+  struct Shape {
+    int64_t hidden, inter;
+    bool big_scale;
+  };
+  for (const Shape sh : {Shape{96, 160, true}, Shape{64, 288, false}, Shape{3584, 3072, false},
+                         Shape{7168, 2048, false}}) {
+    const std::string what = fmt::format("[{} -> {}]{}", sh.hidden, sh.inter, sh.big_scale ? " shift" : "");
+    std::vector<HostWeight> host;
+    host.reserve(6);
+    for (uint64_t e = 0; e < 2; ++e) {
+      host.push_back(testing::random_weight(WeightFormat::kMxfp4, sh.inter, sh.hidden, 0.05f, 500 + 3 * e));
+      host.push_back(testing::random_weight(WeightFormat::kMxfp4, sh.inter, sh.hidden, 0.05f, 501 + 3 * e));
+      host.push_back(testing::random_weight(WeightFormat::kMxfp4, sh.hidden, sh.inter, 0.05f, 502 + 3 * e));
+    }
+    if (sh.big_scale) reinterpret_cast<uint8_t*>(host[0].scale.data())[3] = 132;  // 2^5: the gate/up shift is 4
+    const std::vector<MoeW4a16ExpertView> views = {{&host[0].w, &host[1].w, &host[2].w},
+                                                   {&host[3].w, &host[4].w, &host[5].w}};
+    const MoeW4a16LayoutInfo info = moe_w4a16_layer_info(views, sh.hidden, sh.inter);
+    EXPECT_EQ(info.gate_up.scale_shift, sh.big_scale ? 4 : 0) << what;
+    cuda::DeviceBuffer flags(4);
+    flags.fill_bytes(0);
+    for (size_t e = 0; e < 2; ++e) {
+      std::vector<std::byte> want(static_cast<size_t>(info.block_bytes));
+      moe_w4a16_pack_expert(info, views[e], static_cast<int64_t>(e), want);
+      DeviceWeightStorage g = upload_weight(*views[e].gate), u = upload_weight(*views[e].up);
+      DeviceWeightStorage d = upload_weight(*views[e].down);
+      cuda::DeviceBuffer block(static_cast<size_t>(info.block_bytes));
+      block.fill_bytes(0xab);  // every byte must be written
+      moe_w4a16_pack_cuda(info, {g.desc, u.desc, d.desc}, block.data(), flags.as<int32_t>(), nullptr);
+      BG_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<std::byte> got = cuda::download<std::byte>(block, want.size());
+      size_t first = want.size();
+      for (size_t i = 0; i < want.size() && first == want.size(); ++i) {
+        if (got[i] != want[i]) first = i;
+      }
+      EXPECT_EQ(first, want.size()) << what << " expert " << e << ": first differing byte";
+    }
+    EXPECT_EQ(cuda::download<int32_t>(flags, 1)[0], 0) << what;
+  }
+  // A NaN scale (0xFF) on the device is flagged (the host builder refuses it at load).
+  HostWeight g = testing::random_weight(WeightFormat::kMxfp4, 64, 64, 0.05f, 600);
+  HostWeight u = testing::random_weight(WeightFormat::kMxfp4, 64, 64, 0.05f, 601);
+  HostWeight d = testing::random_weight(WeightFormat::kMxfp4, 64, 64, 0.05f, 602);
+  const MoeW4a16LayoutInfo info = moe_w4a16_layer_info(std::vector<MoeW4a16ExpertView>{{&g.w, &u.w, &d.w}}, 64, 64);
+  reinterpret_cast<uint8_t*>(d.scale.data())[1] = 0xff;
+  DeviceWeightStorage dg = upload_weight(g.w), du = upload_weight(u.w), dd = upload_weight(d.w);
+  cuda::DeviceBuffer block(static_cast<size_t>(info.block_bytes)), flags(4);
+  flags.fill_bytes(0);
+  moe_w4a16_pack_cuda(info, {dg.desc, du.desc, dd.desc}, block.data(), flags.as<int32_t>(), nullptr);
+  BG_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(cuda::download<int32_t>(flags, 1)[0], kMoeErrorBadDescriptor);
+}
+
 TEST(MoeW4a16Parity, ZeroTokensAndBadInput) {
   BG_REQUIRE_GPU();
   const ExpertSet set = make_experts(4, 64, 64, 5);

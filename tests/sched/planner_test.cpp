@@ -340,6 +340,9 @@ TEST(Planner, StreamedExpertsCountTheResidentOnesAndThePool) {
   EXPECT_LT(none.weight_bytes, half.weight_bytes);
   EXPECT_LT(half.weight_bytes, all.weight_bytes);
   EXPECT_EQ(all.weight_bytes - half.weight_bytes, w.experts - half.weight_share.experts);
+  // On CUDA each pool buffer counts twice (the copy target and the MXFP4 expert's W4A16 block).
+  const ModelGeometry cuda_half = read_model_geometry(tmp / "model", {}, 0.5, 2);
+  EXPECT_EQ(cuda_half.weight_share.experts, per_expert * (n_layers * n_res + 4 * (w.n_local_experts - n_res)));
 }
 
 }  // namespace

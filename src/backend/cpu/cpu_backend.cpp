@@ -268,7 +268,8 @@ class CpuBackend final : public Backend {
     return std::make_unique<CpuExpertSlots>(std::move(slots));
   }
   void set_expert_slot(ExpertSlots& slots, int64_t slot, const LinearHandle& gate, const LinearHandle& up,
-                       const LinearHandle& down) override {
+                       const LinearHandle& down, const Tensor* laid_out) override {
+    (void)laid_out;  // the CPU reads the checkpoint's format: no layout of its own
     static_cast<CpuExpertSlots&>(slots).set(slot, gate, up, down);
   }
   void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r) override {

@@ -32,6 +32,10 @@ CopyFence CudaBackend::issue_copies(std::span<const HostCopy> copies, cudaMemcpy
       BG_CUDA_CHECK(cudaMemcpyAsync(dev, c.host, c.bytes, kind, copy_stream_));
     }
   }
+  return record_copy_fence(copy_stream_);
+}
+
+CopyFence CudaBackend::record_copy_fence(cudaStream_t stream) {
   cudaEvent_t done = nullptr;
   if (spare_copy_events_.empty()) {
     BG_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
@@ -39,9 +43,19 @@ CopyFence CudaBackend::issue_copies(std::span<const HostCopy> copies, cudaMemcpy
     done = spare_copy_events_.back();
     spare_copy_events_.pop_back();
   }
-  BG_CUDA_CHECK(cudaEventRecord(done, copy_stream_));
+  BG_CUDA_CHECK(cudaEventRecord(done, stream));
   copies_in_flight_.emplace_back(++copies_issued_, done);
   return copies_issued_;
+}
+
+// A prefetched expert's W4A16 block, packed on the copy stream right after its copies: the compute stream meets it
+// only through compute_wait of the returned fence (the buffer's readers of earlier layers were ordered before those
+// copies by issue_copies). The copy stream's next copies wait for it (a third stream would let them go on: not done).
+CopyFence CudaBackend::lay_out_expert_ahead(const ExpertSlots& slots, const LinearHandle& gate, const LinearHandle& up,
+                                            const LinearHandle& down, Tensor& dst) {
+  BG_CHECK(copy_stream_ != nullptr, "cuda backend: an expert laid out ahead before any copy");
+  static_cast<const cuda::CudaExpertSlots&>(slots).lay_out(gate, up, down, dst, errors_.as<int32_t>(), copy_stream_);
+  return record_copy_fence(copy_stream_);
 }
 
 void CudaBackend::retire_copies() {

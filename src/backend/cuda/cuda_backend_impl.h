@@ -239,8 +239,8 @@ class CudaBackend final : public Backend {
     ops::LinearCudaParams p{x.rows(), y.dtype == DType::kF32 ? ops::LinearOutType::kF32 : ops::LinearOutType::kBf16,
                             ops::LinearPath::kAuto, deterministic_};
     const ops::DeviceWeight& d = desc(w);
-    BG_CHECK(d.data != nullptr, "cuda linear '{}': no device copy (a routed expert, held in the MoE layer's own layout)",
-             cuda::cuda_linear(w).host().name);
+    BG_CHECK(d.data != nullptr, "cuda linear '{}': no device copy (a routed expert, held in its MoE layer's own "
+             "layout)", cuda::cuda_linear(w).host().name);
     size_t scratch_bytes = ops::linear_dequant_scratch_bytes(d, p);
     std::shared_ptr<void> scratch = scratch_bytes > 0 ? alloc_->allocate(scratch_bytes) : nullptr;
     ops::LinearCudaContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, scratch.get(), scratch_bytes};
@@ -311,9 +311,19 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ExpertSlots> prepare_experts(const ExpertWeights& by_slot) override {
     return std::make_unique<CudaExpertSlots>(by_slot, uploader());
   }
+  size_t expert_layout_bytes(const ExpertSlots& slots) const override {
+    return static_cast<const CudaExpertSlots&>(slots).layout_bytes();
+  }
+  void lay_out_expert(const ExpertSlots& slots, const LinearHandle& gate, const LinearHandle& up,
+                      const LinearHandle& down, Tensor& dst) override {
+    BG_PROFILE_OP("lay_out_expert", stream_);
+    static_cast<const CudaExpertSlots&>(slots).lay_out(gate, up, down, dst, errors_.as<int32_t>(), stream_);
+  }
+  CopyFence lay_out_expert_ahead(const ExpertSlots& slots, const LinearHandle& gate, const LinearHandle& up,
+                                 const LinearHandle& down, Tensor& dst) override;
   void set_expert_slot(ExpertSlots& slots, int64_t slot, const LinearHandle& gate, const LinearHandle& up,
-                       const LinearHandle& down) override {
-    static_cast<CudaExpertSlots&>(slots).set(slot, gate, up, down, stream_);
+                       const LinearHandle& down, const Tensor* laid_out) override {
+    static_cast<CudaExpertSlots&>(slots).set(slot, gate, up, down, laid_out, stream_);
   }
   void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r) override {
     BG_PROFILE_OP("moe_dispatch", stream_);
@@ -515,6 +525,7 @@ class CudaBackend final : public Backend {
 
   void upload_step() override;
   CopyFence issue_copies(std::span<const HostCopy> copies, cudaMemcpyKind kind);
+  CopyFence record_copy_fence(cudaStream_t stream);  // an event after `stream`'s work so far, as the next fence
   cudaEvent_t fence_event(CopyFence fence) const;
   void retire_copies();
   cuda::MoeContext moe_ctx() const {

@@ -78,22 +78,52 @@ CudaExpertSlots::CudaExpertSlots(const ExpertWeights& by_slot, WeightUploader& u
                       &cuda_linear(*by_slot.down[i]).host()});
     all.insert(all.end(), {views_.back().gate, views_.back().up, views_.back().down});
   }
-  // Streamed slots are repointed while serving at checkpoint-format pool buffers: such a layer keeps its experts as
-  // they are. Otherwise MXFP4 experts the decode kernel takes live in its layout only (BG_MOE_W4A16=0 at load: never).
-  const bool pack = !by_slot.streamed && n_slots() <= 1024 && moe_w4a16_wanted() && w4a16_packable(all);
-  if (pack) {
-    const ops::DeviceWeight& g = gate0();
-    w4a16_ = ops::moe_w4a16_upload(views_, g.n_in, g.n_out);
+  // MXFP4 experts the W4A16 kernel takes live in its layout only (BG_MOE_W4A16=0 at load: never).
+  all.insert(all.end(), by_slot.streamed_host.begin(), by_slot.streamed_host.end());
+  if (n_slots() <= 1024 && moe_w4a16_wanted() && w4a16_packable(all)) {
+    pack(by_slot);
   } else {
     upload_deferred(uploader);
-    log::debug("cuda moe: {} experts [{} x {}] {}: stage kernels (the W4A16 kernel takes unstreamed MXFP4 experts "
-               "with widths in multiples of 32)", n_slots(), gate0().n_out, gate0().n_in,
-               weight_format_name(gate0().format));
+    log::debug("cuda moe: {} experts [{} x {}] {}: stage kernels (the W4A16 kernel takes MXFP4 experts with widths "
+               "in multiples of 32)", n_slots(), gate0().n_out, gate0().n_in, weight_format_name(gate0().format));
   }
   stages_ = std::all_of(host_.begin(), host_.end(), [](const ops::ExpertWeightsCuda& e) {
     return e.gate.data != nullptr && e.up.data != nullptr && e.down.data != nullptr;
   });
   dev_ = upload(host_);
+}
+
+// The layer's W4A16 layout: the scale shifts over every expert it will hold (its streamed ones' host weights too), the
+// resident slots packed now, the streamed slots' block pointers null until set points them at a laid-out pool buffer.
+void CudaExpertSlots::pack(const ExpertWeights& by_slot) {
+  BG_CHECK(by_slot.streamed_host.size() % 3 == 0, "prepare_experts: {} streamed host weights (3 per expert)",
+           by_slot.streamed_host.size());
+  auto streamed = [&](size_t s) { return s < by_slot.streamed_slots.size() && by_slot.streamed_slots[s]; };
+  std::vector<ops::MoeW4a16ExpertView> known;
+  std::vector<const ops::MoeW4a16ExpertView*> present(views_.size(), nullptr);
+  for (size_t s = 0; s < views_.size(); ++s) {
+    if (!streamed(s)) known.push_back(views_[s]);
+  }
+  for (size_t i = 0; i < by_slot.streamed_host.size(); i += 3) {
+    known.push_back({by_slot.streamed_host[i], by_slot.streamed_host[i + 1], by_slot.streamed_host[i + 2]});
+  }
+  for (size_t s = 0; s < views_.size(); ++s) {
+    if (!streamed(s)) present[s] = &views_[s];
+  }
+  const ops::DeviceWeight& g = gate0();
+  ops::MoeW4a16LayoutInfo info = ops::moe_w4a16_layer_info(known, g.n_in, g.n_out);
+  info.n_slots = n_slots();
+  info.total_bytes = info.n_slots * info.block_bytes;
+  w4a16_ = ops::moe_w4a16_upload_slots(info, present);
+  blocks_ = cuda::download<const void*>(w4a16_->table, views_.size());
+}
+
+void CudaExpertSlots::lay_out(const LinearHandle& gate, const LinearHandle& up, const LinearHandle& down, Tensor& dst,
+                              int32_t* error_flags, cudaStream_t stream) const {
+  BG_CHECK(w4a16_, "lay_out_expert: the layer keeps no W4A16 layout");
+  BG_CHECK(dst.device == DeviceKind::kCuda && dst.nbytes() >= layout_bytes(), "lay_out_expert: a block of {} bytes, "
+           "the layout's is {}", dst.nbytes(), layout_bytes());
+  ops::moe_w4a16_pack_cuda(w4a16_->weights.info, descs(gate, up, down), dst.data, error_flags, stream);
 }
 
 // prepare_linears left one layer's MXFP4 experts on the host (for the W4A16 layout); a layer that does not take the
@@ -114,11 +144,22 @@ void CudaExpertSlots::upload_deferred(WeightUploader& uploader) {
 }
 
 void CudaExpertSlots::set(int64_t slot, const LinearHandle& gate, const LinearHandle& up, const LinearHandle& down,
-                          cudaStream_t stream) {
+                          const Tensor* laid_out, cudaStream_t stream) {
   BG_CHECK(slot >= 0 && slot < n_slots(), "set_expert_slot: slot {} of {}", slot, n_slots());
-  BG_CHECK(!w4a16_, "set_expert_slot: the layer's experts live in the W4A16 layout (a layer whose slots are "
-           "repointed must be prepared as streamed)");
   const ops::ExpertWeightsCuda w = descs(gate, up, down);
+  if (w4a16_) {  // the kernels read the slot's block: point it at the laid-out one
+    BG_CHECK(laid_out != nullptr && laid_out->data != nullptr && laid_out->nbytes() >= layout_bytes(),
+             "set_expert_slot: slot {} of a layer in the W4A16 layout needs its expert laid out (lay_out_expert)",
+             slot);
+    const auto i = static_cast<size_t>(slot);
+    host_[i] = w;
+    views_[i] = {&cuda_linear(gate).host(), &cuda_linear(up).host(), &cuda_linear(down).host()};
+    blocks_[i] = laid_out->data;
+    // The host mirror is the copy's source: pageable memory is staged before cudaMemcpyAsync returns.
+    BG_CUDA_CHECK(cudaMemcpyAsync(w4a16_->table.as<const void*>() + slot, &blocks_[i], sizeof(void*),
+                                  cudaMemcpyHostToDevice, stream));
+    return;
+  }
   const ops::DeviceWeight& g = gate0();
   BG_CHECK(w.gate.format == g.format && w.gate.n_out == g.n_out && w.gate.n_in == g.n_in &&
                w.down.n_out == host_[0].down.n_out && w.down.n_in == host_[0].down.n_in && w.gate.data != nullptr,

@@ -43,11 +43,13 @@ bool moe_w4a16_wanted();
 // Whether the W4A16 layout can hold these expert weights (MXFP4, widths in multiples of 32).
 bool w4a16_packable(std::span<const QuantWeight* const> weights);
 
-// Expert weights by slot. A layer of MXFP4 experts the decode kernel takes (not streamed) lives in the W4A16 layout
-// only (prepare_linears left it on the host, one block per expert): every MoE path reads that copy (the fused kernel
-// at decode, with the fused combine on one rank or rows in / rows out behind an exchange; the grouped prefill path
-// dequantizes from it). Any other layer keeps the per-slot device copies and their descriptor array (uploaded when
-// prepared, so graph capture never uploads; rewritten in place by set), which the stage kernels read.
+// Expert weights by slot. A layer of MXFP4 experts the W4A16 kernel takes lives in its layout only (prepare_linears
+// left the experts on the host; one block per expert, found through the layout's block table): every MoE path reads
+// that copy (the fused kernel at decode, with the fused combine on one rank or rows in / rows out behind an exchange;
+// the grouped prefill path dequantizes from it). In a streamed layer the resident slots' blocks are packed at load and
+// a streamed slot's entry is pointed (set) at the block its pool buffer was laid out into (lay_out, on the device).
+// Any other layer keeps per-slot device copies and their descriptor array (uploaded when prepared, so graph capture
+// never uploads; rewritten in place by set), which the stage kernels read.
 class CudaExpertSlots final : public ExpertSlots {
  public:
   CudaExpertSlots(const ExpertWeights& by_slot, WeightUploader& uploader);
@@ -59,18 +61,27 @@ class CudaExpertSlots final : public ExpertSlots {
   const ops::MoeW4a16Weights* w4a16() const { return w4a16_ ? &w4a16_->weights : nullptr; }
   // Whether every slot has a device copy in the checkpoint's format (the stage kernels can run).
   bool stages() const { return stages_; }
-  // Rewrites one slot in stream order (a layer prepared as streamed; not one in the W4A16 layout).
+  // Bytes of one expert's W4A16 block (0 without the layout).
+  size_t layout_bytes() const { return w4a16_ ? static_cast<size_t>(w4a16_->weights.info.block_bytes) : 0; }
+  // Packs the expert in gate / up / down (device copies in the checkpoint's format) into dst with this layer's scale
+  // shifts, on `stream`.
+  void lay_out(const LinearHandle& gate, const LinearHandle& up, const LinearHandle& down, Tensor& dst,
+               int32_t* error_flags, cudaStream_t stream) const;
+  // Rewrites one slot in stream order: its descriptor, and with the layout its block pointer (laid_out: the block
+  // lay_out wrote for this expert, required then).
   void set(int64_t slot, const LinearHandle& gate, const LinearHandle& up, const LinearHandle& down,
-           cudaStream_t stream);
+           const Tensor* laid_out, cudaStream_t stream);
 
  private:
   void upload_deferred(WeightUploader& uploader);
+  void pack(const ExpertWeights& by_slot);
 
   std::vector<ops::ExpertWeightsCuda> host_;
   std::vector<ops::MoeW4a16ExpertView> views_;
   std::vector<ops::DeviceWeightStorage> uploaded_;  // slots prepare_linears left on the host, when not packed
   DeviceBuffer dev_;
   std::optional<ops::MoeW4a16DeviceLayer> w4a16_;
+  std::vector<const void*> blocks_;  // host mirror of the layout's block table
   bool stages_ = false;
 };
 

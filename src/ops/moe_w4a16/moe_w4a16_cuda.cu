@@ -636,15 +636,39 @@ MoeW4a16Params moe_w4a16_rows_params(const MoeCudaParams& p, int32_t fixed_split
 }
 
 MoeW4a16DeviceLayer moe_w4a16_upload(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter) {
-  const MoeW4a16LayoutInfo shape = moe_w4a16_layout_info(static_cast<int64_t>(experts.size()), hidden, inter);
-  // Not zero-initialised: moe_w4a16_pack writes every byte (blocks and alignment gaps); a K3 layer is ~1 GB, and
-  // zeroing it first cost a pass over it at load time.
-  const auto bytes = static_cast<size_t>(shape.total_bytes);
-  const auto host = std::make_unique_for_overwrite<std::byte[]>(bytes);
+  std::vector<const MoeW4a16ExpertView*> slots;
+  for (const MoeW4a16ExpertView& e : experts) slots.push_back(&e);
+  return moe_w4a16_upload_slots(moe_w4a16_layer_info(experts, hidden, inter), slots);
+}
+
+MoeW4a16DeviceLayer moe_w4a16_upload_slots(const MoeW4a16LayoutInfo& info,
+                                           std::span<const MoeW4a16ExpertView* const> slots) {
+  BG_CHECK(static_cast<int64_t>(slots.size()) == info.n_slots, "moe_w4a16_upload: {} slots for a layout of {}",
+           slots.size(), info.n_slots);
+  const auto block = static_cast<size_t>(info.block_bytes);
+  size_t present = 0;
+  for (const MoeW4a16ExpertView* v : slots) present += v != nullptr ? 1 : 0;
   MoeW4a16DeviceLayer layer;
-  layer.weights.info = moe_w4a16_pack(experts, hidden, inter, std::span<std::byte>(host.get(), bytes));
-  layer.storage = cuda::upload_bytes(host.get(), bytes);
-  layer.table = moe_w4a16_block_table(layer.storage.data(), layer.weights.info);
+  layer.weights.info = info;
+  std::vector<const void*> ptrs(slots.size(), nullptr);
+  if (present > 0) {
+    // Not zero-initialised: moe_w4a16_pack_expert writes every byte of a block; a K3 layer is ~1 GB, and zeroing it
+    // first cost a pass over it at load time.
+    const auto host = std::make_unique_for_overwrite<std::byte[]>(present * block);
+    size_t k = 0;
+    for (size_t s = 0; s < slots.size(); ++s) {
+      if (slots[s] == nullptr) continue;
+      const std::span<std::byte> dst(host.get() + k * block, block);
+      moe_w4a16_pack_expert(info, *slots[s], static_cast<int64_t>(s), dst);
+      ++k;
+    }
+    layer.storage = cuda::upload_bytes(host.get(), present * block);
+    k = 0;
+    for (size_t s = 0; s < slots.size(); ++s) {
+      if (slots[s] != nullptr) ptrs[s] = layer.storage.as<uint8_t>() + (k++) * block;
+    }
+  }
+  layer.table = cuda::upload(ptrs);
   layer.weights.blocks = layer.table.as<const void*>();
   return layer;
 }

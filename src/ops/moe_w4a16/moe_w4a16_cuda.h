@@ -34,6 +34,10 @@ struct MoeW4a16DeviceLayer {
   cuda::DeviceBuffer table;
 };
 MoeW4a16DeviceLayer moe_w4a16_upload(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter);
+// The same for the present slots of a layout (info: moe_w4a16_layer_info over every expert the layer will hold, so
+// the scale shifts fit them all); a null slot gets a null block pointer (a streamed slot, pointed later).
+MoeW4a16DeviceLayer moe_w4a16_upload_slots(const MoeW4a16LayoutInfo& info,
+                                           std::span<const MoeW4a16ExpertView* const> slots);
 // The block table of a contiguous layer at `base` (slot s at s * info.block_bytes), uploaded (synchronous).
 cuda::DeviceBuffer moe_w4a16_block_table(const void* base, const MoeW4a16LayoutInfo& info);
 
@@ -76,6 +80,14 @@ struct MoeW4a16Args {
 // the dispatch (offsets / active / n_active, as an exchange fills them).
 void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const MoeWorkspace& d,
                     const MoeW4a16Args& args, const MoeW4a16Workspace& ws, cudaStream_t stream);
+
+// One expert's block packed on the device from its checkpoint-format copy (a streamed expert's pool buffer): the bytes
+// moe_w4a16_pack_expert writes on the host, with info's scale shifts. `w`: the expert's gate / up / down device
+// descriptors (MXFP4, info's shapes). A NaN scale (0xFF) or one the shifts cannot hold raises kMoeErrorBadDescriptor
+// in *error_flags (the layer's shifts come from every expert at load, so neither happens with the checkpoint's bytes).
+// Stream-ordered; no allocation, no host synchronisation.
+void moe_w4a16_pack_cuda(const MoeW4a16LayoutInfo& info, const ExpertWeightsCuda& w, void* block,
+                         int32_t* error_flags, cudaStream_t stream);
 
 // The op's params from the MoE layer's (expert_format must be MXFP4; p.path is ignored): the fused combine of an
 // all-local routing, or rows out (MoeW4a16Params::rows_out) for the rows an exchange delivered.

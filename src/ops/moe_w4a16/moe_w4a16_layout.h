@@ -105,7 +105,7 @@ BG_W4_HD void decode_word(uint32_t q, uint32_t (&r)[4]) {
 }
 
 // Position in the stored word of code bit b of element i (the encoder's inverse of decode_word).
-BG_W4_HD int source_bit(int i, int b) {
+BG_W4_HD constexpr int source_bit(int i, int b) {
   const int j = i >> 1, p = 16 * (i & 1) + kCodeBitTarget[b];
   for (int part = 0; part < 2; ++part) {
     if ((kDecodeParts[j][part].mask >> p) & 1u) return (p - kDecodeParts[j][part].rotl) & 31;
