@@ -8,9 +8,11 @@
 #include <deque>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_moe.h"
 #include "core/error.h"
 #include "cuda/cuda_testing.h"
@@ -109,6 +111,70 @@ TEST(CudaExpertSlots, MxFp4ExpertsLiveInTheDecodeLayoutOnly) {
   EXPECT_NE(cuda::cuda_linear(*plain.all.gate[0]).desc().data, nullptr);
   EXPECT_EQ(slots_of(stage).w4a16(), nullptr);
   EXPECT_TRUE(slots_of(stage).stages());
+}
+
+// Every present slot's block of a layer in the W4A16 layout (null for a streamed slot), downloaded.
+std::vector<std::vector<std::byte>> blocks_of(const cuda::CudaExpertSlots& s) {
+  const ops::MoeW4a16Weights* w = s.w4a16();
+  EXPECT_NE(w, nullptr);
+  if (w == nullptr) return {};
+  std::vector<const void*> table(static_cast<size_t>(w->info.n_slots));
+  BG_CUDA_CHECK(cudaMemcpy(table.data(), w->blocks, table.size() * sizeof(void*), cudaMemcpyDeviceToHost));
+  std::vector<std::vector<std::byte>> out;
+  for (const void* b : table) {
+    out.emplace_back(b == nullptr ? 0 : static_cast<size_t>(w->info.block_bytes));
+    if (b != nullptr) BG_CUDA_CHECK(cudaMemcpy(out.back().data(), b, out.back().size(), cudaMemcpyDeviceToHost));
+  }
+  return out;
+}
+
+// BG_MOE_W4A16_PACK=device at load (the checkpoint's bytes staged on the device a chunk at a time, packed there)
+// gives the layout the host packer gives, byte for byte: one rank, an expert-parallel rank and a streamed layer,
+// with chunks of 1, 2 and all experts.
+TEST(CudaExpertSlots, DevicePackAtLoadEqualsHostPack) {
+  BG_REQUIRE_GPU();
+  auto be = make_backend("cuda");
+  constexpr int64_t kExperts = 5, kHidden = 96, kInter = 64;
+  const Layer l = make_layer(*be, kExperts, kHidden, kInter);
+  ExpertWeights streamed = l.all;
+  streamed.streamed = true;
+  streamed.streamed_slots = {false, true, false, false, true};
+  for (int e : {1, 4}) {
+    for (const HostWeight* h : {&l.host[3 * e], &l.host[3 * e + 1], &l.host[3 * e + 2]}) {
+      streamed.streamed_host.push_back(&h->w);
+    }
+  }
+  // One rank, rank 1 of two expert-parallel ranks, the streamed layer.
+  auto pack_all = [&] {
+    const moe::ExpertTable one(*be, moe::ExpertPlacement::contiguous(kExperts, 1, 0), l.all);
+    const moe::ExpertTable ep(*be, moe::ExpertPlacement::contiguous(kExperts, 2, 1), share(l.all, 2, 1));
+    const std::unique_ptr<ExpertSlots> st = be->prepare_experts(streamed);
+    return std::vector{blocks_of(slots_of(one)), blocks_of(slots_of(ep)),
+                       blocks_of(dynamic_cast<const cuda::CudaExpertSlots&>(*st))};
+  };
+  const std::vector<std::vector<std::vector<std::byte>>> host_packed = pack_all();
+  const size_t block = host_packed[0][0].size();
+  ASSERT_GT(block, 0u);
+  ::setenv("BG_MOE_W4A16_PACK", "device", 1);
+  for (size_t chunk : {block, 2 * block + 1, size_t{1} << 30}) {
+    ::setenv("BG_MOE_W4A16_PACK_CHUNK_BYTES", std::to_string(chunk).c_str(), 1);
+    const std::vector<std::vector<std::vector<std::byte>>> dev = pack_all();
+    ASSERT_EQ(dev.size(), host_packed.size());
+    for (size_t i = 0; i < dev.size(); ++i) {
+      ASSERT_EQ(dev[i].size(), host_packed[i].size()) << "layer " << i;
+      for (size_t s = 0; s < dev[i].size(); ++s) {
+        EXPECT_TRUE(dev[i][s] == host_packed[i][s]) << "layer " << i << " slot " << s << ", chunk of " << chunk
+                                                    << " B: " << dev[i][s].size() << " / " << host_packed[i][s].size()
+                                                    << " bytes";
+      }
+    }
+  }
+  ::unsetenv("BG_MOE_W4A16_PACK_CHUNK_BYTES");
+  ::unsetenv("BG_MOE_W4A16_PACK");
+  EXPECT_EQ(host_packed[1].size(), 2u) << "rank 1 of two holds experts 3 and 4 of five";
+  size_t present = 0;
+  for (const auto& b : host_packed[2]) present += b.empty() ? 0 : 1;
+  EXPECT_EQ(present, 3u) << "the streamed layer's two streamed slots have no block at load";
 }
 
 // The layer's MoE on two expert-parallel ranks (each: its own dispatch, gather, experts with rows out, combine into

@@ -62,6 +62,8 @@ void expect_bf16(const Tensor& t, const char* what) {
 
 bool moe_w4a16_wanted() { return env_switch("BG_MOE_W4A16", true); }
 
+bool moe_w4a16_device_pack_wanted() { return env_choice("BG_MOE_W4A16_PACK", {"host", "device"}) == 1; }
+
 bool w4a16_packable(std::span<const QuantWeight* const> weights) {
   return !weights.empty() && std::all_of(weights.begin(), weights.end(), [](const QuantWeight* w) {
     return w->format == WeightFormat::kMxfp4 && w->n_in % kMxfp4GroupSize == 0 && w->n_out % kMxfp4GroupSize == 0;
@@ -81,7 +83,7 @@ CudaExpertSlots::CudaExpertSlots(const ExpertWeights& by_slot, WeightUploader& u
   // MXFP4 experts the W4A16 kernel takes live in its layout only (BG_MOE_W4A16=0 at load: never).
   all.insert(all.end(), by_slot.streamed_host.begin(), by_slot.streamed_host.end());
   if (n_slots() <= 1024 && moe_w4a16_wanted() && w4a16_packable(all)) {
-    pack(by_slot);
+    pack(by_slot, uploader);
   } else {
     upload_deferred(uploader);
     log::debug("cuda moe: {} experts [{} x {}] {}: stage kernels (the W4A16 kernel takes MXFP4 experts with widths "
@@ -95,27 +97,69 @@ CudaExpertSlots::CudaExpertSlots(const ExpertWeights& by_slot, WeightUploader& u
 
 // The layer's W4A16 layout: the scale shifts over every expert it will hold (its streamed ones' host weights too), the
 // resident slots packed now, the streamed slots' block pointers null until set points them at a laid-out pool buffer.
-void CudaExpertSlots::pack(const ExpertWeights& by_slot) {
+void CudaExpertSlots::pack(const ExpertWeights& by_slot, WeightUploader& uploader) {
   BG_CHECK(by_slot.streamed_host.size() % 3 == 0, "prepare_experts: {} streamed host weights (3 per expert)",
            by_slot.streamed_host.size());
-  auto streamed = [&](size_t s) { return s < by_slot.streamed_slots.size() && by_slot.streamed_slots[s]; };
   std::vector<ops::MoeW4a16ExpertView> known;
   std::vector<const ops::MoeW4a16ExpertView*> present(views_.size(), nullptr);
   for (size_t s = 0; s < views_.size(); ++s) {
-    if (!streamed(s)) known.push_back(views_[s]);
+    if (s < by_slot.streamed_slots.size() && by_slot.streamed_slots[s]) continue;
+    known.push_back(views_[s]);
+    present[s] = &views_[s];
   }
   for (size_t i = 0; i < by_slot.streamed_host.size(); i += 3) {
     known.push_back({by_slot.streamed_host[i], by_slot.streamed_host[i + 1], by_slot.streamed_host[i + 2]});
-  }
-  for (size_t s = 0; s < views_.size(); ++s) {
-    if (!streamed(s)) present[s] = &views_[s];
   }
   const ops::DeviceWeight& g = gate0();
   ops::MoeW4a16LayoutInfo info = ops::moe_w4a16_layer_info(known, g.n_in, g.n_out);
   info.n_slots = n_slots();
   info.total_bytes = info.n_slots * info.block_bytes;
-  w4a16_ = ops::moe_w4a16_upload_slots(info, present);
-  blocks_ = cuda::download<const void*>(w4a16_->table, views_.size());
+  if (moe_w4a16_device_pack_wanted()) {
+    pack_on_device(info, present, uploader);
+  } else {
+    w4a16_ = ops::moe_w4a16_upload_slots(info, present);
+  }
+}
+
+// The present slots' checkpoint-format bytes go up through the uploader (straight from pinned memory such as a weight
+// store's segments, else through its pinned staging buffers) into a temporary allocation, a chunk of experts at a
+// time, and the device packs each expert from there into its block (ops::moe_w4a16_pack_cuda, the host packer's bytes
+// exactly). The layer's device memory is its layout plus one chunk at the peak.
+void CudaExpertSlots::pack_on_device(const ops::MoeW4a16LayoutInfo& info,
+                                     std::span<const ops::MoeW4a16ExpertView* const> present,
+                                     WeightUploader& uploader) {
+  std::vector<bool> is_present(present.size());
+  std::vector<size_t> slots;
+  for (size_t s = 0; s < present.size(); ++s) {
+    is_present[s] = present[s] != nullptr;
+    if (is_present[s]) slots.push_back(s);
+  }
+  w4a16_ = ops::moe_w4a16_device_layer(info, is_present);
+  const cudaStream_t stream = uploader.stream();
+  DeviceBuffer errors = upload(std::vector<int32_t>{0});
+  // A checkpoint-format expert takes about its block's bytes (the same codes and scales, less the alignment).
+  const auto chunk_bytes = static_cast<size_t>(
+      env_int("BG_MOE_W4A16_PACK_CHUNK_BYTES", 1, int64_t{1} << 40).value_or(kDevicePackChunkBytes));
+  const size_t chunk = std::max<size_t>(1, chunk_bytes / static_cast<size_t>(info.block_bytes));
+  for (size_t b = 0; b < slots.size(); b += chunk) {
+    const size_t e = std::min(slots.size(), b + chunk);
+    std::vector<const QuantWeight*> weights;
+    for (size_t j = b; j < e; ++j) {
+      const ops::MoeW4a16ExpertView& v = *present[slots[j]];
+      weights.insert(weights.end(), {v.gate, v.up, v.down});
+    }
+    const std::vector<ops::DeviceWeightStorage> staged = uploader.upload(weights, static_cast<int64_t>(e - b));
+    for (size_t j = b; j < e; ++j) {
+      const size_t k = 3 * (j - b);
+      void* block = w4a16_->storage.as<std::byte>() + j * static_cast<size_t>(info.block_bytes);  // j-th present
+      ops::moe_w4a16_pack_cuda(info, {staged[k].desc, staged[k + 1].desc, staged[k + 2].desc}, block,
+                               errors.as<int32_t>(), stream);
+    }
+    BG_CUDA_CHECK(cudaStreamSynchronize(stream));  // the packs read `staged`, freed with this iteration
+  }
+  const int32_t flags = download<int32_t>(errors, 1)[0];
+  BG_CHECK(flags == 0, "prepare_experts: packing {} experts [{} x {}] into the W4A16 layout on the device raised MoE "
+           "error flags {:#x} (a scale the layer's shifts cannot hold)", slots.size(), info.inter, info.hidden, flags);
 }
 
 void CudaExpertSlots::lay_out(const LinearHandle& gate, const LinearHandle& up, const LinearHandle& down, Tensor& dst,
@@ -154,9 +198,9 @@ void CudaExpertSlots::set(int64_t slot, const LinearHandle& gate, const LinearHa
     const auto i = static_cast<size_t>(slot);
     host_[i] = w;
     views_[i] = {&cuda_linear(gate).host(), &cuda_linear(up).host(), &cuda_linear(down).host()};
-    blocks_[i] = laid_out->data;
+    w4a16_->host_table[i] = laid_out->data;
     // The host mirror is the copy's source: pageable memory is staged before cudaMemcpyAsync returns.
-    BG_CUDA_CHECK(cudaMemcpyAsync(w4a16_->table.as<const void*>() + slot, &blocks_[i], sizeof(void*),
+    BG_CUDA_CHECK(cudaMemcpyAsync(w4a16_->table.as<const void*>() + slot, &w4a16_->host_table[i], sizeof(void*),
                                   cudaMemcpyHostToDevice, stream));
     return;
   }

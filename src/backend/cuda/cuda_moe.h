@@ -40,6 +40,10 @@ inline const CudaLinear& cuda_linear(const LinearHandle& h) { return static_cast
 // kernel): for triage and for comparisons that need the stage kernels' arithmetic on both sides. Read at load (when
 // a layer's experts are prepared), so it must be set before the model loads.
 bool moe_w4a16_wanted();
+// BG_MOE_W4A16_PACK=host|device: where a layer's resident MXFP4 experts are packed into the W4A16 layout at load. host
+// (the default): on the host, then one pageable upload; device: their checkpoint bytes go up through the weight
+// uploader (pinned) and the device packs them (CudaExpertSlots::pack_on_device). Read at load.
+bool moe_w4a16_device_pack_wanted();
 // Whether the W4A16 layout can hold these expert weights (MXFP4, widths in multiples of 32).
 bool w4a16_packable(std::span<const QuantWeight* const> weights);
 
@@ -73,15 +77,20 @@ class CudaExpertSlots final : public ExpertSlots {
            const Tensor* laid_out, cudaStream_t stream);
 
  private:
+  // Bytes of checkpoint-format experts staged on the device at a time when the device packs a layer
+  // (BG_MOE_W4A16_PACK_CHUNK_BYTES overrides it; tests use a small one to pack in several chunks).
+  static constexpr size_t kDevicePackChunkBytes = size_t{512} << 20;
+
   void upload_deferred(WeightUploader& uploader);
-  void pack(const ExpertWeights& by_slot);
+  void pack(const ExpertWeights& by_slot, WeightUploader& uploader);
+  void pack_on_device(const ops::MoeW4a16LayoutInfo& info, std::span<const ops::MoeW4a16ExpertView* const> present,
+                      WeightUploader& uploader);
 
   std::vector<ops::ExpertWeightsCuda> host_;
   std::vector<ops::MoeW4a16ExpertView> views_;
   std::vector<ops::DeviceWeightStorage> uploaded_;  // slots prepare_linears left on the host, when not packed
   DeviceBuffer dev_;
   std::optional<ops::MoeW4a16DeviceLayer> w4a16_;
-  std::vector<const void*> blocks_;  // host mirror of the layout's block table
   bool stages_ = false;
 };
 

@@ -34,6 +34,7 @@ class WeightUploader {
   // caller checks they are dense with one n_in: together they are one [sum of n_out, n_in] weight).
   std::vector<ops::DeviceWeightStorage> upload(std::span<const QuantWeight* const> weights, int64_t n_experts,
                                                std::span<const LinearRun> glued = {});
+  cudaStream_t stream() const { return stream_; }
   uint64_t bytes_uploaded() const { return bytes_uploaded_; }
   uint64_t bytes_staged() const { return bytes_staged_; }
 

@@ -641,35 +641,48 @@ MoeW4a16DeviceLayer moe_w4a16_upload(std::span<const MoeW4a16ExpertView> experts
   return moe_w4a16_upload_slots(moe_w4a16_layer_info(experts, hidden, inter), slots);
 }
 
+MoeW4a16DeviceLayer moe_w4a16_device_layer(const MoeW4a16LayoutInfo& info, const std::vector<bool>& present) {
+  BG_CHECK(static_cast<int64_t>(present.size()) == info.n_slots && info.block_bytes > 0,
+           "moe_w4a16_device_layer: {} slots for a layout of {} (block of {} bytes)", present.size(), info.n_slots,
+           info.block_bytes);
+  const auto block = static_cast<size_t>(info.block_bytes);
+  const auto n_present = static_cast<size_t>(std::count(present.begin(), present.end(), true));
+  MoeW4a16DeviceLayer layer;
+  layer.weights.info = info;
+  layer.host_table.assign(present.size(), nullptr);
+  if (n_present > 0) {
+    // Not zero-initialised: a K3 layer is ~1 GB, and every block is packed whole next.
+    layer.storage = cuda::DeviceBuffer(n_present * block);
+    size_t k = 0;
+    for (size_t s = 0; s < present.size(); ++s) {
+      if (present[s]) layer.host_table[s] = layer.storage.as<uint8_t>() + (k++) * block;
+    }
+  }
+  layer.table = cuda::upload(layer.host_table);
+  layer.weights.blocks = layer.table.as<const void*>();
+  return layer;
+}
+
 MoeW4a16DeviceLayer moe_w4a16_upload_slots(const MoeW4a16LayoutInfo& info,
                                            std::span<const MoeW4a16ExpertView* const> slots) {
   BG_CHECK(static_cast<int64_t>(slots.size()) == info.n_slots, "moe_w4a16_upload: {} slots for a layout of {}",
            slots.size(), info.n_slots);
+  std::vector<bool> present(slots.size());
+  for (size_t s = 0; s < slots.size(); ++s) present[s] = slots[s] != nullptr;
+  MoeW4a16DeviceLayer layer = moe_w4a16_device_layer(info, present);
   const auto block = static_cast<size_t>(info.block_bytes);
-  size_t present = 0;
-  for (const MoeW4a16ExpertView* v : slots) present += v != nullptr ? 1 : 0;
-  MoeW4a16DeviceLayer layer;
-  layer.weights.info = info;
-  std::vector<const void*> ptrs(slots.size(), nullptr);
-  if (present > 0) {
-    // Not zero-initialised: moe_w4a16_pack_expert writes every byte of a block; a K3 layer is ~1 GB, and zeroing it
-    // first cost a pass over it at load time.
-    const auto host = std::make_unique_for_overwrite<std::byte[]>(present * block);
-    size_t k = 0;
-    for (size_t s = 0; s < slots.size(); ++s) {
-      if (slots[s] == nullptr) continue;
-      const std::span<std::byte> dst(host.get() + k * block, block);
-      moe_w4a16_pack_expert(info, *slots[s], static_cast<int64_t>(s), dst);
-      ++k;
-    }
-    layer.storage = cuda::upload_bytes(host.get(), present * block);
-    k = 0;
-    for (size_t s = 0; s < slots.size(); ++s) {
-      if (slots[s] != nullptr) ptrs[s] = layer.storage.as<uint8_t>() + (k++) * block;
-    }
+  const size_t n_present = layer.storage.bytes() / block;
+  if (n_present == 0) return layer;
+  // Packed on the host into one buffer (moe_w4a16_pack_expert writes every byte), then one upload.
+  const auto host = std::make_unique_for_overwrite<std::byte[]>(n_present * block);
+  size_t k = 0;
+  for (size_t s = 0; s < slots.size(); ++s) {
+    if (slots[s] == nullptr) continue;
+    const std::span<std::byte> dst(host.get() + k * block, block);
+    moe_w4a16_pack_expert(info, *slots[s], static_cast<int64_t>(s), dst);
+    ++k;
   }
-  layer.table = cuda::upload(ptrs);
-  layer.weights.blocks = layer.table.as<const void*>();
+  BG_CUDA_CHECK(cudaMemcpy(layer.storage.data(), host.get(), n_present * block, cudaMemcpyHostToDevice));
   return layer;
 }
 

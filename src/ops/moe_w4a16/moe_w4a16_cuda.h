@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "backend/cuda/device_buffer.h"
 #include "ops/moe/moe_cuda.h"
@@ -26,13 +27,18 @@ struct MoeW4a16Weights {
   const void* const* blocks = nullptr;  // device array [info.n_slots]: expert blocks (info.block_bytes, 16-B aligned)
 };
 
-// Packs the experts (moe_w4a16_pack) and uploads them into one new device allocation with its block table
-// (synchronous; load time).
+// One layer's blocks in one device allocation, its device block table and the table's host mirror.
 struct MoeW4a16DeviceLayer {
   MoeW4a16Weights weights;
   cuda::DeviceBuffer storage;
   cuda::DeviceBuffer table;
+  std::vector<const void*> host_table;  // what `table` holds: slot s's block, or null
 };
+// The allocation and block table of a layout whose slots with present[s] get consecutive blocks of `storage` (not
+// initialised: the caller packs every one) and the others a null pointer (synchronous; load time).
+MoeW4a16DeviceLayer moe_w4a16_device_layer(const MoeW4a16LayoutInfo& info, const std::vector<bool>& present);
+// Packs the experts on the host (moe_w4a16_pack) and uploads them into one new device allocation with its block table
+// (synchronous; load time).
 MoeW4a16DeviceLayer moe_w4a16_upload(std::span<const MoeW4a16ExpertView> experts, int64_t hidden, int64_t inter);
 // The same for the present slots of a layout (info: moe_w4a16_layer_info over every expert the layer will hold, so
 // the scale shifts fit them all); a null slot gets a null block pointer (a streamed slot, pointed later).
