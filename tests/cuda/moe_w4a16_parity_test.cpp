@@ -191,7 +191,8 @@ void expect_graph_replay_equals(const Launch& L, cudaStream_t stream, const std:
   cudaGraphDestroy(graph);
 }
 
-// Parity with the CPU reference, then bitwise: eager reruns and graph replays, with and without PDL.
+// Parity with the CPU reference, then bitwise: eager reruns and graph replays, with and without PDL; on mma.sync and
+// on wgmma (MoeW4a16Params::wgmma).
 void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t inter, int64_t top_k,
                 MoeW4a16Act act, const RunSpec& spec, uint64_t seed) {
   const int64_t E = static_cast<int64_t>(set.views.size());
@@ -202,23 +203,27 @@ void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t 
   Stream st;
   Launch L;
   prepare(L, set, hidden, inter, top_k, act, spec, r, seed, st.s);
-  L.run(st.s);
-  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
-  const std::vector<float> got = L.download_out();
-  const std::vector<uint8_t> bits1 = L.download_bits();
-
   std::vector<float> ref = L.out_init;
   moe_w4a16_cpu(L.p, set.views, L.x.data(), r.ids.data(), r.weights.data(), ref.data());
-  testing::expect_parity(got, ref, testing::kTolBf16Out, what);
 
-  // Bitwise: again eagerly, then from a CUDA graph, then with the down kernel as a programmatic dependent launch.
-  for (bool pdl : {false, true}) {
-    L.p.pdl = pdl;
+  for (bool wgmma : {false, true}) {
+    const std::string path = fmt::format("{} on {}", what, wgmma ? "wgmma" : "mma.sync");
+    L.p.wgmma = wgmma;
+    L.p.pdl = true;
     L.reset_out();
     L.run(st.s);
     BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
-    EXPECT_TRUE(L.download_bits() == bits1) << what << " pdl=" << pdl << ": an eager rerun gave different bits";
-    expect_graph_replay_equals(L, st.s, bits1, fmt::format("{} pdl={}", what, pdl));
+    testing::expect_parity(L.download_out(), ref, testing::kTolBf16Out, path);
+    const std::vector<uint8_t> bits1 = L.download_bits();
+    // Bitwise: again eagerly, then from a CUDA graph, then with the down kernel as a programmatic dependent launch.
+    for (bool pdl : {false, true}) {
+      L.p.pdl = pdl;
+      L.reset_out();
+      L.run(st.s);
+      BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+      EXPECT_TRUE(L.download_bits() == bits1) << path << " pdl=" << pdl << ": an eager rerun gave different bits";
+      expect_graph_replay_equals(L, st.s, bits1, fmt::format("{} pdl={}", path, pdl));
+    }
   }
 }
 
@@ -272,14 +277,21 @@ TEST(MoeW4a16Parity, FixedSplitsAreBatchInvariant) {
   prepare(big, set, hidden, inter, top_k, MoeW4a16Act::kSiTU, s40, r40, 81, st.s);
   prepare(small, set, hidden, inter, top_k, MoeW4a16Act::kSiTU, s32, r32, 81, st.s);  // same x rows (same seed)
   ASSERT_TRUE(std::equal(small.x_bits.begin(), small.x_bits.end(), big.x_bits.begin()));
-  big.run(st.s);
-  small.run(st.s);
-  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
-  const std::vector<uint8_t> a = big.download_bits(), b = small.download_bits();
-  ASSERT_TRUE(std::equal(b.begin(), b.end(), a.begin())) << "fixed splits: tokens 0..31 depend on the batch";
   std::vector<float> ref = big.out_init;
   moe_w4a16_cpu(big.p, set.views, big.x.data(), r40.ids.data(), r40.weights.data(), ref.data());
-  testing::expect_parity(big.download_out(), ref, testing::kTolBf16Out, "batch of 40, fixed splits 4");
+  for (bool wgmma : {false, true}) {
+    big.p.wgmma = small.p.wgmma = wgmma;
+    big.reset_out();
+    small.reset_out();
+    big.run(st.s);
+    small.run(st.s);
+    BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    const std::vector<uint8_t> a = big.download_bits(), b = small.download_bits();
+    ASSERT_TRUE(std::equal(b.begin(), b.end(), a.begin()))
+        << "fixed splits: tokens 0..31 depend on the batch" << (wgmma ? " (wgmma)" : "");
+    testing::expect_parity(big.download_out(), ref, testing::kTolBf16Out,
+                           wgmma ? "batch of 40, fixed splits 4, wgmma" : "batch of 40, fixed splits 4");
+  }
 }
 
 // Rows in, rows out (an expert-parallel rank, whose rows arrive grouped by slot): the gathered rows of a dispatch

@@ -108,6 +108,10 @@ struct MoeW4a16Params {
   // finishes). Same results bit for bit (tested), and faster on the H200: 0.467 -> 0.491 of read at 1 row per expert,
   // 0.435 -> 0.458 at 4, 0.319 -> 0.325 at 16, equal at 32 (MoeW4a16Bench, bench/RESULTS.md 2026-12-02 13:02).
   bool pdl = true;
+  // CUDA only: the tensor-core step on wgmma (sm_90a; A from registers, B the activations in a 128-byte-swizzle
+  // tile) instead of mma.sync. The same arithmetic up to the order of the fp32 additions inside an MMA. Off by default
+  // until measured on the H200; BG_MOE_W4A16_WGMMA=1 turns it on where the backend builds the params.
+  bool wgmma = false;
   // Rows in, rows out (an expert-parallel rank, whose rows arrive through the exchange already grouped by slot): x is
   // [n_tokens * top_k, hidden] in the dispatch's row order (no gather), and out[row] = bf16(expert(x[row])), unweighted
   // (the exchange's combine applies the weights). n_tokens bounds the rows of one expert (the tokens of every rank);

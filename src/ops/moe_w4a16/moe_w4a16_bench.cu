@@ -96,7 +96,7 @@ double read_ceiling_gbps(const void* data, int64_t bytes, cudaStream_t stream) {
 
 // One row count: dispatches for `copies` rotated expert sets, then the timed graph of `copies` launches.
 MoeW4a16BenchRow bench_rows(const MoeW4a16BenchConfig& cfg, const MoeW4a16Weights& w, int rows, bool pdl,
-                            double ceiling, cudaStream_t stream) {
+                            bool wgmma, double ceiling, cudaStream_t stream) {
   MoeCudaParams mp;
   mp.shape = {rows, cfg.touched, cfg.n_slots, cfg.n_slots, true};
   mp.hidden = cfg.hidden;
@@ -105,6 +105,7 @@ MoeW4a16BenchRow bench_rows(const MoeW4a16BenchConfig& cfg, const MoeW4a16Weight
   mp.act = {MoeGlu::kSitu, 4.0f, 25.0f};
   MoeW4a16Params p = moe_w4a16_params(mp);
   p.pdl = pdl;
+  p.wgmma = wgmma;
   std::vector<uint16_t> x_bits(static_cast<size_t>(rows * cfg.hidden));
   for (size_t i = 0; i < x_bits.size(); ++i) x_bits[i] = f32_to_bf16(static_cast<float>((i * 37) % 101) / 101.0f - 0.5f);
   const cuda::DeviceBuffer x = cuda::upload(x_bits);
@@ -147,6 +148,7 @@ MoeW4a16BenchRow bench_rows(const MoeW4a16BenchConfig& cfg, const MoeW4a16Weight
   MoeW4a16BenchRow row;
   row.rows_per_expert = rows;
   row.pdl = pdl;
+  row.wgmma = wgmma;
   int sms = 0, dev = 0;
   BG_CUDA_CHECK(cudaGetDevice(&dev));
   BG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -191,7 +193,11 @@ MoeW4a16BenchResult moe_w4a16_bench_k3(const MoeW4a16BenchConfig& cfg) {
   r.read_ceiling_gbps = read_ceiling_gbps(storage.data(), w.info.total_bytes / 16 * 16, stream);
   r.bytes_per_launch = static_cast<double>(cfg.touched) * (w.info.gate_up.slot_bytes + w.info.down.slot_bytes);
   for (int rows : cfg.rows_per_expert) {
-    for (bool pdl : {false, true}) r.rows.push_back(bench_rows(cfg, w, rows, pdl, r.read_ceiling_gbps, stream));
+    for (bool wgmma : {false, true}) {
+      for (bool pdl : {false, true}) {
+        r.rows.push_back(bench_rows(cfg, w, rows, pdl, wgmma, r.read_ceiling_gbps, stream));
+      }
+    }
   }
   BG_CUDA_CHECK(cudaStreamSynchronize(stream));
   cudaStreamDestroy(stream);
@@ -201,10 +207,11 @@ MoeW4a16BenchResult moe_w4a16_bench_k3(const MoeW4a16BenchConfig& cfg) {
 std::string moe_w4a16_bench_table(const MoeW4a16BenchResult& r) {
   std::string s = fmt::format("moe_decode_w4a16 on {}: read ceiling {:.0f} GB/s, {:.1f} MB packed weights per launch\n",
                               r.device, r.read_ceiling_gbps, r.bytes_per_launch / 1e6);
-  s += "rows/expert  pdl  splits(gu,dn)      us     GB/s  fraction\n";
+  s += "rows/expert  mma       pdl  splits(gu,dn)      us     GB/s  fraction\n";
   for (const MoeW4a16BenchRow& row : r.rows) {
-    s += fmt::format("{:>11}  {:>3}  {:>6},{:<6}  {:>8.1f}  {:>7.0f}  {:>8.3f}\n", row.rows_per_expert,
-                     row.pdl ? "on" : "off", row.splits_gate_up, row.splits_down, row.us, row.gbps, row.fraction);
+    s += fmt::format("{:>11}  {:<8}  {:>3}  {:>6},{:<6}  {:>8.1f}  {:>7.0f}  {:>8.3f}\n", row.rows_per_expert,
+                     row.wgmma ? "wgmma" : "mma.sync", row.pdl ? "on" : "off", row.splits_gate_up, row.splits_down,
+                     row.us, row.gbps, row.fraction);
   }
   return s;
 }

@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "ops/moe_w4a16/moe_w4a16_cuda.h"
 #include "ops/moe_w4a16/moe_w4a16_device.cuh"
@@ -67,6 +68,26 @@ using namespace w4;
 constexpr int kStages = 6;
 constexpr int kBufBytes = kStageBytes + kActStageBytes;
 constexpr int kSmemBytes = kStages * kBufBytes;  // 132096
+
+// A pipeline buffer: mma.sync reads the weights at 0 and the padded activation rows after them; wgmma reads the
+// activations as a 128-byte-swizzle operand, which must start on 1024 bytes, so they come first (4096 B, then the
+// weights; 21504 B = 21 KiB per buffer from a 1024-aligned base, within the same dynamic shared memory).
+template <bool kWgmma>
+struct Buf {
+  static constexpr int kBytes = kWgmma ? kActSw128Bytes + kStageBytes : kBufBytes;
+  static constexpr int kWeights = kWgmma ? kActSw128Bytes : 0;
+  static constexpr int kActs = kWgmma ? 0 : kStageBytes;
+  static constexpr int kAlign = kWgmma ? 1024 : 16;
+};
+static_assert(kStages * Buf<true>::kBytes + Buf<true>::kAlign - 16 <= kSmemBytes, "the wgmma buffers must fit");
+static_assert(Buf<true>::kBytes % 1024 == 0 && kActSw128Bytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
+
+// The first buffer: the dynamic shared memory's base (16-byte aligned at least) rounded up for the path.
+template <bool kWgmma>
+__device__ __forceinline__ uint8_t* buffers(uint8_t* smem) {
+  const uint32_t a = smem_addr(smem);
+  return smem + ((Buf<kWgmma>::kAlign - (a & (Buf<kWgmma>::kAlign - 1))) & (Buf<kWgmma>::kAlign - 1));
+}
 
 // Everything a launch needs, by value (POD).
 struct KernelArgs {
@@ -125,12 +146,24 @@ __device__ __forceinline__ void issue_weights(const Producer& p, uint8_t* buf) {
 }
 
 // ... and the activation rows the consumer reads in this pass (NB n8 blocks); rows past the chunk are zero-filled.
+// mma.sync: one 16-byte copy per thread into the padded rows; wgmma: the same 16 bytes as four 4-byte copies into
+// the swizzled tile (act_sw128_offset: each word lands where the k permutation puts it).
+template <bool kWgmma>
 __device__ __forceinline__ void issue_acts(const Producer& p, const KernelArgs& a, uint8_t* buf) {
   const int tid = static_cast<int>(threadIdx.x);
   const int row = tid >> 3;
   if (row >= p.c.nb * 8) return;
   const bool valid = p.act != nullptr && p.k < a.n_in;
-  cp_async16_zfill(smem_addr(buf + kStageBytes + act_offset(row, tid & 7)), valid ? p.act : a.act, valid ? 16 : 0);
+  if constexpr (kWgmma) {
+    const uint32_t base = smem_addr(buf + Buf<true>::kActs);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      cp_async4_zfill(base + act_sw128_offset(row, tid & 7, i), valid ? p.act + 2 * i : a.act, valid ? 4 : 0);
+    }
+  } else {
+    const uint32_t dst = smem_addr(buf + Buf<false>::kActs + act_offset(row, tid & 7));
+    cp_async16_zfill(dst, valid ? p.act : a.act, valid ? 16 : 0);
+  }
 }
 
 // Moves the producer to its next stage.
@@ -319,9 +352,10 @@ struct Consumer {
 
 // One pass (a chunk of NB n8 token blocks x a split's k-stages) of the consumer, with the producer kStages - 1 stages
 // ahead (across pass and item boundaries), then its epilogue. The accumulators live in this function, sized by NB.
-template <bool kGateUp, int NB>
+template <bool kGateUp, bool kWgmma, int NB>
 __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const KernelArgs& a, const Plan& pl,
-                                             const ItemEntry* table, uint8_t* smem, int* s_flag, int* s_done) {
+                                             const ItemEntry* table, uint8_t* bufs, int* s_flag, int* s_done) {
+  using B = Buf<kWgmma>;
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   Acc<NB> acc;
 #pragma unroll
@@ -336,11 +370,12 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
 #pragma unroll 1
   for (int ks = k.c.ks; ks < k.c.ke; ++ks) {
     cp_async_wait<kStages - 2>();  // this thread's copies of stage `buf` landed
+    if constexpr (kWgmma) fence_proxy_async();  // ... and are visible to wgmma's reads
     __syncthreads();  // everyone's did, and everyone finished the stage before (its buffer is refilled now)
     const int pbuf = k.buf == 0 ? kStages - 1 : k.buf - 1;
     if (prod.c.valid) {
-      issue_weights(prod, smem + pbuf * kBufBytes);
-      issue_acts(prod, a, smem + pbuf * kBufBytes);
+      issue_weights(prod, bufs + pbuf * B::kBytes + B::kWeights);
+      issue_acts<kWgmma>(prod, a, bufs + pbuf * B::kBytes);
       producer_next<kGateUp>(prod, a, pl, table);
     } else if (!k.triggered) {
       // Nothing left to request: let the dependent grid (down, with a.pdl) start on SMs as they free up.
@@ -348,8 +383,12 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
       k.triggered = true;
     }
     cp_async_commit();
-    const uint8_t* wbuf = smem + k.buf * kBufBytes;
-    mma_stage<NB>(acc, wbuf, wbuf + kStageBytes, warp, lane);
+    uint8_t* buf = bufs + k.buf * B::kBytes;
+    if constexpr (kWgmma) {
+      wgmma_stage<NB>(acc, buf + B::kWeights, smem_addr(buf + B::kActs), warp, lane);
+    } else {
+      mma_stage<NB>(acc, buf + B::kWeights, buf + B::kActs, warp, lane);
+    }
     k.buf = k.buf + 1 == kStages ? 0 : k.buf + 1;
   }
   k.c.ks = k.c.ke - 1;  // the pass's last stage: advance() moves to the next pass
@@ -365,9 +404,11 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
   advance(k.c, a.sched, pl, table);
 }
 
-template <bool kGateUp>
+template <bool kGateUp, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const __grid_constant__ KernelArgs a) {
+  using B = Buf<kWgmma>;
   extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* const bufs = buffers<kWgmma>(smem);
   __shared__ int s_flag;
   __shared__ int s_done[kChunkRows];
   const int grid = static_cast<int>(gridDim.x);
@@ -403,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const __grid_con
     Producer w = prod;
 #pragma unroll 1
     for (int i = 0; i < kStages - 1 && w.c.valid; ++i) {
-      issue_weights(w, smem + i * kBufBytes);
+      issue_weights(w, bufs + i * B::kBytes + B::kWeights);
       producer_next<kGateUp>(w, a, pl, table);
     }
   }
@@ -411,7 +452,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const __grid_con
 #pragma unroll 1
   for (int i = 0; i < kStages - 1; ++i) {
     if (prod.c.valid) {
-      issue_acts(prod, a, smem + i * kBufBytes);
+      issue_acts<kWgmma>(prod, a, bufs + i * B::kBytes);
       producer_next<kGateUp>(prod, a, pl, table);
     }
     cp_async_commit();
@@ -420,10 +461,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const __grid_con
 #pragma unroll 1
   while (cons.c.valid) {
     switch (cons.c.nb) {  // uniform across the CTA
-      case 1: consume_pass<kGateUp, 1>(cons, prod, a, pl, table, smem, &s_flag, s_done); break;
-      case 2: consume_pass<kGateUp, 2>(cons, prod, a, pl, table, smem, &s_flag, s_done); break;
-      case 3: consume_pass<kGateUp, 3>(cons, prod, a, pl, table, smem, &s_flag, s_done); break;
-      default: consume_pass<kGateUp, 4>(cons, prod, a, pl, table, smem, &s_flag, s_done); break;
+      case 1: consume_pass<kGateUp, kWgmma, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
+      case 2: consume_pass<kGateUp, kWgmma, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
+      case 3: consume_pass<kGateUp, kWgmma, 3>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
+      default: consume_pass<kGateUp, kWgmma, 4>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
     }
   }
   cp_async_wait<0>();
@@ -450,7 +491,7 @@ int smem_limit() {
 }
 
 // The dynamic shared-memory opt-in is per device and kernel: raised to `bytes` when a launch needs more than set.
-template <bool kGateUp>
+template <bool kGateUp, bool kWgmma>
 void set_smem_attribute(int bytes) {
   static std::mutex mu;
   static int set[64] = {};  // per device
@@ -458,7 +499,8 @@ void set_smem_attribute(int bytes) {
   BG_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
   if (dev < 64 && set[dev] >= bytes) return;
-  BG_CUDA_CHECK(cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  BG_CUDA_CHECK(
+      cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp, kWgmma>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   if (dev < 64) set[dev] = bytes;
 }
 
@@ -514,6 +556,32 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   return k;
 }
 
+
+// gate/up, then down (as a programmatic dependent with pdl: down's CTAs may start and stream their first weights
+// while gate/up finishes; they read h only after griddepcontrol.wait, which waits for gate/up to complete and flush).
+template <bool kWgmma>
+void launch(const KernelArgs& gu, const KernelArgs& dn, int smem, int grid, bool pdl, cudaStream_t stream) {
+  set_smem_attribute<true, kWgmma>(smem);
+  set_smem_attribute<false, kWgmma>(smem);
+  moe_w4a16_kernel<true, kWgmma><<<grid, kThreads, smem, stream>>>(gu);
+  BG_CUDA_CHECK_LAUNCH();
+  if (!pdl) {
+    moe_w4a16_kernel<false, kWgmma><<<grid, kThreads, smem, stream>>>(dn);
+    BG_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  BG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_w4a16_kernel<false, kWgmma>, dn));
+}
 
 }  // namespace
 
@@ -572,31 +640,13 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
   BG_CHECK(d.offsets && d.active && d.n_active && d.error_flags &&
                (p.rows_out || (d.row_token && d.row_weight && d.slot_row)),
            "moe_w4a16_cuda: the dispatch workspace is incomplete");
-  const int smem = smem_bytes(ws);
-  set_smem_attribute<true>(smem);
-  set_smem_attribute<false>(smem);
   const KernelArgs gu = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kGateUp);
-  moe_w4a16_kernel<true><<<ws.grid, kThreads, smem, stream>>>(gu);
-  BG_CUDA_CHECK_LAUNCH();
   const KernelArgs dn = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kDown);
-  if (!p.pdl) {
-    moe_w4a16_kernel<false><<<ws.grid, kThreads, smem, stream>>>(dn);
-    BG_CUDA_CHECK_LAUNCH();
-    return;
+  if (p.wgmma) {
+    launch<true>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
+  } else {
+    launch<false>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
   }
-  // Programmatic dependent launch: down's CTAs may start (and stream their first weights) while gate/up finishes;
-  // they read h only after griddepcontrol.wait, which waits for gate/up to complete and flush.
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(ws.grid));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  BG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_w4a16_kernel<false>, dn));
 }
 
 namespace {
@@ -617,6 +667,7 @@ MoeW4a16Params moe_w4a16_common_params(const MoeCudaParams& p, int32_t fixed_spl
   q.out_f32 = p.out_type == MoeOutType::kF32;
   q.accumulate = p.accumulate;
   q.fixed_splits = fixed_splits;
+  q.wgmma = env_switch("BG_MOE_W4A16_WGMMA", false);
   return q;
 }
 

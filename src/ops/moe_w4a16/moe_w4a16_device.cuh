@@ -101,6 +101,143 @@ __device__ __forceinline__ void mma_stage(Acc<NB>& acc, const uint8_t* wbuf, con
   }
 }
 
+// ---- The wgmma path (MoeW4a16Params::wgmma, sm_90a) ---------------------------------------------------------------
+// A from registers (each warp's m16 tile in mma.m16n8k16's A layout: warp w % 4 of a warpgroup supplies rows
+// 16 (w % 4).. of the m64 operand and receives them in D, n8 block j in d[4 j..4 j + 3] as mma's C), B the
+// activation tile in shared memory (K-major, 128-byte swizzle: act_sw128_offset), N = 8 NB tokens.
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define BG_W4_NO_WGMMA 1
+#endif
+
+// 4-byte cp.async (L1-allocating: .cg copies only 16 bytes); src_bytes 0 writes zeros without reading.
+__device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// This thread's generic-proxy shared-memory writes (cp.async) made visible to the async proxy (wgmma).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving register accesses across the asynchronous MMA (no instruction).
+template <int kN>
+__device__ __forceinline__ void fence_operands(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int kN>
+__device__ __forceinline__ void fence_operands(uint32_t (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// The descriptor of a K-major 128-byte-swizzle operand at shared address `addr` (1024-byte-aligned atoms): start
+// address >> 4, leading byte offset 16 (unused by this mode), stride byte offset 1024 (8 rows of 128 B), swizzle 1.
+__device__ __forceinline__ uint64_t sw128_k_major_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t{16 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+// d[64 x 8 NB] += A (registers) * B (descriptor), bf16 in, fp32 accumulate, B K-major.
+template <int NB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[NB * 4], const uint32_t (&a)[4], uint64_t b) {
+#ifdef BG_W4_NO_WGMMA
+  __trap();
+#else
+  if constexpr (NB == 1) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+        : "memory");
+  } else if constexpr (NB == 2) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
+        "%12, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+        : "memory");
+  } else if constexpr (NB == 3) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, "
+        "{%12, %13, %14, %15}, %16, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+        : "memory");
+  } else {
+    static_assert(NB == 4, "1..4 n8 token blocks");
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+        "%12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+        : "memory");
+  }
+#endif
+}
+
+// mma_stage on wgmma: the same A registers (decode + scale), B from the swizzled activation tile at shared address
+// `act`. Per k-step the four tiles' wgmmas are one commit group; k-step ks + 1 decodes into the other register set
+// while ks's group runs (wait_group 1 before a set is rewritten), and the stage ends with every group done (the
+// producer refills the buffers after the next barrier).
+template <int NB>
+__device__ __forceinline__ void wgmma_stage(Acc<NB>& acc, const uint8_t* wbuf, uint32_t act, int warp, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  uint4 code[kMTiles];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) code[mt] = *reinterpret_cast<const uint4*>(wbuf + code_offset(warp, mt, lane));
+  const uint2 sc = *reinterpret_cast<const uint2*>(wbuf + scale_offset(warp, g, t >> 1, 0, 0));
+  uint32_t s_row_g[kMTiles], s_row_g8[kMTiles];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) tile_scales(sc.x, sc.y, mt, s_row_g[mt], s_row_g8[mt]);
+  const uint64_t b = sw128_k_major_desc(act);
+  uint32_t a[2][kMTiles][4];
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    uint32_t (&as)[kMTiles][4] = a[ks & 1];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      const uint32_t word = ks == 0 ? code[mt].x : ks == 1 ? code[mt].y : ks == 2 ? code[mt].z : code[mt].w;
+      uint32_t r[4];
+      decode_word(word, r);
+      as[mt][0] = mul_bf16x2(r[0], s_row_g[mt]);
+      as[mt][1] = mul_bf16x2(r[1], s_row_g8[mt]);
+      as[mt][2] = mul_bf16x2(r[2], s_row_g[mt]);
+      as[mt][3] = mul_bf16x2(r[3], s_row_g8[mt]);
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) fence_operands(reinterpret_cast<float(&)[NB * 4]>(acc[mt]));
+    wgmma_fence();  // the A registers (and, at ks 0, the accumulators) were written by ordinary instructions
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      // The k-step's 16 inputs start 32 bytes further into each 128-byte row (the descriptor's address >> 4).
+      wgmma_rs<NB>(reinterpret_cast<float(&)[NB * 4]>(acc[mt]), as[mt], b + static_cast<uint64_t>(2 * ks));
+    }
+    wgmma_commit();
+    if (ks < 3) {
+      wgmma_wait<1>();  // k-step ks - 1's group is done: its register set may be rewritten next
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) fence_operands(a[(ks + 1) & 1][mt]);
+    }
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    fence_operands(a[0][mt]);
+    fence_operands(a[1][mt]);
+    fence_operands(reinterpret_cast<float(&)[NB * 4]>(acc[mt]));
+  }
+}
+
 // The GLU, with the CPU reference's formulas (moe_w4a16_cpu.cpp): SwiGLU g sigmoid(g) u; SiTU
 // [beta tanh(g / beta) sigmoid(g)] [beta_lin tanh(u / beta_lin)]. sigmoid via 1 / (1 + exp(-g)): exactly 0 once
 // exp overflows. Out of line: the gate/up epilogue calls it up to 32 times per pass, and inlined copies (divisions,

@@ -59,6 +59,20 @@ BG_W4_HD int scale_offset(int warp, int g, int q, int mt, int rh) {
 // Activations (B operand) in shared memory: row (token) r of the chunk, 16-byte chunk c of its 64 stage inputs.
 BG_W4_HD int act_offset(int row, int chunk16) { return row * kActRowBytes + chunk16 * 16; }
 
+// ---- Activations for the wgmma path (MoeW4a16Params::wgmma) -------------------------------------------------------
+// wgmma reads B (the tokens' activations) from shared memory in the canonical K-major 128-byte-swizzle layout: token
+// row r of the stage at r * 128 (rows in 1024-byte atoms of 8, atoms 1024-byte aligned), and its 16-byte chunk j,
+// the hardware k 8 j..8 j + 7 (k-step j / 2, half j % 2), at ((j ^ (r % 8)) * 16). The hardware k 16 ks + c is the
+// stage input stage_k(t, ks, hi, e) for c = 2 t + 8 hi + e (the weights' permutation below, unchanged), so chunk
+// j = 2 ks + hi holds in its word t the input pair 16 t + 4 ks + 2 hi: word i of the source chunk ch (inputs
+// 8 ch..8 ch + 7) goes to word ch / 2 of chunk 4 (ch % 2) + i.
+inline constexpr int kActSw128RowBytes = kKStage * 2;                     // 128
+inline constexpr int kActSw128Bytes = kChunkRows * kActSw128RowBytes;     // 4096
+BG_W4_HD int act_sw128_offset(int row, int src_chunk, int word) {
+  const int j = 4 * (src_chunk & 1) + word;
+  return row * kActSw128RowBytes + ((j ^ (row & 7)) << 4) + 4 * (src_chunk >> 1);
+}
+
 // ---- Fragment <-> k ------------------------------------------------------------------------------------------------
 // PTX mma.m16n8k16 .bf16 (row.col), groupID g = lane >> 2, threadID_in_group t = lane & 3:
 //   A register j (two bf16, element 2j low half): j=0 row g, col 2t+{0,1}; j=1 row g+8, col 2t+{0,1};

@@ -213,10 +213,22 @@ void emulate_mma(const uint32_t (&a_regs)[32][4], const uint32_t (&b_regs)[32][2
       for (int k = 0; k < 16; ++k) d[r][c] += static_cast<double>(a[r][k]) * b[k][c];
 }
 
+// What wgmma reads as B element (k = 16 ks + kk, token n) of a K-major 128-byte-swizzle operand whose descriptor starts
+// at the stage's activation base + 32 ks (PTX ISA, "Shared memory matrix layout", K-major with 128B swizzling: row n
+// at n * 128 inside 1024-byte atoms of 8 rows, address bits 4-6 XORed with bits 7-9). Written from the ISA, not from
+// w4::act_sw128_offset, so the emulation checks the producer's placement.
+int wgmma_b_offset(int n, int ks, int kk) {
+  const int linear = n * 128 + 32 * ks + 2 * kk;
+  return (linear & ~0x70) | (((linear >> 4) & 7) ^ (n & 7)) << 4;
+}
+
 // The kernel's work on slot 0 of one projection, emulated: every item, every k-stage (activation tile built as the
-// producer copies it, zeros past n_in), registers extracted exactly as mma_stage does, results mapped back through
-// the C fragment rule and the layout's row maps. Returns [row][token]; gate/up rows: gate 0..inter-1, then up.
-std::vector<double> emulate_projection(const Layer& l, MoeW4a16Proj proj, const std::vector<float>& x, int n_tok) {
+// producer copies it, zeros past n_in), registers extracted exactly as mma_stage does (or, with `wgmma`, the A
+// registers as wgmma_stage makes them and B read from the swizzled tile as wgmma reads it), results mapped back
+// through the C fragment rule (a wgmma's D rows of one warp follow it) and the layout's row maps. Returns
+// [row][token]; gate/up rows: gate 0..inter-1, then up.
+std::vector<double> emulate_projection(const Layer& l, MoeW4a16Proj proj, const std::vector<float>& x, int n_tok,
+                                       bool wgmma = false) {
   const MoeW4a16MatrixInfo& m = proj == MoeW4a16Proj::kGateUp ? l.info.gate_up : l.info.down;
   const bool gu = proj == MoeW4a16Proj::kGateUp;
   std::vector<double> out(static_cast<size_t>((gu ? 2 : 1) * m.n_out * n_tok), 0.0);
@@ -228,13 +240,15 @@ std::vector<double> emulate_projection(const Layer& l, MoeW4a16Proj proj, const 
           double d[16][8] = {};
           for (int kstage = 0; kstage < m.n_kstages; ++kstage) {
             const uint8_t* block = layout + (static_cast<int64_t>(item) * m.n_kstages + kstage) * w4::kStageBytes;
-            std::vector<uint8_t> act(w4::kActStageBytes, 0);
+            std::vector<uint8_t> act(w4::kActStageBytes, 0), act_sw(w4::kActSw128Bytes, 0xEE);
             for (int r = 0; r < n_tok; ++r)
               for (int c = 0; c < 8; ++c)
                 for (int j = 0; j < 8; ++j) {
                   const int64_t k = kstage * 64 + c * 8 + j;
                   const uint16_t bits = k < m.n_in ? f32_to_bf16(x[static_cast<size_t>(r * m.n_in + k)]) : 0;
                   std::memcpy(act.data() + w4::act_offset(r, c) + 2 * j, &bits, 2);
+                  // The wgmma producer: word j / 2 of source chunk c, one 4-byte copy.
+                  std::memcpy(act_sw.data() + w4::act_sw128_offset(r, c, j / 2) + 2 * (j & 1), &bits, 2);
                 }
             for (int ks = 0; ks < 4; ++ks) {
               uint32_t a_regs[32][4], b_regs[32][2];
@@ -254,6 +268,11 @@ std::vector<double> emulate_projection(const Layer& l, MoeW4a16Proj proj, const 
                 }
                 b_regs[lane][0] = chunk[2 * (ks & 1)];
                 b_regs[lane][1] = chunk[2 * (ks & 1) + 1];
+                if (wgmma) {  // B element pairs (k 2t + 8j + {0, 1}, token nb * 8 + g) as wgmma reads them
+                  for (int j = 0; j < 2; ++j) {
+                    std::memcpy(&b_regs[lane][j], act_sw.data() + wgmma_b_offset(nb * 8 + g, ks, 2 * t + 8 * j), 4);
+                  }
+                }
               }
               emulate_mma(a_regs, b_regs, d);
             }
@@ -288,25 +307,28 @@ TEST(MoeW4a16Layout, FragmentsMatchPtxMmaSemantics) {
     const int64_t n_in = gu ? hidden : inter;
     std::vector<float> x(static_cast<size_t>(n_tok * n_in));
     for (auto& v : x) v = bf16_to_f32(f32_to_bf16(uni(rng)));
-    const std::vector<double> got = emulate_projection(l, proj, x, n_tok);
-    std::vector<std::vector<float>> mats;
-    if (gu) {
-      mats = {l.gate[0].w.decode_all(), l.up[0].w.decode_all()};
-    } else {
-      mats = {l.down[0].w.decode_all()};
-    }
-    const int64_t n_out = gu ? inter : hidden;
-    for (size_t mi = 0; mi < mats.size(); ++mi) {
-      for (int64_t row = 0; row < n_out; ++row) {
-        for (int tok = 0; tok < n_tok; ++tok) {
-          double want = 0.0;
-          for (int64_t k = 0; k < n_in; ++k) {
-            want += static_cast<double>(mats[mi][static_cast<size_t>(row * n_in + k)]) *
-                    x[static_cast<size_t>(tok * n_in + k)];
+    for (bool wgmma : {false, true}) {
+      const std::vector<double> got = emulate_projection(l, proj, x, n_tok, wgmma);
+      std::vector<std::vector<float>> mats;
+      if (gu) {
+        mats = {l.gate[0].w.decode_all(), l.up[0].w.decode_all()};
+      } else {
+        mats = {l.down[0].w.decode_all()};
+      }
+      const int64_t n_out = gu ? inter : hidden;
+      for (size_t mi = 0; mi < mats.size(); ++mi) {
+        for (int64_t row = 0; row < n_out; ++row) {
+          for (int tok = 0; tok < n_tok; ++tok) {
+            double want = 0.0;
+            for (int64_t k = 0; k < n_in; ++k) {
+              want += static_cast<double>(mats[mi][static_cast<size_t>(row * n_in + k)]) *
+                      x[static_cast<size_t>(tok * n_in + k)];
+            }
+            const double g = got[static_cast<size_t>((static_cast<int64_t>(mi) * n_out + row) * n_tok + tok)];
+            ASSERT_NEAR(g, want, 1e-9 * (1.0 + std::fabs(want)))
+                << (gu ? (mi ? "up" : "gate") : "down") << " row " << row << " token " << tok
+                << (wgmma ? " (wgmma activations)" : "");
           }
-          const double g = got[static_cast<size_t>((static_cast<int64_t>(mi) * n_out + row) * n_tok + tok)];
-          ASSERT_NEAR(g, want, 1e-9 * (1.0 + std::fabs(want)))
-              << (gu ? (mi ? "up" : "gate") : "down") << " row " << row << " token " << tok;
         }
       }
     }
