@@ -77,14 +77,15 @@ struct Buf {
   static constexpr int kBytes = kWgmma ? kActSw128Bytes + kStageBytes : kBufBytes;
   static constexpr int kWeights = kWgmma ? kActSw128Bytes : 0;
   static constexpr int kActs = kWgmma ? 0 : kStageBytes;
-  static constexpr int kAlign = kWgmma ? 1024 : 16;
+  static constexpr int kAlign = kWgmma ? 1024 : 128;
 };
-static_assert(kStages * Buf<true>::kBytes + Buf<true>::kAlign - 16 <= kSmemBytes, "the wgmma buffers must fit");
+static_assert(kStages * Buf<true>::kBytes + Buf<true>::kAlign - 128 <= kSmemBytes, "the wgmma buffers must fit");
 static_assert(Buf<true>::kBytes % 1024 == 0 && kActSw128Bytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
 
-// The first buffer: the dynamic shared memory's base (16-byte aligned at least) rounded up for the path.
+// The first buffer: the dynamic shared memory's base (128-byte aligned), rounded up to 1024 bytes for wgmma.
 template <bool kWgmma>
 __device__ __forceinline__ uint8_t* buffers(uint8_t* smem) {
+  if constexpr (!kWgmma) return smem;
   const uint32_t a = smem_addr(smem);
   return smem + ((Buf<kWgmma>::kAlign - (a & (Buf<kWgmma>::kAlign - 1))) & (Buf<kWgmma>::kAlign - 1));
 }
@@ -161,8 +162,7 @@ __device__ __forceinline__ void issue_acts(const Producer& p, const KernelArgs& 
       cp_async4_zfill(base + act_sw128_offset(row, tid & 7, i), valid ? p.act + 2 * i : a.act, valid ? 4 : 0);
     }
   } else {
-    const uint32_t dst = smem_addr(buf + Buf<false>::kActs + act_offset(row, tid & 7));
-    cp_async16_zfill(dst, valid ? p.act : a.act, valid ? 16 : 0);
+    cp_async16_zfill(smem_addr(buf + kStageBytes + act_offset(row, tid & 7)), valid ? p.act : a.act, valid ? 16 : 0);
   }
 }
 
@@ -267,11 +267,11 @@ __device__ void store_h(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a
       }
 }
 
-// down with rows out: out[row, col] = bf16(2^shift acc), no combine.
-template <int NB>
-__device__ void store_rows(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a) {
+// Calls f(row, col, value) for each of this thread's accumulators of a down pass inside the chunk and the output
+// (row: the chunk's permuted row, col: the output column, value: 2^shift acc).
+template <int NB, class F>
+__device__ __forceinline__ void for_each_down_result(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a, F f) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  auto* out = static_cast<__nv_bfloat16*>(a.out);
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -281,25 +281,26 @@ __device__ void store_rows(const Acc<NB>& acc, const Cursor& c, const KernelArgs
         const int n = nb * 8 + (lane & 3) * 2 + (i & 1);
         const int64_t col = down_row(c.m, warp, mt, (lane >> 2) + (i >> 1) * 8);
         if (n >= c.chunk_rows || col >= a.n_out) continue;
-        out[static_cast<int64_t>(c.chunk_row0 + n) * a.n_out + col] = __float2bfloat16(acc[mt][nb][i] * a.out_scale);
+        f(static_cast<int64_t>(c.chunk_row0 + n), col, acc[mt][nb][i] * a.out_scale);
       }
+}
+
+// down with rows out: out[row, col] = bf16(2^shift acc), no combine.
+template <int NB>
+__device__ void store_rows(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a) {
+  auto* out = static_cast<__nv_bfloat16*>(a.out);
+  for_each_down_result<NB>(acc, c, a, [&](int64_t row, int64_t col, float v) {
+    out[row * a.n_out + col] = __float2bfloat16(v);
+  });
 }
 
 // down: y[row, col] (fp32); then the fused combine of every token whose last slot this pass completed.
 template <int NB>
 __device__ void store_y_and_combine(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a, int* s_done) {
-  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int n = nb * 8 + (lane & 3) * 2 + (i & 1);
-        const int64_t col = down_row(c.m, warp, mt, (lane >> 2) + (i >> 1) * 8);
-        if (n >= c.chunk_rows || col >= a.n_out) continue;
-        __stcg(a.ws.y + static_cast<int64_t>(c.chunk_row0 + n) * a.n_out + col, acc[mt][nb][i] * a.out_scale);
-      }
+  const int tid = static_cast<int>(threadIdx.x);
+  for_each_down_result<NB>(acc, c, a, [&](int64_t row, int64_t col, float v) {
+    __stcg(a.ws.y + row * a.n_out + col, v);
+  });
   // Release y, count the rows as done, acquire the other slots' y (pattern as in reduce_splits: the counting
   // threads' fences are cumulative over the CTA's y stores the barrier ordered before them).
   __syncthreads();
@@ -383,11 +384,11 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
       k.triggered = true;
     }
     cp_async_commit();
-    uint8_t* buf = bufs + k.buf * B::kBytes;
+    const uint8_t* wbuf = bufs + k.buf * B::kBytes;
     if constexpr (kWgmma) {
-      wgmma_stage<NB>(acc, buf + B::kWeights, smem_addr(buf + B::kActs), warp, lane);
+      wgmma_stage<NB>(acc, wbuf + B::kWeights, smem_addr(wbuf + B::kActs), warp, lane);
     } else {
-      mma_stage<NB>(acc, buf + B::kWeights, buf + B::kActs, warp, lane);
+      mma_stage<NB>(acc, wbuf, wbuf + kStageBytes, warp, lane);  // Buf<false>: weights at 0, activations after
     }
     k.buf = k.buf + 1 == kStages ? 0 : k.buf + 1;
   }
