@@ -388,7 +388,7 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
     if constexpr (kWgmma) {
       wgmma_stage<NB>(acc, wbuf + B::kWeights, smem_addr(wbuf + B::kActs), warp, lane);
     } else {
-      mma_stage<NB>(acc, wbuf, wbuf + kStageBytes, warp, lane);  // Buf<false>: weights at 0, activations after
+      mma_stage<NB>(acc, wbuf, wbuf + B::kActs, warp, lane);  // Buf<false>: weights at 0, activations after
     }
     k.buf = k.buf + 1 == kStages ? 0 : k.buf + 1;
   }
