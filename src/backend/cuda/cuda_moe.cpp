@@ -136,7 +136,8 @@ void CudaExpertSlots::pack_on_device(const ops::MoeW4a16LayoutInfo& info,
   }
   w4a16_ = ops::moe_w4a16_device_layer(info, is_present);
   const cudaStream_t stream = uploader.stream();
-  DeviceBuffer errors = upload(std::vector<int32_t>{0});
+  DeviceBuffer errors(sizeof(int32_t));
+  BG_CUDA_CHECK(cudaMemsetAsync(errors.data(), 0, sizeof(int32_t), stream));  // ordered before the packs
   // A checkpoint-format expert takes about its block's bytes (the same codes and scales, less the alignment).
   const auto chunk_bytes = static_cast<size_t>(
       env_int("BG_MOE_W4A16_PACK_CHUNK_BYTES", 1, int64_t{1} << 40).value_or(kDevicePackChunkBytes));
