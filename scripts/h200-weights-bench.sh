@@ -67,6 +67,8 @@ run_ready() {  # label, extra args...
 }
 READY1=$(run_ready store1 --weight-store "$STORE")
 READY2=$(run_ready store2 --weight-store "$STORE")
+# The same with MXFP4 experts packed into the W4A16 layout on the device (docs/MOE_W4A16.md), not on the host.
+READY_DEV=$(export BG_MOE_W4A16_PACK=device; run_ready store_devpack --weight-store "$STORE")
 drop_caches > /dev/null
 DIRECT=$(run_ready direct)
 UPLOAD=$(grep -o "prepared [0-9]* linear weights ([0-9.]* GB) in [0-9.]* s ([0-9.]* GB/s)" "$OUT/ready_store2.log" | tail -1)
@@ -85,6 +87,7 @@ PROJ=$(python3 -c "r=float('$H2D' or 0); print(f'{97/r:.1f} s of copying at {r} 
   echo "| pinned host -> GPU (cudaMallocHost) | $PINNED GB/s |"
   echo "| store -> GPU / pinned | $FRAC |"
   echo "| engine warm restart to ready (generate 1 token), 1st / 2nd | $READY1 s / $READY2 s |"
+  echo "| the same, MXFP4 experts packed on the device (BG_MOE_W4A16_PACK=device) | $READY_DEV s |"
   echo "| engine from the files (no store, cold cache) | $DIRECT s |"
   echo "| engine upload (log) | $UPLOAD |"
   echo "| projection, a K3 EP16 rank's 97 GB | $PROJ |"
