@@ -58,12 +58,13 @@ struct Smem {
 using ptx::cp_async16;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
+using ptx::fence_operands;
+using ptx::fence_proxy_async;
 using ptx::ldmatrix_x4;
 using ptx::ldmatrix_x4_trans;
 using ptx::smem_addr;
-
-// Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the async proxy (wgmma).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+using ptx::wgmma_commit;
+using ptx::wgmma_fence;
 // Barrier over one warpgroup (ids 1 and 2; 0 is __syncthreads).
 __device__ __forceinline__ void warpgroup_barrier(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
@@ -127,16 +128,7 @@ struct MmaSync {
 __device__ __forceinline__ uint64_t desc_k_major(uint32_t start) { return sw128_desc(start, kKMajorLbo, kKMajorSbo); }
 __device__ __forceinline__ uint64_t desc_m_major(uint32_t start) { return sw128_desc(start, kMMajorLbo, kMMajorSbo); }
 
-// Keeps the compiler from moving accesses of wgmma accumulators across the asynchronous MMA (no-op instruction).
-template <int kN>
-__device__ __forceinline__ void fence_operands(float (&d)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { ptx::wgmma_wait<0>(); }
 
 // d[64 x 8kNT] += A(desc a) · B(desc b), bf16 in, fp32 accumulate; kTransA = 1 reads A M-major. The build targets
 // sm_90a only; any other device pass traps (the launcher never selects the wgmma policy there).

@@ -38,10 +38,7 @@ __device__ __forceinline__ uint64_t desc(uint32_t start) {
          (uint64_t{1} << 62);
 }
 
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
+using ptx::wgmma_wait;
 
 // d[64 x 96] (= / +=) A[64 x 16] · B[16 x 96], both K-major in shared memory; accumulate = 0 overwrites d.
 __device__ __forceinline__ void wgmma_ss_n96(float (&d)[48], uint64_t a, uint64_t b, int accumulate) {

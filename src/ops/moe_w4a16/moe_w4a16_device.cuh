@@ -1,4 +1,5 @@
-// Device building blocks of the W4A16 expert kernel: cp.async (16 B, L2 only), bf16x2 multiply,
+// Device building blocks of the W4A16 expert kernel: cp.async (16 B, L2 only; 4 B for the wgmma activations; the
+// shared primitives of ops/elementwise/cuda_ptx.cuh), bf16x2 multiply,
 // mma.sync m16n8k16 (bf16 in, fp32 accumulate), the per-stage tensor-core step (16-byte shared loads straight into A
 // and B fragment registers, E2M1 decode + E8M0 scale in registers), and the GLU. Included only by moe_w4a16_cuda.cu.
 #pragma once
@@ -7,33 +8,30 @@
 
 #include <cstdint>
 
+#include "ops/elementwise/cuda_ptx.cuh"
 #include "ops/moe_w4a16/moe_w4a16.h"
 #include "ops/moe_w4a16/moe_w4a16_layout.h"
 
 namespace bg::ops::w4 {
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::fence_operands;
+using ptx::fence_proxy_async;
+using ptx::smem_addr;
+using ptx::wgmma_commit;
+using ptx::wgmma_fence;
+using ptx::wgmma_wait;
 
 // Weights are read exactly once per step. An L2 evict-first hint (cp.async ... L2::cache_hint with a createpolicy
 // operand) would keep activations, h, y and partials in L2 better, but nvcc 13.0's ptxas compiled it here into
 // LDGSTS with an undefined, odd uniform descriptor register (desc[UR1]): an illegal instruction on the H200 (found
-// with compute-sanitizer, 2026-12-01). Plain cp.async.cg (L2 only, L1 bypassed) until a fixed toolkit is checked.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
+// with compute-sanitizer, 2026-12-01). Plain cp.async.cg (L2 only, L1 bypassed; ptx::cp_async16) until a fixed
+// toolkit is checked.
+using ptx::cp_async16;
 // src_bytes 0 writes 16 zero bytes without reading (rows past the chunk, inputs past n_in).
 __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+  ptx::cp_async16(dst, src, static_cast<uint32_t>(src_bytes));
 }
 
 // Programmatic dependent launch: wait for the preceding grid to complete and flush (returns at once when this grid
@@ -114,25 +112,6 @@ __device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, i
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
-// This thread's generic-proxy shared-memory writes (cp.async) made visible to the async proxy (wgmma).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-// Keeps the compiler from moving register accesses across the asynchronous MMA (no instruction).
-template <int kN>
-__device__ __forceinline__ void fence_operands(float (&d)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-template <int kN>
-__device__ __forceinline__ void fence_operands(uint32_t (&r)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
 
 // The descriptor of a K-major 128-byte-swizzle operand at shared address `addr` (1024-byte-aligned atoms): start
 // address >> 4, leading byte offset 16 (unused by this mode), stride byte offset 1024 (8 rows of 128 B), swizzle 1.
