@@ -99,7 +99,13 @@ Tensor CudaBackend::run_graph(int64_t key, const std::function<Tensor()>& body) 
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     it = graphs_.emplace(key, capture_graph(body, false)).first;
-    log::debug("cuda backend: captured graph {:#x} ({} graphs)", key, graphs_.size());
+    // Each graph keeps its capture's memory while it lives (its private pool), and nothing bounds their number yet
+    // (one per batch bucket and block-table width): say what they hold, so a run's log shows how much that is.
+    size_t held = 0;
+    for (const auto& [k, g] : graphs_) held += g.memory ? g.memory->bytes() : 0;
+    log::info("cuda backend: captured graph {:#x}: {:.1f} MiB; {} graphs hold {:.1f} MiB", key,
+              static_cast<double>(it->second.memory ? it->second.memory->bytes() : 0) / (1 << 20), graphs_.size(),
+              static_cast<double>(held) / (1 << 20));
   }
   BG_PROFILE_OP("graph", stream_);
   BG_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
