@@ -10,6 +10,8 @@
 #                                    w4a16-wgmma (the W4A16 kernel's wgmma path: its parity tests, the GPU goldens and
 #                                    MoE backend tests with BG_MOE_W4A16_WGMMA=1, the micro-benchmark of both paths),
 #                                    device-pack (BG_MOE_W4A16_PACK=device: the byte test, goldens, streamed experts)
+#                                    graph-arena (BG_GRAPH_ARENA=1: the graph memory tests, goldens and step tests,
+#                                    the served check; the logs' "captured graph" lines give the graphs' memory)
 # Meant for the H200 machine (torch's CUDA libraries beside the bundle's own).
 set -u
 OUT=${OUT:-$PWD/gpu-out}
@@ -58,6 +60,11 @@ for step in "$@"; do
     device-pack)
       (export BG_MOE_W4A16_PACK=device
        run device_pack 420 $B/test_cuda --gtest_filter='CudaExpertSlots.*:*Golden*:*Streamed*:*StepGpu*') ;;
+    graph-arena)
+      run graph_arena_tests 120 $B/test_cuda --gtest_filter='GraphCaptureMemory.*'
+      (export BG_GRAPH_ARENA=1
+       run graph_arena_model 420 $B/test_cuda --gtest_filter='*Golden*:*StepGpu*:*EngineStateGpu*:*SamplingStepGpu*'
+       run graph_arena_serve 240 scripts/gpu-serve-check.sh $B) ;;
     bench-quick) run bench_quick 300 $B/batchgen bench all --device cuda --quick --json "$OUT/bench_quick.json" ;;
     bench) run bench "${BG_BENCH_LIMIT_S:-560}" bench/run-h200.sh $B ${BG_BENCH_ARGS:-} ;;
     serve) run serve 240 scripts/gpu-serve-check.sh $B ;;

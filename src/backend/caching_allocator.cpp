@@ -97,7 +97,12 @@ void* CachingAllocator::take_capture_locked(size_t size, size_t& got) {
     }
     return ptr;
   };
-  if (auto it = pool.free_.find(size); it != pool.free_.end()) return take(pool.free_, it, false);
+  auto reuse = [&](std::multimap<size_t, void*>::iterator it) {
+    void* ptr = take(pool.free_, it, false);
+    reused_.insert(ptr);
+    return ptr;
+  };
+  if (auto it = pool.free_.find(size); it != pool.free_.end()) return reuse(it);
   if (auto it = free_.find(size); it != free_.end()) return take(free_, it, true);
   if (in_use_ + cached_ + size <= budget_) {
     if (void* ptr = driver_->malloc(size)) {  // out of device memory: a larger free block below, as at the budget
@@ -108,21 +113,25 @@ void* CachingAllocator::take_capture_locked(size_t size, size_t& got) {
       return ptr;
     }
   }
-  if (auto it = pool.free_.lower_bound(size); it != pool.free_.end()) return take(pool.free_, it, false);
+  if (auto it = pool.free_.lower_bound(size); it != pool.free_.end()) return reuse(it);
   if (auto it = free_.lower_bound(size); it != free_.end()) return take(free_, it, true);
   fail("CUDA memory budget or device memory exhausted during CUDA graph capture: {} bytes requested with {} in use "
        "and {} cached of a {} byte budget, and no free block is large enough (cached blocks cannot be returned to the "
        "driver while a graph is captured)", size, in_use_, cached_, budget_);
 }
 
-std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
+std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) { return allocate_impl(bytes, false); }
+
+std::shared_ptr<void> CachingAllocator::allocate_persistent(size_t bytes) { return allocate_impl(bytes, true); }
+
+std::shared_ptr<void> CachingAllocator::allocate_impl(size_t bytes, bool persistent) {
   const size_t size = round_size(std::max<size_t>(bytes, 1));
   size_t got = 0;
   void* ptr = nullptr;
   std::shared_ptr<CapturePool> pool;
   {
     std::lock_guard lock(mutex_);
-    if (capture_) {
+    if (capture_ && !persistent) {
       ptr = take_capture_locked(size, got);
       pool = capture_;
     } else {
@@ -146,7 +155,8 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
 void CachingAllocator::give_back(void* ptr, size_t size, const std::shared_ptr<CapturePool>& pool) {
   std::lock_guard lock(mutex_);
   if (pool) {
-    pool->free_.emplace(size, ptr);  // still the graph's: reusable only inside its own capture
+    pool->free_.emplace(size, ptr);  // still the graph's: reusable only inside its own capture (or arena)
+    if (pool == capture_) reused_.erase(ptr);
     return;
   }
   in_use_ -= size;
@@ -206,18 +216,27 @@ void CachingAllocator::release_locked() {
   release_deferred_ = false;
 }
 
-std::shared_ptr<CapturePool> CachingAllocator::begin_capture() {
+std::shared_ptr<CapturePool> CachingAllocator::begin_capture(std::shared_ptr<CapturePool> arena) {
   std::lock_guard lock(mutex_);
   BG_CHECK(!capture_, "caching allocator: a capture is already in progress");
-  capture_.reset(new CapturePool(weak_from_this(), driver_));
+  if (arena) {
+    BG_CHECK(arena->alloc_.lock().get() == this, "caching allocator: a capture arena of another allocator");
+    capture_ = std::move(arena);
+  } else {
+    capture_.reset(new CapturePool(weak_from_this(), driver_));
+  }
+  reused_.clear();
   return capture_;
 }
 
-void CachingAllocator::end_capture() {
+std::vector<void*> CachingAllocator::end_capture() {
   std::shared_ptr<CapturePool> ended;  // dropped after the lock: a failed capture's pool returns its blocks then
   std::lock_guard lock(mutex_);
   ended = std::move(capture_);
+  std::vector<void*> outlived(reused_.begin(), reused_.end());
+  reused_.clear();
   if (release_deferred_) release_locked();
+  return outlived;
 }
 
 bool CachingAllocator::capturing() const {

@@ -6,6 +6,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <vector>
 
 namespace bg {
 
@@ -25,6 +27,11 @@ class CachingAllocator;
 // one stream captures, so the reuse is ordered after the freed block's last captured use. The graph holds the pool;
 // while it lives nothing outside the graph can get these blocks (the graph reads and writes them at every replay).
 // When the pool goes, its blocks return to the allocator's cache (or to the driver when the allocator is gone).
+// A pool can also be an arena shared by several graphs that never run at the same time (one stream): a later capture
+// reuses the blocks earlier captures freed, so the graphs together hold about the largest one's peak, not the sum.
+// That is safe for memory a graph uses within a replay; a block that must keep its contents between replays may not
+// come from the arena's freed blocks (another graph writes them): such buffers take allocate_persistent, and
+// end_capture names any block taken from the freed blocks that outlives the capture.
 class CapturePool {
  public:
   ~CapturePool();
@@ -57,6 +64,9 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   // A device block of at least `bytes`, released back to the cache (or to the capture pool it was handed out in)
   // when the last owner drops it. Throws bg::Error naming the request and the budget when it cannot be satisfied.
   std::shared_ptr<void> allocate(size_t bytes);
+  // The same, but never from a capture's pool even during a capture (the shared cache or the driver, as outside one):
+  // for a buffer that lives on after the capture and keeps its contents between replays or steps.
+  std::shared_ptr<void> allocate_persistent(size_t bytes);
   size_t bytes_in_use() const;  // handed out, or held by a capture pool
   size_t bytes_cached() const;  // free in the shared cache
   // The most device memory this allocator held at once (in use + cached) since it was made or reset_peak() was
@@ -74,13 +84,18 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   // driver never frees anything (releases are deferred); at the budget, a larger free block is used instead of
   // returning cached blocks to the driver, and when none is free the allocation fails with bg::Error. One capture at
   // a time. end_capture also runs after a failed capture (the pool is then simply dropped by the caller).
-  std::shared_ptr<CapturePool> begin_capture();
-  void end_capture();
+  // `arena`: capture into that pool (one this allocator made, see CapturePool) instead of a new one.
+  std::shared_ptr<CapturePool> begin_capture(std::shared_ptr<CapturePool> arena = nullptr);
+  // Returns the blocks this capture took from its pool's freed blocks that are still held (not freed back during the
+  // capture): with an arena, each is memory other graphs may also use; the caller decides which are allowed (the
+  // graph's output, rewritten at every replay) and what to do with the rest.
+  std::vector<void*> end_capture();
   bool capturing() const;
 
  private:
   friend class CapturePool;
   static size_t round_size(size_t bytes);
+  std::shared_ptr<void> allocate_impl(size_t bytes, bool persistent);
   void* take_locked(size_t size, size_t& got);
   void* take_capture_locked(size_t size, size_t& got);
   void* driver_malloc_locked(size_t size);
@@ -97,6 +112,7 @@ class CachingAllocator : public std::enable_shared_from_this<CachingAllocator> {
   size_t peak_in_use_ = 0;
   std::multimap<size_t, void*> free_;  // size -> block
   std::shared_ptr<CapturePool> capture_;  // the pool of the capture in progress
+  std::set<void*> reused_;                // blocks this capture took from its pool's freed blocks, still held
   bool release_deferred_ = false;         // release_cache was asked for during the capture
 };
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <vector>
 
 #include "backend/caching_allocator.h"
 #include "core/error.h"
@@ -247,6 +248,69 @@ TEST(CachingAllocator, BlocksAndPoolsThatOutliveTheAllocatorGoToTheDriver) {
   in_graph.reset();
   pool.reset();
   EXPECT_TRUE(f.driver->live.empty());
+}
+
+// An arena shared by several captures (decode graphs that never run at once): a later capture reuses what an earlier
+// one freed instead of growing, while a block an earlier graph still holds (its output) is never handed out.
+TEST(CachingAllocator, AnArenaIsReusedByLaterCaptures) {
+  Fixture f(1 << 20);
+  std::shared_ptr<CapturePool> arena = f.begin();
+  std::shared_ptr<void> out1;
+  void* scratch1 = nullptr;
+  {
+    auto scratch = f.alloc->allocate(4096);
+    scratch1 = scratch.get();
+    out1 = f.alloc->allocate(1024);
+  }  // scratch freed inside the capture
+  f.end();
+  EXPECT_EQ(arena->bytes(), 4096u + 1024u);
+  const int mallocs = f.driver->n_malloc;
+
+  // A second graph in the same arena: its scratch is the first graph's, its output a new block.
+  f.alloc->begin_capture(arena);
+  f.driver->capturing = true;
+  std::shared_ptr<void> out2;
+  {
+    auto scratch = f.alloc->allocate(3000);  // 4096 after rounding
+    EXPECT_EQ(scratch.get(), scratch1);
+    out2 = f.alloc->allocate(1024);
+    EXPECT_NE(out2.get(), out1.get()) << "the first graph's output is still held";
+  }
+  f.driver->capturing = false;
+  EXPECT_TRUE(f.alloc->end_capture().empty()) << "every reused block was freed inside the capture";
+  EXPECT_EQ(f.driver->n_malloc, mallocs + 1);  // only the second output
+  EXPECT_EQ(arena->bytes(), 4096u + 2 * 1024u);
+  EXPECT_EQ(f.driver->n_free_while_capturing, 0);
+}
+
+// A block reused from the arena that outlives the capture is named by end_capture (other graphs write it at their
+// replays); a persistent allocation during a capture never comes from the arena and is not the graph's memory.
+TEST(CachingAllocator, EndCaptureNamesReusedBlocksThatOutliveIt) {
+  Fixture f(1 << 20);
+  std::shared_ptr<CapturePool> arena = f.begin();
+  void* scratch1 = f.alloc->allocate(4096).get();  // freed at once: the arena's
+  f.end();
+
+  f.alloc->begin_capture(arena);
+  std::shared_ptr<void> kept = f.alloc->allocate(4096);  // the freed block, kept past the capture
+  EXPECT_EQ(kept.get(), scratch1);
+  std::shared_ptr<void> persistent = f.alloc->allocate_persistent(4096);
+  EXPECT_NE(persistent.get(), scratch1) << "a persistent buffer must not be another graph's scratch";
+  const std::vector<void*> outlived = f.alloc->end_capture();
+  ASSERT_EQ(outlived.size(), 1u);
+  EXPECT_EQ(outlived[0], scratch1);
+  EXPECT_EQ(arena->bytes(), 4096u) << "the persistent block is not the arena's";
+  const size_t cached = f.alloc->bytes_cached();
+  persistent.reset();
+  EXPECT_EQ(f.alloc->bytes_cached(), cached + 4096) << "a persistent block goes back to the shared cache";
+
+  // Outside a capture, allocate_persistent is allocate.
+  auto plain = f.alloc->allocate_persistent(4096);
+  EXPECT_NE(plain.get(), nullptr);
+
+  // An arena belongs to its allocator.
+  Fixture other(1 << 20);
+  EXPECT_THROW(other.alloc->begin_capture(arena), Error);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // CudaBackend (cuda_backend_impl.h): the step upload, CUDA graphs, fused linear groups, and the factory.
 #include "backend/cuda/cuda_backend_impl.h"
 
+#include <set>
+
 namespace bg {
 namespace cuda_backend_detail {
 
@@ -21,9 +23,7 @@ void CudaBackend::upload_step() {
   BG_CUDA_CHECK(cudaEventSynchronize(step_uploaded_));  // the previous upload has read the staging memory
   if (total > step_capacity_) {
     BG_CHECK(!capturing_, "cuda backend: step metadata grew during graph capture");
-    BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
-    graphs_.clear();
+    drop_graphs();
     if (step_host_ != nullptr) BG_CUDA_CHECK(cudaFreeHost(step_host_));
     step_capacity_ = std::max<size_t>(total * 2, 4096);
     void* host = nullptr;
@@ -54,11 +54,12 @@ void CudaBackend::upload_step() {
 // Captures body on the stream into an executable graph. With profile_ops the attached profiler stays live, so its
 // event records become nodes of the graph; otherwise it is detached while capturing (events must not land in a graph
 // that is replayed without it).
-CudaBackend::Graph CudaBackend::capture_graph(const std::function<Tensor()>& body, bool profile_ops) {
+CudaBackend::Graph CudaBackend::capture_graph(const std::function<Tensor()>& body, bool profile_ops,
+                                              const std::shared_ptr<CapturePool>& arena, std::vector<void*>* outlived) {
   Graph g;
   cudaGraph_t graph = nullptr;
   const std::unique_lock no_builds = mla_cudnn_.hold_builds();  // a plan build must not touch the legacy stream now
-  g.memory = alloc_->begin_capture();  // from here until end_capture nothing is returned to the driver
+  g.memory = alloc_->begin_capture(arena);  // from here until end_capture nothing is returned to the driver
   if (const cudaError_t began = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed); began != cudaSuccess) {
     alloc_->end_capture();
     BG_CUDA_CHECK(began);
@@ -78,7 +79,11 @@ CudaBackend::Graph CudaBackend::capture_graph(const std::function<Tensor()>& bod
   profiler_ = profiler;
   const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
   capturing_ = false;
-  alloc_->end_capture();
+  std::vector<void*> kept = alloc_->end_capture();
+  if (outlived != nullptr) {
+    std::erase(kept, g.out.owner.get());  // the output: rewritten at every replay, read before the next step's
+    *outlived = std::move(kept);
+  }
   BG_CUDA_CHECK(ended);
   const cudaError_t err = cudaGraphInstantiate(&g.exec, graph, 0);
   cudaGraphDestroy(graph);
@@ -98,18 +103,49 @@ Tensor CudaBackend::run_graph(int64_t key, const std::function<Tensor()>& body) 
   }
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
-    it = graphs_.emplace(key, capture_graph(body, false)).first;
-    // Each graph keeps its capture's memory while it lives (its private pool), and nothing bounds their number yet
-    // (one per batch bucket and block-table width): say what they hold, so a run's log shows how much that is.
+    Graph g;
+    if (graph_arena_) {
+      std::vector<void*> outlived;
+      g = capture_graph(body, false, decode_arena_, &outlived);
+      decode_arena_ = g.memory;
+      if (!outlived.empty()) {
+        // A buffer made during the capture kept an arena block that other graphs use as scratch at their replays:
+        // nothing has run since it was handed out, so dropping every arena graph now leaves it to its owner alone.
+        // From here on each graph has a pool of its own.
+        log::warn("cuda backend: a CUDA graph capture kept {} block(s) of the shared graph arena past its end (a "
+                  "persistent buffer not made with allocate_persistent); the decode graphs are recaptured with a "
+                  "pool each", outlived.size());
+        cudaGraphExecDestroy(g.exec);
+        g = Graph{};
+        drop_graphs();
+        graph_arena_ = false;
+      }
+    }
+    if (g.exec == nullptr) g = capture_graph(body, false);
+    it = graphs_.emplace(key, std::move(g)).first;
+    // Each graph keeps its capture's memory while it lives (its own pool, or the arena), and nothing bounds their
+    // number yet (one per batch bucket and block-table width): say what they hold, so a run's log shows how much.
+    std::set<const CapturePool*> pools;
     size_t held = 0;
-    for (const auto& [k, g] : graphs_) held += g.memory ? g.memory->bytes() : 0;
-    log::info("cuda backend: captured graph {:#x}: {:.1f} MiB; {} graphs hold {:.1f} MiB", key,
-              static_cast<double>(it->second.memory ? it->second.memory->bytes() : 0) / (1 << 20), graphs_.size(),
-              static_cast<double>(held) / (1 << 20));
+    for (const auto& entry : graphs_) {
+      const CapturePool* pool = entry.second.memory.get();
+      if (pool != nullptr && pools.insert(pool).second) held += pool->bytes();
+    }
+    log::info("cuda backend: captured graph {:#x}{}: {} graphs hold {:.1f} MiB in {} pool(s)", key,
+              decode_arena_ ? " in the shared arena" : "", graphs_.size(), static_cast<double>(held) / (1 << 20),
+              pools.size());
   }
   BG_PROFILE_OP("graph", stream_);
   BG_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
   return it->second.out;
+}
+
+// Every decode graph (and the arena they share) goes, after the stream has finished with them.
+void CudaBackend::drop_graphs() {
+  BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
+  graphs_.clear();
+  decode_arena_.reset();
 }
 
 void CudaBackend::drop_profiled_graph() {

@@ -24,6 +24,7 @@
 #include "backend/cuda/step_sampler.h"
 #include "backend/cuda/weight_uploader.h"
 #include "backend/fault_injection.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "ops/attn_res/attn_res_cuda.h"
 #include "ops/elementwise/elementwise_cuda.h"
@@ -86,6 +87,7 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
     graphs_.clear();
+    decode_arena_.reset();
     if (profiled_graph_.exec != nullptr) cudaGraphExecDestroy(profiled_graph_.exec);
     if (step_host_ != nullptr) cudaFreeHost(step_host_);
     if (step_uploaded_ != nullptr) cudaEventDestroy(step_uploaded_);
@@ -520,7 +522,11 @@ class CudaBackend final : public Backend {
     Tensor out;
     std::shared_ptr<CapturePool> memory;  // every block handed out while capturing (reused inside the capture)
   };
-  Graph capture_graph(const std::function<Tensor()>& body, bool profile_ops);
+  // arena: capture into it (a decode graph, BG_GRAPH_ARENA) instead of a pool of the graph's own. `outlived` gets
+  // the blocks reused from the arena that outlive the capture, other than the output's.
+  Graph capture_graph(const std::function<Tensor()>& body, bool profile_ops,
+                      const std::shared_ptr<CapturePool>& arena = nullptr, std::vector<void*>* outlived = nullptr);
+  void drop_graphs();
   void drop_profiled_graph();
 
   void upload_step() override;
@@ -582,7 +588,8 @@ class CudaBackend final : public Backend {
     if (plan.ws.total_bytes > mla_ws_bytes_) {
       if (mla_ws_) mla_ws_retired_.push_back(std::move(mla_ws_));
       mla_ws_bytes_ = std::max(plan.ws.total_bytes, 2 * mla_ws_bytes_);
-      mla_ws_ = alloc_->allocate(mla_ws_bytes_);  // during a capture the graph keeps it too (capture sink)
+      // Persistent: never another graph's scratch from the arena (it outlives the capture that grows it).
+      mla_ws_ = alloc_->allocate_persistent(mla_ws_bytes_);
     }
     const ops::MlaDecodeContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, mla_ws_.get(),
                                     mla_ws_bytes_};
@@ -657,6 +664,11 @@ class CudaBackend final : public Backend {
   cudaEvent_t step_uploaded_ = nullptr;  // the last upload finished reading step_host_
   StepDevice dev_;
   std::map<int64_t, Graph> graphs_;
+  // BG_GRAPH_ARENA=1: the decode graphs share one capture pool (CachingAllocator's arena; they never run at once), so
+  // together they hold about the largest one's peak instead of the sum. Turned off for the backend's life if a
+  // capture keeps an arena block past its end (see run_graph). Off by default until measured on the H200.
+  bool graph_arena_ = env_switch("BG_GRAPH_ARENA", false);
+  std::shared_ptr<CapturePool> decode_arena_;
   Graph profiled_graph_;  // the last step captured with a per-op profiler's event nodes (run_graph)
   bool capturing_ = false;
   // Host-tier copies: their stream, the event it waits on (the compute stream's position at issue), and one event per
