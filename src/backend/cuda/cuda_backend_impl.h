@@ -588,8 +588,9 @@ class CudaBackend final : public Backend {
     if (plan.ws.total_bytes > mla_ws_bytes_) {
       if (mla_ws_) mla_ws_retired_.push_back(std::move(mla_ws_));
       mla_ws_bytes_ = std::max(plan.ws.total_bytes, 2 * mla_ws_bytes_);
-      // Persistent: never another graph's scratch from the arena (it outlives the capture that grows it).
-      mla_ws_ = alloc_->allocate_persistent(mla_ws_bytes_);
+      // During a capture the graph keeps it too (capture sink). With the graph arena it must not be another graph's
+      // scratch (it outlives the capture that grows it): allocate_persistent then.
+      mla_ws_ = graph_arena_ ? alloc_->allocate_persistent(mla_ws_bytes_) : alloc_->allocate(mla_ws_bytes_);
     }
     const ops::MlaDecodeContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, mla_ws_.get(),
                                     mla_ws_bytes_};
