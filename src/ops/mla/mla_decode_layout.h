@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "ops/elementwise/wgmma_desc.h"
 #include "ops/mla/mla_decode_plan.h"  // BG_MLA_HD
 
 namespace bg::ops::mla_layout {
@@ -21,10 +22,11 @@ inline constexpr uint32_t kTileBytes = 9 * kTileSlabBytes;
 inline constexpr int kKStepsPerWg = 18;      // Q·Kᵀ: warpgroup g takes k16 steps [18g, 18g + 18) of 36
 inline constexpr int kChannelsPerWg = 256;  // P·V: warpgroup g owns latent channels [256g, 256g + 256)
 
-// wgmma descriptor strides (PTX ISA 9.7.15.5.1.2): K-major SW128 ignores the leading offset (1 by convention) and
-// puts 8-row groups 1024 B apart; M-major SW128 puts 64-element blocks along M `lbo` apart (a whole slab; unused at
-// M = 64) and 8-row groups along K 1024 B apart.
-inline constexpr uint32_t kKMajorLbo = 16, kKMajorSbo = 1024;
+// wgmma descriptor strides (PTX ISA 9.7.15.5.1.2): K-major as ops/elementwise/wgmma_desc.h; M-major SW128 puts
+// 64-element blocks along M `lbo` apart (a whole slab; unused at M = 64) and 8-row groups along K 1024 B apart.
+using wgmma::kKMajorLbo;
+using wgmma::kKMajorSbo;
+using wgmma::sw128_desc;
 inline constexpr uint32_t kMMajorLbo = kTileSlabBytes, kMMajorSbo = 1024;
 
 BG_MLA_HD uint32_t sw128(uint32_t row, uint32_t chunk) { return row * 128u + ((chunk ^ (row & 7u)) << 4); }
@@ -70,12 +72,6 @@ BG_MLA_HD uint32_t qk_b_start(int kk, uint32_t q_slab_bytes) { return (kk / 4) *
 BG_MLA_HD uint32_t pv_a_start(int wg, int c, int ks) { return (4 * wg + c) * kTileSlabBytes + ks * 2048; }
 BG_MLA_HD uint32_t pv_b_start(int ks) { return ks * 32; }
 
-// Shared-memory matrix descriptor: start >> 4 in bits 0-13, leading byte offset >> 4 in 16-29, stride byte offset
-// >> 4 in 32-45, base offset 0 (atoms 1024-byte aligned), 128-byte swizzle (1 << 62).
-BG_MLA_HD uint64_t sw128_desc(uint32_t start_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  return static_cast<uint64_t>((start_addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(lbo_bytes >> 4) << 16) |
-         (static_cast<uint64_t>(sbo_bytes >> 4) << 32) | (uint64_t{1} << 62);
-}
 
 // ---- accumulators -------------------------------------------------------------------------------------------------
 BG_MLA_HD int acc_row(int lane, int w, int i) { return 16 * w + lane / 4 + 8 * ((i / 2) % 2); }

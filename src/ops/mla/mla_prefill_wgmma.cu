@@ -30,13 +30,10 @@ static_assert(kDynamicBytes <= 232448, "over the 227 KiB of shared memory a CTA 
 __device__ __forceinline__ uint32_t sw128(int row, int chunk) {
   return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
-// Shared-memory matrix descriptor: start >> 4, leading byte offset >> 4 at bit 16, stride byte offset >> 4 at bit
-// 32, 128-byte swizzle (bit 62). K-major: leading offset unused (1), 8-row groups 1024 B apart. N-major inside one
-// 64-column slab: leading offset unused at N = 64, 8-row (k) groups 1024 B apart.
-__device__ __forceinline__ uint64_t desc(uint32_t start) {
-  return static_cast<uint64_t>((start & 0x3FFFFu) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
+// Shared-memory matrix descriptor (ops/elementwise/wgmma_desc.h). K-major: leading offset unused (1), 8-row groups
+// 1024 B apart. N-major inside one 64-column slab: leading offset unused at N = 64, 8-row (k) groups 1024 B apart:
+// the same words.
+__device__ __forceinline__ uint64_t desc(uint32_t start) { return wgmma::sw128_k_major_desc(start); }
 
 using ptx::wgmma_wait;
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "ops/elementwise/cuda_ptx.cuh"
+#include "ops/elementwise/wgmma_desc.h"
 #include "ops/moe_w4a16/moe_w4a16.h"
 #include "ops/moe_w4a16/moe_w4a16_layout.h"
 
@@ -112,14 +113,6 @@ __device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, i
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
-
-// The descriptor of a K-major 128-byte-swizzle operand at shared address `addr` (1024-byte-aligned atoms): start
-// address >> 4, leading byte offset 16 (unused by this mode), stride byte offset 1024 (8 rows of 128 B), swizzle 1.
-__device__ __forceinline__ uint64_t sw128_k_major_desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t{16 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
-
 // d[64 x 8 NB] += A (registers) * B (descriptor), bf16 in, fp32 accumulate, B K-major.
 template <int NB>
 __device__ __forceinline__ void wgmma_rs(float (&d)[NB * 4], const uint32_t (&a)[4], uint64_t b) {
@@ -178,7 +171,7 @@ __device__ __forceinline__ void wgmma_stage(Acc<NB>& acc, const uint8_t* wbuf, u
   uint32_t s_row_g[kMTiles], s_row_g8[kMTiles];
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) tile_scales(sc.x, sc.y, mt, s_row_g[mt], s_row_g8[mt]);
-  const uint64_t b = sw128_k_major_desc(act);
+  const uint64_t b = wgmma::sw128_k_major_desc(act);  // K-major, 1024-byte atoms of 8 rows
   uint32_t a[2][kMTiles][4];
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
