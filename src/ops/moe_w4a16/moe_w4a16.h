@@ -87,6 +87,19 @@ std::vector<float> moe_w4a16_unpack_block(const MoeW4a16LayoutInfo& info, std::s
 std::vector<float> moe_w4a16_unpack(const MoeW4a16LayoutInfo& info, std::span<const std::byte> layout, int64_t slot,
                                     MoeW4a16Proj proj, int which = 0);
 
+// The checkpoint bytes of one expert (the exact inverse of moe_w4a16_pack_expert): codes [n_out, n_in / 2] and E8M0
+// scales [n_out, n_in / 32] of gate, up and down, each span exactly that size.
+struct MoeW4a16ExpertBytes {
+  std::span<std::byte> gate_codes, gate_scales, up_codes, up_scales, down_codes, down_scales;
+};
+// Gives back the bytes an expert's block was packed from, so a store that keeps experts only as blocks can still serve
+// the checkpoint (checked against its XXH64 sums). Writes every byte of `out` (padding in the block is skipped).
+// Throws on a wrong version or size, and on a block that cannot give the exact bytes back: a stored scale s' whose
+// s = s' - 126 + scale_shift is outside 0..254, or s' = 0 under a shift (the packer clamped it: s is lost); `out` then
+// holds partial data. Parallel over the block's stage blocks.
+void moe_w4a16_unpack_expert(const MoeW4a16LayoutInfo& info, std::span<const std::byte> block,
+                             const MoeW4a16ExpertBytes& out);
+
 enum class MoeW4a16Act : uint8_t { kSwiGLU, kSiTU };
 
 // The op's parameters, shared by the CPU reference and the CUDA launcher.

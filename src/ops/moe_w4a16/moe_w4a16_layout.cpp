@@ -1,8 +1,10 @@
-// Host side of the W4A16 expert layout: geometry, the builder (QuantWeight views -> one layer's bytes) and the reader
-// that decodes a layout exactly as the kernel does (tests, debugging). Index maps: moe_w4a16_layout.h.
+// Host side of the W4A16 expert layout: geometry, the builder (QuantWeight views -> one layer's bytes), its byte-exact
+// inverse (a block -> the checkpoint's bytes) and the reader that decodes a layout exactly as the kernel does (tests,
+// debugging). Index maps: moe_w4a16_layout.h.
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <mutex>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -41,20 +43,32 @@ EncodeTable make_encode_table() {
   return t;
 }
 
+// The matrix (0 gate, 1 up, 2 down) and row that tile row (item, warp, mt, r16) holds; matrix -1 past the real rows
+// (padding). Shared by the packer and its inverse.
+struct TileRow {
+  int matrix = -1;
+  int64_t row = 0;
+};
+TileRow tile_row(MoeW4a16Proj proj, int64_t n_out, int item, int warp, int mt, int r16) {
+  if (proj == MoeW4a16Proj::kGateUp) {
+    const int64_t col = w4::gate_up_column(item, warp, mt, r16);
+    if (col >= n_out) return {};
+    return {w4::gate_up_is_up(mt) ? 1 : 0, col};
+  }
+  const int64_t row = w4::down_row(item, warp, mt, r16);
+  if (row >= n_out) return {};
+  return {2, row};
+}
+
 // The source matrix and row that tile row (item, warp, mt, r16) holds; nullptr past the real rows (padding).
 struct RowRef {
   const QuantWeight* w = nullptr;
   int64_t row = 0;
 };
 RowRef row_ref(const MoeW4a16ExpertView& ex, MoeW4a16Proj proj, int64_t n_out, int item, int warp, int mt, int r16) {
-  if (proj == MoeW4a16Proj::kGateUp) {
-    const int64_t col = w4::gate_up_column(item, warp, mt, r16);
-    if (col >= n_out) return {};
-    return {w4::gate_up_is_up(mt) ? ex.up : ex.gate, col};
-  }
-  const int64_t row = w4::down_row(item, warp, mt, r16);
-  if (row >= n_out) return {};
-  return {ex.down, row};
+  const TileRow r = tile_row(proj, n_out, item, warp, mt, r16);
+  const QuantWeight* mats[3] = {ex.gate, ex.up, ex.down};
+  return r.matrix < 0 ? RowRef{} : RowRef{mats[r.matrix], r.row};
 }
 
 uint8_t scale_at(const RowRef& r, int64_t group) {
@@ -160,6 +174,124 @@ void pack_block(const MoeW4a16ExpertView& ex, MoeW4a16Proj proj, const MoeW4a16M
   }
 }
 
+// Stage block i of an expert's block (gate/up's n_items x n_kstages first, then down's), item-major as laid out
+// (moe_w4a16_pack_expert's and moe_w4a16_unpack_expert's unit of parallel work).
+struct StageRef {
+  MoeW4a16Proj proj = MoeW4a16Proj::kGateUp;
+  const MoeW4a16MatrixInfo* m = nullptr;
+  int item = 0, kstage = 0;
+  int64_t offset_bytes = 0;  // from the start of the expert's block
+};
+int64_t n_stage_blocks(const MoeW4a16MatrixInfo& m) { return static_cast<int64_t>(m.n_items) * m.n_kstages; }
+StageRef stage_ref(const MoeW4a16LayoutInfo& info, int64_t i) {
+  const bool gu = i < n_stage_blocks(info.gate_up);
+  StageRef s;
+  s.proj = gu ? MoeW4a16Proj::kGateUp : MoeW4a16Proj::kDown;
+  s.m = gu ? &info.gate_up : &info.down;
+  const int64_t in_proj = gu ? i : i - n_stage_blocks(info.gate_up);
+  s.item = static_cast<int>(in_proj / s.m->n_kstages);
+  s.kstage = static_cast<int>(in_proj % s.m->n_kstages);
+  s.offset_bytes = s.m->offset_bytes + in_proj * w4::kStageBytes;
+  return s;
+}
+
+// ---- The byte-exact inverse of pack_block (moe_w4a16_unpack_expert) -------------------------------------------------
+// The inverse of PairTable: [j][v] = what byte j (bits 8 j .. 8 j + 7) of a stored word holding v gives back of the
+// word's 4 source bytes, source byte p (pair p: element 2 p in the low nibble, 2 p + 1 in the high one) in bits
+// 8 p .. 8 p + 7. The code bits are a permutation (source_bit), so the OR over j of these = the 4 source bytes.
+using UnpairTable = std::array<std::array<uint32_t, 256>, 4>;
+UnpairTable make_unpair_table() {
+  UnpairTable t{};
+  for (int i = 0; i < 8; ++i) {
+    for (int b = 0; b < 4; ++b) {
+      const int src = w4::source_bit(i, b), dst = 8 * (i >> 1) + 4 * (i & 1) + b;
+      for (int v = 0; v < 256; ++v) {
+        if ((v >> (src & 7)) & 1) t[src >> 3][v] |= 1u << dst;
+      }
+    }
+  }
+  return t;
+}
+
+// Where an expert's checkpoint bytes go, by TileRow::matrix: codes [n_out, n_in / 2], scales [n_out, n_in / 32].
+struct ExpertOut {
+  uint8_t* codes[3] = {};
+  uint8_t* scales[3] = {};
+};
+
+// The codes of one stage block back into bytes 32 kstage .. 32 kstage + 31 of its real rows. A code byte's two
+// elements (k even, k + 1) sit in one word as one pair (element_k, element_row_half), and no other stage block holds
+// these rows and inputs, so stage blocks write disjoint bytes and can run in parallel.
+void unpack_stage_codes(const uint8_t* block, const StageRef& st, const UnpairTable& unpair, const ExpertOut& out) {
+  const MoeW4a16MatrixInfo& m = *st.m;
+  for (int warp = 0; warp < w4::kWarps; ++warp) {
+    for (int mt = 0; mt < w4::kMTiles; ++mt) {
+      for (int g = 0; g < 8; ++g) {
+        uint8_t* rows[2];  // this stage's code bytes of rows g, g + 8 (row half rh); nullptr for padding rows
+        for (int rh = 0; rh < 2; ++rh) {
+          const TileRow r = tile_row(st.proj, m.n_out, st.item, warp, mt, g + 8 * rh);
+          rows[rh] = r.matrix < 0 ? nullptr
+                                  : out.codes[r.matrix] + r.row * (m.n_in / 2) + st.kstage * (w4::kKStage / 2);
+        }
+        for (int t = 0; t < 4; ++t) {
+          // As lane_row_bytes: n_in is a multiple of 32, so a thread's 16 inputs are all real or all padding.
+          if (static_cast<int64_t>(st.kstage) * w4::kKStage + 16 * t >= m.n_in) continue;
+          uint32_t words[4];
+          std::memcpy(words, block + w4::code_offset(warp, mt, g * 4 + t), sizeof(words));
+          for (int ks = 0; ks < 4; ++ks) {
+            const uint32_t w = words[ks];
+            const uint32_t src =
+                unpair[0][w & 0xffu] | unpair[1][(w >> 8) & 0xffu] | unpair[2][(w >> 16) & 0xffu] | unpair[3][w >> 24];
+            for (int p = 0; p < 4; ++p) {
+              uint8_t* row = rows[w4::element_row_half(2 * p)];
+              if (row != nullptr) row[w4::element_k(t, ks, 2 * p) / 2] = static_cast<uint8_t>(src >> (8 * p));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A stored scale that does not give a checkpoint byte back (matrix -1: none), and the stage block it is in.
+struct BadScale {
+  int matrix = -1;
+  int64_t row = 0, group = 0, stage_idx = 0;
+  int s_prime = 0;
+};
+
+// The scales of one stage block back into groups 2 kstage, 2 kstage + 1 of its real rows (disjoint between stage
+// blocks, as the codes). s = s' - 126 + shift inverts stored_scale unless the packer clamped (s' = 0 under a shift) or
+// the byte was never the packer's (s' = 255, or s outside 0..254). Returns the first such scale; its byte is left
+// unwritten (the caller throws: an exception must not leave a worker thread).
+BadScale unpack_stage_scales(const uint8_t* block, const StageRef& st, const ExpertOut& out) {
+  const MoeW4a16MatrixInfo& m = *st.m;
+  const int64_t groups = m.n_in / kMxfp4GroupSize;
+  BadScale bad;
+  for (int warp = 0; warp < w4::kWarps; ++warp) {
+    for (int g = 0; g < 8; ++g) {
+      for (int q = 0; q < 2; ++q) {
+        const int64_t group = static_cast<int64_t>(st.kstage) * 2 + q;
+        if (group >= groups) continue;  // padding inputs
+        for (int mt = 0; mt < w4::kMTiles; ++mt) {
+          for (int rh = 0; rh < 2; ++rh) {
+            const TileRow r = tile_row(st.proj, m.n_out, st.item, warp, mt, g + 8 * rh);
+            if (r.matrix < 0) continue;  // padding rows
+            const int s_prime = block[w4::scale_offset(warp, g, q, mt, rh)];
+            const int s = s_prime - 126 + m.scale_shift;
+            if (s_prime > 254 || s < 0 || s > 254 || (s_prime == 0 && m.scale_shift > 0)) {
+              if (bad.matrix < 0) bad = {r.matrix, r.row, group, 0, s_prime};
+              continue;
+            }
+            out.scales[r.matrix][r.row * groups + group] = static_cast<uint8_t>(s);
+          }
+        }
+      }
+    }
+  }
+  return bad;
+}
+
 }  // namespace
 
 MoeW4a16LayoutInfo moe_w4a16_layout_info(int64_t n_slots, int64_t hidden, int64_t inter) {
@@ -209,16 +341,10 @@ void moe_w4a16_pack_expert(const MoeW4a16LayoutInfo& info, const MoeW4a16ExpertV
   const int64_t dn_end = info.down.offset_bytes + info.down.slot_bytes;
   std::memset(base + gu_end, 0, static_cast<size_t>(info.down.offset_bytes - gu_end));
   std::memset(base + dn_end, 0, static_cast<size_t>(info.block_bytes - dn_end));
-  const int64_t gu_blocks = static_cast<int64_t>(info.gate_up.n_items) * info.gate_up.n_kstages;
-  const int64_t dn_blocks = static_cast<int64_t>(info.down.n_items) * info.down.n_kstages;
-  parallel_for(gu_blocks + dn_blocks, 16, [&](int64_t b, int64_t e) {
+  parallel_for(n_stage_blocks(info.gate_up) + n_stage_blocks(info.down), 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const bool gu = i < gu_blocks;
-      const MoeW4a16MatrixInfo& m = gu ? info.gate_up : info.down;
-      const int64_t in_proj = gu ? i : i - gu_blocks;
-      const int item = static_cast<int>(in_proj / m.n_kstages), kstage = static_cast<int>(in_proj % m.n_kstages);
-      pack_block(expert, gu ? MoeW4a16Proj::kGateUp : MoeW4a16Proj::kDown, m, item, kstage, pairs,
-                 base + m.offset_bytes + in_proj * w4::kStageBytes);
+      const StageRef st = stage_ref(info, i);
+      pack_block(expert, st.proj, *st.m, st.item, st.kstage, pairs, base + st.offset_bytes);
     }
   });
 }
@@ -322,6 +448,55 @@ std::vector<float> moe_w4a16_unpack_block(const MoeW4a16LayoutInfo& info, std::s
     }
   }
   return out;
+}
+
+void moe_w4a16_unpack_expert(const MoeW4a16LayoutInfo& info, std::span<const std::byte> block,
+                             const MoeW4a16ExpertBytes& out) {
+  BG_CHECK(info.version == kMoeW4a16LayoutVersion, "moe_w4a16_unpack_expert: layout version {} (this build reads {})",
+           info.version, kMoeW4a16LayoutVersion);
+  BG_CHECK(static_cast<int64_t>(block.size()) == info.block_bytes,
+           "moe_w4a16_unpack_expert: block of {} bytes (want {})", block.size(), info.block_bytes);
+  const char* names[3] = {"gate", "up", "down"};
+  const MoeW4a16MatrixInfo* mats[3] = {&info.gate_up, &info.gate_up, &info.down};
+  const std::span<std::byte> codes[3] = {out.gate_codes, out.up_codes, out.down_codes};
+  const std::span<std::byte> scales[3] = {out.gate_scales, out.up_scales, out.down_scales};
+  ExpertOut dst;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t n_out = mats[i]->n_out, n_in = mats[i]->n_in;
+    BG_CHECK(static_cast<int64_t>(codes[i].size()) == n_out * n_in / 2,
+             "moe_w4a16_unpack_expert: {} codes span of {} bytes, want [{}, {}] = {}", names[i], codes[i].size(), n_out,
+             n_in / 2, n_out * n_in / 2);
+    BG_CHECK(static_cast<int64_t>(scales[i].size()) == n_out * (n_in / kMxfp4GroupSize),
+             "moe_w4a16_unpack_expert: {} scales span of {} bytes, want [{}, {}] = {}", names[i], scales[i].size(),
+             n_out, n_in / kMxfp4GroupSize, n_out * (n_in / kMxfp4GroupSize));
+    dst.codes[i] = reinterpret_cast<uint8_t*>(codes[i].data());
+    dst.scales[i] = reinterpret_cast<uint8_t*>(scales[i].data());
+  }
+  static const UnpairTable unpair = make_unpair_table();
+  const auto* base = reinterpret_cast<const uint8_t*>(block.data());
+  std::mutex bad_mutex;
+  BadScale first_bad;  // the one of the lowest stage block, so the message does not depend on the threads' timing
+  parallel_for(n_stage_blocks(info.gate_up) + n_stage_blocks(info.down), 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const StageRef st = stage_ref(info, i);
+      unpack_stage_codes(base + st.offset_bytes, st, unpair, dst);
+      BadScale bad = unpack_stage_scales(base + st.offset_bytes, st, dst);
+      if (bad.matrix < 0) continue;
+      bad.stage_idx = i;
+      const std::lock_guard<std::mutex> lock(bad_mutex);
+      if (first_bad.matrix < 0 || i < first_bad.stage_idx) first_bad = bad;
+    }
+  });
+  if (first_bad.matrix < 0) return;
+  const BadScale& bad = first_bad;
+  const int shift = mats[bad.matrix]->scale_shift;
+  BG_CHECK(bad.s_prime != 0 || shift == 0,
+           "moe_w4a16_unpack_expert: {} row {} group {} has the stored scale 0 under the scale shift {}: a clamped "
+           "scale (the packer stores max(0, s + 126 - shift)), not invertible", names[bad.matrix], bad.row, bad.group,
+           shift);
+  fail("moe_w4a16_unpack_expert: {} row {} group {} has the stored scale {} under the scale shift {} (s = {}): not "
+       "a block moe_w4a16_pack_expert wrote (it stores s' <= 254 of an s in 0..254)", names[bad.matrix], bad.row,
+       bad.group, bad.s_prime, shift, bad.s_prime - 126 + shift);
 }
 
 }  // namespace bg::ops

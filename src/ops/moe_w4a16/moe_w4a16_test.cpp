@@ -1,8 +1,8 @@
 // The W4A16 layout without a GPU: the code-bit placement is a bijection and decodes to the E2M1 bf16 bits, a packed
-// layer reads back bit for bit as QuantWeight::decode_all (odd shapes, padding, scale shifts, s = 0), bad input is
-// rejected with a message, and a host emulation of mma.m16n8k16 built from the PTX ISA fragment rules (not from the
-// layout's own maps) over the kernel's shared-memory images reproduces the direct dot products. The split-K choice
-// and the CPU reference are checked too.
+// layer reads back bit for bit as QuantWeight::decode_all (odd shapes, padding, scale shifts, s = 0) and unpacks to
+// the checkpoint's exact bytes, bad input is rejected with a message, and a host emulation of mma.m16n8k16 built from
+// the PTX ISA fragment rules (not from the layout's own maps) over the kernel's shared-memory images reproduces the
+// direct dot products. The split-K choice and the CPU reference are checked too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +11,8 @@
 #include <numeric>
 #include <set>
 #include <random>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -188,6 +190,151 @@ TEST(MoeW4a16Layout, RejectsBadInput) {
   std::vector<std::byte> small(128);
   EXPECT_THROW(moe_w4a16_pack(wrong.views, 64, 64, small), Error);
   EXPECT_THROW(moe_w4a16_layout_info(4, 100, 64), Error);
+}
+
+// ---- The byte-exact inverse (moe_w4a16_unpack_expert) ---------------------------------------------------------------
+// One random expert (down scales from 0; codes 0x8F / 0xF8 (-0 and 0xF) and scales 0 and 128 forced in at each
+// matrix's ends) and its block, packed under its own shifts.
+struct PackedExpert {
+  Mxfp4 mats[3];  // gate, up, down
+  MoeW4a16LayoutInfo info;
+  std::vector<std::byte> block;
+  MoeW4a16ExpertView view() const { return {&mats[0].w, &mats[1].w, &mats[2].w}; }
+  void repack(const MoeW4a16LayoutInfo& i) {
+    info = i;
+    block.assign(static_cast<size_t>(info.block_bytes), std::byte{0x5A});
+    moe_w4a16_pack_expert(info, view(), 0, block);
+  }
+};
+PackedExpert pack_one(int64_t hidden, int64_t inter, uint32_t seed, int gate_s_max = -1) {
+  PackedExpert p{{random_mxfp4(inter, hidden, seed, 118, gate_s_max), random_mxfp4(inter, hidden, seed + 1),
+                  random_mxfp4(hidden, inter, seed + 2, 0)}, {}, {}};
+  for (Mxfp4& m : p.mats) {
+    auto* c = reinterpret_cast<uint8_t*>(m.codes.data());
+    auto* s = reinterpret_cast<uint8_t*>(m.scales.data());
+    c[0] = 0x8F;
+    c[m.codes.nbytes() - 1] = 0xF8;
+    s[0] = 0;
+    s[m.scales.nbytes() - 1] = 128;
+  }
+  const MoeW4a16ExpertView v = p.view();
+  p.repack(moe_w4a16_layer_info({&v, 1}, hidden, inter));
+  return p;
+}
+
+// The unpacked bytes, in MoeW4a16ExpertBytes order: gate codes, gate scales, up codes, up scales, down ...
+struct ExpertBytes {
+  std::vector<std::byte> b[6];
+  MoeW4a16ExpertBytes spans() { return {b[0], b[1], b[2], b[3], b[4], b[5]}; }
+};
+ExpertBytes unpack_filled(const PackedExpert& p, std::byte fill) {
+  ExpertBytes out;
+  for (int m = 0; m < 3; ++m) {
+    out.b[2 * m].assign(p.mats[m].codes.nbytes(), fill);
+    out.b[2 * m + 1].assign(p.mats[m].scales.nbytes(), fill);
+  }
+  moe_w4a16_unpack_expert(p.info, p.block, out.spans());
+  return out;
+}
+// Bytes of out.b[j] that differ from the checkpoint's.
+int64_t n_diff(const ExpertBytes& out, const PackedExpert& p, int j) {
+  const HostTensor& want = j % 2 == 0 ? p.mats[j / 2].codes : p.mats[j / 2].scales;
+  EXPECT_EQ(out.b[j].size(), want.nbytes());
+  int64_t n = 0;
+  for (size_t i = 0; i < out.b[j].size(); ++i) n += out.b[j][i] != want.data()[i];
+  return n;
+}
+void expect_exact(const PackedExpert& p, std::byte fill) {
+  const ExpertBytes out = unpack_filled(p, fill);
+  for (int j = 0; j < 6; ++j) {
+    EXPECT_EQ(n_diff(out, p, j), 0) << "output " << j << ", fill " << std::to_integer<int>(fill);
+  }
+}
+
+// Runs f, which must throw an Error whose message contains `want`.
+template <typename F>
+void expect_error(F f, const std::string& want) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    return;
+  }
+  ADD_FAILURE() << "no error, want '" << want << "'";
+}
+
+TEST(MoeW4a16Unpack, GivesBackTheCheckpointBytes) {
+  // hidden x inter, gate scale: 96 x 160 and 160 x 96 have padding rows and inputs (partial items and k-stages);
+  // 64 x 288 has a gate scale of 2^5 (gate/up shift 4, added back); 7168 x 2048 is DeepSeek-V3's (no padding).
+  struct Case {
+    int64_t hidden, inter;
+    int s_max;
+  };
+  for (const Case c : {Case{96, 160, -1}, Case{160, 96, -1}, Case{64, 288, 132}, Case{7168, 2048, -1}}) {
+    const PackedExpert p = pack_one(c.hidden, c.inter, 21, c.s_max);
+    EXPECT_EQ(p.info.gate_up.scale_shift, c.s_max < 0 ? 0 : 4);
+    EXPECT_EQ(p.info.down.scale_shift, 0);
+    // Outputs filled beforehand: a byte left unwritten shows under at least one of the two fills.
+    expect_exact(p, std::byte{0xAB});
+    if (c.hidden < 1024) expect_exact(p, std::byte{0x54});
+  }
+}
+
+// A layer's shifts come from its largest scales, so an expert's block can be packed under more shift than it needs:
+// other stored scales, the same bytes back.
+TEST(MoeW4a16Unpack, AddsTheLayerShiftBack) {
+  PackedExpert p = pack_one(96, 160, 23);
+  const std::vector<std::byte> unshifted = p.block;
+  MoeW4a16LayoutInfo info = p.info;
+  info.gate_up.scale_shift = 20;
+  info.down.scale_shift = 3;  // down scale 0 is stored as 123, not clamped
+  p.repack(info);
+  EXPECT_NE(p.block, unshifted);
+  expect_exact(p, std::byte{0xAB});
+}
+
+TEST(MoeW4a16Unpack, RejectsWhatItCannotInvert) {
+  PackedExpert p = pack_one(96, 160, 25);
+  ExpertBytes out = unpack_filled(p, std::byte{0});
+  // Wrong version, block size or output size.
+  MoeW4a16LayoutInfo old = p.info;
+  old.version = 1;
+  expect_error([&] { moe_w4a16_unpack_expert(old, p.block, out.spans()); }, "layout version 1");
+  const std::span<const std::byte> short_block(p.block.data(), p.block.size() - 256);
+  expect_error([&] { moe_w4a16_unpack_expert(p.info, short_block, out.spans()); }, "block of");
+  MoeW4a16ExpertBytes short_out = out.spans();
+  short_out.down_scales = short_out.down_scales.first(short_out.down_scales.size() - 1);
+  expect_error([&] { moe_w4a16_unpack_expert(p.info, p.block, short_out); }, "down scales span of");
+  // Stored scales no packer wrote: gate row 0 group 0 (shift 0) as 0 (s = -126) and as 0xFF.
+  const auto gate_s0 = static_cast<size_t>(w4::scale_offset(0, 0, 0, 0, 0));
+  for (const std::byte bad : {std::byte{0}, std::byte{0xFF}}) {
+    std::vector<std::byte> block = p.block;
+    block[gate_s0] = bad;
+    expect_error([&] { moe_w4a16_unpack_expert(p.info, block, out.spans()); }, "gate row 0 group 0 has the stored");
+  }
+  // Down under a shift of 127: its scale 0 is clamped (s' = max(0, -1)). The packer accepts it, the inverse cannot.
+  MoeW4a16LayoutInfo clamping = p.info;
+  clamping.down.scale_shift = 127;
+  p.repack(clamping);
+  expect_error([&] { moe_w4a16_unpack_expert(p.info, p.block, out.spans()); }, "down row 0 group 0 has the stored "
+               "scale 0 under the scale shift 127: a clamped scale");
+}
+
+// The inverse reads the block: one changed code byte changes gate codes only; one scale byte + 1 gives its s + 1.
+TEST(MoeW4a16Unpack, AChangedBlockByteChangesTheOutput) {
+  PackedExpert p = pack_one(96, 160, 27);
+  const std::vector<std::byte> original = p.block;
+  p.block[0] ^= std::byte{0xFF};  // warp 0, tile 0 (gate), lane 0, word 0: gate rows 0 and 8, inputs 0..3
+  const ExpertBytes flipped = unpack_filled(p, std::byte{0});
+  const int64_t n_gate = n_diff(flipped, p, 0);  // the 8 flipped bits land in 1..4 of the word's 4 source bytes
+  EXPECT_GE(n_gate, 1);
+  EXPECT_LE(n_gate, 4);
+  for (int j = 1; j < 6; ++j) EXPECT_EQ(n_diff(flipped, p, j), 0) << "output " << j;
+  p.block = original;
+  p.block[static_cast<size_t>(w4::scale_offset(0, 0, 0, 0, 0))] = std::byte{127};  // gate row 0 group 0: s 0 -> 1
+  const ExpertBytes scaled = unpack_filled(p, std::byte{0});
+  EXPECT_EQ(scaled.b[1][0], std::byte{1});
+  EXPECT_EQ(n_diff(scaled, p, 1), 1);
 }
 
 // ---- mma.m16n8k16 emulated from the PTX ISA fragment rules ----------------------------------------------------------
