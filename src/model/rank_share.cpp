@@ -111,6 +111,7 @@ RankWeightBytes rank_weight_bytes(const std::filesystem::path& dir, const dist::
   RankWeightBytes out;
   int64_t linear_total = 0;
   std::set<std::pair<int64_t, int64_t>> blocks;  // this rank's (layer, expert)
+  bool all_mxfp4 = true;
   w.for_each_linear([&](uint64_t key, const QuantWeight& q) {
     const auto bytes = static_cast<int64_t>(q.data.nbytes + q.scale.nbytes);
     linear_total += bytes;
@@ -118,7 +119,10 @@ RankWeightBytes rank_weight_bytes(const std::filesystem::path& dir, const dist::
     const LinearShare s = rule(k.id, k.expert, ctx);
     if (k.expert >= 0) {
       out.experts += s.kind == ShareKind::kSkip ? 0 : bytes;
-      if (s.kind != ShareKind::kSkip) blocks.emplace(k.layer, k.expert);
+      if (s.kind != ShareKind::kSkip) {
+        all_mxfp4 = all_mxfp4 && q.format == WeightFormat::kMxfp4;
+        blocks.emplace(k.layer, k.expert);
+      }
     } else if (s.kind == ShareKind::kRows || s.kind == ShareKind::kCols) {
       out.split += bytes / s.parts;
     } else if (s.kind == ShareKind::kAll) {
@@ -136,6 +140,7 @@ RankWeightBytes rank_weight_bytes(const std::filesystem::path& dir, const dist::
   out.whole += std::max<int64_t>(0, files - linear_total);  // norms, embedding, biases, conv weights, headers
   out.n_expert_blocks = static_cast<int64_t>(blocks.size());
   out.n_local_experts = experts.n_local();
+  out.experts_mxfp4 = all_mxfp4 && !blocks.empty();
   return out;
 }
 
@@ -146,7 +151,8 @@ int64_t resident_expert_bytes(const RankWeightBytes& w, double fraction, int poo
   const int64_t per_expert = w.experts / w.n_expert_blocks;
   const int64_t n_layers = w.n_expert_blocks / n_local;
   // Resident experts, and the pool (moe::ExpertStream::pool_buffers: two layers' worth of streamed experts).
-  return per_expert * (n_layers * n_resident + pool_copies * moe::ExpertStream::pool_buffers(n_local - n_resident));
+  const int64_t copies = w.experts_mxfp4 ? pool_copies : 1;  // the W4A16 block beside the copy target: MXFP4 only
+  return per_expert * (n_layers * n_resident + copies * moe::ExpertStream::pool_buffers(n_local - n_resident));
 }
 
 }  // namespace bg

@@ -30,6 +30,7 @@ struct RankWeightBytes {
   int64_t experts = 0;  // this rank's routed experts
   int64_t n_expert_blocks = 0;  // its (layer, expert) pairs (experts / n_expert_blocks: one expert's bytes)
   int64_t n_local_experts = 0;  // its experts per MoE layer
+  bool experts_mxfp4 = false;   // every one of its routed experts is MXFP4 (on CUDA: a W4A16 block per pool buffer)
   int64_t split = 0;    // its share of the tensor-parallel weights
   int64_t whole = 0;    // replicated on every rank (embedding, norms, router, latent projections, q_a / kv_a, ...)
   int64_t total() const { return experts + split + whole; }
@@ -39,8 +40,8 @@ struct RankWeightBytes {
 RankWeightBytes rank_weight_bytes(const std::filesystem::path& dir, const dist::RankPlace& place);
 
 // What backend memory the experts take with --resident-experts `fraction`: the resident ones plus the streamed-expert
-// pool (two layers' worth of streamed experts, moe/expert_stream.h), `pool_copies` times (2 on CUDA: each buffer is
-// the copy target and, for MXFP4 experts, their W4A16 block too; counted for any format, so FP8 over-counts).
+// pool (two layers' worth of streamed experts, moe/expert_stream.h), `pool_copies` times for MXFP4 experts (2 on CUDA:
+// each buffer is the copy target and the expert's W4A16 block), once for any other format.
 int64_t resident_expert_bytes(const RankWeightBytes& w, double fraction, int pool_copies = 1);
 
 }  // namespace bg

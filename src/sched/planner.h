@@ -25,8 +25,8 @@ struct ModelGeometry {
 
 // Reads `dir`/config.json (deepseek_v3 / kimi_k2 / kimi_k3) and sizes the shards; as one rank of a set, the KDA
 // state holds this rank's heads only and the weights are its share (rank_share.h). With resident_experts below 1
-// the experts count as the resident ones plus the streamed-expert pool, `pool_copies` times (resident_expert_bytes:
-// 2 for the CUDA backend). Throws bg::Error.
+// the experts count as the resident ones plus the streamed-expert pool, `pool_copies` times for MXFP4 experts
+// (resident_expert_bytes: 2 for the CUDA backend). Throws bg::Error.
 ModelGeometry read_model_geometry(const std::filesystem::path& dir, const dist::RankPlace& place = {},
                                   double resident_experts = 1.0, int pool_copies = 1);
 

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "error_testing.h"
+#include "golden/golden_util.h"
 #include "model/random_checkpoint.h"
 #include "sched/planner.h"
 #include "temp_dir.h"
@@ -343,6 +344,15 @@ TEST(Planner, StreamedExpertsCountTheResidentOnesAndThePool) {
   // On CUDA each pool buffer counts twice (the copy target and the MXFP4 expert's W4A16 block).
   const ModelGeometry cuda_half = read_model_geometry(tmp / "model", {}, 0.5, 2);
   EXPECT_EQ(cuda_half.weight_share.experts, per_expert * (n_layers * n_res + 4 * (w.n_local_experts - n_res)));
+  EXPECT_TRUE(w.experts_mxfp4);
+  // FP8 experts have no second part: the pool counts once whatever the backend.
+  const std::filesystem::path fp8 = bg::testing::golden_dir() / "deepseek_v3/tiny-fp8/model";
+  const RankWeightBytes f = rank_weight_bytes(fp8, {});
+  EXPECT_FALSE(f.experts_mxfp4);
+  const int64_t f_per = f.experts / f.n_expert_blocks, f_layers = f.n_expert_blocks / f.n_local_experts;
+  const int64_t f_res = (f.n_local_experts + 1) / 2;
+  EXPECT_EQ(read_model_geometry(fp8, {}, 0.5, 2).weight_share.experts,
+            f_per * (f_layers * f_res + 2 * (f.n_local_experts - f_res)));
 }
 
 }  // namespace
