@@ -10,6 +10,8 @@
 #                                    w4a16-wgmma (the W4A16 kernel's wgmma path: its parity tests, the GPU goldens and
 #                                    MoE backend tests with BG_MOE_W4A16_WGMMA=1, the micro-benchmark of both paths),
 #                                    device-pack (BG_MOE_W4A16_PACK=device: the byte test, goldens, streamed experts)
+#                                    store-w4a16 (a --expert-layout w4a16 store read with BG_STORE_W4A16_DIRECT=1:
+#                                    blocks copied as they are, logits against the files)
 #                                    graph-arena (BG_GRAPH_ARENA=1: the graph memory tests, goldens and step tests,
 #                                    the served check; the logs' "captured graph" lines give the graphs' memory)
 # Meant for the H200 machine (torch's CUDA libraries beside the bundle's own).
@@ -60,6 +62,7 @@ for step in "$@"; do
     device-pack)
       (export BG_MOE_W4A16_PACK=device
        run device_pack 420 $B/test_cuda --gtest_filter='CudaExpertSlots.*:*Golden*:*Streamed*:*StepGpu*') ;;
+    store-w4a16) run store_w4a16 300 $B/test_cuda --gtest_filter='*W4a16StoreGpu*' ;;
     graph-arena)
       run graph_arena_tests 120 $B/test_cuda --gtest_filter='GraphCaptureMemory.*'
       (export BG_GRAPH_ARENA=1

@@ -33,6 +33,7 @@ struct StartArgs {
   bool no_direct = false;
   std::string on_corrupt = "reload";
   std::string numa = "auto";
+  std::string expert_layout = "checkpoint";
 };
 
 void finish_options(StartArgs& a) {
@@ -45,6 +46,9 @@ void finish_options(StartArgs& a) {
   a.d.on_corrupt = a.on_corrupt == "refuse" ? weights::OnCorrupt::kRefuse : weights::OnCorrupt::kReload;
   const int nodes = numa_available() >= 0 ? numa_num_configured_nodes() : 1;
   a.d.build.layout.n_numa_nodes = a.numa == "off" ? 1 : std::max(1, nodes);
+  a.d.build.expert_layout = weights::parse_expert_layout(a.expert_layout);
+  BG_CHECK(a.d.build.expert_layout == weights::ExpertLayout::kCheckpoint || a.d.distributed_config.empty(),
+           "--expert-layout w4a16 is not supported with --distributed-weight-config yet");
   BG_CHECK(std::filesystem::is_directory(a.d.model_dir), "--model {}: not a directory", a.d.model_dir.string());
   BG_CHECK(a.d.distributed_config.empty() == a.d.node.empty(),
            "--distributed-weight-config and --node go together (the node is this daemon's entry in the config)");
@@ -211,6 +215,9 @@ void register_weightd(CLI::App& app) {
                 "refuse to start")->check(CLI::IsMember({"reload", "refuse"}));
   s->add_option("--numa", start->numa, "auto: spread segments over the NUMA nodes; off")
       ->check(CLI::IsMember({"auto", "off"}));
+  s->add_option("--expert-layout", start->expert_layout, "checkpoint (default) or w4a16: MXFP4 experts held in the GPU "
+                "kernel's layout (uploads and streamed experts copy with no re-layout)")
+      ->check(CLI::IsMember({"checkpoint", "w4a16"}));
   s->add_option("--distributed-weight-config", start->d.distributed_config, "Nodes, shards and shared secret (JSON)");
   s->add_option("--node", start->d.node, "This daemon's node in the distributed config");
   s->add_flag("--fetch-missing", start->d.fetch_missing, "Also fetch the other nodes' shards from their daemons");

@@ -356,6 +356,13 @@ class Backend {
     (void)slots;
     return 0;
   }
+  // Whether a weight store's W4A16 block of an expert (QuantWeight::w4a16) is that layout byte for byte, so a
+  // streamed expert's block is copied into its buffer's laid-out part as it is, with no lay_out_expert (CUDA: the
+  // layer's W4A16 layout has scale shifts 0). False on the CPU.
+  virtual bool expert_layout_takes_blocks(const ExpertSlots& slots) const {
+    (void)slots;
+    return false;
+  }
   // Lays the expert in gate / up / down (a streamed-expert buffer whose copies the device has been told to wait for)
   // out into `dst` (U8, expert_layout_bytes) for `slots`' layer, ordered with the ops already issued.
   virtual void lay_out_expert(const ExpertSlots& slots, const LinearHandle& gate, const LinearHandle& up,

@@ -107,7 +107,7 @@ std::vector<CpuCase> cpu_cases(bool quick) {
   std::normal_distribution<float> normal(0.0f, 0.02f);
   auto* w = reinterpret_cast<float*>(weight->data());
   for (int64_t i = 0; i < n_out * n_in; ++i) w[i] = normal(rng);
-  QuantWeight q{WeightFormat::kDense, n_out, n_in, weight->view("bench.linear"), {}, "bench.linear"};
+  QuantWeight q{WeightFormat::kDense, n_out, n_in, weight->view("bench.linear"), {}, "bench.linear", {}};
   for (int64_t batch : {int64_t{1}, int64_t{16}}) {
     auto x = std::make_shared<std::vector<float>>(static_cast<size_t>(batch * n_in), 1.0f);
     auto y = std::make_shared<std::vector<float>>(static_cast<size_t>(batch * n_out));

@@ -84,6 +84,15 @@ std::vector<float> QuantWeight::decode_all() const {
   return out;
 }
 
+QuantWeight QuantWeight::resolved() const {
+  if (!deferred()) return *this;
+  QuantWeight w = load_linear(*w4a16.source, name, n_out, n_in);
+  BG_CHECK(w.format == format, "'{}': resolved as {}, bound as {}", name, weight_format_name(w.format),
+           weight_format_name(format));
+  w.w4a16 = w4a16;
+  return w;
+}
+
 QuantWeight load_linear(const WeightSource& ckpt, const std::string& prefix, int64_t n_out, int64_t n_in) {
   QuantWeight w;
   w.n_out = n_out;

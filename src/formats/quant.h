@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "core/tensor.h"
@@ -23,6 +24,17 @@ std::string_view weight_format_name(WeightFormat format);
 inline constexpr int64_t kFp8BlockSize = 128;
 inline constexpr int64_t kMxfp4GroupSize = 32;
 
+// A routed MXFP4 expert's projection that a weight store holds inside one W4A16 block (WeightSource::w4a16_expert)
+// and that was bound without its checkpoint bytes (BindOptions::defer_w4a16_experts): the block the GPU expert kernel
+// reads as it is, and the source that unpacks the checkpoint bytes for a consumer that needs them (resolved()).
+struct W4a16BlockRef {
+  std::span<const std::byte> block;  // the whole expert: gate/up then down, ops/moe_w4a16 layout `version`
+  int64_t hidden = 0;
+  int64_t inter = 0;
+  uint32_t version = 0;
+  const WeightSource* source = nullptr;  // outlives the weight (the model's weights keep it)
+};
+
 // A [out, in] linear weight in its stored format. Views point into the checkpoint (or a HostTensor).
 struct QuantWeight {
   WeightFormat format = WeightFormat::kDense;
@@ -31,6 +43,14 @@ struct QuantWeight {
   TensorView data;   // dense values, fp8 codes, or mxfp4 packed codes (bytes, [out, in/2])
   TensorView scale;  // fp8: F32 [ceil(out/128), ceil(in/128)]; mxfp4: U8 [out, in/32]; dense: unused
   std::string name;  // checkpoint prefix, for messages
+  // Set only for a deferred expert projection: then data and scale have their dtype, shape and size but no bytes
+  // (data.data == nullptr) until resolved().
+  W4a16BlockRef w4a16;
+
+  bool deferred() const { return w4a16.source != nullptr && data.data == nullptr; }
+  // This weight with its checkpoint bytes: itself, or for a deferred one the views the source unpacks (exactly the
+  // checkpoint's bytes, checked against their checksums; they live as long as the source).
+  QuantWeight resolved() const;
 
   // Writes row r (n_in values, fp32) of the dequantized matrix.
   void decode_row(int64_t r, float* out) const;

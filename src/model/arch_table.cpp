@@ -2,6 +2,7 @@
 #include "model/arch_table.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "core/error.h"
@@ -40,17 +41,50 @@ ModelWeights::KeyParts ModelWeights::split_key(uint64_t key) {
   return {static_cast<int>(key >> 48), key_layer(key), key_expert(key)};
 }
 
-ModelWeights ModelWeights::bind(std::shared_ptr<const WeightSource> source, const ArchTable& table) {
+ModelWeights ModelWeights::bind(std::shared_ptr<const WeightSource> source, const ArchTable& table,
+                                const BindOptions& options) {
   ModelWeights w;
   w.source_ = std::move(source);
   const WeightSource& c = *w.source_;
   std::set<std::string> consumed;
+  // Position of each routed-expert linear among them (0 gate, 1 up, 2 down), -1 for the other specs.
+  std::vector<int> expert_role(table.specs.size(), -1);
+  int n_roles = 0;
+  for (size_t i = 0; i < table.specs.size(); ++i) {
+    if (table.specs[i].kind == TensorKind::kLinear && table.specs[i].scope == Scope::kExpert) {
+      expert_role[i] = n_roles++;
+    }
+  }
   auto bind_one = [&](const TensorSpec& spec, int64_t layer, int64_t expert) {
     std::string name = expand_pattern(spec.pattern, layer, expert);
     if (spec.kind == TensorKind::kLinear) {
       Shape shape = spec.shape(layer);
-      QuantWeight q = load_linear(c, name, shape.at(0), shape.at(1));
+      const int role = expert_role[static_cast<size_t>(&spec - table.specs.data())];
+      std::optional<WeightSource::W4a16Block> blk;
+      if (options.defer_w4a16_experts && role >= 0 && n_roles == 3) blk = c.w4a16_expert(layer, expert);
       bool packed = c.contains(name + ".weight_packed");
+      if (blk) {
+        const int64_t n_out = shape.at(0), n_in = shape.at(1);
+        BG_CHECK(role < 2 ? (n_out == blk->inter && n_in == blk->hidden) : (n_out == blk->hidden && n_in == blk->inter),
+                 "'{}' in {}: [{}, {}] but its W4A16 block holds hidden {} inter {}", name, c.describe(), n_out, n_in,
+                 blk->hidden, blk->inter);
+        QuantWeight q;
+        q.format = WeightFormat::kMxfp4;
+        q.n_out = n_out;
+        q.n_in = n_in;
+        q.name = name;
+        q.data = {DType::kU8, {n_out, n_in / 2}, nullptr, static_cast<size_t>(n_out * n_in / 2),
+                  name + (packed ? ".weight_packed" : ".weight_blocks")};
+        q.scale = {DType::kU8, {n_out, n_in / kMxfp4GroupSize}, nullptr,
+                   static_cast<size_t>(n_out * n_in / kMxfp4GroupSize),
+                   name + (packed ? ".weight_scale" : ".weight_scales")};
+        q.w4a16 = {blk->bytes, blk->hidden, blk->inter, blk->version, &c};
+        for (auto& n : linear_tensor_names(name, q.format, packed)) consumed.insert(n);
+        const uint64_t k = key(spec.id, layer, expert);
+        if (w.linears_.emplace(k, std::move(q)).second) w.linear_order_.push_back(k);
+        return;
+      }
+      QuantWeight q = load_linear(c, name, shape.at(0), shape.at(1));
       for (auto& n : linear_tensor_names(name, q.format, packed)) consumed.insert(n);
       const uint64_t k = key(spec.id, layer, expert);
       if (w.linears_.emplace(k, std::move(q)).second) w.linear_order_.push_back(k);

@@ -45,12 +45,21 @@ struct ArchTable {
 // Expands `pattern` for a layer and expert.
 std::string expand_pattern(const std::string& pattern, int64_t layer, int64_t expert);
 
+struct BindOptions {
+  // Routed experts the source holds as W4A16 blocks (a weight store with --expert-layout w4a16) are bound deferred:
+  // QuantWeight::w4a16 set, no checkpoint bytes (so nothing is unpacked at load). For a CUDA engine, which copies the
+  // blocks as they are; whatever needs the checkpoint bytes calls QuantWeight::resolved(). The expert specs of the
+  // table are gate, up, down in table order (the store packs them in that order).
+  bool defer_w4a16_experts = false;
+};
+
 // Weights bound to a table. Views point into the weight source's memory (checkpoint mappings or weight-store
 // segments), which the ModelWeights keeps alive.
 class ModelWeights {
  public:
   // Validates the whole source against the table; throws bg::Error naming the first bad tensor and its file.
-  static ModelWeights bind(std::shared_ptr<const WeightSource> source, const ArchTable& table);
+  static ModelWeights bind(std::shared_ptr<const WeightSource> source, const ArchTable& table,
+                           const BindOptions& options = {});
 
   const QuantWeight& linear(int id, int64_t layer = -1, int64_t expert = -1) const;
   const QuantWeight& linear_by_key(uint64_t key) const;

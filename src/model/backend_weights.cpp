@@ -58,7 +58,7 @@ BackendLinears::BackendLinears(Backend& backend, const ModelWeights& weights, co
     const LinearShare s = share ? share(k.id, k.layer, k.expert) : LinearShare{};
     if (s.kind == ShareKind::kSkip) return;
     if (s.kind != ShareKind::kAll) {
-      SharedWeight part = share_linear(w, s);
+      SharedWeight part = share_linear(w.resolved(), s);  // a slice reads the bytes (a deferred expert's unpacked)
       n_dequantized += part.dequantized ? 1 : 0;
       parts.emplace(key, std::move(part));
     }

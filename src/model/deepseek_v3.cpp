@@ -139,7 +139,8 @@ DeepseekV3Model::DeepseekV3Model(DeepseekV3Config config, ModelWeights weights, 
   if (c_.tie_word_embeddings) {
     const TensorView& e = w_.tensor(int(T::kEmbed));
     const SharedWeight head = share_linear(
-        QuantWeight{WeightFormat::kDense, c_.vocab_size, c_.hidden_size, e, {}, "lm_head"}, tp_share(ShareKind::kRows));
+        QuantWeight{WeightFormat::kDense, c_.vocab_size, c_.hidden_size, e, {}, "lm_head", {}},
+        tp_share(ShareKind::kRows));
     tied_lm_head_ = be.prepare_linear(head.w);  // a row share views the embedding: nothing copied
   }
 }
@@ -210,7 +211,7 @@ void DeepseekV3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
 std::unique_ptr<Model> load_deepseek_v3(const std::filesystem::path& dir, const DeepseekV3Config& config,
                                         const LoadOptions& options) {
   auto source = weights::open_weight_source(dir, {options.weight_store, options.distributed_weight_config});
-  ModelWeights weights = ModelWeights::bind(source, deepseek_v3_table(config));
+  ModelWeights weights = ModelWeights::bind(source, deepseek_v3_table(config), bind_options(options));
   auto backend = make_backend(options.device,
                               {.deterministic = options.deterministic, .background_plans = options.background_plans});
   log::info("loaded deepseek_v3 checkpoint {} on {}: {} layers, {} routed experts, hidden {}", dir.string(),

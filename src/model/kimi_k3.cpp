@@ -136,7 +136,8 @@ KimiK3Model::KimiK3Model(KimiK3Config config, ModelWeights weights, std::unique_
   if (c_.tie_word_embeddings) {
     const TensorView& e = w_.tensor(int(T::kEmbed));
     const SharedWeight head = share_linear(
-        QuantWeight{WeightFormat::kDense, c_.vocab_size, c_.hidden_size, e, {}, "lm_head"}, tp_share(ShareKind::kRows));
+        QuantWeight{WeightFormat::kDense, c_.vocab_size, c_.hidden_size, e, {}, "lm_head", {}},
+        tp_share(ShareKind::kRows));
     tied_lm_head_ = be_->prepare_linear(head.w);  // a row share views the embedding: nothing copied
   }
 }
@@ -381,7 +382,7 @@ void KimiK3Model::latent_moe(int64_t layer, const Tensor& x, Tensor& out) {
 std::unique_ptr<Model> load_kimi_k3(const std::filesystem::path& dir, const KimiK3Config& config,
                                     const LoadOptions& options) {
   auto source = weights::open_weight_source(dir, {options.weight_store, options.distributed_weight_config});
-  ModelWeights weights = ModelWeights::bind(source, kimi_k3_table(config));
+  ModelWeights weights = ModelWeights::bind(source, kimi_k3_table(config), bind_options(options));
   log::info("loaded kimi_k3 checkpoint {}: {} layers ({} MLA), {} experts top-{}, hidden {}", dir.string(),
             config.n_layers, count_mla(config), config.n_experts, config.n_experts_per_token, config.hidden_size);
   auto backend = make_backend(options.device,

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "formats/json_fields.h"
 #include "formats/model_config.h"
@@ -44,6 +45,12 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
       return load_kimi_k3(dir, parse_kimi_k3_config(config, config_path.string()), options);
   }
   fail("{}: unknown architecture", config_path.string());
+}
+
+BindOptions bind_options(const LoadOptions& options) {
+  BindOptions o;
+  o.defer_w4a16_experts = options.device == "cuda" && env_switch("BG_STORE_W4A16_DIRECT", false);
+  return o;
 }
 
 std::unique_ptr<kv::StateManager> make_state(Model& model, int64_t max_sequences, int64_t max_tokens) {

@@ -32,7 +32,7 @@ SharedWeight dequantized(const QuantWeight& w, bool rows, int64_t a0, int64_t n)
     std::memcpy(dst + r * in, row.data() + (rows ? 0 : a0), static_cast<size_t>(in) * sizeof(float));
   }
   SharedWeight s;
-  s.w = QuantWeight{WeightFormat::kDense, out, in, storage->view(w.name), {}, w.name};
+  s.w = QuantWeight{WeightFormat::kDense, out, in, storage->view(w.name), {}, w.name, {}};
   s.storage.push_back(std::move(storage));
   s.dequantized = true;
   return s;

@@ -156,7 +156,18 @@ ExpertHandles ExpertStream::placeholder() const {
 }
 
 void ExpertStream::fill(Buffer& b, const ExpertSource& src, std::vector<HostCopy>& copies) {
-  auto add = [&](const WritableLinear& dst, const QuantWeight& w) {
+  const std::span<const std::byte> block = src.gate.w4a16.block;
+  if (takes_blocks_ && src.gate.deferred() && block.size() == layout_bytes_) {
+    // A weight store's W4A16 block is the layer's layout as it is: one copy into the laid-out part, nothing to lay out.
+    copies.push_back({b.laid_out, 0, const_cast<std::byte*>(block.data()), block.size()});
+    stats_.bytes_copied += block.size();
+    b.needs_layout = false;
+    ++stats_.copies;
+    return;
+  }
+  b.needs_layout = layout_bytes_ > 0;
+  auto add = [&](const WritableLinear& dst, const QuantWeight& deferred_or_not) {
+    const QuantWeight w = deferred_or_not.resolved();  // a deferred expert's checkpoint bytes (unpacked once)
     BG_CHECK(w.format == dst.format && w.n_out == dst.n_out && w.n_in == dst.n_in &&
                  w.data.nbytes == dst.data.nbytes() && w.scale.nbytes == (dst.scale.empty() ? 0 : dst.scale.nbytes()),
              "streamed expert {}: [{}, {}] {} of {} + {} bytes does not fit the pool's [{}, {}] {} buffers", w.name,
@@ -174,6 +185,10 @@ void ExpertStream::fill(Buffer& b, const ExpertSource& src, std::vector<HostCopy
 }
 
 void ExpertStream::add_host_bytes(const ExpertSource& src) {
+  if (src.gate.deferred()) {  // the weight store's block (its segments are pinned already)
+    host_bytes_.push_back({src.gate.w4a16.block.data(), src.gate.w4a16.block.size()});
+    return;
+  }
   for (const QuantWeight* w : {&src.gate, &src.up, &src.down}) {
     host_bytes_.push_back({w->data.data, w->data.nbytes});
     if (w->scale.nbytes > 0) host_bytes_.push_back({w->scale.data, w->scale.nbytes});
@@ -192,10 +207,12 @@ void ExpertStream::adopt_layout(Backend& be, const ExpertSlots& slots) {
   if (layout_adopted_) {
     BG_CHECK(bytes == layout_bytes_, "streamed experts: a layer laid out in {} bytes per expert, another in {} (every "
              "MoE layer's experts must be alike)", bytes, layout_bytes_);
+    takes_blocks_ = takes_blocks_ && be.expert_layout_takes_blocks(slots);
     return;
   }
   layout_adopted_ = true;
   layout_bytes_ = bytes;
+  takes_blocks_ = bytes > 0 && be.expert_layout_takes_blocks(slots);
   if (bytes == 0) return;
   for (Buffer& b : buffers_) b.laid_out = be.alloc({static_cast<int64_t>(bytes)}, DType::kU8);
 }
@@ -270,8 +287,7 @@ size_t ExpertStream::pick_victim() const {
 void ExpertStream::load(Buffer& b, size_t index, int64_t layer, int32_t expert, const ExpertSource& src,
                         std::vector<HostCopy>& copies) {
   if (b.expert >= 0) where_.erase({b.layer, b.expert});
-  fill(b, src, copies);
-  b.needs_layout = layout_bytes_ > 0;
+  fill(b, src, copies);  // sets needs_layout
   b.layer = layer;
   b.expert = expert;
   b.last_use = epoch_;
@@ -313,6 +329,7 @@ void ExpertStream::prefetch(Backend& be) {
   if (layout_bytes_ > 0) {  // laid out right after their copies, off the compute stream too
     for (size_t b : filled) {
       Buffer& buf = buffers_[b];
+      if (!buf.needs_layout) continue;  // copied as a W4A16 block
       fence = be.lay_out_expert_ahead(*slots_.at(next->second), *buf.gate.handle, *buf.up.handle, *buf.down.handle,
                                       buf.laid_out);
       buf.needs_layout = false;

@@ -118,7 +118,9 @@ class ExpertStream {
     uint64_t last_use = 0;  // stage() call that last needed it (or prefetched into it)
     CopyFence pending = 0;  // a prefetch whose copies no op has waited for yet (0: none)
   };
-  // Appends the copies that write `src` into `b`.
+  // Appends the copies that write `src` into `b` (a weight store's W4A16 block straight into the laid-out part where
+  // the layers take it; else the checkpoint bytes into the linears, unpacked first for an expert bound deferred) and
+  // sets b.needs_layout.
   void fill(Buffer& b, const ExpertSource& src, std::vector<HostCopy>& copies);
   // The least recently used buffer this stage() does not use (buffers_.size(): none).
   size_t pick_victim() const;
@@ -132,6 +134,7 @@ class ExpertStream {
   std::vector<Buffer> buffers_;
   size_t layout_bytes_ = 0;       // Backend::expert_layout_bytes of the streamed layers (0: none)
   bool layout_adopted_ = false;
+  bool takes_blocks_ = false;     // every streamed layer takes a weight store's W4A16 blocks as they are
   std::vector<HostRegion> host_bytes_;  // noted by add_host_bytes until pinned
   std::shared_ptr<void> pinned_;        // unpins when the pool goes
   std::map<std::pair<int64_t, int32_t>, size_t> where_;  // (layer, expert) -> buffer

@@ -16,6 +16,7 @@
 #include "formats/checkpoint.h"
 #include "formats/quant.h"
 #include "weights/checksum.h"
+#include "weights/expert_pack.h"
 #include "weights/placement.h"
 #include "weights/progress.h"
 #include "weights/store_builder.h"
@@ -112,7 +113,7 @@ double quantize_linear(const ConvLinear& cl, std::byte* codes, std::byte* scales
   const QuantWeight& w = cl.w;
   std::vector<float> row(static_cast<size_t>(w.n_in)), back(static_cast<size_t>(w.n_in));
   double err2 = 0.0, ref2 = 0.0;
-  QuantWeight q{WeightFormat::kMxfp4, 1, w.n_in, {}, {}, w.name};
+  QuantWeight q{WeightFormat::kMxfp4, 1, w.n_in, {}, {}, w.name, {}};
   for (int64_t r = 0; r < w.n_out; ++r) {
     w.decode_row(r, row.data());
     auto* c = reinterpret_cast<uint8_t*>(codes) + r * (w.n_in / 2);
@@ -249,6 +250,8 @@ ConvertReport convert_checkpoint(const ConvertOptions& o) {
   fs::create_directories(o.out, ec);
   BG_CHECK(fs::is_directory(o.out, ec), "convert: cannot create --out {}", o.out.string());
   BG_CHECK(!fs::equivalent(o.in, o.out, ec), "convert: --out must differ from --model");
+  BG_CHECK(!o.w4a16_experts || o.store_layout, "convert: --expert-layout w4a16 needs --layout store (safetensors "
+           "holds experts as checkpoint tensors)");
   BG_CHECK(o.force || fs::is_empty(o.out, ec), "convert: --out {} is not empty (--force replaces its checkpoint files)",
            o.out.string());
   std::shared_ptr<const WeightSource> src;
@@ -273,7 +276,7 @@ ConvertReport convert_checkpoint(const ConvertOptions& o) {
     if (o.store_layout) {
       std::vector<PlannedTensor> planned;
       for (const OutTensor& t : p.out) planned.push_back({t.name, t.dtype, t.shape, t.bytes, t.shard, placement.classify(t.name)});
-      manifest = plan_layout(std::move(planned), p.shards, {o.segment_max_bytes, 1},
+      manifest = plan_layout(std::move(planned), p.shards, {o.segment_max_bytes, 1, o.w4a16_experts},
                              {placement.arch(), placement.config_xxh64(), new_generation()});
       mapped = StoreTarget::dir(o.out).create(*manifest);
       for (OutTensor& t : p.out) {
@@ -296,6 +299,12 @@ ConvertReport convert_checkpoint(const ConvertOptions& o) {
       if (manifest) manifest->tensors[manifest->by_name.at(p.out[i].name)].xxh64 = sums[i];
       rep.bytes_out += p.out[i].bytes;
     }
+    if (manifest && o.w4a16_experts) {
+      const PackReport pr = pack_expert_groups(*manifest, mapped);
+      rep.w4a16_packed = pr.packed;
+      rep.w4a16_kept = pr.kept;
+      if (pr.kept > 0) log::warn("convert: {} MXFP4 experts kept as stored (first: {})", pr.kept, pr.first_kept);
+    }
     mapped.clear();  // unmap (flushes the shared file mappings)
     if (manifest) {
       StoreTarget::dir(o.out).finish(*manifest);
@@ -316,6 +325,8 @@ ConvertReport convert_checkpoint(const ConvertOptions& o) {
     json info = {{"source", fs::absolute(o.in).string()},
                  {"experts", o.experts_mxfp4 ? "mxfp4 (OCP MX v1.0, E8M0 per 32, E2M1 round-to-nearest-even)" : "kept"},
                  {"layout", o.store_layout ? fmt::format("store v{}", kStoreLayoutVersion) : "safetensors"},
+                 {"expert_layout", o.w4a16_experts ? "w4a16" : "checkpoint"},
+                 {"w4a16_blocks", rep.w4a16_packed},
                  {"quantized_linears", rep.n_quantized},
                  {"max_rel_rms_error", rep.max_rel_rms_error},
                  {"mean_rel_rms_error", rep.mean_rel_rms_error},

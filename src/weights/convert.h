@@ -17,6 +17,7 @@ struct ConvertOptions {
   std::filesystem::path out;
   bool experts_mxfp4 = false;       // --experts mxfp4
   bool store_layout = false;        // --layout store
+  bool w4a16_experts = false;       // --expert-layout w4a16 (with --layout store): MXFP4 experts as W4A16 blocks
   uint64_t segment_max_bytes = uint64_t{8} << 30;
   bool force = false;               // write into a non-empty output directory
   int progress_tty = -1;
@@ -30,6 +31,8 @@ struct ConvertReport {
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
   double seconds = 0.0;
+  int64_t w4a16_packed = 0;          // experts written as W4A16 blocks
+  int64_t w4a16_kept = 0;            // MXFP4 experts the layout cannot hold exactly, left as they are
 };
 
 // Throws bg::Error naming the tensor or file; a failed conversion leaves no half-written checkpoint behind (the

@@ -99,7 +99,7 @@ json WeightDaemon::State::status() {
   size_t n_expert = 0;
   uint64_t tensor_bytes = 0;
   for (const GroupInfo& g : manifest.groups) n_expert += g.kind == GroupKind::kExpert;
-  for (const TensorInfo& t : manifest.tensors) tensor_bytes += t.bytes;
+  for (const TensorInfo& t : manifest.tensors) tensor_bytes += is_packed_role(t.role) ? 0 : t.bytes;
   json j = {{"name", o.name},
             {"pid", ::getpid()},
             {"phase", phase},
@@ -116,9 +116,11 @@ json WeightDaemon::State::status() {
     j["generation"] = hex(manifest.generation);
     j["bytes"] = manifest.total_bytes();
     j["tensor_bytes"] = tensor_bytes;
-    j["tensors"] = manifest.tensors.size();
+    j["tensors"] = manifest.n_checkpoint_tensors();
     j["segments"] = manifest.segments.size();
     j["expert_blocks"] = n_expert;
+    j["expert_layout"] = expert_layout_name(manifest.expert_layout);
+    j["w4a16_blocks"] = manifest.packed.size();  // experts held in the GPU kernel's layout (the others as stored)
     std::set<int32_t> numa;
     for (const SegmentInfo& seg : manifest.segments) numa.insert(seg.numa_node);
     j["numa_nodes"] = numa;  // -1: no NUMA policy (one node)
@@ -127,6 +129,10 @@ json WeightDaemon::State::status() {
     if (origin == "loaded") {
       j["load"] = {{"bytes", report.bytes}, {"seconds", report.seconds}, {"reader", report.reader},
                    {"gb_per_s", report.seconds > 0 ? static_cast<double>(report.bytes) / report.seconds / 1e9 : 0.0}};
+      if (manifest.expert_layout == ExpertLayout::kW4a16) {
+        j["load"]["w4a16_pack_seconds"] = report.pack_seconds;
+        if (report.w4a16_kept > 0) j["load"]["w4a16_kept"] = {report.w4a16_kept, report.w4a16_first_kept};
+      }
     }
     if (peer_server) j["peer"] = {{"port", peer_server->port()}, {"bytes_served", peer_server->bytes_served()},
                                   {"refused", peer_server->n_refused()}};
@@ -180,7 +186,10 @@ void WeightDaemon::State::load_store(const std::vector<std::string>* shards, con
   std::vector<PlannedTensor> expected = in.tensors;
   expected.insert(expected.end(), extra.begin(), extra.end());
   set_phase("verifying");
-  AdoptResult a = open_for_adoption(o.name, expected, in.arch, in.config_xxh64, o.verify_threads, o.progress_tty);
+  // A store-layout directory brings its own expert layout.
+  const ExpertLayout want = in.prebuilt ? in.prebuilt->expert_layout : o.build.expert_layout;
+  AdoptResult a = open_for_adoption(o.name, expected, in.arch, in.config_xxh64, want, o.verify_threads,
+                                    o.progress_tty);
   if (a.adopted) {
     std::vector<std::string> bad;
     for (uint32_t i : a.corrupt) bad.push_back(a.manifest.tensors[i].name);
@@ -247,6 +256,8 @@ void WeightDaemon::State::load() {
     std::optional<DistConfig> dist;
     const std::vector<std::string>* shards = nullptr;
     if (!o.distributed_config.empty()) {
+      BG_CHECK(o.build.expert_layout == ExpertLayout::kCheckpoint, "--expert-layout w4a16 is not supported with "
+               "--distributed-weight-config yet: peers exchange tensors as the checkpoint holds them");
       dist = load_dist_config(o.distributed_config);
       shards = &dist->node(o.node).shards;
     }
@@ -266,7 +277,8 @@ void WeightDaemon::State::load() {
       phase = "ready";
     }
     log::info("weight store {} ready ({}): {} tensors, {} in {} segments, {:.2f} s", o.name, origin,
-              manifest.tensors.size(), format_bytes(manifest.total_bytes()), manifest.segments.size(), ready_seconds);
+              manifest.n_checkpoint_tensors(), format_bytes(manifest.total_bytes()), manifest.segments.size(),
+              ready_seconds);
     on_ready("");
   } catch (const std::exception& e) {
     {

@@ -85,8 +85,10 @@ std::shared_ptr<StoreSource> attach_store(const std::string& store, const std::f
   BG_CHECK(source->manifest().config_xxh64 == want, "weight store {} holds another model than {} (its config.json "
            "checksum is {:#x}, this one's {:#x}); start a store for this model under another --name", store,
            model_dir.string(), source->manifest().config_xxh64, want);
-  log::info("attached to weight store {}: {} tensors, {} in {} segments", store, source->manifest().tensors.size(),
-            format_bytes(source->manifest().total_bytes()), source->manifest().segments.size());
+  const Manifest& m = source->manifest();
+  log::info("attached to weight store {}: {} tensors, {} in {} segments{}", store, m.n_checkpoint_tensors(),
+            format_bytes(m.total_bytes()), m.segments.size(),
+            m.packed.empty() ? "" : fmt::format(", {} experts as W4A16 blocks (unpacked on use)", m.packed.size()));
   return source;
 }
 

@@ -18,6 +18,9 @@ StoreCatalog::StoreCatalog(const Manifest& m, std::vector<const std::byte*> segm
     : m_(m), bases_(std::move(segment_bases)), encoded_(encode_manifest(m)) {
   BG_CHECK(bases_.size() == m_.segments.size(), "store catalog: {} segment bases for {} segments", bases_.size(),
            m_.segments.size());
+  // Peers are served tensors as the checkpoint holds them; a packed part has no stored bytes to serve.
+  BG_CHECK(m_.packed.empty(), "a store holding W4A16 expert blocks cannot serve peers yet (--expert-layout w4a16 "
+           "is not supported with a distributed config)");
 }
 
 std::span<const std::byte> StoreCatalog::read(uint32_t index, uint64_t offset, uint64_t bytes) const {

@@ -1,6 +1,8 @@
 // scan_model, StoreTarget and build_store: from a model directory to a complete store (shm or files).
 #include "weights/store_builder.h"
 
+#include <sys/mman.h>
+
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -12,6 +14,7 @@
 #include "core/log.h"
 #include "formats/checkpoint.h"
 #include "formats/json_fields.h"
+#include "weights/expert_pack.h"
 #include "weights/progress.h"
 #include "weights/store_source.h"
 
@@ -33,8 +36,12 @@ StoreInput scan_store_dir(const fs::path& dir) {
   for (size_t i = 0; i < m.segments.size(); ++i) in.files.push_back(dir / store_segment_file(i));
   for (const TensorInfo& t : m.tensors) {
     const GroupInfo& g = m.groups[t.group];
-    in.tensors.push_back({t.name, t.dtype, t.shape, t.bytes, t.source, {g.kind, g.layer, g.expert, 0}});
-    in.ranges[t.name] = {t.segment, t.offset};
+    // The checkpoint's tensors (what a store of it must hold); the bytes read are the stored records' (a W4A16 block
+    // holds its packed parts).
+    if (t.role != TensorRole::kW4a16Block) {
+      in.tensors.push_back({t.name, t.dtype, t.shape, t.bytes, t.source, {g.kind, g.layer, g.expert, 0}});
+    }
+    if (!is_packed_role(t.role)) in.ranges[t.name] = {t.segment, t.offset};
   }
   in.prebuilt = std::move(m);
   return in;
@@ -161,8 +168,13 @@ void StoreTarget::finish(const Manifest& m) const {
     return;
   }
   MappedSegment ms = MappedSegment::open_shm(shm_manifest_name(store_name_), /*writable=*/true);
-  BG_CHECK(ms.bytes() == image.size(), "{}: manifest segment of {} bytes, {} to write", describe(), ms.bytes(),
-           image.size());
+  if (ms.bytes() != image.size()) {
+    // The manifest grew after the plan (W4A16 block records): a new segment, whose zero header reads as "not a
+    // manifest" until the header below is written.
+    ms = MappedSegment();
+    ::shm_unlink(shm_manifest_name(store_name_).c_str());
+    ms = MappedSegment::create_shm(shm_manifest_name(store_name_), image.size(), -1);
+  }
   // Body first, the header (state kReady) last: a reader never sees "ready" over a half-written manifest.
   std::memcpy(ms.data() + kManifestHeaderBytes, image.data() + kManifestHeaderBytes, image.size() - kManifestHeaderBytes);
   std::atomic_thread_fence(std::memory_order_release);
@@ -194,11 +206,14 @@ BuiltStore build_store(const StoreInput& in, const StoreTarget& target, const Bu
     b.manifest = *in.prebuilt;
     b.manifest.generation = new_generation();
   } else {
+    BG_CHECK(extra.empty() || o.expert_layout == ExpertLayout::kCheckpoint, "--expert-layout w4a16 is not supported "
+             "with tensors fetched from peers yet (a distributed store holds experts as in the checkpoint)");
     std::vector<PlannedTensor> all = in.tensors;
     std::vector<std::string> sources = in.sources;
     for (const PlannedTensor& t : extra) all.push_back(t);
-    b.manifest = plan_layout(std::move(all), std::move(sources), o.layout,
-                             {in.arch, in.config_xxh64, new_generation()});
+    LayoutOptions lo = o.layout;
+    lo.w4a16_experts = o.expert_layout == ExpertLayout::kW4a16;
+    b.manifest = plan_layout(std::move(all), std::move(sources), lo, {in.arch, in.config_xxh64, new_generation()});
   }
   try {
     b.segments = target.create(b.manifest);
@@ -237,7 +252,20 @@ BuiltStore build_store(const StoreInput& in, const StoreTarget& target, const Bu
       }
       t.xxh64 = r.checksums[i];
     }
-    b.report = {r.bytes, r.seconds, r.reader};
+    b.report.bytes = r.bytes;
+    b.report.seconds = r.seconds;
+    b.report.reader = r.reader;
+    if (!in.prebuilt && o.expert_layout == ExpertLayout::kW4a16) {
+      const PackReport pr = pack_expert_groups(b.manifest, b.segments);
+      b.report.w4a16_packed = pr.packed;
+      b.report.w4a16_kept = pr.kept;
+      b.report.w4a16_first_kept = pr.first_kept;
+      b.report.pack_seconds = pr.seconds;
+      log::info("{}: {} experts packed into W4A16 blocks in {:.2f} s", target.describe(), pr.packed, pr.seconds);
+      if (pr.kept > 0) {
+        log::warn("{}: {} MXFP4 experts kept as stored (first: {})", target.describe(), pr.kept, pr.first_kept);
+      }
+    }
     if (extra.empty()) target.finish(b.manifest);
   } catch (...) {
     b.segments.clear();

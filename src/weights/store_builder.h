@@ -58,7 +58,8 @@ class StoreTarget {
 };
 
 struct BuildOptions {
-  LayoutOptions layout;
+  LayoutOptions layout;  // layout.w4a16_experts is set from expert_layout by build_store
+  ExpertLayout expert_layout = ExpertLayout::kCheckpoint;
   ReadOptions read;      // read.progress is set by build_store
   int progress_tty = -1; // see ProgressOptions::tty
   // Called with the load's progress before the first read and with nullptr after the last (weightd's status).
@@ -69,6 +70,10 @@ struct BuildReport {
   uint64_t bytes = 0;
   double seconds = 0.0;
   std::string reader;
+  int64_t w4a16_packed = 0;  // experts packed into W4A16 blocks (--expert-layout w4a16)
+  int64_t w4a16_kept = 0;    // MXFP4 experts left as stored, and why the first was
+  std::string w4a16_first_kept;
+  double pack_seconds = 0.0;
 };
 
 // A fresh random generation (never 0).
@@ -97,14 +102,17 @@ struct AdoptResult {
   std::vector<uint32_t> corrupt;        // tensors whose bytes no longer match their checksum
 };
 
-// Opens the shm store `name` for adoption when it is complete, of this layout version, and holds exactly `expected`
-// (the same architecture and config.json, tensor names, dtypes, shapes); then verifies every checksum. A complete
-// store of another model is an error (never silently replaced); an incomplete or unreadable one is "not adopted".
+// Opens the shm store `name` for adoption when it is complete, of this layout version and expert layout, and holds
+// exactly `expected` (the same architecture and config.json, tensor names, dtypes, shapes); then verifies every
+// checksum (a W4A16 block's, not its packed parts'). A complete store of another model is an error (never silently
+// replaced); an incomplete or unreadable one, or one of another expert layout, is "not adopted".
 AdoptResult open_for_adoption(const std::string& name, const std::vector<PlannedTensor>& expected,
-                              const std::string& arch, uint64_t config_xxh64, int n_threads, int progress_tty);
+                              const std::string& arch, uint64_t config_xxh64, ExpertLayout expert_layout,
+                              int n_threads, int progress_tty);
 
-// Re-reads tensors `which` of an adopted store from the checkpoint into their places. Throws naming the tensor when
-// the re-read bytes still differ from the manifest's checksum (the checkpoint changed since the store was built).
+// Re-reads tensors `which` of an adopted store from the checkpoint into their places; a W4A16 block that the input
+// does not hold as such is re-packed from its parts. Throws naming the tensor when the re-read (or re-packed) bytes
+// still differ from the manifest's checksum (the checkpoint changed since the store was built).
 void repair_from_input(const StoreInput& in, AdoptResult& a, const std::vector<uint32_t>& which,
                        const ReadOptions& read);
 

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "ops/moe_w4a16/moe_w4a16.h"
 #include "weights/checksum.h"
 
 namespace bg::weights {
@@ -103,6 +104,15 @@ void validate_groups(const Manifest& m, const std::string& what) {
 
 void validate_tensor(const Manifest& m, const TensorInfo& t, const std::string& what) {
   const GroupInfo& g = m.groups.at(t.group);
+  // A packed tensor's bytes are not stored (validate_packed checks it against its block); its offset is its group's.
+  if (is_packed_role(t.role)) {
+    BG_CHECK(t.segment == g.segment && t.offset == g.offset, "{}: packed tensor '{}' does not name its group's place",
+             what, t.name);
+    const uint64_t numel = static_cast<uint64_t>(shape_numel(t.shape));
+    BG_CHECK(dtype_size_bytes(t.dtype) == 1 && numel == t.bytes, "{}: packed tensor '{}' is {} {}, not {} bytes", what,
+             t.name, dtype_name(t.dtype), shape_str(t.shape), t.bytes);
+    return;
+  }
   BG_CHECK(t.segment == g.segment && t.offset % kWeightPartAlign == 0 && t.offset >= g.offset &&
                fits(t.offset - g.offset, t.bytes, g.bytes),
            "{}: tensor '{}' [{}, +{}) in segment {} lies outside its group {} [{}, +{}) in segment {}", what, t.name,
@@ -114,7 +124,70 @@ void validate_tensor(const Manifest& m, const TensorInfo& t, const std::string& 
            dtype_name(t.dtype), numel * dtype_size_bytes(t.dtype));
 }
 
+// A packed group holds exactly one block tensor at its start and the six checkpoint tensors of one MXFP4 expert (one
+// per role), with shapes that agree (gate, up [inter, hidden]; down [hidden, inter]) and a block of their W4A16 size.
+void validate_packed(const Manifest& m, const std::string& what) {
+  std::unordered_map<uint32_t, std::vector<uint32_t>> by_group;
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    if (m.tensors[i].role != TensorRole::kStored) by_group[m.tensors[i].group].push_back(static_cast<uint32_t>(i));
+  }
+  for (const TensorInfo& t : m.tensors) {
+    BG_CHECK(t.role != TensorRole::kStored || by_group.count(t.group) == 0, "{}: tensor '{}' is stored inside packed "
+             "group {}", what, t.name, t.group);
+  }
+  BG_CHECK(by_group.size() == m.packed.size(), "{}: {} groups hold packed tensors, {} of them have a W4A16 block",
+           what, by_group.size(), m.packed.size());
+  for (const auto& [gi, members] : by_group) {
+    const GroupInfo& g = m.groups[gi];
+    BG_CHECK(g.kind == GroupKind::kExpert && members.size() == 1 + kPackedRoles,
+             "{}: group {} ({}) holds {} packed tensor records; a packed expert group holds its block and {} parts",
+             what, gi, group_kind_name(g.kind), members.size(), kPackedRoles);
+    const PackedExpert& pe = m.packed.at(gi);
+    const TensorInfo& block = m.tensors[pe.block];
+    BG_CHECK(block.offset == g.offset && block.dtype == DType::kU8 && block.shape.size() == 1,
+             "{}: W4A16 block '{}' does not start its group {}", what, block.name, gi);
+    uint32_t seen = 0;
+    for (uint32_t i : members) seen |= 1u << static_cast<int>(m.tensors[i].role);
+    BG_CHECK(seen == 0xfeu, "{}: packed group {} lacks a part or holds one twice", what, gi);
+    const TensorInfo& gate = m.tensors[pe.parts[0]];
+    const TensorInfo& down = m.tensors[pe.parts[4]];
+    const int64_t inter = pe.inter, hidden = pe.hidden;
+    BG_CHECK(hidden > 0 && inter > 0 && hidden <= (1 << 20) && inter <= (1 << 20) && hidden % 32 == 0 &&
+                 inter % 32 == 0,
+             "{}: packed expert of group {} ('{}', '{}') has hidden {} inter {}", what, gi, gate.name, down.name,
+             hidden, inter);
+    for (int r = 0; r < kPackedRoles; ++r) {
+      const TensorInfo& t = m.tensors[pe.parts[r]];
+      const int64_t rows = r < 4 ? inter : hidden, cols = r < 4 ? hidden : inter;
+      const auto want = static_cast<uint64_t>(rows * cols / (r % 2 == 0 ? 2 : 32));
+      BG_CHECK(!t.shape.empty() && t.shape[0] == rows && t.bytes == want, "{}: packed tensor '{}' is {} of {} bytes, "
+               "an MXFP4 [{}, {}] part is {} rows of {} bytes", what, t.name, shape_str(t.shape), t.bytes, rows, cols,
+               rows, want);
+    }
+    const auto want = static_cast<uint64_t>(ops::moe_w4a16_layout_info(1, hidden, inter).block_bytes);
+    BG_CHECK(block.bytes == want && block.bytes <= g.bytes, "{}: W4A16 block '{}' of {} bytes, hidden {} inter {} "
+             "needs {} (group of {})", what, block.name, block.bytes, hidden, inter, want, g.bytes);
+    BG_CHECK(m.w4a16_version == ops::kMoeW4a16LayoutVersion, "{}: holds W4A16 blocks of layout version {}, this "
+             "build reads version {}: remove the store and build it again", what, m.w4a16_version,
+             ops::kMoeW4a16LayoutVersion);
+  }
+}
+
 }  // namespace
+
+std::string_view expert_layout_name(ExpertLayout l) { return l == ExpertLayout::kW4a16 ? "w4a16" : "checkpoint"; }
+
+ExpertLayout parse_expert_layout(const std::string& s) {
+  if (s == "checkpoint") return ExpertLayout::kCheckpoint;
+  if (s == "w4a16") return ExpertLayout::kW4a16;
+  fail("--expert-layout '{}': expected checkpoint or w4a16", s);
+}
+
+const PackedExpert* Manifest::packed_of(uint32_t index) const {
+  if (index >= tensors.size() || tensors[index].role == TensorRole::kStored) return nullptr;
+  auto it = packed.find(tensors[index].group);
+  return it == packed.end() ? nullptr : &it->second;
+}
 
 std::string_view group_kind_name(GroupKind kind) {
   switch (kind) {
@@ -129,6 +202,20 @@ void Manifest::index() {
   by_name.clear();
   by_name.reserve(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) by_name.emplace(tensors[i].name, static_cast<uint32_t>(i));
+  // Packed experts: the block, then the parts by role; hidden / inter from the down and gate codes' rows.
+  packed.clear();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].role == TensorRole::kW4a16Block) packed[tensors[i].group].block = static_cast<uint32_t>(i);
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorInfo& t = tensors[i];
+    auto it = is_packed_role(t.role) ? packed.find(t.group) : packed.end();
+    if (it == packed.end()) continue;
+    const int r = static_cast<int>(t.role) - static_cast<int>(TensorRole::kGateCodes);
+    it->second.parts[r] = static_cast<uint32_t>(i);
+    if (t.role == TensorRole::kGateCodes && !t.shape.empty()) it->second.inter = t.shape[0];
+    if (t.role == TensorRole::kDownCodes && !t.shape.empty()) it->second.hidden = t.shape[0];
+  }
   int64_t max_layer = -1, max_expert = -1;
   for (const GroupInfo& g : groups) {
     if (g.kind != GroupKind::kExpert) continue;
@@ -162,6 +249,8 @@ std::vector<std::byte> encode_manifest(const Manifest& m) {
   w.put(m.generation);
   w.str(m.arch);
   w.put(m.config_xxh64);
+  w.put(static_cast<uint8_t>(m.expert_layout));
+  w.put(m.w4a16_version);
   w.put(static_cast<uint32_t>(m.sources.size()));
   for (const auto& s : m.sources) w.str(s);
   w.put(static_cast<uint32_t>(m.segments.size()));
@@ -190,6 +279,7 @@ std::vector<std::byte> encode_manifest(const Manifest& m) {
     w.put(t.xxh64);
     w.put(t.source);
     w.put(t.group);
+    w.put(static_cast<uint8_t>(t.role));
   }
   return w.take();
 }
@@ -200,6 +290,10 @@ Manifest decode_manifest(std::span<const std::byte> bytes, const std::string& wh
   m.generation = r.get<uint64_t>("generation");
   m.arch = r.str("arch");
   m.config_xxh64 = r.get<uint64_t>("config hash");
+  const auto layout = r.get<uint8_t>("expert layout");
+  BG_CHECK(layout <= static_cast<uint8_t>(ExpertLayout::kW4a16), "{}: unknown expert layout {}", what, layout);
+  m.expert_layout = static_cast<ExpertLayout>(layout);
+  m.w4a16_version = r.get<uint32_t>("W4A16 layout version");
   for (uint32_t i = 0, n = r.count("source count", 4); i < n; ++i) m.sources.push_back(r.str("source name"));
   for (uint32_t i = 0, n = r.count("segment count", 12); i < n; ++i) {
     SegmentInfo s;
@@ -222,7 +316,7 @@ Manifest decode_manifest(std::span<const std::byte> bytes, const std::string& wh
     m.groups.push_back(g);
   }
   validate_groups(m, what);
-  for (uint32_t i = 0, n = r.count("tensor count", 42); i < n; ++i) {
+  for (uint32_t i = 0, n = r.count("tensor count", 43); i < n; ++i) {
     TensorInfo t;
     t.name = r.str("tensor name");
     BG_CHECK(!t.name.empty(), "{}: tensor {} has an empty name", what, i);
@@ -242,6 +336,10 @@ Manifest decode_manifest(std::span<const std::byte> bytes, const std::string& wh
     t.xxh64 = r.get<uint64_t>("tensor checksum");
     t.source = r.get<uint32_t>("tensor source");
     t.group = r.get<uint32_t>("tensor group");
+    const auto role = r.get<uint8_t>("tensor role");
+    BG_CHECK(role <= static_cast<uint8_t>(TensorRole::kDownScales), "{}: tensor '{}' has unknown role {}", what,
+             t.name, role);
+    t.role = static_cast<TensorRole>(role);
     BG_CHECK(t.group < m.groups.size() && t.source < m.sources.size(),
              "{}: tensor '{}' names group {} of {} / source {} of {}", what, t.name, t.group, m.groups.size(),
              t.source, m.sources.size());
@@ -256,6 +354,7 @@ Manifest decode_manifest(std::span<const std::byte> bytes, const std::string& wh
   size_t n_indexed = 0;
   for (int32_t gi : m.expert_group) n_indexed += gi >= 0;
   BG_CHECK(n_indexed == n_expert_groups, "{}: an expert block (layer, expert) appears twice", what);
+  validate_packed(m, what);
   return m;
 }
 

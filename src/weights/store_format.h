@@ -17,7 +17,8 @@
 namespace bg::weights {
 
 // Bumped whenever the bytes of a segment or the manifest encoding change; a store of another version is never adopted.
-inline constexpr uint32_t kStoreLayoutVersion = 1;
+// 2: tensor roles (MXFP4 experts held as W4A16 blocks), the expert layout and the W4A16 layout version.
+inline constexpr uint32_t kStoreLayoutVersion = 2;
 inline constexpr size_t kSegmentHeaderBytes = 4096;  // tensor data of a segment starts here
 inline constexpr size_t kManifestHeaderBytes = 64;
 inline constexpr int64_t kMaxStoreLayers = 1 << 16;
@@ -26,6 +27,30 @@ inline constexpr int64_t kMaxStoreExperts = 1 << 16;
 enum class GroupKind : uint8_t { kGlobal = 0, kLayer = 1, kExpert = 2 };
 
 enum class StoreState : uint32_t { kBuilding = 1, kReady = 2 };
+
+// How routed experts are held (weightd start / batchgen convert --expert-layout). kW4a16: every MXFP4 expert whose
+// scales the decode kernel's layout holds exactly (all real checkpoints) is one W4A16 block (ops/moe_w4a16), the bytes
+// the GPU kernel reads, so an upload or a streamed expert is one copy with no re-layout; its checkpoint tensors are
+// given back by an exact unpack. Other experts stay as stored.
+enum class ExpertLayout : uint8_t { kCheckpoint = 0, kW4a16 = 1 };
+std::string_view expert_layout_name(ExpertLayout l);
+ExpertLayout parse_expert_layout(const std::string& s);  // "checkpoint" | "w4a16"; throws naming the choices
+
+// What a tensor record is. kStored: its bytes are at (segment, offset). kW4a16Block: one expert's W4A16 block (U8
+// [block bytes], at its group's start; not a checkpoint tensor, not listed by names()). The others: a checkpoint
+// tensor held inside its group's block (offset = the group's; its xxh64 is of the checkpoint bytes an unpack gives).
+enum class TensorRole : uint8_t {
+  kStored = 0,
+  kW4a16Block = 1,
+  kGateCodes = 2,
+  kGateScales = 3,
+  kUpCodes = 4,
+  kUpScales = 5,
+  kDownCodes = 6,
+  kDownScales = 7,
+};
+inline constexpr int kPackedRoles = 6;  // kGateCodes .. kDownScales, in this order in a packed group
+inline bool is_packed_role(TensorRole r) { return r >= TensorRole::kGateCodes; }
 
 // First bytes of the manifest segment. manifest_xxh64 covers the manifest bytes that follow the header.
 struct ManifestHeader {
@@ -73,12 +98,23 @@ struct TensorInfo {
   uint64_t xxh64 = 0;   // XXH64 (seed 0) of the tensor's bytes
   uint32_t source = 0;  // index into Manifest::sources
   uint32_t group = 0;   // index into Manifest::groups
+  TensorRole role = TensorRole::kStored;
+};
+
+// A packed expert: its block tensor and the W4A16 geometry (from the packed tensors' shapes).
+struct PackedExpert {
+  uint32_t block = 0;  // index of the kW4a16Block tensor
+  int64_t hidden = 0;
+  int64_t inter = 0;
+  uint32_t parts[kPackedRoles] = {};  // tensor indices, kGateCodes .. kDownScales
 };
 
 struct Manifest {
   uint64_t generation = 0;
   std::string arch;             // "deepseek_v3" | "kimi_k3"
   uint64_t config_xxh64 = 0;    // of the checkpoint's config.json: the model the store holds
+  ExpertLayout expert_layout = ExpertLayout::kCheckpoint;  // what the builder was asked for
+  uint32_t w4a16_version = 0;   // ops::kMoeW4a16LayoutVersion of the blocks (0: none packed)
   std::vector<std::string> sources;  // shard file names, or "peer:<node>" for tensors fetched from a peer
   std::vector<SegmentInfo> segments;
   std::vector<GroupInfo> groups;
@@ -88,6 +124,12 @@ struct Manifest {
   std::unordered_map<std::string, uint32_t> by_name;
   std::vector<int32_t> expert_group;  // [layer * expert_stride + expert] -> group, -1 where none
   int64_t expert_stride = 0;
+  std::unordered_map<uint32_t, PackedExpert> packed;  // group -> its packed expert
+
+  // Tensors that are checkpoint tensors (every one but the W4A16 blocks).
+  size_t n_checkpoint_tensors() const { return tensors.size() - packed.size(); }
+  // The packed expert holding tensor `index`, or null when the tensor is stored as is.
+  const PackedExpert* packed_of(uint32_t index) const;
 
   void index();
   // The group of (layer, expert)'s block, or -1.
@@ -97,7 +139,8 @@ struct Manifest {
 
 std::vector<std::byte> encode_manifest(const Manifest& m);
 // Decodes and validates everything (counts against the bytes left, names, dtypes, shapes against byte counts, every
-// tensor inside its group and segment, groups inside their segments and disjoint, unique names and expert blocks).
+// tensor inside its group and segment, groups inside their segments and disjoint, unique names and expert blocks,
+// every packed group whole: one block of the W4A16 size of its six tensors' shapes, at the group's start).
 // `what` names the source in errors. Throws bg::Error.
 Manifest decode_manifest(std::span<const std::byte> bytes, const std::string& what);
 

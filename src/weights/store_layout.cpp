@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "weights/expert_pack.h"
 
 namespace bg::weights {
 namespace {
@@ -49,14 +50,24 @@ Manifest plan_layout(std::vector<PlannedTensor> tensors, std::vector<std::string
     std::vector<size_t> part_bytes;
     for (size_t i = begin; i < end; ++i) part_bytes.push_back(tensors[i].bytes);
     const ExpertBlockLayout lay = expert_block_layout(part_bytes);
-    if (cursor > kSegmentHeaderBytes && cursor + lay.bytes > o.segment_max_bytes) close_segment();
+    uint64_t group_bytes = std::max<uint64_t>(lay.bytes, kWeightBlockAlign);
+    if (o.w4a16_experts && tensors[begin].placement.kind == GroupKind::kExpert) {
+      std::vector<PartRef> refs;
+      for (size_t i = begin; i < end; ++i) {
+        refs.push_back({&tensors[i].name, tensors[i].dtype, &tensors[i].shape, tensors[i].bytes});
+      }
+      if (const auto geo = w4a16_geometry(refs)) {
+        group_bytes = std::max<uint64_t>(group_bytes, align_up(geo->block_bytes, kWeightBlockAlign));
+      }
+    }
+    if (cursor > kSegmentHeaderBytes && cursor + group_bytes > o.segment_max_bytes) close_segment();
     GroupInfo g;
     g.kind = tensors[begin].placement.kind;
     g.layer = tensors[begin].placement.layer;
     g.expert = tensors[begin].placement.expert;
     g.segment = static_cast<uint32_t>(m.segments.size());
     g.offset = cursor;
-    g.bytes = std::max<uint64_t>(lay.bytes, kWeightBlockAlign);
+    g.bytes = group_bytes;
     for (size_t i = begin; i < end; ++i) {
       TensorInfo t;
       t.name = std::move(tensors[i].name);

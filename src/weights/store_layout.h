@@ -24,6 +24,8 @@ struct PlannedTensor {
 struct LayoutOptions {
   uint64_t segment_max_bytes = uint64_t{8} << 30;  // a larger group gets a segment of its own
   int n_numa_nodes = 1;                            // > 1: segment k is placed on node k % n
+  // Expert groups that are one MXFP4 expert get room for its W4A16 block too (pack_expert_groups, after loading).
+  bool w4a16_experts = false;
 };
 
 struct LayoutIdentity {

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "weights/checksum.h"
+#include "weights/expert_pack.h"
 
 namespace bg::weights {
 
@@ -74,11 +75,46 @@ std::span<const std::byte> StoreSource::tensor_bytes(uint32_t index) const {
   return {segments_[t.segment].data() + t.offset, t.bytes};
 }
 
+bool StoreSource::contains(const std::string& name) const {
+  auto it = manifest_.by_name.find(name);
+  return it != manifest_.by_name.end() && manifest_.tensors[it->second].role != TensorRole::kW4a16Block;
+}
+
 std::optional<TensorView> StoreSource::find(const std::string& name) const {
   auto it = manifest_.by_name.find(name);
   if (it == manifest_.by_name.end()) return std::nullopt;
   const TensorInfo& t = manifest_.tensors[it->second];
-  return TensorView{t.dtype, t.shape, segments_[t.segment].data() + t.offset, t.bytes, t.name};
+  if (t.role == TensorRole::kW4a16Block) return std::nullopt;
+  if (!is_packed_role(t.role)) {
+    return TensorView{t.dtype, t.shape, segments_[t.segment].data() + t.offset, t.bytes, t.name};
+  }
+  const PackedExpert& pe = manifest_.packed.at(t.group);
+  std::array<uint64_t, kPackedRoles + 1> offs{};
+  for (int r = 0; r < kPackedRoles; ++r) {
+    offs[static_cast<size_t>(r) + 1] = offs[static_cast<size_t>(r)] + manifest_.tensors[pe.parts[r]].bytes;
+  }
+  std::lock_guard lock(unpack_mu_);
+  std::unique_ptr<std::byte[]>& parts = unpacked_[t.group];
+  if (!parts) {
+    auto buf = std::make_unique_for_overwrite<std::byte[]>(offs.back());
+    std::array<std::span<std::byte>, kPackedRoles> out;
+    for (size_t r = 0; r < out.size(); ++r) out[r] = {buf.get() + offs[r], offs[r + 1] - offs[r]};
+    const TensorInfo& b = manifest_.tensors[pe.block];
+    unpack_w4a16_block(manifest_, pe, {segments_[b.segment].data() + b.offset, b.bytes}, out, describe_);
+    parts = std::move(buf);
+  }
+  const int r = static_cast<int>(t.role) - static_cast<int>(TensorRole::kGateCodes);
+  return TensorView{t.dtype, t.shape, parts.get() + offs[static_cast<size_t>(r)], t.bytes, t.name};
+}
+
+std::optional<WeightSource::W4a16Block> StoreSource::w4a16_expert(int64_t layer, int64_t expert) const {
+  const int32_t g = manifest_.expert_block(layer, expert);
+  if (g < 0) return std::nullopt;
+  auto it = manifest_.packed.find(static_cast<uint32_t>(g));
+  if (it == manifest_.packed.end()) return std::nullopt;
+  const TensorInfo& b = manifest_.tensors[it->second.block];
+  return W4a16Block{{segments_[b.segment].data() + b.offset, b.bytes}, it->second.hidden, it->second.inter,
+                    manifest_.w4a16_version};
 }
 
 std::string StoreSource::file_of(const std::string& name) const {
@@ -90,7 +126,9 @@ std::string StoreSource::file_of(const std::string& name) const {
 std::vector<std::string> StoreSource::names() const {
   std::vector<std::string> out;
   out.reserve(manifest_.tensors.size());
-  for (const TensorInfo& t : manifest_.tensors) out.push_back(t.name);
+  for (const TensorInfo& t : manifest_.tensors) {
+    if (t.role != TensorRole::kW4a16Block) out.push_back(t.name);
+  }
   return out;
 }
 
@@ -142,6 +180,13 @@ std::vector<std::string> CompositeSource::names() const {
     for (auto& n : p->names()) all.insert(std::move(n));
   }
   return {all.begin(), all.end()};
+}
+
+std::optional<WeightSource::W4a16Block> CompositeSource::w4a16_expert(int64_t layer, int64_t expert) const {
+  for (const auto& p : parts_) {
+    if (auto b = p->w4a16_expert(layer, expert)) return b;
+  }
+  return std::nullopt;
 }
 
 std::vector<HostRegion> CompositeSource::pinnable_regions() const {

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <span>
 #include <string>
 #include <vector>
@@ -35,11 +37,15 @@ class StoreSource final : public WeightSource {
   StoreSource(std::string describe, Manifest manifest, std::vector<MappedSegment> segments);
 
   std::string describe() const override { return describe_; }
-  bool contains(const std::string& name) const override { return manifest_.by_name.count(name) != 0; }
+  // Checkpoint tensors only: a W4A16 block's own record is not one (w4a16_expert gives it).
+  bool contains(const std::string& name) const override;
+  // A tensor packed into a W4A16 block is unpacked (with its expert's other parts, checked against their checksums)
+  // into memory this source owns, once; the view stays valid as long as the source.
   std::optional<TensorView> find(const std::string& name) const override;
   std::string file_of(const std::string& name) const override;
   std::vector<std::string> names() const override;
   std::vector<HostRegion> pinnable_regions() const override;
+  std::optional<W4a16Block> w4a16_expert(int64_t layer, int64_t expert) const override;
 
   const Manifest& manifest() const { return manifest_; }
   // The (layer, expert) block: its bytes, in one segment. Empty when the store has no such block. O(1).
@@ -53,6 +59,9 @@ class StoreSource final : public WeightSource {
   Manifest manifest_;
   std::vector<MappedSegment> segments_;
   std::vector<std::shared_ptr<void>> held_;
+  // Unpacked experts (find on a packed tensor): group -> its six parts back to back, in role order.
+  mutable std::mutex unpack_mu_;
+  mutable std::unordered_map<uint32_t, std::unique_ptr<std::byte[]>> unpacked_;
 };
 
 // Several sources as one: the first that holds a name wins (a node's store, then tensors fetched from peers).
@@ -65,6 +74,7 @@ class CompositeSource final : public WeightSource {
   std::string file_of(const std::string& name) const override;
   std::vector<std::string> names() const override;
   std::vector<HostRegion> pinnable_regions() const override;
+  std::optional<W4a16Block> w4a16_expert(int64_t layer, int64_t expert) const override;
 
  private:
   std::vector<std::shared_ptr<const WeightSource>> parts_;

@@ -25,7 +25,7 @@ struct Handles {
       QuantWeight w{WeightFormat::kDense, kHidden, kHidden,
                     TensorView{DType::kF32, {kHidden, kHidden}, reinterpret_cast<const std::byte*>(zeros.data()),
                                zeros.size() * 4, "w"},
-                    {}, "w"};
+                    {}, "w", {}};
       owned.push_back(be.prepare_linear(w));
       all.gate.push_back(owned.back().get());
       all.up.push_back(owned.back().get());

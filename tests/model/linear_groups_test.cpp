@@ -71,7 +71,7 @@ TEST(LinearGroups, ProjectionsEqualThePartsWithoutFusion) {
     stored.push_back(HostTensor::from_f32(w[p], {rows, 4}));
   }
   for (size_t p = 0; p < w.size(); ++p) {
-    q.push_back({WeightFormat::kDense, stored[p].shape()[0], 4, stored[p].view("w"), {}, "w"});
+    q.push_back({WeightFormat::kDense, stored[p].shape()[0], 4, stored[p].view("w"), {}, "w", {}});
   }
   std::vector<std::unique_ptr<LinearHandle>> h;
   LinearGroup g;

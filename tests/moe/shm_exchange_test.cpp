@@ -70,7 +70,7 @@ struct NoWeights {
       QuantWeight w{WeightFormat::kDense, hidden, hidden,
                     TensorView{DType::kF32, {hidden, hidden}, reinterpret_cast<const std::byte*>(storage.back().data()),
                                storage.back().size() * 4, "w"},
-                    {}, "w"};
+                    {}, "w", {}};
       handles.push_back(be.prepare_linear(w));
       weights.gate.push_back(handles.back().get());
       weights.up.push_back(handles.back().get());
@@ -201,7 +201,7 @@ TEST(ShmExchange, MoeRoutedEqualsLoopbackWithRealExperts) {
           WeightFormat::kDense, out, in,
           TensorView{DType::kF32, {out, in}, reinterpret_cast<const std::byte*>(store.back().data()),
                      store.back().size() * 4, "e"},
-          {}, "e"}));
+          {}, "e", {}}));
       return handles.back().get();
     };
     for (int64_t e = 0; e < E; ++e) {

@@ -95,6 +95,33 @@ TEST(Lifecycle, CorruptSegmentIsRefusedOrReloaded) {
   EXPECT_EQ(score_logits(model, {"--weight-store", g.name()}), direct);
 }
 
+// The same lifecycle with the experts in the GPU kernel's layout (--expert-layout w4a16): engines get the same logits,
+// a restarted daemon adopts the store when asked for the same layout and rebuilds it when asked for another.
+TEST(Lifecycle, W4a16ExpertLayoutIsAdoptedOrRebuiltAsAsked) {
+  StoreGuard g;
+  const auto model = golden_model("deepseek_v3/tiny-mxfp4");
+  const std::vector<float> direct = score_logits(model, {});
+  json st = start_daemon(model, g.name(), {"--expert-layout", "w4a16"});
+  EXPECT_EQ(st["expert_layout"], "w4a16");
+  EXPECT_GT(st.value("w4a16_blocks", 0), 0);
+  const std::string generation = st.value("generation", std::string());
+  EXPECT_EQ(score_logits(model, {"--weight-store", g.name()}), direct);
+  g.kill_daemon();
+  st = start_daemon(model, g.name(), {"--expert-layout", "w4a16"});
+  EXPECT_EQ(st["origin"], "adopted");
+  EXPECT_EQ(st["generation"], generation);
+  g.kill_daemon();
+  st = start_daemon(model, g.name());
+  EXPECT_EQ(st["origin"], "loaded");
+  EXPECT_EQ(st["expert_layout"], "checkpoint");
+  EXPECT_EQ(st["w4a16_blocks"], 0);
+  EXPECT_EQ(score_logits(model, {"--weight-store", g.name()}), direct);
+  const CmdResult bad = run_batchgen({"weightd", "start", "--model", model.string(), "--name", g.name() + "x",
+                                      "--expert-layout", "fp4"});
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("--expert-layout"), std::string::npos) << bad.err;
+}
+
 TEST(Lifecycle, StopWithoutDaemonRemovesLeftoversAndBadInputIsAClearError) {
   StoreGuard g;
   const auto model = golden_model("deepseek_v3/tiny-fp8");

@@ -9,6 +9,7 @@
 #include "weights/placement.h"
 #include "weights/store_builder.h"
 #include "weights/store_layout.h"
+#include "weights/expert_pack.h"
 #include "weights_testing.h"
 
 namespace bg::testing {
@@ -164,9 +165,45 @@ TEST(Manifest, DecoderRejectsEveryInconsistency) {
   // A count far beyond the bytes that follow is refused before anything is allocated.
   auto huge = bytes;
   const uint32_t n = 0xffffffffu;
-  const size_t count_at = 8 + 4 + good.arch.size() + 8;  // generation, arch, config hash
+  const size_t count_at = 8 + 4 + good.arch.size() + 8 + 1 + 4;  // generation, arch, config hash, expert layout
   std::memcpy(huge.data() + count_at, &n, 4);
   EXPECT_NE(bg_error_of([&] { decode_manifest(huge, "m"); }).find("does not fit"), std::string::npos);
+}
+
+// A store with W4A16 blocks: every packed expert group must be whole and consistent.
+TEST(Manifest, DecoderChecksPackedExperts) {
+  TempDir tmp;
+  BuildOptions o;
+  o.progress_tty = 0;
+  o.expert_layout = ExpertLayout::kW4a16;
+  const Manifest good =
+      build_store(scan_model(golden_model("deepseek_v3/tiny-mxfp4"), nullptr), StoreTarget::dir(tmp.path()), o)
+          .manifest;
+  ASSERT_FALSE(good.packed.empty());
+  EXPECT_EQ(decode_manifest(encode_manifest(good), "m").packed.size(), good.packed.size());
+  const PackedExpert& pe = good.packed.begin()->second;
+  Manifest m = good;
+  m.tensors[pe.parts[1]].role = TensorRole::kStored;
+  EXPECT_NE(decode_error(m).find("stored inside packed group"), std::string::npos) << decode_error(m);
+  m = good;
+  m.tensors[pe.parts[3]].role = TensorRole::kGateScales;  // two gate scales, no up scales
+  EXPECT_NE(decode_error(m).find("lacks a part"), std::string::npos) << decode_error(m);
+  m = good;
+  m.tensors[pe.block].shape = {m.tensors[pe.block].shape[0] + 256};
+  m.tensors[pe.block].bytes += 256;
+  EXPECT_NE(decode_error(m).find("W4A16 block"), std::string::npos) << decode_error(m);
+  m = good;
+  m.w4a16_version = 1;
+  EXPECT_NE(decode_error(m).find("layout version 1"), std::string::npos) << decode_error(m);
+  m = good;
+  m.tensors[pe.parts[4]].offset += 256;  // a packed part names no place of its own
+  EXPECT_NE(decode_error(m).find("does not name its group's place"), std::string::npos) << decode_error(m);
+  m = good;
+  m.tensors[pe.block].role = TensorRole::kStored;  // parts without their block
+  EXPECT_NE(decode_error(m).find("packed group"), std::string::npos) << decode_error(m);
+  auto bytes = encode_manifest(good);
+  bytes[8 + 4 + good.arch.size() + 8] = std::byte{7};  // the expert layout byte
+  EXPECT_NE(bg_error_of([&] { decode_manifest(bytes, "m"); }).find("unknown expert layout"), std::string::npos);
 }
 
 }  // namespace

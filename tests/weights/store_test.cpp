@@ -137,7 +137,8 @@ TEST(Store, VerificationFindsACorruptTensorAndTheCheckpointRepairsIt) {
     MappedSegment seg = MappedSegment::open_shm(shm_segment_name(g.name(), t.segment), /*writable=*/true);
     seg.data()[t.offset + 17] ^= std::byte{0x40};
   }
-  AdoptResult a = open_for_adoption(g.name(), in.tensors, in.arch, in.config_xxh64, 2, 0);
+  AdoptResult a =
+      open_for_adoption(g.name(), in.tensors, in.arch, in.config_xxh64, ExpertLayout::kCheckpoint, 2, 0);
   ASSERT_TRUE(a.adopted) << a.not_adopted;
   ASSERT_EQ(a.corrupt.size(), 1u);
   EXPECT_EQ(a.manifest.tensors[a.corrupt[0]].name, victim);
@@ -151,11 +152,12 @@ TEST(Store, AdoptionRefusesAnotherModelAndSkipsIncompleteStores) {
   StoreGuard g;
   const StoreInput ds = scan_model(golden_model("deepseek_v3/tiny-fp8"), nullptr);
   const StoreInput k3 = scan_model(golden_model("kimi_k3/k3-tiny"), nullptr);
-  AdoptResult none = open_for_adoption(g.name(), ds.tensors, ds.arch, ds.config_xxh64, 1, 0);
+  constexpr ExpertLayout kCk = ExpertLayout::kCheckpoint;
+  AdoptResult none = open_for_adoption(g.name(), ds.tensors, ds.arch, ds.config_xxh64, kCk, 1, 0);
   EXPECT_FALSE(none.adopted);
   EXPECT_NE(none.not_adopted.find("no store"), std::string::npos);
   build_store(ds, StoreTarget::shm(g.name()), quiet_build());
-  EXPECT_NE(bg_error_of([&] { open_for_adoption(g.name(), k3.tensors, k3.arch, k3.config_xxh64, 1, 0); })
+  EXPECT_NE(bg_error_of([&] { open_for_adoption(g.name(), k3.tensors, k3.arch, k3.config_xxh64, kCk, 1, 0); })
                 .find("holds another model"),
             std::string::npos);
   // A builder that died: the manifest still says "building".
@@ -166,7 +168,7 @@ TEST(Store, AdoptionRefusesAnotherModelAndSkipsIncompleteStores) {
     h.state = static_cast<uint32_t>(StoreState::kBuilding);
     std::memcpy(ms.data(), &h, sizeof(h));
   }
-  AdoptResult partial = open_for_adoption(g.name(), ds.tensors, ds.arch, ds.config_xxh64, 1, 0);
+  AdoptResult partial = open_for_adoption(g.name(), ds.tensors, ds.arch, ds.config_xxh64, kCk, 1, 0);
   EXPECT_FALSE(partial.adopted);
   EXPECT_NE(partial.not_adopted.find("never completed"), std::string::npos) << partial.not_adopted;
   EXPECT_NE(bg_error_of([&] { StoreSource::open_shm(g.name(), 0); }).find("never completed"), std::string::npos);

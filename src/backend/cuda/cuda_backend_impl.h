@@ -316,6 +316,9 @@ class CudaBackend final : public Backend {
   size_t expert_layout_bytes(const ExpertSlots& slots) const override {
     return static_cast<const CudaExpertSlots&>(slots).layout_bytes();
   }
+  bool expert_layout_takes_blocks(const ExpertSlots& slots) const override {
+    return static_cast<const CudaExpertSlots&>(slots).takes_blocks();
+  }
   void lay_out_expert(const ExpertSlots& slots, const LinearHandle& gate, const LinearHandle& up,
                       const LinearHandle& down, Tensor& dst) override {
     BG_PROFILE_OP("lay_out_expert", stream_);

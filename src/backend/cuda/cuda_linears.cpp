@@ -1,6 +1,7 @@
 // CUDA linear preparation (cuda_linears.h).
 #include "backend/cuda/cuda_linears.h"
 
+#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,16 +37,24 @@ PreparedLinears prepare_linears(WeightUploader& uploader, const LinearBatch& bat
     out.runs.resize(batch.runs.size());
     return out;
   }
+  // Experts bound deferred (a weight store's W4A16 blocks) that go up in the checkpoint's format: their bytes first.
+  std::deque<QuantWeight> resolved;
+  std::vector<const QuantWeight*> weights(batch.weights.begin(), batch.weights.end());
+  for (const QuantWeight*& w : weights) {
+    if (!w->deferred()) continue;
+    resolved.push_back(w->resolved());
+    w = &resolved.back();
+  }
   std::vector<LinearRun> glued;
   std::vector<bool> fuse(batch.runs.size());
   for (size_t i = 0; i < batch.runs.size(); ++i) {
     const LinearRun& r = batch.runs[i];
     BG_CHECK(r.first + r.count <= batch.weights.size(), "prepare_linears: run [{}, {}) past {} weights", r.first,
              r.first + r.count, batch.weights.size());
-    fuse[i] = fusable_linears(std::span(batch.weights).subspan(r.first, r.count));
+    fuse[i] = fusable_linears(std::span(weights).subspan(r.first, r.count));
     if (fuse[i]) glued.push_back(r);
   }
-  std::vector<ops::DeviceWeightStorage> up = uploader.upload(batch.weights, batch.n_experts, glued);
+  std::vector<ops::DeviceWeightStorage> up = uploader.upload(weights, batch.n_experts, glued);
   PreparedLinears out;
   for (size_t ri = 0; ri < batch.runs.size(); ++ri) {
     const LinearRun& r = batch.runs[ri];
@@ -60,8 +69,8 @@ PreparedLinears prepare_linears(WeightUploader& uploader, const LinearBatch& bat
     fused.arena = up[r.first].arena;
     std::string name;
     for (size_t i = r.first; i < r.first + r.count; ++i) {
-      fused.desc.n_out += batch.weights[i]->n_out;
-      name += (name.empty() ? "" : "|") + batch.weights[i]->name;
+      fused.desc.n_out += weights[i]->n_out;
+      name += (name.empty() ? "" : "|") + weights[i]->name;
     }
     QuantWeight like;
     like.format = WeightFormat::kDense;
@@ -71,7 +80,7 @@ PreparedLinears prepare_linears(WeightUploader& uploader, const LinearBatch& bat
     out.runs.push_back(std::make_unique<CudaLinear>(std::move(fused), like));
   }
   for (size_t i = 0; i < up.size(); ++i) {
-    out.weights.push_back(std::make_unique<CudaLinear>(std::move(up[i]), *batch.weights[i]));
+    out.weights.push_back(std::make_unique<CudaLinear>(std::move(up[i]), *weights[i]));
   }
   return out;
 }

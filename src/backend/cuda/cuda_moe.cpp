@@ -111,6 +111,28 @@ void CudaExpertSlots::pack(const ExpertWeights& by_slot, WeightUploader& uploade
     known.push_back({by_slot.streamed_host[i], by_slot.streamed_host[i + 1], by_slot.streamed_host[i + 2]});
   }
   const ops::DeviceWeight& g = gate0();
+  // A weight store's W4A16 blocks (experts bound deferred) are this layer's blocks as they are when every expert of
+  // the layer is one: their scale shifts are 0 by construction. Otherwise the deferred ones are unpacked and the
+  // layer packed as usual.
+  const auto is_block = [&](const ops::MoeW4a16ExpertView& v) {
+    return v.gate->deferred() && v.up->deferred() && v.down->deferred() &&
+           v.gate->w4a16.version == ops::kMoeW4a16LayoutVersion && v.gate->w4a16.hidden == g.n_in &&
+           v.gate->w4a16.inter == g.n_out && v.gate->w4a16.block.data() == v.up->w4a16.block.data() &&
+           v.gate->w4a16.block.data() == v.down->w4a16.block.data();
+  };
+  if (std::all_of(known.begin(), known.end(), is_block)) {
+    ops::MoeW4a16LayoutInfo info = ops::moe_w4a16_layout_info(n_slots(), g.n_in, g.n_out);
+    if (std::all_of(known.begin(), known.end(), [&](const ops::MoeW4a16ExpertView& v) {
+          return static_cast<int64_t>(v.gate->w4a16.block.size()) == info.block_bytes;
+        })) {
+      upload_blocks(info, present, uploader);
+      return;
+    }
+  }
+  for (size_t s = 0; s < views_.size(); ++s) {
+    views_[s] = {resolved(views_[s].gate), resolved(views_[s].up), resolved(views_[s].down)};
+  }
+  for (ops::MoeW4a16ExpertView& v : known) v = {resolved(v.gate), resolved(v.up), resolved(v.down)};
   ops::MoeW4a16LayoutInfo info = ops::moe_w4a16_layer_info(known, g.n_in, g.n_out);
   info.n_slots = n_slots();
   info.total_bytes = info.n_slots * info.block_bytes;
@@ -163,6 +185,35 @@ void CudaExpertSlots::pack_on_device(const ops::MoeW4a16LayoutInfo& info,
            "error flags {:#x} (a scale the layer's shifts cannot hold)", slots.size(), info.inter, info.hidden, flags);
 }
 
+void CudaExpertSlots::upload_blocks(const ops::MoeW4a16LayoutInfo& info,
+                                    std::span<const ops::MoeW4a16ExpertView* const> present,
+                                    WeightUploader& uploader) {
+  std::vector<bool> is_present(present.size());
+  std::vector<WeightUploader::RawCopy> copies;
+  for (size_t s = 0; s < present.size(); ++s) {
+    is_present[s] = present[s] != nullptr;
+    if (!is_present[s]) continue;
+    const std::span<const std::byte> b = present[s]->gate->w4a16.block;
+    copies.push_back({{b.data(), b.size()}, copies.size() * static_cast<size_t>(info.block_bytes)});  // j-th present
+  }
+  w4a16_ = ops::moe_w4a16_device_layer(info, is_present);
+  uploader.copy_bytes(copies, w4a16_->storage.as<std::byte>());
+  log::debug("cuda moe: {} experts [{} x {}] uploaded as the weight store's W4A16 blocks", copies.size(), info.inter,
+             info.hidden);
+}
+
+const QuantWeight* CudaExpertSlots::resolved(const QuantWeight* w) {
+  if (!w->deferred()) return w;
+  resolved_.push_back(w->resolved());
+  return &resolved_.back();
+}
+
+bool CudaExpertSlots::takes_blocks() const {
+  if (!w4a16_) return false;
+  const ops::MoeW4a16LayoutInfo& info = w4a16_->weights.info;
+  return info.version == ops::kMoeW4a16LayoutVersion && info.gate_up.scale_shift == 0 && info.down.scale_shift == 0;
+}
+
 void CudaExpertSlots::lay_out(const LinearHandle& gate, const LinearHandle& up, const LinearHandle& down, Tensor& dst,
                               int32_t* error_flags, cudaStream_t stream) const {
   BG_CHECK(w4a16_, "lay_out_expert: the layer keeps no W4A16 layout");
@@ -179,6 +230,7 @@ void CudaExpertSlots::upload_deferred(WeightUploader& uploader) {
   for (size_t i = 0; i < host_.size(); ++i) {
     if (host_[i].gate.data != nullptr && host_[i].up.data != nullptr && host_[i].down.data != nullptr) continue;
     slots.push_back(i);
+    views_[i] = {resolved(views_[i].gate), resolved(views_[i].up), resolved(views_[i].down)};
     weights.insert(weights.end(), {views_[i].gate, views_[i].up, views_[i].down});
   }
   if (slots.empty()) return;

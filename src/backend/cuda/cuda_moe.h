@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -67,6 +68,9 @@ class CudaExpertSlots final : public ExpertSlots {
   bool stages() const { return stages_; }
   // Bytes of one expert's W4A16 block (0 without the layout).
   size_t layout_bytes() const { return w4a16_ ? static_cast<size_t>(w4a16_->weights.info.block_bytes) : 0; }
+  // Whether a weight store's W4A16 block (scale shifts 0, this build's layout version) is this layer's block byte for
+  // byte, so a streamed expert's block is copied as it is (Backend::expert_layout_takes_blocks).
+  bool takes_blocks() const;
   // Packs the expert in gate / up / down (device copies in the checkpoint's format) into dst with this layer's scale
   // shifts, on `stream`.
   void lay_out(const LinearHandle& gate, const LinearHandle& up, const LinearHandle& down, Tensor& dst,
@@ -83,6 +87,11 @@ class CudaExpertSlots final : public ExpertSlots {
 
   void upload_deferred(WeightUploader& uploader);
   void pack(const ExpertWeights& by_slot, WeightUploader& uploader);
+  // Every present slot's W4A16 block straight from the weight store into the layer's allocation (no pack).
+  void upload_blocks(const ops::MoeW4a16LayoutInfo& info, std::span<const ops::MoeW4a16ExpertView* const> present,
+                     WeightUploader& uploader);
+  // The checkpoint bytes of an expert bound deferred (QuantWeight::resolved), kept here for the layer's lifetime.
+  const QuantWeight* resolved(const QuantWeight* w);
   void pack_on_device(const ops::MoeW4a16LayoutInfo& info, std::span<const ops::MoeW4a16ExpertView* const> present,
                       WeightUploader& uploader);
 
@@ -92,6 +101,7 @@ class CudaExpertSlots final : public ExpertSlots {
   DeviceBuffer dev_;
   std::optional<ops::MoeW4a16DeviceLayer> w4a16_;
   bool stages_ = false;
+  std::deque<QuantWeight> resolved_;  // stable addresses: views_ point into it
 };
 
 // The grouped prefill path's bf16 expert-weight scratch (ops/moe/moe_grouped.h): one per backend, i.e. per device,

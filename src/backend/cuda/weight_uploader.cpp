@@ -226,6 +226,33 @@ std::vector<ops::DeviceWeightStorage> WeightUploader::upload(std::span<const Qua
                    convert ? nullptr : registry_->find(w.data.data, hd)});
     if (hs > 0) all.push_back({w.scale.data, hs, off[2 * i + 1], ds, DType::kU8, registry_->find(w.scale.data, hs)});
   }
+  copy_all(all, device);
+  BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  bytes_uploaded_ += cursor;
+  std::vector<ops::DeviceWeightStorage> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const QuantWeight& w = *ws[i];
+    out[i].desc = ops::DeviceWeight{w.format, w.n_out, w.n_in, device + off[2 * i],
+                                    w.format == WeightFormat::kDense ? nullptr : device + off[2 * i + 1]};
+    out[i].arena = arena;
+  }
+  return out;
+}
+
+void WeightUploader::copy_bytes(std::span<const RawCopy> copies, std::byte* device) {
+  std::vector<Op> all;
+  size_t bytes = 0;
+  for (const RawCopy& c : copies) {
+    BG_CHECK(c.src.data != nullptr || c.src.bytes == 0, "copy_bytes: a null source of {} bytes", c.src.bytes);
+    all.push_back({c.src.data, c.src.bytes, c.dst, c.src.bytes, DType::kU8, registry_->find(c.src.data, c.src.bytes)});
+    bytes += c.src.bytes;
+  }
+  copy_all(all, device);
+  BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  bytes_uploaded_ += bytes;
+}
+
+void WeightUploader::copy_all(std::vector<Op>& all, std::byte* device) {
   // In device order, adjacent direct copies from one pinned region merge when the source and destination gaps match
   // (store padding copied into device padding); a staged op in between always breaks the run.
   std::sort(all.begin(), all.end(), [](const Op& a, const Op& b) { return a.dst < b.dst; });
@@ -251,16 +278,6 @@ std::vector<ops::DeviceWeightStorage> WeightUploader::upload(std::span<const Qua
   }
   copy_staged(staged, device);
   copy_pinned(pinned, device);
-  BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  bytes_uploaded_ += cursor;
-  std::vector<ops::DeviceWeightStorage> out(n);
-  for (size_t i = 0; i < n; ++i) {
-    const QuantWeight& w = *ws[i];
-    out[i].desc = ops::DeviceWeight{w.format, w.n_out, w.n_in, device + off[2 * i],
-                                    w.format == WeightFormat::kDense ? nullptr : device + off[2 * i + 1]};
-    out[i].arena = arena;
-  }
-  return out;
 }
 
 }  // namespace bg::cuda

@@ -34,6 +34,13 @@ class WeightUploader {
   // caller checks they are dense with one n_in: together they are one [sum of n_out, n_in] weight).
   std::vector<ops::DeviceWeightStorage> upload(std::span<const QuantWeight* const> weights, int64_t n_experts,
                                                std::span<const LinearRun> glued = {});
+  // Raw bytes to device memory: each region to `device` + its offset (pinned regions copied straight, the others
+  // through the staging buffer). Synchronous, on the uploader's stream. For a weight store's W4A16 expert blocks.
+  struct RawCopy {
+    HostRegion src;
+    size_t dst = 0;
+  };
+  void copy_bytes(std::span<const RawCopy> copies, std::byte* device);
   cudaStream_t stream() const { return stream_; }
   uint64_t bytes_uploaded() const { return bytes_uploaded_; }
   uint64_t bytes_staged() const { return bytes_staged_; }
@@ -44,6 +51,8 @@ class WeightUploader {
  private:
   void copy_pinned(std::vector<Op>& ops, std::byte* device);
   void copy_staged(std::vector<Op>& ops, std::byte* device);
+  // Sorts `all` by destination, merges adjacent direct copies, then issues the staged ones and the direct ones.
+  void copy_all(std::vector<Op>& all, std::byte* device);
 
   cudaStream_t stream_;
   std::shared_ptr<Registry> registry_;

@@ -66,7 +66,7 @@ Timing run_point(const ExchangeBenchOptions& o, int64_t ranks, int64_t tokens) {
         const QuantWeight w{WeightFormat::kDense, 8, 8,
                             TensorView{DType::kF32, {8, 8}, reinterpret_cast<const std::byte*>(zeros.data()),
                                        zeros.size() * 4, "bench"},
-                            {}, "bench"};
+                            {}, "bench", {}};
         const auto h = be->prepare_linear(w);
         ExpertWeights all;
         for (int64_t e = 0; e < experts; ++e) {

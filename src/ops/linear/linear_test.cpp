@@ -36,7 +36,7 @@ HostTensor bf16_tensor(const std::vector<float>& values, Shape shape) {
 }
 
 QuantWeight make_weight(WeightFormat format, int64_t n_out, int64_t n_in, TensorView data, TensorView scale = {}) {
-  return QuantWeight{format, n_out, n_in, std::move(data), std::move(scale), std::string("w")};
+  return QuantWeight{format, n_out, n_in, std::move(data), std::move(scale), std::string("w"), {}};
 }
 
 // y = x W^T in double over the given fp32 weight values [n_out, n_in]; `bound` gets sum |w x| per output (the scale
