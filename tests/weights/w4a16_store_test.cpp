@@ -272,7 +272,7 @@ TEST(W4a16Store, DeferredBindGivesTheBlockAndResolvesToTheCheckpointBytes) {
 class GoldenThroughW4a16Store : public ::testing::TestWithParam<std::string> {};
 
 // The MXFP4 golden cases through a W4A16 store: the reference logits (CPU, within the golden tolerance) and exactly
-// the logits of the files read directly, with every expert resident and with half of them streamed.
+// the logits of the files read directly, with every expert resident, half of them and all of them streamed.
 TEST_P(GoldenThroughW4a16Store, MatchesReferenceAndDirectRead) {
   StoreGuard g;
   GoldenCase gc(golden_dir() / GetParam());
@@ -295,12 +295,14 @@ TEST_P(GoldenThroughW4a16Store, MatchesReferenceAndDirectRead) {
   const EngineRun a = run_prefill_then_decode(*stored, p.prompt, 4), b = run_prefill_then_decode(*direct, p.prompt, 4);
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(a.logits, b.logits) << "bit-identical: the unpacked tensors are the checkpoint's bytes";
-  LoadOptions half = load_options(g.name());
-  half.resident_experts = 0.5;
-  auto streamed = load_model(gc.model_dir(), half);
-  const EngineRun c = run_prefill_then_decode(*streamed, p.prompt, 4);
-  EXPECT_EQ(c.tokens, b.tokens);
-  EXPECT_EQ(c.logits, b.logits);
+  for (double fraction : {0.5, 0.0}) {
+    LoadOptions o = load_options(g.name());
+    o.resident_experts = fraction;
+    auto streamed = load_model(gc.model_dir(), o);
+    const EngineRun c = run_prefill_then_decode(*streamed, p.prompt, 4);
+    EXPECT_EQ(c.tokens, b.tokens) << "resident " << fraction;
+    EXPECT_EQ(c.logits, b.logits) << "resident " << fraction;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenThroughW4a16Store,
