@@ -9,6 +9,7 @@
 #include "model/model_testing.h"
 #include "weights/open_source.h"
 #include "weights/store_source.h"
+#include "store_checks.h"
 #include "weights_testing.h"
 
 namespace bg::testing {
@@ -127,20 +128,9 @@ class GoldenThroughStore : public ::testing::TestWithParam<std::string> {};
 // logits as the files read directly.
 TEST_P(GoldenThroughStore, MatchesReferenceAndDirectRead) {
   StoreGuard g;
-  GoldenCase gc(golden_dir() / GetParam());
-  InProcessDaemon d(daemon_options(gc.model_dir(), g.name()));
+  InProcessDaemon d(daemon_options(golden_model(GetParam()), g.name()));
   ASSERT_EQ(d.wait_ready(), "");
-  auto stored = load_model(gc.model_dir(), load_options(g.name()));
-  for (int64_t i = 0; i < gc.n_prompts(); ++i) {
-    const GoldenReport rep = check_prefill_and_decode(*stored, gc.prompt(i));
-    std::printf("%s via store, prompt %ld: max rel err prefill %.3g decode %.3g\n", GetParam().c_str(),
-                static_cast<long>(i), rep.max_prefill_err, rep.max_decode_err);
-  }
-  auto direct = load_model(gc.model_dir());
-  const GoldenPrompt p = gc.prompt(0);
-  const EngineRun a = run_prefill_then_decode(*stored, p.prompt, 4), b = run_prefill_then_decode(*direct, p.prompt, 4);
-  EXPECT_EQ(a.tokens, b.tokens);
-  EXPECT_EQ(a.logits, b.logits) << "bit-identical: the store holds the same bytes";
+  check_golden_through_store(GetParam(), g.name(), {1.0});
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenThroughStore,

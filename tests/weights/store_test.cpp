@@ -12,6 +12,7 @@
 #include "weights/file_reader.h"
 #include "weights/store_builder.h"
 #include "weights/store_source.h"
+#include "store_checks.h"
 #include "weights_testing.h"
 
 namespace bg::testing {
@@ -84,21 +85,6 @@ BuildOptions quiet_build(uint64_t segment_max = uint64_t{1} << 20) {
   o.layout.segment_max_bytes = segment_max;
   o.progress_tty = 0;
   return o;
-}
-
-void expect_same_tensors(const WeightSource& store, const std::filesystem::path& model) {
-  auto ckpt = Checkpoint::open(model);
-  ASSERT_EQ(store.names().size(), ckpt->names().size());
-  for (const std::string& n : ckpt->names()) {
-    const auto a = ckpt->get(n);
-    const auto b = store.find(n);
-    ASSERT_TRUE(b.has_value()) << n;
-    EXPECT_EQ(b->dtype, a.dtype) << n;
-    EXPECT_EQ(b->shape, a.shape) << n;
-    ASSERT_EQ(b->nbytes, a.nbytes) << n;
-    EXPECT_EQ(std::memcmp(b->data, a.data, a.nbytes), 0) << n;
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data) % 256, 0u) << n;
-  }
 }
 
 TEST(Store, BuiltInSharedMemoryAttachedReadOnlyEqualsTheCheckpoint) {

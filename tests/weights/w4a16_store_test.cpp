@@ -16,6 +16,7 @@
 #include "weights/placement.h"
 #include "weights/store_builder.h"
 #include "weights/store_source.h"
+#include "store_checks.h"
 #include "weights_testing.h"
 
 namespace bg::testing {
@@ -29,22 +30,6 @@ BuildOptions w4a16_build() {
   o.progress_tty = 0;
   o.expert_layout = ExpertLayout::kW4a16;
   return o;
-}
-
-// Every checkpoint tensor, found by name in `store`, has the checkpoint's dtype, shape and bytes.
-void expect_checkpoint_tensors(const WeightSource& store, const std::filesystem::path& model) {
-  auto ckpt = Checkpoint::open(model);
-  ASSERT_EQ(store.names().size(), ckpt->names().size());
-  for (const std::string& n : ckpt->names()) {
-    const TensorView a = ckpt->get(n);
-    const auto b = store.find(n);
-    ASSERT_TRUE(b.has_value()) << n;
-    EXPECT_TRUE(store.contains(n)) << n;
-    EXPECT_EQ(b->dtype, a.dtype) << n;
-    EXPECT_EQ(b->shape, a.shape) << n;
-    ASSERT_EQ(b->nbytes, a.nbytes) << n;
-    EXPECT_EQ(std::memcmp(b->data, a.data, a.nbytes), 0) << n;
-  }
 }
 
 // The expert's W4A16 block exactly as the kernel's host packer makes it from the checkpoint.
@@ -77,7 +62,7 @@ TEST(W4a16Store, BlocksAreTheKernelsBytesAndTheCheckpointComesBackExactly) {
   b.segments.clear();
 
   auto src = StoreSource::open_shm(g.name(), 0);
-  expect_checkpoint_tensors(*src, model);
+  expect_same_tensors(*src, model, /*aligned=*/false);
   for (const std::string& n : src->names()) EXPECT_EQ(n.find("w4a16_block"), std::string::npos) << n;
   EXPECT_FALSE(src->contains(w4a16_block_name(1, 3)));
   EXPECT_FALSE(src->find(w4a16_block_name(1, 3)).has_value());
@@ -104,7 +89,7 @@ TEST(W4a16Store, KimiK3ExpertsPackInTableOrder) {
   EXPECT_EQ(b.report.w4a16_kept, 0) << b.report.w4a16_first_kept;
   b.segments.clear();
   auto src = StoreSource::open_shm(g.name(), 0);
-  expect_checkpoint_tensors(*src, model);
+  expect_same_tensors(*src, model, /*aligned=*/false);
   // Gate is w1, up is w3, down is w2 (the table's order, which the engine's MoE uses).
   const auto blk = src->w4a16_expert(1, 15);
   ASSERT_TRUE(blk.has_value());
@@ -140,7 +125,7 @@ TEST(W4a16Store, ACorruptBlockIsCaughtOnUseAndRepackedFromTheCheckpoint) {
   repair_from_input(in, a, a.corrupt, {});
   EXPECT_TRUE(verify_store(a.manifest, a.segments, 2, 0).empty());
   a.segments.clear();
-  expect_checkpoint_tensors(*StoreSource::open_shm(g.name(), 0), model);
+  expect_same_tensors(*StoreSource::open_shm(g.name(), 0), model, false);
   // A store of the other expert layout is not adopted (rebuilt instead): the layout is what the user asked for.
   AdoptResult other = open_for_adoption(g.name(), in.tensors, in.arch, in.config_xxh64, ExpertLayout::kCheckpoint, 1,
                                         0);
@@ -179,7 +164,7 @@ TEST(W4a16Store, ExpertsTheLayoutCannotHoldExactlyStayAsStored) {
   auto src = StoreSource::open_shm(g.name(), 0);
   EXPECT_FALSE(src->w4a16_expert(1, 4).has_value());
   EXPECT_TRUE(src->w4a16_expert(1, 5).has_value());
-  expect_checkpoint_tensors(*src, tmp.path());
+  expect_same_tensors(*src, tmp.path(), false);
 }
 
 TEST(W4a16Store, ConvertWritesTheLayoutAndReadsItBack) {
@@ -199,14 +184,14 @@ TEST(W4a16Store, ConvertWritesTheLayoutAndReadsItBack) {
   auto src = StoreSource::open_dir(store_dir);
   EXPECT_EQ(src->manifest().expert_layout, ExpertLayout::kW4a16);
   EXPECT_EQ(static_cast<int64_t>(src->manifest().packed.size()), r.w4a16_packed);
-  expect_checkpoint_tensors(*src, model);
+  expect_same_tensors(*src, model, /*aligned=*/false);
   // Back to safetensors: byte for byte the original tensors.
   ConvertOptions o2;
   o2.in = store_dir;
   o2.out = back;
   o2.progress_tty = 0;
   convert_checkpoint(o2);
-  expect_checkpoint_tensors(*Checkpoint::open(back), model);
+  expect_same_tensors(*Checkpoint::open(back), model, false);
   // weightd loads the directory as it is (its blocks read, not re-packed) and adopts it under its own layout.
   StoreGuard g;
   const StoreInput in = scan_model(store_dir, nullptr);
@@ -216,7 +201,7 @@ TEST(W4a16Store, ConvertWritesTheLayoutAndReadsItBack) {
   BuiltStore shm = build_store(in, StoreTarget::shm(g.name()), quiet);
   EXPECT_EQ(shm.manifest.packed.size(), src->manifest().packed.size());
   shm.segments.clear();
-  expect_checkpoint_tensors(*StoreSource::open_shm(g.name(), 0), model);
+  expect_same_tensors(*StoreSource::open_shm(g.name(), 0), model, false);
   // Bad input: the W4A16 layout is a store layout.
   ConvertOptions bad = o;
   bad.out = tmp / "bad";
@@ -275,8 +260,7 @@ class GoldenThroughW4a16Store : public ::testing::TestWithParam<std::string> {};
 // the logits of the files read directly, with every expert resident, half of them and all of them streamed.
 TEST_P(GoldenThroughW4a16Store, MatchesReferenceAndDirectRead) {
   StoreGuard g;
-  GoldenCase gc(golden_dir() / GetParam());
-  DaemonOptions dopt = daemon_options(gc.model_dir(), g.name());
+  DaemonOptions dopt = daemon_options(golden_model(GetParam()), g.name());
   dopt.build.expert_layout = ExpertLayout::kW4a16;
   InProcessDaemon d(dopt);
   ASSERT_EQ(d.wait_ready(), "");
@@ -284,25 +268,7 @@ TEST_P(GoldenThroughW4a16Store, MatchesReferenceAndDirectRead) {
   EXPECT_EQ(st["expert_layout"], "w4a16");
   EXPECT_GT(st["w4a16_blocks"].get<int64_t>(), 0);
   EXPECT_EQ(st["w4a16_blocks"], st["expert_blocks"]);
-  auto stored = load_model(gc.model_dir(), load_options(g.name()));
-  for (int64_t i = 0; i < gc.n_prompts(); ++i) {
-    const GoldenReport rep = check_prefill_and_decode(*stored, gc.prompt(i));
-    std::printf("%s via W4A16 store, prompt %ld: max rel err prefill %.3g decode %.3g\n", GetParam().c_str(),
-                static_cast<long>(i), rep.max_prefill_err, rep.max_decode_err);
-  }
-  auto direct = load_model(gc.model_dir());
-  const GoldenPrompt p = gc.prompt(0);
-  const EngineRun a = run_prefill_then_decode(*stored, p.prompt, 4), b = run_prefill_then_decode(*direct, p.prompt, 4);
-  EXPECT_EQ(a.tokens, b.tokens);
-  EXPECT_EQ(a.logits, b.logits) << "bit-identical: the unpacked tensors are the checkpoint's bytes";
-  for (double fraction : {0.5, 0.0}) {
-    LoadOptions o = load_options(g.name());
-    o.resident_experts = fraction;
-    auto streamed = load_model(gc.model_dir(), o);
-    const EngineRun c = run_prefill_then_decode(*streamed, p.prompt, 4);
-    EXPECT_EQ(c.tokens, b.tokens) << "resident " << fraction;
-    EXPECT_EQ(c.logits, b.logits) << "resident " << fraction;
-  }
+  check_golden_through_store(GetParam(), g.name(), {1.0, 0.5, 0.0});
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenThroughW4a16Store,
