@@ -363,6 +363,9 @@ class Backend {
     (void)slots;
     return false;
   }
+  // Whether prepare_linears takes routed experts bound deferred (QuantWeight::deferred: a weight store's W4A16 block,
+  // no checkpoint bytes) and resolves what it needs itself (CUDA); otherwise BackendLinears hands it resolved copies.
+  virtual bool takes_deferred_experts() const { return false; }
   // Lays the expert in gate / up / down (a streamed-expert buffer whose copies the device has been told to wait for)
   // out into `dst` (U8, expert_layout_bytes) for `slots`' layer, ordered with the ops already issued.
   virtual void lay_out_expert(const ExpertSlots& slots, const LinearHandle& gate, const LinearHandle& up,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <set>
 
@@ -73,11 +74,16 @@ BackendLinears::BackendLinears(Backend& backend, const ModelWeights& weights, co
     LinearBatch batch;
     batch.n_experts = n_experts;
     for (const GroupRun& r : runs) batch.runs.push_back(r.run);
+    std::deque<QuantWeight> resolved;  // this rank's deferred experts' checkpoint bytes, for a backend that needs them
     for (uint64_t k : keys) {
       auto it = parts.find(k);
-      const QuantWeight& w = it != parts.end() ? it->second.w : weights.linear_by_key(k);
-      batch.weights.push_back(&w);
-      bytes += w.data.nbytes + w.scale.nbytes;
+      const QuantWeight* w = it != parts.end() ? &it->second.w : &weights.linear_by_key(k);
+      if (w->deferred() && !backend.takes_deferred_experts()) {
+        resolved.push_back(w->resolved());
+        w = &resolved.back();
+      }
+      batch.weights.push_back(w);
+      bytes += w->data.nbytes + w->scale.nbytes;
     }
     PreparedLinears prepared = backend.prepare_linears(batch);
     auto& handles = prepared.weights;

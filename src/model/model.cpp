@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/env.h"
 #include "core/error.h"
 #include "formats/json_fields.h"
 #include "formats/model_config.h"
@@ -48,8 +47,9 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOp
 }
 
 BindOptions bind_options(const LoadOptions& options) {
+  (void)options;  // every backend takes deferred experts (BackendLinears resolves them for those that need bytes)
   BindOptions o;
-  o.defer_w4a16_experts = options.device == "cuda" && env_switch("BG_STORE_W4A16_DIRECT", false);
+  o.defer_w4a16_experts = true;
   return o;
 }
 

@@ -117,10 +117,10 @@ class Model {
 // Reads config.json, picks the architecture, binds and validates every tensor.
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const LoadOptions& options = {});
 
-// How a model binds its weights for `options`: on CUDA with BG_STORE_W4A16_DIRECT=1, the W4A16 expert blocks of a
-// weight store built with --expert-layout w4a16 are bound deferred and copied to the GPU as they are (resident
-// experts into the layer's allocation, streamed ones into their pool buffer's block; docs/WEIGHTS.md). Off by default
-// until it has run on a GPU; the CPU always binds the checkpoint bytes (unpacked from such blocks).
+// How a model binds its weights for `options`: the W4A16 expert blocks of a weight store built with --expert-layout
+// w4a16 are bound deferred, so only what a rank uses is ever unpacked (its resident experts when prepared, a
+// streamed one when first copied); on CUDA with BG_STORE_W4A16_DIRECT=1 the blocks go to the GPU as they are
+// (docs/WEIGHTS.md; not yet run on a GPU).
 BindOptions bind_options(const LoadOptions& options);
 
 // State for running sequences of `model` by hand (tools, tests; the engine builds its own from the planner):

@@ -1,6 +1,7 @@
 // StoreSource / CompositeSource: manifest + mapped segments behind the WeightSource interface.
 #include "weights/store_source.h"
 
+#include <atomic>
 #include <cstring>
 #include <set>
 
@@ -9,6 +10,13 @@
 #include "weights/expert_pack.h"
 
 namespace bg::weights {
+namespace {
+
+std::atomic<uint64_t> g_experts_unpacked{0};
+
+}  // namespace
+
+uint64_t StoreSource::experts_unpacked() { return g_experts_unpacked.load(); }
 
 std::string store_segment_file(size_t index) { return fmt::format("store-seg-{:05d}.bin", index); }
 
@@ -102,6 +110,7 @@ std::optional<TensorView> StoreSource::find(const std::string& name) const {
     const TensorInfo& b = manifest_.tensors[pe.block];
     unpack_w4a16_block(manifest_, pe, {segments_[b.segment].data() + b.offset, b.bytes}, out, describe_);
     parts = std::move(buf);
+    ++g_experts_unpacked;
   }
   const int r = static_cast<int>(t.role) - static_cast<int>(TensorRole::kGateCodes);
   return TensorView{t.dtype, t.shape, parts.get() + offs[static_cast<size_t>(r)], t.bytes, t.name};

@@ -46,6 +46,8 @@ class StoreSource final : public WeightSource {
   std::vector<std::string> names() const override;
   std::vector<HostRegion> pinnable_regions() const override;
   std::optional<W4a16Block> w4a16_expert(int64_t layer, int64_t expert) const override;
+  // Experts unpacked from W4A16 blocks by every StoreSource of this process (tests check only what is used is).
+  static uint64_t experts_unpacked();
 
   const Manifest& manifest() const { return manifest_; }
   // The (layer, expert) block: its bytes, in one segment. Empty when the store has no such block. O(1).

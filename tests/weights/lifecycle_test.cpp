@@ -106,6 +106,9 @@ TEST(Lifecycle, W4a16ExpertLayoutIsAdoptedOrRebuiltAsAsked) {
   EXPECT_GT(st.value("w4a16_blocks", 0), 0);
   const std::string generation = st.value("generation", std::string());
   EXPECT_EQ(score_logits(model, {"--weight-store", g.name()}), direct);
+  // An expert-parallel rank set attached to it (each rank unpacks only its own experts), all resident or streaming.
+  EXPECT_EQ(score_logits(model, {"--weight-store", g.name(), "--ep", "2"}), direct);
+  EXPECT_EQ(score_logits(model, {"--weight-store", g.name(), "--ep", "2", "--resident-experts", "0.5"}), direct);
   g.kill_daemon();
   st = start_daemon(model, g.name(), {"--expert-layout", "w4a16"});
   EXPECT_EQ(st["origin"], "adopted");

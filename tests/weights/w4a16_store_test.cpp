@@ -244,14 +244,35 @@ TEST(W4a16Store, DeferredBindGivesTheBlockAndResolvesToTheCheckpointBytes) {
     EXPECT_EQ(std::memcmp(r.scale.data, c.scale.data, c.scale.nbytes), 0) << w.name;
   });
   EXPECT_GT(n_deferred, 0);
-  // The CPU never binds deferred, whatever the environment says.
-  LoadOptions cpu;
-  ::setenv("BG_STORE_W4A16_DIRECT", "1", 1);
-  EXPECT_FALSE(bind_options(cpu).defer_w4a16_experts);
-  cpu.device = "cuda";
-  EXPECT_TRUE(bind_options(cpu).defer_w4a16_experts);
-  ::unsetenv("BG_STORE_W4A16_DIRECT");
-  EXPECT_FALSE(bind_options(cpu).defer_w4a16_experts);
+  EXPECT_TRUE(bind_options(LoadOptions{}).defer_w4a16_experts);
+}
+
+// An engine unpacks only the experts it uses: none at load when every expert streams, then those routed to; every
+// one of its resident experts when they are prepared.
+TEST(W4a16Store, OnlyTheExpertsAnEngineUsesAreUnpacked) {
+  StoreGuard g;
+  const auto model = golden_model("kimi_k3/k3-tiny");
+  DaemonOptions dopt = daemon_options(model, g.name());
+  dopt.build.expert_layout = ExpertLayout::kW4a16;
+  InProcessDaemon d(dopt);
+  ASSERT_EQ(d.wait_ready(), "");
+  const int64_t n_blocks = store_status(g.name())["w4a16_blocks"].get<int64_t>();
+  ASSERT_GT(n_blocks, 0);
+  GoldenCase gc(golden_dir() / "kimi_k3/k3-tiny");
+  LoadOptions o = load_options(g.name());
+  o.resident_experts = 0.0;
+  uint64_t before = StoreSource::experts_unpacked();
+  auto streamed = load_model(model, o);
+  EXPECT_EQ(StoreSource::experts_unpacked() - before, 0u) << "every expert streams: nothing unpacked at load";
+  run_prefill_then_decode(*streamed, gc.prompt(0).prompt, 2);
+  const uint64_t used = StoreSource::experts_unpacked() - before;
+  EXPECT_GT(used, 0u);
+  EXPECT_LE(used, static_cast<uint64_t>(n_blocks));
+  std::printf("resident 0: %lu of %ld experts unpacked after a prompt\n", static_cast<unsigned long>(used),
+              static_cast<long>(n_blocks));
+  before = StoreSource::experts_unpacked();
+  auto resident = load_model(model, load_options(g.name()));
+  EXPECT_EQ(StoreSource::experts_unpacked() - before, static_cast<uint64_t>(n_blocks));
 }
 
 class GoldenThroughW4a16Store : public ::testing::TestWithParam<std::string> {};

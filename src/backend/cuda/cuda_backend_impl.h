@@ -319,6 +319,7 @@ class CudaBackend final : public Backend {
   bool expert_layout_takes_blocks(const ExpertSlots& slots) const override {
     return static_cast<const CudaExpertSlots&>(slots).takes_blocks();
   }
+  bool takes_deferred_experts() const override { return true; }
   void lay_out_expert(const ExpertSlots& slots, const LinearHandle& gate, const LinearHandle& up,
                       const LinearHandle& down, Tensor& dst) override {
     BG_PROFILE_OP("lay_out_expert", stream_);

@@ -62,6 +62,8 @@ void expect_bf16(const Tensor& t, const char* what) {
 
 bool moe_w4a16_wanted() { return env_switch("BG_MOE_W4A16", true); }
 
+bool store_blocks_direct_wanted() { return env_switch("BG_STORE_W4A16_DIRECT", false); }
+
 bool moe_w4a16_device_pack_wanted() { return env_choice("BG_MOE_W4A16_PACK", {"host", "device"}) == 1; }
 
 bool w4a16_packable(std::span<const QuantWeight* const> weights) {
@@ -120,7 +122,7 @@ void CudaExpertSlots::pack(const ExpertWeights& by_slot, WeightUploader& uploade
            v.gate->w4a16.inter == g.n_out && v.gate->w4a16.block.data() == v.up->w4a16.block.data() &&
            v.gate->w4a16.block.data() == v.down->w4a16.block.data();
   };
-  if (std::all_of(known.begin(), known.end(), is_block)) {
+  if (store_blocks_direct_wanted() && std::all_of(known.begin(), known.end(), is_block)) {
     ops::MoeW4a16LayoutInfo info = ops::moe_w4a16_layout_info(n_slots(), g.n_in, g.n_out);
     if (std::all_of(known.begin(), known.end(), [&](const ops::MoeW4a16ExpertView& v) {
           return static_cast<int64_t>(v.gate->w4a16.block.size()) == info.block_bytes;
@@ -209,7 +211,7 @@ const QuantWeight* CudaExpertSlots::resolved(const QuantWeight* w) {
 }
 
 bool CudaExpertSlots::takes_blocks() const {
-  if (!w4a16_) return false;
+  if (!w4a16_ || !store_blocks_direct_wanted()) return false;
   const ops::MoeW4a16LayoutInfo& info = w4a16_->weights.info;
   return info.version == ops::kMoeW4a16LayoutVersion && info.gate_up.scale_shift == 0 && info.down.scale_shift == 0;
 }

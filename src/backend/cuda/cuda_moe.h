@@ -45,6 +45,10 @@ bool moe_w4a16_wanted();
 // (the default): on the host, then one pageable upload; device: their checkpoint bytes go up through the weight
 // uploader (pinned) and the device packs them (CudaExpertSlots::pack_on_device). Read at load.
 bool moe_w4a16_device_pack_wanted();
+// BG_STORE_W4A16_DIRECT=1: a weight store's W4A16 expert blocks (experts bound deferred) go to the device as they
+// are (CudaExpertSlots::upload_blocks, and streamed ones into their pool buffer's block); otherwise they are unpacked
+// and the layer packed as from the files. Read at load. Off by default: not yet run on a GPU.
+bool store_blocks_direct_wanted();
 // Whether the W4A16 layout can hold these expert weights (MXFP4, widths in multiples of 32).
 bool w4a16_packable(std::span<const QuantWeight* const> weights);
 
