@@ -20,7 +20,7 @@ STORE=bench$$
 json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, {'d': d}))" "$@"; }
 now() { date +%s.%N; }
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null && echo yes || echo "no (not root: warm page cache)"; }
-cleanup() { "$BG" weightd stop --name "$STORE" >/dev/null 2>&1; }
+cleanup() { "$BG" weightd stop --name "$STORE" >/dev/null 2>&1; "$BG" weightd stop --name "${STORE}w" >/dev/null 2>&1; }
 trap cleanup EXIT
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
@@ -69,6 +69,16 @@ READY1=$(run_ready store1 --weight-store "$STORE")
 READY2=$(run_ready store2 --weight-store "$STORE")
 # The same with MXFP4 experts packed into the W4A16 layout on the device (docs/MOE_W4A16.md), not on the host.
 READY_DEV=$(export BG_MOE_W4A16_PACK=device; run_ready store_devpack --weight-store "$STORE")
+# A second store holding the experts as W4A16 blocks (--expert-layout w4a16): its build's packing time, and the warm
+# restart with the blocks copied as they are (BG_STORE_W4A16_DIRECT=1: no pack at load), then the default (unpacked).
+STORE_W=${STORE}w
+"$BG" weightd start --model "$MODEL" --name "$STORE_W" --expert-layout w4a16 > "$OUT/start_w4a16.json" \
+  2> "$OUT/start_w4a16.log" || cat "$OUT/start_w4a16.log"
+PACK_S=$(json "$OUT/start_w4a16.json" "round(d['load'].get('w4a16_pack_seconds', -1), 2)" 2>/dev/null || echo n/a)
+READY_W1=$(export BG_STORE_W4A16_DIRECT=1; run_ready w4a16_direct1 --weight-store "$STORE_W")
+READY_W2=$(export BG_STORE_W4A16_DIRECT=1; run_ready w4a16_direct2 --weight-store "$STORE_W")
+READY_WU=$(run_ready w4a16_unpacked --weight-store "$STORE_W")
+"$BG" weightd stop --name "$STORE_W" > /dev/null 2>&1
 drop_caches > /dev/null
 DIRECT=$(run_ready direct)
 UPLOAD=$(grep -o "prepared [0-9]* linear weights ([0-9.]* GB) in [0-9.]* s ([0-9.]* GB/s)" "$OUT/ready_store2.log" | tail -1)
@@ -88,6 +98,9 @@ PROJ=$(python3 -c "r=float('$H2D' or 0); print(f'{97/r:.1f} s of copying at {r} 
   echo "| store -> GPU / pinned | $FRAC |"
   echo "| engine warm restart to ready (generate 1 token), 1st / 2nd | $READY1 s / $READY2 s |"
   echo "| the same, MXFP4 experts packed on the device (BG_MOE_W4A16_PACK=device) | $READY_DEV s |"
+  echo "| --expert-layout w4a16 store: packing at build | $PACK_S s |"
+  echo "| the same store, blocks copied as they are (BG_STORE_W4A16_DIRECT=1), 1st / 2nd | $READY_W1 s / $READY_W2 s |"
+  echo "| the same store, blocks unpacked and packed again (default) | $READY_WU s |"
   echo "| engine from the files (no store, cold cache) | $DIRECT s |"
   echo "| engine upload (log) | $UPLOAD |"
   echo "| projection, a K3 EP16 rank's 97 GB | $PROJ |"
