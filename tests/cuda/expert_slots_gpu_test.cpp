@@ -128,9 +128,9 @@ std::vector<std::vector<std::byte>> blocks_of(const cuda::CudaExpertSlots& s) {
   return out;
 }
 
-// BG_MOE_W4A16_PACK=device at load (the checkpoint's bytes staged on the device a chunk at a time, packed there)
-// gives the layout the host packer gives, byte for byte: one rank, an expert-parallel rank and a streamed layer,
-// with chunks of 1, 2 and all experts.
+// BG_MOE_W4A16_PACK=device (the default) at load (the checkpoint's bytes staged on the device a chunk at a time,
+// packed there) gives the layout the host packer gives, byte for byte: one rank, an expert-parallel rank and a
+// streamed layer, with chunks of 1, 2 and all experts.
 TEST(CudaExpertSlots, DevicePackAtLoadEqualsHostPack) {
   BG_REQUIRE_GPU();
   auto be = make_backend("cuda");
@@ -152,6 +152,7 @@ TEST(CudaExpertSlots, DevicePackAtLoadEqualsHostPack) {
     return std::vector{blocks_of(slots_of(one)), blocks_of(slots_of(ep)),
                        blocks_of(dynamic_cast<const cuda::CudaExpertSlots&>(*st))};
   };
+  ::setenv("BG_MOE_W4A16_PACK", "host", 1);
   const std::vector<std::vector<std::vector<std::byte>>> host_packed = pack_all();
   const size_t block = host_packed[0][0].size();
   ASSERT_GT(block, 0u);

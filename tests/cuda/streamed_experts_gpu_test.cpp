@@ -1,7 +1,7 @@
 // Streamed experts on the CUDA backend (--resident-experts below 1): the MXFP4 / FP8 golden cases give the very
 // logits of the all-resident model, bit for bit, and the pool really copied experts in through the copy stream. Run
 // twice: with the default kernels (MXFP4 layers in the W4A16 layout on both sides: a streamed expert's block is packed
-// on the device from its copy, the resident ones on the host at load) and with BG_MOE_W4A16=0 (the stage kernels on
+// on the device from its copy, the resident ones at load) and with BG_MOE_W4A16=0 (the stage kernels on
 // the checkpoint's format on both sides). A dense F32 expert is refused with a clear error (the device holds it as
 // bf16).
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // A weight store holding MXFP4 experts as W4A16 blocks (--expert-layout w4a16), read by the CUDA engine with
-// BG_STORE_W4A16_DIRECT=1: the experts are bound deferred and their blocks go to the GPU as they are (resident ones
+// BG_STORE_W4A16_DIRECT=1 (the default): the experts are bound deferred and their blocks go to the GPU as they are (resident ones
 // into the layer's allocation, streamed ones straight into their pool buffer's block, nothing packed), and the logits
 // are bit-identical to the model read from the files (whose layout is packed at load from the same bytes), with every
 // expert resident and with half of them streamed.

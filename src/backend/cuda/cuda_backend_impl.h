@@ -669,10 +669,11 @@ class CudaBackend final : public Backend {
   cudaEvent_t step_uploaded_ = nullptr;  // the last upload finished reading step_host_
   StepDevice dev_;
   std::map<int64_t, Graph> graphs_;
-  // BG_GRAPH_ARENA=1: the decode graphs share one capture pool (CachingAllocator's arena; they never run at once), so
-  // together they hold about the largest one's peak instead of the sum. Turned off for the backend's life if a
-  // capture keeps an arena block past its end (see run_graph). Off by default until measured on the H200.
-  bool graph_arena_ = env_switch("BG_GRAPH_ARENA", false);
+  // The decode graphs share one capture pool (CachingAllocator's arena; they never run at once), so together they
+  // hold about the largest one's peak instead of the sum (the ep16-rank slice at batches 1/16/64: 214 MiB in 1 pool
+  // against 319 MiB in 4, same step times; bench/RESULTS.md 2026-12-05). Turned off for the backend's life if a
+  // capture keeps an arena block past its end (see run_graph). BG_GRAPH_ARENA=0: a pool per graph.
+  bool graph_arena_ = env_switch("BG_GRAPH_ARENA", true);
   std::shared_ptr<CapturePool> decode_arena_;
   Graph profiled_graph_;  // the last step captured with a per-op profiler's event nodes (run_graph)
   bool capturing_ = false;

@@ -62,9 +62,9 @@ void expect_bf16(const Tensor& t, const char* what) {
 
 bool moe_w4a16_wanted() { return env_switch("BG_MOE_W4A16", true); }
 
-bool store_blocks_direct_wanted() { return env_switch("BG_STORE_W4A16_DIRECT", false); }
+bool store_blocks_direct_wanted() { return env_switch("BG_STORE_W4A16_DIRECT", true); }
 
-bool moe_w4a16_device_pack_wanted() { return env_choice("BG_MOE_W4A16_PACK", {"host", "device"}) == 1; }
+bool moe_w4a16_device_pack_wanted() { return env_choice("BG_MOE_W4A16_PACK", {"host", "device"}) != 0; }
 
 bool w4a16_packable(std::span<const QuantWeight* const> weights) {
   return !weights.empty() && std::all_of(weights.begin(), weights.end(), [](const QuantWeight* w) {
