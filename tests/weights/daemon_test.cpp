@@ -136,11 +136,7 @@ TEST_P(GoldenThroughStore, MatchesReferenceAndDirectRead) {
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenThroughStore,
                          ::testing::Values("deepseek_v3/tiny-fp32", "deepseek_v3/tiny-fp8", "deepseek_v3/tiny-mxfp4",
                                            "kimi_k3/k3-tiny", "kimi_k3/k3-tiny-long"),
-                         [](const auto& param_info) {
-                           std::string s = param_info.param;
-                           for (char& c : s) c = (c == '/' || c == '-') ? '_' : c;
-                           return s;
-                         });
+                         [](const auto& param_info) { return golden_case_test_name(param_info.param); });
 
 }  // namespace
 }  // namespace bg::testing

@@ -17,6 +17,12 @@
 
 namespace bg::testing {
 
+// A golden case's name as a test-name suffix ("kimi_k3/k3-tiny" -> "kimi_k3_k3_tiny").
+inline std::string golden_case_test_name(std::string s) {
+  for (char& c : s) c = (c == '/' || c == '-') ? '_' : c;
+  return s;
+}
+
 // Every checkpoint tensor found by name in `store` with the checkpoint's dtype, shape and bytes (and, where the store
 // views its segments, 256-byte aligned; an unpacked W4A16 expert's tensors are the source's own memory).
 inline void expect_same_tensors(const WeightSource& store, const std::filesystem::path& model, bool aligned = true) {

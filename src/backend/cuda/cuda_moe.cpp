@@ -206,8 +206,12 @@ void CudaExpertSlots::upload_blocks(const ops::MoeW4a16LayoutInfo& info,
 
 const QuantWeight* CudaExpertSlots::resolved(const QuantWeight* w) {
   if (!w->deferred()) return w;
-  resolved_.push_back(w->resolved());
-  return &resolved_.back();
+  const QuantWeight*& r = resolved_of_[w];  // a view (slot) and the layer's list of experts name the same weight
+  if (r == nullptr) {
+    resolved_.push_back(w->resolved());
+    r = &resolved_.back();
+  }
+  return r;
 }
 
 bool CudaExpertSlots::takes_blocks() const {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
@@ -107,6 +108,7 @@ class CudaExpertSlots final : public ExpertSlots {
   std::optional<ops::MoeW4a16DeviceLayer> w4a16_;
   bool stages_ = false;
   std::deque<QuantWeight> resolved_;  // stable addresses: views_ point into it
+  std::unordered_map<const QuantWeight*, const QuantWeight*> resolved_of_;  // deferred weight -> its entry there
 };
 
 // The grouped prefill path's bf16 expert-weight scratch (ops/moe/moe_grouped.h): one per backend, i.e. per device,
