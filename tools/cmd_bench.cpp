@@ -117,7 +117,8 @@ void register_bench(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--replays", o.replays, "Timed decode steps per point (default 10, quick 3)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--kernels", o.kernel_filter, "Only kernel cases whose name contains this");
+  cmd->add_option("--kernels", o.kernel_filter,
+                  "Only these kernel cases: comma-separated substrings of their names, or NAME$ for one name");
   cmd->add_option("--ranks", args->exchange_ranks, "bench exchange: rank counts, e.g. 2,4,8 (default)");
   cmd->add_option("--exchange-tokens", args->exchange_tokens, "bench exchange: tokens each rank sends per call, e.g. "
                   "1,16,128 (default)");

@@ -216,6 +216,22 @@ void bench_model(const fs::path& dir, bool first, const BenchOptions& o, const P
 
 }  // namespace
 
+bool kernel_case_matches(std::string_view name, std::string_view filter) {
+  if (filter.empty()) return true;
+  for (size_t at = 0; at <= filter.size();) {
+    const size_t comma = std::min(filter.find(',', at), filter.size());
+    std::string_view entry = filter.substr(at, comma - at);
+    at = comma + 1;
+    if (entry.empty()) continue;
+    if (entry.back() == '$') {
+      if (name == entry.substr(0, entry.size() - 1)) return true;
+    } else if (name.find(entry) != std::string_view::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
 BenchReport run_bench(const BenchOptions& o) {
   // The exchange bench runs its ranks as threads of this process: their streams share the context's hardware queues
   // (8 by default), where a rank's flag wait could hold back a peer's kernels queued behind it. 32 queues (the most)

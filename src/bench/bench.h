@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bench/bench_report.h"
@@ -24,7 +25,7 @@ struct BenchOptions {
   int64_t prefill_chunk = 0;  // 0: the scheduler's default chunked_prefill_size
   int64_t decode_tokens = 0;  // greedy tokens generated after each prefill prompt (ids and margins reported)
   int replays = 0;            // timed decode steps per point; 0: 10 (quick: 3)
-  std::string kernel_filter;  // only kernel cases whose name contains it
+  std::string kernel_filter;  // only the kernel cases it matches (kernel_case_matches)
   // The weight source of the (one) --model: a weightd store to attach, peers to fetch from (docs/WEIGHTS.md).
   std::string weight_store;
   std::string distributed_weight_config;
@@ -34,6 +35,11 @@ struct BenchOptions {
   std::vector<int64_t> exchange_ranks, exchange_tokens;
   std::string command;        // the command line, for the report
 };
+
+// Whether `--kernels FILTER` takes the case `name`: FILTER is a comma-separated list of entries, each matching the
+// names that contain it, or, ending in '$', the one name equal to it without the '$'. An empty FILTER takes every
+// case; an empty entry matches nothing.
+bool kernel_case_matches(std::string_view name, std::string_view filter);
 
 // Validates the options (a bg::Error naming the flag), runs the requested parts and returns the report. Progress
 // goes to the log (stderr).

@@ -9,6 +9,7 @@
 #include <functional>
 #include <random>
 
+#include "bench/bench.h"
 #include "bench/device_bench.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -147,7 +148,7 @@ class CpuBench final : public DeviceBench {
   std::vector<KernelResult> kernels(const Ceilings& c, bool quick, const std::string& filter) override {
     std::vector<KernelResult> out;
     for (const CpuCase& k : cpu_cases(quick)) {
-      if (!filter.empty() && k.name.find(filter) == std::string::npos) continue;
+      if (!kernel_case_matches(k.name, filter)) continue;
       k.run();  // warm-up
       std::vector<double> ms;
       for (int i = 0; i < (quick ? 3 : 7); ++i) ms.push_back(1e3 * seconds_of(k.run));

@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <random>
 
 #include "core/device_fault.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "dist/comm.h"
+#include "model/forward_common.h"
 
 namespace bg::engine {
 
@@ -97,7 +99,8 @@ int64_t Engine::warm_up() {
   const int64_t step_tokens = warm_up_prefill_tokens();
   const int64_t prefill = std::min(step_tokens, longest);
   run(std::min((step_tokens + prefill - 1) / prefill, cfg.max_num_seqs), prefill, 1);
-  for (int64_t b = 1;; b = std::min(b * 2, cfg.max_num_seqs)) {
+  // Decode: one batch per graph bucket up to max_num_seqs (each captures its graph), then max_num_seqs itself.
+  for (int64_t b = 1;; b = std::min(graph_bucket(b + 1, std::numeric_limits<int64_t>::max()), cfg.max_num_seqs)) {
     run(b, std::min(block + 1, longest), 2);
     if (b == cfg.max_num_seqs) break;
   }

@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
+#include <limits>
 #include <unordered_set>
 #include <utility>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace bg {
@@ -83,9 +86,22 @@ void pad_decode_step(StepLayout& s, int64_t n_seqs, const StepPools& pools) {
   }
 }
 
-int64_t graph_bucket(int64_t n_seqs, int64_t max_batch) {
+int64_t graph_bucket(int64_t n_seqs, int64_t max_batch, bool powers_of_two) {
   if (n_seqs <= 0 || n_seqs > max_batch) return 0;
-  return static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(n_seqs)));
+  const auto pow2 = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(n_seqs)));
+  if (powers_of_two || n_seqs <= 16) return pow2;
+  const int64_t step = n_seqs <= 64 ? 8 : (n_seqs <= 256 ? 32 : 64);
+  // Never past the power of two (a bucket is at most what the coarser policy gives; both share the largest).
+  return std::min(pow2, (n_seqs + step - 1) / step * step);
+}
+
+bool graph_buckets_pow2(const char* env_value) {
+  return env_choice("BG_GRAPH_BUCKETS", env_value, {"fine", "pow2"}) == 1;
+}
+
+int64_t graph_bucket(int64_t n_seqs, int64_t max_batch) {
+  static const bool pow2 = graph_buckets_pow2(std::getenv("BG_GRAPH_BUCKETS"));
+  return graph_bucket(n_seqs, max_batch, pow2);
 }
 
 void finish_step(std::span<const BatchEntry> batch) {

@@ -25,8 +25,16 @@ StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info,
 // Appends single-token padding sequences (token 0 at position 0, the pools' padding block and slot) up to n_seqs.
 void pad_decode_step(StepLayout& step, int64_t n_seqs, const StepPools& pools);
 
-// The CUDA-graph batch size for a decode step of n sequences: the next power of two, or 0 when n exceeds max_batch.
+// The CUDA-graph batch size for a decode step of n sequences, or 0 when n exceeds max_batch: n rounded up to the next
+// bucket — every power of two up to 16, then multiples of 8 up to 64, of 32 up to 256 and of 64 beyond (a step of 33
+// sequences runs 40 rows, not 64). BG_GRAPH_BUCKETS=pow2 (read once) rounds to the next power of two instead, the
+// buckets before 2026-12-05, for comparisons.
 int64_t graph_bucket(int64_t n_seqs, int64_t max_batch);
+// The same with the policy given: fine (the default) or powers of two only.
+int64_t graph_bucket(int64_t n_seqs, int64_t max_batch, bool powers_of_two);
+// Whether BG_GRAPH_BUCKETS asks for powers of two ("pow2"; unset, empty or "fine": the finer buckets; anything else
+// throws bg::Error naming the variable).
+bool graph_buckets_pow2(const char* env_value);
 
 // Advances every entry's sequence by its token count (after a step ran).
 void finish_step(std::span<const BatchEntry> batch);

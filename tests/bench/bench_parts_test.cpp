@@ -7,6 +7,7 @@
 #include <cstring>
 #include <set>
 
+#include "bench/bench.h"
 #include "bench/model_bench.h"
 #include "bench/op_profiler.h"
 #include "bench/roofline.h"
@@ -27,6 +28,18 @@ std::filesystem::path tiny(const TempDir& tmp, const std::string& arch) {
   s.out_dir = tmp / arch;
   write_random_checkpoint(s);
   return s.out_dir;
+}
+
+TEST(KernelFilter, SubstringsAndExactNamesSeparatedByCommas) {
+  EXPECT_TRUE(bench::kernel_case_matches("mla_prefill_wgmma", ""));
+  EXPECT_TRUE(bench::kernel_case_matches("mla_prefill_wgmma", "mla_prefill"));
+  EXPECT_FALSE(bench::kernel_case_matches("mla_prefill_wgmma", "mla_prefill$"));
+  EXPECT_TRUE(bench::kernel_case_matches("mla_prefill", "mla_prefill$"));
+  EXPECT_TRUE(bench::kernel_case_matches("mla_prefill_attention", "mla_prefill$,attention"));
+  EXPECT_TRUE(bench::kernel_case_matches("rmsnorm_decode", "attention,rmsnorm"));
+  EXPECT_FALSE(bench::kernel_case_matches("rmsnorm_decode", "attention,,mla"));
+  EXPECT_FALSE(bench::kernel_case_matches("rmsnorm_decode", ","));
+  EXPECT_FALSE(bench::kernel_case_matches("rmsnorm_decode", "$"));
 }
 
 TEST(OpProfilerHook, SeesEveryOpOfAStepByName) {

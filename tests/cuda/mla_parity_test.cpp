@@ -641,6 +641,43 @@ TEST(MlaPrefillCudnn, PlansPastTheBoundAreDroppedAndRebuilt) {
   EXPECT_EQ(cudnn.launches(), 8);
 }
 
+TEST(MlaPrefillCudnn, ExactBucketsRunPlansWithoutPaddingMasks) {
+  BG_REQUIRE_GPU();
+  if (!MlaCudnnPrefill::built()) GTEST_SKIP() << "this build has no cuDNN";
+  // Calls of one sequence that fills its buckets run exact plans (no padding mask, not ragged), each checked against
+  // the CPU reference; a batch, or a length under its bucket, still takes the padded ragged plan.
+  MlaCudnnPrefill cudnn;
+  uint64_t seed = 1100;
+  auto step = [&](std::vector<int64_t> totals, std::vector<int64_t> queries, MlaPrefillOptions options,
+                  bool state) {
+    PagedSequences s(std::move(totals), seed++);
+    s.write_all(seed++);
+    run_prefill_with(s, queries, 96, options, seed++, state, MlaPrefillMma::kCudnn, &cudnn);
+  };
+  step({512}, {512}, {}, false);  // one fresh prompt: causal, row >= column
+  EXPECT_EQ(cudnn.exact_launches(), 1);
+  step({256, 256}, {256, 256}, {}, false);  // two: a ragged batch, padded plan
+  EXPECT_EQ(cudnn.exact_launches(), 1);
+  step({256}, {128}, {}, false);  // a 128-token chunk after a 128-token prefix: bottom right from the lengths
+  EXPECT_EQ(cudnn.exact_launches(), 2);
+  // Passes of 128 rows: a fresh 64-token prompt, and a 64-token chunk after a 64-token prefix whose full piece reads
+  // K and V from gathered row 64 of its pass; three exact calls of batch 1, merged through the log-sum-exp.
+  step({64, 128}, {64, 64}, {2, 128}, true);
+  EXPECT_EQ(cudnn.exact_launches(), 5);
+  EXPECT_EQ(cudnn.launches(), 6);
+  step({500}, {500}, {}, false);  // under its bucket (512): the padded plan
+  EXPECT_EQ(cudnn.exact_launches(), 5);
+  EXPECT_EQ(cudnn.launches(), 7);
+}
+
+TEST(MlaPrefillCudnn, ExactPlansFromTheEnvironment) {
+  EXPECT_TRUE(mla_cudnn_exact_plans(nullptr));
+  EXPECT_TRUE(mla_cudnn_exact_plans("1"));
+  EXPECT_TRUE(mla_cudnn_exact_plans(""));
+  EXPECT_FALSE(mla_cudnn_exact_plans("0"));
+  for (const char* bad : {"2", "yes", "-1"}) EXPECT_THROW(mla_cudnn_exact_plans(bad), Error) << bad;
+}
+
 TEST(MlaPrefillCudnn, MaxPlansFromTheEnvironment) {
   EXPECT_EQ(mla_cudnn_max_plans(nullptr), MlaCudnnPrefill::kDefaultMaxPlans);
   EXPECT_EQ(mla_cudnn_max_plans(""), MlaCudnnPrefill::kDefaultMaxPlans);

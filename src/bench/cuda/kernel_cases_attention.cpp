@@ -182,6 +182,44 @@ KernelCase mla_prefill_case(int64_t n, bool absorbed = false, std::optional<ops:
   return c;
 }
 
+// The attention of mla_prefill alone: cuDNN's fused attention over one fresh T-token sequence whose Q, K ([T, 96, 192])
+// and V ([T, 96, 128]) are already in place, as the step launches it (an exact plan unless BG_MLA_CUDNN_EXACT=0).
+// Beside mla_prefill it says what the gather, the two expansion GEMMs and the k_pe copy cost; beside torch's SDPA on
+// the same shapes (../shared/docs/H200.md) what the graph's masks cost.
+KernelCase mla_prefill_attention_case(int64_t n) {
+  KernelCase c;
+  c.name = "mla_prefill_attention";
+  c.shape = fmt::format("T={}", n);
+  c.prepare = [=](const CudaEnv&, CaseMemory& mem, int) {
+    constexpr int64_t kQk = kNope + kRope;
+    const bf16* q = mem.bf16(z(n * kHeads * kQk));
+    const bf16* k = mem.bf16(z(n * kHeads * kQk));
+    const bf16* v = mem.bf16(z(n * kHeads * kV));
+    auto* out = mem.zeros_of<bf16>(z(n * kHeads * kV));
+    const auto t = static_cast<int32_t>(n), h = static_cast<int32_t>(kHeads);
+    const int32_t* lens = mem.upload(std::vector<int32_t>{t, t});
+    const int32_t* off_qk = mem.upload(std::vector<int32_t>{0, t * h * static_cast<int32_t>(kQk)});
+    const int32_t* off_v = mem.upload(std::vector<int32_t>{0, t * h * static_cast<int32_t>(kV)});
+    auto cudnn = std::make_shared<ops::MlaCudnnPrefill>();
+    const ops::MlaCudnnLaunch l{1,      kHeads, n,      n,     1.0f / std::sqrt(static_cast<float>(kQk)),
+                                true,   q,      k,      v,     out,
+                                lens,   lens + 1, off_qk, off_qk, off_v,
+                                off_v,  true,   0};
+    // The plan is built here, outside the timed graph's capture.
+    if (!cudnn->run(l, nullptr)) throw Error(fmt::format("mla_prefill_attention: cuDNN declined T={}: {}", n,
+                                                         cudnn->last_refusal()));
+    BG_CUDA_CHECK(cudaDeviceSynchronize());
+    PreparedKernel pk;
+    const double pairs = d(n) * d(n + 1) / 2;
+    pk.cost = {d(n * kHeads * (2 * kQk + 2 * kV)) * 2, 2.0 * d(kHeads) * d(kQk + kV) * pairs};
+    pk.launch = [=](int, cudaStream_t stream) {
+      BG_CHECK(cudnn->run(l, stream), "mla_prefill_attention: cuDNN declined a built plan");
+    };
+    return pk;
+  };
+  return c;
+}
+
 // The latent cache write of a decode step: one [576] entry per sequence into its block.
 KernelCase mla_cache_write_case(int64_t batch) {
   KernelCase c;
@@ -380,6 +418,9 @@ void register_attention_cases(KernelRegistry& r, bool quick) {
   }
   for (int64_t t : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384, 65536}) {
     r.add(mla_prefill_case(t));
+  }
+  if (!quick && ops::MlaCudnnPrefill::built()) {
+    for (int64_t t : {4096, 16384}) r.add(mla_prefill_attention_case(t));
   }
   if (!quick) {
     // batchgen's own kernels beside the default (wgmma; mma.sync, the FlashAttention-2 formulation) and the absorbed

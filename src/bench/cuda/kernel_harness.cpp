@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "backend/cuda/cuda_check.h"
+#include "bench/bench.h"
 #include "bench/cuda/bench_kernels.h"
 #include "bench/cuda/graph_nodes.h"
 #include "bench/cuda/kernel_case.h"
@@ -197,7 +198,7 @@ std::vector<KernelResult> run_kernel_cases(const CudaEnv& env, const Ceilings& c
   const KernelRegistry registry = all_kernel_cases(quick);
   std::vector<KernelResult> out;
   for (const KernelCase& k : registry.cases()) {
-    if (!filter.empty() && k.name.find(filter) == std::string::npos) continue;
+    if (!kernel_case_matches(k.name, filter)) continue;
     try {
       out.push_back(run_case(env, k, c, quick));
     } catch (const std::exception& e) {

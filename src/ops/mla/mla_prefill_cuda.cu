@@ -219,7 +219,7 @@ void mla_prefill_cuda(const MlaParams& p, const MlaPrefillPlan& plan, const MlaP
                        p.softmax_scale,   call.causal, q + q0 * h * kQk, k_nope,
                        v,                 (call.direct ? out : o_part) + q0 * h * kV,
                        arrays,            arrays + at, arrays + 2 * at,  arrays + 3 * at,
-                       arrays + 4 * at,   arrays + 5 * at};
+                       arrays + 4 * at,   arrays + 5 * at, call.uniform,  call.kv_row0};
       if (!ctx.cudnn->takes(l)) {
         calls.clear();
         break;

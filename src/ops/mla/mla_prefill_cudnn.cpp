@@ -2,7 +2,8 @@
 // fused flash-attention engines recognise (facts from NVIDIA's cuDNN documentation and frontend): S = Q·Kᵀ (fp32),
 // S·scale, a padding mask from the per-sequence lengths, the causal mask aligned at the bottom right
 // (row + len_kv - len_q >= column), softmax (max, subtract, exp, sum, divide; P in bf16), O = P·V. Q, K, V and O are
-// ragged: each sequence starts at its own element offset, so the rows of a step need no copy.
+// ragged: each sequence starts at its own element offset, so the rows of a step need no copy. An exact plan (one
+// sequence filling its buckets, Shape::exact) has neither the padding mask nor the ragged offsets.
 #include "ops/mla/mla_prefill_cudnn.h"
 
 #include <array>
@@ -38,6 +39,10 @@ int64_t mla_cudnn_bucket(int64_t n) {
 int64_t mla_cudnn_max_plans(const char* env_value) {
   return env_int("BG_MLA_CUDNN_MAX_PLANS", env_value, MlaCudnnPrefill::kMinPlans, int64_t{1} << 20)
       .value_or(MlaCudnnPrefill::kDefaultMaxPlans);
+}
+
+bool mla_cudnn_exact_plans(const char* env_value) {
+  return env_switch("BG_MLA_CUDNN_EXACT", env_value, true);
 }
 
 // set_max_plans' argument, in the builds with and without cuDNN alike.
@@ -93,6 +98,7 @@ using Dims = std::array<int64_t, 4>;
 struct Builder {
   std::vector<std::unique_ptr<Desc>> keep;
   std::vector<cudnnBackendDescriptor_t> ops;
+  std::vector<int64_t> bound;  // the non-virtual tensors' uids: what a launch binds
   int64_t next_virtual_uid = 1000;
 
   Desc& make(cudnnBackendDescriptorType_t type) { return *keep.emplace_back(std::make_unique<Desc>(type)); }
@@ -110,6 +116,7 @@ struct Builder {
     if (by_value) t.set1(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, true);
     if (ragged != nullptr) t.set_desc(CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC, *ragged);
     t.finalize("tensor");
+    if (!is_virtual) bound.push_back(uid);
     return t;
   }
   Desc& virtual_tensor(cudnnDataType_t type, const Dims& dims, const Dims& strides) {
@@ -196,16 +203,38 @@ class OwnedHandle {
   cudnnHandle_t h_ = nullptr;
 };
 
+// What a plan is built for: the bucket, and whether the graph may assume it is exact.
+struct Shape {
+  int64_t b = 0, h = 0, sq = 0, skv = 0;  // batch, heads, query and key buckets
+  bool causal = true;
+  // One sequence (b == 1) of exactly sq queries and skv keys: no padding mask, no GEMM length overrides and no
+  // ragged offsets (the launch passes K / V pointers already at the sequence's rows); a causal mask with sq == skv is
+  // the plain row >= column one. cuDNN's fused kernel evaluates the masks per score element, so an exact plan does
+  // less work per element (measured in bench/RESULTS.md). Ragged offsets need the padding mask (a ragged batch of
+  // two exact sequences without it faulted on the H200 with cuDNN 9.19), so a batch is never exact.
+  bool exact = false;
+  bool ragged() const { return !exact; }
+};
+
 struct Plan {
   OwnedHandle owned;              // first member: destroyed last
   cudnnHandle_t exec = nullptr;   // the handle the plan was built with and runs with
+  Shape shape;
   Builder graph;
   std::unique_ptr<Desc> op_graph;
   std::unique_ptr<Desc> heuristics;
   std::vector<std::unique_ptr<Desc>> configs;
   std::unique_ptr<Desc> plan;
   int64_t workspace_bytes = 0;
+  int64_t engine_config = 0;  // index of the heuristics' config the plan runs
+  int64_t engine_configs = 0;  // how many the heuristics offered
 };
+
+// The first heuristics config tried (BG_MLA_CUDNN_ENGINE_CONFIG, default 0: cuDNN's first choice). For measuring the
+// engines cuDNN offers against each other; a config that does not build falls through to the next as usual.
+int64_t first_engine_config() {
+  return env_int("BG_MLA_CUDNN_ENGINE_CONFIG", 0, 64).value_or(0);
+}
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
@@ -213,69 +242,92 @@ struct Plan {
 // Static shapes: the engine compiles its kernel for the plan (~0.8 s on the H200). cuDNN's dynamic shapes with a
 // kernel cache (one compile per topology) were measured giving wrong outputs on ragged multi-sequence and multi-pass
 // steps with cuDNN 9.19 (docs/MLA_PREFILL.md), so they are not used.
-std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, int64_t b, int64_t h, int64_t sq, int64_t skv, bool causal) {
+std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const Shape& shape) {
   auto plan = std::make_unique<Plan>();
   plan->exec = handle;
+  plan->shape = shape;
   Builder& g = plan->graph;
+  const auto [b, h, sq, skv, causal, exact] = shape;
+  const bool ragged = shape.ragged();
   const Dims one{1, 1, 1, 1};
-  Desc& off_q = g.tensor(kUidOffQ, CUDNN_DATA_INT32, {b + 1, 1, 1, 1}, one, false);
-  Desc& off_k = g.tensor(kUidOffK, CUDNN_DATA_INT32, {b + 1, 1, 1, 1}, one, false);
-  Desc& off_v = g.tensor(kUidOffV, CUDNN_DATA_INT32, {b + 1, 1, 1, 1}, one, false);
-  Desc& off_o = g.tensor(kUidOffO, CUDNN_DATA_INT32, {b + 1, 1, 1, 1}, one, false);
+  const Desc* off_q = nullptr;
+  const Desc* off_k = nullptr;
+  const Desc* off_v = nullptr;
+  const Desc* off_o = nullptr;
+  if (ragged) {
+    off_q = &g.tensor(kUidOffQ, CUDNN_DATA_INT32, {b + 1, 1, 1, 1}, one, false);
+    off_k = &g.tensor(kUidOffK, CUDNN_DATA_INT32, {b + 1, 1, 1, 1}, one, false);
+    off_v = &g.tensor(kUidOffV, CUDNN_DATA_INT32, {b + 1, 1, 1, 1}, one, false);
+    off_o = &g.tensor(kUidOffO, CUDNN_DATA_INT32, {b + 1, 1, 1, 1}, one, false);
+  }
   // Rows of all heads side by side ([token, head, dim]); the batch stride is replaced by the ragged offsets.
   Desc& q = g.tensor(kUidQ, CUDNN_DATA_BFLOAT16, {b, h, sq, kQk}, {sq * h * kQk, kQk, h * kQk, 1}, false, false,
-                     &off_q);
+                     off_q);
   Desc& kt = g.tensor(kUidK, CUDNN_DATA_BFLOAT16, {b, h, kQk, skv}, {skv * h * kQk, kQk, 1, h * kQk}, false, false,
-                      &off_k);
+                      off_k);
   Desc& v = g.tensor(kUidV, CUDNN_DATA_BFLOAT16, {b, h, skv, kV}, {skv * h * kV, kV, h * kV, 1}, false, false,
-                     &off_v);
-  Desc& o = g.tensor(kUidO, CUDNN_DATA_BFLOAT16, {b, h, sq, kV}, {sq * h * kV, kV, h * kV, 1}, false, false, &off_o);
-  Desc& len_q = g.tensor(kUidLenQ, CUDNN_DATA_INT32, {b, 1, 1, 1}, one, false);
-  Desc& len_kv = g.tensor(kUidLenKv, CUDNN_DATA_INT32, {b, 1, 1, 1}, one, false);
+                     off_v);
+  Desc& o = g.tensor(kUidO, CUDNN_DATA_BFLOAT16, {b, h, sq, kV}, {sq * h * kV, kV, h * kV, 1}, false, false, off_o);
   Desc& scale = g.tensor(kUidScale, CUDNN_DATA_FLOAT, one, one, false, true);
-  Desc& neg_inf_pad = g.tensor(kUidNegInfPad, CUDNN_DATA_FLOAT, one, one, false, true);
 
   const Dims s_dims{b, h, sq, skv}, s_strides{h * sq * skv, sq * skv, skv, 1};
   const Dims row_dims{b, h, sq, 1}, row_strides{h * sq, sq, 1, 1};
   auto scores = [&](cudnnDataType_t type) -> Desc& { return g.virtual_tensor(type, s_dims, s_strides); };
+  // The per-sequence lengths, made on first use (an exact plan needs them only for a causal mask with sq != skv).
+  const Desc* len_q = nullptr;
+  const Desc* len_kv = nullptr;
+  auto lengths = [&] {
+    if (len_q != nullptr) return;
+    len_q = &g.tensor(kUidLenQ, CUDNN_DATA_INT32, {b, 1, 1, 1}, one, false);
+    len_kv = &g.tensor(kUidLenKv, CUDNN_DATA_INT32, {b, 1, 1, 1}, one, false);
+  };
+  if (!exact) lengths();
 
   Desc& s0 = scores(CUDNN_DATA_FLOAT);
-  g.matmul(q, kt, s0, &len_q, &len_kv, nullptr, true);
+  g.matmul(q, kt, s0, len_q, len_kv, nullptr, !exact);
   Desc& s1 = scores(CUDNN_DATA_FLOAT);
   g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s0, &scale, nullptr, s1);
 
   // Padding: rows past len_q and columns past len_kv of each sequence.
-  Desc& row = scores(CUDNN_DATA_INT32);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s1, nullptr, nullptr, row, 2);
-  Desc& col = scores(CUDNN_DATA_INT32);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s1, nullptr, nullptr, col, 3);
-  Desc& row_in = scores(CUDNN_DATA_BOOLEAN);
-  g.pointwise(CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, row, &len_q, nullptr, row_in);
-  Desc& col_in = scores(CUDNN_DATA_BOOLEAN);
-  g.pointwise(CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, col, &len_kv, nullptr, col_in);
-  Desc& inside = scores(CUDNN_DATA_BOOLEAN);
-  g.pointwise(CUDNN_POINTWISE_LOGICAL_AND, CUDNN_DATA_BOOLEAN, row_in, &col_in, nullptr, inside);
-  Desc& s2 = scores(CUDNN_DATA_FLOAT);
-  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, s1, &neg_inf_pad, &inside, s2);
+  Desc* s2 = &s1;
+  if (!exact) {
+    Desc& neg_inf_pad = g.tensor(kUidNegInfPad, CUDNN_DATA_FLOAT, one, one, false, true);
+    Desc& row = scores(CUDNN_DATA_INT32);
+    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s1, nullptr, nullptr, row, 2);
+    Desc& col = scores(CUDNN_DATA_INT32);
+    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s1, nullptr, nullptr, col, 3);
+    Desc& row_in = scores(CUDNN_DATA_BOOLEAN);
+    g.pointwise(CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, row, len_q, nullptr, row_in);
+    Desc& col_in = scores(CUDNN_DATA_BOOLEAN);
+    g.pointwise(CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, col, len_kv, nullptr, col_in);
+    Desc& inside = scores(CUDNN_DATA_BOOLEAN);
+    g.pointwise(CUDNN_POINTWISE_LOGICAL_AND, CUDNN_DATA_BOOLEAN, row_in, &col_in, nullptr, inside);
+    s2 = &scores(CUDNN_DATA_FLOAT);
+    g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, s1, &neg_inf_pad, &inside, *s2);
+  }
 
-  // Causal, bottom right: keep column c of row r when r + len_kv - len_q >= c.
+  // Causal, bottom right: keep column c of row r when r + len_kv - len_q >= c (r >= c when the lengths are equal).
   auto bottom_right = [&]() -> Desc& {
     Desc& row2 = scores(CUDNN_DATA_INT32);
-    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s2, nullptr, nullptr, row2, 2);
+    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, *s2, nullptr, nullptr, row2, 2);
     Desc& col2 = scores(CUDNN_DATA_INT32);
-    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s2, nullptr, nullptr, col2, 3);
-    Desc& shifted = scores(CUDNN_DATA_INT32);
-    g.pointwise(CUDNN_POINTWISE_ADD, CUDNN_DATA_INT32, row2, &len_kv, nullptr, shifted, 3);
-    Desc& diagonal = scores(CUDNN_DATA_INT32);
-    g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_INT32, shifted, &len_q, nullptr, diagonal, 3);
+    g.pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, *s2, nullptr, nullptr, col2, 3);
+    Desc* diagonal = &row2;
+    if (!exact || sq != skv) {
+      lengths();
+      Desc& shifted = scores(CUDNN_DATA_INT32);
+      g.pointwise(CUDNN_POINTWISE_ADD, CUDNN_DATA_INT32, row2, len_kv, nullptr, shifted, 3);
+      diagonal = &scores(CUDNN_DATA_INT32);
+      g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_INT32, shifted, len_q, nullptr, *diagonal, 3);
+    }
     Desc& visible = scores(CUDNN_DATA_BOOLEAN);
-    g.pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, diagonal, &col2, nullptr, visible);
+    g.pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, *diagonal, &col2, nullptr, visible);
     Desc& neg_inf_causal = g.tensor(kUidNegInfCausal, CUDNN_DATA_FLOAT, one, one, false, true);
     Desc& s3 = scores(CUDNN_DATA_FLOAT);
-    g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, s2, &neg_inf_causal, &visible, s3);
+    g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, *s2, &neg_inf_causal, &visible, s3);
     return s3;
   };
-  Desc* masked = causal ? &bottom_right() : &s2;
+  Desc* masked = causal ? &bottom_right() : s2;
 
   // Softmax over the keys.
   Desc& max = g.virtual_tensor(CUDNN_DATA_FLOAT, row_dims, row_strides);
@@ -296,7 +348,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, int64_t b, int64_t h, int
   Desc& p = scores(CUDNN_DATA_BFLOAT16);
   g.pointwise(CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, e, &sum, nullptr, p);
 
-  g.matmul(p, v, o, &len_q, nullptr, &len_kv, false);
+  g.matmul(p, v, o, exact ? nullptr : len_q, nullptr, exact ? nullptr : len_kv, false);
 
   plan->op_graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   plan->op_graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
@@ -322,7 +374,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, int64_t b, int64_t h, int
                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()),
         "heuristics results");
   std::string reasons;
-  for (int64_t i = 0; i < got; ++i) {
+  for (int64_t i = std::min(first_engine_config(), got); i < got; ++i) {
     try {
       auto exec = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
       exec->set1(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, handle);
@@ -334,6 +386,8 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, int64_t b, int64_t h, int
             "workspace size");
       plan->plan = std::move(exec);
       plan->workspace_bytes = ws;
+      plan->engine_config = i;
+      plan->engine_configs = got;
       return plan;
     } catch (const Error& err) {
       reasons += fmt::format("[engine config {}: {}] ", i, err.what());
@@ -343,11 +397,16 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, int64_t b, int64_t h, int
 }
 #pragma GCC diagnostic pop
 
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool>;  // (batch, heads, bucket q, bucket kv, causal)
+// (batch, heads, bucket q, bucket kv, causal, exact)
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool>;
+
+Shape shape_of(const Key& k) {
+  return {std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k), std::get<4>(k), std::get<5>(k)};
+}
 
 std::string describe(const Key& k) {
-  return fmt::format("B {} H {} q {} kv {} {}", std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k),
-                     std::get<4>(k) ? "causal" : "full");
+  return fmt::format("B {} H {} q {} kv {} {}{}", std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k),
+                     std::get<4>(k) ? "causal" : "full", std::get<5>(k) ? " exact" : "");
 }
 
 }  // namespace
@@ -368,6 +427,7 @@ struct MlaCudnnPrefill::Impl {
   std::map<Key, Entry> plans;
   int64_t use_clock = 0;
   int64_t max_plans = mla_cudnn_max_plans(std::getenv("BG_MLA_CUDNN_MAX_PLANS"));
+  const bool exact_plans = mla_cudnn_exact_plans(std::getenv("BG_MLA_CUDNN_EXACT"));
   int64_t plans_dropped = 0;
   std::deque<Key> queue;
   bool building = false;
@@ -433,8 +493,8 @@ struct MlaCudnnPrefill::Impl {
     if (plan != nullptr) {
       ++plans_built;
       plan_build_ms += ms;
-      log::debug("{}: plan for {} built {}in {:.1f} ms, workspace {} bytes", op, describe(key), where, ms,
-                 plan->workspace_bytes);
+      log::debug("{}: plan for {} built {}in {:.1f} ms (engine config {} of {}), workspace {} bytes", op,
+                 describe(key), where, ms, plan->engine_config, plan->engine_configs, plan->workspace_bytes);
     } else {
       last_refusal = refusal;
       log::warn("{}: cuDNN refused {}; such steps run on batchgen's own kernel: {}", op, describe(key), refusal);
@@ -457,7 +517,7 @@ struct MlaCudnnPrefill::Impl {
         owned = OwnedHandle(fresh);
         h = fresh;
       }
-      plan = build_plan(h, std::get<0>(key), std::get<1>(key), std::get<2>(key), std::get<3>(key), std::get<4>(key));
+      plan = build_plan(h, shape_of(key));
       plan->owned = std::move(owned);
     } catch (const std::exception& e) {
       refusal = e.what();
@@ -541,7 +601,9 @@ void* MlaCudnnPrefill::plan_for(const MlaCudnnLaunch& l) {
   Impl& m = *impl_;
   // The process's first handle is made here, on the step thread, before any helper makes its own (cuDNN's advice).
   if (m.handle == nullptr) check(cudnnCreate(&m.handle), "create handle");
-  const Key key{l.batch, l.heads, mla_cudnn_bucket(l.max_q), mla_cudnn_bucket(l.max_kv), l.causal};
+  const int64_t bq = mla_cudnn_bucket(l.max_q), bkv = mla_cudnn_bucket(l.max_kv);
+  const bool exact = l.batch == 1 && l.uniform && bq == l.max_q && bkv == l.max_kv && m.exact_plans;
+  const Key key{l.batch, l.heads, bq, bkv, l.causal, exact};
   std::unique_lock lock(m.mu);
   if (const auto it = m.plans.find(key); it != m.plans.end()) {
     it->second.last_use = ++m.use_clock;
@@ -627,34 +689,41 @@ bool MlaCudnnPrefill::run(const MlaCudnnLaunch& l, cudaStream_t stream) {
   check(cudnnSetStream(plan->exec, stream), "set stream");
   const float neg_inf = -std::numeric_limits<float>::infinity();
   float scale = l.scale, neg_inf_pad = neg_inf, neg_inf_causal = neg_inf;
-  const std::array<int64_t, 14> uids{kUidQ,    kUidK,    kUidV,    kUidO,     kUidLenQ,      kUidLenKv,       kUidOffQ,
-                                     kUidOffK, kUidOffV, kUidOffO, kUidScale, kUidNegInfPad, kUidNegInfCausal,
-                                     kUidStats};
-  const std::array<void*, 14> ptrs{const_cast<__nv_bfloat16*>(l.q),  const_cast<__nv_bfloat16*>(l.k),
-                                   const_cast<__nv_bfloat16*>(l.v),  l.out,
-                                   const_cast<int32_t*>(l.seq_len_q), const_cast<int32_t*>(l.seq_len_kv),
-                                   const_cast<int32_t*>(l.q_off),     const_cast<int32_t*>(l.k_off),
-                                   const_cast<int32_t*>(l.v_off),     const_cast<int32_t*>(l.o_off),
-                                   &scale,                            &neg_inf_pad,
-                                   &neg_inf_causal,                   impl_->stats};
+  // Bound by unique id: each plan's graph names the tensors it reads (a full plan has no causal mask; an exact one no
+  // padding mask and no ragged offsets: its K / V pointers start at the sequence's rows).
+  const int64_t k_row = plan->shape.ragged() ? 0 : l.kv_row0 * l.heads;
+  auto pointer = [&](int64_t uid) -> void* {
+    switch (uid) {
+      case kUidQ: return const_cast<__nv_bfloat16*>(l.q);
+      case kUidK: return const_cast<__nv_bfloat16*>(l.k + k_row * kQk);
+      case kUidV: return const_cast<__nv_bfloat16*>(l.v + k_row * kV);
+      case kUidO: return l.out;
+      case kUidLenQ: return const_cast<int32_t*>(l.seq_len_q);
+      case kUidLenKv: return const_cast<int32_t*>(l.seq_len_kv);
+      case kUidOffQ: return const_cast<int32_t*>(l.q_off);
+      case kUidOffK: return const_cast<int32_t*>(l.k_off);
+      case kUidOffV: return const_cast<int32_t*>(l.v_off);
+      case kUidOffO: return const_cast<int32_t*>(l.o_off);
+      case kUidScale: return &scale;
+      case kUidNegInfPad: return &neg_inf_pad;
+      case kUidNegInfCausal: return &neg_inf_causal;
+      case kUidStats: return impl_->stats;
+      default: throw Error(fmt::format("mla_prefill_cudnn: graph tensor {} has no binding", uid));
+    }
+  };
+  const std::vector<int64_t>& ids = plan->graph.bound;
+  std::vector<void*> data;
+  for (const int64_t uid : ids) data.push_back(pointer(uid));
   Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  // The full (non-causal) graph has no causal -inf: its entry is left out (the last one moved into its place).
-  std::array<int64_t, 14> ids = uids;
-  std::array<void*, 14> data = ptrs;
-  size_t n_bound = ids.size();
-  if (!l.causal) {
-    ids[12] = ids[13];
-    data[12] = data[13];
-    n_bound = 13;
-  }
-  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, std::span<const int64_t>(ids.data(), n_bound));
-  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, std::span<void* const>(data.data(), n_bound));
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, std::span<const int64_t>(ids));
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, std::span<void* const>(data));
   void* ws = impl_->workspace;
   pack.set1(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, ws);
   pack.finalize("variant pack");
   check(cudnnBackendExecute(plan->exec, plan->plan->get(), pack.get()), "execute");
   stats_rows_ = mla_cudnn_bucket(l.max_q);
   ++launches_;
+  if (plan->shape.exact) ++exact_launches_;
   return true;
 }
 

@@ -43,6 +43,13 @@ struct MlaCudnnLaunch {
   const int32_t* k_off = nullptr;
   const int32_t* v_off = nullptr;
   const int32_t* o_off = nullptr;
+  // Every one of the `batch` sequences has exactly max_q queries and max_kv keys (no empty padding entries). A batch
+  // of one with both lengths at their buckets runs an exact plan (no padding mask, not ragged;
+  // MlaCudnnPrefill::exact_launches).
+  bool uniform = false;
+  // The first sequence's first key row (k_off[0] / (heads · 192), which must equal v_off[0] / (heads · 128)): an exact
+  // plan reads K and V from there.
+  int64_t kv_row0 = 0;
 };
 
 class MlaCudnnPrefill {
@@ -78,6 +85,7 @@ class MlaCudnnPrefill {
   int64_t stats_rows() const { return stats_rows_; }
 
   int64_t launches() const { return launches_; }
+  int64_t exact_launches() const { return exact_launches_; }  // of those, on an exact plan
   // The most plans kept (kDefaultMaxPlans, or BG_MLA_CUDNN_MAX_PLANS when set: an integer >= kMinPlans, else an
   // error naming the variable). A smaller bound drops the least recently used plans now. At least kMinPlans, so that
   // the distinct buckets of one step (a few: one per pass and kind) never evict each other.
@@ -98,6 +106,7 @@ class MlaCudnnPrefill {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int64_t launches_ = 0;
+  int64_t exact_launches_ = 0;
   int64_t stats_rows_ = 0;
 };
 
@@ -107,5 +116,7 @@ int64_t mla_cudnn_bucket(int64_t n);
 // The plan bound from BG_MLA_CUDNN_MAX_PLANS's value: kDefaultMaxPlans when unset or empty, else an integer >=
 // kMinPlans (anything else throws bg::Error naming the variable).
 int64_t mla_cudnn_max_plans(const char* env_value);
+// Whether exact plans are used (BG_MLA_CUDNN_EXACT: 1 or unset, the default; 0 for comparisons; anything else throws).
+bool mla_cudnn_exact_plans(const char* env_value);
 
 }  // namespace bg::ops

@@ -67,6 +67,12 @@ void add_cudnn_calls(int64_t pass_index, const MlaPrefillPass& pass, MlaPrefillP
     }
     if (call.n_pieces == 0) continue;
     call.batch = mla_prefill_cudnn_batch(call.n_pieces);
+    call.kv_row0 = plan.pieces[static_cast<size_t>(call.piece_begin)].g0;
+    call.uniform = call.batch == call.n_pieces;
+    for (int64_t i = call.piece_begin; i < call.piece_begin + call.n_pieces; ++i) {
+      const MlaPrefillPiece& piece = plan.pieces[static_cast<size_t>(i)];
+      call.uniform = call.uniform && piece.n_q == call.max_q && piece.n_kv == call.max_kv;
+    }
     call.meta = plan.cudnn_bytes;
     plan.cudnn_bytes += static_cast<int64_t>(
         align_up(static_cast<size_t>(mla_prefill_cudnn_ints(call.batch)) * sizeof(int32_t), 256));

@@ -100,6 +100,8 @@ struct MlaPrefillCudnnCall {
   int64_t batch = 0;        // the launch's batch B: n_pieces rounded up (mla_prefill_cudnn_batch), so steps share plans
   int64_t max_q = 0;        // longest query run of a piece
   int64_t max_kv = 0;       // longest key run of a piece
+  bool uniform = false;     // every piece has max_q queries and max_kv keys, and n_pieces == batch (no padding)
+  int64_t kv_row0 = 0;      // the first piece's first gathered row (g0)
   int64_t meta = 0;         // byte offset of its arrays (below) in the workspace's cudnn region
 };
 

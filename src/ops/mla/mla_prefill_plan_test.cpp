@@ -157,6 +157,8 @@ TEST(MlaPrefillPlan, CudnnCallsCarryRaggedArrays) {
   EXPECT_EQ(call.n_pieces, 2);
   EXPECT_EQ(call.max_q, 300);
   EXPECT_EQ(call.max_kv, 900);
+  EXPECT_FALSE(call.uniform);  // 300 / 300 and 200 / 900
+  EXPECT_EQ(call.kv_row0, 0);
   ASSERT_EQ(plan.pieces.size(), 2u);
   EXPECT_EQ(plan.pieces[1].q_row0, 301);
   EXPECT_EQ(plan.pieces[1].n_q, 200);
@@ -201,6 +203,7 @@ TEST(MlaPrefillPlan, CudnnBatchRoundsUpWithEmptyEntries) {
   const MlaPrefillCudnnCall& call = plan.cudnn_calls[0];
   EXPECT_EQ(call.n_pieces, 3);
   EXPECT_EQ(call.batch, 4);
+  EXPECT_FALSE(call.uniform);
   const MlaPrefillWorkspace ws = mla_prefill_workspace(p, plan);
   const std::vector<std::byte> meta = mla_prefill_meta(plan, ws);
   ASSERT_EQ(mla_prefill_cudnn_stride(4), 8);
@@ -243,6 +246,12 @@ TEST(MlaPrefillPlan, CudnnPiecesAcrossPasses) {
   EXPECT_EQ(diag.g0, 0);
   EXPECT_EQ(diag.n_kv, 200);  // keys 700..899: the last query (position 899) sees them all
   EXPECT_EQ(diag.flags, kMlaPieceFinal);
+  // Each of these calls has one piece (batch 1): uniform, K and V from its first gathered row.
+  for (const MlaPrefillCudnnCall& call : c) {
+    EXPECT_TRUE(call.uniform);
+    EXPECT_EQ(call.kv_row0, plan.pieces[static_cast<size_t>(call.piece_begin)].g0);
+  }
+  EXPECT_EQ(c[1].kv_row0, 300);
 
   // A 2500-token fresh prompt over passes of 1000 rows: queries inside each segment are causal pieces, those after
   // it full pieces; every query gets exactly one final piece and one first piece.
@@ -270,6 +279,49 @@ TEST(MlaPrefillPlan, CudnnPiecesAcrossPasses) {
   gap.positions = {0, 1, 2, 5};
   gap.seq_begin = {0, 4};
   EXPECT_TRUE(mla_prefill_plan(gap.positions, gap.seq_begin).cudnn_calls.empty());
+}
+
+TEST(MlaPrefillPlan, CudnnCallsKnowWhenEveryPieceHasTheSameLengths) {
+  // Two fresh 64-token prompts: one call of batch 2, every piece 64 / 64 (an exact cuDNN plan can take it).
+  Step two;
+  two.add(0, 64);
+  two.add(0, 64);
+  const MlaPrefillPlan p2 = mla_prefill_plan(two.positions, two.seq_begin);
+  ASSERT_EQ(p2.cudnn_calls.size(), 1u);
+  EXPECT_TRUE(p2.cudnn_calls[0].uniform);
+  EXPECT_EQ(p2.cudnn_calls[0].batch, 2);
+  // Three equal prompts launch with batch 4: the empty fourth entry makes the call not uniform.
+  Step three = two;
+  three.add(0, 64);
+  EXPECT_FALSE(mla_prefill_plan(three.positions, three.seq_begin).cudnn_calls[0].uniform);
+  // Equal query runs over different contexts are not uniform either.
+  Step ctx;
+  ctx.add(0, 64);
+  ctx.add(64, 64);
+  EXPECT_FALSE(mla_prefill_plan(ctx.positions, ctx.seq_begin).cudnn_calls[0].uniform);
+  // A 128-token chunk after a 128-token prefix: one piece of 128 queries over 256 keys, uniform.
+  Step chunk;
+  chunk.add(128, 128);
+  const MlaPrefillCudnnCall c = mla_prefill_plan(chunk.positions, chunk.seq_begin).cudnn_calls[0];
+  EXPECT_TRUE(c.uniform);
+  EXPECT_EQ(c.max_q, 128);
+  EXPECT_EQ(c.max_kv, 256);
+  // Passes of 128 rows over a fresh 64-token prompt and a 64-token chunk after a 64-token prefix: pass 0 holds the
+  // prompt and the chunk's first 64 keys (the chunk's queries come after them: a full piece from gathered row 64),
+  // pass 1 the chunk's own keys. Every call has one 64 / 64 piece.
+  Step mixed;
+  mixed.add(0, 64);
+  mixed.add(64, 64);
+  const MlaPrefillPlan pm = mla_prefill_plan(mixed.positions, mixed.seq_begin, {2, 128});
+  ASSERT_EQ(pm.cudnn_calls.size(), 3u);
+  for (const MlaPrefillCudnnCall& call : pm.cudnn_calls) {
+    EXPECT_TRUE(call.uniform);
+    EXPECT_EQ(call.batch, 1);
+    EXPECT_EQ(call.max_q, 64);
+    EXPECT_EQ(call.max_kv, 64);
+  }
+  EXPECT_FALSE(pm.cudnn_calls[1].causal);
+  EXPECT_EQ(pm.cudnn_calls[1].kv_row0, 64);
 }
 
 TEST(MlaPrefillPlan, RefusesBadLayoutsAndOptions) {
