@@ -26,6 +26,15 @@ StepPools step_pools_of(std::span<const BatchEntry> batch) {
   return manager.step_pools();
 }
 
+int64_t step_table_width(int64_t widest, int64_t block_size, int64_t max_positions) {
+  const auto pow2 = [](int64_t v) {
+    return static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(v, 1))));
+  };
+  const int64_t floor = std::min(pow2((kMinTableTokens + block_size - 1) / block_size),
+                                 pow2((max_positions + block_size - 1) / block_size));
+  return std::max(pow2(widest), floor);
+}
+
 StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info, const StepPools& pools) {
   std::unordered_set<const Sequence*> seen;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -60,7 +69,7 @@ StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info,
   }
   BG_CHECK(s.state_slots.empty() || s.state_slots.size() == batch.size(), "forward: sequences of one step must all "
            "have KDA state slots or none");
-  s.max_blocks = static_cast<int64_t>(std::bit_ceil(std::max<size_t>(widest, 1)));
+  s.max_blocks = step_table_width(static_cast<int64_t>(widest), pools.kv->block_size(), info.max_position_embeddings);
   s.block_tables.assign(batch.size() * static_cast<size_t>(s.max_blocks), pools.kv->pad_block());
   for (size_t i = 0; i < batch.size(); ++i) {
     const std::vector<int32_t>& blocks = batch[i].seq->kv_blocks();

@@ -17,10 +17,18 @@ namespace bg {
 StepPools step_pools_of(std::span<const BatchEntry> batch);
 
 // Checks every entry (a sequence, tokens, ids in range, the context limit, no sequence twice, KV reserved for the
-// tokens) and lays the step out (block tables max_blocks wide: the step's longest table rounded up to a power of two,
-// the rest filled with the pools' padding block). Throws bg::Error before any sequence changes. An empty batch gives
+// tokens) and lays the step out (block tables max_blocks wide, step_table_width, the rest filled with the pools' padding
+// block). Throws bg::Error before any sequence changes. An empty batch gives
 // an empty layout (a rank without work pads it: pad_decode_step).
 StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info, const StepPools& pools);
+
+// The width of a step's block tables: the widest sequence's blocks rounded up to a power of two, and at least the
+// blocks of kMinTableTokens (or of max_positions, when fewer), as a power of two. The width is part of a decode graph's
+// key, so the floor keeps every context up to 16k tokens on one graph per batch bucket (captured at warm-up) instead
+// of one per power-of-two width met while serving; its cost is the wider table's upload (64 KiB at 64 sequences with
+// 64-token blocks).
+inline constexpr int64_t kMinTableTokens = 16384;
+int64_t step_table_width(int64_t widest, int64_t block_size, int64_t max_positions);
 
 // Appends single-token padding sequences (token 0 at position 0, the pools' padding block and slot) up to n_seqs.
 void pad_decode_step(StepLayout& step, int64_t n_seqs, const StepPools& pools);

@@ -90,6 +90,33 @@ TEST_P(StepGpu, GraphDecodeEqualsEagerDecode) {
   EXPECT_EQ(eager->n_graphs_captured(), 0);
 }
 
+// A decode step's block tables are at least 16k tokens wide (step_table_width), so sequences whose contexts grow
+// within that keep replaying the graph their batch bucket captured first: one graph for a short and a long context.
+TEST_P(StepGpu, LongerContextsReplayTheSameGraph) {
+  BG_REQUIRE_GPU();
+  GoldenCase gc(golden_dir() / GetParam());
+  const std::vector<int32_t> tokens = gc.prompt(0).tokens;
+  auto m = load(GetParam(), true);
+  const int64_t V = m->info().vocab_size;
+  const int64_t long_len = std::min<int64_t>(1500, m->info().max_position_embeddings - 8);
+  auto state = make_state(*m, 2, 4096);
+  std::vector<float> logits(static_cast<size_t>(long_len * V));
+  int64_t graphs_after_first = -1;
+  for (const int64_t len : {int64_t{8}, long_len}) {
+    std::vector<int32_t> prompt(static_cast<size_t>(len));
+    for (int64_t i = 0; i < len; ++i) prompt[static_cast<size_t>(i)] = tokens[static_cast<size_t>(i) % tokens.size()];
+    auto seq = state->new_sequence(len + 2);
+    std::vector<BatchEntry> batch{{seq.get(), prompt}};
+    m->forward_batch(batch, logits.data());  // prefill: eager
+    const int32_t next = argmax_row(logits.data(), V);
+    batch[0].tokens = std::span<const int32_t>(&next, 1);
+    m->forward_batch(batch, logits.data());  // decode: a graph of bucket 1
+    if (graphs_after_first < 0) graphs_after_first = m->n_graphs_captured();
+  }
+  EXPECT_EQ(graphs_after_first, 1);
+  EXPECT_EQ(m->n_graphs_captured(), 1) << "a decode step at a " << long_len << "-token context captured a new graph";
+}
+
 // Expert tables (slot maps, descriptor arrays, W4A16 layouts) and every other weight are uploaded at load: the very
 // first step a fresh model runs can be a captured decode graph (four one-token prompts: a decode bucket), which an
 // upload inside the capture would break (host copies synchronise), and it equals the same step run eagerly.

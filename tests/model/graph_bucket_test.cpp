@@ -49,5 +49,19 @@ TEST(GraphBucket, PolicyFromTheEnvironment) {
   EXPECT_THROW(graph_buckets_pow2("powers"), Error);
 }
 
+TEST(StepTableWidth, ContextsUpTo16kShareOneWidth) {
+  // 64-token blocks, a 256k-position model: every context up to 16k tokens (256 blocks) is one width, so one decode
+  // graph per batch bucket; longer ones round up to a power of two.
+  for (const int64_t widest : {0, 1, 2, 17, 255, 256}) EXPECT_EQ(step_table_width(widest, 64, 262144), 256) << widest;
+  EXPECT_EQ(step_table_width(257, 64, 262144), 512);
+  EXPECT_EQ(step_table_width(4096, 64, 262144), 4096);
+  // Smaller blocks: the same 16k tokens.
+  EXPECT_EQ(step_table_width(3, 16, 262144), 1024);
+  // A model whose positions end sooner: its whole context, as a power of two.
+  EXPECT_EQ(step_table_width(2, 64, 4096), 64);
+  EXPECT_EQ(step_table_width(2, 64, 4000), 64);
+  EXPECT_EQ(step_table_width(2, 64, 0), 2);
+}
+
 }  // namespace
 }  // namespace bg::testing
