@@ -14,6 +14,7 @@
 #include <iterator>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cuda_testing.h"
@@ -282,8 +283,10 @@ TEST(KdaCuda, SplitCallsMatchOneCpuCall) {
   check_split_calls(32, kDim, kDim, 300);
 }
 
-// Decode batches of 9 sequences on 13 shuffled, padded state slots, 5 steps.
-void check_recurrent_batch(int64_t n_heads, int64_t dk, int64_t dv, uint64_t seed) {
+// Decode batches of 9 sequences on 13 shuffled, padded state slots, 5 steps; `splits` as kda_recurrent_cuda takes it.
+// Returns the pool and the outputs.
+std::pair<std::vector<float>, std::vector<float>> check_recurrent_batch(int64_t n_heads, int64_t dk, int64_t dv,
+                                                                        uint64_t seed, int splits = 0) {
   SCOPED_TRACE(::testing::Message() << "H=" << n_heads << " K=" << dk << " V=" << dv);
   constexpr int64_t kSeqs = 9, kSlots = 13, kSteps = 5;
   const int64_t state_floats = n_heads * dk * dv, stride = state_floats + 256;  // padded slots
@@ -325,7 +328,7 @@ void check_recurrent_batch(int64_t n_heads, int64_t dk, int64_t dv, uint64_t see
                            keep[n_buf - 1].as<float>()};
     const KdaParams p{kSeqs, n_heads, dk, dv};
     kda_recurrent_cuda(p, in, {d_pool.as<float>(), d_slots.as<int32_t>(), stride},
-                       d_out.as<__nv_bfloat16>() + t * kSeqs * n_heads * dv, nullptr);
+                       d_out.as<__nv_bfloat16>() + t * kSeqs * n_heads * dv, nullptr, splits);
   }
   BG_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> got_pool = cuda::download<float>(d_pool, pool.size());
@@ -351,6 +354,22 @@ void check_recurrent_batch(int64_t n_heads, int64_t dk, int64_t dv, uint64_t see
     if (!used) n_changed += got_pool[i] != pool[i];
   }
   EXPECT_EQ(n_changed, 0u);
+  return {got_pool, got_out};
+}
+
+// A head's columns split over 4 CTAs run the same arithmetic per column as one CTA: the same bits.
+TEST(KdaCuda, RecurrentColumnSplitIsBitIdentical) {
+  BG_REQUIRE_GPU();
+  const auto whole = check_recurrent_batch(96, kDim, kDim, 410, 1);
+  const auto split = check_recurrent_batch(96, kDim, kDim, 410, 4);
+  EXPECT_TRUE(whole.first == split.first) << "state differs";
+  EXPECT_TRUE(whole.second == split.second) << "outputs differ";
+  EXPECT_THROW(check_recurrent_batch(96, kDim, kDim, 410, 2), Error);
+  EXPECT_EQ(kda_recurrent_splits(96, nullptr), 4);  // one token of 96 heads
+  EXPECT_EQ(kda_recurrent_splits(16 * 96, nullptr), 1);
+  EXPECT_EQ(kda_recurrent_splits(96, "1"), 1);
+  EXPECT_EQ(kda_recurrent_splits(16 * 96, "4"), 4);
+  for (const char* bad : {"2", "0", "x"}) EXPECT_THROW(kda_recurrent_splits(96, bad), Error) << bad;
 }
 
 TEST(KdaCuda, RecurrentBatchOnShuffledSlotsMatchesCpu) {

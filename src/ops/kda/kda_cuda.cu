@@ -2,9 +2,10 @@
 // sequence (kda_chunked_simt_cuda: the path for head dims other than 128; kda_chunked_tc.cu has the tensor-core one).
 // Math, state layout [H, K, V] (K-first) and chunk formulas are those of kda_cpu.cpp; fp32 everywhere inside.
 //
-// Recurrent: one CTA (512 threads) per (token, head); thread (r, v) holds rows 32r..32r+31 of state column v in
-// registers, so the state is read once and written once; the two K-reductions (S^T k, S^T q) go through shared
-// memory across the 4 row groups.
+// Recurrent: one CTA (512 threads) per (token, head), or four of 128 threads per (token, head) each taking 32 of the
+// state's columns when a step has few tokens (kda_recurrent_splits); thread (r, v) holds rows 32r..32r+31 of state
+// column v in registers, so the state is read once and written once; the two K-reductions (S^T k, S^T q) go through
+// shared memory across the 4 row groups.
 //
 // Chunked: one CTA (512 threads) per head keeps the head's state S [128, 128] in shared memory and runs the chunks
 // of 64 tokens in order. Per chunk (n <= 64 tokens, G_i = cumulative log decay inside the chunk):
@@ -21,9 +22,11 @@
 // S rows past K, v, U, S columns past V are zero and G is zero past K, so the padding contributes exact zeros and
 // stays zero; only the real [K, V] state and [V] outputs are written back.
 
+#include <cstdlib>
 #include <limits>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "ops/kda/kda_cuda.h"
 
@@ -60,15 +63,22 @@ struct RecurrentArgs {
   int dim_k, dim_v;  // the real K, V (kDim on the kFull path)
 };
 
-// grid: n_tokens * n_heads (token-major), block: 512.
-template <bool kFull>
-__global__ void __launch_bounds__(kThreads) kda_recurrent_kernel(RecurrentArgs a) {
-  __shared__ float q_s[kDim], k_s[kDim], decay_s[kDim], v_s[kDim];
-  __shared__ float red[2][kRowGroups][kDim];
+// grid: n_tokens * n_heads * (128 / kCols) (token-major, then head, then column block), block: kCols * 4 threads.
+// Columns of the state are independent (u[v] and o[v] read column v only), so a head's 128 columns can be split over
+// 128 / kCols CTAs without changing any arithmetic: every column runs the same four 32-row partial sums, added in the
+// same order, whatever kCols is (bit-identical results; split over 4 CTAs when a step has few tokens, to fill the SMs).
+template <bool kFull, int kCols>
+__global__ void __launch_bounds__(kCols * kRowGroups) kda_recurrent_kernel(RecurrentArgs a) {
+  static_assert(kDim % kCols == 0 && (kFull || kCols == kDim), "column blocks of a full-dims head only");
+  constexpr int kBlocks = kDim / kCols;
+  __shared__ float q_s[kDim], k_s[kDim], decay_s[kDim], v_s[kCols];
+  __shared__ float red[2][kRowGroups][kCols];
   const int dk = kFull ? kDim : a.dim_k, dv = kFull ? kDim : a.dim_v;
-  const int64_t t = blockIdx.x / a.n_heads;
-  const int h = static_cast<int>(blockIdx.x % a.n_heads);
-  const int col = threadIdx.x % kDim, grp = threadIdx.x / kDim, row0 = grp * kRowsPerGroup;
+  const int64_t th = blockIdx.x / kBlocks;
+  const int c0 = static_cast<int>(blockIdx.x % kBlocks) * kCols;
+  const int64_t t = th / a.n_heads;
+  const int h = static_cast<int>(th % a.n_heads);
+  const int lc = threadIdx.x % kCols, col = c0 + lc, grp = threadIdx.x / kCols, row0 = grp * kRowsPerGroup;
   const int64_t k_off = (t * a.n_heads + h) * dk;  // q, k, g
   const int64_t v_off = (t * a.n_heads + h) * dv;  // v, out
   float* state = a.states.base + a.states.slot_idx[t] * a.states.slot_stride + static_cast<int64_t>(h) * dk * dv;
@@ -79,14 +89,13 @@ __global__ void __launch_bounds__(kThreads) kda_recurrent_kernel(RecurrentArgs a
 #pragma unroll
   for (int i = 0; i < kRowsPerGroup; ++i)
     s[i] = (kFull || (col_ok && row0 + i < dk)) ? state[(row0 + i) * dv + col] : 0.0f;
-  if (threadIdx.x < kDim) {
-    const int d = threadIdx.x;
-    const bool k_ok = kFull || d < dk, v_ok = kFull || d < dv;
+  for (int d = static_cast<int>(threadIdx.x); d < kDim; d += kCols * kRowGroups) {
+    const bool k_ok = kFull || d < dk;
     q_s[d] = k_ok ? ld_bf16(a.in.q + k_off + d) : 0.0f;
     k_s[d] = k_ok ? ld_bf16(a.in.k + k_off + d) : 0.0f;
-    v_s[d] = v_ok ? ld_bf16(a.in.v + v_off + d) : 0.0f;
     decay_s[d] = k_ok ? expf(a.in.g[k_off + d]) : 0.0f;
   }
+  if (static_cast<int>(threadIdx.x) < kCols) v_s[lc] = col_ok ? ld_bf16(a.in.v + v_off + col) : 0.0f;
   const float beta = a.in.beta[t * a.n_heads + h];
   __syncthreads();
 
@@ -97,12 +106,12 @@ __global__ void __launch_bounds__(kThreads) kda_recurrent_kernel(RecurrentArgs a
     s[i] *= decay_s[row0 + i];
     part = fmaf(k_s[row0 + i], s[i], part);
   }
-  red[0][grp][col] = part;
+  red[0][grp][lc] = part;
   __syncthreads();
   float sk = 0.0f;
 #pragma unroll
-  for (int r = 0; r < kRowGroups; ++r) sk += red[0][r][col];
-  const float u = v_s[col] - sk;
+  for (int r = 0; r < kRowGroups; ++r) sk += red[0][r][lc];
+  const float u = v_s[lc] - sk;
 
   // S += beta k u^T, and this group's part of S^T q.
   part = 0.0f;
@@ -112,12 +121,12 @@ __global__ void __launch_bounds__(kThreads) kda_recurrent_kernel(RecurrentArgs a
     part = fmaf(q_s[row0 + i], s[i], part);
     if (kFull || (col_ok && row0 + i < dk)) state[(row0 + i) * dv + col] = s[i];
   }
-  red[1][grp][col] = part;
+  red[1][grp][lc] = part;
   __syncthreads();
   if (grp == 0 && col_ok) {
     float o = 0.0f;
 #pragma unroll
-    for (int r = 0; r < kRowGroups; ++r) o += red[1][r][col];
+    for (int r = 0; r < kRowGroups; ++r) o += red[1][r][lc];
     a.out[v_off + col] = __float2bfloat16(o);
   }
 }
@@ -330,8 +339,20 @@ bool full_dims(const KdaParams& p) { return p.head_dim_k == kDim && p.head_dim_v
 
 }  // namespace
 
+int kda_recurrent_splits(int64_t token_heads, const char* env_value) {
+  const int64_t forced = env_int("BG_KDA_RECURRENT_SPLIT", env_value, 1, 4).value_or(0);
+  BG_CHECK(forced == 0 || forced == 1 || forced == 4, "BG_KDA_RECURRENT_SPLIT='{}': expected 1 or 4", forced);
+  if (forced != 0) return static_cast<int>(forced);
+  return token_heads <= kKdaRecurrentSplitBelow ? 4 : 1;
+}
+
+int kda_recurrent_splits(int64_t token_heads) {
+  static const char* env = std::getenv("BG_KDA_RECURRENT_SPLIT");
+  return kda_recurrent_splits(token_heads, env);
+}
+
 void kda_recurrent_cuda(const KdaParams& p, const KdaCudaInputs& in, const KdaStateSlots& states, __nv_bfloat16* out,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, int splits) {
   constexpr const char* op = "kda_recurrent_cuda";
   check_kda_cuda(op, p, in, states.base, out);
   if (p.n_tokens == 0) return;
@@ -343,11 +364,16 @@ void kda_recurrent_cuda(const KdaParams& p, const KdaCudaInputs& in, const KdaSt
            p.n_tokens, p.n_heads);
   const RecurrentArgs a{in, states, out, static_cast<int>(p.n_heads), static_cast<int>(p.head_dim_k),
                         static_cast<int>(p.head_dim_v)};
-  const unsigned grid = static_cast<unsigned>(p.n_tokens * p.n_heads);
-  if (full_dims(p)) {
-    kda_recurrent_kernel<true><<<grid, kThreads, 0, stream>>>(a);
+  BG_CHECK(splits == 0 || splits == 1 || splits == 4, "{}: {} column splits (0, 1 or 4)", op, splits);
+  const auto pairs = static_cast<unsigned>(p.n_tokens * p.n_heads);
+  if (splits == 0) splits = kda_recurrent_splits(p.n_tokens * p.n_heads);
+  if (!full_dims(p)) {
+    kda_recurrent_kernel<false, kDim><<<pairs, kDim * kRowGroups, 0, stream>>>(a);
+  } else if (splits == 4) {
+    constexpr int kCols = kDim / 4;
+    kda_recurrent_kernel<true, kCols><<<pairs * 4, kCols * kRowGroups, 0, stream>>>(a);
   } else {
-    kda_recurrent_kernel<false><<<grid, kThreads, 0, stream>>>(a);
+    kda_recurrent_kernel<true, kDim><<<pairs, kDim * kRowGroups, 0, stream>>>(a);
   }
   BG_CUDA_CHECK_LAUNCH();
 }

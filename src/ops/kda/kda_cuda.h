@@ -39,8 +39,16 @@ inline constexpr int64_t kKdaCudaMaxHeadDim = 128;  // the largest head_dim_k / 
 // One recurrent step for p.n_tokens tokens of as many different sequences: per token t and head h,
 //   S <- diag(exp(g)) S;  u = v - S^T k;  S <- S + beta k u^T;  o = S^T q   (S = the token's slot state, in place)
 // out [n, H, V] bf16.
+// `splits`: 0 picks kda_recurrent_splits; 1 or 4 forces a column split of the full-dims path (tests).
 void kda_recurrent_cuda(const KdaParams& p, const KdaCudaInputs& in, const KdaStateSlots& states, __nv_bfloat16* out,
-                        cudaStream_t stream);
+                        cudaStream_t stream, int splits = 0);
+
+// How many CTAs split one (token, head) of kda_recurrent_cuda's full-dims path over the state's columns: 4 (32 columns
+// each) when the step has at most kKdaRecurrentSplitBelow (token, head) pairs, else 1 (all 128). BG_KDA_RECURRENT_SPLIT
+// (1 or 4; read once) forces it. The results are bit-identical either way.
+inline constexpr int64_t kKdaRecurrentSplitBelow = 512;
+int kda_recurrent_splits(int64_t token_heads);
+int kda_recurrent_splits(int64_t token_heads, const char* env_value);
 
 // Scratch of the tensor-core chunked path (chunk-local operands of every (chunk, head), ~120 KB each), passed in so
 // that the launchers allocate nothing (CUDA-graph capturable). 16-byte aligned.
