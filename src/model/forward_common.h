@@ -17,8 +17,8 @@ namespace bg {
 StepPools step_pools_of(std::span<const BatchEntry> batch);
 
 // Checks every entry (a sequence, tokens, ids in range, the context limit, no sequence twice, KV reserved for the
-// tokens) and lays the step out (block tables max_blocks wide, step_table_width, the rest filled with the pools' padding
-// block). Throws bg::Error before any sequence changes. An empty batch gives
+// tokens) and lays the step out (block tables max_blocks wide, step_table_width, the rest filled with the pools'
+// padding block). Throws bg::Error before any sequence changes. An empty batch gives
 // an empty layout (a rank without work pads it: pad_decode_step).
 StepLayout layout_step(std::span<const BatchEntry> batch, const ModelInfo& info, const StepPools& pools);
 

@@ -365,8 +365,9 @@ TEST(KdaCuda, RecurrentColumnSplitIsBitIdentical) {
   EXPECT_TRUE(whole.first == split.first) << "state differs";
   EXPECT_TRUE(whole.second == split.second) << "outputs differ";
   EXPECT_THROW(check_recurrent_batch(96, kDim, kDim, 410, 2), Error);
-  EXPECT_EQ(kda_recurrent_splits(96, nullptr), 4);  // one token of 96 heads
-  EXPECT_EQ(kda_recurrent_splits(16 * 96, nullptr), 1);
+  EXPECT_EQ(kda_recurrent_splits(96, nullptr), 1);
+  EXPECT_EQ(kda_recurrent_splits(96, "auto"), 4);  // one token of 96 heads
+  EXPECT_EQ(kda_recurrent_splits(16 * 96, "auto"), 1);
   EXPECT_EQ(kda_recurrent_splits(96, "1"), 1);
   EXPECT_EQ(kda_recurrent_splits(16 * 96, "4"), 4);
   for (const char* bad : {"2", "0", "x"}) EXPECT_THROW(kda_recurrent_splits(96, bad), Error) << bad;

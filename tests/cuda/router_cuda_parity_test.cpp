@@ -81,19 +81,31 @@ void run_case(const RouterCase& rc, int64_t n, uint64_t seed) {
   route_topk_cpu(p, logits.data(), bias.data(), ref_ids.data(), ref_w.data());
 
   cuda::DeviceBuffer d_logits = cuda::upload(logits), d_bias = cuda::upload(bias);
-  cuda::DeviceBuffer d_ids(ref_ids.size() * sizeof(int32_t)), d_w(ref_w.size() * sizeof(float));
-  d_ids.fill_bytes(0xff);
-  d_w.fill_bytes(0xff);
-  route_topk_cuda(p, d_logits.as<float>(), d_bias.as<float>(), d_ids.as<int32_t>(), d_w.as<float>(), nullptr);
-  BG_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<int32_t> ids = cuda::download<int32_t>(d_ids, ref_ids.size());
-  const std::vector<float> w = cuda::download<float>(d_w, ref_w.size());
-  const std::string what = fmt::format("{} n={} ({} near-tie tokens redrawn)", rc.name, n, redrawn);
-  EXPECT_EQ(ids, ref_ids) << what;
-  testing::expect_parity(w, ref_w, testing::kTolF32, what);
+  // Both ways of taking the top-k give the CPU's ids in its order.
+  for (const RouterTopk algo : {RouterTopk::kRounds, RouterTopk::kSort}) {
+    cuda::DeviceBuffer d_ids(ref_ids.size() * sizeof(int32_t)), d_w(ref_w.size() * sizeof(float));
+    d_ids.fill_bytes(0xff);
+    d_w.fill_bytes(0xff);
+    route_topk_cuda(p, d_logits.as<float>(), d_bias.as<float>(), d_ids.as<int32_t>(), d_w.as<float>(), nullptr, algo);
+    BG_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<int32_t> ids = cuda::download<int32_t>(d_ids, ref_ids.size());
+    const std::vector<float> w = cuda::download<float>(d_w, ref_w.size());
+    const std::string what = fmt::format("{} n={} ({} near-tie tokens redrawn), {}", rc.name, n, redrawn,
+                                         algo == RouterTopk::kSort ? "sort" : "rounds");
+    EXPECT_EQ(ids, ref_ids) << what;
+    testing::expect_parity(w, ref_w, testing::kTolF32, what);
+  }
 }
 
 const std::vector<int64_t> kTokenCounts = {0, 1, 3, 16, 100, 1000};
+
+TEST(RouterCudaParity, TopkChoiceFromTheEnvironment) {
+  EXPECT_EQ(router_topk_from_env(nullptr), RouterTopk::kRounds);
+  EXPECT_EQ(router_topk_from_env(""), RouterTopk::kRounds);
+  EXPECT_EQ(router_topk_from_env("rounds"), RouterTopk::kRounds);
+  EXPECT_EQ(router_topk_from_env("sort"), RouterTopk::kSort);
+  EXPECT_THROW(router_topk_from_env("bitonic"), Error);
+}
 
 TEST(RouterCudaParity, DeepSeekV3Grouped) {
   BG_REQUIRE_GPU();
@@ -144,18 +156,20 @@ TEST(RouterCudaParity, NanLogitsGiveValidIdsLikeTheCpu) {
   std::vector<float> w_cpu(64);
   route_topk_cpu(p, logits.data(), bias.data(), ids_cpu.data(), w_cpu.data());
   cuda::DeviceBuffer d_logits = cuda::upload(logits), d_bias = cuda::upload(bias);
-  cuda::DeviceBuffer d_ids(64 * sizeof(int32_t)), d_w(64 * sizeof(float));
-  d_ids.fill_bytes(0xff);
-  route_topk_cuda(p, d_logits.as<float>(), d_bias.as<float>(), d_ids.as<int32_t>(), d_w.as<float>(), nullptr);
-  BG_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto ids = cuda::download<int32_t>(d_ids, 64);
-  const auto w = cuda::download<float>(d_w, 64);
-  for (size_t i = 0; i < 64; ++i) {
-    ASSERT_TRUE(ids[i] >= 0 && ids[i] < 896) << "pair " << i;
-    if (i >= 32) {  // clean tokens 2, 3 route as on the CPU
-      EXPECT_EQ(ids[i], ids_cpu[i]) << "pair " << i;
+  for (const RouterTopk algo : {RouterTopk::kRounds, RouterTopk::kSort}) {
+    cuda::DeviceBuffer d_ids(64 * sizeof(int32_t)), d_w(64 * sizeof(float));
+    d_ids.fill_bytes(0xff);
+    route_topk_cuda(p, d_logits.as<float>(), d_bias.as<float>(), d_ids.as<int32_t>(), d_w.as<float>(), nullptr, algo);
+    BG_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto ids = cuda::download<int32_t>(d_ids, 64);
+    const auto w = cuda::download<float>(d_w, 64);
+    for (size_t i = 0; i < 64; ++i) {
+      ASSERT_TRUE(ids[i] >= 0 && ids[i] < 896) << "pair " << i;
+      if (i >= 32) {  // clean tokens 2, 3 route as on the CPU
+        EXPECT_EQ(ids[i], ids_cpu[i]) << "pair " << i;
+      }
+      EXPECT_EQ(std::isnan(w[i]), std::isnan(w_cpu[i])) << "pair " << i;
     }
-    EXPECT_EQ(std::isnan(w[i]), std::isnan(w_cpu[i])) << "pair " << i;
   }
 }
 

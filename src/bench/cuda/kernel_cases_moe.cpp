@@ -1,6 +1,8 @@
 // Kernel cases of the routed-expert path at the K3 EP16 rank's shapes: 56 local MXFP4 experts (gate / up [3072 x
 // 3584], down [3584 x 3072], SiTU), top-16 routing of each token, the router over K3's 896 global experts.
 //   router_topk         the top-16 of 896 router (fp32 logits -> ids, weights)
+//   router_topk_sort    the same taking the top-k by a sort of keys (ops::RouterTopk::kSort; not the default until
+//                       measured)
 //   moe_decode_w4a16    the fused W4A16 kernel (gate/up + GLU, down + weighted combine; dispatch done in setup) over
 //                       the load-time layout, what Backend::moe_routed_local runs at decode (ops/moe_w4a16)
 //   moe_decode_w4a16_wgmma the same on wgmma (MoeW4a16Params::wgmma; not the default until measured)
@@ -20,6 +22,7 @@
 #include <algorithm>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <vector>
@@ -252,10 +255,10 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
 }
 
 // K3's real router: top-16 of 896 global experts, one group, fp32 logits with the correction bias.
-KernelCase router_case(int64_t n_tokens) {
+KernelCase router_case(int64_t n_tokens, std::optional<ops::RouterTopk> algo = std::nullopt) {
   constexpr int64_t kGlobalExperts = 896;
   KernelCase c;
-  c.name = "router_topk";
+  c.name = algo == ops::RouterTopk::kSort ? "router_topk_sort" : "router_topk";
   c.shape = fmt::format("B={} top16/896", n_tokens);
   c.set_bytes = d(n_tokens * kGlobalExperts) * 4;
   c.prepare = [=](const CudaEnv&, CaseMemory& mem, int n_sets) {
@@ -272,7 +275,7 @@ KernelCase router_case(int64_t n_tokens) {
     PreparedKernel k;
     k.cost = {d(n_tokens * kGlobalExperts) * 4 + d(n_tokens * kTopK) * 8, 0.0};
     k.launch = [=](int s, cudaStream_t stream) {
-      ops::route_topk_cuda(p, logits[z(s)], bias, ids[z(s)], weights[z(s)], stream);
+      ops::route_topk_cuda(p, logits[z(s)], bias, ids[z(s)], weights[z(s)], stream, algo);
     };
     return k;
   };
@@ -284,6 +287,9 @@ KernelCase router_case(int64_t n_tokens) {
 void register_moe_cases(KernelRegistry& r, bool quick) {
   const std::vector<int64_t> decode = quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 16, 64};
   for (int64_t b : decode) r.add(router_case(b));
+  if (!quick) {
+    for (int64_t b : decode) r.add(router_case(b, ops::RouterTopk::kSort));
+  }
   for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16", b, MoePart::kW4a16));
   for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16_wgmma", b, MoePart::kW4a16Wgmma));
   for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16_rows", b, MoePart::kW4a16Rows));

@@ -340,10 +340,11 @@ bool full_dims(const KdaParams& p) { return p.head_dim_k == kDim && p.head_dim_v
 }  // namespace
 
 int kda_recurrent_splits(int64_t token_heads, const char* env_value) {
-  const int64_t forced = env_int("BG_KDA_RECURRENT_SPLIT", env_value, 1, 4).value_or(0);
-  BG_CHECK(forced == 0 || forced == 1 || forced == 4, "BG_KDA_RECURRENT_SPLIT='{}': expected 1 or 4", forced);
-  if (forced != 0) return static_cast<int>(forced);
-  return token_heads <= kKdaRecurrentSplitBelow ? 4 : 1;
+  switch (env_choice("BG_KDA_RECURRENT_SPLIT", env_value, {"1", "4", "auto"})) {
+    case 1: return 4;
+    case 2: return token_heads <= kKdaRecurrentSplitBelow ? 4 : 1;
+    default: return 1;  // unset, empty or "1"
+  }
 }
 
 int kda_recurrent_splits(int64_t token_heads) {

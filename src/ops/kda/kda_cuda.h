@@ -43,9 +43,10 @@ inline constexpr int64_t kKdaCudaMaxHeadDim = 128;  // the largest head_dim_k / 
 void kda_recurrent_cuda(const KdaParams& p, const KdaCudaInputs& in, const KdaStateSlots& states, __nv_bfloat16* out,
                         cudaStream_t stream, int splits = 0);
 
-// How many CTAs split one (token, head) of kda_recurrent_cuda's full-dims path over the state's columns: 4 (32 columns
-// each) when the step has at most kKdaRecurrentSplitBelow (token, head) pairs, else 1 (all 128). BG_KDA_RECURRENT_SPLIT
-// (1 or 4; read once) forces it. The results are bit-identical either way.
+// How many CTAs split one (token, head) of kda_recurrent_cuda's full-dims path over the state's columns, from
+// BG_KDA_RECURRENT_SPLIT (read once): unset or "1", 1 CTA (all 128 columns; the default until the split has run on a
+// GPU: built 2026-12-05, not yet measured); "4", 4 CTAs of 32 columns; "auto", 4 when the step has at most
+// kKdaRecurrentSplitBelow (token, head) pairs, else 1. Anything else throws. The results are bit-identical either way.
 inline constexpr int64_t kKdaRecurrentSplitBelow = 512;
 int kda_recurrent_splits(int64_t token_heads);
 int kda_recurrent_splits(int64_t token_heads, const char* env_value);
