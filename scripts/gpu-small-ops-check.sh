@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU checks of the 2026-12-05 small-op and graph changes that no device was lent for (bench/RESULTS.md, the
+# 2026-12-05 entry): the parity tests of the router (both top-k algorithms), the KDA recurrent step (column split
+# bit-identical), the graph tests (LongerContextsReplayTheSameGraph: block tables 16k tokens wide), the goldens and
+# engine-state tests; then the router and KDA recurrent kernels with each choice, the slice's decode step, and the
+# served --deterministic check. Run from the repo root with the bundle carried:
+#   scripts/gpu-small-ops-check.sh [BUNDLE]
+# Output: $OUT/small-ops.txt (the summary) and logs beside it. Flip the defaults (BG_ROUTER_TOPK, BG_KDA_RECURRENT_SPLIT)
+# only if the parity lines say PASSED and the kernels measure faster.
+set -u
+BUNDLE=${1:-.gpu}
+OUT=${OUT:-$PWD/gpu-out}
+source "$(dirname "$0")/gpu-bundle-env.sh"
+export BG_GOLDEN_DIR="$BUNDLE/golden"
+S=$OUT/small-ops.txt
+: > "$S"
+timeout 300 "$BUNDLE/test_cuda" --gtest_filter='RouterCudaParity.*:MoeCudaParity.*:KdaCuda.*:Models/StepGpu.*:Cases/GoldenGpu.*:Archs/*:MlaDecode*:GraphCapture*:Cases/StreamedExpertsGpu.*' \
+  > "$OUT/parity.log" 2>&1
+echo "parity rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/parity.log" | tr '\n' ' ')" >> "$S"
+grep -E '^\[  FAILED' "$OUT/parity.log" | head -30 >> "$S"
+for sp in 1 auto; do
+  BG_KDA_RECURRENT_SPLIT=$sp timeout 120 "$BG" bench kernels --device cuda --kernels kda_recurrent \
+    > "$OUT/kda-split-$sp.log" 2>&1
+  echo "kda_recurrent, BG_KDA_RECURRENT_SPLIT=$sp: rc=$?" >> "$S"
+  grep -E "bench kernel kda" "$OUT/kda-split-$sp.log" | sed 's/^.*\] //' >> "$S"
+done
+timeout 120 "$BG" bench kernels --device cuda --kernels router_topk > "$OUT/router.log" 2>&1
+echo "router rc=$?" >> "$S"
+grep -E "bench kernel" "$OUT/router.log" | sed 's/^.*\] //' >> "$S"
+ensure_slice /tmp/bg-ep16-rank
+timeout 200 "$BG" bench step --device cuda --model /tmp/bg-ep16-rank --batches 1,16,64 --contexts 4096,32768 \
+  --replays 5 --json "$OUT/step.json" > "$OUT/step.log" 2>&1
+echo "step rc=$?" >> "$S"
+grep -E "captured graph|bench step|bench host" "$OUT/step.log" | sed 's/^.*\] //' >> "$S"
+OUT=$OUT/serve BG_SERVE_ARGS=--deterministic timeout 240 bash "$(dirname "$0")/gpu-serve-check.sh" "$BUNDLE" \
+  > "$OUT/serve-check.log" 2>&1
+echo "serve check (--deterministic) rc=$?" >> "$S"
+tail -6 "$OUT/serve-check.log" >> "$S"
+cat "$S"
