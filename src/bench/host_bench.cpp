@@ -2,7 +2,6 @@
 // download into pageable memory (download_f32) and the CPU sampler over every row (engine::sample_next) -- the old
 // CPU-sampling path, for comparison -- then the engine's path, Backend::sample_rows over the step's logits in backend
 // memory, and a whole Engine::step of the real engine on greedy and on top_p requests.
-#include <bit>
 #include <chrono>
 #include <random>
 #include <set>
@@ -13,6 +12,7 @@
 #include "core/log.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "model/forward_common.h"
 
 namespace bg::bench {
 namespace {
@@ -24,10 +24,10 @@ double ms_since(Clock::time_point t0) {
 }
 
 // A decode layout of `batch` sequences at `context` (64-token blocks, the width forward_batch would use).
-StepLayout decode_layout(int64_t batch, int64_t context) {
+StepLayout decode_layout(int64_t batch, int64_t context, int64_t max_positions) {
   StepLayout s;
   const int64_t blocks = (context + 1 + 63) / 64;
-  s.max_blocks = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(blocks)));
+  s.max_blocks = step_table_width(blocks, 64, max_positions);
   for (int64_t i = 0; i < batch; ++i) {
     s.token_ids.push_back(static_cast<int32_t>(i));
     s.positions.push_back(context);
@@ -42,10 +42,10 @@ StepLayout decode_layout(int64_t batch, int64_t context) {
 }
 
 // Host-side stages on a backend of its own (the same code path as the model's backend).
-void time_transfers(Backend& be, int64_t vocab, int64_t context, HostBatch& h) {
+void time_transfers(Backend& be, int64_t vocab, int64_t context, int64_t max_positions, HostBatch& h) {
   std::vector<double> upload;
   for (int i = 0; i < 20; ++i) {
-    StepLayout s = decode_layout(h.batch, context);  // built outside the timed region, like the model does
+    StepLayout s = decode_layout(h.batch, context, max_positions);  // built outside the timed region, like the model does
     const auto t0 = Clock::now();
     be.begin_step(std::move(s));
     be.synchronize();
@@ -158,7 +158,7 @@ HostResult bench_host(std::unique_ptr<Model> model, const HostBenchSpec& spec) {
       HostBatch h;
       h.batch = batch;
       h.context = spec.context;
-      time_transfers(*be, r.vocab, spec.context, h);
+      time_transfers(*be, r.vocab, spec.context, model->info().max_position_embeddings, h);
       h.sampled_rows = std::min(batch, spec.max_sample_rows);
       proto::SamplingParams greedy;
       greedy.temperature = 0.0f;
