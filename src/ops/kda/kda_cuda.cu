@@ -2,8 +2,8 @@
 // sequence (kda_chunked_simt_cuda: the path for head dims other than 128; kda_chunked_tc.cu has the tensor-core one).
 // Math, state layout [H, K, V] (K-first) and chunk formulas are those of kda_cpu.cpp; fp32 everywhere inside.
 //
-// Recurrent: one CTA (512 threads) per (token, head), or four of 128 threads per (token, head) each taking 32 of the
-// state's columns when a step has few tokens (kda_recurrent_splits); thread (r, v) holds rows 32r..32r+31 of state
+// Recurrent: one CTA (512 threads) per (token, head), or, when kda_recurrent_splits asks (off by default until
+// measured), four of 128 threads per (token, head) each taking 32 of the state's columns; thread (r, v) holds rows 32r..32r+31 of state
 // column v in registers, so the state is read once and written once; the two K-reductions (S^T k, S^T q) go through
 // shared memory across the 4 row groups.
 //
@@ -66,7 +66,7 @@ struct RecurrentArgs {
 // grid: n_tokens * n_heads * (128 / kCols) (token-major, then head, then column block), block: kCols * 4 threads.
 // Columns of the state are independent (u[v] and o[v] read column v only), so a head's 128 columns can be split over
 // 128 / kCols CTAs without changing any arithmetic: every column runs the same four 32-row partial sums, added in the
-// same order, whatever kCols is (bit-identical results; split over 4 CTAs when a step has few tokens, to fill the SMs).
+// same order, whatever kCols is (bit-identical results; the split is meant to fill the SMs when a step has few tokens).
 template <bool kFull, int kCols>
 __global__ void __launch_bounds__(kCols * kRowGroups) kda_recurrent_kernel(RecurrentArgs a) {
   static_assert(kDim % kCols == 0 && (kFull || kCols == kDim), "column blocks of a full-dims head only");
@@ -339,17 +339,26 @@ bool full_dims(const KdaParams& p) { return p.head_dim_k == kDim && p.head_dim_v
 
 }  // namespace
 
+namespace {
+// BG_KDA_RECURRENT_SPLIT as a choice index: -1 or 0 one CTA, 1 four, 2 by the step's size.
+int split_policy(const char* env_value) {
+  return env_choice("BG_KDA_RECURRENT_SPLIT", env_value, {"1", "4", "auto"});
+}
+
+int splits_for(int policy, int64_t token_heads) {
+  if (policy == 1) return 4;
+  if (policy == 2) return token_heads <= kKdaRecurrentSplitBelow ? 4 : 1;
+  return 1;  // unset, empty or "1"
+}
+}  // namespace
+
 int kda_recurrent_splits(int64_t token_heads, const char* env_value) {
-  switch (env_choice("BG_KDA_RECURRENT_SPLIT", env_value, {"1", "4", "auto"})) {
-    case 1: return 4;
-    case 2: return token_heads <= kKdaRecurrentSplitBelow ? 4 : 1;
-    default: return 1;  // unset, empty or "1"
-  }
+  return splits_for(split_policy(env_value), token_heads);
 }
 
 int kda_recurrent_splits(int64_t token_heads) {
-  static const char* env = std::getenv("BG_KDA_RECURRENT_SPLIT");
-  return kda_recurrent_splits(token_heads, env);
+  static const int policy = split_policy(std::getenv("BG_KDA_RECURRENT_SPLIT"));  // parsed once, not per launch
+  return splits_for(policy, token_heads);
 }
 
 void kda_recurrent_cuda(const KdaParams& p, const KdaCudaInputs& in, const KdaStateSlots& states, __nv_bfloat16* out,
