@@ -72,10 +72,16 @@ struct StepLayout {
   int64_t max_blocks = 0;
   std::vector<int32_t> state_slots;   // [n_seqs] KDA state slots (empty without KDA layers)
   std::vector<int32_t> last_rows;     // [n_seqs] row of each sequence's last token
+  // The last n_padding sequences are padding (pad_decode_step: one token each, the pools' padding block and slot).
+  // Their rows exist only to fill a captured graph's bucket: backends may skip them (no experts routed, no KDA state
+  // read or written) and leave their outputs zero or unchanged; nothing reads them.
+  int64_t n_padding = 0;
 
   int64_t n_tokens() const { return static_cast<int64_t>(token_ids.size()); }
   int64_t n_seqs() const { return static_cast<int64_t>(seq_begin.size()) - 1; }
   bool all_single_token() const { return n_tokens() == n_seqs(); }
+  // Rows before the padding (the padding sequences' tokens are the last rows).
+  int64_t live_tokens() const { return n_tokens() - n_padding; }
 };
 
 // One layer's per-sequence state in a pool (KDA recurrent or conv state): the state of slot s starts at float
@@ -380,8 +386,12 @@ class Backend {
   // A routing buffer for `shape` (backend memory; contents written by moe_dispatch).
   MoeRouting moe_routing(const ops::MoeRoutingShape& shape);
   // Groups the pairs whose expert is on this rank by slot: slot_map I32 [n_experts] (local slot or -1), ids I32
-  // [n_tokens, k], weights F32 [n_tokens, k].
-  virtual void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r) = 0;
+  // [n_tokens, k], weights F32 [n_tokens, k]. step_row0 >= 0: the ids are the current step's rows [step_row0,
+  // step_row0 + n_tokens), and the pairs of its padding rows (StepLayout::n_padding) are dropped like another rank's
+  // (no expert reads them; a combine leaves their rows as they were). -1: every pair counts (rows an exchange
+  // delivered).
+  virtual void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r,
+                            int64_t step_row0) = 0;
   // rows[row] = x[token of row] for this rank's rows; x [n_tokens, d], rows [n_pairs, d] (act dtype).
   virtual void moe_gather(const MoeRouting& r, const Tensor& x, Tensor& rows) = 0;
   // y_rows = down(glu(gate(rows), up(rows))) with each slot's weights; rows, y_rows [n_pairs, hidden] (act dtype).

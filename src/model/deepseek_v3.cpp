@@ -191,7 +191,7 @@ void DeepseekV3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {
   // top-k ids / weights [rn, k].
   const auto [r0, rn] = moe_rows(n);
   const Tensor xs = x.rows_view(r0, rn);
-  moe::MoeChoice choice = moe::moe_route(be, moe_spec_, L.moe, xs);
+  moe::MoeChoice choice = moe::moe_route(be, moe_spec_, L.moe, xs, r0);
   if (rn > 0) apply_route_hook(be, route_hook_, layer, choice.ids, choice.weights);
   // Shared experts on every token (while the routed rows are in flight; a partial sum with TP), the routed experts
   // accumulated on top of this rank's rows.

@@ -92,6 +92,7 @@ void pad_decode_step(StepLayout& s, int64_t n_seqs, const StepPools& pools) {
     s.seq_begin.push_back(s.n_tokens());
     if (with_state) s.state_slots.push_back(pad_slot);
     s.block_tables.insert(s.block_tables.end(), static_cast<size_t>(s.max_blocks), pad_block);
+    ++s.n_padding;
   }
 }
 

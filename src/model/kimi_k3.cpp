@@ -349,7 +349,7 @@ void KimiK3Model::latent_moe(int64_t layer, const Tensor& x, Tensor& out) {
   // fp32: [rn, E] -> top-k [rn, k].
   const auto [r0, rn] = moe_rows(n);
   const Tensor xs = x.rows_view(r0, rn);
-  moe::MoeChoice choice = moe::moe_route(be, moe_spec_, L.moe, xs);
+  moe::MoeChoice choice = moe::moe_route(be, moe_spec_, L.moe, xs, r0);
   if (rn > 0) apply_route_hook(be, route_hook_, layer, choice.ids, choice.weights);
   // Routed path in the latent: z = down(x) [rn, D]; y = sum_i w_i E_i(z) [rn, D]; y = norm(y); up(y) [rn, H]. The
   // shared experts (full width, on the un-projected x of every row; a partial sum with TP) run while the routed rows

@@ -19,7 +19,7 @@ class LoopbackExchange final : public Exchange {
     const int64_t n = in.x->rows(), hidden = in.x->shape[1], top_k = in.ids->shape[1];
     ops::MoeRoutingShape shape{n, top_k, table.n_experts(), table.n_slots(), /*all_local=*/true};
     rows.routing = be.moe_routing(shape);
-    be.moe_dispatch(table.slot_map(), *in.ids, *in.weights, rows.routing);
+    be.moe_dispatch(table.slot_map(), *in.ids, *in.weights, rows.routing, -1);
     rows.x = be.act(shape.n_pairs(), hidden);  // [n_pairs, hidden]: every pair is local
     rows.y = be.act(shape.n_pairs(), hidden);
     be.moe_gather(rows.routing, *in.x, rows.x);

@@ -23,12 +23,13 @@ void stage_experts(Backend& be, ExpertTable& table, const MoeRouting& r) {
 
 }  // namespace
 
-MoeChoice moe_route(Backend& be, const MoeLayerSpec& spec, const MoeLayerWeights& w, const Tensor& x) {
+MoeChoice moe_route(Backend& be, const MoeLayerSpec& spec, const MoeLayerWeights& w, const Tensor& x,
+                    int64_t step_row0) {
   const int64_t n = x.rows(), E = spec.router.n_experts, k = spec.router.top_k;
-  if (n == 0) return {be.alloc({0, k}, DType::kI32), be.alloc({0, k}, DType::kF32)};  // a rank without tokens here
+  if (n == 0) return {be.alloc({0, k}, DType::kI32), be.alloc({0, k}, DType::kF32), step_row0};  // no tokens here
   Tensor logits = be.alloc({n, E}, DType::kF32);  // [n, E] fp32: routing decisions need the full precision
   be.linear(*w.router, x, logits);
-  MoeChoice c{be.alloc({n, k}, DType::kI32), be.alloc({n, k}, DType::kF32)};  // [n, k]
+  MoeChoice c{be.alloc({n, k}, DType::kI32), be.alloc({n, k}, DType::kF32), step_row0};  // [n, k]
   ops::RouterParams p = spec.router;
   p.n_tokens = n;
   be.route(p, logits, w.router_bias, c.ids, c.weights);
@@ -43,7 +44,7 @@ void moe_routed(Backend& be, Exchange& exchange, const MoeLayerSpec& spec, MoeLa
     const ops::MoeRoutingShape shape{x_expert.rows(), choice.ids.shape[1], w.experts.n_experts(), w.experts.n_slots(),
                                      /*all_local=*/true};
     MoeRouting routing = be.moe_routing(shape);
-    be.moe_dispatch(w.experts.slot_map(), choice.ids, choice.weights, routing);
+    be.moe_dispatch(w.experts.slot_map(), choice.ids, choice.weights, routing, choice.step_row0);
     stage_experts(be, w.experts, routing);
     if (overlap) overlap();
     be.moe_routed_local(w.experts.slots(), spec.glu, routing, x_expert, out);

@@ -26,10 +26,13 @@ struct MoeLayerSpec {
 // The router's choices for a step: ids I32 [n, k], weights F32 [n, k] (backend memory).
 struct MoeChoice {
   Tensor ids, weights;
+  int64_t step_row0 = -1;  // x's first row in the current step (padding rows are dropped at dispatch), -1: unknown
 };
 
-// Router logits in fp32 from x [n, hidden], then top-k.
-MoeChoice moe_route(Backend& be, const MoeLayerSpec& spec, const MoeLayerWeights& w, const Tensor& x);
+// Router logits in fp32 from x [n, hidden], then top-k. step_row0: x's first row in the current step (x is the
+// step's rows [step_row0, step_row0 + n)), or -1 when x is not a run of the step's rows.
+MoeChoice moe_route(Backend& be, const MoeLayerSpec& spec, const MoeLayerWeights& w, const Tensor& x,
+                    int64_t step_row0);
 
 // out[t] += sum_k w(t,k) Expert_{ids(t,k)}(x_expert[t]) through the exchange; `overlap` (may be empty) runs while the
 // dispatched rows are in flight (the shared experts). Streamed experts (w.experts.streams()) are staged after the

@@ -204,7 +204,7 @@ TEST(CudaExpertSlots, ExpertParallelRanksMatchOneRank) {
 
     const moe::ExpertTable one(*be, moe::ExpertPlacement::contiguous(kExperts, 1, 0), l.all);
     MoeRouting r1 = be->moe_routing({n, kTopK, kExperts, kExperts, true});
-    be->moe_dispatch(one.slot_map(), d_ids, d_w, r1);
+    be->moe_dispatch(one.slot_map(), d_ids, d_w, r1, -1);
     Tensor out_one = be->zeros({n, kHidden}, DType::kF32);
     be->moe_routed_local(one.slots(), glu, r1, x, out_one);
 
@@ -212,7 +212,7 @@ TEST(CudaExpertSlots, ExpertParallelRanksMatchOneRank) {
     for (int64_t rank = 0; rank < 2; ++rank) {
       const moe::ExpertTable t(*be, moe::ExpertPlacement::contiguous(kExperts, 2, rank), share(l.all, 2, rank));
       MoeRouting r = be->moe_routing({n, kTopK, kExperts, t.n_slots(), false});
-      be->moe_dispatch(t.slot_map(), d_ids, d_w, r);
+      be->moe_dispatch(t.slot_map(), d_ids, d_w, r, -1);
       Tensor rows = be->act(n * kTopK, kHidden), y = be->act(n * kTopK, kHidden);
       be->moe_gather(r, x, rows);
       be->moe_experts(t.slots(), glu, r, rows, y);

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <numeric>
 #include <random>
@@ -371,6 +372,43 @@ TEST(KdaCuda, RecurrentColumnSplitIsBitIdentical) {
   EXPECT_EQ(kda_recurrent_splits(96, "1"), 1);
   EXPECT_EQ(kda_recurrent_splits(16 * 96, "4"), 4);
   for (const char* bad : {"2", "0", "x"}) EXPECT_THROW(kda_recurrent_splits(96, bad), Error) << bad;
+}
+
+// A decode graph's padding rows (KdaStateSlots::live_tokens): rows 5..7 share the padding slot, poisoned with NaN, and
+// must leave it untouched and write zero outputs; rows 0..4 give the bits of a launch of those five rows alone.
+TEST(KdaCuda, RecurrentPaddingRowsAreSkipped) {
+  BG_REQUIRE_GPU();
+  constexpr int64_t kH = 96, kRows = 8, kLive = 5;
+  const int64_t sf = kH * kDim * kDim;
+  const KdaData x = make_data(kRows, kH, Decay::kMixed, 430);  // row r = token r of a batch of one-token sequences
+  const DeviceData d(x);
+  std::vector<float> pool = random_floats(static_cast<size_t>((kLive + 1) * sf), 0.5f, 431);
+  std::fill(pool.begin() + kLive * sf, pool.end(), std::nanf(""));
+  const std::vector<int32_t> slots{0, 1, 2, 3, 4, 5, 5, 5};
+  const size_t n_out = static_cast<size_t>(kRows * kH * kDim);
+  for (const int splits : {1, 4}) {
+    SCOPED_TRACE(::testing::Message() << "splits " << splits);
+    DeviceBuffer pool_a = cuda::upload(pool), pool_b = cuda::upload(pool), d_slots = cuda::upload(slots);
+    DeviceBuffer live = cuda::upload(std::vector<int32_t>{kLive});
+    DeviceBuffer out_a(n_out * 2), out_b(n_out * 2);
+    out_a.fill_bytes(0xff);
+    out_b.fill_bytes(0xff);
+    kda_recurrent_cuda({kRows, kH, kDim, kDim}, d.view(0), {pool_a.as<float>(), d_slots.as<int32_t>(), sf,
+                       live.as<int32_t>()}, out_a.as<__nv_bfloat16>(), nullptr, splits);
+    kda_recurrent_cuda({kLive, kH, kDim, kDim}, d.view(0), {pool_b.as<float>(), d_slots.as<int32_t>(), sf},
+                       out_b.as<__nv_bfloat16>(), nullptr, splits);
+    BG_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto a = cuda::download<uint16_t>(out_a, n_out), b = cuda::download<uint16_t>(out_b, n_out);
+    const size_t live_out = static_cast<size_t>(kLive * kH * kDim);
+    EXPECT_TRUE(std::equal(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(live_out), b.begin()));
+    EXPECT_TRUE(std::all_of(a.begin() + static_cast<std::ptrdiff_t>(live_out), a.end(), [](uint16_t v) {
+      return v == 0;
+    })) << "padding rows' outputs are not zero";
+    const auto pa = cuda::download<float>(pool_a, pool.size()), pb = cuda::download<float>(pool_b, pool.size());
+    EXPECT_EQ(std::memcmp(pa.data(), pb.data(), pool.size() * sizeof(float)), 0) << "the pools differ";
+    EXPECT_EQ(std::memcmp(pa.data() + kLive * sf, pool.data() + kLive * sf, static_cast<size_t>(sf) * sizeof(float)),
+              0) << "the padding slot was written";
+  }
 }
 
 TEST(KdaCuda, RecurrentBatchOnShuffledSlotsMatchesCpu) {

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/cuda_testing.h"
@@ -27,22 +28,35 @@ using namespace moe_testing;  // NOLINT: the shared MoE test helpers
 
 // ---- Dispatch, gather, combine -------------------------------------------------------------------------------------
 
-void check_dispatch(int64_t n, int64_t k, int64_t E, int64_t n_used, int64_t stride, uint64_t seed) {
-  const std::string what = fmt::format("n={} k={} E={} used={} stride={}", n, k, E, n_used, stride);
+// live >= 0: the ids are the step's rows from row0 on, and the step's rows from `live` on are padding (their ids are
+// overwritten with out-of-range values: the dispatch must not read them, nor flag them).
+void check_dispatch(int64_t n, int64_t k, int64_t E, int64_t n_used, int64_t stride, uint64_t seed, int64_t live = -1,
+                    int64_t row0 = 0) {
+  const std::string what = fmt::format("n={} k={} E={} used={} stride={} live={} row0={}", n, k, E, n_used, stride,
+                                       live, row0);
   const std::vector<int32_t> slot_map = slot_map_every(E, stride);
   const int64_t S = (E + stride - 1) / stride;
   const MoeCudaParams p = params(n, k, E, S, 72, 32);  // 72 % 8 == 0: the 16-byte gather path
-  const Routing r = random_routing(n, k, n_used, seed);
+  Routing r = random_routing(n, k, n_used, seed);
+  const int64_t host_live = live < 0 ? -1 : std::clamp<int64_t>(live - row0, 0, n);
+  if (live >= 0) {
+    for (int64_t i = host_live * k; i < n * k; ++i) r.ids[static_cast<size_t>(i)] = static_cast<int32_t>(E + 7);
+  }
   std::vector<float> x;
   const std::vector<uint16_t> x_bits = testing::random_bf16(static_cast<size_t>(n * p.hidden), 1.0f, seed + 1, &x);
   Workspace w(p, slot_map);
   cuda::DeviceBuffer d_ids = cuda::upload(r.ids), d_w = cuda::upload(r.weights), d_x = cuda::upload(x_bits);
+  cuda::DeviceBuffer d_live = cuda::upload(std::vector<int32_t>{static_cast<int32_t>(std::max<int64_t>(live, 0))});
+  if (live >= 0) {
+    w.ws.live_tokens = d_live.as<int32_t>();
+    w.ws.live_row0 = static_cast<int32_t>(row0);
+  }
   moe_dispatch_cuda(p, d_ids.as<int32_t>(), d_w.as<float>(), w.ws, nullptr);
   moe_gather_cuda(p, d_x.as<__nv_bfloat16>(), w.ws, nullptr);
   BG_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(w.error_word(), 0) << what;
 
-  const HostRouting ref(p.shape, slot_map, r);
+  const HostRouting ref(p.shape, slot_map, r, host_live);
   const size_t pairs = static_cast<size_t>(n * k), US = static_cast<size_t>(S);
   EXPECT_EQ(download_ptr(w.ws.counts, US), std::vector<int32_t>(ref.r.counts, ref.r.counts + US)) << what;
   EXPECT_EQ(download_ptr(w.ws.offsets, US + 1), std::vector<int32_t>(ref.r.offsets, ref.r.offsets + US + 1)) << what;
@@ -54,7 +68,7 @@ void check_dispatch(int64_t n, int64_t k, int64_t E, int64_t n_used, int64_t str
             std::vector<int32_t>(ref.r.active, ref.r.active + n_active[0])) << what;
   const size_t rows = static_cast<size_t>(ref.r.offsets[S]);
   if (stride == 1) {
-    EXPECT_EQ(rows, pairs) << what;
+    EXPECT_EQ(rows, live < 0 ? pairs : static_cast<size_t>(host_live * k)) << what;
   }
   EXPECT_EQ(download_ptr(w.ws.row_token, rows), std::vector<int32_t>(ref.r.row_token, ref.r.row_token + rows)) << what;
   EXPECT_EQ(download_ptr(w.ws.row_weight, rows), std::vector<float>(ref.r.row_weight, ref.r.row_weight + rows)) << what;
@@ -79,6 +93,19 @@ TEST(MoeCudaParity, DispatchAndGatherMatchCpu) {
   check_dispatch(5000, 16, 896, 896, 3, 51);
   check_dispatch(16384, 16, 896, 896, 16, 52);  // a 16k-token prefill step on an EP16 rank: 1024 chunks
   check_dispatch(20000, 8, 256, 256, 1, 53);    // chunks not a multiple of 32 lanes
+}
+
+// A decode graph's padding rows (the step's rows from StepLayout::live_tokens() on) get no pairs: one-block and
+// chunked dispatches, all-local and EP slot maps, a TP rank's rows starting past row 0.
+TEST(MoeCudaParity, DispatchDropsPaddingRows) {
+  BG_REQUIRE_GPU();
+  for (const auto& [n, live, row0] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {24, 20, 0}, {24, 24, 0}, {1, 0, 0}, {64, 57, 0}, {64, 1, 0}, {12, 20, 12}, {12, 30, 12}, {100, 90, 0},
+           {2000, 1500, 0}, {2000, 0, 0}}) {
+    check_dispatch(n, 16, 896, 896, 1, 70 + static_cast<uint64_t>(n + live), live, row0);
+    check_dispatch(n, 16, 896, 896, 16, 80 + static_cast<uint64_t>(n + live), live, row0);
+    check_dispatch(n, 8, 256, 256, 1, 90 + static_cast<uint64_t>(n + live), live, row0);
+  }
 }
 
 TEST(MoeCudaParity, BadIdsAndMissingSlotsRaiseErrorFlags) {

@@ -84,11 +84,13 @@ struct Workspace {
 struct HostRouting {
   std::vector<std::byte> buf;
   MoeRoutingArrays r;
-  HostRouting(const MoeRoutingShape& s, const std::vector<int32_t>& slot_map, const Routing& routing)
+  // live_tokens >= 0: the tokens from there on are padding (moe_dispatch_cpu).
+  HostRouting(const MoeRoutingShape& s, const std::vector<int32_t>& slot_map, const Routing& routing,
+              int64_t live_tokens = -1)
       : buf(moe_routing_bytes(s) + 64) {
     auto base = reinterpret_cast<uintptr_t>(buf.data());
     r = moe_routing_layout(s, reinterpret_cast<void*>((base + 63) / 64 * 64));
-    moe_dispatch_cpu(s, slot_map.data(), routing.ids.data(), routing.weights.data(), r);
+    moe_dispatch_cpu(s, slot_map.data(), routing.ids.data(), routing.weights.data(), r, live_tokens);
   }
 };
 

@@ -6,10 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "cuda/cuda_testing.h"
 #include "golden/golden_util.h"
+#include "kv/kda_state_pool.h"
+#include "kv/state_manager.h"
 #include "model/forward_common.h"
 #include "model/model.h"
 #include "step_testing.h"
@@ -88,6 +92,44 @@ TEST_P(StepGpu, GraphDecodeEqualsEagerDecode) {
   }
   EXPECT_GT(graphed->n_graphs_captured(), 0) << "no CUDA graph was captured";
   EXPECT_EQ(eager->n_graphs_captured(), 0);
+}
+
+// A decode graph's padding rows (3 sequences run as a graph of 4) neither read nor write the KDA padding slot: the
+// slot, filled with NaN first, keeps its bits through the decode steps, and the real rows' logits stay finite and
+// equal the eager steps' within the padded bound. (Models without KDA state: nothing to check.)
+TEST_P(StepGpu, PaddingRowsLeaveThePaddingSlotAlone) {
+  BG_REQUIRE_GPU();
+  GoldenCase gc(golden_dir() / GetParam());
+  const std::vector<int32_t> tokens = gc.prompt(0).tokens;
+  auto m = load(GetParam(), true);
+  auto state = make_state(*m, 4, 4096);
+  const KdaStatePool* pool = state->step_pools().state;
+  if (pool == nullptr) GTEST_SKIP() << GetParam() << " has no KDA state";
+  const int64_t V = m->info().vocab_size;
+  auto* pad = static_cast<std::byte*>(pool->storage().data) + pool->pad_slot() * pool->slot_bytes();
+  const std::vector<float> poison(static_cast<size_t>(pool->slot_bytes() / 4), std::nanf(""));
+  BG_CUDA_CHECK(cudaMemcpy(pad, poison.data(), poison.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  std::vector<BatchEntry> batch;
+  for (size_t i = 0; i < 3; ++i) {
+    seqs.push_back(state->new_sequence(static_cast<int64_t>(tokens.size()) + 4));
+    batch.push_back({seqs.back().get(), tokens});
+  }
+  std::vector<float> logits(static_cast<size_t>(3 * V));
+  m->forward_batch(batch, logits.data());  // prefill: eager, no padding
+  std::vector<int32_t> next(3);
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < 3; ++i) {
+      next[i] = argmax_row(logits.data() + static_cast<int64_t>(i) * V, V);
+      batch[i].tokens = std::span<const int32_t>(&next[i], 1);
+    }
+    m->forward_batch(batch, logits.data());  // a graph of bucket 4: one padding row
+    ASSERT_TRUE(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); })) << step;
+  }
+  EXPECT_GT(m->n_graphs_captured(), 0);
+  std::vector<float> after(poison.size());
+  BG_CUDA_CHECK(cudaMemcpy(after.data(), pad, after.size() * 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(std::memcmp(after.data(), poison.data(), after.size() * 4), 0) << "the padding slot was written";
 }
 
 // A decode step's block tables are at least 16k tokens wide (step_table_width), so sequences whose contexts grow

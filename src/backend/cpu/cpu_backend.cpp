@@ -272,13 +272,16 @@ class CpuBackend final : public Backend {
     (void)laid_out;  // the CPU reads the checkpoint's format: no layout of its own
     static_cast<CpuExpertSlots&>(slots).set(slot, gate, up, down);
   }
-  void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r) override {
+  void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r,
+                    int64_t step_row0) override {
     BG_PROFILE_OP("moe_dispatch", nullptr);
     BG_CHECK(slot_map.numel() == r.shape.n_experts && ids.numel() == r.shape.n_pairs() &&
                  weights.numel() == r.shape.n_pairs(), "moe_dispatch: slot map of {} for {} experts, {} ids and {} "
              "weights for {} pairs", slot_map.numel(), r.shape.n_experts, ids.numel(), weights.numel(),
              r.shape.n_pairs());
-    ops::moe_dispatch_cpu(r.shape, slot_map.as<int32_t>(), ids.as<int32_t>(), weights.as<float>(), routing_arrays(r));
+    const int64_t live = step_row0 < 0 ? -1 : std::max<int64_t>(0, step_.live_tokens() - step_row0);
+    ops::moe_dispatch_cpu(r.shape, slot_map.as<int32_t>(), ids.as<int32_t>(), weights.as<float>(), routing_arrays(r),
+                          live);
   }
   void moe_gather(const MoeRouting& r, const Tensor& x, Tensor& rows) override {
     BG_PROFILE_OP("moe_gather", nullptr);

@@ -1,6 +1,7 @@
 // CudaBackend (cuda_backend_impl.h): the step upload, CUDA graphs, fused linear groups, and the factory.
 #include "backend/cuda/cuda_backend_impl.h"
 
+#include <array>
 #include <set>
 
 namespace bg {
@@ -15,8 +16,9 @@ void CudaBackend::upload_step() {
   kda_plan_ = s.state_slots.empty() || s.all_single_token() ? ops::KdaVarlenPlan{}
                                                             : ops::kda_varlen_plan(s.seq_begin, s.state_slots);
   kda_plan_packed_ = kda_plan_.packed();
+  const std::array<int32_t, 1> live{static_cast<int32_t>(skip_padding_rows_ ? s.live_tokens() : s.n_tokens())};
   auto bytes_of = [](const auto& v) { return (v.size() * sizeof(v[0]) + 7) / 8 * 8; };
-  const size_t total = bytes_of(s.token_ids) + bytes_of(s.positions) + bytes_of(s.token_seq) +
+  const size_t total = bytes_of(live) + bytes_of(s.token_ids) + bytes_of(s.positions) + bytes_of(s.token_seq) +
                        bytes_of(s.block_tables) + bytes_of(s.state_slots) + bytes_of(s.last_rows) +
                        bytes_of(kda_plan_packed_);
   if (step_uploaded_ == nullptr) BG_CUDA_CHECK(cudaEventCreateWithFlags(&step_uploaded_, cudaEventDisableTiming));
@@ -38,6 +40,7 @@ void CudaBackend::upload_step() {
                                                                            offset);
     offset += bytes_of(v);
   };
+  place(live, dev_.live_tokens);  // first: the same offset in every step
   place(s.token_ids, dev_.token_ids);
   place(s.positions, dev_.positions);
   place(s.token_seq, dev_.token_seq);

@@ -331,9 +331,11 @@ class CudaBackend final : public Backend {
                        const LinearHandle& down, const Tensor* laid_out) override {
     static_cast<CudaExpertSlots&>(slots).set(slot, gate, up, down, laid_out, stream_);
   }
-  void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r) override {
+  void moe_dispatch(const Tensor& slot_map, const Tensor& ids, const Tensor& weights, MoeRouting& r,
+                    int64_t step_row0) override {
     BG_PROFILE_OP("moe_dispatch", stream_);
-    cuda::moe_dispatch(moe_ctx(), slot_map, ids, weights, r);
+    cuda::moe_dispatch(moe_ctx(), slot_map, ids, weights, r, step_row0 >= 0 ? dev_.live_tokens : nullptr,
+                       step_row0);
   }
   void moe_gather(const MoeRouting& r, const Tensor& x, Tensor& rows) override {
     BG_PROFILE_OP("moe_gather", stream_);
@@ -358,7 +360,8 @@ class CudaBackend final : public Backend {
     BG_PROFILE_OP("short_conv", stream_);
     const int64_t c = x.cols();
     if (step_.all_single_token()) {
-      ops::ConvStateSlots slots{state.storage.as<float>() + state.offset, dev_.state_slots, state.slot_stride};
+      ops::ConvStateSlots slots{state.storage.as<float>() + state.offset, dev_.state_slots, state.slot_stride,
+                                dev_.live_tokens};
       ops::short_conv_decode_cuda({step_.n_seqs(), c, weight.cols()}, x.as<bf16>(), weight.as<float>(), slots,
                                   out.as<bf16>(), stream_);
       return;
@@ -402,7 +405,8 @@ class CudaBackend final : public Backend {
       in.x_row[i] = width;
       in.conv_weight[i] = a.conv[i].as<float>();
       const StateRef& st = a.conv_state[i];
-      in.conv_state[i] = {st.storage.as<float>() + st.offset, dev_.state_slots, st.slot_stride};
+      // The live count on every decode step: a graph captured without padding replays steps with some.
+      in.conv_state[i] = {st.storage.as<float>() + st.offset, dev_.state_slots, st.slot_stride, dev_.live_tokens};
     }
     in.g_raw = a.g_raw.as<bf16>();
     in.g_row = width;
@@ -422,7 +426,9 @@ class CudaBackend final : public Backend {
     float* base = state.storage.as<float>() + state.offset;
     const ops::KdaCudaInputs in{q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), g.as<float>(), beta.as<float>()};
     if (step_.all_single_token()) {
-      ops::kda_recurrent_cuda(p, in, {base, dev_.state_slots, state.slot_stride}, out.as<bf16>(), stream_);
+      // Every decode step passes the live count (a graph captured without padding replays steps with some).
+      ops::kda_recurrent_cuda(p, in, {base, dev_.state_slots, state.slot_stride, dev_.live_tokens}, out.as<bf16>(),
+                              stream_);
       return;
     }
     const int64_t qk = p.n_heads * p.head_dim_k, vd = p.n_heads * p.head_dim_v;
@@ -520,6 +526,7 @@ class CudaBackend final : public Backend {
     const int32_t* state_slots = nullptr;
     const int32_t* last_rows = nullptr;
     const int32_t* kda_plan = nullptr;  // kda_plan_.packed()
+    const int32_t* live_tokens = nullptr;  // [1] StepLayout::live_tokens(): rows from there on are padding
   };
   struct Graph {
     cudaGraphExec_t exec = nullptr;
@@ -691,6 +698,9 @@ class CudaBackend final : public Backend {
   bool deterministic_ = false;  // BackendOptions::deterministic
   bool fuse_linear_groups_ = cuda::linear_groups_from_env();  // BG_LINEAR_GROUPS (cuda_linears.h)
   bool kda_prep_fused_ = cuda::switch_from_env("BG_KDA_PREP_FUSED");
+  // BG_SKIP_PADDING_ROWS=0: the step's live count is uploaded as every row, so padding rows run like real ones (for
+  // measuring what skipping them saves).
+  bool skip_padding_rows_ = cuda::switch_from_env("BG_SKIP_PADDING_ROWS");
   mutable cuda::MoeGroupedScratch moe_grouped_scratch_;  // grouped prefill MoE: bf16 expert weights (cuda_moe.h)
   std::shared_ptr<void> mla_ws_;  // MLA decode workspace (see mla_decode)
   size_t mla_ws_bytes_ = 0;

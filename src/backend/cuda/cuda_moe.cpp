@@ -278,13 +278,15 @@ void CudaExpertSlots::set(int64_t slot, const LinearHandle& gate, const LinearHa
 }
 
 void moe_dispatch(const MoeContext& c, const Tensor& slot_map, const Tensor& ids, const Tensor& weights,
-                  MoeRouting& r) {
+                  MoeRouting& r, const int32_t* live_tokens, int64_t live_row0) {
   BG_CHECK(slot_map.numel() == r.shape.n_experts && ids.numel() == r.shape.n_pairs() &&
                weights.numel() == r.shape.n_pairs(), "moe_dispatch: slot map of {} for {} experts, {} ids and {} "
            "weights for {} pairs", slot_map.numel(), r.shape.n_experts, ids.numel(), weights.numel(),
            r.shape.n_pairs());
   ops::MoeWorkspace ws = workspace(c, r);
   ws.slot_map = slot_map.as<int32_t>();
+  ws.live_tokens = live_tokens;
+  ws.live_row0 = static_cast<int32_t>(std::max<int64_t>(live_row0, 0));
   ops::moe_dispatch_cuda(params(r, 1, 1), ids.as<int32_t>(), weights.as<float>(), ws, c.stream);
 }
 

@@ -150,8 +150,9 @@ struct MoeContext {
 // through it).
 uint64_t moe_grouped_calls();
 
+// live_tokens (device, nullable) and live_row0: the padding rows to drop (ops::MoeWorkspace::live_tokens).
 void moe_dispatch(const MoeContext& c, const Tensor& slot_map, const Tensor& ids, const Tensor& weights,
-                  MoeRouting& r);
+                  MoeRouting& r, const int32_t* live_tokens, int64_t live_row0);
 void moe_gather(const MoeContext& c, const MoeRouting& r, const Tensor& x, Tensor& rows);
 // The expert FFN over the gathered rows: the grouped prefill path (dequantize the touched experts once, cuBLAS grouped
 // GEMMs) when c has its resources, the stream is not capturing and the expected rows per expert reach

@@ -102,7 +102,7 @@ class NcclExchange final : public Exchange {
     const Tensor ones = be.upload_f32(std::vector<float>(static_cast<size_t>(n_recv_), 1.0f), {n_recv_, 1},
                                       DType::kF32);
     rows.routing = be.moe_routing(shape);
-    be.moe_dispatch(table.slot_map(), recv_ids, ones, rows.routing);
+    be.moe_dispatch(table.slot_map(), recv_ids, ones, rows.routing, -1);
     rows.x = be.act(n_recv_, c_.hidden);
     rows.y = be.act(n_recv_, c_.hidden);
     be.moe_gather(rows.routing, recv_x_, rows.x);

@@ -28,6 +28,9 @@ struct KdaStateSlots {
   float* base = nullptr;              // this KDA layer's state of slot 0
   const int32_t* slot_idx = nullptr;  // [n] device; distinct per token (two tokens of one sequence would race)
   int64_t slot_stride = 0;            // floats from one slot's state to the next (>= H * K * V)
+  // kda_recurrent_cuda only: when set, tokens t >= *live_tokens (device, read by the kernel: a captured graph's
+  // replays each see their step's count) are padding rows: output zero, their slot's state neither read nor written.
+  const int32_t* live_tokens = nullptr;
 };
 
 // Head dims: head_dim_k and head_dim_v each in [1, 128], independently (K != V is fine); larger is a bg::Error.

@@ -46,7 +46,7 @@ struct KdaPrepDecodeOutputs {
 };
 
 // One CTA of four warps per (sequence, head): q, k, v (conv, SiLU, then q / k normalised) and gate + beta. Padding
-// sequences (slot < 0) leave their states alone and get zero q / k / v.
+// sequences (slot < 0, or past the conv states' live_tokens) leave their states alone and get zero q / k / v.
 void kda_prep_decode_cuda(const KdaPrepDecodeParams& p, const KdaPrepDecodeInputs& in, const KdaPrepDecodeOutputs& out,
                           cudaStream_t stream);
 

@@ -73,8 +73,10 @@ struct MoeExpertCpu {
 // ---- CPU reference (fp32) ----------------------------------------------------------------------------------------
 // ids / weights [n_pairs]; slot_map [n_experts] (local slot of each global expert, -1 if elsewhere). An id outside
 // [0, n_experts) is an error, and so is a pair without a local slot when s.all_local. Fills every array of `r`.
+// live_tokens >= 0: tokens from live_tokens on are padding (a graph bucket's filler rows): their pairs are dropped
+// like another rank's (slot_row -1, no error, their ids not read).
 void moe_dispatch_cpu(const MoeRoutingShape& s, const int32_t* slot_map, const int32_t* ids, const float* weights,
-                      const MoeRoutingArrays& r);
+                      const MoeRoutingArrays& r, int64_t live_tokens = -1);
 // rows[row] = x[row_token[row]] for the rows on this rank; x [n_tokens, dim], rows [n_pairs, dim].
 void moe_gather_cpu(const MoeRoutingShape& s, const MoeRoutingArrays& r, const float* x, int64_t dim, float* rows);
 // y_rows = down(glu(gate(rows), up(rows))) per slot; experts [n_slots]; rows [n_pairs, hidden] -> y [n_pairs, hidden].

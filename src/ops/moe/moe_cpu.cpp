@@ -1,4 +1,5 @@
 // The routing buffer's layout (shared by every backend) and the CPU reference of the MoE stages.
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -67,12 +68,13 @@ MoeRoutingArrays moe_routing_layout(const MoeRoutingShape& s, void* base) {
 }
 
 void moe_dispatch_cpu(const MoeRoutingShape& s, const int32_t* slot_map, const int32_t* ids, const float* weights,
-                      const MoeRoutingArrays& r) {
+                      const MoeRoutingArrays& r, int64_t live_tokens) {
   moe_check_shape(s);
   const int64_t S = s.n_slots, pairs = s.n_pairs();
-  std::vector<int32_t> slot_of(static_cast<size_t>(pairs));
+  const int64_t live_pairs = live_tokens < 0 ? pairs : std::min(pairs, live_tokens * s.top_k);
+  std::vector<int32_t> slot_of(static_cast<size_t>(pairs), -1);
   std::fill(r.counts, r.counts + S, 0);
-  for (int64_t i = 0; i < pairs; ++i) {
+  for (int64_t i = 0; i < live_pairs; ++i) {
     BG_CHECK(ids[i] >= 0 && ids[i] < s.n_experts, "moe dispatch: routing chose expert {} of {}", ids[i], s.n_experts);
     const int32_t slot = slot_map[ids[i]];
     BG_CHECK(slot < S, "moe dispatch: expert {} maps to slot {} of {}", ids[i], slot, S);

@@ -60,6 +60,11 @@ struct MoeWorkspace : MoeRoutingArrays {
   __nv_bfloat16* h = nullptr;         // [n_pairs, inter] GLU outputs
   __nv_bfloat16* y_perm = nullptr;    // [n_pairs, hidden] expert outputs
   int32_t* error_flags = nullptr;     // one int32 (kMoeError* bits), never null
+  // Padding rows (dispatch only): when set, token t is padding if live_row0 + t >= *live_tokens (device, read when the
+  // dispatch runs: a captured graph's replays each see their step's count). Its pairs are dropped like another rank's
+  // (slot_row -1, no error, their ids not read).
+  const int32_t* live_tokens = nullptr;
+  int32_t live_row0 = 0;
 };
 
 // A dispatch workspace in one owning device allocation (routing arrays, slot map, row buffers, error word), for

@@ -18,10 +18,16 @@ namespace {
 constexpr int kScanThreads = 1024;
 constexpr int kRowThreads = 128;  // gather / combine: one block per row or token
 
-// The pair's local slot: -1 when its expert lives on another rank; -1 and an error flag when the id is out of range
-// (a corrupted routing is reported, never used as an index).
-__device__ __forceinline__ int slot_of_pair(const int32_t* ids, int i, int n_experts, bool all_local,
+// Whether token t is a padding row (MoeWorkspace::live_tokens).
+__device__ __forceinline__ bool padding_token(int t, const MoeWorkspace& ws) {
+  return ws.live_tokens != nullptr && ws.live_row0 + t >= *ws.live_tokens;
+}
+
+// The pair's local slot: -1 when its expert lives on another rank or its token is padding; -1 and an error flag when
+// the id is out of range (a corrupted routing is reported, never used as an index).
+__device__ __forceinline__ int slot_of_pair(const int32_t* ids, int i, int top_k, int n_experts, bool all_local,
                                             const MoeWorkspace& ws) {
+  if (padding_token(i / top_k, ws)) return -1;
   const int e = ids[i];
   if (e < 0 || e >= n_experts) {
     atomicOr(ws.error_flags, kMoeErrorBadExpertId);
@@ -96,14 +102,14 @@ __device__ void scan_counts(int E, const MoeWorkspace& ws, int* s_warp) {
 // Block c ranks pairs [256 c, 256 c + 256): pair_rank[i] = earlier pairs of the chunk with the same slot (stable),
 // chunk_base[s, c] = the chunk's pairs of slot s (turned into a prefix by the scan kernel; slot-major, so a slot's
 // chunks are contiguous for the scan). Dynamic smem: E ints (E = local slots).
-__global__ void __launch_bounds__(kMoeDispatchChunk) dispatch_rank_kernel(const int32_t* ids, int n_pairs,
+__global__ void __launch_bounds__(kMoeDispatchChunk) dispatch_rank_kernel(const int32_t* ids, int n_pairs, int top_k,
                                                                          int n_experts, int E, bool all_local,
                                                                          MoeWorkspace ws) {
   __shared__ int s_ids[kMoeDispatchChunk];
   extern __shared__ int hist[];
   const int tid = static_cast<int>(threadIdx.x);
   const int i = static_cast<int>(blockIdx.x) * kMoeDispatchChunk + tid;
-  const int e = i < n_pairs ? slot_of_pair(ids, i, n_experts, all_local, ws) : -1;
+  const int e = i < n_pairs ? slot_of_pair(ids, i, top_k, n_experts, all_local, ws) : -1;
   s_ids[tid] = e;
   for (int j = tid; j < E; j += kMoeDispatchChunk) hist[j] = 0;
   __syncthreads();
@@ -156,7 +162,7 @@ __global__ void __launch_bounds__(kScanThreads) dispatch_small_kernel(const int3
   __shared__ int s_warp[32];
   extern __shared__ int hist[];  // [kSmallChunks][E]
   const int tid = static_cast<int>(threadIdx.x), chunks = (n_pairs + kMoeDispatchChunk - 1) / kMoeDispatchChunk;
-  const int e = tid < n_pairs ? slot_of_pair(ids, tid, n_experts, all_local, ws) : -1;
+  const int e = tid < n_pairs ? slot_of_pair(ids, tid, top_k, n_experts, all_local, ws) : -1;
   const float w = tid < n_pairs ? weights[tid] : 0.0f;
   s_slot[tid] = e;
   for (int j = tid; j < kSmallChunks * E; j += kScanThreads) hist[j] = 0;
@@ -200,7 +206,7 @@ __global__ void dispatch_scatter_kernel(const int32_t* ids, const float* weights
                                         int n_experts, int E, MoeWorkspace ws) {
   const int i = static_cast<int>(blockIdx.x) * blockDim.x + static_cast<int>(threadIdx.x);
   if (i >= n_pairs) return;
-  const int id = ids[i];
+  const int id = padding_token(i / top_k, ws) ? -1 : ids[i];
   const int e = id >= 0 && id < n_experts ? ws.slot_map[id] : -1;  // the rank kernel already flagged bad ids
   if (e < 0) {
     ws.slot_row[i] = -1;
@@ -350,7 +356,7 @@ void moe_dispatch_cuda(const MoeCudaParams& p, const int32_t* expert_ids, const 
   if (pairs > 0) {
     BG_CHECK(expert_ids && weights, "moe_dispatch_cuda: null ids or weights with {} tokens", p.shape.n_tokens);
     dispatch_rank_kernel<<<chunks, kMoeDispatchChunk, sizeof(int) * static_cast<size_t>(E), stream>>>(
-        expert_ids, pairs, n_experts, E, p.shape.all_local, ws);
+        expert_ids, pairs, static_cast<int>(p.shape.top_k), n_experts, E, p.shape.all_local, ws);
     BG_CUDA_CHECK_LAUNCH();
   }
   // Runs for 0 tokens too, so that counts / offsets / n_active read as empty.

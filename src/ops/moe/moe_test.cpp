@@ -211,5 +211,23 @@ TEST(MoeCpu, RejectsBadRouting) {
   EXPECT_THROW(moe_routing_bytes({4, 2, 8, 9, true}), Error);      // more slots than experts
 }
 
+// Padding rows (a decode graph's filler, live_tokens on): their pairs get no row and their ids are not read; the
+// live rows are routed exactly as in a dispatch of the live tokens alone.
+TEST(MoeCpu, DispatchDropsPaddingRows) {
+  for (const int64_t live : {0, 5, 9, 12}) {
+    Routing g(12, 4, 16, 1, 50 + static_cast<uint64_t>(live));
+    const Routing alone(live, 4, 16, 1, 50 + static_cast<uint64_t>(live));  // the same first `live` tokens' ids
+    for (int64_t i = live * 4; i < 48; ++i) g.ids[static_cast<size_t>(i)] = -9;  // never read: no error
+    moe_dispatch_cpu(g.shape, g.slot_map.data(), g.ids.data(), g.weights.data(), g.r, live);
+    for (int64_t s = 0; s < 16; ++s) ASSERT_EQ(g.r.counts[s], alone.r.counts[s]) << "live " << live << " slot " << s;
+    ASSERT_EQ(g.r.offsets[16], live * 4);
+    ASSERT_EQ(*g.r.n_active, *alone.r.n_active);
+    for (int64_t i = 0; i < 48; ++i) {
+      ASSERT_EQ(g.r.slot_row[i], i < live * 4 ? alone.r.slot_row[i] : -1) << "live " << live << " pair " << i;
+    }
+    for (int32_t row = 0; row < g.r.offsets[16]; ++row) ASSERT_EQ(g.r.row_token[row], alone.r.row_token[row]);
+  }
+}
+
 }  // namespace
 }  // namespace bg::ops

@@ -116,8 +116,11 @@ __global__ void decode_kernel(ShortConvDecodeParams p, const bf16* x, const floa
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const int64_t s = i / p.n_channels, c = i - s * p.n_channels;
-    const int32_t slot = states.slot_idx[s];
-    if (slot < 0) continue;
+    const int32_t slot = states.live_tokens != nullptr && s >= *states.live_tokens ? -1 : states.slot_idx[s];
+    if (slot < 0) {  // padding: no state to continue
+      out[i] = cuda_util::to_bf16(0.0f);
+      continue;
+    }
     float* st = states.base + slot * states.slot_stride + c * n_hist;  // [W-1], oldest first
     const float* wc = weight + c * w;
     const float xv = cuda_util::to_f32(x[i]);

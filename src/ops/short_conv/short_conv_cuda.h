@@ -31,6 +31,9 @@ struct ConvStateSlots {
   float* base = nullptr;              // device
   const int32_t* slot_idx = nullptr;  // device [n_seqs]
   int64_t slot_stride = 0;            // floats between consecutive slots (>= C * (W-1))
+  // Decode only: when set, sequences s >= *live_tokens (device, read by the kernel: each graph replay sees its step's
+  // count) are padding rows, as if their slot were < 0 (state untouched, zero output).
+  const int32_t* live_tokens = nullptr;
 };
 
 // Decode: out[s] = short_conv of token x[s] continuing sequence s's state, which is then shifted by one token.
