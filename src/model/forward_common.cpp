@@ -100,9 +100,10 @@ int64_t graph_bucket(int64_t n_seqs, int64_t max_batch, bool powers_of_two) {
   if (n_seqs <= 0 || n_seqs > max_batch) return 0;
   const auto pow2 = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(n_seqs)));
   if (powers_of_two || n_seqs <= 16) return pow2;
+  // Never past the power of two, which is a multiple of the step here (32 or 64 up to 64 sequences, 128 or 256 up to
+  // 256, a multiple of 64 beyond): graph_bucket_test checks it for every n.
   const int64_t step = n_seqs <= 64 ? 8 : (n_seqs <= 256 ? 32 : 64);
-  // Never past the power of two (a bucket is at most what the coarser policy gives; both share the largest).
-  return std::min(pow2, (n_seqs + step - 1) / step * step);
+  return (n_seqs + step - 1) / step * step;
 }
 
 bool graph_buckets_pow2(const char* env_value) {
