@@ -18,7 +18,7 @@ export BG_GOLDEN_DIR="$BUNDLE/golden"
 S=$OUT/small-ops.txt
 : > "$S"
 if want parity; then
-timeout 300 "$BUNDLE/test_cuda" --gtest_filter='RouterCudaParity.*:MoeCudaParity.*:KdaCuda.*:ShortConvParity.*:KdaPrep*:Models/StepGpu.*:Cases/GoldenGpu.*:Archs/*:MlaDecode*:GraphCapture*:Cases/StreamedExpertsGpu.*' \
+timeout 300 "$BUNDLE/test_cuda" --gtest_filter='RouterCudaParity.*:MoeCudaParity.*:KdaCuda.*:ShortConvParity.*:KdaPrep*:MlaCuda.Cache*:Models/StepGpu.*:Cases/GoldenGpu.*:Archs/*:MlaDecode*:GraphCapture*:Cases/StreamedExpertsGpu.*' \
   > "$OUT/parity.log" 2>&1
 echo "parity rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/parity.log" | tr '\n' ' ')" >> "$S"
 grep -E '^\[  FAILED' "$OUT/parity.log" | head -30 >> "$S"

@@ -257,6 +257,41 @@ TEST(MlaCuda, CacheWriteSmallAndUnalignedEntriesIsExact) {
   check_cache_write({32, 16, 16, 16, 16}, lens, 5, 1, 59);
 }
 
+// A decode graph's padding rows (MlaPagedCache::live_tokens) write nothing: a step of one token per sequence at
+// position 3, the last two rows padding, leaves those two positions' poison and writes the others exactly.
+TEST(MlaCuda, CacheWriteSkipsPaddingRows) {
+  BG_REQUIRE_GPU();
+  PagedSequences seqs({4, 4, 4, 4, 4}, 61);
+  const int64_t entry = seqs.dims.entry(), live = 3;
+  std::vector<int32_t> seq_idx{0, 1, 2, 3, 4};
+  std::vector<int64_t> positions(5, 3);
+  std::vector<uint16_t> latent;
+  for (size_t s = 0; s < 5; ++s) {
+    latent.insert(latent.end(), seqs.bits[s].data() + 3 * entry, seqs.bits[s].data() + 4 * entry);
+  }
+  DeviceBuffer d_seq = cuda::upload(seq_idx), d_pos = cuda::upload(positions), d_lat = cuda::upload(latent);
+  DeviceBuffer d_live = cuda::upload(std::vector<int32_t>{static_cast<int32_t>(live)});
+  MlaParams p{};
+  p.n_tokens = 5;
+  p.kv_lora_rank = seqs.dims.lora;
+  p.qk_rope_dim = seqs.dims.rope;
+  p.block_size = seqs.dims.block;
+  MlaPagedCache cache = seqs.cache_view(d_seq, d_pos);
+  cache.live_tokens = d_live.as<int32_t>();
+  mla_cache_write_cuda(p, d_lat.as<__nv_bfloat16>(), cache, nullptr);
+  BG_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> pool = cuda::download<uint16_t>(seqs.pool, static_cast<size_t>(seqs.pool_elems()));
+  for (size_t s = 0; s < 5; ++s) {
+    const int32_t block = seqs.tables[s * static_cast<size_t>(seqs.max_blocks) + 3 / seqs.dims.block];
+    const auto at = pool.begin() + seqs.pool_index(block, 3 % seqs.dims.block);
+    if (static_cast<int64_t>(s) < live) {
+      EXPECT_TRUE(std::equal(at, at + entry, seqs.bits[s].data() + 3 * entry)) << "row " << s << " not written";
+    } else {
+      EXPECT_TRUE(std::all_of(at, at + entry, [](uint16_t v) { return v == 0xffff; })) << "padding row " << s;
+    }
+  }
+}
+
 TEST(MlaCuda, DecodeBatchMatchesCpuDeepSeekHeads) {
   BG_REQUIRE_GPU();
   const std::vector<int64_t> lens = {1, 2, 31, 63, 64, 65, 127, 500, 1023, 2048, 2999, 3000};

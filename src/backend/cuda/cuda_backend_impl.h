@@ -282,7 +282,9 @@ class CudaBackend final : public Backend {
     p.kv_lora_rank = c.kv_lora_rank;
     p.qk_rope_dim = c.entry_dim - c.kv_lora_rank;
     p.block_size = c.block_size;
-    ops::mla_cache_write_cuda(p, latent.as<bf16>(), paged(c), stream_);
+    ops::MlaPagedCache cache = paged(c);
+    if (step_.all_single_token()) cache.live_tokens = dev_.live_tokens;  // decode: padding rows write nothing
+    ops::mla_cache_write_cuda(p, latent.as<bf16>(), cache, stream_);
   }
   // Decode steps (one token per sequence) at the production latent shape (kv_lora 512, rope 64) run the split-KV
   // tensor-core kernel (mla_decode_cuda.h); prefill and mixed steps, and the small latent shapes of test

@@ -90,6 +90,7 @@ template <bool kVec>
 __global__ void mla_cache_write_kernel(const __nv_bfloat16* __restrict__ latent, MlaPagedCache cache, int entry_dim,
                                        int block_size) {
   const int64_t t = blockIdx.x;
+  if (cache.live_tokens != nullptr && t >= *cache.live_tokens) return;  // a padding row: whole block
   int64_t pos = 0;
   const int32_t* table = token_table(cache, t, block_size, &pos);
   if (table == nullptr) return;  // whole block

@@ -22,6 +22,9 @@ struct MlaPagedCache {
   const int32_t* seq_idx = nullptr;    // [n_tokens] row of block_tables each token belongs to
   const int64_t* positions = nullptr;  // [n_tokens] each token's position in its sequence
   int32_t* error_flags = nullptr;      // optional device int32: kMlaErrorBadPosition is raised there
+  // mla_cache_write_cuda only: when set, tokens t >= *live_tokens (device, read by the kernel: each graph replay
+  // sees its step's count) are a decode graph's padding rows and write nothing.
+  const int32_t* live_tokens = nullptr;
 };
 
 // A token whose position lies past its block table writes nothing and raises this bit (error_flags above).
