@@ -7,7 +7,8 @@
 #   scripts/gpu-small-ops-check.sh [BUNDLE]
 # Output: $OUT/small-ops.txt (the summary) and logs beside it. Flip the defaults (BG_ROUTER_TOPK, BG_KDA_RECURRENT_SPLIT)
 # only if the parity lines say PASSED and the kernels measure faster. PARTS (default "parity kernels step serve") picks
-# what runs, so that the parts can go in separate calls of the device's 10-minute limit.
+# what runs, so that the parts can go in separate calls of the device's 10-minute limit; STEP_BATCHES and STEP_CONTEXTS
+# narrow the step part.
 set -u
 PARTS=${PARTS:-parity kernels step serve}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -37,12 +38,12 @@ fi
 if want step; then
 ensure_slice /tmp/bg-ep16-rank
 # 20 and 57 run padded graphs (24 and 64): the padding rows' skip shows there.
-timeout 240 "$BG" bench step --device cuda --model /tmp/bg-ep16-rank --batches 1,16,20,57,64 --contexts 4096,32768 \
-  --replays 5 --json "$OUT/step.json" > "$OUT/step.log" 2>&1
+timeout 240 "$BG" bench step --device cuda --model /tmp/bg-ep16-rank --batches "${STEP_BATCHES:-1,16,20,57,64}" \
+  --contexts "${STEP_CONTEXTS:-4096,32768}" --replays 5 --json "$OUT/step.json" > "$OUT/step.log" 2>&1
 echo "step rc=$?" >> "$S"
 grep -E "captured graph|bench step|bench host" "$OUT/step.log" | sed 's/^.*\] //' >> "$S"
 BG_SKIP_PADDING_ROWS=0 timeout 120 "$BG" bench step --device cuda --model /tmp/bg-ep16-rank --batches 20,57 \
-  --contexts 4096,32768 --replays 5 --json "$OUT/step-padding-run.json" > "$OUT/step-padding-run.log" 2>&1
+  --contexts "${STEP_CONTEXTS:-4096,32768}" --replays 5 --json "$OUT/step-padding-run.json" > "$OUT/step-padding-run.log" 2>&1
 echo "step, padding rows run (BG_SKIP_PADDING_ROWS=0) rc=$?" >> "$S"
 grep -E "bench step" "$OUT/step-padding-run.log" | sed 's/^.*\] //' >> "$S"
 fi
