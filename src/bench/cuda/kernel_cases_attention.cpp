@@ -276,13 +276,15 @@ KernelCase kda_recurrent_case(int64_t batch) {
       inputs.push_back(kda_inputs(mem, batch));
       outs.push_back(mem.zeros_of<bf16>(z(batch * kHeads * kKdaDim)));
     }
+    // A decode step always passes its live row count (here every row is live), as the backend does.
+    const int32_t* live = mem.upload(std::vector<int32_t>{static_cast<int32_t>(batch)});
     const ops::KdaParams p{batch, kHeads, kKdaDim, kKdaDim};
     PreparedKernel k;
     // State read and written; per head: decay, S^T k, rank-1 update, S^T q over K x V.
     k.cost = {2.0 * d(batch) * kda_state_bytes() + d(batch * kHeads * kKdaDim) * (2 * 4 + 4),
               8.0 * d(batch * kHeads * kKdaDim * kKdaDim)};
     k.launch = [=](int s, cudaStream_t stream) {
-      ops::kda_recurrent_cuda(p, inputs[z(s)], {pool, slots[z(s)], slot_floats}, outs[z(s)], stream);
+      ops::kda_recurrent_cuda(p, inputs[z(s)], {pool, slots[z(s)], slot_floats, live}, outs[z(s)], stream);
     };
     return k;
   };
@@ -358,13 +360,14 @@ KernelCase short_conv_decode_case(int64_t batch) {
     const float* weight = mem.f32(z(kConvChannels * kConvWidth), -0.5f, 0.5f);
     const int64_t stride = kConvChannels * (kConvWidth - 1);
     float* states = mem.f32(z(n_sets * batch * stride), -1.0f, 1.0f);
+    const int32_t* live = mem.upload(std::vector<int32_t>{static_cast<int32_t>(batch)});  // as a decode step passes
     std::vector<ops::ConvStateSlots> slots;
     std::vector<const bf16*> xs;
     std::vector<bf16*> outs;
     for (int s = 0; s < n_sets; ++s) {
       std::vector<int32_t> idx(z(batch));
       for (int64_t i = 0; i < batch; ++i) idx[z(i)] = static_cast<int32_t>(s * batch + i);
-      slots.push_back({states, mem.upload(idx), stride});
+      slots.push_back({states, mem.upload(idx), stride, live});
       xs.push_back(mem.bf16(z(batch * kConvChannels)));
       outs.push_back(mem.zeros_of<bf16>(z(batch * kConvChannels)));
     }

@@ -28,6 +28,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "ops/elementwise/cuda_utils.cuh"
 #include "ops/kda/kda_cuda.h"
 
 namespace bg::ops {
@@ -81,11 +82,12 @@ __global__ void __launch_bounds__(kCols * kRowGroups) kda_recurrent_kernel(Recur
   const int lc = threadIdx.x % kCols, col = c0 + lc, grp = threadIdx.x / kCols, row0 = grp * kRowsPerGroup;
   const int64_t k_off = (t * a.n_heads + h) * dk;  // q, k, g
   const int64_t v_off = (t * a.n_heads + h) * dv;  // v, out
-  if (a.states.live_tokens != nullptr && t >= *a.states.live_tokens) {  // a padding row (uniform over the CTA)
+  const int32_t slot = cuda_util::live_slot(a.states.slot_idx, a.states.live_tokens, t);
+  if (slot < 0) {  // a padding row (uniform over the CTA)
     if (grp == 0 && (kFull || col < dv)) a.out[v_off + col] = __float2bfloat16(0.0f);
     return;
   }
-  float* state = a.states.base + a.states.slot_idx[t] * a.states.slot_stride + static_cast<int64_t>(h) * dk * dv;
+  float* state = a.states.base + slot * a.states.slot_stride + static_cast<int64_t>(h) * dk * dv;
   // Padding (rows past K, columns past V) holds zeros and is never written back.
   const bool col_ok = kFull || col < dv;
 

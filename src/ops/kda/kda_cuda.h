@@ -30,6 +30,7 @@ struct KdaStateSlots {
   int64_t slot_stride = 0;            // floats from one slot's state to the next (>= H * K * V)
   // kda_recurrent_cuda only: when set, tokens t >= *live_tokens (device, read by the kernel: a captured graph's
   // replays each see their step's count) are padding rows: output zero, their slot's state neither read nor written.
+  // A negative slot index is treated the same way by kda_recurrent_cuda.
   const int32_t* live_tokens = nullptr;
 };
 

@@ -82,8 +82,7 @@ __global__ void __launch_bounds__(128) kda_prep_decode_kernel(KdaPrepDecodeParam
   }
   bf16* y = (warp == 0 ? out.q : warp == 1 ? out.k : out.v) + s * width;
   const ConvStateSlots& cs = in.conv_state[warp];
-  const bool padding = cs.live_tokens != nullptr && s >= *cs.live_tokens;
-  const int32_t slot = padding ? -1 : cs.slot_idx[s];
+  const int32_t slot = cuda_util::live_slot(cs.slot_idx, cs.live_tokens, s);
   if (slot < 0) {  // padding: no state to continue
     for (int64_t d = lane; d < p.head_dim; d += 32) y[c0 + d] = cuda_util::to_bf16(0.0f);
     return;

@@ -116,7 +116,7 @@ __global__ void decode_kernel(ShortConvDecodeParams p, const bf16* x, const floa
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const int64_t s = i / p.n_channels, c = i - s * p.n_channels;
-    const int32_t slot = states.live_tokens != nullptr && s >= *states.live_tokens ? -1 : states.slot_idx[s];
+    const int32_t slot = cuda_util::live_slot(states.slot_idx, states.live_tokens, s);
     if (slot < 0) {  // padding: no state to continue
       out[i] = cuda_util::to_bf16(0.0f);
       continue;
