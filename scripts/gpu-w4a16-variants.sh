@@ -6,7 +6,7 @@ set -uo pipefail
 BUNDLE=${BUNDLE:-.gpu}; OUT=${OUT:-/tmp/out}
 source scripts/gpu-bundle-env.sh
 for v in .gpu/var/*; do
-  echo "== $(basename "$v")"; "$v" 2>&1 | tail -9
+  echo "== $(basename "$v")"; "$v" 2>&1 | tail -30
 done | tee "$OUT/variants.txt"
 if [[ -n "${PROFILE:-}" ]]; then
   for rs in ${ROWS_SKIPS:-16:392}; do

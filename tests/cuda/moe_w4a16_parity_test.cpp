@@ -122,6 +122,15 @@ struct Launch {
   const ExpertSet* set = nullptr;
 };
 
+// A fresh workspace for L.p (its shape, wide or narrow, follows the params), poisoned: h, y and partials must all be
+// written before they are read.
+void relayout(Launch& L, cudaStream_t stream) {
+  L.ws_buf = cuda::DeviceBuffer(moe_w4a16_workspace_bytes(L.p));
+  L.ws_buf.fill_bytes(0xff);
+  L.ws = moe_w4a16_workspace_layout(L.p, L.ws_buf.data());
+  moe_w4a16_workspace_init(L.ws, stream);
+}
+
 void prepare(Launch& L, const ExpertSet& set, int64_t hidden, int64_t inter, int64_t top_k, MoeW4a16Act act,
              const RunSpec& spec, const Routing& r, uint64_t seed, cudaStream_t stream) {
   const int64_t n = spec.n_tokens, E = static_cast<int64_t>(set.views.size());
@@ -141,10 +150,7 @@ void prepare(Launch& L, const ExpertSet& set, int64_t hidden, int64_t inter, int
   L.dispatch = std::make_unique<MoeDispatchBuffers>(L.mp);
   L.dws = L.dispatch->ws;
   moe_dispatch_cuda(L.mp, L.d_ids.as<int32_t>(), L.d_w.as<float>(), L.dws, stream);
-  L.ws_buf = cuda::DeviceBuffer(moe_w4a16_workspace_bytes(L.p));
-  L.ws_buf.fill_bytes(0xff);  // scratch poisoned: h, y and partials must all be written before they are read
-  L.ws = moe_w4a16_workspace_layout(L.p, L.ws_buf.data());
-  moe_w4a16_workspace_init(L.ws, stream);
+  relayout(L, stream);
   // Output: poisoned (0xff = NaN), or random values to accumulate onto (bf16-representable for both dtypes).
   const size_t n_out = static_cast<size_t>(n * hidden);
   L.out_init.assign(n_out, 0.0f);
@@ -191,8 +197,8 @@ void expect_graph_replay_equals(const Launch& L, cudaStream_t stream, const std:
   cudaGraphDestroy(graph);
 }
 
-// Parity with the CPU reference, then bitwise: eager reruns and graph replays, with and without PDL; on mma.sync and
-// on wgmma (MoeW4a16Params::wgmma).
+// Parity with the CPU reference, then bitwise: eager reruns and graph replays, with and without PDL; on mma.sync (one
+// CTA per SM, and with up to 16 tokens the narrow shape's two: MoeW4a16Params::narrow) and on wgmma.
 void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t inter, int64_t top_k,
                 MoeW4a16Act act, const RunSpec& spec, uint64_t seed) {
   const int64_t E = static_cast<int64_t>(set.views.size());
@@ -206,9 +212,13 @@ void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t 
   std::vector<float> ref = L.out_init;
   moe_w4a16_cpu(L.p, set.views, L.x.data(), r.ids.data(), r.weights.data(), ref.data());
 
-  for (bool wgmma : {false, true}) {
-    const std::string path = fmt::format("{} on {}", what, wgmma ? "wgmma" : "mma.sync");
+  for (const int shape : {0, 1, 2}) {
+    const bool wgmma = shape == 2, narrow = shape == 1;
+    if (narrow && spec.n_tokens > 16) continue;  // the wide shape runs those
+    const std::string path = fmt::format("{} on {}", what, wgmma ? "wgmma" : narrow ? "mma.sync, narrow" : "mma.sync");
     L.p.wgmma = wgmma;
+    L.p.narrow = narrow;
+    relayout(L, st.s);  // a workspace is laid out for its shape
     L.p.pdl = true;
     L.reset_out();
     L.run(st.s);

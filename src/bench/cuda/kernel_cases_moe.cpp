@@ -6,6 +6,7 @@
 //   moe_decode_w4a16    the fused W4A16 kernel (gate/up + GLU, down + weighted combine; dispatch done in setup) over
 //                       the load-time layout, what Backend::moe_routed_local runs at decode (ops/moe_w4a16)
 //   moe_decode_w4a16_wgmma the same on wgmma (MoeW4a16Params::wgmma; not the default until measured)
+//   moe_decode_w4a16_narrow the same in the two-CTAs-per-SM shape (MoeW4a16Params::narrow; up to 16 tokens)
 //   moe_decode_w4a16_rows  the same kernel with rows in / rows out (gather in setup, no combine): what an
 //                       expert-parallel rank runs on the rows the exchange delivered (Backend::moe_experts)
 //   moe_decode_stages   the stage kernels' expert FFN alone (dispatch and gather done in setup), decode batches
@@ -111,7 +112,9 @@ double ffn_bytes(int64_t n_tokens, int64_t touched) {
   return d(touched) * expert_bytes() + slots * d(kLatent + 2 * kInter + kLatent) * 2;
 }
 
-enum class MoePart { kW4a16, kW4a16Wgmma, kW4a16Rows, kFfn, kRouted, kDispatch, kGrouped, kGroupedPerExpert, kGroupedDequant };
+enum class MoePart {
+  kW4a16, kW4a16Wgmma, kW4a16Narrow, kW4a16Rows, kFfn, kRouted, kDispatch, kGrouped, kGroupedPerExpert, kGroupedDequant
+};
 
 // The grouped path over a dispatched, gathered workspace: its plan (the row counts read once here, outside the
 // captured launches), scratch and pointer arrays. Launch = the whole FFN (dequant included) or the dequant alone.
@@ -166,7 +169,8 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
   c.set_bytes = d(kExperts) * expert_bytes();  // far beyond the L2: one set
   // Decode (a few rows per expert) is bound by the weight bytes: its compute reference is the dense GEMM peak, not the
   // grouped GEMM at the same rows per expert (itself memory-bound there, so a 4-bit kernel would score above 1).
-  const bool w4a16 = part == MoePart::kW4a16 || part == MoePart::kW4a16Wgmma || part == MoePart::kW4a16Rows;
+  const bool w4a16 = part == MoePart::kW4a16 || part == MoePart::kW4a16Wgmma || part == MoePart::kW4a16Narrow ||
+                     part == MoePart::kW4a16Rows;
   c.compute_ref = w4a16 || n_tokens <= 256 ? ComputeRef::kGemm : ComputeRef::kGroupedGemm;
   c.rows_per_expert = std::max<int64_t>(1, n_tokens * kTopK / kExperts);
   c.prepare = [=](const CudaEnv& env, CaseMemory& mem, int) {
@@ -198,6 +202,7 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
       if (rows) ops::moe_gather_cuda(p, x, ws, env.stream);
       ops::MoeW4a16Params wp = rows ? ops::moe_w4a16_rows_params(p) : ops::moe_w4a16_params(p);
       if (part == MoePart::kW4a16Wgmma) wp.wgmma = true;
+      if (part == MoePart::kW4a16Narrow) wp.narrow = true;
       const ops::MoeW4a16Workspace wws =
           ops::moe_w4a16_workspace_layout(wp, mem.zeros(ops::moe_w4a16_workspace_bytes(wp)));
       // Packed bytes of the touched experts + x in + out read-modify-written (h stays on chip or in L2).
@@ -219,6 +224,7 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
     switch (part) {
       case MoePart::kW4a16:
       case MoePart::kW4a16Wgmma:
+      case MoePart::kW4a16Narrow:
       case MoePart::kW4a16Rows:
       case MoePart::kGrouped:
       case MoePart::kGroupedPerExpert:
@@ -292,6 +298,9 @@ void register_moe_cases(KernelRegistry& r, bool quick) {
   }
   for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16", b, MoePart::kW4a16));
   for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16_wgmma", b, MoePart::kW4a16Wgmma));
+  for (int64_t b : decode) {
+    if (b <= 16) r.add(moe_case("moe_decode_w4a16_narrow", b, MoePart::kW4a16Narrow));
+  }
   for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16_rows", b, MoePart::kW4a16Rows));
   for (int64_t b : decode) r.add(moe_case("moe_decode_stages", b, MoePart::kFfn));
   for (int64_t b : decode) r.add(moe_case("moe_decode_routed", b, MoePart::kRouted));

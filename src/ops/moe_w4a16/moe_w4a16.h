@@ -125,6 +125,12 @@ struct MoeW4a16Params {
   // tile) instead of mma.sync. The same arithmetic up to the order of the fp32 additions inside an MMA. Off by default
   // until measured on the H200; BG_MOE_W4A16_WGMMA=1 turns it on where the backend builds the params.
   bool wgmma = false;
+  // CUDA only: launches of at most 16 tokens (passes of at most 2 n8 blocks) on mma.sync run two CTAs per SM with 128
+  // registers and 3 pipeline stages each, instead of one CTA with ~215 registers and 6 stages: twice the warps to hide
+  // the decode's latency. The same arithmetic in the same order except the split-K factor, which is chosen for the
+  // larger grid. A workspace is laid out for one shape: lay it out with the params it is launched with.
+  // BG_MOE_W4A16_NARROW=1 turns it on where the backend builds the params.
+  bool narrow = false;
   // Rows in, rows out (an expert-parallel rank, whose rows arrive through the exchange already grouped by slot): x is
   // [n_tokens * top_k, hidden] in the dispatch's row order (no gather), and out[row] = bf16(expert(x[row])), unweighted
   // (the exchange's combine applies the weights). n_tokens bounds the rows of one expert (the tokens of every rank);

@@ -96,7 +96,7 @@ double read_ceiling_gbps(const void* data, int64_t bytes, cudaStream_t stream) {
 
 // One row count: dispatches for `copies` rotated expert sets, then the timed graph of `copies` launches.
 MoeW4a16BenchRow bench_rows(const MoeW4a16BenchConfig& cfg, const MoeW4a16Weights& w, int rows, bool pdl,
-                            bool wgmma, double ceiling, cudaStream_t stream) {
+                            bool wgmma, bool narrow, double ceiling, cudaStream_t stream) {
   MoeCudaParams mp;
   mp.shape = {rows, cfg.touched, cfg.n_slots, cfg.n_slots, true};
   mp.hidden = cfg.hidden;
@@ -106,6 +106,7 @@ MoeW4a16BenchRow bench_rows(const MoeW4a16BenchConfig& cfg, const MoeW4a16Weight
   MoeW4a16Params p = moe_w4a16_params(mp);
   p.pdl = pdl;
   p.wgmma = wgmma;
+  p.narrow = narrow;
   std::vector<uint16_t> x_bits(static_cast<size_t>(rows * cfg.hidden));
   for (size_t i = 0; i < x_bits.size(); ++i) x_bits[i] = f32_to_bf16(static_cast<float>((i * 37) % 101) / 101.0f - 0.5f);
   const cuda::DeviceBuffer x = cuda::upload(x_bits);
@@ -149,9 +150,11 @@ MoeW4a16BenchRow bench_rows(const MoeW4a16BenchConfig& cfg, const MoeW4a16Weight
   row.rows_per_expert = rows;
   row.pdl = pdl;
   row.wgmma = wgmma;
+  row.narrow = narrow;
   int sms = 0, dev = 0;
   BG_CUDA_CHECK(cudaGetDevice(&dev));
   BG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (narrow) sms *= 2;  // the narrow shape's grid
   const int nb_cap = std::clamp((rows + 7) / 8, 1, w4::kMaxNb);
   row.splits_gate_up = rows <= w4::kChunkRows ? w4::choose_splits(cfg.touched * w.info.gate_up.n_items,
                                                                   w.info.gate_up.n_kstages, sms, 0, nb_cap) : 1;
@@ -193,9 +196,10 @@ MoeW4a16BenchResult moe_w4a16_bench_k3(const MoeW4a16BenchConfig& cfg) {
   r.read_ceiling_gbps = read_ceiling_gbps(storage.data(), w.info.total_bytes / 16 * 16, stream);
   r.bytes_per_launch = static_cast<double>(cfg.touched) * (w.info.gate_up.slot_bytes + w.info.down.slot_bytes);
   for (int rows : cfg.rows_per_expert) {
-    for (bool wgmma : {false, true}) {
+    for (const int shape : {0, 1, 2}) {  // mma.sync, mma.sync narrow (up to 16 rows), wgmma
+      if (shape == 1 && rows > 16) continue;
       for (bool pdl : {false, true}) {
-        r.rows.push_back(bench_rows(cfg, w, rows, pdl, wgmma, r.read_ceiling_gbps, stream));
+        r.rows.push_back(bench_rows(cfg, w, rows, pdl, shape == 2, shape == 1, r.read_ceiling_gbps, stream));
       }
     }
   }
@@ -207,11 +211,11 @@ MoeW4a16BenchResult moe_w4a16_bench_k3(const MoeW4a16BenchConfig& cfg) {
 std::string moe_w4a16_bench_table(const MoeW4a16BenchResult& r) {
   std::string s = fmt::format("moe_decode_w4a16 on {}: read ceiling {:.0f} GB/s, {:.1f} MB packed weights per launch\n",
                               r.device, r.read_ceiling_gbps, r.bytes_per_launch / 1e6);
-  s += "rows/expert  mma       pdl  splits(gu,dn)      us     GB/s  fraction\n";
+  s += "rows/expert  mma              pdl  splits(gu,dn)      us     GB/s  fraction\n";
   for (const MoeW4a16BenchRow& row : r.rows) {
-    s += fmt::format("{:>11}  {:<8}  {:>3}  {:>6},{:<6}  {:>8.1f}  {:>7.0f}  {:>8.3f}\n", row.rows_per_expert,
-                     row.wgmma ? "wgmma" : "mma.sync", row.pdl ? "on" : "off", row.splits_gate_up, row.splits_down,
-                     row.us, row.gbps, row.fraction);
+    s += fmt::format("{:>11}  {:<15}  {:>3}  {:>6},{:<6}  {:>8.1f}  {:>7.0f}  {:>8.3f}\n", row.rows_per_expert,
+                     row.wgmma ? "wgmma" : row.narrow ? "mma.sync narrow" : "mma.sync", row.pdl ? "on" : "off",
+                     row.splits_gate_up, row.splits_down, row.us, row.gbps, row.fraction);
   }
   return s;
 }

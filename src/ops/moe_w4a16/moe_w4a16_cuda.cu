@@ -65,9 +65,19 @@ namespace {
 
 using namespace w4;
 
-constexpr int kStages = 6;
 constexpr int kBufBytes = kStageBytes + kActStageBytes;
-constexpr int kSmemBytes = kStages * kBufBytes;  // 132096
+
+// The two launch shapes of the kernel. Wide (any rows): one CTA of 8 warps per SM, 6 pipeline stages (129 KiB),
+// passes of up to 4 n8 blocks, ~215 registers. Narrow (MoeW4a16Params::narrow, at most 16 tokens, mma.sync): two
+// CTAs per SM (16 warps, 4 per scheduler, to hide the decode's dependent integer chains), 128 registers, 3 stages
+// each, passes of up to 2 n8 blocks.
+template <bool kNarrow>
+struct Shape {
+  static constexpr int kCtasPerSm = kNarrow ? 2 : 1;
+  static constexpr int kStages = kNarrow ? 3 : 6;
+  static constexpr int kSmemBytes = kStages * kBufBytes;  // wide: 132096
+};
+constexpr int kNarrowMaxTokens = 16;  // the narrow shape's passes: at most 2 n8 blocks
 
 // A pipeline buffer: mma.sync reads the weights at 0 and the padded activation rows after them; wgmma reads the
 // activations as a 128-byte-swizzle operand, which must start on 1024 bytes, so they come first (4096 B, then the
@@ -79,7 +89,8 @@ struct Buf {
   static constexpr int kActs = kWgmma ? 0 : kStageBytes;
   static constexpr int kAlign = kWgmma ? 1024 : 128;
 };
-static_assert(kStages * Buf<true>::kBytes + Buf<true>::kAlign - 128 <= kSmemBytes, "the wgmma buffers must fit");
+static_assert(Shape<false>::kStages * Buf<true>::kBytes + Buf<true>::kAlign - 128 <= Shape<false>::kSmemBytes,
+              "the wgmma buffers must fit");
 static_assert(Buf<true>::kBytes % 1024 == 0 && kActSw128Bytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
 
 // The first buffer: the dynamic shared memory's base (128-byte aligned), rounded up to 1024 bytes for wgmma.
@@ -353,7 +364,7 @@ struct Consumer {
 
 // One pass (a chunk of NB n8 token blocks x a split's k-stages) of the consumer, with the producer kStages - 1 stages
 // ahead (across pass and item boundaries), then its epilogue. The accumulators live in this function, sized by NB.
-template <bool kGateUp, bool kWgmma, int NB>
+template <bool kGateUp, bool kWgmma, int kStages, int NB>
 __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const KernelArgs& a, const Plan& pl,
                                              const ItemEntry* table, uint8_t* bufs, int* s_flag, int* s_done) {
   using B = Buf<kWgmma>;
@@ -405,9 +416,12 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
   advance(k.c, a.sched, pl, table);
 }
 
-template <bool kGateUp, bool kWgmma>
-__global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const __grid_constant__ KernelArgs a) {
+template <bool kGateUp, bool kWgmma, bool kNarrow>
+__global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
+    moe_w4a16_kernel(const __grid_constant__ KernelArgs a) {
+  static_assert(!(kNarrow && kWgmma), "the narrow shape runs mma.sync");
   using B = Buf<kWgmma>;
+  constexpr int kStages = Shape<kNarrow>::kStages;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* const bufs = buffers<kWgmma>(smem);
   __shared__ int s_flag;
@@ -416,7 +430,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const __grid_con
   const Plan pl = make_plan(a.sched, *a.d.n_active, grid);
 
   // This CTA's items, read from the dispatch all at once (one round of dependent global loads, not one per pass).
-  auto* table = reinterpret_cast<ItemEntry*>(smem + kSmemBytes);
+  auto* table = reinterpret_cast<ItemEntry*>(smem + Shape<kNarrow>::kSmemBytes);
   const int count = items_of_cta(pl, static_cast<int>(blockIdx.x), grid);
   if (count > a.table_cap) {  // the host sized the table for every touched-expert count: a broken dispatch
     if (threadIdx.x == 0) atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
@@ -461,11 +475,21 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a16_kernel(const __grid_con
 
 #pragma unroll 1
   while (cons.c.valid) {
-    switch (cons.c.nb) {  // uniform across the CTA
-      case 1: consume_pass<kGateUp, kWgmma, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
-      case 2: consume_pass<kGateUp, kWgmma, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
-      case 3: consume_pass<kGateUp, kWgmma, 3>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
-      default: consume_pass<kGateUp, kWgmma, 4>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
+    // Uniform across the CTA. The narrow shape's passes have at most 2 n8 blocks (its workspace's nb_cap), and only
+    // those are compiled into it: 3- and 4-block passes would set its register count.
+    if constexpr (kNarrow) {
+      if (cons.c.nb == 1) {
+        consume_pass<kGateUp, kWgmma, kStages, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_done);
+      } else {
+        consume_pass<kGateUp, kWgmma, kStages, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_done);
+      }
+    } else {
+      switch (cons.c.nb) {
+        case 1: consume_pass<kGateUp, kWgmma, kStages, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
+        case 2: consume_pass<kGateUp, kWgmma, kStages, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
+        case 3: consume_pass<kGateUp, kWgmma, kStages, 3>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
+        default: consume_pass<kGateUp, kWgmma, kStages, 4>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
+      }
     }
   }
   cp_async_wait<0>();
@@ -478,21 +502,33 @@ int sm_count() {
   return n;
 }
 
-// Dynamic shared memory of a launch: the pipeline's buffers, then the item table.
-int smem_bytes(const MoeW4a16Workspace& ws) {
-  return kSmemBytes + ws.table_entries * static_cast<int>(sizeof(ItemEntry));
+// Whether a launch of these params runs the narrow shape: asked for, at most 16 tokens (so every pass has at most 2 n8
+// blocks), mma.sync.
+bool runs_narrow(const MoeW4a16Params& p) { return p.narrow && !p.wgmma && p.n_tokens <= kNarrowMaxTokens; }
+
+// Persistent CTAs of a launch: one or two per SM.
+int grid_of(const MoeW4a16Params& p) {
+  return sm_count() * (runs_narrow(p) ? Shape<true>::kCtasPerSm : Shape<false>::kCtasPerSm);
 }
 
-// The most dynamic shared memory a CTA may opt in to, less the kernel's static shared memory (s_flag, s_done).
-int smem_limit() {
-  int dev = 0, optin = 0;
+// Dynamic shared memory of a launch: the pipeline's buffers, then the item table.
+int smem_bytes(const MoeW4a16Workspace& ws) {
+  const int pipeline = runs_narrow(ws.params) ? Shape<true>::kSmemBytes : Shape<false>::kSmemBytes;
+  return pipeline + ws.table_entries * static_cast<int>(sizeof(ItemEntry));
+}
+
+// The most dynamic shared memory a CTA may opt in to, less the kernel's static shared memory (s_flag, s_done); the
+// narrow shape's two CTAs share an SM's shared memory (and each reserves 1 KiB of it).
+int smem_limit(bool narrow) {
+  int dev = 0, optin = 0, per_sm = 0;
   BG_CUDA_CHECK(cudaGetDevice(&dev));
   BG_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return optin - 1024;
+  BG_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  return narrow ? std::min(optin, per_sm / Shape<true>::kCtasPerSm - 1024) - 1024 : optin - 1024;
 }
 
 // The dynamic shared-memory opt-in is per device and kernel: raised to `bytes` when a launch needs more than set.
-template <bool kGateUp, bool kWgmma>
+template <bool kGateUp, bool kWgmma, bool kNarrow>
 void set_smem_attribute(int bytes) {
   static std::mutex mu;
   static int set[64] = {};  // per device
@@ -501,7 +537,8 @@ void set_smem_attribute(int bytes) {
   std::lock_guard<std::mutex> lock(mu);
   if (dev < 64 && set[dev] >= bytes) return;
   BG_CUDA_CHECK(
-      cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp, kWgmma>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp, kWgmma, kNarrow>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           bytes));
   if (dev < 64) set[dev] = bytes;
 }
 
@@ -527,8 +564,11 @@ void check_workspace(const MoeW4a16Params& p, const MoeW4a16Workspace& ws) {
            "moe_w4a16_cuda: workspace laid out for n_tokens {} top_k {} experts {} hidden {} inter {} splits {}, "
            "launched with {} {} {} {} {} {}", q.n_tokens, q.top_k, q.n_experts, q.hidden, q.inter, q.fixed_splits,
            p.n_tokens, p.top_k, p.n_experts, p.hidden, p.inter, p.fixed_splits);
-  BG_CHECK(ws.grid == sm_count(), "moe_w4a16_cuda: workspace laid out for {} SMs, this device has {}", ws.grid,
-           sm_count());
+  BG_CHECK(runs_narrow(q) == runs_narrow(p), "moe_w4a16_cuda: workspace laid out for the {} shape, launched with "
+           "the {} shape (MoeW4a16Params::narrow / wgmma)", runs_narrow(q) ? "narrow" : "wide",
+           runs_narrow(p) ? "narrow" : "wide");
+  BG_CHECK(ws.grid == grid_of(p), "moe_w4a16_cuda: workspace laid out for {} CTAs, this device runs {}", ws.grid,
+           grid_of(p));
 }
 
 KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const MoeWorkspace& d,
@@ -560,14 +600,14 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
 
 // gate/up, then down (as a programmatic dependent with pdl: down's CTAs may start and stream their first weights
 // while gate/up finishes; they read h only after griddepcontrol.wait, which waits for gate/up to complete and flush).
-template <bool kWgmma>
+template <bool kWgmma, bool kNarrow>
 void launch(const KernelArgs& gu, const KernelArgs& dn, int smem, int grid, bool pdl, cudaStream_t stream) {
-  set_smem_attribute<true, kWgmma>(smem);
-  set_smem_attribute<false, kWgmma>(smem);
-  moe_w4a16_kernel<true, kWgmma><<<grid, kThreads, smem, stream>>>(gu);
+  set_smem_attribute<true, kWgmma, kNarrow>(smem);
+  set_smem_attribute<false, kWgmma, kNarrow>(smem);
+  moe_w4a16_kernel<true, kWgmma, kNarrow><<<grid, kThreads, smem, stream>>>(gu);
   BG_CUDA_CHECK_LAUNCH();
   if (!pdl) {
-    moe_w4a16_kernel<false, kWgmma><<<grid, kThreads, smem, stream>>>(dn);
+    moe_w4a16_kernel<false, kWgmma, kNarrow><<<grid, kThreads, smem, stream>>>(dn);
     BG_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -581,21 +621,21 @@ void launch(const KernelArgs& gu, const KernelArgs& dn, int smem, int grid, bool
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  BG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_w4a16_kernel<false, kWgmma>, dn));
+  BG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_w4a16_kernel<false, kWgmma, kNarrow>, dn));
 }
 
 }  // namespace
 
 size_t moe_w4a16_workspace_bytes(const MoeW4a16Params& p) {
   moe_w4a16_check_params(p);
-  return ws_offsets(p, moe_w4a16_workspace_geometry(p, sm_count())).total;
+  return ws_offsets(p, moe_w4a16_workspace_geometry(p, grid_of(p))).total;
 }
 
 MoeW4a16Workspace moe_w4a16_workspace_layout(const MoeW4a16Params& p, void* base) {
   moe_w4a16_check_params(p);
   BG_CHECK(base != nullptr && cuda::aligned_to(base, 256),
            "moe_w4a16_workspace_layout: base {} must be non-null and 256-byte aligned", base);
-  const int grid = sm_count();
+  const int grid = grid_of(p);
   const MoeW4a16WorkspaceGeometry s = moe_w4a16_workspace_geometry(p, grid);
   const WsOffsets o = ws_offsets(p, s);
   auto* b = static_cast<uint8_t*>(base);
@@ -604,9 +644,9 @@ MoeW4a16Workspace moe_w4a16_workspace_layout(const MoeW4a16Params& p, void* base
   ws.grid = grid;
   ws.nb_cap = s.nb_cap;
   ws.table_entries = s.table_entries;
-  BG_CHECK(smem_bytes(ws) <= smem_limit(),
+  BG_CHECK(smem_bytes(ws) <= smem_limit(runs_narrow(p)),
            "moe_w4a16: {} work items per CTA need {} bytes of shared memory, the device allows {}", s.table_entries,
-           smem_bytes(ws), smem_limit());
+           smem_bytes(ws), smem_limit(runs_narrow(p)));
   ws.counters = reinterpret_cast<int32_t*>(b + o.counters);
   ws.n_counters = s.tile_counters + s.token_counters;
   ws.tile_counters = ws.counters;
@@ -644,9 +684,11 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
   const KernelArgs gu = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kGateUp);
   const KernelArgs dn = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kDown);
   if (p.wgmma) {
-    launch<true>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
+    launch<true, false>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
+  } else if (runs_narrow(p)) {
+    launch<false, true>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
   } else {
-    launch<false>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
+    launch<false, false>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
   }
 }
 
@@ -669,6 +711,7 @@ MoeW4a16Params moe_w4a16_common_params(const MoeCudaParams& p, int32_t fixed_spl
   q.accumulate = p.accumulate;
   q.fixed_splits = fixed_splits;
   q.wgmma = env_switch("BG_MOE_W4A16_WGMMA", false);
+  q.narrow = env_switch("BG_MOE_W4A16_NARROW", false);
   return q;
 }
 
