@@ -373,6 +373,20 @@ int kda_recurrent_splits(int64_t token_heads) {
   return splits_for(policy, token_heads);
 }
 
+int kda_recurrent_ctas_per_sm(int splits) {
+  BG_CHECK(splits == 1 || splits == 4, "kda_recurrent_ctas_per_sm: {} column splits (1 or 4)", splits);
+  int n = 0;
+  if (splits == 4) {
+    constexpr int kCols = kDim / 4;
+    BG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kda_recurrent_kernel<true, kCols>,
+                                                                kCols * kRowGroups, 0));
+  } else {
+    BG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kda_recurrent_kernel<true, kDim>,
+                                                                kDim * kRowGroups, 0));
+  }
+  return n;
+}
+
 void kda_recurrent_cuda(const KdaParams& p, const KdaCudaInputs& in, const KdaStateSlots& states, __nv_bfloat16* out,
                         cudaStream_t stream, int splits) {
   constexpr const char* op = "kda_recurrent_cuda";

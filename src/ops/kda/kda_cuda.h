@@ -54,6 +54,9 @@ void kda_recurrent_cuda(const KdaParams& p, const KdaCudaInputs& in, const KdaSt
 inline constexpr int64_t kKdaRecurrentSplitBelow = 512;
 int kda_recurrent_splits(int64_t token_heads);
 int kda_recurrent_splits(int64_t token_heads, const char* env_value);
+// CTAs of the full-dims recurrent kernel that fit on one SM of the current device (cudaOccupancy...; 2 on the H200 at
+// 64 registers a thread, 4 with the column split). A test holds it there: one CTA per SM cost 37 % at batch 64.
+int kda_recurrent_ctas_per_sm(int splits);
 
 // Scratch of the tensor-core chunked path (chunk-local operands of every (chunk, head), ~120 KB each), passed in so
 // that the launchers allocate nothing (CUDA-graph capturable). 16-byte aligned.
