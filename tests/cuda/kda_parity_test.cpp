@@ -374,7 +374,8 @@ TEST(KdaCuda, RecurrentColumnSplitIsBitIdentical) {
   EXPECT_TRUE(whole.first == split.first) << "state differs";
   EXPECT_TRUE(whole.second == split.second) << "outputs differ";
   EXPECT_THROW(check_recurrent_batch(96, kDim, kDim, 410, 2), Error);
-  EXPECT_EQ(kda_recurrent_splits(96, nullptr), 1);
+  EXPECT_EQ(kda_recurrent_splits(96, nullptr), 4);  // unset: auto
+  EXPECT_EQ(kda_recurrent_splits(16 * 96, nullptr), 1);
   EXPECT_EQ(kda_recurrent_splits(96, "auto"), 4);  // one token of 96 heads
   EXPECT_EQ(kda_recurrent_splits(16 * 96, "auto"), 1);
   EXPECT_EQ(kda_recurrent_splits(96, "1"), 1);

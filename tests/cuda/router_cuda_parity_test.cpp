@@ -100,8 +100,8 @@ void run_case(const RouterCase& rc, int64_t n, uint64_t seed) {
 const std::vector<int64_t> kTokenCounts = {0, 1, 3, 16, 100, 1000};
 
 TEST(RouterCudaParity, TopkChoiceFromTheEnvironment) {
-  EXPECT_EQ(router_topk_from_env(nullptr), RouterTopk::kRounds);
-  EXPECT_EQ(router_topk_from_env(""), RouterTopk::kRounds);
+  EXPECT_EQ(router_topk_from_env(nullptr), RouterTopk::kSort);
+  EXPECT_EQ(router_topk_from_env(""), RouterTopk::kSort);
   EXPECT_EQ(router_topk_from_env("rounds"), RouterTopk::kRounds);
   EXPECT_EQ(router_topk_from_env("sort"), RouterTopk::kSort);
   EXPECT_THROW(router_topk_from_env("bitonic"), Error);

@@ -1,12 +1,12 @@
 // Kernel cases of the routed-expert path at the K3 EP16 rank's shapes: 56 local MXFP4 experts (gate / up [3072 x
 // 3584], down [3584 x 3072], SiTU), top-16 routing of each token, the router over K3's 896 global experts.
-//   router_topk         the top-16 of 896 router (fp32 logits -> ids, weights)
-//   router_topk_sort    the same taking the top-k by a sort of keys (ops::RouterTopk::kSort; not the default until
-//                       measured)
+//   router_topk         the top-16 of 896 router (fp32 logits -> ids, weights), the default algorithm (a sort of keys)
+//   router_topk_rounds  the same taking the top-k in k rounds of a block argmax (ops::RouterTopk::kRounds)
 //   moe_decode_w4a16    the fused W4A16 kernel (gate/up + GLU, down + weighted combine; dispatch done in setup) over
 //                       the load-time layout, what Backend::moe_routed_local runs at decode (ops/moe_w4a16)
 //   moe_decode_w4a16_wgmma the same on wgmma (MoeW4a16Params::wgmma; not the default until measured)
-//   moe_decode_w4a16_narrow the same in the two-CTAs-per-SM shape (MoeW4a16Params::narrow; up to 16 tokens)
+//   moe_decode_w4a16_wide the same without the two-CTAs-per-SM shape that the default takes up to 16 tokens
+//                       (MoeW4a16Params::narrow = false)
 //   moe_decode_w4a16_rows  the same kernel with rows in / rows out (gather in setup, no combine): what an
 //                       expert-parallel rank runs on the rows the exchange delivered (Backend::moe_experts)
 //   moe_decode_stages   the stage kernels' expert FFN alone (dispatch and gather done in setup), decode batches
@@ -113,7 +113,7 @@ double ffn_bytes(int64_t n_tokens, int64_t touched) {
 }
 
 enum class MoePart {
-  kW4a16, kW4a16Wgmma, kW4a16Narrow, kW4a16Rows, kFfn, kRouted, kDispatch, kGrouped, kGroupedPerExpert, kGroupedDequant
+  kW4a16, kW4a16Wgmma, kW4a16Wide, kW4a16Rows, kFfn, kRouted, kDispatch, kGrouped, kGroupedPerExpert, kGroupedDequant
 };
 
 // The grouped path over a dispatched, gathered workspace: its plan (the row counts read once here, outside the
@@ -169,7 +169,7 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
   c.set_bytes = d(kExperts) * expert_bytes();  // far beyond the L2: one set
   // Decode (a few rows per expert) is bound by the weight bytes: its compute reference is the dense GEMM peak, not the
   // grouped GEMM at the same rows per expert (itself memory-bound there, so a 4-bit kernel would score above 1).
-  const bool w4a16 = part == MoePart::kW4a16 || part == MoePart::kW4a16Wgmma || part == MoePart::kW4a16Narrow ||
+  const bool w4a16 = part == MoePart::kW4a16 || part == MoePart::kW4a16Wgmma || part == MoePart::kW4a16Wide ||
                      part == MoePart::kW4a16Rows;
   c.compute_ref = w4a16 || n_tokens <= 256 ? ComputeRef::kGemm : ComputeRef::kGroupedGemm;
   c.rows_per_expert = std::max<int64_t>(1, n_tokens * kTopK / kExperts);
@@ -202,7 +202,7 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
       if (rows) ops::moe_gather_cuda(p, x, ws, env.stream);
       ops::MoeW4a16Params wp = rows ? ops::moe_w4a16_rows_params(p) : ops::moe_w4a16_params(p);
       if (part == MoePart::kW4a16Wgmma) wp.wgmma = true;
-      if (part == MoePart::kW4a16Narrow) wp.narrow = true;
+      if (part == MoePart::kW4a16Wide) wp.narrow = false;
       const ops::MoeW4a16Workspace wws =
           ops::moe_w4a16_workspace_layout(wp, mem.zeros(ops::moe_w4a16_workspace_bytes(wp)));
       // Packed bytes of the touched experts + x in + out read-modify-written (h stays on chip or in L2).
@@ -224,7 +224,7 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
     switch (part) {
       case MoePart::kW4a16:
       case MoePart::kW4a16Wgmma:
-      case MoePart::kW4a16Narrow:
+      case MoePart::kW4a16Wide:
       case MoePart::kW4a16Rows:
       case MoePart::kGrouped:
       case MoePart::kGroupedPerExpert:
@@ -264,7 +264,7 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
 KernelCase router_case(int64_t n_tokens, std::optional<ops::RouterTopk> algo = std::nullopt) {
   constexpr int64_t kGlobalExperts = 896;
   KernelCase c;
-  c.name = algo == ops::RouterTopk::kSort ? "router_topk_sort" : "router_topk";
+  c.name = algo == ops::RouterTopk::kRounds ? "router_topk_rounds" : "router_topk";
   c.shape = fmt::format("B={} top16/896", n_tokens);
   c.set_bytes = d(n_tokens * kGlobalExperts) * 4;
   c.prepare = [=](const CudaEnv&, CaseMemory& mem, int n_sets) {
@@ -294,12 +294,12 @@ void register_moe_cases(KernelRegistry& r, bool quick) {
   const std::vector<int64_t> decode = quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 16, 64};
   for (int64_t b : decode) r.add(router_case(b));
   if (!quick) {
-    for (int64_t b : decode) r.add(router_case(b, ops::RouterTopk::kSort));
+    for (int64_t b : decode) r.add(router_case(b, ops::RouterTopk::kRounds));
   }
   for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16", b, MoePart::kW4a16));
   for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16_wgmma", b, MoePart::kW4a16Wgmma));
   for (int64_t b : decode) {
-    if (b <= 16) r.add(moe_case("moe_decode_w4a16_narrow", b, MoePart::kW4a16Narrow));
+    if (b <= 16) r.add(moe_case("moe_decode_w4a16_wide", b, MoePart::kW4a16Wide));
   }
   for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16_rows", b, MoePart::kW4a16Rows));
   for (int64_t b : decode) r.add(moe_case("moe_decode_stages", b, MoePart::kFfn));

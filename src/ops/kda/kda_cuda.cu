@@ -2,8 +2,8 @@
 // sequence (kda_chunked_simt_cuda: the path for head dims other than 128; kda_chunked_tc.cu has the tensor-core one).
 // Math, state layout [H, K, V] (K-first) and chunk formulas are those of kda_cpu.cpp; fp32 everywhere inside.
 //
-// Recurrent: one CTA (512 threads) per (token, head), or, when kda_recurrent_splits asks (off by default until
-// measured), four of 128 threads per (token, head) each taking 32 of the state's columns; thread (r, v) holds rows 32r..32r+31 of state
+// Recurrent: one CTA (512 threads) per (token, head), or, when kda_recurrent_splits asks (steps of few tokens), four
+// of 128 threads per (token, head) each taking 32 of the state's columns; thread (r, v) holds rows 32r..32r+31 of state
 // column v in registers, so the state is read once and written once; the two K-reductions (S^T k, S^T q) go through
 // shared memory across the 4 row groups.
 //
@@ -352,15 +352,15 @@ bool full_dims(const KdaParams& p) { return p.head_dim_k == kDim && p.head_dim_v
 }  // namespace
 
 namespace {
-// BG_KDA_RECURRENT_SPLIT as a choice index: -1 or 0 one CTA, 1 four, 2 by the step's size.
+// BG_KDA_RECURRENT_SPLIT as a choice index: 0 one CTA, 1 four, -1 (unset or empty) or 2 by the step's size.
 int split_policy(const char* env_value) {
   return env_choice("BG_KDA_RECURRENT_SPLIT", env_value, {"1", "4", "auto"});
 }
 
 int splits_for(int policy, int64_t token_heads) {
   if (policy == 1) return 4;
-  if (policy == 2) return token_heads <= kKdaRecurrentSplitBelow ? 4 : 1;
-  return 1;  // unset, empty or "1"
+  if (policy == 2 || policy < 0) return token_heads <= kKdaRecurrentSplitBelow ? 4 : 1;
+  return 1;  // "1"
 }
 }  // namespace
 

@@ -41,7 +41,8 @@
 //   ~0.7 sustained by mma.sync on Hopper; 32 rows per expert is the tight case (wgmma would lift it).
 // - Fixed costs per kernel: pipeline fill (~1.5 us), the last wave's tail and the final reductions (~1-2 us).
 // - Predicted: >= 0.85 of read at 1-16 rows per expert (16 of 56 K3 experts: ~72 us for 281 MB), ~0.75-0.8 at 32.
-//   Measured on the H200: 0.53 at 1 row, 0.49-0.50 at 4, 0.35 at 16, 0.25 at 32 (PDL on). The main loop is 55-65 %
+//   Measured on the H200: 0.53 at 1 row, 0.49-0.50 at 4, 0.35 at 16, 0.25 at 32 (PDL on); the narrow shape (two
+//   CTAs per SM, up to 16 tokens) 0.56 / 0.52 / 0.41 at 1 / 4 / 16. The main loop is 55-65 %
 //   of the warp samples, the integer pipe throttling the decode's chains after each stage barrier; per-pass code
 //   (reductions, GLU, cursors) was a third before the item table and the out-of-line GLU (docs/MOE_W4A16.md,
 //   "Where the time goes").
@@ -711,7 +712,7 @@ MoeW4a16Params moe_w4a16_common_params(const MoeCudaParams& p, int32_t fixed_spl
   q.accumulate = p.accumulate;
   q.fixed_splits = fixed_splits;
   q.wgmma = env_switch("BG_MOE_W4A16_WGMMA", false);
-  q.narrow = env_switch("BG_MOE_W4A16_NARROW", false);
+  q.narrow = env_switch("BG_MOE_W4A16_NARROW", true);
   return q;
 }
 

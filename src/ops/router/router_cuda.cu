@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) route_topk_kernel(RouterDims d, cons
 }  // namespace
 
 RouterTopk router_topk_from_env(const char* env_value) {
-  return env_choice("BG_ROUTER_TOPK", env_value, {"rounds", "sort"}) == 1 ? RouterTopk::kSort : RouterTopk::kRounds;
+  return env_choice("BG_ROUTER_TOPK", env_value, {"rounds", "sort"}) == 0 ? RouterTopk::kRounds : RouterTopk::kSort;
 }
 
 RouterTopk router_topk_default() {

