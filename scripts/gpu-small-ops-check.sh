@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The GPU checks of the 2026-12-05 small-op and graph changes that no device was lent for (bench/RESULTS.md, the
-# 2026-12-05 entry): the parity tests of the router (both top-k algorithms), the KDA recurrent step (column split
-# bit-identical), the graph tests (LongerContextsReplayTheSameGraph: block tables 16k tokens wide), the goldens and
-# engine-state tests; then the router and KDA recurrent kernels with each choice, the slice's decode step, and the
-# served --deterministic check. Run from the repo root with the bundle carried:
+# GPU checks of the decode step's small ops and graphs (bench/RESULTS.md, the 2026-12-05 entries): the parity tests of
+# the router (both top-k algorithms), the KDA recurrent step (column split bit-identical, occupancy), short conv and
+# KDA prep, the MLA cache write, the graph tests (LongerContextsReplayTheSameGraph: block tables 16k tokens wide,
+# padding rows), the goldens and engine-state tests; then the router and KDA recurrent kernels with each choice, the
+# slice's decode step (with and without the padding-row skip), and the served --deterministic check. Run from the repo
+# root with the bundle carried:
 #   scripts/gpu-small-ops-check.sh [BUNDLE]
-# Output: $OUT/small-ops.txt (the summary) and logs beside it. Flip the defaults (BG_ROUTER_TOPK, BG_KDA_RECURRENT_SPLIT)
-# only if the parity lines say PASSED and the kernels measure faster. PARTS (default "parity kernels step serve") picks
+# Output: $OUT/small-ops.txt (the summary) and logs beside it. PARTS (default "parity kernels step serve") picks
 # what runs, so that the parts can go in separate calls of the device's 10-minute limit; STEP_BATCHES and STEP_CONTEXTS
 # narrow the step part.
 set -u
