@@ -53,8 +53,8 @@ __device__ __forceinline__ T block_reduce(T v, Op op, T identity, T* scratch) {
 
 // The state slot of row s of a step, or -1 for a padding row (s >= *live_tokens, when live_tokens is set). Both loads
 // are issued before either value is used (volatile asm stays in program order and is never sunk into the branch that
-// uses it): a slot read that waited for the live count would add a second memory latency to every thread's start
-// (it cost the Kimi-K3 slice's KDA recurrent step 37 % at batch 64 on the H200).
+// uses it), so a slot read never waits for the live count: one memory latency at a thread's start, not two. (Not
+// measured alone: the 37 % the KDA recurrent step lost at batch 64 in the same change was its register count.)
 __device__ __forceinline__ int32_t live_slot(const int32_t* slot_idx, const int32_t* live_tokens, int64_t s) {
   int32_t slot = 0, live = INT32_MAX;
   asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(slot) : "l"(slot_idx + s));

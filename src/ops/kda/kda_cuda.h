@@ -50,7 +50,8 @@ void kda_recurrent_cuda(const KdaParams& p, const KdaCudaInputs& in, const KdaSt
 // How many CTAs split one (token, head) of kda_recurrent_cuda's full-dims path over the state's columns, from
 // BG_KDA_RECURRENT_SPLIT (read once): unset or "auto" (the default since 2026-12-05, measured on the H200: 5.8 against
 // 6.1 us at one K3 token, the same from 16 on), 4 when the step has at most kKdaRecurrentSplitBelow (token, head)
-// pairs, else 1; "1", 1 CTA (all 128 columns); "4", 4 CTAs of 32 columns. Anything else throws. The results are bit-identical either way.
+// pairs, else 1; "1", 1 CTA (all 128 columns); "4", 4 CTAs of 32 columns. Anything else throws. The results are
+// bit-identical either way.
 inline constexpr int64_t kKdaRecurrentSplitBelow = 512;
 int kda_recurrent_splits(int64_t token_heads);
 int kda_recurrent_splits(int64_t token_heads, const char* env_value);
