@@ -17,6 +17,12 @@ fuzz_seconds="${BG_FUZZ_SECONDS:-60}"
 request_fuzz_seconds="${BG_REQUEST_FUZZ_SECONDS:-30}"
 golden_args=()
 if [[ -n "${BG_GOLDEN_DIR:-}" ]]; then golden_args=(-DBG_GOLDEN_DIR="$BG_GOLDEN_DIR"); fi
+# The tests compare against the golden cases: without them a hundred tests would fail after the whole build.
+golden_dir="${BG_GOLDEN_DIR:-$root/../shared/golden}"
+if [[ ! -d "$golden_dir" ]]; then
+  echo "test.sh: no golden cases at $golden_dir: put shared/golden beside the repository or set BG_GOLDEN_DIR" >&2
+  exit 2
+fi
 
 step() { printf '\n==> [%4ds] %s\n' "$SECONDS" "$*"; }
 
