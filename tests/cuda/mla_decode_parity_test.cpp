@@ -408,15 +408,21 @@ TEST_P(MlaDecode, RejectsBadInput) {
 }
 
 std::string mma_name(const ::testing::TestParamInfo<MlaDecodeMma>& info) {
-  return info.param == MlaDecodeMma::kWgmma ? "Wgmma" : "MmaSync";
+  switch (info.param) {
+    case MlaDecodeMma::kWgmma: return "Wgmma";
+    case MlaDecodeMma::kWgmmaHeadsM: return "WgmmaHeadsM";
+    case MlaDecodeMma::kMmaSync: break;
+  }
+  return "MmaSync";
 }
 
 // Separate instantiations so a failure (or a fault) of one policy does not hide the other's result; ctest runs every
 // case in its own process.
 INSTANTIATE_TEST_SUITE_P(MmaSync, MlaDecode, ::testing::Values(MlaDecodeMma::kMmaSync), mma_name);
 INSTANTIATE_TEST_SUITE_P(Wgmma, MlaDecode, ::testing::Values(MlaDecodeMma::kWgmma), mma_name);
+INSTANTIATE_TEST_SUITE_P(WgmmaHeadsM, MlaDecode, ::testing::Values(MlaDecodeMma::kWgmmaHeadsM), mma_name);
 
-// Manual micro-benchmark (not a CI test): K3 shapes, B = 1/16/64 x context 4k/32k, both policies. Run with
+// Manual micro-benchmark (not a CI test): K3 shapes, B = 1/16/64 x context 4k/32k, every policy. Run with
 //   build-cuda/tests/test_cuda --gtest_also_run_disabled_tests --gtest_filter='MlaDecodeBench.*'
 TEST(MlaDecodeBench, DISABLED_K3Shapes) {
   BG_REQUIRE_GPU();
@@ -424,8 +430,8 @@ TEST(MlaDecodeBench, DISABLED_K3Shapes) {
   for (const MlaDecodeBenchResult& r : results) EXPECT_TRUE(std::isfinite(r.us) && r.us > 0.0);
 }
 
-// One shape and the wgmma policy only, few replays: what a profiler run (Nsight Compute) attaches to. Shape from
-// BG_MLA_DECODE_PROFILE="BATCH,CONTEXT" (default 64,4096).
+// One shape and one kernel (BG_MLA_DECODE, else the default), few replays: what a profiler run (Nsight Compute)
+// attaches to. Shape from BG_MLA_DECODE_PROFILE="BATCH,CONTEXT" (default 64,4096).
 TEST(MlaDecodeBench, DISABLED_ProfileOne) {
   BG_REQUIRE_GPU();
   MlaDecodeBenchOptions o;
@@ -434,7 +440,7 @@ TEST(MlaDecodeBench, DISABLED_ProfileOne) {
     ASSERT_EQ(std::sscanf(v, "%lld,%lld", &b, &ctx), 2) << "BG_MLA_DECODE_PROFILE=" << v << " (expected BATCH,CONTEXT)";
   }
   o.cases = {{b, ctx}};
-  o.mmas = {MlaDecodeMma::kWgmma};
+  o.mmas = {mla_decode_mma_from_env()};  // BG_MLA_DECODE, else the default
   o.replays = 1;
   o.rotate_bytes = 0;
   const std::vector<MlaDecodeBenchResult> results = mla_decode_bench(o);

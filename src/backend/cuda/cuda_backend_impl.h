@@ -597,6 +597,8 @@ class CudaBackend final : public Backend {
     // Never under --deterministic (mla_attention takes the general kernel then), so the balanced split-KV plan;
     // the per-token plan (MlaDecodeOptions::per_token) stays a kernel option with its own batch-invariance test.
     ops::MlaDecodeOptions options;
+    static const ops::MlaDecodeMma mma = ops::mla_decode_mma_from_env();  // BG_MLA_DECODE, read once
+    options.mma = mma;
     const ops::MlaDecodePlan plan = ops::mla_decode_plan(p, n_sms_, options);
     if (plan.ws.total_bytes > mla_ws_bytes_) {
       if (mla_ws_) mla_ws_retired_.push_back(std::move(mla_ws_));

@@ -81,7 +81,9 @@ KernelCase mla_decode_case(int64_t batch, int64_t context, bool tensor_cores = t
   } else if (mma == ops::MlaDecodeOptions{}.mma) {
     c.name = "mla_decode";
   } else {
-    c.name = mma == ops::MlaDecodeMma::kWgmma ? "mla_decode_wgmma" : "mla_decode_mmasync";
+    c.name = mma == ops::MlaDecodeMma::kWgmma        ? "mla_decode_wgmma"
+             : mma == ops::MlaDecodeMma::kWgmmaHeadsM ? "mla_decode_heads_m"
+                                                       : "mla_decode_mmasync";
   }
   c.shape = fmt::format("B={} ctx={}", batch, context);
   const double kv = d(batch * context * kEntry) * 2;
@@ -411,12 +413,13 @@ void register_attention_cases(KernelRegistry& r, bool quick) {
   for (int64_t ctx : contexts) {
     for (int64_t b : decode) r.add(mla_decode_case(b, ctx));
     if (ctx == 4096) r.add(mla_decode_case(quick ? 1 : 16, ctx, /*tensor_cores=*/false));
-    // The other tensor-core policy of the decode kernel, beside the default (mla_decode_plan.h).
-    const ops::MlaDecodeMma other = ops::MlaDecodeOptions{}.mma == ops::MlaDecodeMma::kWgmma
-                                        ? ops::MlaDecodeMma::kMmaSync
-                                        : ops::MlaDecodeMma::kWgmma;
+    // The other attention kernels of the decode op, beside the default (mla_decode_plan.h).
     if (!quick) {
-      for (int64_t b : decode) r.add(mla_decode_case(b, ctx, true, other));
+      for (const ops::MlaDecodeMma other :
+           {ops::MlaDecodeMma::kWgmma, ops::MlaDecodeMma::kWgmmaHeadsM, ops::MlaDecodeMma::kMmaSync}) {
+        if (other == ops::MlaDecodeOptions{}.mma) continue;
+        for (int64_t b : decode) r.add(mla_decode_case(b, ctx, true, other));
+      }
     }
   }
   for (int64_t t : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384, 65536}) {

@@ -46,24 +46,6 @@ struct SoftmaxState {
   float sum[kNT / 2][2];  // partial sum over this thread's 2 rows, rescaled with the max
 };
 
-// The calling thread's warpgroup (0, 1) and warp in it (0..3), read through a shuffle so the compiler knows they are
-// warp-uniform: descriptors and shared-memory offsets built from them then stay in uniform registers.
-__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, threadIdx.x / 128, 0); }
-__device__ __forceinline__ int warp_in_group() { return __shfl_sync(0xffffffffu, (threadIdx.x / 32) % 4, 0); }
-
-// Largest token t with tile_prefix[t] <= tile (every token has at least one tile, so prefixes strictly increase).
-__device__ __forceinline__ int64_t token_of_tile(const int32_t* prefix, int n_tokens, int64_t tile) {
-  int lo = 0, hi = n_tokens - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (prefix[mid] <= tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
 
 // Cache positions first..first+63 of one sequence into a swizzled tile (rows at or past n_ctx are zero-filled, so
 // masked rows never feed NaN from stale memory into 0 * x). Thread i copies 18 chunks of row i / 4.
@@ -89,18 +71,6 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const MlaPagedCache& cac
   for (int i = 0; i < kChunks / 4; ++i) {
     const int c = part + 4 * i;
     cp_async16(dst + chunk_offset(row, c, kTileSlabBytes), src + c * 8, bytes);  // bytes 0: nothing read
-  }
-}
-
-// The group's query rows [Hc, 576] into the swizzled Q buffer; heads past n_valid (padding) are zero.
-template <int kNT>
-__device__ __forceinline__ void load_q(uint32_t dst, const bf16* rows, int n_valid) {
-  constexpr int kHeads = kNT * 8;
-  for (int idx = threadIdx.x; idx < kHeads * kChunks; idx += kThreads) {
-    const int row = idx / kChunks, c = idx % kChunks;
-    const bool valid = row < n_valid;
-    cp_async16(dst + chunk_offset(row, c, Smem<kNT>::kQSlabBytes), valid ? rows + row * kEntry + c * 8 : rows,
-               valid ? 16u : 0u);
   }
 }
 
@@ -401,14 +371,20 @@ auto dispatch(const MlaDecodePlan& plan, F&& f) {
 }  // namespace
 
 void launch_attention(const MlaDecodePlan& plan, const AttentionArgs& args, cudaStream_t stream) {
+  if (plan.mma == MlaDecodeMma::kWgmmaHeadsM) {
+    launch_attention_heads_m(plan, args, stream);
+    return;
+  }
   dispatch(plan, [&](auto nt, auto mma) { launch<decltype(nt)::value, decltype(mma)>(plan, args, stream); });
 }
 
 size_t attention_smem_bytes(const MlaDecodePlan& plan) {
+  if (plan.mma == MlaDecodeMma::kWgmmaHeadsM) return attention_smem_bytes_heads_m(plan);
   return dispatch(plan, [](auto nt, auto) { return static_cast<size_t>(Smem<decltype(nt)::value>::kDynamicBytes); });
 }
 
 MlaDecodeKernelInfo attention_kernel_info(const MlaDecodePlan& plan) {
+  if (plan.mma == MlaDecodeMma::kWgmmaHeadsM) return attention_kernel_info_heads_m(plan);
   return dispatch(plan, [](auto nt, auto mma) { return info<decltype(nt)::value, decltype(mma)>(); });
 }
 

@@ -18,7 +18,7 @@ struct MlaDecodeBenchCase {
 struct MlaDecodeBenchOptions {
   int64_t n_heads = 96, qk_nope = 128, v_head = 128, block_size = 64;  // Kimi-K3
   std::vector<MlaDecodeBenchCase> cases = {{1, 4096}, {16, 4096}, {64, 4096}, {1, 32768}, {16, 32768}, {64, 32768}};
-  std::vector<MlaDecodeMma> mmas = {MlaDecodeMma::kMmaSync, MlaDecodeMma::kWgmma};
+  std::vector<MlaDecodeMma> mmas = {MlaDecodeMma::kMmaSync, MlaDecodeMma::kWgmma, MlaDecodeMma::kWgmmaHeadsM};
   int64_t rotate_bytes = int64_t{256} << 20;  // input copies until their bytes exceed this (4x the 60 MB L2)
   int replays = 5;
 };

@@ -32,4 +32,10 @@ void launch_attention(const MlaDecodePlan& plan, const AttentionArgs& args, cuda
 size_t attention_smem_bytes(const MlaDecodePlan& plan);
 MlaDecodeKernelInfo attention_kernel_info(const MlaDecodePlan& plan);
 
+// The heads-as-M kernel (MlaDecodeMma::kWgmmaHeadsM, mla_decode_heads_m.cu): the same arguments, grid and outputs;
+// the three functions above call these for that policy.
+void launch_attention_heads_m(const MlaDecodePlan& plan, const AttentionArgs& args, cudaStream_t stream);
+size_t attention_smem_bytes_heads_m(const MlaDecodePlan& plan);
+MlaDecodeKernelInfo attention_kernel_info_heads_m(const MlaDecodePlan& plan);
+
 }  // namespace bg::ops::mla_decode

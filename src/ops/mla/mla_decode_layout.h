@@ -73,6 +73,25 @@ BG_MLA_HD uint32_t pv_a_start(int wg, int c, int ks) { return (4 * wg + c) * kTi
 BG_MLA_HD uint32_t pv_b_start(int ks) { return ks * 32; }
 
 
+// ---- heads as M (MlaDecodeMma::kWgmmaHeadsM, mla_decode_heads_m.cu) ------------------------------------------------
+// Q·Kᵀ: S[64 head rows, 32 positions] = Q (A, K-major, slabs of Hc · 128 B: rows Hc..63 of the m64 operand read the
+// next slab's first rows, or the zero pad after the last slab: rows that never leave the CTA) · a half tile (B,
+// K-major, 32 positions = 9 slabs of 4096 B). P·V: O[64 head rows, 64 channels of block cb] += P (registers: the S
+// accumulators as the A fragments) · V (B, MN-major: channels contiguous, `kHmPvLbo` between 64-channel slabs,
+// 8-position groups 1024 B apart).
+inline constexpr uint32_t kHalfTile = 32;                     // positions per ring buffer
+inline constexpr uint32_t kHalfSlabBytes = kHalfTile * 128;   // 4096
+inline constexpr uint32_t kHalfTileBytes = 9 * kHalfSlabBytes;
+inline constexpr uint32_t kHmPvLbo = kHalfSlabBytes, kHmPvSbo = 1024;
+BG_MLA_HD uint32_t hm_qk_a_start(int kk, uint32_t q_slab_bytes) { return (kk / 4) * q_slab_bytes + (kk % 4) * 32; }
+BG_MLA_HD uint32_t hm_qk_b_start(int kk) { return (kk / 4) * kHalfSlabBytes + (kk % 4) * 32; }
+// Warpgroup wg's channel block cb (channels 256 wg + 64 cb ..), positions 16 kk .. 16 kk + 15.
+BG_MLA_HD uint32_t hm_pv_b_start(int wg, int cb, int kk) { return (4 * wg + cb) * kHalfSlabBytes + kk * 2048; }
+// A register `reg` (0..3) of P·V k-step kk packs S accumulator elements hm_p_src(kk, reg) (low half) and + 1: the
+// m64nNk16 A fragment (mma.m16n8k16's A per warp: a0 row g cols 2t.., a1 row g+8, a2 row g cols 2t+8.., a3 row g+8)
+// is the accumulator of n8 blocks 2 kk and 2 kk + 1.
+BG_MLA_HD int hm_p_src(int kk, int reg) { return 4 * (2 * kk + reg / 2) + 2 * (reg % 2); }
+
 // ---- accumulators -------------------------------------------------------------------------------------------------
 BG_MLA_HD int acc_row(int lane, int w, int i) { return 16 * w + lane / 4 + 8 * ((i / 2) % 2); }
 BG_MLA_HD int acc_col(int lane, int i) { return 8 * (i / 4) + 2 * (lane % 4) + i % 2; }

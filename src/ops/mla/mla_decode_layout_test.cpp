@@ -276,6 +276,91 @@ TEST(MlaDecodeLayout, WgmmaDescriptorsAddressTheOperands) {
   }
 }
 
+// Heads as M: Q·Kᵀ with Q as the m64 A operand (rows past the group's heads are never checked: they read the next
+// slab or the pad) and a 32-position half tile as B; each warpgroup's k-steps give its partial.
+TEST(MlaDecodeLayout, HeadsMQkDescriptorsAddressTheOperands) {
+  constexpr int kHalf = static_cast<int>(kHalfTile);
+  const std::vector<float> half = dyadic(kHalf * kEntry, 4);
+  Image half_img(kHalfTileBytes);
+  for (uint32_t r = 0; r < kHalfTile; ++r) {
+    for (uint32_t col = 0; col < kEntry; ++col) {
+      half_img.put(chunk_offset(r, col / 8, kHalfSlabBytes) + (col % 8) * 2, half[r * kEntry + col]);
+    }
+  }
+  for (int heads : {16, 32, 48}) {
+    const Operands ops(heads);
+    Image q_img(9 * ops.q_slab + static_cast<uint32_t>(64 - heads) * 128);
+    for (uint32_t h = 0; h < static_cast<uint32_t>(heads); ++h) {
+      for (uint32_t col = 0; col < kEntry; ++col) {
+        q_img.put(chunk_offset(h, col / 8, ops.q_slab) + (col % 8) * 2, ops.q[h * kEntry + col]);
+      }
+    }
+    for (int wg = 0; wg < 2; ++wg) {
+      std::vector<float> d(static_cast<size_t>(64 * kHalf), 0.0f);
+      for (int kk = kKStepsPerWg * wg; kk < kKStepsPerWg * (wg + 1); ++kk) {
+        const Desc a = decode(sw128_desc(hm_qk_a_start(kk, ops.q_slab), kKMajorLbo, kKMajorSbo));
+        const Desc b = decode(sw128_desc(hm_qk_b_start(kk), kKMajorLbo, kKMajorSbo));
+        for (int m = 0; m < heads; ++m) {
+          for (int n = 0; n < kHalf; ++n) {
+            for (int k = 0; k < 16; ++k) d[m * kHalf + n] += q_img.at(k_major(a, m, k)) * half_img.at(k_major(b, n, k));
+          }
+        }
+      }
+      for (int m = 0; m < heads; ++m) {
+        for (int n = 0; n < kHalf; ++n) {
+          float ref = 0.0f;
+          for (int k = 288 * wg; k < 288 * (wg + 1); ++k) ref += ops.q[m * kEntry + k] * half[n * kEntry + k];
+          ASSERT_EQ(d[m * kHalf + n], ref) << heads << " heads, warpgroup " << wg << ", head " << m << " pos " << n;
+        }
+      }
+      // The rows past the heads stay inside the Q buffer and its pad.
+      const Desc last = decode(sw128_desc(hm_qk_a_start(kKStepsPerWg * 2 - 1, ops.q_slab), kKMajorLbo, kKMajorSbo));
+      EXPECT_LT(k_major(last, 63, 15), q_img.v.size() * 2) << heads << " heads";
+    }
+  }
+}
+
+// Heads as M, P·V: the A registers repacked from the S accumulators (hm_p_src) hold P in mma.m16n8k16's A layout,
+// and the MN-major descriptors read V = the half tile's channels for each warpgroup's channel blocks.
+TEST(MlaDecodeLayout, HeadsMPvOperandsFromAccumulatorsAndHalfTile) {
+  constexpr int kHalf = static_cast<int>(kHalfTile);
+  const std::vector<float> p = dyadic(64 * kHalf, 5), half = dyadic(kHalf * kEntry, 6);
+  Image half_img(kHalfTileBytes);
+  for (uint32_t r = 0; r < kHalfTile; ++r) {
+    for (uint32_t col = 0; col < kEntry; ++col) {
+      half_img.put(chunk_offset(r, col / 8, kHalfSlabBytes) + (col % 8) * 2, half[r * kEntry + col]);
+    }
+  }
+  for (int w = 0; w < 4; ++w) {
+    for (int l = 0; l < 32; ++l) {
+      float acc[16];
+      for (int i = 0; i < 16; ++i) acc[i] = p[acc_row(l, w, i) * kHalf + acc_col(l, i)];
+      const int g = l / 4, t = l % 4;
+      for (int kk = 0; kk < 2; ++kk) {
+        for (int reg = 0; reg < 4; ++reg) {
+          const int row = 16 * w + g + 8 * (reg % 2), col = 16 * kk + 2 * t + 8 * (reg / 2);
+          for (int e = 0; e < 2; ++e) {
+            ASSERT_EQ(acc[hm_p_src(kk, reg) + e], p[row * kHalf + col + e]) << "warp " << w << " lane " << l;
+          }
+        }
+      }
+    }
+  }
+  for (int wg = 0; wg < 2; ++wg) {
+    for (int cb = 0; cb < 4; ++cb) {
+      for (int kk = 0; kk < 2; ++kk) {
+        const Desc b = decode(sw128_desc(hm_pv_b_start(wg, cb, kk), kHmPvLbo, kHmPvSbo));
+        for (int n = 0; n < 64; ++n) {
+          for (int k = 0; k < 16; ++k) {
+            ASSERT_EQ(half_img.at(m_major(b, n, k)), half[(16 * kk + k) * kEntry + 256 * wg + 64 * cb + n])
+                << "warpgroup " << wg << " block " << cb << " k-step " << kk;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(MlaDecodeLayout, AccumulatorFormulasCoverEachElementOnce) {
   // 128 threads x (N/2) elements name every (row, column) of the 64 x N warpgroup tile exactly once.
   for (int n : {16, 32, 48}) {

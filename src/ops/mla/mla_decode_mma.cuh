@@ -70,6 +70,37 @@ __device__ __forceinline__ void warpgroup_barrier(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
 }
 
+// The calling thread's warpgroup (0, 1) and warp in it (0..3), read through a shuffle so the compiler knows they are
+// warp-uniform: descriptors and shared-memory offsets built from them then stay in uniform registers.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, threadIdx.x / 128, 0); }
+__device__ __forceinline__ int warp_in_group() { return __shfl_sync(0xffffffffu, (threadIdx.x / 32) % 4, 0); }
+
+// Largest token t with tile_prefix[t] <= tile (every token has at least one tile, so prefixes strictly increase).
+__device__ __forceinline__ int64_t token_of_tile(const int32_t* prefix, int n_tokens, int64_t tile) {
+  int lo = 0, hi = n_tokens - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (prefix[mid] <= tile) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// The group's query rows [Hc, 576] into the swizzled Q buffer; heads past n_valid (padding) are zero.
+template <int kNT>
+__device__ __forceinline__ void load_q(uint32_t dst, const __nv_bfloat16* rows, int n_valid) {
+  constexpr int kHeads = kNT * 8;
+  for (int idx = threadIdx.x; idx < kHeads * kChunks; idx += kThreads) {
+    const int row = idx / kChunks, c = idx % kChunks;
+    const bool valid = row < n_valid;
+    cp_async16(dst + chunk_offset(row, c, Smem<kNT>::kQSlabBytes), valid ? rows + row * kEntry + c * 8 : rows,
+               valid ? 16u : 0u);
+  }
+}
+
 // d[0..3] += A (16x16, fragments a) * B (16x8, fragments b0 b1), bf16 in, fp32 accumulate.
 __device__ __forceinline__ void mma_bf16(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace bg::ops {
@@ -16,7 +17,21 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 const char* mla_decode_mma_name(MlaDecodeMma mma) {
-  return mma == MlaDecodeMma::kWgmma ? "wgmma" : "mma.sync";
+  switch (mma) {
+    case MlaDecodeMma::kWgmma: return "wgmma";
+    case MlaDecodeMma::kWgmmaHeadsM: return "wgmma-heads-m";
+    case MlaDecodeMma::kMmaSync: break;
+  }
+  return "mma.sync";
+}
+
+MlaDecodeMma mla_decode_mma_from_env() {
+  switch (env_choice("BG_MLA_DECODE", {"wgmma", "heads_m", "mmasync"})) {
+    case 0: return MlaDecodeMma::kWgmma;
+    case 1: return MlaDecodeMma::kWgmmaHeadsM;
+    case 2: return MlaDecodeMma::kMmaSync;
+    default: return MlaDecodeOptions{}.mma;
+  }
 }
 
 bool mla_decode_takes(const MlaParams& p) {

@@ -34,12 +34,18 @@ inline constexpr int64_t kMlaDecodeTile = 64;       // cache positions per tile 
 inline constexpr int64_t kMlaDecodeMaxGroupHeads = 48;  // heads per CTA (the MMA N); shared memory caps it
 inline constexpr int64_t kMlaDecodeMaxTokens = 1 << 16;
 
-// Which tensor-core instruction the attention kernel uses (same data flow, same shared-memory layout).
+// Which attention kernel runs: the heads-as-N kernel on mma.sync or wgmma (same data flow and shared-memory layout),
+// or the heads-as-M kernel. All three share the plan, the schedule, the combine and the workspace.
 enum class MlaDecodeMma : uint8_t {
   kMmaSync,  // mma.sync.m16n8k16 fed by ldmatrix (sm_80+ path, about 0.2-0.3 of read at best)
   kWgmma,    // wgmma.mma_async m64nNk16 straight from shared memory (sm_90a)
+  // Heads as the MMA M dimension (FlashMLA's orientation, sm_90a): a ring of four 32-position half tiles, Q·Kᵀ of the
+  // next half issued before the P·V of this one, P straight from the accumulators (docs/MLA_DECODE.md).
+  kWgmmaHeadsM,
 };
 const char* mla_decode_mma_name(MlaDecodeMma mma);
+// BG_MLA_DECODE (`wgmma`, `heads_m`, `mmasync`): the backend's choice; unset: MlaDecodeOptions{}.mma.
+MlaDecodeMma mla_decode_mma_from_env();
 
 struct MlaDecodeOptions {
   MlaDecodeMma mma = MlaDecodeMma::kWgmma;
