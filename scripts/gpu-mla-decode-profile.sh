@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# MLA decode on the H200 (docs/MLA_DECODE.md): parity of both MMA policies and the GPU goldens, the micro-benchmark,
+# MLA decode on the H200 (docs/MLA_DECODE.md): parity of both heads-as-N policies (the heads-as-M kernel, the default:
+# scripts/gpu-mla-heads-m.sh) and the GPU goldens, the micro-benchmark,
 # Nsight Compute on one attention launch (BG_MLA_DECODE_PROFILE shape, default 64,4096: details page and per-opcode
 # instruction counts), then the decode step of the ep16-rank slice. Logs and reports in $OUT.
 #   OUT=/tmp/md scripts/gpu-mla-decode-profile.sh .gpu
@@ -17,7 +18,7 @@ done
 timeout 200 "$T" --gtest_also_run_disabled_tests --gtest_filter='MlaDecodeBench.DISABLED_K3Shapes' \
   > "$OUT/bench.txt" 2>&1
 grep -E "^mma|^wgmma|^mmasync" "$OUT/bench.txt"
-timeout 180 ncu --clock-control none --kernel-name regex:attention_kernel --launch-skip 2 --launch-count 1 --set full \
+BG_MLA_DECODE=wgmma timeout 180 ncu --clock-control none --kernel-name regex:attention_kernel --launch-skip 2 --launch-count 1 --set full \
   -o "$OUT/mla" "$T" --gtest_also_run_disabled_tests --gtest_filter='MlaDecodeBench.DISABLED_ProfileOne' \
   > "$OUT/ncu.log" 2>&1
 ncu --import "$OUT/mla.ncu-rep" --page details > "$OUT/details.txt" 2>&1

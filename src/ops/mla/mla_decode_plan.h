@@ -48,7 +48,7 @@ const char* mla_decode_mma_name(MlaDecodeMma mma);
 MlaDecodeMma mla_decode_mma_from_env();
 
 struct MlaDecodeOptions {
-  MlaDecodeMma mma = MlaDecodeMma::kWgmma;
+  MlaDecodeMma mma = MlaDecodeMma::kWgmmaHeadsM;  // the fastest on the H100 (docs/MLA_DECODE.md)
   int64_t n_partitions = 0;            // KV partitions; 0 = n_sms / head groups (one CTA per SM, one wave)
   int64_t min_tiles_per_partition = 2;  // fewer partitions when the step has few tiles
   bool per_token = false;  // one partition per token, never split (batch invariant); n_partitions must be 0
