@@ -47,33 +47,6 @@ struct SoftmaxState {
 };
 
 
-// Cache positions first..first+63 of one sequence into a swizzled tile (rows at or past n_ctx are zero-filled, so
-// masked rows never feed NaN from stale memory into 0 * x). Thread i copies 18 chunks of row i / 4.
-__device__ __forceinline__ void load_tile(uint32_t dst, const MlaPagedCache& cache, const int32_t* table,
-                                          int block_size, int64_t first, int64_t n_ctx) {
-  const int row = threadIdx.x / 4, part = threadIdx.x % 4;
-  const int64_t pos = first + row;
-  const bf16* src = cache.base;
-  uint32_t bytes = 0;
-  if (pos < n_ctx) {
-    // No 64-bit division (a branching subroutine) and no __trap here: either makes ptxas serialise every wgmma
-    // of the kernel (C7520). Positions are < 2^28 and inside the block table (the prep kernel checked them).
-    // A negative entry (kMlaErrorBadBlock, raised by the prep kernel) reads as a zero row.
-    const uint32_t p32 = static_cast<uint32_t>(pos), bs = static_cast<uint32_t>(block_size), blk = p32 / bs;
-    const int32_t block = table[blk];
-    src = block >= 0 ? cache.base + block * cache.block_stride + static_cast<int64_t>(p32 - blk * bs) * kEntry
-                     : cache.base;
-    bytes = block >= 0 ? 16u : 0u;
-  }
-  // Unrolled: every destination is one of two per-thread bases plus a constant, every source one base plus an
-  // immediate offset.
-#pragma unroll
-  for (int i = 0; i < kChunks / 4; ++i) {
-    const int c = part + 4 * i;
-    cp_async16(dst + chunk_offset(row, c, kTileSlabBytes), src + c * 8, bytes);  // bytes 0: nothing read
-  }
-}
-
 // Steps 2 (exchange) and the softmax half of step 2 for one tile: returns nothing, leaves P and alpha in shared
 // memory and the updated state in `st`.
 template <int kNT>
@@ -271,11 +244,11 @@ __device__ __forceinline__ void run_segment(const AttentionArgs& a, uint8_t* sme
   const int32_t* table = a.cache.block_tables + static_cast<int64_t>(a.cache.seq_idx[t]) * a.cache.max_blocks_per_seq;
   const int h0 = hg * L::kHeads, n_tiles = tile_hi - tile_lo;
   load_q<kNT>(base + L::kQ, a.q_full + (t * a.n_heads + h0) * kEntry, min(L::kHeads, a.n_heads - h0));
-  load_tile(base + L::kTiles, a.cache, table, a.block_size, static_cast<int64_t>(tile_lo) * kTile, n_ctx);
+  load_rows<kTile>(base + L::kTiles, a.cache, table, a.block_size, static_cast<int64_t>(tile_lo) * kTile, n_ctx);
   cp_async_commit();
   if (n_tiles > 1) {
-    load_tile(base + L::kTiles + kTileBytes, a.cache, table, a.block_size, static_cast<int64_t>(tile_lo + 1) * kTile,
-              n_ctx);
+    load_rows<kTile>(base + L::kTiles + kTileBytes, a.cache, table, a.block_size,
+                     static_cast<int64_t>(tile_lo + 1) * kTile, n_ctx);
     cp_async_commit();
   }
   float o[4][kNT * 4];
@@ -304,7 +277,7 @@ __device__ __forceinline__ void run_segment(const AttentionArgs& a, uint8_t* sme
     attend_tile<kNT, Mma>(smem, tile, n_rows, a.scale_log2, st, o);
     __syncthreads();  // every warp is done with this buffer, P and alpha
     if (i + 2 < n_tiles) {
-      load_tile(tile, a.cache, table, a.block_size, first + 2 * kTile, n_ctx);
+      load_rows<kTile>(tile, a.cache, table, a.block_size, first + 2 * kTile, n_ctx);
       cp_async_commit();
     }
   }

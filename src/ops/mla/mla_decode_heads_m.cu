@@ -52,25 +52,6 @@ struct HmSmem {
   static_assert(kDynamicBytes <= 232448, "over the 227 KiB of shared memory a CTA may use");
 };
 
-// d[64 x 64] += A (registers, mma.m16n8k16's A layout per warp) · B (descriptor, MN-major: imm-trans-b 1).
-__device__ __forceinline__ void wgmma_rs_n64_mn(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-#ifdef BG_MLA_NO_WGMMA
-  __trap();
-#else
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
-      : "memory");
-#endif
-}
-
 // d[64 x 32] = (accumulate ? d : 0) + A (descriptor, K-major) · B (descriptor, K-major). The first k-step passes
 // accumulate = false instead of zeroing d with ordinary instructions, which ptxas would have to order against the
 // wgmma still in flight (it then serialises every wgmma of the kernel: C7515).
@@ -92,27 +73,6 @@ __device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], uint64_t a, uint64_
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// Cache positions first..first+31 of one sequence into a half tile (rows at or past n_ctx zero-filled, as
-// load_tile of the heads-as-N kernel). Thread i copies chunks i % 8 + 8 j (j = slab) of row i / 8.
-__device__ __forceinline__ void load_half(uint32_t dst, const MlaPagedCache& cache, const int32_t* table,
-                                          int block_size, int64_t first, int64_t n_ctx) {
-  const int row = threadIdx.x / 8, part = threadIdx.x % 8;
-  const int64_t pos = first + row;
-  const bf16* src = cache.base;
-  uint32_t bytes = 0;
-  if (pos < n_ctx) {
-    const uint32_t p32 = static_cast<uint32_t>(pos), bs = static_cast<uint32_t>(block_size), blk = p32 / bs;
-    const int32_t block = table[blk];
-    src = block >= 0 ? cache.base + block * cache.block_stride + static_cast<int64_t>(p32 - blk * bs) * kEntry
-                     : cache.base;
-    bytes = block >= 0 ? 16u : 0u;
-  }
-  const uint32_t d = dst + sw128(row, part);
-  src += part * 8;
-#pragma unroll
-  for (int j = 0; j < kSlabs; ++j) cp_async16(d + j * kHalfSlabBytes, src + j * 64, bytes);
 }
 
 // Running softmax state of this thread's two head rows (16w + lane/4 and + 8).
@@ -182,7 +142,7 @@ struct Segment {
     return static_cast<int>(min(static_cast<int64_t>(kHalfTile), n_ctx - (first0 + i * kHalfTile)));
   }
   __device__ __forceinline__ void load(int i) {
-    load_half(ring(i), a.cache, table, a.block_size, first0 + i * kHalfTile, n_ctx);
+    load_rows<kHalfTile>(ring(i), a.cache, table, a.block_size, first0 + i * kHalfTile, n_ctx);
   }
 
   // Issues Q·Kᵀ of half i into s (overwritten: the first k-step does not accumulate) as one wgmma group.
@@ -206,7 +166,7 @@ struct Segment {
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
 #pragma unroll
-      for (int cb = 0; cb < 4; ++cb) wgmma_rs_n64_mn(o[cb], p[kk], at(vb, hm_pv_b_start(kWg, cb, kk)));
+      for (int cb = 0; cb < 4; ++cb) wgmma_rs_n64(o[cb], p[kk], at(vb, hm_pv_b_start(kWg, cb, kk)));
     }
     wgmma_commit();
   }

@@ -36,6 +36,15 @@ BG_MLA_HD uint32_t chunk_offset(uint32_t row, uint32_t c, uint32_t slab_bytes) {
   return (c / 8) * slab_bytes + sw128(row, c % 8);
 }
 
+// Tile loaders (load_rows in mla_decode_mma.cuh): a tile of `rows` rows is copied by 256 threads, `256 / rows` per
+// row; thread part `part` of row `row` copies chunks c = part + (256 / rows) i, i = 0..72 rows / 256 - 1. The
+// destination of its copy i, written so that it is one of 8 / (256 / rows) per-thread bases plus a constant (equal to
+// chunk_offset(row, c, rows * 128): MlaDecodeLayout.TileLoaderDestinationsAreTheChunkOffsets).
+BG_MLA_HD uint32_t load_rows_dst(uint32_t rows, uint32_t row, uint32_t part, uint32_t i) {
+  const uint32_t per_row = 256 / rows, per_slab = 8 / per_row;
+  return (i / per_slab) * (rows * 128) + sw128(row, part + per_row * (i % per_slab));
+}
+
 // P element (head, position).
 BG_MLA_HD uint32_t p_offset(uint32_t head, uint32_t pos) { return sw128(head, pos / 8) + (pos % 8) * 2; }
 

@@ -276,6 +276,23 @@ TEST(MlaDecodeLayout, WgmmaDescriptorsAddressTheOperands) {
   }
 }
 
+TEST(MlaDecodeLayout, TileLoaderDestinationsAreTheChunkOffsets) {
+  for (uint32_t rows : {32u, 64u}) {
+    const uint32_t per_row = 256 / rows;
+    std::set<uint32_t> seen;
+    for (uint32_t row = 0; row < rows; ++row) {
+      for (uint32_t part = 0; part < per_row; ++part) {
+        for (uint32_t i = 0; i < 72 / per_row; ++i) {
+          const uint32_t d = load_rows_dst(rows, row, part, i);
+          ASSERT_EQ(d, chunk_offset(row, part + per_row * i, rows * 128)) << rows << " rows, row " << row;
+          ASSERT_TRUE(seen.insert(d).second);
+        }
+      }
+    }
+    EXPECT_EQ(seen.size(), rows * 72u);  // every 16-byte chunk of the tile once
+  }
+}
+
 // Heads as M: Q·Kᵀ with Q as the m64 A operand (rows past the group's heads are never checked: they read the next
 // slab or the pad) and a 32-position half tile as B; each warpgroup's k-steps give its partial.
 TEST(MlaDecodeLayout, HeadsMQkDescriptorsAddressTheOperands) {

@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "ops/elementwise/cuda_ptx.cuh"
+#include "ops/mla/mla_cuda.h"
 #include "ops/mla/mla_decode_layout.h"
 
 namespace bg::ops::mla_decode {
@@ -87,6 +88,38 @@ __device__ __forceinline__ int64_t token_of_tile(const int32_t* prefix, int n_to
     }
   }
   return lo;
+}
+
+// Cache positions first..first+kRows-1 of one sequence into a swizzled tile of 9 slabs of kRows x 128 B (rows at or
+// past n_ctx are zero-filled, so masked rows never feed NaN from stale memory into 0 * x): 64-position tiles of the
+// heads-as-N kernels, 32-position halves of the heads-as-M one. Thread i copies chunks i % T + T j (T = 256 / kRows
+// threads per row) of row i / T.
+template <int kRows>
+__device__ __forceinline__ void load_rows(uint32_t dst, const MlaPagedCache& cache, const int32_t* table,
+                                          int block_size, int64_t first, int64_t n_ctx) {
+  constexpr int kPerRow = kThreads / kRows;
+  static_assert(kThreads % kRows == 0 && 8 % kPerRow == 0, "whole chunks per thread and slab");
+  const int row = threadIdx.x / kPerRow, part = threadIdx.x % kPerRow;
+  const int64_t pos = first + row;
+  const __nv_bfloat16* src = cache.base;
+  uint32_t bytes = 0;
+  if (pos < n_ctx) {
+    // No 64-bit division (a branching subroutine) and no __trap here: either makes ptxas serialise every wgmma
+    // of the kernel (C7520). Positions are < 2^28 and inside the block table (the prep kernel checked them).
+    // A negative entry (kMlaErrorBadBlock, raised by the prep kernel) reads as a zero row.
+    const uint32_t p32 = static_cast<uint32_t>(pos), bs = static_cast<uint32_t>(block_size), blk = p32 / bs;
+    const int32_t block = table[blk];
+    src = block >= 0 ? cache.base + block * cache.block_stride + static_cast<int64_t>(p32 - blk * bs) * kEntry
+                     : cache.base;
+    bytes = block >= 0 ? 16u : 0u;
+  }
+  // Unrolled: every destination is one of kPerSlab per-thread bases plus a constant (load_rows_dst), every source
+  // one base plus an immediate offset.
+#pragma unroll
+  for (int i = 0; i < kChunks / kPerRow; ++i) {
+    const int c = part + kPerRow * i;
+    cp_async16(dst + load_rows_dst(kRows, row, part, i), src + c * 8, bytes);  // bytes 0: nothing read
+  }
 }
 
 // The group's query rows [Hc, 576] into the swizzled Q buffer; heads past n_valid (padding) are zero.
@@ -211,6 +244,26 @@ __device__ __forceinline__ void wgmma_n16(float (&d)[8], uint64_t a, uint64_t b)
       "0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
       : "l"(a), "l"(b), "n"(kTransA)
+      : "memory");
+#endif
+}
+
+// d[64 x 64] += A[64 x 16] (registers, mma.sync A-fragment layout per warp) · B[16 x 64] (shared memory, N-major:
+// imm-trans-b). The P·V of the prefill kernel and of the heads-as-M decode kernel.
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+#ifdef BG_MLA_NO_WGMMA
+  __trap();
+#else
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, "
+      "%34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
       : "memory");
 #endif
 }

@@ -50,6 +50,7 @@ using mla_decode::ldmatrix_x4_trans;
 using mla_decode::smem_addr;
 using mla_decode::wgmma_commit;
 using mla_decode::wgmma_fence;
+using mla_decode::wgmma_rs_n64;
 __device__ __forceinline__ void cp_async_wait_all() { mla_decode::cp_async_wait<0>(); }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
