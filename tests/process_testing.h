@@ -2,9 +2,6 @@
 // read the log back, and write token ids as the CLI's comma-separated lists.
 #pragma once
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +16,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "port_testing.h"
 
 namespace bg::testing {
 
@@ -56,23 +55,6 @@ inline std::string read_file(const std::filesystem::path& p) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-// A free TCP port on 127.0.0.1 (bound, read, released: the process under test binds it next); 0 if none was found.
-inline int free_tcp_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) close(fd);
-    return 0;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
 }
 
 // Polls `cond` every 10 ms until it holds or `limit` has passed; returns its last value.

@@ -35,23 +35,6 @@ using json = nlohmann::json;
 
 const std::string kExe = std::string(BG_BINARY_DIR) + "/batchgen";
 
-// Two consecutive free ports (serve across nodes takes --dist-init-addr's port and the next one).
-int free_port_pair() {
-  for (int i = 0; i < 50; ++i) {
-    const int p = free_tcp_port();
-    if (p <= 0 || p >= 65535) continue;
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(p + 1));
-    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    close(fd);
-    if (ok) return p;
-  }
-  return 0;
-}
-
 // A child process with stdout and stderr in `log`; killed (SIGKILL) and reaped if the test ends first.
 class Proc {
  public:
@@ -133,7 +116,7 @@ struct NodeSetup {
     EXPECT_EQ(run_process({kExe, "make-random", "--arch", "kimi_k3", "--preset", "tiny", "--out", model},
                           tmp.path() / "make.log"), 0);
     port = free_tcp_port();
-    addr = "127.0.0.1:" + std::to_string(free_port_pair());
+    addr = "127.0.0.1:" + std::to_string(free_tcp_ports(2));
   }
   std::vector<std::string> serve(std::vector<std::string> extra) const {
     std::vector<std::string> argv = {kExe, "serve", model, "--device", "cpu", "--max-model-len", "1024",

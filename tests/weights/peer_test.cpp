@@ -11,6 +11,7 @@
 
 #include "formats/checkpoint.h"
 #include "model/model_testing.h"
+#include "port_testing.h"
 #include "weights/dist_config.h"
 #include "weights/checksum.h"
 #include "weights/peer_client.h"
@@ -185,23 +186,11 @@ TEST(Peer, LyingPeersAreRefused) {
   }
 }
 
-// n distinct loopback ports that were free a moment ago: all n sockets stay bound until every port is read (one
-// socket at a time, closed before the next bind, can be handed the same ephemeral port twice).
+// n distinct loopback ports that were free a moment ago (consecutive, outside the ephemeral range).
 std::vector<uint16_t> free_ports(size_t n) {
-  std::vector<int> fds;
+  const int first = free_tcp_ports(static_cast<int>(n));
   std::vector<uint16_t> ports;
-  for (size_t i = 0; i < n; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    socklen_t len = sizeof(a);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    fds.push_back(fd);
-    ports.push_back(ntohs(a.sin_port));
-  }
-  for (int fd : fds) ::close(fd);
+  for (size_t i = 0; i < n; ++i) ports.push_back(static_cast<uint16_t>(first + static_cast<int>(i)));
   return ports;
 }
 uint16_t free_port() { return free_ports(1)[0]; }
