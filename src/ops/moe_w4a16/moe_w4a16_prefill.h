@@ -1,0 +1,112 @@
+// Geometry, work decomposition and index maps of the W4A16 prefill kernel (moe_w4a16_prefill_cuda.cu), shared word
+// for word by the kernel and the host tests that walk its schedule and emulate its shared-memory images
+// (moe_w4a16_prefill_test.cpp). The weights are the decode kernel's layout (moe_w4a16_layout.h), read in another
+// order: a tile is one half of a 512-row work item (m16 tiles 2h and 2h + 1 of every warp: for gate/up the gate and
+// up rows of the same intermediate columns) times up to 128 of one expert's rows. Plain integer code: compiles as host
+// C++ and as CUDA device code.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/moe_w4a16/moe_w4a16_layout.h"
+
+namespace bg::ops::w4p {
+
+// ---- Geometry ------------------------------------------------------------------------------------------------------
+inline constexpr int kTileRows = 128;                                 // an expert's rows per tile: wgmma's N at most
+inline constexpr int kHalves = 2;                                     // half items per 512-row item
+inline constexpr int kHalfMTiles = w4::kMTiles / kHalves;             // m16 tiles per warp in a half: 2
+inline constexpr int kHalfWarpCodeBytes = kHalfMTiles * w4::kTileBytes;  // 1024
+inline constexpr int kHalfCodeBytes = w4::kWarps * kHalfWarpCodeBytes;   // 8192: 256 rows x 64 k / 2
+inline constexpr int kActBytes = kTileRows * w4::kActSw128RowBytes;      // 16384: 128 rows x 64 inputs, bf16
+// A pipeline buffer: the activation tile first (a 128-byte-swizzle wgmma operand: 1024-byte aligned), then the
+// half's codes (compacted: [warp][tile of the half][lane][16 B]), then the stage's 1024 bytes of scales (all four
+// tiles', as stored: the consumer reads its half's bytes with the decode kernel's scale_offset).
+inline constexpr int kBufCodes = kActBytes;
+inline constexpr int kBufScales = kActBytes + kHalfCodeBytes;
+inline constexpr int kBufBytes = kBufScales + w4::kScaleBytes;  // 25600 = 25 KiB
+inline constexpr int kStages = 6;                                // 150 KiB of buffers, 4 stages in flight
+inline constexpr int kCodeCopies = kHalfCodeBytes / 16;          // 512 16-byte copies per stage: 2 per thread
+inline constexpr int kScaleCopies = w4::kScaleBytes / 16;        // 64
+inline constexpr int kRowsPerWarp = kTileRows / w4::kWarps;      // 16 activation rows copied by each warp
+inline constexpr int kMaxExperts = 1024;                         // touched experts a launch can plan (one CTA)
+static_assert(kBufBytes % 1024 == 0, "every buffer's activation tile stays 1024-byte aligned");
+static_assert(kCodeCopies == 2 * w4::kThreads, "two code copies per thread");
+
+// ---- Shared-memory images ------------------------------------------------------------------------------------------
+// Code copy i (0..511) of a stage reads 16 bytes at half_code_src(half, i) of the stage block and writes them at
+// buffer codes + 16 i. The consumer's lane reads tile mt' (0, 1) of its half at half_code_offset(warp, mt', lane),
+// which holds what the decode kernel reads at w4::code_offset(warp, 2 half + mt', lane).
+BG_W4_HD int half_code_src(int half, int i) {
+  return (i >> 6) * w4::kWarpCodeBytes + half * kHalfWarpCodeBytes + (i & 63) * 16;
+}
+BG_W4_HD int half_code_offset(int warp, int mtp, int lane) {
+  return warp * kHalfWarpCodeBytes + mtp * w4::kTileBytes + lane * 16;
+}
+// Activations: warp w copies rows 16 w .. 16 w + 15 of the tile, one row per instruction, lane l the row's l-th word
+// (inputs 2 l, 2 l + 1 of the stage: 128 contiguous bytes per instruction), into the swizzled tile where the weights'
+// k permutation puts it (w4::act_sw128_offset: source chunk l / 4, word l % 4).
+BG_W4_HD int act_copy_offset(int row, int lane) { return w4::act_sw128_offset(row, lane >> 2, lane & 3); }
+
+// ---- Tiles ---------------------------------------------------------------------------------------------------------
+// wgmma's N for a tile of `rows` rows: 32, 64 or 128, the fewest covering them (an expert's last tile is usually
+// partial; N = 128 on 36 rows would waste 72 % of its MMA work).
+BG_W4_HD int tile_n(int rows) { return rows <= 32 ? 32 : rows <= 64 ? 64 : kTileRows; }
+BG_W4_HD int token_tiles(int rows) { return static_cast<int>(w4::ceil_div(rows, kTileRows)); }
+// Of the 16 activation rows warp w copies for a tile of `rows` rows: how many hold data (the rest it zero-fills) and
+// how many it writes at all (the rows below the tile's N; wgmma reads no others).
+BG_W4_HD int warp_data_rows(int rows, int warp) {
+  const int left = rows - warp * kRowsPerWarp;
+  return left < 0 ? 0 : left < kRowsPerWarp ? left : kRowsPerWarp;
+}
+BG_W4_HD int warp_copy_rows(int rows, int warp) { return warp_data_rows(tile_n(rows), warp); }
+
+// A touched expert as the plan kernel records it for the main kernel: its block, its first permuted row and its row
+// count (0 when its slot has no block: the plan flags that and the expert gets no tiles).
+struct PrefillExpert {
+  const uint8_t* block = nullptr;
+  int32_t row0 = 0, rows = 0;
+};
+
+// Tile t of a launch: touched expert j (an index into the dispatch's active list), half item hm (item hm / 2, half
+// hm % 2) and token tile tt. prefix[j] = the token tiles of touched experts 0..j-1 (prefix[0] = 0), so expert j owns
+// tiles [halves prefix[j], halves prefix[j + 1]), ordered half item major: the tiles that share a half item's weights
+// are consecutive, and the CTAs running at one time read the same weights from L2. `halves` = 2 n_items.
+// 32-bit arithmetic (tiles < 2^31: moe_w4a16_prefill_check).
+struct TilePos {
+  int j = 0, hm = 0, tt = 0;
+};
+BG_W4_HD TilePos tile_pos(const int32_t* prefix, int n_active, int halves, int t) {
+  int lo = 0, hi = n_active - 1;  // the last j with halves * prefix[j] <= t (never an expert without tiles)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (halves * prefix[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  TilePos p;
+  p.j = lo;
+  const int within = t - halves * prefix[lo];
+  const int tiles = prefix[lo + 1] - prefix[lo];
+  p.hm = within / tiles;
+  p.tt = within - p.hm * tiles;
+  return p;
+}
+BG_W4_HD int total_tiles(const int32_t* prefix, int n_active, int halves) { return halves * prefix[n_active]; }
+
+// ---- Results -------------------------------------------------------------------------------------------------------
+// Accumulator i (0..3) of n8 block nb of tile mt' of warp `warp` (wgmma's D in mma.m16n8's C layout, rows of the
+// warp's own m16 tile): its row of the tile (the permuted row within the tile) and its weight row.
+BG_W4_HD int result_token(int lane, int nb, int i) { return nb * 8 + (lane & 3) * 2 + (i & 1); }
+BG_W4_HD int result_r16(int lane, int i) { return (lane >> 2) + (i >> 1) * 8; }
+// gate/up: the intermediate column of the gate (mt' 0) / up (mt' 1) pair; down: the output column.
+BG_W4_HD int64_t gate_up_column(int item, int half, int warp, int r16) {
+  return w4::gate_up_column(item, warp, 2 * half, r16);
+}
+BG_W4_HD int64_t down_column(int item, int half, int warp, int mtp, int r16) {
+  return w4::down_row(item, warp, 2 * half + mtp, r16);
+}
+
+}  // namespace bg::ops::w4p
