@@ -3,7 +3,9 @@
 // counts, Kimi-K3 latent (3584 <-> 3072, top-16, SiTU) and DeepSeek-V3 (7168 <-> 2048, top-8, SwiGLU) experts and
 // small odd shapes, bf16 / fp32 / accumulating outputs, poisoned outputs and scratch (NaN never passes). Then bitwise:
 // two runs, a CUDA-graph replay against eager, and a fixed split factor giving the same rows whatever the batch. Rows
-// out (an expert-parallel rank's rows) and blocks found through the table wherever they lie.
+// out (an expert-parallel rank's rows) and blocks found through the table wherever they lie. The prefill kernel
+// (moe_w4a16_prefill_cuda, rows in, rows out) against the same reference: every tile size and edge, K3 and DeepSeek-V3
+// shapes, a slot without a block, reruns and graph replays bit for bit, bad input.
 // The K3 micro-benchmark at the end is DISABLED_ (run it on the H200, see docs/MOE_W4A16.md).
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
@@ -21,6 +23,7 @@
 #include "ops/moe/moe_cuda.h"
 #include "ops/moe_w4a16/moe_w4a16_bench.h"
 #include "ops/moe_w4a16/moe_w4a16_cuda.h"
+#include "ops/moe_w4a16/moe_w4a16_prefill_cuda.h"
 
 namespace bg::ops {
 namespace {
@@ -304,6 +307,31 @@ TEST(MoeW4a16Parity, FixedSplitsAreBatchInvariant) {
   }
 }
 
+// Each row's unweighted expert output, rows in dispatch order (by expert, then (token, k)): the CPU reference run as
+// top-1 with weight 1 over the gathered rows. p: rows-out params of the launch.
+std::vector<float> rows_reference(const MoeW4a16Params& p, const ExpertSet& set, const std::vector<float>& x,
+                                  const Routing& r) {
+  const int64_t rows = p.n_tokens * p.top_k;
+  std::vector<int32_t> row_expert;
+  std::vector<float> x_rows, ones;
+  for (int32_t e = 0; e < p.n_experts; ++e) {
+    for (int64_t i = 0; i < rows; ++i) {
+      if (r.ids[static_cast<size_t>(i)] != e) continue;
+      row_expert.push_back(e);
+      const auto* xt = x.data() + (i / p.top_k) * p.hidden;
+      x_rows.insert(x_rows.end(), xt, xt + p.hidden);
+      ones.push_back(1.0f);
+    }
+  }
+  MoeW4a16Params q = p;
+  q.rows_out = false;
+  q.n_tokens = rows;
+  q.top_k = 1;
+  std::vector<float> ref(static_cast<size_t>(rows * p.hidden));
+  moe_w4a16_cpu(q, set.views, x_rows.data(), row_expert.data(), ones.data(), ref.data());
+  return ref;
+}
+
 // Rows in, rows out (an expert-parallel rank, whose rows arrive grouped by slot): the gathered rows of a dispatch
 // through the kernel with rows_out give each row's unweighted expert output (the reference run as top-1 with weight 1
 // over the rows in dispatch order). The blocks are found through the table wherever they are: the layer's blocks copied in
@@ -342,25 +370,7 @@ TEST(MoeW4a16Parity, RowsOutAndScatteredBlocks) {
     moe_w4a16_cuda(p, set.layer.weights, L.dws, {L.dws.x_perm, y.data()}, ws, st.s);
     BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
     const std::vector<uint16_t> bits = cuda::download<uint16_t>(y, static_cast<size_t>(rows * hidden));
-    // The rows in dispatch order: by expert, then (token, k).
-    std::vector<int32_t> row_expert;
-    std::vector<float> x_rows, ones;
-    for (int32_t e = 0; e < E; ++e) {
-      for (int64_t i = 0; i < rows; ++i) {
-        if (r.ids[static_cast<size_t>(i)] != e) continue;
-        row_expert.push_back(e);
-        const auto* xt = L.x.data() + (i / top_k) * hidden;
-        x_rows.insert(x_rows.end(), xt, xt + hidden);
-        ones.push_back(1.0f);
-      }
-    }
-    MoeW4a16Params q = p;
-    q.rows_out = false;
-    q.n_tokens = rows;
-    q.top_k = 1;
-    std::vector<float> ref(static_cast<size_t>(rows * hidden));
-    moe_w4a16_cpu(q, set.views, x_rows.data(), row_expert.data(), ones.data(), ref.data());
-    testing::expect_parity(testing::from_bf16(bits), ref, testing::kTolBf16Out, what);
+    testing::expect_parity(testing::from_bf16(bits), rows_reference(p, set, L.x, r), testing::kTolBf16Out, what);
     EXPECT_EQ(L.dispatch->error_word(), 0) << what;
 
     MoeW4a16Weights scattered = set.layer.weights;
@@ -469,6 +479,136 @@ TEST(MoeW4a16Parity, ZeroTokensAndBadInput) {
   MoeW4a16Params bad_splits = M.p;
   bad_splits.fixed_splits = 9;
   EXPECT_THROW(moe_w4a16_workspace_bytes(bad_splits), Error);
+}
+
+// ---- The prefill kernel (moe_w4a16_prefill_cuda): rows in, rows out ----------------------------------------------
+// The dispatch's gathered rows through the prefill kernel: y against each row's expert output (rows_reference), the
+// error word clean; then bitwise: an eager rerun and two graph replays from a poisoned y. `null_slot` >= 0: that
+// slot's block pointer is null: flagged, and the other slots' rows still right.
+void check_prefill(const char* name, const ExpertSet& set, int64_t hidden, int64_t inter, int64_t top_k,
+                   MoeW4a16Act act, const RunSpec& spec, uint64_t seed, int null_slot = -1) {
+  const int64_t E = static_cast<int64_t>(set.views.size());
+  const std::string what = fmt::format("prefill {} n={} {} used={}{}", name, spec.n_tokens,
+                                       spec.pattern == Pattern::kSame ? "same-experts" : "random", spec.n_used,
+                                       null_slot >= 0 ? " (a slot without a block)" : "");
+  const Routing r = make_routing(spec.n_tokens, top_k, E, spec.n_used > 0 ? spec.n_used : E, spec.pattern, seed);
+  Stream st;
+  Launch L;
+  prepare(L, set, hidden, inter, top_k, act, spec, r, seed, st.s);
+  moe_gather_cuda(L.mp, L.d_x.as<__nv_bfloat16>(), L.dws, st.s);
+  const MoeW4a16Params p = moe_w4a16_rows_params(L.mp);
+  const int64_t rows = spec.n_tokens * top_k;
+  MoeW4a16Weights w = set.layer.weights;
+  cuda::DeviceBuffer holes;
+  if (null_slot >= 0) {
+    std::vector<const void*> table = set.layer.host_table;
+    table[static_cast<size_t>(null_slot)] = nullptr;
+    holes = cuda::upload(table);
+    w.blocks = holes.as<const void*>();
+  }
+  cuda::DeviceBuffer ws(moe_w4a16_prefill_workspace_bytes(p));
+  cuda::DeviceBuffer h(static_cast<size_t>(std::max<int64_t>(rows * inter, 1)) * 2);
+  cuda::DeviceBuffer y(static_cast<size_t>(std::max<int64_t>(rows * hidden, 1)) * 2);
+  ws.fill_bytes(0xff);
+  h.fill_bytes(0xff);
+  const auto run = [&](cudaStream_t s) {
+    moe_w4a16_prefill_cuda(p, w, L.dws, L.dws.x_perm, h.as<__nv_bfloat16>(), y.as<__nv_bfloat16>(), ws.data(), s);
+  };
+  y.fill_bytes(0xff);
+  run(st.s);
+  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  const std::vector<uint16_t> bits = cuda::download<uint16_t>(y, static_cast<size_t>(rows * hidden));
+  std::vector<float> got = testing::from_bf16(bits), ref = rows_reference(p, set, L.x, r);
+  if (null_slot >= 0) {
+    EXPECT_EQ(L.dispatch->error_word(), kMoeErrorBadDescriptor) << what;
+    // Rows in dispatch order: the null slot's rows are those before it in slot order, then its own.
+    int64_t row0 = 0, n_null = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      row0 += r.ids[static_cast<size_t>(i)] < null_slot;
+      n_null += r.ids[static_cast<size_t>(i)] == null_slot;
+    }
+    ASSERT_GT(n_null, 0) << what << ": the null slot must get rows";
+    got.erase(got.begin() + row0 * hidden, got.begin() + (row0 + n_null) * hidden);
+    ref.erase(ref.begin() + row0 * hidden, ref.begin() + (row0 + n_null) * hidden);
+    testing::expect_parity(got, ref, testing::kTolBf16Out, what);
+    return;
+  }
+  testing::expect_parity(got, ref, testing::kTolBf16Out, what);
+  EXPECT_EQ(L.dispatch->error_word(), 0) << what;
+  y.fill_bytes(0xff);
+  run(st.s);
+  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  EXPECT_TRUE(cuda::download<uint16_t>(y, bits.size()) == bits) << what << ": an eager rerun gave different bits";
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  BG_CUDA_CHECK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
+  run(st.s);
+  BG_CUDA_CHECK(cudaStreamEndCapture(st.s, &graph));
+  BG_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    y.fill_bytes(0xff);
+    BG_CUDA_CHECK(cudaGraphLaunch(exec, st.s));
+    BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    EXPECT_TRUE(cuda::download<uint16_t>(y, bits.size()) == bits) << what << ": graph replay " << replay;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+// Every tile size and edge on small odd shapes (hidden 96: a partial k-stage; inter 160: a partial item): with the
+// same 3 experts for every token each gets n rows, so n = 32 / 33 / 64 / 65 / 128 / 129 / 300 walk the N = 32 / 64 /
+// 128 tiles and their edges; random routings give ragged counts and empty slots.
+TEST(MoeW4a16Prefill, SmallOddShapes) {
+  BG_REQUIRE_GPU();
+  const ExpertSet set = make_experts(10, 96, 160, 11);
+  for (int64_t n : {1, 11, 32, 33, 64, 65, 128, 129, 300}) {
+    check_prefill("odd swiglu", set, 96, 160, 3, MoeW4a16Act::kSwiGLU, {n, Pattern::kSame}, 200 + n);
+  }
+  for (int64_t n : {5, 100, 400}) {
+    check_prefill("odd situ", set, 96, 160, 3, MoeW4a16Act::kSiTU, {n, Pattern::kRandom, 7}, 210 + n);
+  }
+  check_prefill("odd situ", set, 96, 160, 3, MoeW4a16Act::kSiTU, {200, Pattern::kRandom, 7}, 230, 2);
+}
+
+TEST(MoeW4a16Prefill, KimiK3LatentExperts) {
+  BG_REQUIRE_GPU();
+  // 3584 -> 3072 -> 3584, SiTU, top-16 of 20 slots: ~120 rows per expert at 150 tokens (random), 40 (the same 16).
+  const ExpertSet set = make_experts(20, 3584, 3072, 12);
+  check_prefill("kimi-k3", set, 3584, 3072, 16, MoeW4a16Act::kSiTU, {150, Pattern::kRandom}, 240);
+  check_prefill("kimi-k3", set, 3584, 3072, 16, MoeW4a16Act::kSiTU, {40, Pattern::kSame}, 241);
+}
+
+TEST(MoeW4a16Prefill, DeepSeekV3Experts) {
+  BG_REQUIRE_GPU();
+  // 7168 -> 2048 -> 7168, SwiGLU, top-8 of 12 slots: ~100 rows per expert.
+  const ExpertSet set = make_experts(12, 7168, 2048, 13);
+  check_prefill("deepseek-v3", set, 7168, 2048, 8, MoeW4a16Act::kSwiGLU, {150, Pattern::kRandom}, 250);
+}
+
+TEST(MoeW4a16Prefill, ZeroTokensAndBadInput) {
+  BG_REQUIRE_GPU();
+  const ExpertSet set = make_experts(4, 64, 64, 14);
+  Stream st;
+  Launch L;
+  prepare(L, set, 64, 64, 2, MoeW4a16Act::kSwiGLU, {0}, Routing{}, 260, st.s);
+  const MoeW4a16Params p = moe_w4a16_rows_params(L.mp);
+  cuda::DeviceBuffer ws(moe_w4a16_prefill_workspace_bytes(p));
+  moe_w4a16_prefill_cuda(p, set.layer.weights, L.dws, nullptr, nullptr, nullptr, ws.data(), st.s);  // nothing to do
+  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  EXPECT_EQ(L.dispatch->error_word(), 0);
+  Launch M;
+  prepare(M, set, 64, 64, 2, MoeW4a16Act::kSwiGLU, {3}, make_routing(3, 2, 4, 4, Pattern::kRandom, 261), 261, st.s);
+  const MoeW4a16Params q = moe_w4a16_rows_params(M.mp);
+  cuda::DeviceBuffer h(3 * 2 * 64 * 2), y(3 * 2 * 64 * 2);
+  auto* hp = h.as<__nv_bfloat16>();
+  auto* yp = y.as<__nv_bfloat16>();
+  EXPECT_THROW(moe_w4a16_prefill_cuda(M.p, set.layer.weights, M.dws, M.dws.x_perm, hp, yp, ws.data(), st.s), Error)
+      << "the combine params (not rows out) are refused";
+  MoeW4a16Weights old = set.layer.weights;
+  old.info.version = kMoeW4a16LayoutVersion + 1;
+  EXPECT_THROW(moe_w4a16_prefill_cuda(q, old, M.dws, M.dws.x_perm, hp, yp, ws.data(), st.s), Error);
+  EXPECT_THROW(moe_w4a16_prefill_cuda(q, set.layer.weights, M.dws, M.dws.x_perm, hp, yp, nullptr, st.s), Error);
+  EXPECT_THROW(moe_w4a16_prefill_cuda(q, set.layer.weights, M.dws, nullptr, hp, yp, ws.data(), st.s), Error);
 }
 
 // K3 decode timing on the H200: ./build-cuda/tests/test_cuda --gtest_also_run_disabled_tests

@@ -11,6 +11,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "ops/moe_w4a16/moe_w4a16_prefill_cuda.h"
 
 namespace bg::cuda {
 namespace {
@@ -365,9 +366,35 @@ void run_grouped(const MoeContext& c, const CudaExpertSlots& slots, const ops::M
   g_grouped_calls.fetch_add(1, std::memory_order_relaxed);
 }
 
+std::atomic<uint64_t> g_w4a16_prefill_calls{0};
+
+// Whether a call of a layer with the W4A16 layout runs the W4A16 prefill kernel (BG_MOE_PREFILL=w4a16; the default is
+// the grouped path until that kernel is measured): at the grouped path's threshold (BG_MOE_GROUPED_MIN_ROWS, else
+// kMoeGroupedMinRowsW4a16 rows per expert), never under --deterministic (the kernel would be chosen by the batch's
+// rows per expert). It needs no scratch, no cuBLAS and no host synchronisation, so it also runs under graph capture.
+bool use_w4a16_prefill(const MoeContext& c, const ops::MoeCudaParams& p, bool has_w4a16) {
+  if (!has_w4a16 || c.deterministic) return false;
+  if (ops::moe_prefill_kernel(std::getenv("BG_MOE_PREFILL")) != ops::MoePrefillKernel::kW4a16) return false;
+  const char* env = std::getenv("BG_MOE_GROUPED_MIN_ROWS");
+  const int64_t min_rows =
+      env != nullptr && *env != '\0' ? ops::moe_grouped_min_rows(env) : ops::kMoeGroupedMinRowsW4a16;
+  return ops::moe_grouped_wanted(p.shape.n_tokens, p.shape.top_k, p.shape.n_experts, min_rows);
+}
+
+// rows -> h (ws.h) -> y_rows on the W4A16 prefill kernel (ops/moe_w4a16/moe_w4a16_prefill_cuda.h); its plan
+// workspace is taken per call from the caching allocator and freed in stream order.
+void run_w4a16_prefill(const MoeContext& c, const ops::MoeW4a16Weights& w, const ops::MoeCudaParams& p,
+                       const ops::MoeWorkspace& ws, const Tensor& rows, Tensor& y_rows) {
+  const ops::MoeW4a16Params wp = ops::moe_w4a16_rows_params(p);
+  std::shared_ptr<void> mem = c.alloc->allocate(ops::moe_w4a16_prefill_workspace_bytes(wp));
+  ops::moe_w4a16_prefill_cuda(wp, w, ws, rows.as<bf16>(), ws.h, y_rows.as<bf16>(), mem.get(), c.stream);
+  g_w4a16_prefill_calls.fetch_add(1, std::memory_order_relaxed);
+}
+
 }  // namespace
 
 uint64_t moe_grouped_calls() { return g_grouped_calls.load(std::memory_order_relaxed); }
+uint64_t moe_w4a16_prefill_calls() { return g_w4a16_prefill_calls.load(std::memory_order_relaxed); }
 
 void moe_experts(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu, const MoeRouting& r,
                  const Tensor& rows, Tensor& y_rows) {
@@ -384,6 +411,10 @@ void moe_experts(const MoeContext& c, const CudaExpertSlots& slots, const GluSpe
   ws.h = static_cast<bf16*>(h.get());  // [n_pairs, inter] GLU outputs, freed in stream order
   ws.y_perm = y_rows.as<bf16>();
   const ops::MoeW4a16Weights* w = slots.w4a16();
+  if (use_w4a16_prefill(c, p, w != nullptr)) {
+    run_w4a16_prefill(c, *w, p, ws, rows, y_rows);
+    return;
+  }
   if (use_grouped(c, p, w != nullptr)) {
     run_grouped(c, slots, p, ws);
     return;
@@ -424,7 +455,9 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
   // rows per expert (bench/RESULTS.md, batch 256). With the fused kernel at hand the grouped path waits for
   // kMoeGroupedMinRowsW4a16 rows per expert. Deterministic: the fused kernel whatever the row count (a choice
   // by rows per expert depends on the batch; use_grouped never picks the grouped path then).
-  const bool fused = w != nullptr && r.shape.all_local && !use_grouped(c, p, true);
+  // The W4A16 prefill kernel (BG_MOE_PREFILL=w4a16) runs inside moe_experts too, at the same threshold.
+  const bool fused =
+      w != nullptr && r.shape.all_local && !use_grouped(c, p, true) && !use_w4a16_prefill(c, p, true);
   if (!fused) {
     Tensor rows = Tensor{}, y = Tensor{};
     auto alloc_rows = [&] {

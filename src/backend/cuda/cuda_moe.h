@@ -149,6 +149,8 @@ struct MoeContext {
 // Count of expert FFN calls that took the grouped prefill path, process-wide (tests check that a prefill routed
 // through it).
 uint64_t moe_grouped_calls();
+// The same for the W4A16 prefill kernel (BG_MOE_PREFILL=w4a16).
+uint64_t moe_w4a16_prefill_calls();
 
 // live_tokens (device, nullable) and live_row0: the padding rows to drop (ops::MoeWorkspace::live_tokens).
 void moe_dispatch(const MoeContext& c, const Tensor& slot_map, const Tensor& ids, const Tensor& weights,

@@ -17,6 +17,9 @@
 //                       fraction is of the same run's bf16 grouped GEMM ceiling at the nearest rows per expert
 //   moe_prefill_grouped_per_expert  the same with one cublasGemmEx per expert instead of the grouped call
 //   moe_prefill_grouped_dequant  the dequant pass of that path alone (bytes: packed in, bf16 out)
+//   moe_prefill_w4a16   the W4A16 prefill kernel (ops/moe_w4a16/moe_w4a16_prefill_cuda.h: rows in, rows out, the
+//                       weights decoded in registers; gather in setup, no combine), what BG_MOE_PREFILL=w4a16 runs;
+//                       fraction of the same bf16 grouped GEMM ceiling
 //   moe_dispatch_prefill the device-side dispatch alone at a long prefill step
 #include <fmt/format.h>
 
@@ -34,6 +37,7 @@
 #include "ops/moe/moe_cuda.h"
 #include "ops/moe/moe_grouped_cuda.h"
 #include "ops/moe_w4a16/moe_w4a16_cuda.h"
+#include "ops/moe_w4a16/moe_w4a16_prefill_cuda.h"
 #include "ops/router/router_cuda.h"
 
 namespace bg::bench::cuda {
@@ -113,7 +117,8 @@ double ffn_bytes(int64_t n_tokens, int64_t touched) {
 }
 
 enum class MoePart {
-  kW4a16, kW4a16Wgmma, kW4a16Wide, kW4a16Rows, kFfn, kRouted, kDispatch, kGrouped, kGroupedPerExpert, kGroupedDequant
+  kW4a16, kW4a16Wgmma, kW4a16Wide, kW4a16Rows, kW4a16Prefill, kFfn, kRouted, kDispatch, kGrouped, kGroupedPerExpert,
+  kGroupedDequant
 };
 
 // The grouped path over a dispatched, gathered workspace: its plan (the row counts read once here, outside the
@@ -189,7 +194,7 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
     const double flops = 2.0 * d(n_tokens * kTopK) * expert_params();
     const double io = d(n_tokens * kLatent) * 2 * 2;  // x in, out read-modify-written
     const double slots = d(n_tokens * kTopK);
-    if (w4a16) {
+    if (w4a16 || part == MoePart::kW4a16Prefill) {
       // Random bytes in the load-time layout (codes and stored scales): timing does not depend on the values.
       ops::MoeW4a16Weights w;
       w.info = ops::moe_w4a16_layout_info(kExperts, kLatent, kInter);
@@ -198,8 +203,21 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
       for (int64_t e = 0; e < kExperts; ++e) blocks.push_back(base + e * w.info.block_bytes);
       w.blocks = mem.upload(blocks);
       // Rows out: an expert-parallel rank's case, its rows already in dispatch order (gathered here, in setup).
-      const bool rows = part == MoePart::kW4a16Rows;
+      const bool rows = part == MoePart::kW4a16Rows || part == MoePart::kW4a16Prefill;
       if (rows) ops::moe_gather_cuda(p, x, ws, env.stream);
+      if (part == MoePart::kW4a16Prefill) {
+        const ops::MoeW4a16Params pp = ops::moe_w4a16_rows_params(p);
+        void* plan = mem.zeros(ops::moe_w4a16_prefill_workspace_bytes(pp));
+        // Packed bytes of the touched experts + the rows in, h out and back, y out.
+        k.cost = {d(routing.touched) * d(w.info.gate_up.slot_bytes + w.info.down.slot_bytes) +
+                      slots * d(kLatent + 2 * kInter + kLatent) * 2,
+                  flops};
+        k.launch = [=](int, cudaStream_t s) {
+          (void)disp;
+          ops::moe_w4a16_prefill_cuda(pp, w, ws, ws.x_perm, ws.h, ws.y_perm, plan, s);
+        };
+        return k;
+      }
       ops::MoeW4a16Params wp = rows ? ops::moe_w4a16_rows_params(p) : ops::moe_w4a16_params(p);
       if (part == MoePart::kW4a16Wgmma) wp.wgmma = true;
       if (part == MoePart::kW4a16Wide) wp.narrow = false;
@@ -226,6 +244,7 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
       case MoePart::kW4a16Wgmma:
       case MoePart::kW4a16Wide:
       case MoePart::kW4a16Rows:
+      case MoePart::kW4a16Prefill:
       case MoePart::kGrouped:
       case MoePart::kGroupedPerExpert:
       case MoePart::kGroupedDequant:
@@ -312,6 +331,7 @@ void register_moe_cases(KernelRegistry& r, bool quick) {
   for (int64_t t : prefill) r.add(moe_case("moe_prefill_grouped", t, MoePart::kGrouped));
   for (int64_t t : prefill) r.add(moe_case("moe_prefill_grouped_per_expert", t, MoePart::kGroupedPerExpert));
   for (int64_t t : prefill) r.add(moe_case("moe_prefill_grouped_dequant", t, MoePart::kGroupedDequant));
+  for (int64_t t : prefill) r.add(moe_case("moe_prefill_w4a16", t, MoePart::kW4a16Prefill));
   r.add(moe_case("moe_dispatch_prefill", quick ? 4096 : 16384, MoePart::kDispatch));
 }
 

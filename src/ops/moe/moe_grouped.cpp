@@ -19,6 +19,11 @@ bool moe_grouped_wanted(int64_t n_tokens, int64_t top_k, int64_t n_experts, int6
   return min_rows > 0 && n_tokens > 0 && n_tokens * top_k >= min_rows * n_experts;
 }
 
+MoePrefillKernel moe_prefill_kernel(const char* env_value) {
+  return env_choice("BG_MOE_PREFILL", env_value, {"grouped", "w4a16"}) == 1 ? MoePrefillKernel::kW4a16
+                                                                             : MoePrefillKernel::kGrouped;
+}
+
 size_t moe_grouped_expert_bytes(int64_t hidden, int64_t inter) {
   return static_cast<size_t>(3 * hidden * inter) * 2;
 }

@@ -33,6 +33,14 @@ int64_t moe_grouped_min_rows(const char* env_value);
 // Whether a layer call takes the grouped path: min_rows > 0 and n_tokens * top_k >= min_rows * n_experts.
 bool moe_grouped_wanted(int64_t n_tokens, int64_t top_k, int64_t n_experts, int64_t min_rows);
 
+// Which kernel runs the prefill-sized calls (the same threshold) of a layer whose MXFP4 experts are held in the W4A16
+// layout: the dequantize-once path, or the W4A16 prefill kernel (ops/moe_w4a16/moe_w4a16_prefill_cuda.h: weights
+// decoded in registers, no bf16 copy, no host synchronisation). From BG_MOE_PREFILL ("grouped" | "w4a16"; unset or
+// empty: kGrouped, until the W4A16 kernel has passed its parity tests and been measured on the H200; anything else
+// throws listing the choices). Layers without the W4A16 layout take the grouped path either way.
+enum class MoePrefillKernel { kGrouped, kW4a16 };
+MoePrefillKernel moe_prefill_kernel(const char* env_value);
+
 // bf16 bytes of one expert in the scratch: gate|up [2 inter, hidden] then down [hidden, inter].
 size_t moe_grouped_expert_bytes(int64_t hidden, int64_t inter);
 // Experts per group for a scratch of `scratch_bytes`: min(kMoeGroupedMaxGroupExperts, scratch / expert bytes); 0

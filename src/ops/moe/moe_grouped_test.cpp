@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -19,6 +20,21 @@ TEST(MoeGrouped, ThresholdParsing) {
   EXPECT_EQ(moe_grouped_min_rows("256"), 256);
   for (const char* bad : {"0", "-4", "12x", "x", "1.5", " 8"}) {
     EXPECT_THROW(moe_grouped_min_rows(bad), Error) << bad;
+  }
+}
+
+TEST(MoeGrouped, PrefillKernelChoice) {
+  EXPECT_EQ(moe_prefill_kernel(nullptr), MoePrefillKernel::kGrouped);
+  EXPECT_EQ(moe_prefill_kernel(""), MoePrefillKernel::kGrouped);
+  EXPECT_EQ(moe_prefill_kernel("grouped"), MoePrefillKernel::kGrouped);
+  EXPECT_EQ(moe_prefill_kernel("w4a16"), MoePrefillKernel::kW4a16);
+  for (const char* bad : {"W4A16", "1", "tiled", " w4a16"}) {
+    try {
+      moe_prefill_kernel(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("BG_MOE_PREFILL"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -216,7 +216,8 @@ __device__ __forceinline__ void wgmma_stage(Acc<NB>& acc, const uint8_t* wbuf, u
 // tanhf, expf each time) made that epilogue kilobytes of straight-line code that missed the instruction cache on
 // every pass (Nsight Compute on the H200, 2026-12-04: a sixth to a quarter of the kernel's samples at 16-32 rows).
 // Measured against a four-at-once variant (interleaved chains): this one is as fast at 16-32 rows and 7% faster at 1.
-__device__ __noinline__ float glu(float g, float u, MoeW4a16Act act, float beta, float beta_lin) {
+// Static: each kernel file that includes this header (decode, prefill) has its own copy.
+static __device__ __noinline__ float glu(float g, float u, MoeW4a16Act act, float beta, float beta_lin) {
   if (act == MoeW4a16Act::kSwiGLU) return g / (1.0f + expf(-g)) * u;
   return beta * tanhf(g / beta) / (1.0f + expf(-g)) * (beta_lin * tanhf(u / beta_lin));
 }

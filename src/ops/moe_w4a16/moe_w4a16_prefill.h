@@ -31,6 +31,17 @@ inline constexpr int kScaleCopies = w4::kScaleBytes / 16;        // 64
 inline constexpr int kRowsPerWarp = kTileRows / w4::kWarps;      // 16 activation rows copied by each warp
 inline constexpr int kMaxExperts = 1024;                         // touched experts a launch can plan (one CTA)
 static_assert(kBufBytes % 1024 == 0, "every buffer's activation tile stays 1024-byte aligned");
+
+// ---- The ring ------------------------------------------------------------------------------------------------------
+// A CTA's s-th stage (counted over all its tiles) is read from buffer s % kStages. The prologue issues stages 0 ..
+// kLoadAhead - 1; at stage s, after the stage's barrier, stage s + kLoadAhead is issued into refill_buffer(s %
+// kStages), the buffer stage s - 2 was read from: each k-step waits for the wgmma group before its own, so the last
+// group reading stage s - 2 was waited for during stage s - 1, before every warpgroup reached this barrier. One
+// cp.async group per issued stage (empty once nothing is left), so at stage s stages up to s + kLoadAhead - 1 are
+// committed and wait_group(kCpAsyncPending) leaves stage s landed.
+inline constexpr int kLoadAhead = kStages - 2;
+inline constexpr int kCpAsyncPending = kLoadAhead - 1;
+BG_W4_HD int refill_buffer(int buf) { return buf >= 2 ? buf - 2 : buf + kStages - 2; }
 static_assert(kCodeCopies == 2 * w4::kThreads, "two code copies per thread");
 
 // ---- Shared-memory images ------------------------------------------------------------------------------------------

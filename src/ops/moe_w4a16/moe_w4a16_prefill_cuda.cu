@@ -373,12 +373,11 @@ __device__ __forceinline__ void consume_tile(int& buf, Producer& p, const Work& 
   float acc[2][64];
 #pragma unroll 1
   for (int s = 0; s < a.n_kstages; ++s) {
-    ptx::cp_async_wait<kStages - 3>();  // this thread's copies of stage `buf` landed
+    ptx::cp_async_wait<w4p::kCpAsyncPending>();  // this thread's copies of stage `buf` landed
     ptx::fence_proxy_async();           // ... and are visible to wgmma's reads
     __syncthreads();  // everyone's did, and every group reading the buffer two stages back is done
     if (p.tile < wk.total) {
-      const int refill = buf >= 2 ? buf - 2 : buf + kStages - 2;
-      producer_issue(p, a, bufs + refill * kBufBytes);
+      producer_issue(p, a, bufs + w4p::refill_buffer(buf) * kBufBytes);
       producer_next(p, wk, a);
     }
     ptx::cp_async_commit();
@@ -420,7 +419,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_kernel(const __grid_const
   Producer p;
   producer_start(p, wk, a, static_cast<int>(blockIdx.x));
 #pragma unroll 1
-  for (int i = 0; i < kStages - 2; ++i) {  // the first 4 stages into buffers 0..3, one commit group each
+  for (int i = 0; i < w4p::kLoadAhead; ++i) {  // the first stages into buffers 0, 1, ..., one commit group each
     if (p.tile < wk.total) {
       producer_issue(p, a, bufs + i * kBufBytes);
       producer_next(p, wk, a);

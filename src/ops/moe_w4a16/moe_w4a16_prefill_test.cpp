@@ -96,6 +96,41 @@ TEST(MoeW4a16Prefill, WarpsCopyTheRowsTheTilesNReads) {
   }
 }
 
+// The ring, simulated by the rules the kernel follows (moe_w4a16_prefill.h, "The ring"): the stage read from a buffer
+// is the last one issued into it and has landed, and no buffer is refilled before the last wgmma group reading it is
+// done. wgmma groups: four per stage (one per k-step), each k-step then waits until at most one group is pending.
+TEST(MoeW4a16Prefill, RingRefillsOnlyFinishedBuffers) {
+  constexpr int kN = 60;  // stages of a CTA
+  std::vector<int> holds(w4p::kStages, -1);        // the stage last issued into each buffer
+  std::vector<int> read_by(w4p::kStages, -1);      // the stage last read from each buffer
+  std::vector<int> stage_group;                    // cp.async group of each issued stage
+  int committed = 0;                               // cp.async groups
+  for (int i = 0; i < w4p::kLoadAhead; ++i) {      // prologue
+    holds[static_cast<size_t>(i)] = i;
+    stage_group.push_back(committed++);
+  }
+  int wgmma_done = -1;  // the last wgmma group known complete (groups numbered 4 s + ks)
+  for (int s = 0; s < kN; ++s) {
+    const int buf = s % w4p::kStages;
+    // cp.async.wait_group(kCpAsyncPending): every group but the newest kCpAsyncPending is complete.
+    const int landed = committed - 1 - w4p::kCpAsyncPending;
+    ASSERT_EQ(holds[static_cast<size_t>(buf)], s) << "stage " << s << " reads a buffer holding another stage";
+    ASSERT_LE(stage_group[static_cast<size_t>(s)], landed) << "stage " << s << " may not have landed";
+    // After the barrier: refill.
+    const int rb = w4p::refill_buffer(buf), next = s + w4p::kLoadAhead;
+    ASSERT_EQ(rb, next % w4p::kStages) << "stage " << next << " goes where it will be read";
+    if (read_by[static_cast<size_t>(rb)] >= 0) {
+      ASSERT_LE(4 * read_by[static_cast<size_t>(rb)] + 3, wgmma_done)
+          << "buffer " << rb << " refilled at stage " << s << " while stage " << read_by[static_cast<size_t>(rb)]
+          << "'s last wgmma group may still read it";
+    }
+    holds[static_cast<size_t>(rb)] = next;
+    stage_group.push_back(committed++);
+    read_by[static_cast<size_t>(buf)] = s;
+    for (int ks = 0; ks < 4; ++ks) wgmma_done = std::max(wgmma_done, 4 * s + ks - 1);  // commit, wait_group 1
+  }
+}
+
 // Every CTA's tiles (b, b + grid, ...) over random routings (empty experts, one expert, many): each (touched expert
 // row, half item) exactly once, experts' tiles contiguous and half-item major.
 TEST(MoeW4a16Prefill, TilesCoverEveryRowAndHalfItemOnce) {

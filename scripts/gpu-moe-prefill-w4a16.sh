@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The W4A16 prefill kernel on the H200 (docs/MOE_PREFILL.md, "The W4A16 prefill kernel"): its parity tests and the
+# decode kernel's (the shared device header changed), the goldens, step tests and streamed experts with the backend
+# on it (BG_MOE_PREFILL=w4a16; the goldens force every prefill step onto the prefill paths), the kernel cases beside
+# the dequantize-once path and the bf16 grouped GEMM ceiling, and the slice's prefill with each path.
+# Run from the repo root with the bundle carried:
+#   PARTS="parity bench prefill" scripts/gpu-moe-prefill-w4a16.sh [BUNDLE]
+# Output: $OUT/w4a16-prefill.txt (the summary) and logs beside it.
+set -u
+PARTS=${PARTS:-parity bench prefill}
+want() { [[ " $PARTS " == *" $1 "* ]]; }
+BUNDLE=${1:-.gpu}
+OUT=${OUT:-$PWD/gpu-out}
+source "$(dirname "$0")/gpu-bundle-env.sh"
+export BG_GOLDEN_DIR="$BUNDLE/golden"
+T="$BUNDLE/test_cuda"
+S=$OUT/w4a16-prefill.txt
+: > "$S"
+summary() {  # summary NAME LOG RC
+  echo "$1 rc=$3: $(grep -E '^\[  (PASSED|FAILED) ' "$2" | tr '\n' ' ')" >> "$S"
+  grep -E '^\[  FAILED  \]|Failure|error:' "$2" | head -20 >> "$S"
+}
+if want parity; then
+  timeout 300 "$T" --gtest_filter='MoeW4a16Prefill.*:MoeW4a16Parity.*' > "$OUT/parity.log" 2>&1
+  summary "parity MoeW4a16Prefill + MoeW4a16Parity" "$OUT/parity.log" $?
+  BG_MOE_PREFILL=w4a16 timeout 300 "$T" \
+    --gtest_filter='Cases/GoldenGpu.*:Models/StepGpu.*:Archs/*:Cases/StreamedExpertsGpu.*:Cases/W4a16StoreGpu.*' \
+    > "$OUT/goldens.log" 2>&1
+  summary "goldens, step, Archs, streamed experts with BG_MOE_PREFILL=w4a16" "$OUT/goldens.log" $?
+fi
+if want bench; then
+  timeout 400 "$BG" bench kernels --device cuda --kernels moe_prefill \
+    --json "$OUT/kernels.json" > "$OUT/kernels.log" 2>&1
+  echo "bench kernels rc=$?" >> "$S"
+  grep -E "moe_prefill|grouped" "$OUT/kernels.log" >> "$S"
+fi
+if want prefill; then
+  ensure_slice /tmp/bg-ep16-rank
+  for k in grouped w4a16; do
+    BG_MOE_PREFILL=$k timeout 300 "$BG" bench prefill --device cuda --model /tmp/bg-ep16-rank \
+      --prefill-tokens "${PREFILL_TOKENS:-8192,65536}" --prefill-chunk 8192 --json "$OUT/prefill-$k.json" \
+      > "$OUT/prefill-$k.log" 2>&1
+    echo "bench prefill BG_MOE_PREFILL=$k rc=$?" >> "$S"
+    grep -E "tokens/s|prefill .* ms" "$OUT/prefill-$k.log" | tail -4 >> "$S"
+  done
+fi
+if want ncu; then
+  timeout 240 ncu --clock-control none --kernel-name regex:prefill_kernel --launch-skip 4 --launch-count 2 \
+    --set full -o "$OUT/pf" "$BG" bench kernels --device cuda --kernels 'moe_prefill_w4a16' > "$OUT/ncu.log" 2>&1
+  ncu --import "$OUT/pf.ncu-rep" --page details > "$OUT/details.txt" 2>&1
+  rm -f "$OUT/pf.ncu-rep"
+  grep -E "Duration|Executed Instructions  |Issue Slots Busy|Tensor|DRAM Throughput|L2 Cache Throughput|Registers Per" \
+    "$OUT/details.txt" >> "$S"
+fi
+cat "$S"
