@@ -483,7 +483,8 @@ TEST(MoeW4a16Parity, ZeroTokensAndBadInput) {
 
 // ---- The prefill kernel (moe_w4a16_prefill_cuda): rows in, rows out ----------------------------------------------
 // The dispatch's gathered rows through the prefill kernel: y against each row's expert output (rows_reference), the
-// error word clean; then bitwise: an eager rerun and two graph replays from a poisoned y. `null_slot` >= 0: that
+// error word clean; then bitwise: an eager rerun, the tokens gathered by the kernel itself (MoeW4a16PrefillIo::gather)
+// and two graph replays of that, each from a poisoned y. `null_slot` >= 0: that
 // slot's block pointer is null: flagged, and the other slots' rows still right.
 void check_prefill(const char* name, const ExpertSet& set, int64_t hidden, int64_t inter, int64_t top_k,
                    MoeW4a16Act act, const RunSpec& spec, uint64_t seed, int null_slot = -1) {
@@ -511,11 +512,15 @@ void check_prefill(const char* name, const ExpertSet& set, int64_t hidden, int64
   cuda::DeviceBuffer y(static_cast<size_t>(std::max<int64_t>(rows * hidden, 1)) * 2);
   ws.fill_bytes(0xff);
   h.fill_bytes(0xff);
-  const auto run = [&](cudaStream_t s) {
-    moe_w4a16_prefill_cuda(p, w, L.dws, L.dws.x_perm, h.as<__nv_bfloat16>(), y.as<__nv_bfloat16>(), ws.data(), s);
+  // gather = false: the gathered rows (x_perm) in; true: the tokens in, read through row_token by the kernel.
+  const auto run = [&](cudaStream_t s, bool gather) {
+    moe_w4a16_prefill_cuda(p, w, L.dws,
+                           {gather ? L.d_x.as<__nv_bfloat16>() : L.dws.x_perm, gather, h.as<__nv_bfloat16>(),
+                            y.as<__nv_bfloat16>(), ws.data()},
+                           s);
   };
   y.fill_bytes(0xff);
-  run(st.s);
+  run(st.s, false);
   BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
   const std::vector<uint16_t> bits = cuda::download<uint16_t>(y, static_cast<size_t>(rows * hidden));
   std::vector<float> got = testing::from_bf16(bits), ref = rows_reference(p, set, L.x, r);
@@ -535,14 +540,17 @@ void check_prefill(const char* name, const ExpertSet& set, int64_t hidden, int64
   }
   testing::expect_parity(got, ref, testing::kTolBf16Out, what);
   EXPECT_EQ(L.dispatch->error_word(), 0) << what;
-  y.fill_bytes(0xff);
-  run(st.s);
-  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
-  EXPECT_TRUE(cuda::download<uint16_t>(y, bits.size()) == bits) << what << ": an eager rerun gave different bits";
+  for (bool gather : {false, true}) {  // the same rows, gathered by the kernel or not: the same bits
+    y.fill_bytes(0xff);
+    run(st.s, gather);
+    BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    EXPECT_TRUE(cuda::download<uint16_t>(y, bits.size()) == bits)
+        << what << (gather ? ": the fused gather gave different bits" : ": an eager rerun gave different bits");
+  }
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   BG_CUDA_CHECK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
-  run(st.s);
+  run(st.s, true);
   BG_CUDA_CHECK(cudaStreamEndCapture(st.s, &graph));
   BG_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < 2; ++replay) {
@@ -593,7 +601,7 @@ TEST(MoeW4a16Prefill, ZeroTokensAndBadInput) {
   prepare(L, set, 64, 64, 2, MoeW4a16Act::kSwiGLU, {0}, Routing{}, 260, st.s);
   const MoeW4a16Params p = moe_w4a16_rows_params(L.mp);
   cuda::DeviceBuffer ws(moe_w4a16_prefill_workspace_bytes(p));
-  moe_w4a16_prefill_cuda(p, set.layer.weights, L.dws, nullptr, nullptr, nullptr, ws.data(), st.s);  // nothing to do
+  moe_w4a16_prefill_cuda(p, set.layer.weights, L.dws, {nullptr, false, nullptr, nullptr, ws.data()}, st.s);  // no-op
   BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
   EXPECT_EQ(L.dispatch->error_word(), 0);
   Launch M;
@@ -602,13 +610,23 @@ TEST(MoeW4a16Prefill, ZeroTokensAndBadInput) {
   cuda::DeviceBuffer h(3 * 2 * 64 * 2), y(3 * 2 * 64 * 2);
   auto* hp = h.as<__nv_bfloat16>();
   auto* yp = y.as<__nv_bfloat16>();
-  EXPECT_THROW(moe_w4a16_prefill_cuda(M.p, set.layer.weights, M.dws, M.dws.x_perm, hp, yp, ws.data(), st.s), Error)
+  const MoeW4a16PrefillIo io{M.dws.x_perm, false, hp, yp, ws.data()};
+  EXPECT_THROW(moe_w4a16_prefill_cuda(M.p, set.layer.weights, M.dws, io, st.s), Error)
       << "the combine params (not rows out) are refused";
   MoeW4a16Weights old = set.layer.weights;
   old.info.version = kMoeW4a16LayoutVersion + 1;
-  EXPECT_THROW(moe_w4a16_prefill_cuda(q, old, M.dws, M.dws.x_perm, hp, yp, ws.data(), st.s), Error);
-  EXPECT_THROW(moe_w4a16_prefill_cuda(q, set.layer.weights, M.dws, M.dws.x_perm, hp, yp, nullptr, st.s), Error);
-  EXPECT_THROW(moe_w4a16_prefill_cuda(q, set.layer.weights, M.dws, nullptr, hp, yp, ws.data(), st.s), Error);
+  EXPECT_THROW(moe_w4a16_prefill_cuda(q, old, M.dws, io, st.s), Error);
+  MoeW4a16PrefillIo bad = io;
+  bad.workspace = nullptr;
+  EXPECT_THROW(moe_w4a16_prefill_cuda(q, set.layer.weights, M.dws, bad, st.s), Error);
+  bad = io;
+  bad.x = nullptr;
+  EXPECT_THROW(moe_w4a16_prefill_cuda(q, set.layer.weights, M.dws, bad, st.s), Error);
+  MoeWorkspace no_tokens = M.dws;
+  no_tokens.row_token = nullptr;
+  bad = io;
+  bad.gather = true;
+  EXPECT_THROW(moe_w4a16_prefill_cuda(q, set.layer.weights, no_tokens, bad, st.s), Error) << "gather needs row_token";
 }
 
 // K3 decode timing on the H200: ./build-cuda/tests/test_cuda --gtest_also_run_disabled_tests

@@ -381,13 +381,14 @@ bool use_w4a16_prefill(const MoeContext& c, const ops::MoeCudaParams& p, bool ha
   return ops::moe_grouped_wanted(p.shape.n_tokens, p.shape.top_k, p.shape.n_experts, min_rows);
 }
 
-// rows -> h (ws.h) -> y_rows on the W4A16 prefill kernel (ops/moe_w4a16/moe_w4a16_prefill_cuda.h); its plan
-// workspace is taken per call from the caching allocator and freed in stream order.
+// x -> h (ws.h) -> y_rows on the W4A16 prefill kernel (ops/moe_w4a16/moe_w4a16_prefill_cuda.h): x the rows in
+// dispatch order, or with `gather` the tokens (read through the dispatch's row_token). Its plan workspace is taken per
+// call from the caching allocator and freed in stream order.
 void run_w4a16_prefill(const MoeContext& c, const ops::MoeW4a16Weights& w, const ops::MoeCudaParams& p,
-                       const ops::MoeWorkspace& ws, const Tensor& rows, Tensor& y_rows) {
+                       const ops::MoeWorkspace& ws, const Tensor& x, bool gather, Tensor& y_rows) {
   const ops::MoeW4a16Params wp = ops::moe_w4a16_rows_params(p);
   std::shared_ptr<void> mem = c.alloc->allocate(ops::moe_w4a16_prefill_workspace_bytes(wp));
-  ops::moe_w4a16_prefill_cuda(wp, w, ws, rows.as<bf16>(), ws.h, y_rows.as<bf16>(), mem.get(), c.stream);
+  ops::moe_w4a16_prefill_cuda(wp, w, ws, {x.as<bf16>(), gather, ws.h, y_rows.as<bf16>(), mem.get()}, c.stream);
   g_w4a16_prefill_calls.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -412,7 +413,7 @@ void moe_experts(const MoeContext& c, const CudaExpertSlots& slots, const GluSpe
   ws.y_perm = y_rows.as<bf16>();
   const ops::MoeW4a16Weights* w = slots.w4a16();
   if (use_w4a16_prefill(c, p, w != nullptr)) {
-    run_w4a16_prefill(c, *w, p, ws, rows, y_rows);
+    run_w4a16_prefill(c, *w, p, ws, rows, false, y_rows);
     return;
   }
   if (use_grouped(c, p, w != nullptr)) {
@@ -455,22 +456,30 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
   // rows per expert (bench/RESULTS.md, batch 256). With the fused kernel at hand the grouped path waits for
   // kMoeGroupedMinRowsW4a16 rows per expert. Deterministic: the fused kernel whatever the row count (a choice
   // by rows per expert depends on the batch; use_grouped never picks the grouped path then).
-  // The W4A16 prefill kernel (BG_MOE_PREFILL=w4a16) runs inside moe_experts too, at the same threshold.
-  const bool fused =
-      w != nullptr && r.shape.all_local && !use_grouped(c, p, true) && !use_w4a16_prefill(c, p, true);
+  const auto alloc_bf16 = [&](int64_t rows, int64_t cols) {
+    Tensor t;
+    t.dtype = DType::kBF16;
+    t.shape = {rows, cols};
+    t.device = DeviceKind::kCuda;
+    t.owner = c.alloc->allocate(std::max<size_t>(t.nbytes(), 1));
+    t.data = t.owner.get();
+    return t;
+  };
+  if (w != nullptr && r.shape.all_local && use_w4a16_prefill(c, p, true)) {
+    // The W4A16 prefill kernel reads x through the dispatch's row_token (no gathered rows buffer), then the combine.
+    expect_bf16(x, "moe input");
+    Tensor h = alloc_bf16(r.shape.n_pairs(), slots.gate0().n_out);
+    Tensor y = alloc_bf16(r.shape.n_pairs(), x.cols());
+    ops::MoeWorkspace ws = workspace(c, r);
+    ws.h = h.as<bf16>();
+    run_w4a16_prefill(c, *w, p, ws, x, true, y);
+    moe_combine(c, r, y, out);
+    return MoeLocalPath::kW4a16Prefill;
+  }
+  const bool fused = w != nullptr && r.shape.all_local && !use_grouped(c, p, true);
   if (!fused) {
-    Tensor rows = Tensor{}, y = Tensor{};
-    auto alloc_rows = [&] {
-      Tensor t;
-      t.dtype = DType::kBF16;
-      t.shape = {r.shape.n_pairs(), x.cols()};
-      t.device = DeviceKind::kCuda;
-      t.owner = c.alloc->allocate(std::max<size_t>(t.nbytes(), 1));
-      t.data = t.owner.get();
-      return t;
-    };
-    rows = alloc_rows();
-    y = alloc_rows();
+    Tensor rows = alloc_bf16(r.shape.n_pairs(), x.cols());
+    Tensor y = alloc_bf16(r.shape.n_pairs(), x.cols());
     moe_gather(c, r, x, rows);
     moe_experts(c, slots, glu, r, rows, y);
     moe_combine(c, r, y, out);

@@ -164,8 +164,9 @@ void moe_experts(const MoeContext& c, const CudaExpertSlots& slots, const GluSpe
                  const Tensor& rows, Tensor& y_rows);
 void moe_combine(const MoeContext& c, const MoeRouting& r, const Tensor& y_rows, Tensor& out);
 // Gather + experts + combine of an all-local routing: the fused W4A16 kernel where the layer has the layout (unless
-// the grouped prefill path takes the call), the three stage kernels otherwise. Returns which ran (logs and tests).
-enum class MoeLocalPath : uint8_t { kW4a16, kStages };
+// a prefill path takes the call: the W4A16 prefill kernel with the gather fused, then the combine, or the grouped
+// path inside the stages), the three stage kernels otherwise. Returns which ran (logs and tests).
+enum class MoeLocalPath : uint8_t { kW4a16, kW4a16Prefill, kStages };
 MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu,
                               const MoeRouting& r, const Tensor& x, Tensor& out);
 

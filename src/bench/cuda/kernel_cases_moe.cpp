@@ -17,9 +17,9 @@
 //                       fraction is of the same run's bf16 grouped GEMM ceiling at the nearest rows per expert
 //   moe_prefill_grouped_per_expert  the same with one cublasGemmEx per expert instead of the grouped call
 //   moe_prefill_grouped_dequant  the dequant pass of that path alone (bytes: packed in, bf16 out)
-//   moe_prefill_w4a16   the W4A16 prefill kernel (ops/moe_w4a16/moe_w4a16_prefill_cuda.h: rows in, rows out, the
-//                       weights decoded in registers; gather in setup, no combine), what BG_MOE_PREFILL=w4a16 runs;
-//                       fraction of the same bf16 grouped GEMM ceiling
+//   moe_prefill_w4a16   the W4A16 prefill kernel (ops/moe_w4a16/moe_w4a16_prefill_cuda.h: the weights decoded in
+//                       registers, the gather fused, rows out; no combine), what BG_MOE_PREFILL=w4a16 runs; fraction
+//                       of the same bf16 grouped GEMM ceiling
 //   moe_dispatch_prefill the device-side dispatch alone at a long prefill step
 #include <fmt/format.h>
 
@@ -203,18 +203,19 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
       for (int64_t e = 0; e < kExperts; ++e) blocks.push_back(base + e * w.info.block_bytes);
       w.blocks = mem.upload(blocks);
       // Rows out: an expert-parallel rank's case, its rows already in dispatch order (gathered here, in setup).
-      const bool rows = part == MoePart::kW4a16Rows || part == MoePart::kW4a16Prefill;
+      const bool rows = part == MoePart::kW4a16Rows;
       if (rows) ops::moe_gather_cuda(p, x, ws, env.stream);
       if (part == MoePart::kW4a16Prefill) {
         const ops::MoeW4a16Params pp = ops::moe_w4a16_rows_params(p);
         void* plan = mem.zeros(ops::moe_w4a16_prefill_workspace_bytes(pp));
-        // Packed bytes of the touched experts + the rows in, h out and back, y out.
+        // Packed bytes of the touched experts + the rows in (gathered from x inside the kernel, as the backend runs
+        // it), h out and back, y out.
         k.cost = {d(routing.touched) * d(w.info.gate_up.slot_bytes + w.info.down.slot_bytes) +
                       slots * d(kLatent + 2 * kInter + kLatent) * 2,
                   flops};
         k.launch = [=](int, cudaStream_t s) {
           (void)disp;
-          ops::moe_w4a16_prefill_cuda(pp, w, ws, ws.x_perm, ws.h, ws.y_perm, plan, s);
+          ops::moe_w4a16_prefill_cuda(pp, w, ws, {x, true, ws.h, ws.y_perm, plan}, s);
         };
         return k;
       }

@@ -124,7 +124,8 @@ struct Args {
   int halves = 0;                       // half items: 2 n_items
   int n_in = 0, n_out = 0;              // activation width; output width (gate/up: inter; down: hidden)
   float out_scale = 1.0f;               // 2^scale_shift
-  const bf16* act = nullptr;            // gate/up: the rows [., hidden]; down: h [., inter]
+  const bf16* act = nullptr;            // gate/up: the rows [., hidden] (gather: the tokens); down: h [., inter]
+  const int32_t* row_token = nullptr;   // gather (gate/up only): row r reads act[row_token[r]]
   bf16* out = nullptr;                  // gate/up: h; down: y
   const w4p::PrefillExpert* experts = nullptr;  // the plan: [n_active] records, [n_active + 1] tile prefix
   const int32_t* prefix = nullptr;
@@ -192,6 +193,7 @@ struct Producer {
   int k = 0;                    // its first input (the last stage may be partial: k >= n_in reads nothing)
   int rows = 0;                 // rows of the warp's 16 that hold data
   int nrows = 0;                // rows of the warp's 16 the consumer reads (past `rows`: zero-filled)
+  int tok = 0;                  // gather: the token of row lane % 16 of the warp's rows (0 past `rows`)
 };
 
 // What the CTA shares: the plan in shared memory and the launch's tile count.
@@ -221,6 +223,7 @@ __device__ __forceinline__ TileInfo tile_info(const Work& wk, const Args& a, int
   return t;
 }
 
+template <bool kGather>
 __device__ __forceinline__ void producer_start(Producer& p, const Work& wk, const Args& a, int tile) {
   p.tile = tile;
   if (tile >= wk.total) return;
@@ -235,9 +238,16 @@ __device__ __forceinline__ void producer_start(Producer& p, const Work& wk, cons
   p.rows = w4p::warp_data_rows(tile_rows, warp);
   p.nrows = w4p::warp_copy_rows(tile_rows, warp);
   p.k = 2 * lane;
-  p.x = a.act + (static_cast<int64_t>(e.row0) + pos.tt * kTileRows + warp * w4p::kRowsPerWarp) * a.n_in + 2 * lane;
+  const int64_t row0 = static_cast<int64_t>(e.row0) + pos.tt * kTileRows + warp * w4p::kRowsPerWarp;
+  if constexpr (kGather) {
+    const int r = lane & (w4p::kRowsPerWarp - 1);
+    p.tok = r < p.rows ? a.row_token[row0 + r] : 0;
+  } else {
+    p.x = a.act + row0 * a.n_in + 2 * lane;
+  }
 }
 
+template <bool kGather>
 __device__ __forceinline__ void producer_issue(const Producer& p, const Args& a, uint8_t* buf) {
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const uint32_t base = ptx::smem_addr(buf);
@@ -251,22 +261,26 @@ __device__ __forceinline__ void producer_issue(const Producer& p, const Args& a,
   const bf16* src = p.x;
 #pragma unroll
   for (int i = 0; i < w4p::kRowsPerWarp; ++i) {
+    if constexpr (kGather) {  // row i's token from lane i (every lane takes part: nrows is uniform in the warp)
+      src = a.act + static_cast<int64_t>(__shfl_sync(0xffffffffu, p.tok, i)) * a.n_in + p.k;
+    }
     if (i < p.nrows) {
       const bool valid = k_ok && i < p.rows;
       w4::cp_async4_zfill(base + w4p::act_copy_offset(warp * w4p::kRowsPerWarp + i, lane), valid ? src : a.act,
                           valid ? 4 : 0);
     }
-    src += a.n_in;
+    if constexpr (!kGather) src += a.n_in;
   }
 }
 
+template <bool kGather>
 __device__ __forceinline__ void producer_next(Producer& p, const Work& wk, const Args& a) {
   if (++p.ks < a.n_kstages) {
     p.w += kStageBytes;
-    p.x += w4::kKStage;
+    if constexpr (!kGather) p.x += w4::kKStage;
     p.k += w4::kKStage;
   } else {
-    producer_start(p, wk, a, p.tile + static_cast<int>(gridDim.x));
+    producer_start<kGather>(p, wk, a, p.tile + static_cast<int>(gridDim.x));
   }
 }
 
@@ -366,7 +380,7 @@ __device__ void store_y(const float (&acc)[2][64], const TileInfo& ti, const Arg
 
 // One tile: every k-stage (the producer 4 stages ahead, across tiles), then the epilogue. The accumulators live here,
 // sized by the tile's N.
-template <bool kGateUp>
+template <bool kGateUp, bool kGather>
 __device__ __forceinline__ void consume_tile(int& buf, Producer& p, const Work& wk, const Args& a, uint8_t* bufs,
                                              const TileInfo& ti) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
@@ -377,8 +391,8 @@ __device__ __forceinline__ void consume_tile(int& buf, Producer& p, const Work& 
     ptx::fence_proxy_async();           // ... and are visible to wgmma's reads
     __syncthreads();  // everyone's did, and every group reading the buffer two stages back is done
     if (p.tile < wk.total) {
-      producer_issue(p, a, bufs + w4p::refill_buffer(buf) * kBufBytes);
-      producer_next(p, wk, a);
+      producer_issue<kGather>(p, a, bufs + w4p::refill_buffer(buf) * kBufBytes);
+      producer_next<kGather>(p, wk, a);
     }
     ptx::cp_async_commit();
     const uint8_t* b = bufs + buf * kBufBytes;
@@ -402,8 +416,10 @@ __device__ __forceinline__ void consume_tile(int& buf, Producer& p, const Work& 
   }
 }
 
-template <bool kGateUp>
+// kGather (gate/up only): the rows are gathered from the tokens through the dispatch's row_token inside the copies.
+template <bool kGateUp, bool kGather>
 __global__ void __launch_bounds__(kThreads, 1) prefill_kernel(const __grid_constant__ Args a) {
+  static_assert(kGateUp || !kGather, "down reads h in row order");
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* const bufs = smem + ((1024u - (ptx::smem_addr(smem) & 1023u)) & 1023u);
   const int n_active = min(*a.n_active, w4p::kMaxExperts);
@@ -417,12 +433,12 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_kernel(const __grid_const
   if (static_cast<int>(blockIdx.x) >= wk.total) return;
 
   Producer p;
-  producer_start(p, wk, a, static_cast<int>(blockIdx.x));
+  producer_start<kGather>(p, wk, a, static_cast<int>(blockIdx.x));
 #pragma unroll 1
   for (int i = 0; i < w4p::kLoadAhead; ++i) {  // the first stages into buffers 0, 1, ..., one commit group each
     if (p.tile < wk.total) {
-      producer_issue(p, a, bufs + i * kBufBytes);
-      producer_next(p, wk, a);
+      producer_issue<kGather>(p, a, bufs + i * kBufBytes);
+      producer_next<kGather>(p, wk, a);
     }
     ptx::cp_async_commit();
   }
@@ -430,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_kernel(const __grid_const
 #pragma unroll 1
   for (int tile = static_cast<int>(blockIdx.x); tile < wk.total; tile += grid) {
     const TileInfo ti = tile_info(wk, a, tile);  // uniform across the CTA
-    consume_tile<kGateUp>(buf, p, wk, a, bufs, ti);
+    consume_tile<kGateUp, kGather>(buf, p, wk, a, bufs, ti);
   }
   ptx::cp_async_wait<0>();
 }
@@ -461,7 +477,7 @@ int smem_bytes(int64_t n_experts) {
          static_cast<int>(n_experts * static_cast<int64_t>(sizeof(w4p::PrefillExpert)) + (n_experts + 1) * 4);
 }
 
-template <bool kGateUp>
+template <bool kGateUp, bool kGather>
 void set_smem_attribute(int bytes) {
   static std::mutex mu;
   static int set[64] = {};  // per device
@@ -469,7 +485,8 @@ void set_smem_attribute(int bytes) {
   BG_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
   if (dev < 64 && set[dev] >= bytes) return;
-  BG_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  BG_CUDA_CHECK(
+      cudaFuncSetAttribute(prefill_kernel<kGateUp, kGather>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   if (dev < 64) set[dev] = bytes;
 }
 
@@ -517,20 +534,21 @@ void moe_w4a16_prefill_check(const MoeW4a16Params& p, const MoeW4a16Weights& w) 
 }
 
 void moe_w4a16_prefill_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const MoeWorkspace& d,
-                            const bf16* rows, bf16* h, bf16* y, void* workspace, cudaStream_t stream) {
+                            const MoeW4a16PrefillIo& io, cudaStream_t stream) {
   moe_w4a16_prefill_check(p, w);
   if (p.n_tokens == 0) return;
-  BG_CHECK(w.blocks != nullptr && d.offsets && d.active && d.n_active && d.error_flags,
-           "moe_w4a16_prefill: the block table and the dispatch's offsets, active list, count and error word must be "
-           "set");
-  BG_CHECK(rows && h && y && cuda::aligned_to(rows, 4) && cuda::aligned_to(h, 4) && cuda::aligned_to(y, 4),
-           "moe_w4a16_prefill: rows {}, h {} and y {} must be non-null and 4-byte aligned",
-           static_cast<const void*>(rows), static_cast<const void*>(h), static_cast<const void*>(y));
-  BG_CHECK(workspace != nullptr && cuda::aligned_to(workspace, 256),
-           "moe_w4a16_prefill: workspace {} must be non-null and 256-byte aligned", workspace);
+  BG_CHECK(w.blocks != nullptr && d.offsets && d.active && d.n_active && d.error_flags &&
+               (!io.gather || d.row_token),
+           "moe_w4a16_prefill: the block table and the dispatch's offsets, active list, count, error word (and with "
+           "gather its row_token) must be set");
+  BG_CHECK(io.x && io.h && io.y && cuda::aligned_to(io.x, 4) && cuda::aligned_to(io.h, 4) && cuda::aligned_to(io.y, 4),
+           "moe_w4a16_prefill: x {}, h {} and y {} must be non-null and 4-byte aligned", static_cast<const void*>(io.x),
+           static_cast<const void*>(io.h), static_cast<const void*>(io.y));
+  BG_CHECK(io.workspace != nullptr && cuda::aligned_to(io.workspace, 256),
+           "moe_w4a16_prefill: workspace {} must be non-null and 256-byte aligned", io.workspace);
   const PlanOffsets o = plan_offsets(p.n_experts);
-  auto* experts = static_cast<w4p::PrefillExpert*>(workspace);
-  auto* prefix = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(workspace) + o.prefix);
+  auto* experts = static_cast<w4p::PrefillExpert*>(io.workspace);
+  auto* prefix = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(io.workspace) + o.prefix);
   prefill_plan_kernel<<<1, w4p::kMaxExperts, 0, stream>>>(d, w.blocks, experts, prefix);
   BG_CUDA_CHECK_LAUNCH();
   const int smem = smem_bytes(p.n_experts);
@@ -539,14 +557,20 @@ void moe_w4a16_prefill_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, c
   BG_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   BG_CHECK(smem <= optin, "moe_w4a16_prefill: {} experts need {} bytes of shared memory, the device allows {}",
            p.n_experts, smem, optin);
-  set_smem_attribute<true>(smem);
-  set_smem_attribute<false>(smem);
   const int grid = sm_count();
-  const Args gu = projection_args(p, w.info.gate_up, rows, h, experts, prefix, d.n_active);
-  const Args dn = projection_args(p, w.info.down, h, y, experts, prefix, d.n_active);
-  prefill_kernel<true><<<grid, kThreads, smem, stream>>>(gu);
+  Args gu = projection_args(p, w.info.gate_up, io.x, io.h, experts, prefix, d.n_active);
+  const Args dn = projection_args(p, w.info.down, io.h, io.y, experts, prefix, d.n_active);
+  if (io.gather) {
+    gu.row_token = d.row_token;
+    set_smem_attribute<true, true>(smem);
+    prefill_kernel<true, true><<<grid, kThreads, smem, stream>>>(gu);
+  } else {
+    set_smem_attribute<true, false>(smem);
+    prefill_kernel<true, false><<<grid, kThreads, smem, stream>>>(gu);
+  }
   BG_CUDA_CHECK_LAUNCH();
-  prefill_kernel<false><<<grid, kThreads, smem, stream>>>(dn);
+  set_smem_attribute<false, false>(smem);
+  prefill_kernel<false, false><<<grid, kThreads, smem, stream>>>(dn);
   BG_CUDA_CHECK_LAUNCH();
 }
 

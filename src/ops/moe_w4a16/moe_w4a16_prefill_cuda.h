@@ -24,15 +24,26 @@ size_t moe_w4a16_prefill_workspace_bytes(const MoeW4a16Params& p);
 // and the launch's size limits.
 void moe_w4a16_prefill_check(const MoeW4a16Params& p, const MoeW4a16Weights& w);
 
-// For every row r of the dispatch's touched slots (offsets / active / n_active of `d`): h[r] = bf16(GLU(rows[r]
-// gate^T, rows[r] up^T)) (fp32 accumulation, the GLU in fp32 on the accumulators) and y[r] = bf16(h[r] down^T) with
-// the slot's expert. rows [n_tokens * top_k, hidden], h [.., inter], y [.., hidden], bf16, 4-byte aligned; rows
-// outside the touched slots' ranges are neither read nor written. A touched slot without a block raises
-// kMoeErrorBadDescriptor in *d.error_flags and its rows are not written. Three launches (plan, gate/up, down),
-// stream-ordered, no allocation, no host synchronisation (capturable). Deterministic: a row's bits depend only on the
-// row and its expert (each output is one CTA's full-K sum in a fixed order), not on the batch.
+// The launch's inputs, outputs and workspace (device memory).
+struct MoeW4a16PrefillIo {
+  // gather = false: the rows [n_tokens * top_k, hidden] in the dispatch's row order (its x_perm, or the rows an
+  // exchange delivered); gather = true: the tokens [n_tokens, hidden], row r read from x[d.row_token[r]] inside the
+  // kernel's copies (the dispatch's gather fused: no x_perm pass, no rows buffer).
+  const __nv_bfloat16* x = nullptr;
+  bool gather = false;
+  __nv_bfloat16* h = nullptr;  // [n_tokens * top_k, inter] the GLU outputs (scratch between the two kernels)
+  __nv_bfloat16* y = nullptr;  // [n_tokens * top_k, hidden] each row's expert output
+  void* workspace = nullptr;   // moe_w4a16_prefill_workspace_bytes(p), 256-byte aligned
+};
+
+// For every row r of the dispatch's touched slots (offsets / active / n_active of `d`): h[r] = bf16(GLU(x_r gate^T,
+// x_r up^T)) (fp32 accumulation, the GLU in fp32 on the accumulators) and y[r] = bf16(h[r] down^T) with the slot's
+// expert, x_r the row (or, with gather, its token's x). x, h and y bf16, 4-byte aligned; rows outside the touched
+// slots' ranges are neither read nor written. A touched slot without a block raises kMoeErrorBadDescriptor in
+// *d.error_flags and its rows are not written. Three launches (plan, gate/up, down), stream-ordered, no allocation,
+// no host synchronisation (capturable). Deterministic run to run: each output is one CTA's full-K sum in a fixed
+// order (no atomics).
 void moe_w4a16_prefill_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const MoeWorkspace& d,
-                            const __nv_bfloat16* rows, __nv_bfloat16* h, __nv_bfloat16* y, void* workspace,
-                            cudaStream_t stream);
+                            const MoeW4a16PrefillIo& io, cudaStream_t stream);
 
 }  // namespace bg::ops
