@@ -295,17 +295,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const AttentionA
   uint8_t* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const int64_t g = blockIdx.x / a.n_groups;
   const int hg = static_cast<int>(blockIdx.x % a.n_groups);
-  const int32_t* prefix = a.meta + MlaDecodeMeta::kTilePrefix;
-  const int32_t* part_begin = a.meta + MlaDecodeMeta::partition_begin(a.n_tokens);
   if (g >= a.meta[MlaDecodeMeta::kPartitionsUsed]) return;
-  const int64_t end = part_begin[g + 1];
-  int64_t tile = part_begin[g];
-  for (int64_t t = token_of_tile(prefix, a.n_tokens, tile); tile < end; ++t) {
-    const int64_t seg_end = min(end, static_cast<int64_t>(prefix[t + 1]));
-    run_segment<kNT, Mma>(a, smem, t, static_cast<int>(tile - prefix[t]), static_cast<int>(seg_end - prefix[t]), g,
-                          hg);
-    tile = seg_end;
-  }
+  for_each_segment(a.meta, a.n_tokens, g, [&](int64_t t, int tile_lo, int tile_hi) {
+    run_segment<kNT, Mma>(a, smem, t, tile_lo, tile_hi, g, hg);
+  });
 }
 
 template <int kNT, class Mma>

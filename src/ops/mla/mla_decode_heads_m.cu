@@ -333,8 +333,6 @@ __global__ void __launch_bounds__(kThreads, 1) heads_m_kernel(const AttentionArg
   uint8_t* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const int64_t g = blockIdx.x / a.n_groups;
   const int hg = static_cast<int>(blockIdx.x % a.n_groups);
-  const int32_t* prefix = a.meta + MlaDecodeMeta::kTilePrefix;
-  const int32_t* part_begin = a.meta + MlaDecodeMeta::partition_begin(a.n_tokens);
   if (g >= a.meta[MlaDecodeMeta::kPartitionsUsed]) return;
   // The zero pad after Q's last slab (read by rows Hc..63 of its last k-steps), written once; the first segment's
   // barriers order it before any wgmma.
@@ -343,11 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1) heads_m_kernel(const AttentionArg
   }
   fence_proxy_async();
   const int wg = warpgroup_index();
-  const int64_t end = part_begin[g + 1];
-  int64_t tile = part_begin[g];
-  for (int64_t t = token_of_tile(prefix, a.n_tokens, tile); tile < end; ++t) {
-    const int64_t seg_end = min(end, static_cast<int64_t>(prefix[t + 1]));
-    const int tile_lo = static_cast<int>(tile - prefix[t]), tile_hi = static_cast<int>(seg_end - prefix[t]);
+  for_each_segment(a.meta, a.n_tokens, g, [&](int64_t t, int tile_lo, int tile_hi) {
     const int64_t n_ctx = a.cache.positions[t] + 1;
     const int64_t first0 = static_cast<int64_t>(tile_lo) * kTile;
     const int64_t last = min(n_ctx, static_cast<int64_t>(tile_hi) * kTile);  // > first0: row 0 of a tile is inside
@@ -362,8 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1) heads_m_kernel(const AttentionArg
       seg.run(t, g, hg);
     }
     __syncthreads();  // the next segment overwrites Q, the ring and the exchange
-    tile = seg_end;
-  }
+  });
 }
 
 template <int kNT>

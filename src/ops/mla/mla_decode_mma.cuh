@@ -90,6 +90,22 @@ __device__ __forceinline__ int64_t token_of_tile(const int32_t* prefix, int n_to
   return lo;
 }
 
+// The segments of partition g of a step's schedule (meta: MlaDecodeMeta), in order: f(t, tile_lo, tile_hi) for each
+// token t whose tiles [tile_lo, tile_hi) (numbered within t) fall in the partition. The walk every attention kernel
+// makes over its CTA's partition.
+template <class F>
+__device__ __forceinline__ void for_each_segment(const int32_t* meta, int n_tokens, int64_t g, F&& f) {
+  const int32_t* prefix = meta + MlaDecodeMeta::kTilePrefix;
+  const int32_t* part_begin = meta + MlaDecodeMeta::partition_begin(n_tokens);
+  const int64_t end = part_begin[g + 1];
+  int64_t tile = part_begin[g];
+  for (int64_t t = token_of_tile(prefix, n_tokens, tile); tile < end; ++t) {
+    const int64_t seg_end = min(end, static_cast<int64_t>(prefix[t + 1]));
+    f(t, static_cast<int>(tile - prefix[t]), static_cast<int>(seg_end - prefix[t]));
+    tile = seg_end;
+  }
+}
+
 // Cache positions first..first+kRows-1 of one sequence into a swizzled tile of 9 slabs of kRows x 128 B (rows at or
 // past n_ctx are zero-filled, so masked rows never feed NaN from stale memory into 0 * x): 64-position tiles of the
 // heads-as-N kernels, 32-position halves of the heads-as-M one. Thread i copies chunks i % T + T j (T = 256 / kRows

@@ -30,8 +30,12 @@ namespace bg::ops {
 inline constexpr int64_t kMlaDecodeLora = 512;
 inline constexpr int64_t kMlaDecodeRope = 64;
 inline constexpr int64_t kMlaDecodeEntry = kMlaDecodeLora + kMlaDecodeRope;  // 576 bf16 = 1152 B
-inline constexpr int64_t kMlaDecodeTile = 64;       // cache positions per tile (the MMA M of Q·Kᵀ)
-inline constexpr int64_t kMlaDecodeMaxGroupHeads = 48;  // heads per CTA (the MMA N); shared memory caps it
+// Cache positions per schedule tile (the M of Q·Kᵀ in the heads-as-N kernels; the heads-as-M default walks each as
+// two 32-position halves, its N).
+inline constexpr int64_t kMlaDecodeTile = 64;
+// Heads per CTA: the N of the heads-as-N kernels, the valid rows of the heads-as-M kernel's m64 operand (48 of 64);
+// shared memory caps it.
+inline constexpr int64_t kMlaDecodeMaxGroupHeads = 48;
 inline constexpr int64_t kMlaDecodeMaxTokens = 1 << 16;
 
 // Which attention kernel runs: the heads-as-N kernel on mma.sync or wgmma (same data flow and shared-memory layout),
