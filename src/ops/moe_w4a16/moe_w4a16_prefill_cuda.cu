@@ -38,7 +38,6 @@
 // Resources: see docs/MOE_PREFILL.md ("The W4A16 prefill kernel").
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
@@ -477,17 +476,13 @@ int smem_bytes(int64_t n_experts) {
          static_cast<int>(n_experts * static_cast<int64_t>(sizeof(w4p::PrefillExpert)) + (n_experts + 1) * 4);
 }
 
+// Above the 48 KiB default: opt in (a host-side attribute, cheap, allowed while a stream is being captured).
 template <bool kGateUp, bool kGather>
-void set_smem_attribute(int bytes) {
-  static std::mutex mu;
-  static int set[64] = {};  // per device
-  int dev = 0;
-  BG_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (dev < 64 && set[dev] >= bytes) return;
+void launch_kernel(const Args& a, int grid, int smem, cudaStream_t stream) {
   BG_CUDA_CHECK(
-      cudaFuncSetAttribute(prefill_kernel<kGateUp, kGather>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  if (dev < 64) set[dev] = bytes;
+      cudaFuncSetAttribute(prefill_kernel<kGateUp, kGather>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  prefill_kernel<kGateUp, kGather><<<grid, kThreads, smem, stream>>>(a);
+  BG_CUDA_CHECK_LAUNCH();
 }
 
 Args projection_args(const MoeW4a16Params& p, const MoeW4a16MatrixInfo& m, const bf16* act, bf16* out,
@@ -562,16 +557,11 @@ void moe_w4a16_prefill_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, c
   const Args dn = projection_args(p, w.info.down, io.h, io.y, experts, prefix, d.n_active);
   if (io.gather) {
     gu.row_token = d.row_token;
-    set_smem_attribute<true, true>(smem);
-    prefill_kernel<true, true><<<grid, kThreads, smem, stream>>>(gu);
+    launch_kernel<true, true>(gu, grid, smem, stream);
   } else {
-    set_smem_attribute<true, false>(smem);
-    prefill_kernel<true, false><<<grid, kThreads, smem, stream>>>(gu);
+    launch_kernel<true, false>(gu, grid, smem, stream);
   }
-  BG_CUDA_CHECK_LAUNCH();
-  set_smem_attribute<false, false>(smem);
-  prefill_kernel<false, false><<<grid, kThreads, smem, stream>>>(dn);
-  BG_CUDA_CHECK_LAUNCH();
+  launch_kernel<false, false>(dn, grid, smem, stream);
 }
 
 }  // namespace bg::ops
