@@ -4,6 +4,7 @@
 #include "bench/exchange_bench.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -11,6 +12,8 @@
 #include <cstdlib>
 #include <ctime>
 #include <functional>
+#include <map>
+#include <string_view>
 
 #include "bench/device_bench.h"
 #include "bench/model_bench.h"
@@ -232,6 +235,22 @@ bool kernel_case_matches(std::string_view name, std::string_view filter) {
   return false;
 }
 
+namespace {
+
+// The BG_* variables of this process's environment, by name.
+std::map<std::string, std::string> bg_environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string_view kv(*e);
+    const size_t eq = kv.find('=');
+    if (eq == std::string_view::npos || !kv.starts_with("BG_")) continue;
+    env.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+  }
+  return env;
+}
+
+}  // namespace
+
 BenchReport run_bench(const BenchOptions& o) {
   // The exchange bench runs its ranks as threads of this process: their streams share the context's hardware queues
   // (8 by default), where a rank's flag wait could hold back a peer's kernels queued behind it. 32 queues (the most)
@@ -243,6 +262,7 @@ BenchReport run_bench(const BenchOptions& o) {
   r.commit = BG_GIT_DESCRIBE;
   r.date = utc_now();
   r.command = o.command;
+  r.env = bg_environment();
   r.quick = o.quick;
   r.device = device->info();
   log::info("bench: {} ({}), commit {}", r.device.name, r.device.device, r.commit);

@@ -115,6 +115,7 @@ json to_json(const BenchReport& r) {
           {"commit", r.commit},
           {"date", r.date},
           {"command", r.command},
+          {"env", r.env},
           {"quick", r.quick},
           {"gpu", r.device.device == "cuda" ? json(r.device.name) : json(nullptr)},
           {"driver", opt(r.device.driver)},
@@ -133,6 +134,11 @@ std::string format_table(const BenchReport& r) {
   const Ceilings& c = r.ceilings;
   std::string out = fmt::format("batchgen bench  {}  {}  {} ({})  driver {}\n", r.commit, r.date, r.device.name,
                                 r.device.device, r.device.driver.value_or("-"));
+  if (!r.env.empty()) {
+    out += "env:";
+    for (const auto& [name, value] : r.env) out += fmt::format(" {}={}", name, value);
+    out += "\n";
+  }
   out += fmt::format("ceilings: read {} GB/s, copy {} GB/s, gemm bf16 {} / fp8 {} / f32 {} TFLOP/s, h2d {} d2h {} "
                      "GB/s, graph node {} us\n",
                      num(c.read_gbps, "{:.0f}"), num(c.copy_gbps, "{:.0f}"), num(c.gemm_bf16_tflops),

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -156,6 +157,9 @@ struct ExchangeResult {
 
 struct BenchReport {
   std::string commit, date, command;
+  // The BG_* environment variables set when it ran (kernel choices such as BG_MOE_PREFILL or BG_MLA_DECODE change what
+  // a figure measures; docs/GPU.md lists them), by name.
+  std::map<std::string, std::string> env;
   bool quick = false;
   DeviceInfo device;
   Ceilings ceilings;

@@ -24,9 +24,11 @@ struct CommandResult {
   std::string stdout_text;
 };
 
-// Runs `batchgen <args>` from the build tree; stderr goes to `log`.
-CommandResult run_batchgen(const std::string& args, const std::filesystem::path& log) {
-  const std::string cmd = std::string(BG_BINARY_DIR) + "/batchgen " + args + " 2>" + log.string();
+// Runs `batchgen <args>` from the build tree, with `env` ("NAME=value ...") added to its environment; stderr goes to
+// `log`.
+CommandResult run_batchgen(const std::string& args, const std::filesystem::path& log, const std::string& env = "") {
+  const std::string cmd =
+      (env.empty() ? "" : "env " + env + " ") + std::string(BG_BINARY_DIR) + "/batchgen " + args + " 2>" + log.string();
   CommandResult r;
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (pipe == nullptr) return r;
@@ -53,14 +55,24 @@ void expect_keys(const json& obj, std::initializer_list<const char*> keys, const
 TEST(BenchCli, CpuQuickWritesTheDocumentedJson) {
   TempDir tmp;
   const auto out = tmp / "cpu.json";
-  const CommandResult r = run_batchgen("bench all --device cpu --quick --json " + out.string(), tmp / "log.txt");
+  // A kernel choice in the environment is part of what was measured: the report records the BG_* variables.
+  const CommandResult r = run_batchgen("bench all --device cpu --quick --json " + out.string(), tmp / "log.txt",
+                                       "BG_MOE_PREFILL=grouped");
   ASSERT_EQ(r.exit_code, 0) << read_text(tmp / "log.txt");
   EXPECT_NE(r.stdout_text.find("ceilings:"), std::string::npos) << r.stdout_text;
+  EXPECT_NE(r.stdout_text.find("env: "), std::string::npos) << r.stdout_text;
+  EXPECT_NE(r.stdout_text.find(" BG_MOE_PREFILL=grouped"), std::string::npos) << r.stdout_text;
   EXPECT_NE(r.stdout_text.find("roofline ms"), std::string::npos) << r.stdout_text;
   const json j = json::parse(read_text(out));
-  expect_keys(j, {"schema", "commit", "date", "command", "gpu", "driver", "device", "clocks", "ceilings", "kernels",
-                  "steps", "prefill", "host", "exchange", "errors"},
+  expect_keys(j, {"schema", "commit", "date", "command", "env", "gpu", "driver", "device", "clocks", "ceilings",
+                  "kernels", "steps", "prefill", "host", "exchange", "errors"},
               "report");
+  ASSERT_TRUE(j["env"].is_object()) << j["env"].dump();
+  EXPECT_EQ(j["env"]["BG_MOE_PREFILL"], "grouped") << j["env"].dump();
+  for (const auto& [name, value] : j["env"].items()) {
+    EXPECT_EQ(name.rfind("BG_", 0), 0u) << name << ": only BG_* variables are recorded";
+    EXPECT_TRUE(value.is_string()) << name;
+  }
   EXPECT_EQ(j["exchange"], json::array());  // bench exchange only
   EXPECT_TRUE(j["commit"].is_string() && !j["commit"].get<std::string>().empty());
   EXPECT_EQ(j["errors"], json::array());
