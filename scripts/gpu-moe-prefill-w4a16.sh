@@ -2,7 +2,8 @@
 # The W4A16 prefill kernel on the H200 (docs/MOE_PREFILL.md, "The W4A16 prefill kernel"): its parity tests and the
 # decode kernel's (the shared device header changed), the goldens, step tests and streamed experts with the backend
 # on it (BG_MOE_PREFILL=w4a16; the goldens force every prefill step onto the prefill paths), the kernel cases beside
-# the dequantize-once path and the bf16 grouped GEMM ceiling, and the slice's prefill with each path.
+# the dequantize-once path and the bf16 grouped GEMM ceiling, the crossover with the fused decode kernel (18 to 292
+# rows per expert: where BG_MOE_PREFILL=w4a16's threshold belongs), and the slice's prefill with each path.
 # Run from the repo root with the bundle carried:
 #   PARTS="parity bench prefill" scripts/gpu-moe-prefill-w4a16.sh [BUNDLE]
 # Output: $OUT/w4a16-prefill.txt (the summary) and logs beside it.
@@ -29,10 +30,10 @@ if want parity; then
   summary "goldens, step, Archs, streamed experts with BG_MOE_PREFILL=w4a16" "$OUT/goldens.log" $?
 fi
 if want bench; then
-  timeout 400 "$BG" bench kernels --device cuda --kernels moe_prefill \
+  timeout 500 "$BG" bench kernels --device cuda --kernels moe_prefill,moe_crossover \
     --json "$OUT/kernels.json" > "$OUT/kernels.log" 2>&1
   echo "bench kernels rc=$?" >> "$S"
-  grep -E "moe_prefill|grouped" "$OUT/kernels.log" >> "$S"
+  grep -E "moe_prefill|moe_crossover|grouped" "$OUT/kernels.log" >> "$S"
 fi
 if want prefill; then
   ensure_slice /tmp/bg-ep16-rank

@@ -21,6 +21,9 @@
 //                       registers, the gather fused, rows out; no combine), what BG_MOE_PREFILL=w4a16 runs; fraction
 //                       of the same bf16 grouped GEMM ceiling
 //   moe_dispatch_prefill the device-side dispatch alone at a long prefill step
+//   moe_crossover_decode_kernel / moe_crossover_prefill_kernel  the fused decode kernel (with its combine) and the
+//                       W4A16 prefill kernel + the combine at 64..1024 tokens: where the prefill kernel starts to win
+//                       (sets the threshold of BG_MOE_PREFILL=w4a16)
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -117,8 +120,8 @@ double ffn_bytes(int64_t n_tokens, int64_t touched) {
 }
 
 enum class MoePart {
-  kW4a16, kW4a16Wgmma, kW4a16Wide, kW4a16Rows, kW4a16Prefill, kFfn, kRouted, kDispatch, kGrouped, kGroupedPerExpert,
-  kGroupedDequant
+  kW4a16, kW4a16Wgmma, kW4a16Wide, kW4a16Rows, kW4a16Prefill, kW4a16PrefillRouted, kFfn, kRouted, kDispatch, kGrouped,
+  kGroupedPerExpert, kGroupedDequant
 };
 
 // The grouped path over a dispatched, gathered workspace: its plan (the row counts read once here, outside the
@@ -194,7 +197,8 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
     const double flops = 2.0 * d(n_tokens * kTopK) * expert_params();
     const double io = d(n_tokens * kLatent) * 2 * 2;  // x in, out read-modify-written
     const double slots = d(n_tokens * kTopK);
-    if (w4a16 || part == MoePart::kW4a16Prefill) {
+    const bool prefill = part == MoePart::kW4a16Prefill || part == MoePart::kW4a16PrefillRouted;
+    if (w4a16 || prefill) {
       // Random bytes in the load-time layout (codes and stored scales): timing does not depend on the values.
       ops::MoeW4a16Weights w;
       w.info = ops::moe_w4a16_layout_info(kExperts, kLatent, kInter);
@@ -205,7 +209,7 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
       // Rows out: an expert-parallel rank's case, its rows already in dispatch order (gathered here, in setup).
       const bool rows = part == MoePart::kW4a16Rows;
       if (rows) ops::moe_gather_cuda(p, x, ws, env.stream);
-      if (part == MoePart::kW4a16Prefill) {
+      if (prefill) {
         const ops::MoeW4a16Params pp = ops::moe_w4a16_rows_params(p);
         void* plan = mem.zeros(ops::moe_w4a16_prefill_workspace_bytes(pp));
         // Packed bytes of the touched experts + the rows in (gathered from x inside the kernel, as the backend runs
@@ -213,9 +217,12 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
         k.cost = {d(routing.touched) * d(w.info.gate_up.slot_bytes + w.info.down.slot_bytes) +
                       slots * d(kLatent + 2 * kInter + kLatent) * 2,
                   flops};
+        const bool routed = part == MoePart::kW4a16PrefillRouted;
+        if (routed) k.cost.bytes += io + slots * d(kLatent) * 2 + slots * 8;  // + the combine: y rows, weights, out
         k.launch = [=](int, cudaStream_t s) {
           (void)disp;
           ops::moe_w4a16_prefill_cuda(pp, w, ws, {x, true, ws.h, ws.y_perm, plan}, s);
+          if (routed) ops::moe_combine_cuda(p, ws, out, s);
         };
         return k;
       }
@@ -246,6 +253,7 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
       case MoePart::kW4a16Wide:
       case MoePart::kW4a16Rows:
       case MoePart::kW4a16Prefill:
+      case MoePart::kW4a16PrefillRouted:
       case MoePart::kGrouped:
       case MoePart::kGroupedPerExpert:
       case MoePart::kGroupedDequant:
@@ -334,6 +342,15 @@ void register_moe_cases(KernelRegistry& r, bool quick) {
   for (int64_t t : prefill) r.add(moe_case("moe_prefill_grouped_dequant", t, MoePart::kGroupedDequant));
   for (int64_t t : prefill) r.add(moe_case("moe_prefill_w4a16", t, MoePart::kW4a16Prefill));
   r.add(moe_case("moe_dispatch_prefill", quick ? 4096 : 16384, MoePart::kDispatch));
+  // Where the W4A16 prefill kernel overtakes the fused decode kernel, which takes every row count below the threshold
+  // (kMoeGroupedMinRowsW4a16): the two whole routed paths (dispatch done in setup), the prefill kernel with the
+  // dispatch's combine against the fused kernel with its own, at 18 / 37 / 73 / 146 / 292 rows per expert.
+  if (!quick) {
+    for (int64_t t : {64, 128, 256, 512, 1024}) {
+      r.add(moe_case("moe_crossover_decode_kernel", t, MoePart::kW4a16));
+      r.add(moe_case("moe_crossover_prefill_kernel", t, MoePart::kW4a16PrefillRouted));
+    }
+  }
 }
 
 }  // namespace bg::bench::cuda
