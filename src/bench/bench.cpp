@@ -198,7 +198,8 @@ void bench_model(const fs::path& dir, bool first, const BenchOptions& o, const P
     }
     if (p.prefill) {
       attempt(r, "prefill " + name, [&] {
-        auto prefill = bench_prefill(*model, *state, {name, p.prefill_tokens, p.chunk, p.decode_tokens}, cost,
+        const auto counts = [&device] { return device.path_counts(); };
+        auto prefill = bench_prefill(*model, *state, {name, p.prefill_tokens, p.chunk, p.decode_tokens, counts}, cost,
                                      r.ceilings);
         r.prefill.insert(r.prefill.end(), prefill.begin(), prefill.end());
       });

@@ -76,7 +76,7 @@ json prefill_json(const PrefillResult& p) {
           {"peak_pool_bytes", p.peak_pool_bytes}, {"peak_in_use_bytes", p.peak_in_use_bytes},
           {"device_total_bytes", p.device_total_bytes},
           {"peak_rss_bytes", p.peak_rss_bytes}, {"decoded_ids", p.decoded_ids}, {"decode_margins", p.decode_margins},
-          {"decode_ms_per_token", p.decode_ms_per_token}};
+          {"decode_ms_per_token", p.decode_ms_per_token}, {"paths", p.paths}};
 }
 
 json host_json(const HostResult& h) {

@@ -118,6 +118,9 @@ struct PrefillResult {
   // --decode-tokens: the greedy continuation after the prompt (the first id is the prompt's own argmax), each
   // step's top-1 minus top-2 logit (a small margin means another device's rounding may pick another id), and the
   // wall time of one decode step at the prompt's length.
+  // Calls by path while the prompt ran (DeviceBench::path_counts differences, the paths that ran at least once): which
+  // MoE prefill kernel the figure measured.
+  std::map<std::string, uint64_t> paths;
   std::vector<int32_t> decoded_ids;
   std::vector<float> decode_margins;
   double decode_ms_per_token = 0;

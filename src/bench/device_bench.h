@@ -3,6 +3,8 @@
 // CUDA: cuda/cuda_bench.cpp (events, graphs, cuBLAS, NVML).
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +25,9 @@ class DeviceBench {
   virtual std::unique_ptr<StepProfiler> profiler(bool per_op) = 0;
   // Bytes per activation / MLA cache value of the device's backend (CUDA bf16: 2; CPU fp32: 4).
   virtual int64_t act_bytes() const = 0;
+  // Process-wide counts of backend calls by the path they took, where more than one can run the same op (CUDA: the
+  // MoE prefill paths, "moe_grouped" and "moe_w4a16_prefill"); a run's figures are attributed by their differences.
+  virtual std::map<std::string, uint64_t> path_counts() const { return {}; }
 };
 
 // "cpu" or "cuda" (a bg::Error naming what is missing when this build or machine has no CUDA).

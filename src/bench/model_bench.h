@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +42,8 @@ struct PrefillBenchSpec {
   std::vector<int64_t> prompt_tokens;
   int64_t chunk_tokens = 0;  // tokens per forward_batch, as the scheduler's chunked prefill would cut the prompt
   int64_t decode_tokens = 0;  // greedy tokens generated after each prompt (0: none)
+  // DeviceBench::path_counts of the device (null: none recorded).
+  std::function<std::map<std::string, uint64_t>()> path_counts;
 };
 
 // One sequence per prompt length, its prompt run in chunks; tokens/s beside the FLOP roofline of the same chunks,

@@ -2,8 +2,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <random>
 #include <set>
+#include <string>
 
 #include <sys/resource.h>
 
@@ -33,6 +35,13 @@ std::pair<int32_t, float> greedy_pick(const std::vector<float>& logits) {
     if (i != static_cast<size_t>(best)) second = std::max(second, logits[i]);
   }
   return {best, logits[static_cast<size_t>(best)] - second};
+}
+
+// ", paths: a 12, b 3" for the log line (empty when none was recorded).
+std::string paths_text(const std::map<std::string, uint64_t>& paths) {
+  std::string s;
+  for (const auto& [path, n] : paths) s += fmt::format("{}{} {}", s.empty() ? ", paths: " : ", ", path, n);
+  return s;
 }
 
 double peak_rss_bytes() {
@@ -218,9 +227,17 @@ std::vector<PrefillResult> bench_prefill(Model& model, kv::StateManager& state, 
     }
     std::unique_ptr<Sequence> seq = state.new_sequence(n_prompt + spec.decode_tokens);
     model.backend().reset_memory_peak();
+    const std::map<std::string, uint64_t> paths0 = spec.path_counts ? spec.path_counts() : decltype(paths0){};
     const auto t0 = Clock::now();
     const StepCost total = run(*seq, n_prompt);
     PrefillResult r;
+    if (spec.path_counts) {
+      for (const auto& [path, n] : spec.path_counts()) {
+        const auto before = paths0.find(path);
+        const uint64_t d = n - (before == paths0.end() ? 0 : before->second);
+        if (d > 0) r.paths[path] = d;
+      }
+    }
     r.model = spec.model_name;
     r.prompt_tokens = n_prompt;
     r.chunk_tokens = spec.chunk_tokens;
@@ -247,8 +264,8 @@ std::vector<PrefillResult> bench_prefill(Model& model, kv::StateManager& state, 
     if (spec.decode_tokens > 1) r.decode_ms_per_token = ms_since(t1) / static_cast<double>(spec.decode_tokens - 1);
     r.peak_rss_bytes = peak_rss_bytes();
     log::info("bench prefill {} {} tokens (chunk {}): {:.2f} s, {:.0f} tokens/s (roofline {:.0f}), device memory at "
-              "its peak {:.2f} GB", spec.model_name, n_prompt, spec.chunk_tokens, r.seconds, r.tokens_per_s,
-              r.roofline_tokens_per_s, r.peak_device_bytes / 1e9);
+              "its peak {:.2f} GB{}", spec.model_name, n_prompt, spec.chunk_tokens, r.seconds, r.tokens_per_s,
+              r.roofline_tokens_per_s, r.peak_device_bytes / 1e9, paths_text(r.paths));
     if (!r.decoded_ids.empty()) {
       log::info("bench prefill {} {} tokens: greedy continuation [{}], margins [{:.3f}], {:.2f} ms per token",
                 spec.model_name, n_prompt, fmt::join(r.decoded_ids, ", "), fmt::join(r.decode_margins, ", "),

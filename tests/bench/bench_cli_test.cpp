@@ -119,7 +119,8 @@ TEST(BenchCli, CpuQuickWritesTheDocumentedJson) {
 
   ASSERT_EQ(j["prefill"].size(), 4u);
   for (const json& p : j["prefill"]) {
-    expect_keys(p, {"prompt_tokens", "chunk_tokens", "tokens_per_s", "roofline_tokens_per_s"}, "prefill");
+    expect_keys(p, {"prompt_tokens", "chunk_tokens", "tokens_per_s", "roofline_tokens_per_s", "paths"}, "prefill");
+    EXPECT_EQ(p["paths"], json::object()) << "the CPU backend has one path per op: " << p.dump();
     EXPECT_TRUE(positive(p["tokens_per_s"]) && positive(p["roofline_tokens_per_s"])) << p.dump();
   }
 

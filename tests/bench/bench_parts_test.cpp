@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "bench/bench.h"
@@ -177,9 +178,16 @@ TEST(BenchPrefill, DecodesTheGreedyContinuationOfThePrompt) {
   c.read_gbps = 100.0;
   c.gemm_bf16_tflops = 1.0;
   const int64_t n_prompt = 150, n_decode = 6;
-  const auto results = bench::bench_prefill(*model, *state, {"tiny", {n_prompt}, 64, n_decode}, cost, c);
+  // Path counts: read before and after the prompt; the paths whose count moved are recorded with the difference.
+  uint64_t calls = 0;
+  const auto counts = [&calls] {
+    calls += 5;
+    return std::map<std::string, uint64_t>{{"moved", calls}, {"still", 7}};
+  };
+  const auto results = bench::bench_prefill(*model, *state, {"tiny", {n_prompt}, 64, n_decode, counts}, cost, c);
   ASSERT_EQ(results.size(), 1u);
   const bench::PrefillResult& r = results[0];
+  EXPECT_EQ(r.paths, (std::map<std::string, uint64_t>{{"moved", 5}}));
   ASSERT_EQ(r.decoded_ids.size(), static_cast<size_t>(n_decode));
   ASSERT_EQ(r.decode_margins.size(), static_cast<size_t>(n_decode));
   for (float m : r.decode_margins) EXPECT_GE(m, 0.0f);
@@ -201,7 +209,7 @@ TEST(BenchPrefill, DecodesTheGreedyContinuationOfThePrompt) {
     next = {expected.back()};
   }
   EXPECT_EQ(r.decoded_ids, expected);
-  EXPECT_NE(bg_error_of([&] { bench::bench_prefill(*model, *state, {"tiny", {8}, 64, -1}, cost, c); })
+  EXPECT_NE(bg_error_of([&] { bench::bench_prefill(*model, *state, {"tiny", {8}, 64, -1, nullptr}, cost, c); })
                 .find("--decode-tokens"),
             std::string::npos);
 }

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_moe.h"
 #include "backend/cuda/device_buffer.h"
 #include "bench/cuda/cuda_bench_parts.h"
 #include "bench/cuda/nvml.h"
@@ -61,6 +62,10 @@ class CudaBench final : public DeviceBench {
   }
   std::unique_ptr<StepProfiler> profiler(bool per_op) override { return cuda::make_event_profiler(per_op); }
   int64_t act_bytes() const override { return 2; }
+  std::map<std::string, uint64_t> path_counts() const override {
+    return {{"moe_grouped", bg::cuda::moe_grouped_calls()},
+            {"moe_w4a16_prefill", bg::cuda::moe_w4a16_prefill_calls()}};
+  }
 
  private:
   cuda::CudaEnv env_;
