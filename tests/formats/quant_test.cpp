@@ -219,6 +219,26 @@ TEST(Quant, QuantizeMxfp4ExactForRepresentableValues) {
   for (size_t i = 0; i < w.size(); ++i) EXPECT_EQ(got[i], w[i]) << i;
 }
 
+// The FP8 path's premise (docs/MOE_PREFILL.md, "Next: the FP8 path"): an MXFP4 weight c 2^(s - 127) is exactly the
+// E4M3 value c 2^(s - S) times 2^(S - 127) for every group exponent s with -8 <= s - S <= 6, so a 128 x 128 block whose
+// groups' exponents span at most 14 binades converts without rounding; one binade more on either side does not.
+TEST(Quant, Mxfp4CodesAreExactE4m3WithinFourteenBinades) {
+  const auto exact = [](float v) { return f8e4m3_to_f32(f32_to_f8e4m3(v)) == v; };
+  for (int d = -8; d <= 6; ++d) {
+    for (int code = 0; code < 16; ++code) {
+      const float v = std::ldexp(e2m1_to_f32(static_cast<uint8_t>(code)), d);
+      EXPECT_TRUE(exact(v)) << "code " << code << " at 2^" << d;
+    }
+  }
+  bool low = true, high = true;  // some code fails one binade past each end
+  for (int code = 0; code < 16; ++code) {
+    low = low && exact(std::ldexp(e2m1_to_f32(static_cast<uint8_t>(code)), -9));
+    high = high && exact(std::ldexp(e2m1_to_f32(static_cast<uint8_t>(code)), 7));
+  }
+  EXPECT_FALSE(low) << "2^-9 keeps every code exact: the window is wider than documented";
+  EXPECT_FALSE(high) << "2^7 keeps every code exact: the window is wider than documented";
+}
+
 TEST(Quant, QuantizeMxfp4ErrorBound) {
   constexpr int64_t n_out = 8, n_in = 128;
   auto w = random_matrix(n_out, n_in, 2);
