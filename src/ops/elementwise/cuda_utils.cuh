@@ -149,4 +149,36 @@ void launch_row_norm(int64_t n_rows, int64_t dim, const Op& op, cudaStream_t str
   }
 }
 
+// Exclusive prefix sum of v over the block's kThreads threads in thread order (kThreads a multiple of 32, at most
+// 1024); *total receives the block's sum. warp_sums: kThreads / 32 ints of shared memory. Every thread of the block
+// calls it; it ends with a barrier, so warp_sums can be reused by the next call. Integer additions: exact.
+template <int kThreads>
+__device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
+  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, at most 32 of them");
+  constexpr int kWarps = kThreads / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  int incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += n;
+  }
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int x = lane < kWarps ? warp_sums[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int n = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += n;
+    }
+    if (lane < kWarps) warp_sums[lane] = x;  // inclusive over warps
+  }
+  __syncthreads();
+  const int before = warp > 0 ? warp_sums[warp - 1] : 0;
+  *total = warp_sums[kWarps - 1];
+  __syncthreads();  // warp_sums is reused by the next call
+  return before + incl - v;
+}
+
 }  // namespace bg::ops::cuda_util

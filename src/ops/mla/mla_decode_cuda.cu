@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
+#include "ops/elementwise/cuda_utils.cuh"
 #include "ops/mla/mla_decode_cuda.h"
 #include "ops/mla/mla_decode_internal.h"
 
@@ -32,31 +33,8 @@ struct PrepArgs {
 };
 
 // Exclusive prefix sum over the CTA (blockDim.x = kPrepThreads); *total receives the CTA's sum.
-__device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  constexpr int kWarps = kPrepThreads / 32;
-  int incl = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int n = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += n;
-  }
-  if (lane == 31) warp_sums[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    int x = lane < kWarps ? warp_sums[lane] : 0;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int n = __shfl_up_sync(0xffffffffu, x, o);
-      if (lane >= o) x += n;
-    }
-    if (lane < kWarps) warp_sums[lane] = x;  // inclusive over warps
-  }
-  __syncthreads();
-  const int before = warp > 0 ? warp_sums[warp - 1] : 0;
-  *total = warp_sums[kWarps - 1];
-  __syncthreads();  // warp_sums is reused by the next call
-  return before + incl - v;
+__device__ __forceinline__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
+  return cuda_util::block_exclusive_scan<kPrepThreads>(v, warp_sums, total);
 }
 
 // Raises an error bit for the backend to report after the step (cache.error_flags), or traps when there is no flag

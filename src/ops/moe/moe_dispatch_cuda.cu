@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
+#include "ops/elementwise/cuda_utils.cuh"
 #include "ops/moe/moe_cuda.h"
 
 namespace bg::ops {
@@ -38,32 +39,10 @@ __device__ __forceinline__ int slot_of_pair(const int32_t* ids, int i, int top_k
   return slot;
 }
 
-// Exclusive prefix of v over the kScanThreads threads of the block, in thread order; `total` gets the block sum.
-// s_warp: 32 ints of shared memory. Every thread of the block must call it.
-__device__ int block_exclusive_scan(int v, int* s_warp, int& total) {
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  int incl = v;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int o = __shfl_up_sync(0xffffffffu, incl, off);
-    if (lane >= off) incl += o;
-  }
-  if (lane == 31) s_warp[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    int w = s_warp[lane];
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int o = __shfl_up_sync(0xffffffffu, w, off);
-      if (lane >= off) w += o;
-    }
-    s_warp[lane] = w;  // inclusive over warps
-  }
-  __syncthreads();
-  const int prefix = (warp > 0 ? s_warp[warp - 1] : 0) + incl - v;
-  total = s_warp[31];
-  __syncthreads();  // s_warp is reused by the next call
-  return prefix;
+// Exclusive prefix of v over the kScanThreads threads of the block (cuda_util::block_exclusive_scan); `total` gets
+// the block sum. s_warp: 32 ints of shared memory. Every thread of the block must call it.
+__device__ __forceinline__ int block_exclusive_scan(int v, int* s_warp, int& total) {
+  return cuda_util::block_exclusive_scan<kScanThreads>(v, s_warp, &total);
 }
 
 // From ws.counts (complete, visible to the block): offsets, tile offsets, the active list and n_active, by the

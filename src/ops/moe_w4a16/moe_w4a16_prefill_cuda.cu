@@ -41,6 +41,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
+#include "ops/elementwise/cuda_utils.cuh"
 #include "ops/moe_w4a16/moe_w4a16_device.cuh"
 #include "ops/moe_w4a16/moe_w4a16_prefill.h"
 #include "ops/moe_w4a16/moe_w4a16_prefill_cuda.h"
@@ -142,7 +143,7 @@ __global__ void __launch_bounds__(w4p::kMaxExperts) prefill_plan_kernel(const Mo
                                                                          int32_t* prefix) {
   __shared__ int32_t s_warp[w4p::kMaxExperts / 32];
   const int n_active = min(*d.n_active, w4p::kMaxExperts);
-  const int j = static_cast<int>(threadIdx.x), lane = j & 31, warp = j >> 5;
+  const int j = static_cast<int>(threadIdx.x);
   int tiles = 0;
   if (j < n_active) {
     const int e = d.active[j];
@@ -157,26 +158,9 @@ __global__ void __launch_bounds__(w4p::kMaxExperts) prefill_plan_kernel(const Mo
     experts[j] = rec;
     tiles = w4p::token_tiles(rec.rows);
   }
-  int v = tiles;  // inclusive scan: within the warp, then over the warps' sums
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int u = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += u;
-  }
-  if (lane == 31) s_warp[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    int w = s_warp[lane];
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int u = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w += u;
-    }
-    s_warp[lane] = w;
-  }
-  __syncthreads();
-  if (warp > 0) v += s_warp[warp - 1];
-  if (j < n_active) prefix[j + 1] = v;
+  int total = 0;
+  const int before = cuda_util::block_exclusive_scan<w4p::kMaxExperts>(tiles, s_warp, &total);
+  if (j < n_active) prefix[j + 1] = before + tiles;
   if (j == 0) prefix[0] = 0;
 }
 
