@@ -22,8 +22,8 @@ summary() {  # summary NAME LOG RC
   grep -E '^\[  FAILED  \]|Failure|error:' "$2" | head -20 >> "$S"
 }
 if want parity; then
-  timeout 300 "$T" --gtest_filter='MoeW4a16Prefill.*:MoeW4a16Parity.*' > "$OUT/parity.log" 2>&1
-  summary "parity MoeW4a16Prefill + MoeW4a16Parity" "$OUT/parity.log" $?
+  timeout 300 "$T" --gtest_filter='MoeW4a16Prefill.*:MoeW4a16Parity.*:MoeCudaParity.*' > "$OUT/parity.log" 2>&1
+  summary "parity MoeW4a16Prefill + MoeW4a16Parity + MoeCudaParity (dispatch)" "$OUT/parity.log" $?
   BG_MOE_PREFILL=w4a16 timeout 300 "$T" \
     --gtest_filter='Cases/GoldenGpu.*:Models/StepGpu.*:Archs/*:Cases/StreamedExpertsGpu.*:Cases/W4a16StoreGpu.*' \
     > "$OUT/goldens.log" 2>&1
