@@ -1,4 +1,5 @@
-// Grouped W4A16 MXFP4 expert FFN for prefill (rows in, rows out): a persistent wgmma kernel with the weights
+// Grouped W4A16 MXFP4 expert FFN for prefill (rows, or the tokens through the dispatch's row_token, in; rows out): a
+// persistent wgmma kernel with the weights
 // dequantized in registers, run twice per layer (gate/up with the GLU fused, then down), after a one-CTA plan.
 //
 // Design
@@ -15,7 +16,7 @@
 //   of the same 16 intermediate columns, so the GLU needs no exchange) x up to 128 of one expert's rows; each
 //   warpgroup issues two wgmmas per k-step (one per tile of the pair), 128 fp32 accumulators per thread at N = 128.
 //   A tile runs the whole K (no split-K: thousands of tiles fill the GPU), so every output is one CTA's sum in a fixed
-//   order, whatever the batch.
+//   order: the same bits on every run.
 // - Work list: the plan kernel (one CTA) records each touched expert (block, first row, rows) and the prefix of its
 //   128-row tiles; each persistent CTA (grid = SM count) copies them into shared memory and takes tiles b, b + grid,
 //   ..., ordered expert > half item > row tile, so the CTAs running at one time share a half item's weights in L2.
@@ -34,7 +35,9 @@
 // - Issue per stage and thread: 2 words x 4 k-steps of decode (~13 instructions per word), 19 copies, 2 shared loads,
 //   8 wgmma + fences: ~150, i.e. ~15 % of the issue slots at the tensor pipe's pace.
 // - Waste: the last tile of an expert runs N = 32 / 64 / 128 for its rows (at 292 rows per expert: 128 + 128 + 64 for
-//   292, 11 % of the MMA work wasted); the GLU epilogue (64 GLUs per thread per gate/up tile) is not overlapped.
+//   292, 9 % of the MMA work wasted); the GLU epilogue (64 GLUs per thread per gate/up tile, roughly 5k instructions
+//   per thread against ~8k in the tile's K loop) runs with the tensor cores idle: 10-17 % of a gate/up tile by this
+//   count, to be measured.
 // Resources: see docs/MOE_PREFILL.md ("The W4A16 prefill kernel").
 #include <algorithm>
 #include <cmath>
