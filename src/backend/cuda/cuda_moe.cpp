@@ -368,13 +368,15 @@ void run_grouped(const MoeContext& c, const CudaExpertSlots& slots, const ops::M
 
 std::atomic<uint64_t> g_w4a16_prefill_calls{0};
 
-// Whether a call of a layer with the W4A16 layout runs the W4A16 prefill kernel (BG_MOE_PREFILL=w4a16; the default is
-// the grouped path until that kernel is measured): at the grouped path's threshold (BG_MOE_GROUPED_MIN_ROWS, else
-// kMoeGroupedMinRowsW4a16 rows per expert), never under --deterministic (the kernel would be chosen by the batch's
-// rows per expert). It needs no scratch, no cuBLAS and no host synchronisation, so it also runs under graph capture.
+// Whether a call of a layer with the W4A16 layout runs the W4A16 prefill kernel (BG_MOE_PREFILL=w4a16, read once per
+// process; the default is the grouped path until that kernel is measured): at the grouped path's threshold
+// (BG_MOE_GROUPED_MIN_ROWS, else kMoeGroupedMinRowsW4a16 rows per expert), never under --deterministic (the kernel
+// would be chosen by the batch's rows per expert). It needs no scratch, no cuBLAS and no host synchronisation, so it
+// also runs under graph capture.
 bool use_w4a16_prefill(const MoeContext& c, const ops::MoeCudaParams& p, bool has_w4a16) {
-  if (!has_w4a16 || c.deterministic) return false;
-  if (ops::moe_prefill_kernel(std::getenv("BG_MOE_PREFILL")) != ops::MoePrefillKernel::kW4a16) return false;
+  static const bool wanted =
+      ops::moe_prefill_kernel(std::getenv("BG_MOE_PREFILL")) == ops::MoePrefillKernel::kW4a16;
+  if (!wanted || !has_w4a16 || c.deterministic) return false;
   const char* env = std::getenv("BG_MOE_GROUPED_MIN_ROWS");
   const int64_t min_rows =
       env != nullptr && *env != '\0' ? ops::moe_grouped_min_rows(env) : ops::kMoeGroupedMinRowsW4a16;
