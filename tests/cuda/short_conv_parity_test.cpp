@@ -49,14 +49,18 @@ TEST(ShortConvParity, PrefillFromState) {
   }
 }
 
-// The vectorised prefill kernel (widths 1-4, 8 channels x 16 tokens per thread) against the per-element one
-// (BG_SHORT_CONV_SCALAR=1) bit for bit, outputs and states, over run edges (T not a multiple of 16, T below W - 1),
-// from a non-zero state; a misaligned x takes the per-element kernel and still matches the CPU.
+// The vectorised prefill kernels (widths 1-4, 8 channels x 16 tokens per thread; BG_SHORT_CONV=tiled and rows)
+// against the per-element one (BG_SHORT_CONV=scalar) bit for bit, outputs and states, over run edges (T not a
+// multiple of 16, T below W - 1) and tile edges (T around 128 and 256, C not a multiple of the 256-channel tile), from
+// a non-zero state; a misaligned x takes the per-element kernel and still matches the CPU.
 TEST(ShortConvParity, VectorisedEqualsPerElementBitForBit) {
   BG_REQUIRE_GPU();
   std::vector<ConvCase> cases;
   for (int64_t w : {1, 2, 3, 4}) {
-    for (int64_t t : {1, 2, 15, 16, 17, 100}) cases.push_back({t, 256, w});
+    for (int64_t t : {1, 2, 15, 16, 17, 100, 129}) cases.push_back({t, 256, w});
+  }
+  for (int64_t c : {8, 72, 264, 520}) {
+    for (int64_t t : {3, 127, 128, 255, 257}) cases.push_back({t, c, 4});
   }
   cases.push_back({1000, kChannels, 4});
   for (const ConvCase& c : cases) {
@@ -69,8 +73,8 @@ TEST(ShortConvParity, VectorisedEqualsPerElementBitForBit) {
     const std::vector<float> state = random_floats(n_state, 1.5f, 73);
     const cuda::DeviceBuffer d_x = upload_bf16(x), d_w = cuda::upload(w);
     std::vector<std::vector<float>> outs, states;
-    for (const char* scalar : {"1", "0"}) {
-      ::setenv("BG_SHORT_CONV_SCALAR", scalar, 1);
+    for (const char* kernel : {"scalar", "rows", "tiled"}) {
+      ::setenv("BG_SHORT_CONV", kernel, 1);
       cuda::DeviceBuffer d_state = cuda::upload(state), out = poisoned(n * 2);
       ops::short_conv_cuda(p, bf16_ptr(d_x), d_w.as<float>(), n_state ? d_state.as<float>() : nullptr, bf16_ptr(out),
                            nullptr);
@@ -78,9 +82,11 @@ TEST(ShortConvParity, VectorisedEqualsPerElementBitForBit) {
       outs.push_back(download_bf16(out, n));
       states.push_back(cuda::download<float>(d_state, n_state));
     }
-    ::unsetenv("BG_SHORT_CONV_SCALAR");
-    EXPECT_EQ(first_mismatch(outs[1], outs[0]), -1);
-    EXPECT_EQ(first_mismatch(states[1], states[0]), -1);
+    ::unsetenv("BG_SHORT_CONV");
+    for (size_t k : {1, 2}) {
+      EXPECT_EQ(first_mismatch(outs[k], outs[0]), -1) << "kernel " << k;
+      EXPECT_EQ(first_mismatch(states[k], states[0]), -1) << "kernel " << k;
+    }
     std::vector<float> ref(n), ref_state = state;
     ops::short_conv_cpu(p, x.data(), w.data(), ref_state.data(), ref.data());
     EXPECT_LE(max_rel_error(outs[1], ref), kTolBf16Out);
@@ -182,10 +188,10 @@ TEST(ShortConvParity, RejectsBadParams) {
   EXPECT_THROW(ops::short_conv_cuda({1, 2, 4}, bf16_ptr(b), b.as<float>(), nullptr, bf16_ptr(b) + 8, nullptr), Error);
   EXPECT_THROW(ops::short_conv_cuda({1, 2, 4}, bf16_ptr(b), b.as<float>(), b.as<float>(), bf16_ptr(b), nullptr),
                Error);
-  ::setenv("BG_SHORT_CONV_SCALAR", "yes", 1);  // only 0 or 1
+  ::setenv("BG_SHORT_CONV", "vector", 1);  // only tiled, rows or scalar
   EXPECT_THROW(ops::short_conv_cuda({1, 8, 4}, bf16_ptr(b), b.as<float>(), b.as<float>(), bf16_ptr(b) + 64, nullptr),
                Error);
-  ::unsetenv("BG_SHORT_CONV_SCALAR");
+  ::unsetenv("BG_SHORT_CONV");
   EXPECT_THROW(ops::short_conv_decode_cuda({1, 8, 4}, bf16_ptr(b), b.as<float>(),
                                            {b.as<float>(), b.as<int32_t>(), 8}, bf16_ptr(b) + 64, nullptr),
                Error);

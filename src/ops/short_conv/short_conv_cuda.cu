@@ -1,14 +1,17 @@
-// CUDA short conv + SiLU. Prefill: for widths up to 4 on 16-byte aligned rows, a thread takes 8 channels over a run
-// of kRun tokens with a sliding window in registers (16-byte loads and stores; each input row is read (kRun + W - 1)
-// / kRun times instead of W); otherwise one thread per (token, channel) output reads W inputs from x or the old state.
-// Both accumulate in the same order, so they give the same bits. Then one thread per channel shifts the state.
-// Decode: one thread per (sequence, channel) does both.
+// CUDA short conv + SiLU. Prefill, for widths up to 4 on 16-byte aligned rows: the tiled kernel (default) copies a
+// block's tile of kTileTokens + W - 1 input rows by 256 channels into shared memory with cp.async (every row of the
+// tile in flight at once), then each thread slides a window in registers over 8 channels by kRun tokens; the rows
+// kernel (BG_SHORT_CONV=rows, the one before) does the same window straight from global memory, one 16-byte load in
+// flight per thread. Otherwise (or BG_SHORT_CONV=scalar) one thread per (token, channel) output reads W inputs from x
+// or the old state. All accumulate in the same order, so they give the same bits. Then one thread per channel shifts
+// the state. Decode: one thread per (sequence, channel) does both.
 #include "ops/short_conv/short_conv_cuda.h"
 
 
 #include "backend/cuda/cuda_check.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "ops/elementwise/cuda_ptx.cuh"
 #include "ops/elementwise/cuda_utils.cuh"
 
 namespace bg::ops {
@@ -99,6 +102,85 @@ __global__ void __launch_bounds__(kThreads) conv_vec_kernel(ShortConvParams p, c
   }
 }
 
+// The tiled kernel: block (channel tile, token tile) covers kTileTokens tokens of kTileChannels channels. Shared row
+// r holds the input of token t0 - (W - 1) + r (rows before token 0 or past the last one are not copied: the window
+// reads the state for the former, and the latter are never read). Thread (group g, run r): channels 8g .. 8g + 7 of
+// the tile, tokens r * kRun .. r * kRun + kRun - 1; a warp reads one 512-byte row piece at a time (conflict-free).
+constexpr int kTileChannels = kVecChannels * 32;  // one warp's row piece
+constexpr int kTileRowBytes = kTileChannels * 2;  // 512
+template <int kWarps>
+constexpr int tile_tokens() { return kWarps * kRun; }  // a warp per run of kRun tokens
+template <int kWarps, int W>
+constexpr int tile_smem_bytes() { return (tile_tokens<kWarps>() + W - 1) * kTileRowBytes; }  // 66,048 at 8 warps, W 4
+
+template <int kWarps, int W>
+__global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) conv_tiled_kernel(ShortConvParams p,
+                                                                               const bf16* __restrict__ x,
+                                                                               const float* __restrict__ weight,
+                                                                               const float* __restrict__ state,
+                                                                               bf16* __restrict__ out) {
+  extern __shared__ __align__(16) unsigned char tile[];
+  constexpr int kTileTokens = tile_tokens<kWarps>();
+  const int64_t c_tile = static_cast<int64_t>(blockIdx.x) * kTileChannels;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTileTokens;
+  constexpr int kRows = kTileTokens + W - 1, kPieces = kTileChannels / kVecChannels;
+  for (int i = threadIdx.x; i < kRows * kPieces; i += kWarps * 32) {
+    const int row = i / kPieces, piece = i - row * kPieces;
+    const int64_t s = t0 - (W - 1) + row, c = c_tile + piece * kVecChannels;
+    if (s >= 0 && s < p.n_tokens && c < p.n_channels) {
+      ptx::cp_async16(ptx::smem_addr(tile + row * kTileRowBytes + piece * 16), x + s * p.n_channels + c);
+    }
+  }
+  ptx::cp_async_commit();
+  const int lane = threadIdx.x % 32, run = threadIdx.x / 32;
+  const int64_t c0 = c_tile + lane * kVecChannels;
+  const bool live = c0 < p.n_channels;
+  float w[kVecChannels][W];
+#pragma unroll
+  for (int ch = 0; ch < kVecChannels; ++ch) {
+#pragma unroll
+    for (int j = 0; j < W; ++j) w[ch][j] = live ? weight[(c0 + ch) * W + j] : 0.0f;
+  }
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  if (!live) return;
+  const int r0 = run * kRun;  // first output of this thread, relative to t0; its window starts at shared row r0
+  const int64_t t_end = min(p.n_tokens - t0, static_cast<int64_t>(r0 + kRun));
+  auto row_at = [&](int r) {
+    Bf16x8 in;
+    in.raw = *reinterpret_cast<const uint4*>(tile + r * kTileRowBytes + lane * 16);
+    return in;
+  };
+  float win[kVecChannels][W];
+#pragma unroll
+  for (int j = 0; j < W - 1; ++j) {
+    const int64_t s = t0 + r0 - (W - 1) + j;
+    if (s >= 0) {
+      const Bf16x8 in = row_at(r0 + j);
+#pragma unroll
+      for (int ch = 0; ch < kVecChannels; ++ch) win[ch][j] = cuda_util::to_f32(in.v[ch]);
+    } else {
+#pragma unroll
+      for (int ch = 0; ch < kVecChannels; ++ch) win[ch][j] = state[(c0 + ch) * (W - 1) + (W - 1) + s];
+    }
+  }
+  for (int t = r0; t < t_end; ++t) {
+    const Bf16x8 in = row_at(t + W - 1);
+    Bf16x8 o;
+#pragma unroll
+    for (int ch = 0; ch < kVecChannels; ++ch) {
+      win[ch][W - 1] = cuda_util::to_f32(in.v[ch]);
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < W; ++j) acc += w[ch][j] * win[ch][j];
+      o.v[ch] = cuda_util::to_bf16(silu(acc));
+#pragma unroll
+      for (int j = 0; j + 1 < W; ++j) win[ch][j] = win[ch][j + 1];
+    }
+    *reinterpret_cast<uint4*>(out + (t0 + t) * p.n_channels + c0) = o.raw;
+  }
+}
+
 // New state of channel c: the inputs of tokens T-(W-1) .. T-1, oldest first. Entry j reads old entry T+j >= j, so
 // ascending j is safe in place.
 __global__ void state_kernel(ShortConvParams p, const bf16* x, float* state) {
@@ -135,7 +217,62 @@ __global__ void decode_kernel(ShortConvDecodeParams p, const bf16* x, const floa
 
 }  // namespace
 
-bool short_conv_scalar_from_env() { return env_switch("BG_SHORT_CONV_SCALAR", false); }
+ShortConvKernel short_conv_kernel_from_env() {
+  switch (env_choice("BG_SHORT_CONV", {"tiled", "rows", "scalar"})) {
+    case 1: return ShortConvKernel::kRows;
+    case 2: return ShortConvKernel::kScalar;
+    default: return ShortConvKernel::kTiled;
+  }
+}
+
+namespace {
+
+template <int kWarps, int W>
+void launch_tiled_warps(const ShortConvParams& p, const bf16* x, const float* weight, const float* state, bf16* out,
+                        cudaStream_t stream) {
+  constexpr int kSmem = tile_smem_bytes<kWarps, W>(), kTokens = tile_tokens<kWarps>();
+  static const bool configured = [] {
+    BG_CUDA_CHECK(
+        cudaFuncSetAttribute(conv_tiled_kernel<kWarps, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned>((p.n_channels + kTileChannels - 1) / kTileChannels),
+                  static_cast<unsigned>((p.n_tokens + kTokens - 1) / kTokens));
+  conv_tiled_kernel<kWarps, W><<<grid, kWarps * 32, kSmem, stream>>>(p, x, weight, state, out);
+}
+
+template <int W>
+void launch_tiled(const ShortConvParams& p, const bf16* x, const float* weight, const float* state, bf16* out,
+                  cudaStream_t stream) {
+  static const int warps = static_cast<int>(env_int("BG_SHORT_CONV_TILE_WARPS", 4, 8).value_or(8));
+  if (warps == 4) {
+    launch_tiled_warps<4, W>(p, x, weight, state, out, stream);
+  } else {
+    launch_tiled_warps<8, W>(p, x, weight, state, out, stream);
+  }
+}
+
+template <int W>
+void launch_rows(const ShortConvParams& p, const bf16* x, const float* weight, const float* state, bf16* out,
+                 cudaStream_t stream) {
+  const int64_t groups = p.n_channels / kVecChannels;
+  const dim3 grid(static_cast<unsigned>((groups + kThreads - 1) / kThreads),
+                  static_cast<unsigned>((p.n_tokens + kRun - 1) / kRun));
+  conv_vec_kernel<W><<<grid, kThreads, 0, stream>>>(p, x, weight, state, out);
+}
+
+template <int W>
+void launch_vectorised(ShortConvKernel kernel, const ShortConvParams& p, const bf16* x, const float* weight,
+                       const float* state, bf16* out, cudaStream_t stream) {
+  if (kernel == ShortConvKernel::kTiled) {
+    launch_tiled<W>(p, x, weight, state, out, stream);
+  } else {
+    launch_rows<W>(p, x, weight, state, out, stream);
+  }
+}
+
+}  // namespace
 
 void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const float* weight, float* state,
                      __nv_bfloat16* out, cudaStream_t stream) {
@@ -149,17 +286,16 @@ void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const flo
   BG_CHECK(x && weight && out, "short_conv_cuda: null x/weight/out with n_tokens {}", p.n_tokens);
   BG_CHECK(static_cast<const void*>(out) != static_cast<const void*>(x), "short_conv_cuda: out aliases x");
   const int64_t n = p.n_tokens * p.n_channels;
-  const bool vec = p.kernel_size <= kVecMaxKernel && p.n_channels % kVecChannels == 0 && cuda::aligned_to(x, 16) &&
-                   cuda::aligned_to(out, 16) && p.n_tokens <= int64_t{kRun} * 65535 && !short_conv_scalar_from_env();
+  const ShortConvKernel kernel = short_conv_kernel_from_env();
+  const bool vec = kernel != ShortConvKernel::kScalar && p.kernel_size <= kVecMaxKernel &&
+                   p.n_channels % kVecChannels == 0 && cuda::aligned_to(x, 16) && cuda::aligned_to(out, 16) &&
+                   p.n_tokens <= int64_t{kRun} * 65535;
   if (vec) {
-    const int64_t groups = p.n_channels / kVecChannels;
-    const dim3 grid(static_cast<unsigned>((groups + kThreads - 1) / kThreads),
-                    static_cast<unsigned>((p.n_tokens + kRun - 1) / kRun));
     switch (p.kernel_size) {
-      case 1: conv_vec_kernel<1><<<grid, kThreads, 0, stream>>>(p, x, weight, state, out); break;
-      case 2: conv_vec_kernel<2><<<grid, kThreads, 0, stream>>>(p, x, weight, state, out); break;
-      case 3: conv_vec_kernel<3><<<grid, kThreads, 0, stream>>>(p, x, weight, state, out); break;
-      default: conv_vec_kernel<4><<<grid, kThreads, 0, stream>>>(p, x, weight, state, out); break;
+      case 1: launch_vectorised<1>(kernel, p, x, weight, state, out, stream); break;
+      case 2: launch_vectorised<2>(kernel, p, x, weight, state, out, stream); break;
+      case 3: launch_vectorised<3>(kernel, p, x, weight, state, out, stream); break;
+      default: launch_vectorised<4>(kernel, p, x, weight, state, out, stream); break;
     }
   } else {
     conv_kernel<<<cuda_util::elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(p, x, weight, state, out);
