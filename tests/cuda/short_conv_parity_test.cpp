@@ -51,8 +51,8 @@ TEST(ShortConvParity, PrefillFromState) {
 
 // The vectorised prefill kernels (widths 1-4, 8 channels x 16 tokens per thread; BG_SHORT_CONV=tiled and rows)
 // against the per-element one (BG_SHORT_CONV=scalar) bit for bit, outputs and states, over run edges (T not a
-// multiple of 16, T below W - 1) and tile edges (T around 128 and 256, C not a multiple of the 256-channel tile), from
-// a non-zero state; a misaligned x takes the per-element kernel and still matches the CPU.
+// multiple of 16, T below W - 1) and 64-token tile edges (T around 64, 128 and 256; C not a multiple of the
+// 256-channel tile), from a non-zero state; a misaligned x takes the per-element kernel and still matches the CPU.
 TEST(ShortConvParity, VectorisedEqualsPerElementBitForBit) {
   BG_REQUIRE_GPU();
   std::vector<ConvCase> cases;

@@ -54,10 +54,19 @@ BG_W4_HD int half_code_src(int half, int i) {
 BG_W4_HD int half_code_offset(int warp, int mtp, int lane) {
   return warp * kHalfWarpCodeBytes + mtp * w4::kTileBytes + lane * 16;
 }
-// Activations: warp w copies rows 16 w .. 16 w + 15 of the tile, one row per instruction, lane l the row's l-th word
-// (inputs 2 l, 2 l + 1 of the stage: 128 contiguous bytes per instruction), into the swizzled tile where the weights'
-// k permutation puts it (w4::act_sw128_offset: source chunk l / 4, word l % 4).
-BG_W4_HD int act_copy_offset(int row, int lane) { return w4::act_sw128_offset(row, lane >> 2, lane & 3); }
+// Activations: word l (inputs 2 l, 2 l + 1 of the stage) of the tile's row `row` goes where the weights' k permutation
+// puts it in the swizzled tile (w4::act_sw128_offset: source chunk l / 4, word l % 4).
+BG_W4_HD int act_copy_offset(int row, int word) { return w4::act_sw128_offset(row, word >> 2, word & 3); }
+// The copies of one thread: warp w copies rows 16 w .. 16 w + 15, lane l the rows 16 w + 4 q + l / 8 (q = 0..3) and
+// of each the words 4 (l % 8) + i (i = 0..3, one 16-byte source chunk). Their destinations in closed form: with
+// s = l / 8 and c = l % 8, act_copy_offset(16 w + 4 q + s, 4 c + i) = (16 w + s) 128 + 4 (c / 2) + 512 q +
+// 16 (4 ((c + q) % 2) + (i ^ s)), since the row's swizzle (row % 8 = 4 (q % 2) + s) flips bit 2 of the chunk with
+// q's parity and bits 0..1 with s.
+BG_W4_HD int act_thread_offset(int warp, int lane, int q, int i) {
+  const int s = lane >> 3, c = lane & 7;
+  return (warp * kRowsPerWarp + s) * w4::kActSw128RowBytes + 4 * (c >> 1) + 512 * q +
+         16 * (4 * ((c + q) & 1) + (i ^ s));
+}
 
 // ---- Tiles ---------------------------------------------------------------------------------------------------------
 // wgmma's N for a tile of `rows` rows: 32, 64 or 128, the fewest covering them (an expert's last tile is usually
@@ -81,13 +90,15 @@ struct PrefillExpert {
 
 // Tile t of a launch: touched expert j (an index into the dispatch's active list), half item hm (item hm / 2, half
 // hm % 2) and token tile tt. prefix[j] = the token tiles of touched experts 0..j-1 (prefix[0] = 0), so expert j owns
-// tiles [halves prefix[j], halves prefix[j + 1]), ordered half item major: the tiles that share a half item's weights
-// are consecutive, and the CTAs running at one time read the same weights from L2. `halves` = 2 n_items.
-// 32-bit arithmetic (tiles < 2^31: moe_w4a16_prefill_check).
+// tiles [halves prefix[j], halves prefix[j + 1]). Within an expert they go in bands of `band` token tiles (the last
+// band may be narrower), each band half item major: the CTAs running at one time share a few half items' weights and
+// a band's activation rows in L2 (one band holding all of an expert's token tiles reads every activation row once per
+// half item, from DRAM when the expert's rows outgrow L2). `halves` = 2 n_items. 32-bit arithmetic (tiles < 2^31:
+// moe_w4a16_prefill_check).
 struct TilePos {
   int j = 0, hm = 0, tt = 0;
 };
-BG_W4_HD TilePos tile_pos(const int32_t* prefix, int n_active, int halves, int t) {
+BG_W4_HD TilePos tile_pos(const int32_t* prefix, int n_active, int halves, int band, int t) {
   int lo = 0, hi = n_active - 1;  // the last j with halves * prefix[j] <= t (never an expert without tiles)
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
@@ -101,10 +112,16 @@ BG_W4_HD TilePos tile_pos(const int32_t* prefix, int n_active, int halves, int t
   p.j = lo;
   const int within = t - halves * prefix[lo];
   const int tiles = prefix[lo + 1] - prefix[lo];
-  p.hm = within / tiles;
-  p.tt = within - p.hm * tiles;
+  const int b = within / (band * halves);  // the band; all before it are full
+  const int in_band = within - b * band * halves;
+  const int width = tiles - b * band < band ? tiles - b * band : band;
+  p.hm = in_band / width;
+  p.tt = b * band + (in_band - p.hm * width);
   return p;
 }
+// Token tiles per band by default: 8 x 128 rows (at K3's 7168 inputs 14.7 MB of activations) beside the ~16 half
+// items the other CTAs of an H100 / H200 run at the same time.
+inline constexpr int kDefaultBand = 8;
 BG_W4_HD int total_tiles(const int32_t* prefix, int n_active, int halves) { return halves * prefix[n_active]; }
 
 // ---- Results -------------------------------------------------------------------------------------------------------

@@ -19,11 +19,13 @@
 //   order: the same bits on every run.
 // - Work list: the plan kernel (one CTA) records each touched expert (block, first row, rows) and the prefix of its
 //   128-row tiles; each persistent CTA (grid = SM count) copies them into shared memory and takes tiles b, b + grid,
-//   ..., ordered expert > half item > row tile, so the CTAs running at one time share a half item's weights in L2.
+//   ..., ordered expert > band of 8 row tiles > half item > row tile, so the CTAs running at one time share a few
+//   half items' weights and a band's rows in L2.
 // - Pipeline: 6 buffers of (16 KiB activations + 8 KiB codes + 1 KiB scales); every thread issues cp.async 4 stages
 //   ahead, across tile boundaries: two 16-byte code copies, a scale copy (64 threads), and 16 four-byte activation
-//   copies (a warp copies one 128-byte row per instruction; each word lands where the weights' k permutation puts it,
-//   w4::act_sw128_offset). One __syncthreads per stage. The last wgmma group of a stage stays in flight across the
+//   copies (four rows of the warp's 16, the four words of one 16-byte source chunk of each, from row pointers
+//   resolved once per tile; each word lands where the weights' k permutation puts it, w4::act_sw128_offset). One
+//   __syncthreads per stage. The last wgmma group of a stage stays in flight across the
 //   barrier (each k-step waits for the group before it only), which is why a buffer is refilled two stages after its
 //   use and only 4 of the 6 stages are in flight.
 // - Epilogues: gate/up: 2^shift, GLU (the decode kernel's w4::glu) on the fp32 accumulators, h in bf16; down:
@@ -43,6 +45,7 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "ops/elementwise/cuda_utils.cuh"
 #include "ops/moe_w4a16/moe_w4a16_device.cuh"
@@ -64,6 +67,7 @@ struct Args {
   int64_t proj_offset = 0;              // the projection's offset in an expert block
   int n_kstages = 0;                    // 64-input stages of one item
   int halves = 0;                       // half items: 2 n_items
+  int band = w4p::kDefaultBand;         // token tiles per band of an expert's tiles (w4p::tile_pos)
   int n_in = 0, n_out = 0;              // activation width; output width (gate/up: inter; down: hidden)
   float out_scale = 1.0f;               // 2^scale_shift
   const bf16* act = nullptr;            // gate/up: the rows [., hidden] (gather: the tokens); down: h [., inter]
@@ -108,17 +112,21 @@ __global__ void __launch_bounds__(w4p::kMaxExperts) prefill_plan_kernel(const Mo
 
 // ---- The producer --------------------------------------------------------------------------------------------------
 // Its position (the tile and k-stage it issues next) and this thread's sources for that stage, set up when a tile
-// starts and then stepped by one stage.
+// starts and then stepped by one stage. Warp w copies the tile's activation rows 16 w .. 16 w + 15: lane l the rows
+// 16 w + 4 q + l / 8 (q = 0..3), and of each the four words of the stage's 16-byte source chunk l % 8 (so a warp
+// instruction reads four rows' 128 bytes, and its 32 shared-memory words fall in 32 distinct banks). The row
+// pointers are resolved once per tile (with the gather, through row_token), so a stage's copies cost an add each.
+constexpr int kRowQuads = w4p::kRowsPerWarp / 4;  // rows per thread
+
 struct Producer {
   int tile = 0;                 // >= the launch's tiles: nothing left to issue
   int ks = 0;
   int half = 0;
   const uint8_t* w = nullptr;   // the item's k-stage ks block
-  const bf16* x = nullptr;      // this lane's word (inputs 2 lane, 2 lane + 1 of the stage) of the warp's first row
-  int k = 0;                    // its first input (the last stage may be partial: k >= n_in reads nothing)
+  const bf16* x[kRowQuads] = {};  // row 16 w + 4 q + lane / 8's first input of source chunk lane % 8 at stage ks
+  int k = 0;                    // that chunk's first input at stage ks (the last stage may be partial)
   int rows = 0;                 // rows of the warp's 16 that hold data
   int nrows = 0;                // rows of the warp's 16 the consumer reads (past `rows`: zero-filled)
-  int tok = 0;                  // gather: the token of row lane % 16 of the warp's rows (0 past `rows`)
 };
 
 // What the CTA shares: the plan in shared memory and the launch's tile count.
@@ -137,7 +145,7 @@ struct TileInfo {
 };
 
 __device__ __forceinline__ TileInfo tile_info(const Work& wk, const Args& a, int tile) {
-  const w4p::TilePos pos = w4p::tile_pos(wk.prefix, wk.n_active, a.halves, tile);
+  const w4p::TilePos pos = w4p::tile_pos(wk.prefix, wk.n_active, a.halves, a.band, tile);
   const w4p::PrefillExpert e = wk.experts[pos.j];
   TileInfo t;
   t.m = pos.hm >> 1;
@@ -153,7 +161,7 @@ __device__ __forceinline__ void producer_start(Producer& p, const Work& wk, cons
   p.tile = tile;
   if (tile >= wk.total) return;
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const w4p::TilePos pos = w4p::tile_pos(wk.prefix, wk.n_active, a.halves, tile);
+  const w4p::TilePos pos = w4p::tile_pos(wk.prefix, wk.n_active, a.halves, a.band, tile);
   const w4p::PrefillExpert e = wk.experts[pos.j];
   const int m = pos.hm >> 1;
   p.half = pos.hm & 1;
@@ -162,13 +170,14 @@ __device__ __forceinline__ void producer_start(Producer& p, const Work& wk, cons
   const int tile_rows = min(e.rows - pos.tt * kTileRows, kTileRows);
   p.rows = w4p::warp_data_rows(tile_rows, warp);
   p.nrows = w4p::warp_copy_rows(tile_rows, warp);
-  p.k = 2 * lane;
-  const int64_t row0 = static_cast<int64_t>(e.row0) + pos.tt * kTileRows + warp * w4p::kRowsPerWarp;
-  if constexpr (kGather) {
-    const int r = lane & (w4p::kRowsPerWarp - 1);
-    p.tok = r < p.rows ? a.row_token[row0 + r] : 0;
-  } else {
-    p.x = a.act + row0 * a.n_in + 2 * lane;
+  p.k = 8 * (lane & 7);
+  const int64_t row0 = static_cast<int64_t>(e.row0) + pos.tt * kTileRows + warp * w4p::kRowsPerWarp + (lane >> 3);
+#pragma unroll
+  for (int q = 0; q < kRowQuads; ++q) {
+    const int r = 4 * q + (lane >> 3);  // the row within the warp's 16
+    int64_t src_row = row0 + 4 * q;
+    if constexpr (kGather) src_row = r < p.rows ? a.row_token[src_row] : 0;
+    p.x[q] = a.act + src_row * a.n_in + p.k;
   }
 }
 
@@ -182,19 +191,23 @@ __device__ __forceinline__ void producer_issue(const Producer& p, const Args& a,
     w4::cp_async16(base + w4p::kBufCodes + c * 16, p.w + w4p::half_code_src(p.half, c));
   }
   if (tid < w4p::kScaleCopies) w4::cp_async16(base + w4p::kBufScales + tid * 16, p.w + w4::kCodeBytes + tid * 16);
-  const bool k_ok = p.k < a.n_in;
-  const bf16* src = p.x;
 #pragma unroll
-  for (int i = 0; i < w4p::kRowsPerWarp; ++i) {
-    if constexpr (kGather) {  // row i's token from lane i (every lane takes part: nrows is uniform in the warp)
-      src = a.act + static_cast<int64_t>(__shfl_sync(0xffffffffu, p.tok, i)) * a.n_in + p.k;
+  for (int q = 0; q < kRowQuads; ++q) {
+    const int r = 4 * q + (lane >> 3);
+    if (r >= p.nrows) continue;
+    if (r < p.rows && p.k + 2 * 3 < a.n_in) {  // the common case: all four words hold data
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w4::cp_async4_zfill(base + w4p::act_thread_offset(warp, lane, q, i), p.x[q] + 2 * i, 4);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const bool valid = r < p.rows && p.k + 2 * i < a.n_in;
+        w4::cp_async4_zfill(base + w4p::act_thread_offset(warp, lane, q, i), valid ? p.x[q] + 2 * i : a.act,
+                            valid ? 4 : 0);
+      }
     }
-    if (i < p.nrows) {
-      const bool valid = k_ok && i < p.rows;
-      w4::cp_async4_zfill(base + w4p::act_copy_offset(warp * w4p::kRowsPerWarp + i, lane), valid ? src : a.act,
-                          valid ? 4 : 0);
-    }
-    if constexpr (!kGather) src += a.n_in;
   }
 }
 
@@ -202,7 +215,8 @@ template <bool kGather>
 __device__ __forceinline__ void producer_next(Producer& p, const Work& wk, const Args& a) {
   if (++p.ks < a.n_kstages) {
     p.w += kStageBytes;
-    if constexpr (!kGather) p.x += w4::kKStage;
+#pragma unroll
+    for (int q = 0; q < kRowQuads; ++q) p.x[q] += w4::kKStage;
     p.k += w4::kKStage;
   } else {
     producer_start<kGather>(p, wk, a, p.tile + static_cast<int>(gridDim.x));
@@ -418,6 +432,8 @@ Args projection_args(const MoeW4a16Params& p, const MoeW4a16MatrixInfo& m, const
   a.proj_offset = m.offset_bytes;
   a.n_kstages = static_cast<int>(m.n_kstages);
   a.halves = static_cast<int>(w4p::kHalves * m.n_items);
+  static const int band = static_cast<int>(env_int("BG_MOE_PREFILL_BAND", 1, 4096).value_or(w4p::kDefaultBand));
+  a.band = band;
   a.n_in = static_cast<int>(m.n_in);
   a.n_out = static_cast<int>(m.n_out);
   a.out_scale = std::ldexp(1.0f, m.scale_shift);

@@ -72,6 +72,29 @@ TEST(MoeW4a16Prefill, ActivationCopiesLandWhereWgmmaReadsThePermutedK) {
   EXPECT_TRUE(std::all_of(written.begin(), written.end(), [](int c) { return c == 1; }));
 }
 
+// The kernel's thread map: lane l of warp w copies rows 16 w + 4 q + l / 8, words 4 (l % 8) + i; its closed-form
+// destination (act_thread_offset) equals act_copy_offset of that row and word, each (row, word) of the warp's 16
+// rows is copied by one thread once, and every warp instruction (fixed q, i) writes 32 distinct banks.
+TEST(MoeW4a16Prefill, ThreadCopyMapCoversEachWordOnceWithoutBankConflicts) {
+  for (int warp = 0; warp < w4::kWarps; ++warp) {
+    std::set<std::pair<int, int>> seen;
+    for (int q = 0; q < w4p::kRowsPerWarp / 4; ++q) {
+      for (int i = 0; i < 4; ++i) {
+        std::set<int> banks;
+        for (int lane = 0; lane < 32; ++lane) {
+          const int row = warp * w4p::kRowsPerWarp + 4 * q + lane / 8, word = 4 * (lane % 8) + i;
+          const int off = w4p::act_thread_offset(warp, lane, q, i);
+          ASSERT_EQ(off, w4p::act_copy_offset(row, word)) << "warp " << warp << " lane " << lane << " q " << q;
+          EXPECT_TRUE(seen.insert({row, word}).second);
+          banks.insert((off / 4) % 32);
+        }
+        EXPECT_EQ(banks.size(), 32u) << "warp " << warp << " q " << q << " i " << i;
+      }
+    }
+    EXPECT_EQ(static_cast<int>(seen.size()), w4p::kRowsPerWarp * 32);
+  }
+}
+
 // The rows a warp copies: its data rows, then zeros up to the tile's N; N the fewest of 32 / 64 / 128 covering it.
 TEST(MoeW4a16Prefill, WarpsCopyTheRowsTheTilesNReads) {
   for (int rows = 1; rows <= w4p::kTileRows; ++rows) {
@@ -131,8 +154,9 @@ TEST(MoeW4a16Prefill, RingRefillsOnlyFinishedBuffers) {
   }
 }
 
-// Every CTA's tiles (b, b + grid, ...) over random routings (empty experts, one expert, many): each (touched expert
-// row, half item) exactly once, experts' tiles contiguous and half-item major.
+// Every CTA's tiles (b, b + grid, ...) over random routings (empty experts, one expert, many) and band widths: each
+// (touched expert row, half item) exactly once, experts' tiles contiguous, bands of `band` token tiles in order, each
+// half-item major.
 TEST(MoeW4a16Prefill, TilesCoverEveryRowAndHalfItemOnce) {
   std::mt19937 rng(7);
   for (int round = 0; round < 40; ++round) {
@@ -145,24 +169,29 @@ TEST(MoeW4a16Prefill, TilesCoverEveryRowAndHalfItemOnce) {
     const int total = w4p::total_tiles(prefix.data(), n_active, halves);
     std::vector<std::vector<int>> hits(static_cast<size_t>(n_active));
     for (int j = 0; j < n_active; ++j) hits[static_cast<size_t>(j)].assign(static_cast<size_t>(rows[j] * halves), 0);
-    for (int grid : {1, 7, 132}) {
+    for (const auto& [grid, band] : {std::pair{1, 1}, {1, 3}, {1, 8}, {1, 1 << 20}, {7, 2}, {132, 8}, {132, 1 << 20}}) {
       for (auto& h : hits) std::fill(h.begin(), h.end(), 0);
-      int last_j = -1, last_hm = -1;
+      int last_j = -1, last_band = -1, last_hm = -1;
       for (int b = 0; b < grid; ++b) {
         for (int t = b; t < total; t += grid) {
-          const w4p::TilePos p = w4p::tile_pos(prefix.data(), n_active, halves, t);
+          const w4p::TilePos p = w4p::tile_pos(prefix.data(), n_active, halves, band, t);
           ASSERT_GE(p.j, 0);
           ASSERT_LT(p.j, n_active);
           const int r = rows[static_cast<size_t>(p.j)];
           ASSERT_GT(r, 0) << "an expert without rows got tile " << t;
           ASSERT_LT(p.hm, halves);
           ASSERT_LT(p.tt, w4p::token_tiles(r));
-          if (grid == 1) {  // in tile order: experts ascending, half items ascending within an expert
+          if (grid == 1) {  // in tile order: experts ascending, then bands, then half items within a band
+            const int this_band = p.tt / band;
             if (p.j == last_j) {
-              EXPECT_GE(p.hm, last_hm);
+              EXPECT_GE(this_band, last_band);
+              if (this_band == last_band) {
+                EXPECT_GE(p.hm, last_hm);
+              }
             }
             EXPECT_GE(p.j, last_j);
             last_j = p.j;
+            last_band = this_band;
             last_hm = p.hm;
           }
           const int lo = p.tt * w4p::kTileRows, hi = std::min(r, lo + w4p::kTileRows);
@@ -173,7 +202,8 @@ TEST(MoeW4a16Prefill, TilesCoverEveryRowAndHalfItemOnce) {
       for (int j = 0; j < n_active; ++j) {
         const auto& h = hits[static_cast<size_t>(j)];
         ASSERT_TRUE(std::all_of(h.begin(), h.end(), [](int c) { return c == 1; }))
-            << "round " << round << " grid " << grid << " expert " << j << " rows " << rows[static_cast<size_t>(j)];
+            << "round " << round << " grid " << grid << " band " << band << " expert " << j << " rows "
+            << rows[static_cast<size_t>(j)];
       }
     }
   }

@@ -14,7 +14,7 @@ namespace bg::ops {
 // One sequence, T tokens: the contract of short_conv_cpu. x [T, C] bf16, weight [C, W] fp32, state [C, W-1] fp32
 // (in/out; may be null when W == 1), out [T, C] bf16 (must not alias x). The state holds bf16-rounded inputs exactly.
 // Widths up to 4 with C a multiple of 8 and 16-byte aligned x / out take a vectorised kernel (8 channels by 16
-// tokens per thread): by default the tiled one (128-token by 256-channel tiles staged in shared memory), or with
+// tokens per thread): by default the tiled one (64-token by 256-channel tiles staged in shared memory), or with
 // BG_SHORT_CONV=rows the one reading rows straight from global memory; BG_SHORT_CONV=scalar forces the per-element
 // kernel. All three give the same bits (the choice is for comparisons).
 void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const float* weight, float* state,
