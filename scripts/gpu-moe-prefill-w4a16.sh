@@ -3,7 +3,8 @@
 # decode kernel's (the shared device header changed), the goldens, step tests and streamed experts with the backend
 # on it (BG_MOE_PREFILL=w4a16; the goldens force every prefill step onto the prefill paths), the kernel cases beside
 # the dequantize-once path and the bf16 grouped GEMM ceiling, the crossover with the fused decode kernel (18 to 292
-# rows per expert: where BG_MOE_PREFILL=w4a16's threshold belongs), and the slice's prefill with each path.
+# rows per expert: where its lower threshold belongs), and the slice's prefill with each path (BG_MOE_PREFILL=auto, the
+# default, takes it at 32..511 rows per expert).
 # Run from the repo root with the bundle carried:
 #   PARTS="parity bench prefill" scripts/gpu-moe-prefill-w4a16.sh [BUNDLE]
 # Output: $OUT/w4a16-prefill.txt (the summary) and logs beside it.

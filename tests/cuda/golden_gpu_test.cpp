@@ -210,7 +210,7 @@ TEST_P(GoldenGpu, WithinBf16BoundUnderReferenceRouting) {
                 static_cast<long>(first_flip_step), static_cast<long>(clean_rows), fr.worst, free_worst,
                 static_cast<long>(free_checked), static_cast<long>(total - static_cast<int64_t>(g.prompt.size())));
   }
-  // BG_MOE_PREFILL=w4a16 sends the W4A16 layers' prefill steps to the W4A16 prefill kernel instead.
+  // The W4A16 layers' prefill steps take the W4A16 prefill kernel below 512 rows per expert (BG_MOE_PREFILL).
   EXPECT_GT(cuda::moe_grouped_calls() + cuda::moe_w4a16_prefill_calls(), prefill_before)
       << "no prefill step took the grouped or the W4A16 prefill expert path";
 }

@@ -507,8 +507,9 @@ void check_prefill(const char* name, const ExpertSet& set, int64_t hidden, int64
     holes = cuda::upload(table);
     w.blocks = holes.as<const void*>();
   }
-  cuda::DeviceBuffer ws(moe_w4a16_prefill_workspace_bytes(p));
-  cuda::DeviceBuffer h(static_cast<size_t>(std::max<int64_t>(rows * inter, 1)) * 2);
+  cuda::DeviceBuffer ws(
+      std::max(moe_w4a16_prefill_workspace_bytes(p, false), moe_w4a16_prefill_workspace_bytes(p, true)));
+  cuda::DeviceBuffer h(static_cast<size_t>(std::max<int64_t>(rows * moe_w4a16_prefill_h_width(p), 1)) * 2);
   cuda::DeviceBuffer y(static_cast<size_t>(std::max<int64_t>(rows * hidden, 1)) * 2);
   ws.fill_bytes(0xff);
   h.fill_bytes(0xff);
@@ -600,7 +601,7 @@ TEST(MoeW4a16Prefill, ZeroTokensAndBadInput) {
   Launch L;
   prepare(L, set, 64, 64, 2, MoeW4a16Act::kSwiGLU, {0}, Routing{}, 260, st.s);
   const MoeW4a16Params p = moe_w4a16_rows_params(L.mp);
-  cuda::DeviceBuffer ws(moe_w4a16_prefill_workspace_bytes(p));
+  cuda::DeviceBuffer ws(moe_w4a16_prefill_workspace_bytes(p, false));
   moe_w4a16_prefill_cuda(p, set.layer.weights, L.dws, {nullptr, false, nullptr, nullptr, ws.data()}, st.s);  // no-op
   BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
   EXPECT_EQ(L.dispatch->error_word(), 0);

@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <tuple>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "ops/moe_w4a16/moe_w4a16_layout.h"
 #include "ops/moe_w4a16/moe_w4a16_prefill_cuda.h"
 
 namespace bg::cuda {
@@ -368,28 +370,34 @@ void run_grouped(const MoeContext& c, const CudaExpertSlots& slots, const ops::M
 
 std::atomic<uint64_t> g_w4a16_prefill_calls{0};
 
-// Whether a call of a layer with the W4A16 layout runs the W4A16 prefill kernel (BG_MOE_PREFILL=w4a16, read once per
-// process; the default is the grouped path until that kernel is measured): at the grouped path's threshold
-// (BG_MOE_GROUPED_MIN_ROWS, else kMoeGroupedMinRowsW4a16 rows per expert), never under --deterministic (the kernel
-// would be chosen by the batch's rows per expert). It needs no scratch, no cuBLAS and no host synchronisation, so it
-// also runs under graph capture.
+// Whether a call of a layer with the W4A16 layout runs the W4A16 prefill kernel (BG_MOE_PREFILL, read once per
+// process: ops::MoePrefillKernel): by rows per expert, from kMoeW4a16PrefillMinRows (BG_MOE_GROUPED_MIN_ROWS when set)
+// and, by default, below kMoeW4a16PrefillMaxRows; never under --deterministic (the kernel would be chosen by the
+// batch's rows per expert); by default not under graph capture (captured decode steps keep the fused decode kernel).
+// The kernel needs no cuBLAS and no host synchronisation.
 bool use_w4a16_prefill(const MoeContext& c, const ops::MoeCudaParams& p, bool has_w4a16) {
-  static const bool wanted =
-      ops::moe_prefill_kernel(std::getenv("BG_MOE_PREFILL")) == ops::MoePrefillKernel::kW4a16;
-  if (!wanted || !has_w4a16 || c.deterministic) return false;
+  static const ops::MoePrefillKernel mode = ops::moe_prefill_kernel(std::getenv("BG_MOE_PREFILL"));
+  // h between its kernels is the dispatch's [rows, inter] buffer in the kernel's permuted layout, whose rows are
+  // padded to whole 64-input stages: inter a multiple of 64 (K3, DeepSeek-V3) keeps them the same size.
+  if (mode == ops::MoePrefillKernel::kGrouped || !has_w4a16 || c.deterministic || p.inter % ops::w4::kKStage != 0) {
+    return false;
+  }
   const char* env = std::getenv("BG_MOE_GROUPED_MIN_ROWS");
   const int64_t min_rows =
-      env != nullptr && *env != '\0' ? ops::moe_grouped_min_rows(env) : ops::kMoeGroupedMinRowsW4a16;
-  return ops::moe_grouped_wanted(p.shape.n_tokens, p.shape.top_k, p.shape.n_experts, min_rows);
+      env != nullptr && *env != '\0' ? ops::moe_grouped_min_rows(env) : ops::kMoeW4a16PrefillMinRows;
+  const auto [n, k, e] = std::tuple{p.shape.n_tokens, p.shape.top_k, p.shape.n_experts};
+  if (!ops::moe_grouped_wanted(n, k, e, min_rows)) return false;
+  if (mode == ops::MoePrefillKernel::kW4a16) return true;
+  return !ops::moe_grouped_wanted(n, k, e, ops::kMoeW4a16PrefillMaxRows) && !capturing(c.stream);
 }
 
 // x -> h (ws.h) -> y_rows on the W4A16 prefill kernel (ops/moe_w4a16/moe_w4a16_prefill_cuda.h): x the rows in
-// dispatch order, or with `gather` the tokens (read through the dispatch's row_token). Its plan workspace is taken per
-// call from the caching allocator and freed in stream order.
+// dispatch order, or with `gather` the tokens (read through the dispatch's row_token). Its workspace (the plan and x
+// in its permuted layout) is taken per call from the caching allocator and freed in stream order.
 void run_w4a16_prefill(const MoeContext& c, const ops::MoeW4a16Weights& w, const ops::MoeCudaParams& p,
                        const ops::MoeWorkspace& ws, const Tensor& x, bool gather, Tensor& y_rows) {
   const ops::MoeW4a16Params wp = ops::moe_w4a16_rows_params(p);
-  std::shared_ptr<void> mem = c.alloc->allocate(ops::moe_w4a16_prefill_workspace_bytes(wp));
+  std::shared_ptr<void> mem = c.alloc->allocate(ops::moe_w4a16_prefill_workspace_bytes(wp, gather));
   ops::moe_w4a16_prefill_cuda(wp, w, ws, {x.as<bf16>(), gather, ws.h, y_rows.as<bf16>(), mem.get()}, c.stream);
   g_w4a16_prefill_calls.fetch_add(1, std::memory_order_relaxed);
 }

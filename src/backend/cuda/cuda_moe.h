@@ -149,7 +149,7 @@ struct MoeContext {
 // Count of expert FFN calls that took the grouped prefill path, process-wide (tests check that a prefill routed
 // through it).
 uint64_t moe_grouped_calls();
-// The same for the W4A16 prefill kernel (BG_MOE_PREFILL=w4a16).
+// The same for the W4A16 prefill kernel (by default at 32 to 511 rows per expert; BG_MOE_PREFILL).
 uint64_t moe_w4a16_prefill_calls();
 
 // live_tokens (device, nullable) and live_row0: the padding rows to drop (ops::MoeWorkspace::live_tokens).

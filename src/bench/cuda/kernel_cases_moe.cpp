@@ -18,12 +18,12 @@
 //   moe_prefill_grouped_per_expert  the same with one cublasGemmEx per expert instead of the grouped call
 //   moe_prefill_grouped_dequant  the dequant pass of that path alone (bytes: packed in, bf16 out)
 //   moe_prefill_w4a16   the W4A16 prefill kernel (ops/moe_w4a16/moe_w4a16_prefill_cuda.h: the weights decoded in
-//                       registers, the gather fused, rows out; no combine), what BG_MOE_PREFILL=w4a16 runs; fraction
+//                       registers, the gather fused, rows out; no combine), the default at 32..511 rows per expert; fraction
 //                       of the same bf16 grouped GEMM ceiling
 //   moe_dispatch_prefill the device-side dispatch alone at a long prefill step
 //   moe_crossover_decode_kernel / moe_crossover_prefill_kernel  the fused decode kernel (with its combine) and the
 //                       W4A16 prefill kernel + the combine at 64..1024 tokens: where the prefill kernel starts to win
-//                       (sets the threshold of BG_MOE_PREFILL=w4a16)
+//                       (sets ops::kMoeW4a16PrefillMinRows)
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -211,7 +211,7 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
       if (rows) ops::moe_gather_cuda(p, x, ws, env.stream);
       if (prefill) {
         const ops::MoeW4a16Params pp = ops::moe_w4a16_rows_params(p);
-        void* plan = mem.zeros(ops::moe_w4a16_prefill_workspace_bytes(pp));
+        void* plan = mem.zeros(ops::moe_w4a16_prefill_workspace_bytes(pp, true));
         // Packed bytes of the touched experts + the rows in (gathered from x inside the kernel, as the backend runs
         // it), h out and back, y out.
         k.cost = {d(routing.touched) * d(w.info.gate_up.slot_bytes + w.info.down.slot_bytes) +

@@ -20,8 +20,11 @@ bool moe_grouped_wanted(int64_t n_tokens, int64_t top_k, int64_t n_experts, int6
 }
 
 MoePrefillKernel moe_prefill_kernel(const char* env_value) {
-  return env_choice("BG_MOE_PREFILL", env_value, {"grouped", "w4a16"}) == 1 ? MoePrefillKernel::kW4a16
-                                                                             : MoePrefillKernel::kGrouped;
+  switch (env_choice("BG_MOE_PREFILL", env_value, {"auto", "grouped", "w4a16"})) {
+    case 1: return MoePrefillKernel::kGrouped;
+    case 2: return MoePrefillKernel::kW4a16;
+    default: return MoePrefillKernel::kAuto;
+  }
 }
 
 size_t moe_grouped_expert_bytes(int64_t hidden, int64_t inter) {

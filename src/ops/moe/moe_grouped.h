@@ -33,12 +33,21 @@ int64_t moe_grouped_min_rows(const char* env_value);
 // Whether a layer call takes the grouped path: min_rows > 0 and n_tokens * top_k >= min_rows * n_experts.
 bool moe_grouped_wanted(int64_t n_tokens, int64_t top_k, int64_t n_experts, int64_t min_rows);
 
-// Which kernel runs the prefill-sized calls (the same threshold) of a layer whose MXFP4 experts are held in the W4A16
-// layout: the dequantize-once path, or the W4A16 prefill kernel (ops/moe_w4a16/moe_w4a16_prefill_cuda.h: weights
-// decoded in registers, no bf16 copy, no host synchronisation). From BG_MOE_PREFILL ("grouped" | "w4a16"; unset or
-// empty: kGrouped, until the W4A16 kernel has passed its parity tests and been measured on the H200; anything else
-// throws listing the choices). Layers without the W4A16 layout take the grouped path either way.
-enum class MoePrefillKernel { kGrouped, kW4a16 };
+// Which kernel runs the prefill-sized calls of a layer whose MXFP4 experts are held in the W4A16 layout, from
+// BG_MOE_PREFILL (anything but the choices throws listing them):
+// - "auto" (unset or empty): the W4A16 prefill kernel (ops/moe_w4a16/moe_w4a16_prefill_cuda.h: weights decoded in
+//   registers, no bf16 copy, no host synchronisation) from kMoeW4a16PrefillMinRows rows per expert (or
+//   BG_MOE_GROUPED_MIN_ROWS when set) up to kMoeW4a16PrefillMaxRows, the dequantize-once path from there, the fused
+//   decode kernel below; not under graph capture (the decode kernel, as before);
+// - "grouped": the dequantize-once path at the grouped threshold, the decode kernel below it;
+// - "w4a16": the W4A16 prefill kernel at every row count from the lower bound.
+// Layers without the W4A16 layout take the grouped path either way.
+enum class MoePrefillKernel { kAuto, kGrouped, kW4a16 };
+// Measured on the H100 (bench/RESULTS.md, 2026-12-05, K3 experts): the prefill kernel against the fused decode kernel
+// 0.82 / 1.14 ms at 36 rows per expert (0.67 / 0.57 at 18), against the dequantize-once path 3.52 / 4.22 ms at 292
+// rows and 11.43 / 8.56 at 1170 (the times' ratio crosses 1 near 500 rows, by their log-log interpolation).
+inline constexpr int64_t kMoeW4a16PrefillMinRows = 32;
+inline constexpr int64_t kMoeW4a16PrefillMaxRows = 512;
 MoePrefillKernel moe_prefill_kernel(const char* env_value);
 
 // bf16 bytes of one expert in the scratch: gate|up [2 inter, hidden] then down [hidden, inter].

@@ -24,8 +24,9 @@ TEST(MoeGrouped, ThresholdParsing) {
 }
 
 TEST(MoeGrouped, PrefillKernelChoice) {
-  EXPECT_EQ(moe_prefill_kernel(nullptr), MoePrefillKernel::kGrouped);
-  EXPECT_EQ(moe_prefill_kernel(""), MoePrefillKernel::kGrouped);
+  EXPECT_EQ(moe_prefill_kernel(nullptr), MoePrefillKernel::kAuto);
+  EXPECT_EQ(moe_prefill_kernel(""), MoePrefillKernel::kAuto);
+  EXPECT_EQ(moe_prefill_kernel("auto"), MoePrefillKernel::kAuto);
   EXPECT_EQ(moe_prefill_kernel("grouped"), MoePrefillKernel::kGrouped);
   EXPECT_EQ(moe_prefill_kernel("w4a16"), MoePrefillKernel::kW4a16);
   for (const char* bad : {"W4A16", "1", "tiled", " w4a16"}) {

@@ -57,16 +57,26 @@ BG_W4_HD int half_code_offset(int warp, int mtp, int lane) {
 // Activations: word l (inputs 2 l, 2 l + 1 of the stage) of the tile's row `row` goes where the weights' k permutation
 // puts it in the swizzled tile (w4::act_sw128_offset: source chunk l / 4, word l % 4).
 BG_W4_HD int act_copy_offset(int row, int word) { return w4::act_sw128_offset(row, word >> 2, word & 3); }
-// The copies of one thread: warp w copies rows 16 w .. 16 w + 15, lane l the rows 16 w + 4 q + l / 8 (q = 0..3) and
-// of each the words 4 (l % 8) + i (i = 0..3, one 16-byte source chunk). Their destinations in closed form: with
-// s = l / 8 and c = l % 8, act_copy_offset(16 w + 4 q + s, 4 c + i) = (16 w + s) 128 + 4 (c / 2) + 512 q +
-// 16 (4 ((c + q) % 2) + (i ^ s)), since the row's swizzle (row % 8 = 4 (q % 2) + s) flips bit 2 of the chunk with
-// q's parity and bits 0..1 with s.
-BG_W4_HD int act_thread_offset(int warp, int lane, int q, int i) {
-  const int s = lane >> 3, c = lane & 7;
-  return (warp * kRowsPerWarp + s) * w4::kActSw128RowBytes + 4 * (c >> 1) + 512 * q +
-         16 * (4 * ((c + q) & 1) + (i ^ s));
+
+// The permuted activation layout the kernel reads (x permuted once per call by moe_w4a16_permute_rows, h written so by
+// the gate/up epilogue): each row padded with zeros to whole 64-input stages, and within a stage input c stored at
+// permuted_col(c), so that permuted 16-byte chunk j is exactly what act_sw128_offset puts in chunk slot j of the
+// swizzled tile. A stage's row is then eight 16-byte copies: chunk j of row `row` to act_chunk_offset(row, j).
+// Source chunk ch (inputs 8 ch .. 8 ch + 7), word i of it, lands in chunk 4 (ch % 2) + i, word ch / 2.
+BG_W4_HD int permuted_col(int col) {
+  const int stage = col & ~63, c = col & 63, ch = c >> 3, i = (c >> 1) & 3;
+  return stage + 8 * (4 * (ch & 1) + i) + 2 * (ch >> 1) + (c & 1);
 }
+// The inverse: the input stored at permuted position pc.
+BG_W4_HD int unpermuted_col(int pc) {
+  const int stage = pc & ~63, p = pc & 63, j = p >> 3, w = (p >> 1) & 3;
+  return stage + 8 * (2 * w + (j >> 2)) + 2 * (j & 3) + (p & 1);
+}
+BG_W4_HD int act_chunk_offset(int row, int chunk) {
+  return row * w4::kActSw128RowBytes + ((chunk ^ (row & 7)) << 4);
+}
+// Padded width of a permuted row of n inputs: whole stages.
+BG_W4_HD int64_t permuted_width(int64_t n) { return (n + w4::kKStage - 1) / w4::kKStage * w4::kKStage; }
 
 // ---- Tiles ---------------------------------------------------------------------------------------------------------
 // wgmma's N for a tile of `rows` rows: 32, 64 or 128, the fewest covering them (an expert's last tile is usually

@@ -1,6 +1,6 @@
 // Grouped W4A16 MXFP4 expert FFN for prefill (rows, or the tokens through the dispatch's row_token, in; rows out): a
-// persistent wgmma kernel with the weights
-// dequantized in registers, run twice per layer (gate/up with the GLU fused, then down), after a one-CTA plan.
+// persistent wgmma kernel with the weights dequantized in registers, run twice per layer (gate/up with the GLU fused,
+// then down), after a one-CTA plan and a pass that permutes the inputs.
 //
 // Design
 // - Why a second kernel: the decode kernel (moe_w4a16_cuda.cu) holds at most 32 rows per pass over an expert's
@@ -21,15 +21,19 @@
 //   128-row tiles; each persistent CTA (grid = SM count) copies them into shared memory and takes tiles b, b + grid,
 //   ..., ordered expert > band of 8 row tiles > half item > row tile, so the CTAs running at one time share a few
 //   half items' weights and a band's rows in L2.
+// - Activations: the weights' k permutation is applied to the activations once, outside the main loop: a pass copies
+//   x (the tokens, or the rows) into the workspace with each 64-input stage permuted (w4p::permuted_col) and padded to
+//   whole stages, and the gate/up epilogue writes h the same way, so a stage's row is eight 16-byte chunks that land
+//   in the swizzled tile as they are (4-byte copies scattered by the permutation, the first version, cost ~500 of a
+//   stage's ~700 instructions per warp and 63 % excess sectors).
 // - Pipeline: 6 buffers of (16 KiB activations + 8 KiB codes + 1 KiB scales); every thread issues cp.async 4 stages
-//   ahead, across tile boundaries: two 16-byte code copies, a scale copy (64 threads), and 16 four-byte activation
-//   copies (four rows of the warp's 16, the four words of one 16-byte source chunk of each, from row pointers
-//   resolved once per tile; each word lands where the weights' k permutation puts it, w4::act_sw128_offset). One
+//   ahead, across tile boundaries: two 16-byte code copies, a scale copy (64 threads), and four 16-byte activation
+//   copies (four rows of the warp's 16, one chunk of each, from row pointers resolved once per tile). One
 //   __syncthreads per stage. The last wgmma group of a stage stays in flight across the
 //   barrier (each k-step waits for the group before it only), which is why a buffer is refilled two stages after its
 //   use and only 4 of the 6 stages are in flight.
-// - Epilogues: gate/up: 2^shift, GLU (the decode kernel's w4::glu) on the fp32 accumulators, h in bf16; down:
-//   2^shift, y in bf16. The weighted combine is the dispatch's (moe_combine_cuda), as for the other row paths.
+// - Epilogues: gate/up: 2^shift, GLU (the decode kernel's w4::glu) on the fp32 accumulators, h in bf16 (permuted);
+//   down: 2^shift, y in bf16. The weighted combine is the dispatch's (moe_combine_cuda), as for the other row paths.
 //
 // Performance model (H100/H200 SXM, 132 SMs, ~4096 dense bf16 FLOP per clock per SM)
 // - Per stage and CTA at N = 128: 16 wgmma m64n128k16 = 4.2 MFLOP = 1024 tensor clocks at peak; loads 25 KiB
@@ -70,9 +74,11 @@ struct Args {
   int band = w4p::kDefaultBand;         // token tiles per band of an expert's tiles (w4p::tile_pos)
   int n_in = 0, n_out = 0;              // activation width; output width (gate/up: inter; down: hidden)
   float out_scale = 1.0f;               // 2^scale_shift
-  const bf16* act = nullptr;            // gate/up: the rows [., hidden] (gather: the tokens); down: h [., inter]
+  const bf16* act = nullptr;            // permuted rows (w4p::permuted_col): gate/up the rows or tokens, down h
+  int64_t act_stride = 0;               // their padded width: w4p::permuted_width(n_in)
   const int32_t* row_token = nullptr;   // gather (gate/up only): row r reads act[row_token[r]]
-  bf16* out = nullptr;                  // gate/up: h; down: y
+  bf16* out = nullptr;                  // gate/up: h (permuted); down: y
+  int64_t out_stride = 0;               // gate/up: permuted_width(inter); down: hidden
   const w4p::PrefillExpert* experts = nullptr;  // the plan: [n_active] records, [n_active + 1] tile prefix
   const int32_t* prefix = nullptr;
   const int32_t* n_active = nullptr;    // the dispatch's touched-expert count (device)
@@ -112,10 +118,11 @@ __global__ void __launch_bounds__(w4p::kMaxExperts) prefill_plan_kernel(const Mo
 
 // ---- The producer --------------------------------------------------------------------------------------------------
 // Its position (the tile and k-stage it issues next) and this thread's sources for that stage, set up when a tile
-// starts and then stepped by one stage. Warp w copies the tile's activation rows 16 w .. 16 w + 15: lane l the rows
-// 16 w + 4 q + l / 8 (q = 0..3), and of each the four words of the stage's 16-byte source chunk l % 8 (so a warp
-// instruction reads four rows' 128 bytes, and its 32 shared-memory words fall in 32 distinct banks). The row
-// pointers are resolved once per tile (with the gather, through row_token), so a stage's copies cost an add each.
+// starts and then stepped by one stage. The activations are permuted rows (w4p::permuted_col, padded with zeros to
+// whole stages), so a stage's row is eight 16-byte chunks that go to their swizzled slots as they are. Warp w copies
+// the tile's rows 16 w .. 16 w + 15: lane l the rows 16 w + 4 q + l / 8 (q = 0..3), chunk l % 8 of each (a warp
+// instruction reads four whole 128-byte rows). The row pointers are resolved once per tile (with the gather, through
+// row_token), so a stage's copy costs an add.
 constexpr int kRowQuads = w4p::kRowsPerWarp / 4;  // rows per thread
 
 struct Producer {
@@ -123,8 +130,7 @@ struct Producer {
   int ks = 0;
   int half = 0;
   const uint8_t* w = nullptr;   // the item's k-stage ks block
-  const bf16* x[kRowQuads] = {};  // row 16 w + 4 q + lane / 8's first input of source chunk lane % 8 at stage ks
-  int k = 0;                    // that chunk's first input at stage ks (the last stage may be partial)
+  const bf16* x[kRowQuads] = {};  // chunk lane % 8 of row 16 w + 4 q + lane / 8 at stage ks
   int rows = 0;                 // rows of the warp's 16 that hold data
   int nrows = 0;                // rows of the warp's 16 the consumer reads (past `rows`: zero-filled)
 };
@@ -170,18 +176,15 @@ __device__ __forceinline__ void producer_start(Producer& p, const Work& wk, cons
   const int tile_rows = min(e.rows - pos.tt * kTileRows, kTileRows);
   p.rows = w4p::warp_data_rows(tile_rows, warp);
   p.nrows = w4p::warp_copy_rows(tile_rows, warp);
-  p.k = 8 * (lane & 7);
   const int64_t row0 = static_cast<int64_t>(e.row0) + pos.tt * kTileRows + warp * w4p::kRowsPerWarp + (lane >> 3);
 #pragma unroll
   for (int q = 0; q < kRowQuads; ++q) {
-    const int r = 4 * q + (lane >> 3);  // the row within the warp's 16
     int64_t src_row = row0 + 4 * q;
-    if constexpr (kGather) src_row = r < p.rows ? a.row_token[src_row] : 0;
-    p.x[q] = a.act + src_row * a.n_in + p.k;
+    if constexpr (kGather) src_row = 4 * q + (lane >> 3) < p.rows ? a.row_token[src_row] : 0;
+    p.x[q] = a.act + src_row * a.act_stride + 8 * (lane & 7);
   }
 }
 
-template <bool kGather>
 __device__ __forceinline__ void producer_issue(const Producer& p, const Args& a, uint8_t* buf) {
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const uint32_t base = ptx::smem_addr(buf);
@@ -194,19 +197,10 @@ __device__ __forceinline__ void producer_issue(const Producer& p, const Args& a,
 #pragma unroll
   for (int q = 0; q < kRowQuads; ++q) {
     const int r = 4 * q + (lane >> 3);
-    if (r >= p.nrows) continue;
-    if (r < p.rows && p.k + 2 * 3 < a.n_in) {  // the common case: all four words hold data
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        w4::cp_async4_zfill(base + w4p::act_thread_offset(warp, lane, q, i), p.x[q] + 2 * i, 4);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const bool valid = r < p.rows && p.k + 2 * i < a.n_in;
-        w4::cp_async4_zfill(base + w4p::act_thread_offset(warp, lane, q, i), valid ? p.x[q] + 2 * i : a.act,
-                            valid ? 4 : 0);
-      }
+    if (r < p.nrows) {  // rows past the data: zeros (src_bytes 0 reads nothing)
+      const bool data = r < p.rows;
+      w4::cp_async16_zfill(base + w4p::act_chunk_offset(warp * w4p::kRowsPerWarp + r, lane & 7),
+                           data ? p.x[q] : a.act, data ? 16 : 0);
     }
   }
 }
@@ -217,7 +211,6 @@ __device__ __forceinline__ void producer_next(Producer& p, const Work& wk, const
     p.w += kStageBytes;
 #pragma unroll
     for (int q = 0; q < kRowQuads; ++q) p.x[q] += w4::kKStage;
-    p.k += w4::kKStage;
   } else {
     producer_start<kGather>(p, wk, a, p.tile + static_cast<int>(gridDim.x));
   }
@@ -277,21 +270,26 @@ __device__ __forceinline__ void stage_mma(float (&acc)[2][64], const uint8_t* bu
 // is row 8 nb + 2 (lane % 4) + (i & 1) of the tile, weight row lane / 4 + 8 (i >> 1) of the warp's m16 tile. A tile's
 // 16 weight rows are all inside the output or all past it (n_out is a multiple of 32, tiles start at multiples of 16).
 
-// gate/up: h[row, col] = bf16(GLU(2^shift gate, 2^shift up)), tile 0 of the pair the gate, tile 1 the up rows.
+// gate/up: h[row, col] = bf16(GLU(2^shift gate, 2^shift up)), tile 0 of the pair the gate, tile 1 the up rows, h in
+// the permuted layout the down kernel reads (stride out_stride = permuted_width(inter); the columns past inter up to
+// it written as zeros). The thread's columns col0 + lane / 4 and that + 8 sit at permuted_col(col0 + lane / 4) and 32
+// after it (col0 is a multiple of 16).
 __device__ void store_h(const float (&acc)[2][64], const TileInfo& ti, const Args& a, int warp, int lane) {
   const int64_t col0 = w4p::gate_up_column(ti.m, ti.half, warp, 0);
-  if (col0 >= a.n_out) return;
+  if (col0 >= a.out_stride) return;
+  const bool live = col0 < a.n_out;  // else padding columns: zeros
   const int t2 = (lane & 3) * 2;
-  const int64_t stride = a.n_out;
-  bf16* row = a.out + (ti.row0 + t2) * stride + col0 + (lane >> 2);
+  const int64_t stride = a.out_stride;
+  bf16* row = a.out + (ti.row0 + t2) * stride + w4p::permuted_col(static_cast<int>(col0) + (lane >> 2));
 #pragma unroll
   for (int nb = 0; nb < 16; ++nb) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if (nb * 8 + t2 + (i & 1) >= ti.rows) continue;
-      const float v = w4::glu(acc[0][nb * 4 + i] * a.out_scale, acc[1][nb * 4 + i] * a.out_scale, a.act_kind,
-                              a.beta, a.beta_lin);
-      row[(i & 1) * stride + (i >> 1) * 8] = __float2bfloat16(v);
+      const float v = live ? w4::glu(acc[0][nb * 4 + i] * a.out_scale, acc[1][nb * 4 + i] * a.out_scale, a.act_kind,
+                                     a.beta, a.beta_lin)
+                           : 0.0f;
+      row[(i & 1) * stride + (i >> 1) * 32] = __float2bfloat16(v);
     }
     row += 8 * stride;
   }
@@ -331,7 +329,7 @@ __device__ __forceinline__ void consume_tile(int& buf, Producer& p, const Work& 
     ptx::fence_proxy_async();           // ... and are visible to wgmma's reads
     __syncthreads();  // everyone's did, and every group reading the buffer two stages back is done
     if (p.tile < wk.total) {
-      producer_issue<kGather>(p, a, bufs + w4p::refill_buffer(buf) * kBufBytes);
+      producer_issue(p, a, bufs + w4p::refill_buffer(buf) * kBufBytes);
       producer_next<kGather>(p, wk, a);
     }
     ptx::cp_async_commit();
@@ -377,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_kernel(const __grid_const
 #pragma unroll 1
   for (int i = 0; i < w4p::kLoadAhead; ++i) {  // the first stages into buffers 0, 1, ..., one commit group each
     if (p.tile < wk.total) {
-      producer_issue<kGather>(p, a, bufs + i * kBufBytes);
+      producer_issue(p, a, bufs + i * kBufBytes);
       producer_next<kGather>(p, wk, a);
     }
     ptx::cp_async_commit();
@@ -400,15 +398,40 @@ int sm_count() {
 
 size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// The plan's two arrays in the launch workspace: records, then the prefix.
-struct PlanOffsets {
-  size_t prefix = 0, total = 0;
+// The launch workspace: the plan's records, its prefix, then the permuted input rows.
+struct WorkspaceOffsets {
+  size_t prefix = 0, xq = 0, total = 0;
 };
-PlanOffsets plan_offsets(int64_t n_experts) {
-  PlanOffsets o;
-  o.prefix = align256(static_cast<size_t>(n_experts) * sizeof(w4p::PrefillExpert));
-  o.total = o.prefix + align256(static_cast<size_t>(n_experts + 1) * sizeof(int32_t));
+int64_t input_rows(const MoeW4a16Params& p, bool gather) { return gather ? p.n_tokens : p.n_tokens * p.top_k; }
+WorkspaceOffsets workspace_offsets(const MoeW4a16Params& p, bool gather) {
+  WorkspaceOffsets o;
+  o.prefix = align256(static_cast<size_t>(p.n_experts) * sizeof(w4p::PrefillExpert));
+  o.xq = o.prefix + align256(static_cast<size_t>(p.n_experts + 1) * sizeof(int32_t));
+  o.total = o.xq + align256(static_cast<size_t>(input_rows(p, gather) * w4p::permuted_width(p.hidden)) * 2);
   return o;
+}
+
+// xq[r] = x[r] in the permuted layout (w4p::permuted_col), zero past n_in: thread i writes 16-byte chunk i % chunks of
+// row i / chunks, gathering its eight inputs.
+__global__ void permute_rows_kernel(const bf16* __restrict__ x, int64_t n_rows, int n_in, int64_t width,
+                                    bf16* __restrict__ xq) {
+  const int64_t chunks = width / 8, n = n_rows * chunks;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const int64_t r = i / chunks;
+    const int pc0 = static_cast<int>(i - r * chunks) * 8;
+    const bf16* src = x + r * n_in;
+    union {
+      uint4 raw;
+      bf16 v[8];
+    } out;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int c = w4p::unpermuted_col(pc0 + e);
+      out.v[e] = c < n_in ? src[c] : __float2bfloat16(0.0f);
+    }
+    *reinterpret_cast<uint4*>(xq + r * width + pc0) = out.raw;
+  }
 }
 
 // Dynamic shared memory: slack to align the buffers to 1024 bytes, the buffers, the plan of up to n_experts.
@@ -427,7 +450,8 @@ void launch_kernel(const Args& a, int grid, int smem, cudaStream_t stream) {
 }
 
 Args projection_args(const MoeW4a16Params& p, const MoeW4a16MatrixInfo& m, const bf16* act, bf16* out,
-                     const w4p::PrefillExpert* experts, const int32_t* prefix, const int32_t* n_active) {
+                     int64_t out_stride, const w4p::PrefillExpert* experts, const int32_t* prefix,
+                     const int32_t* n_active) {
   Args a;
   a.proj_offset = m.offset_bytes;
   a.n_kstages = static_cast<int>(m.n_kstages);
@@ -438,7 +462,9 @@ Args projection_args(const MoeW4a16Params& p, const MoeW4a16MatrixInfo& m, const
   a.n_out = static_cast<int>(m.n_out);
   a.out_scale = std::ldexp(1.0f, m.scale_shift);
   a.act = act;
+  a.act_stride = w4p::permuted_width(m.n_in);
   a.out = out;
+  a.out_stride = out_stride;
   a.experts = experts;
   a.prefix = prefix;
   a.n_active = n_active;
@@ -450,10 +476,12 @@ Args projection_args(const MoeW4a16Params& p, const MoeW4a16MatrixInfo& m, const
 
 }  // namespace
 
-size_t moe_w4a16_prefill_workspace_bytes(const MoeW4a16Params& p) {
+size_t moe_w4a16_prefill_workspace_bytes(const MoeW4a16Params& p, bool gather) {
   moe_w4a16_check_params(p);
-  return plan_offsets(p.n_experts).total;
+  return workspace_offsets(p, gather).total;
 }
+
+int64_t moe_w4a16_prefill_h_width(const MoeW4a16Params& p) { return w4p::permuted_width(p.inter); }
 
 void moe_w4a16_prefill_check(const MoeW4a16Params& p, const MoeW4a16Weights& w) {
   moe_w4a16_check_params(p);
@@ -479,14 +507,15 @@ void moe_w4a16_prefill_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, c
                (!io.gather || d.row_token),
            "moe_w4a16_prefill: the block table and the dispatch's offsets, active list, count, error word (and with "
            "gather its row_token) must be set");
-  BG_CHECK(io.x && io.h && io.y && cuda::aligned_to(io.x, 4) && cuda::aligned_to(io.h, 4) && cuda::aligned_to(io.y, 4),
-           "moe_w4a16_prefill: x {}, h {} and y {} must be non-null and 4-byte aligned", static_cast<const void*>(io.x),
-           static_cast<const void*>(io.h), static_cast<const void*>(io.y));
+  BG_CHECK(io.x && io.h && io.y && cuda::aligned_to(io.x, 4) && cuda::aligned_to(io.h, 16) && cuda::aligned_to(io.y, 4),
+           "moe_w4a16_prefill: x {} and y {} must be non-null and 4-byte aligned, h {} 16-byte aligned",
+           static_cast<const void*>(io.x), static_cast<const void*>(io.y), static_cast<const void*>(io.h));
   BG_CHECK(io.workspace != nullptr && cuda::aligned_to(io.workspace, 256),
            "moe_w4a16_prefill: workspace {} must be non-null and 256-byte aligned", io.workspace);
-  const PlanOffsets o = plan_offsets(p.n_experts);
+  const WorkspaceOffsets o = workspace_offsets(p, io.gather);
   auto* experts = static_cast<w4p::PrefillExpert*>(io.workspace);
   auto* prefix = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(io.workspace) + o.prefix);
+  auto* xq = reinterpret_cast<bf16*>(static_cast<uint8_t*>(io.workspace) + o.xq);
   prefill_plan_kernel<<<1, w4p::kMaxExperts, 0, stream>>>(d, w.blocks, experts, prefix);
   BG_CUDA_CHECK_LAUNCH();
   const int smem = smem_bytes(p.n_experts);
@@ -496,8 +525,12 @@ void moe_w4a16_prefill_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, c
   BG_CHECK(smem <= optin, "moe_w4a16_prefill: {} experts need {} bytes of shared memory, the device allows {}",
            p.n_experts, smem, optin);
   const int grid = sm_count();
-  Args gu = projection_args(p, w.info.gate_up, io.x, io.h, experts, prefix, d.n_active);
-  const Args dn = projection_args(p, w.info.down, io.h, io.y, experts, prefix, d.n_active);
+  const int64_t x_rows = input_rows(p, io.gather), x_width = w4p::permuted_width(p.hidden);
+  permute_rows_kernel<<<cuda_util::elementwise_blocks(x_rows * x_width / 8, 256), 256, 0, stream>>>(
+      io.x, x_rows, static_cast<int>(p.hidden), x_width, xq);
+  BG_CUDA_CHECK_LAUNCH();
+  Args gu = projection_args(p, w.info.gate_up, xq, io.h, moe_w4a16_prefill_h_width(p), experts, prefix, d.n_active);
+  const Args dn = projection_args(p, w.info.down, io.h, io.y, p.hidden, experts, prefix, d.n_active);
   if (io.gather) {
     gu.row_token = d.row_token;
     launch_kernel<true, true>(gu, grid, smem, stream);

@@ -72,27 +72,34 @@ TEST(MoeW4a16Prefill, ActivationCopiesLandWhereWgmmaReadsThePermutedK) {
   EXPECT_TRUE(std::all_of(written.begin(), written.end(), [](int c) { return c == 1; }));
 }
 
-// The kernel's thread map: lane l of warp w copies rows 16 w + 4 q + l / 8, words 4 (l % 8) + i; its closed-form
-// destination (act_thread_offset) equals act_copy_offset of that row and word, each (row, word) of the warp's 16
-// rows is copied by one thread once, and every warp instruction (fixed q, i) writes 32 distinct banks.
-TEST(MoeW4a16Prefill, ThreadCopyMapCoversEachWordOnceWithoutBankConflicts) {
-  for (int warp = 0; warp < w4::kWarps; ++warp) {
-    std::set<std::pair<int, int>> seen;
-    for (int q = 0; q < w4p::kRowsPerWarp / 4; ++q) {
-      for (int i = 0; i < 4; ++i) {
-        std::set<int> banks;
-        for (int lane = 0; lane < 32; ++lane) {
-          const int row = warp * w4p::kRowsPerWarp + 4 * q + lane / 8, word = 4 * (lane % 8) + i;
-          const int off = w4p::act_thread_offset(warp, lane, q, i);
-          ASSERT_EQ(off, w4p::act_copy_offset(row, word)) << "warp " << warp << " lane " << lane << " q " << q;
-          EXPECT_TRUE(seen.insert({row, word}).second);
-          banks.insert((off / 4) % 32);
-        }
-        EXPECT_EQ(banks.size(), 32u) << "warp " << warp << " q " << q << " i " << i;
-      }
+// The permuted activation layout: permuted_col is a bijection within each 64-input stage (unpermuted_col its
+// inverse), keeps input pairs together, moves column c + 8 to permuted_col(c) + 32 (the gate/up epilogue relies on
+// it), and its 16-byte chunk j is what act_sw128_offset puts in chunk slot j: copying chunk j of a permuted row to
+// act_chunk_offset(row, j) places every input where the 4-byte copy map (act_copy_offset) does.
+TEST(MoeW4a16Prefill, PermutedRowsCopyByChunkToTheSwizzledTile) {
+  std::set<int> seen;
+  for (int c = 0; c < 192; ++c) {
+    const int pc = w4p::permuted_col(c);
+    EXPECT_EQ(pc / 64, c / 64);
+    EXPECT_EQ(w4p::unpermuted_col(pc), c);
+    EXPECT_TRUE(seen.insert(pc).second);
+    if (c % 2 == 0) {
+      EXPECT_EQ(w4p::permuted_col(c + 1), pc + 1);
     }
-    EXPECT_EQ(static_cast<int>(seen.size()), w4p::kRowsPerWarp * 32);
+    if (c % 16 < 8) {
+      EXPECT_EQ(w4p::permuted_col(c + 8), pc + 32) << c;
+    }
   }
+  for (int row = 0; row < w4p::kTileRows; ++row) {
+    for (int word = 0; word < 32; ++word) {
+      const int pc = w4p::permuted_col(2 * word);
+      EXPECT_EQ(w4p::act_copy_offset(row, word), w4p::act_chunk_offset(row, pc / 8) + 2 * (pc % 8))
+          << "row " << row << " word " << word;
+    }
+  }
+  EXPECT_EQ(w4p::permuted_width(1), 64);
+  EXPECT_EQ(w4p::permuted_width(64), 64);
+  EXPECT_EQ(w4p::permuted_width(96), 128);
 }
 
 // The rows a warp copies: its data rows, then zeros up to the tile's N; N the fewest of 32 / 64 / 128 covering it.
