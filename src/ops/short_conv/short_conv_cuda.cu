@@ -54,6 +54,35 @@ union Bf16x8 {
   bf16 v[kVecChannels];
 };
 
+// The sliding window of the vectorised kernels: win[ch][j] holds the input of token t - (W - 1) + j of channel ch for
+// the next output t. window_load sets entry j from an input row, or from the conv state for a token s < 0;
+// window_step takes the newest row in, returns the 8 outputs (the same accumulation order as the per-element kernel)
+// and shifts the window by one token.
+template <int W>
+__device__ __forceinline__ void window_load(float (&win)[kVecChannels][W], int j, int64_t s, const Bf16x8& row,
+                                            const float* state, int64_t c0) {
+#pragma unroll
+  for (int ch = 0; ch < kVecChannels; ++ch) {
+    win[ch][j] = s >= 0 ? cuda_util::to_f32(row.v[ch]) : state[(c0 + ch) * (W - 1) + (W - 1) + s];
+  }
+}
+template <int W>
+__device__ __forceinline__ Bf16x8 window_step(float (&win)[kVecChannels][W], const float (&w)[kVecChannels][W],
+                                              const Bf16x8& row) {
+  Bf16x8 o;
+#pragma unroll
+  for (int ch = 0; ch < kVecChannels; ++ch) {
+    win[ch][W - 1] = cuda_util::to_f32(row.v[ch]);
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < W; ++j) acc += w[ch][j] * win[ch][j];
+    o.v[ch] = cuda_util::to_bf16(silu(acc));
+#pragma unroll
+    for (int j = 0; j + 1 < W; ++j) win[ch][j] = win[ch][j + 1];
+  }
+  return o;
+}
+
 // Thread (run r, channel group g): outputs t in [r * kRun, r * kRun + kRun) of channels 8g .. 8g + 7. Channel groups
 // are fastest within a block, so a warp's loads of one token row are 512 contiguous bytes.
 template <int W>
@@ -70,35 +99,18 @@ __global__ void __launch_bounds__(kThreads) conv_vec_kernel(ShortConvParams p, c
 #pragma unroll
     for (int j = 0; j < W; ++j) w[ch][j] = weight[(c0 + ch) * W + j];
   }
-  // win[ch][j]: the input of token t - (W - 1) + j for the next output t (j < W - 1 filled before each step).
   float win[kVecChannels][W];
 #pragma unroll
   for (int j = 0; j < W - 1; ++j) {
     const int64_t s = t0 - (W - 1) + j;
-    if (s >= 0) {
-      Bf16x8 in;
-      in.raw = *reinterpret_cast<const uint4*>(x + s * p.n_channels + c0);
-#pragma unroll
-      for (int ch = 0; ch < kVecChannels; ++ch) win[ch][j] = cuda_util::to_f32(in.v[ch]);
-    } else {
-#pragma unroll
-      for (int ch = 0; ch < kVecChannels; ++ch) win[ch][j] = state[(c0 + ch) * (W - 1) + (W - 1) + s];
-    }
+    Bf16x8 in{};
+    if (s >= 0) in.raw = *reinterpret_cast<const uint4*>(x + s * p.n_channels + c0);
+    window_load<W>(win, j, s, in, state, c0);
   }
   for (int64_t t = t0; t < t_end; ++t) {
-    Bf16x8 in, o;
+    Bf16x8 in;
     in.raw = *reinterpret_cast<const uint4*>(x + t * p.n_channels + c0);
-#pragma unroll
-    for (int ch = 0; ch < kVecChannels; ++ch) {
-      win[ch][W - 1] = cuda_util::to_f32(in.v[ch]);
-      float acc = 0.0f;
-#pragma unroll
-      for (int j = 0; j < W; ++j) acc += w[ch][j] * win[ch][j];
-      o.v[ch] = cuda_util::to_bf16(silu(acc));
-#pragma unroll
-      for (int j = 0; j + 1 < W; ++j) win[ch][j] = win[ch][j + 1];
-    }
-    *reinterpret_cast<uint4*>(out + t * p.n_channels + c0) = o.raw;
+    *reinterpret_cast<uint4*>(out + t * p.n_channels + c0) = window_step<W>(win, w, in).raw;
   }
 }
 
@@ -156,29 +168,10 @@ __global__ void __launch_bounds__(kTileThreads, 4) conv_tiled_kernel(ShortConvPa
 #pragma unroll
   for (int j = 0; j < W - 1; ++j) {
     const int64_t s = t0 + r0 - (W - 1) + j;
-    if (s >= 0) {
-      const Bf16x8 in = row_at(r0 + j);
-#pragma unroll
-      for (int ch = 0; ch < kVecChannels; ++ch) win[ch][j] = cuda_util::to_f32(in.v[ch]);
-    } else {
-#pragma unroll
-      for (int ch = 0; ch < kVecChannels; ++ch) win[ch][j] = state[(c0 + ch) * (W - 1) + (W - 1) + s];
-    }
+    window_load<W>(win, j, s, s >= 0 ? row_at(r0 + j) : Bf16x8{}, state, c0);
   }
   for (int t = r0; t < t_end; ++t) {
-    const Bf16x8 in = row_at(t + W - 1);
-    Bf16x8 o;
-#pragma unroll
-    for (int ch = 0; ch < kVecChannels; ++ch) {
-      win[ch][W - 1] = cuda_util::to_f32(in.v[ch]);
-      float acc = 0.0f;
-#pragma unroll
-      for (int j = 0; j < W; ++j) acc += w[ch][j] * win[ch][j];
-      o.v[ch] = cuda_util::to_bf16(silu(acc));
-#pragma unroll
-      for (int j = 0; j + 1 < W; ++j) win[ch][j] = win[ch][j + 1];
-    }
-    *reinterpret_cast<uint4*>(out + (t0 + t) * p.n_channels + c0) = o.raw;
+    *reinterpret_cast<uint4*>(out + (t0 + t) * p.n_channels + c0) = window_step<W>(win, w, row_at(t + W - 1)).raw;
   }
 }
 
