@@ -50,8 +50,25 @@ if want ncu; then
   timeout 240 ncu --clock-control none --kernel-name regex:prefill_kernel --launch-skip 4 --launch-count 2 \
     --set full -o "$OUT/pf" "$BG" bench kernels --device cuda --kernels 'moe_prefill_w4a16' > "$OUT/ncu.log" 2>&1
   ncu --import "$OUT/pf.ncu-rep" --page details > "$OUT/details.txt" 2>&1
+  # The stall breakdown: warp-state samples per reason (the largest first), for the next optimisation step.
+  ncu --import "$OUT/pf.ncu-rep" --page raw --csv 2> /dev/null | python3 -c '
+import csv, sys
+rows = list(csv.reader(sys.stdin))
+if len(rows) < 3: sys.exit()
+head = rows[0]
+for r in rows[2:]:
+    name = r[head.index("Kernel Name")][:60] if "Kernel Name" in head else "?"
+    stalls = []
+    for i, h in enumerate(head):
+        if h.startswith("smsp__average_warp_latency_issue_stalled_") or h.startswith("smsp__pcsamp_warps_issue_stalled_"):
+            try: stalls.append((float(r[i].replace(",", "")), h))
+            except ValueError: pass
+    print(name)
+    for v, h in sorted(stalls, reverse=True)[:12]: print(f"  {h}: {v:g}")
+' > "$OUT/stalls.txt" 2>&1
   rm -f "$OUT/pf.ncu-rep"
   grep -E "Duration|Executed Instructions  |Issue Slots Busy|Tensor|DRAM Throughput|L2 Cache Throughput|Registers Per" \
     "$OUT/details.txt" >> "$S"
+  cat "$OUT/stalls.txt" >> "$S"
 fi
 cat "$S"
