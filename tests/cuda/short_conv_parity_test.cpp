@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "cuda/small_ops_testing.h"
+#include "ops/kda_gate/kda_gate.h"
+#include "ops/kda_gate/kda_gate_cuda.h"
 #include "ops/short_conv/short_conv_cuda.h"
 
 namespace bg::testing {
@@ -104,6 +106,48 @@ TEST(ShortConvParity, VectorisedEqualsPerElementBitForBit) {
   sync_device();
   EXPECT_LE(max_rel_error(download_bf16(out, ref.size()), ref), kTolBf16Out);
   EXPECT_EQ(first_mismatch(cuda::download<float>(d_state, state.size()), state), -1);
+}
+
+// The conv with KDA's q / k L2 norm in one launch (short_conv_l2norm_cuda) against short_conv_cuda then
+// kda_l2norm_cuda, bit for bit (outputs and states), over token-tile edges, channel tiles with one or two heads,
+// head dims 32 / 64 / 128 / 256, widths 2-4, a q scale; head dim 96 (not dividing the 256-channel tile) takes the two
+// calls. Also against the CPU reference (short_conv_cpu then kda_l2norm_cpu).
+TEST(ShortConvParity, FusedL2NormEqualsConvThenNormBitForBit) {
+  BG_REQUIRE_GPU();
+  struct NormCase {
+    int64_t t, c, w, head_dim;
+    float scale;
+  };
+  const NormCase cases[] = {{1, 256, 4, 128, 0.088f}, {3, 384, 4, 128, 1.0f},   {64, 256, 4, 64, 1.0f},
+                            {65, 512, 3, 256, 0.5f},  {200, 384, 4, 128, 0.088f}, {130, 256, 2, 32, 1.0f},
+                            {50, 288, 4, 96, 1.0f},   {300, kChannels, 4, 128, 0.088f}};
+  for (const NormCase& nc : cases) {
+    SCOPED_TRACE(::testing::Message() << "T " << nc.t << " C " << nc.c << " W " << nc.w << " head " << nc.head_dim);
+    const ops::ShortConvParams p{nc.t, nc.c, nc.w};
+    const ops::ShortConvNorm norm{nc.head_dim, nc.scale, 1e-6f};
+    const size_t n = static_cast<size_t>(nc.t * nc.c), n_state = static_cast<size_t>(nc.c * (nc.w - 1));
+    std::vector<float> x = random_floats(n, 2.0f, 81);
+    const std::vector<float> w = random_floats(static_cast<size_t>(nc.c * nc.w), 0.7f, 82);
+    const std::vector<float> state = random_floats(n_state, 1.5f, 83);
+    const cuda::DeviceBuffer d_x = upload_bf16(x), d_w = cuda::upload(w);
+    cuda::DeviceBuffer s_two = cuda::upload(state), s_one = cuda::upload(state);
+    cuda::DeviceBuffer o_two = poisoned(n * 2), o_one = poisoned(n * 2);
+    ops::short_conv_cuda(p, bf16_ptr(d_x), d_w.as<float>(), s_two.as<float>(), bf16_ptr(o_two), nullptr);
+    ops::kda_l2norm_cuda({nc.t * nc.c / nc.head_dim, nc.head_dim, nc.scale, 1e-6f}, bf16_ptr(o_two), bf16_ptr(o_two),
+                         nullptr);
+    ops::short_conv_l2norm_cuda(p, norm, bf16_ptr(d_x), d_w.as<float>(), s_one.as<float>(), bf16_ptr(o_one), nullptr);
+    sync_device();
+    const std::vector<float> two = download_bf16(o_two, n), one = download_bf16(o_one, n);
+    EXPECT_EQ(first_mismatch(one, two), -1);
+    EXPECT_EQ(first_mismatch(cuda::download<float>(s_one, n_state), cuda::download<float>(s_two, n_state)), -1);
+    // The CPU reference (x was rounded to bf16 by the upload): the conv, rounded to bf16 as the GPU stores it, then
+    // the norm.
+    std::vector<float> ref(n), ref_state = state;
+    ops::short_conv_cpu(p, x.data(), w.data(), ref_state.data(), ref.data());
+    ref = round_bf16(ref);
+    ops::kda_l2norm_cpu({nc.t * nc.c / nc.head_dim, nc.head_dim, nc.scale, 1e-6f}, ref.data(), ref.data());
+    EXPECT_LE(max_rel_error(one, ref), kTolBf16Out);
+  }
 }
 
 TEST(ShortConvParity, PrefillThenDecodeSteps) {

@@ -390,7 +390,13 @@ class CudaBackend final : public Backend {
   }
   // Decode steps: one fused launch (kda_prep_cuda.h; BG_KDA_PREP_FUSED=0 runs the separate ops). Otherwise, and for
   // head dims or conv widths past the fused kernel's, the separate ops.
+  // Steps with prefill pieces: with BG_KDA_PREP_PREFILL_FUSED=1 (built 2026-12-05, not yet run on a GPU, so off by
+  // default) the q and k convs take their L2 norm in the same launch (short_conv_l2norm_cuda); else the separate ops.
   void kda_prep(const KdaPrepArgs& a, Tensor& q, Tensor& k, Tensor& v, Tensor& g, Tensor& beta) override {
+    if (!step_.all_single_token() && kda_prep_prefill_fused_) {
+      kda_prep_prefill(a, q, k, v, g, beta);
+      return;
+    }
     if (!step_.all_single_token() || !kda_prep_fused_ || a.head_dim > ops::kKdaPrepMaxHeadDim ||
         a.conv[0].cols() > ops::kKdaPrepMaxConv) {
       Backend::kda_prep(a, q, k, v, g, beta);
@@ -572,6 +578,32 @@ class CudaBackend final : public Backend {
          (flags & ops::kMlaErrorBadBlock) ? " a negative MLA block-table entry" : "",
          (flags & ops::kMoeErrorExchange) ? " expert rows the ll exchange could not place or read" : "", flags);
   }
+  // kda_prep of a step with prefill pieces, per sequence: q and k through short_conv_l2norm_cuda (the conv and the
+  // norm in one launch, bit for bit the two), v through short_conv_cuda; then the gate and beta as usual.
+  void kda_prep_prefill(const KdaPrepArgs& a, Tensor& q, Tensor& k, Tensor& v, Tensor& g, Tensor& beta) {
+    {
+      BG_PROFILE_OP("kda_prep_conv_norm", stream_);
+      Tensor* out[3] = {&q, &k, &v};
+      const float scales[2] = {a.q_scale, 1.0f};
+      for (int64_t s = 0; s < step_.n_seqs(); ++s) {
+        const int64_t b = step_.seq_begin[static_cast<size_t>(s)], e = step_.seq_begin[static_cast<size_t>(s) + 1];
+        for (size_t i = 0; i < 3; ++i) {
+          const int64_t c = a.raw[i].cols();
+          const ops::ShortConvParams p{e - b, c, a.conv[i].cols()};
+          const bf16* x = a.raw[i].as<bf16>() + b * c;
+          bf16* y = out[i]->as<bf16>() + b * c;
+          float* st = slot_state(a.conv_state[i], s);
+          if (i < 2) {
+            ops::short_conv_l2norm_cuda(p, {a.head_dim, scales[i], 1e-6f}, x, a.conv[i].as<float>(), st, y, stream_);
+          } else {
+            ops::short_conv_cuda(p, x, a.conv[i].as<float>(), st, y, stream_);
+          }
+        }
+      }
+    }
+    kda_gate(a.g_raw, a.a_log, a.dt_bias, a.n_heads, a.gate_lower_bound, g);
+    kda_beta(a.b, beta);
+  }
   float* slot_state(const StateRef& st, int64_t seq) const {
     return st.storage.as<float>() + st.offset + step_.state_slots.at(static_cast<size_t>(seq)) * st.slot_stride;
   }
@@ -702,6 +734,7 @@ class CudaBackend final : public Backend {
   bool deterministic_ = false;  // BackendOptions::deterministic
   bool fuse_linear_groups_ = cuda::linear_groups_from_env();  // BG_LINEAR_GROUPS (cuda_linears.h)
   bool kda_prep_fused_ = cuda::switch_from_env("BG_KDA_PREP_FUSED");
+  bool kda_prep_prefill_fused_ = env_switch("BG_KDA_PREP_PREFILL_FUSED", false);
   // BG_SKIP_PADDING_ROWS=0: the step's live count is uploaded as every row, so padding rows run like real ones (for
   // measuring what skipping them saves).
   bool skip_padding_rows_ = cuda::switch_from_env("BG_SKIP_PADDING_ROWS");

@@ -385,9 +385,12 @@ KernelCase short_conv_decode_case(int64_t batch) {
   return c;
 }
 
-KernelCase short_conv_prefill_case(int64_t n) {
+// norm: the q conv with its L2 norm fused (short_conv_l2norm_cuda, K3's 128-channel heads); else the conv alone. The
+// separate norm (kda_l2norm_cuda) reads and writes the conv's output once more: compare the fused case with
+// short_conv_prefill plus that pass.
+KernelCase short_conv_prefill_case(int64_t n, bool norm) {
   KernelCase c;
-  c.name = "short_conv_prefill";
+  c.name = norm ? "short_conv_l2norm_prefill" : "short_conv_prefill";
   c.shape = fmt::format("T={} C=12288", n);
   c.set_bytes = d(n * kConvChannels) * 4;
   c.prepare = [=](const CudaEnv&, CaseMemory& mem, int) {
@@ -398,7 +401,12 @@ KernelCase short_conv_prefill_case(int64_t n) {
     PreparedKernel k;
     k.cost = {d(n * kConvChannels) * 4, 2.0 * d(n * kConvChannels * kConvWidth)};
     k.launch = [=](int, cudaStream_t stream) {
-      ops::short_conv_cuda({n, kConvChannels, kConvWidth}, x, weight, state, out, stream);
+      if (norm) {
+        ops::short_conv_l2norm_cuda({n, kConvChannels, kConvWidth}, {128, 0.088f, 1e-6f}, x, weight, state, out,
+                                    stream);
+      } else {
+        ops::short_conv_cuda({n, kConvChannels, kConvWidth}, x, weight, state, out, stream);
+      }
     };
     return k;
   };
@@ -441,7 +449,8 @@ void register_attention_cases(KernelRegistry& r, bool quick) {
   r.add(kda_chunked_varlen_case(16, 512));
   r.add(kda_chunked_varlen_case(128, 64));  // the same chunks as T=8192 with no recurrence: the prepare kernel's share
   for (int64_t b : decode) r.add(short_conv_decode_case(b));
-  r.add(short_conv_prefill_case(quick ? 2048 : 8192));
+  r.add(short_conv_prefill_case(quick ? 2048 : 8192, false));
+  if (!quick) r.add(short_conv_prefill_case(8192, true));
 }
 
 }  // namespace bg::bench::cuda

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "ops/elementwise/cuda_ptx.cuh"
 #include "ops/elementwise/cuda_utils.cuh"
+#include "ops/kda_gate/kda_gate_cuda.h"
 
 namespace bg::ops {
 namespace {
@@ -127,13 +128,19 @@ constexpr int kTileThreads = kTileWarps * 32;
 constexpr int kTileTokens = kTileWarps * kRun;  // a warp per run of kRun tokens
 template <int W>
 constexpr int tile_smem_bytes() { return (kTileTokens + W - 1) * kTileRowBytes; }
+constexpr int kNormSmemBytes = kTileTokens * kTileRowBytes;  // the fused norm's output tile, 32 KiB
+constexpr int kMaxNormPerLane = kTileChannels / 32;        // head dims up to 256: 8 elements per lane
 
-template <int W>
-__global__ void __launch_bounds__(kTileThreads, 4) conv_tiled_kernel(ShortConvParams p, const bf16* __restrict__ x,
-                                                                     const float* __restrict__ weight,
-                                                                     const float* __restrict__ state,
-                                                                     bf16* __restrict__ out) {
+// kNorm (short_conv_l2norm_cuda): the outputs go to a second shared tile [kTileTokens][256] instead of memory, then
+// each (token, head) row of it gets KDA's q / k L2 norm exactly as kda_l2norm_cuda computes it (a warp per row, lane l
+// holding elements l + 32 i, the same fp32 sum, reduction, factor and rounding), so the result is bit for bit the
+// conv then the norm, without writing the conv's output and reading it back.
+template <int W, bool kNorm>
+__global__ void __launch_bounds__(kTileThreads, kNorm ? 3 : 4)
+    conv_tiled_kernel(ShortConvParams p, const bf16* __restrict__ x, const float* __restrict__ weight,
+                      const float* __restrict__ state, ShortConvNorm norm, bf16* __restrict__ out) {
   extern __shared__ __align__(16) unsigned char tile[];
+  unsigned char* const res = tile + tile_smem_bytes<W>();  // kNorm: the conv's outputs, [token][channel] bf16
   const int64_t c_tile = static_cast<int64_t>(blockIdx.x) * kTileChannels;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTileTokens;
   constexpr int kRows = kTileTokens + W - 1, kPieces = kTileChannels / kVecChannels;
@@ -156,22 +163,55 @@ __global__ void __launch_bounds__(kTileThreads, 4) conv_tiled_kernel(ShortConvPa
   }
   ptx::cp_async_wait<0>();
   __syncthreads();
-  if (!live) return;
-  const int r0 = run * kRun;  // first output of this thread, relative to t0; its window starts at shared row r0
-  const int64_t t_end = min(p.n_tokens - t0, static_cast<int64_t>(r0 + kRun));
-  auto row_at = [&](int r) {
-    Bf16x8 in;
-    in.raw = *reinterpret_cast<const uint4*>(tile + r * kTileRowBytes + lane * 16);
-    return in;
-  };
-  float win[kVecChannels][W];
+  if (live) {
+    const int r0 = run * kRun;  // first output of this thread, relative to t0; its window starts at shared row r0
+    const int64_t t_end = min(p.n_tokens - t0, static_cast<int64_t>(r0 + kRun));
+    auto row_at = [&](int r) {
+      Bf16x8 in;
+      in.raw = *reinterpret_cast<const uint4*>(tile + r * kTileRowBytes + lane * 16);
+      return in;
+    };
+    float win[kVecChannels][W];
 #pragma unroll
-  for (int j = 0; j < W - 1; ++j) {
-    const int64_t s = t0 + r0 - (W - 1) + j;
-    window_load<W>(win, j, s, s >= 0 ? row_at(r0 + j) : Bf16x8{}, state, c0);
+    for (int j = 0; j < W - 1; ++j) {
+      const int64_t s = t0 + r0 - (W - 1) + j;
+      window_load<W>(win, j, s, s >= 0 ? row_at(r0 + j) : Bf16x8{}, state, c0);
+    }
+    for (int t = r0; t < t_end; ++t) {
+      const uint4 o = window_step<W>(win, w, row_at(t + W - 1)).raw;
+      if constexpr (kNorm) {
+        *reinterpret_cast<uint4*>(res + t * kTileRowBytes + lane * 16) = o;
+      } else {
+        *reinterpret_cast<uint4*>(out + (t0 + t) * p.n_channels + c0) = o;
+      }
+    }
   }
-  for (int t = r0; t < t_end; ++t) {
-    *reinterpret_cast<uint4*>(out + (t0 + t) * p.n_channels + c0) = window_step<W>(win, w, row_at(t + W - 1)).raw;
+  if constexpr (kNorm) {
+    __syncthreads();
+    const auto* r16 = reinterpret_cast<const bf16*>(res);
+    const int dim = static_cast<int>(norm.head_dim), heads = kTileChannels / dim;
+    for (int row = run; row < kTileTokens * heads; row += kTileWarps) {  // warp-uniform
+      const int t = row / heads, h = row - t * heads;
+      const int64_t c_head = c_tile + static_cast<int64_t>(h) * dim;
+      if (t0 + t >= p.n_tokens || c_head >= p.n_channels) continue;
+      float v[kMaxNormPerLane];
+      float ss = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kMaxNormPerLane; ++i) {
+        const int d = lane + 32 * i;
+        v[i] = d < dim ? cuda_util::to_f32(r16[t * kTileChannels + h * dim + d]) : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < kMaxNormPerLane; ++i) ss += v[i] * v[i];  // zeros past dim change nothing
+      ss = cuda_util::warp_reduce(ss, cuda_util::SumOp{});
+      const float f = norm.scale / sqrtf(ss + norm.eps);
+      bf16* dst = out + (t0 + t) * p.n_channels + c_head;
+#pragma unroll
+      for (int i = 0; i < kMaxNormPerLane; ++i) {
+        const int d = lane + 32 * i;
+        if (d < dim) dst[d] = cuda_util::to_bf16(v[i] * f);
+      }
+    }
   }
 }
 
@@ -221,13 +261,21 @@ ShortConvKernel short_conv_kernel_from_env() {
 
 namespace {
 
-template <int W>
-void launch_tiled(const ShortConvParams& p, const bf16* x, const float* weight, const float* state, bf16* out,
-                  cudaStream_t stream) {
-  constexpr int kSmem = tile_smem_bytes<W>();
+template <int W, bool kNorm>
+void launch_tiled(const ShortConvParams& p, const bf16* x, const float* weight, const float* state,
+                  const ShortConvNorm& norm, bf16* out, cudaStream_t stream) {
+  constexpr int kSmem = tile_smem_bytes<W>() + (kNorm ? kNormSmemBytes : 0);
+  if constexpr (kSmem > 48 * 1024) {  // above the default: opt in once per instantiation
+    static const bool configured = [] {
+      BG_CUDA_CHECK(cudaFuncSetAttribute(conv_tiled_kernel<W, kNorm>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         kSmem));
+      return true;
+    }();
+    (void)configured;
+  }
   const dim3 grid(static_cast<unsigned>((p.n_channels + kTileChannels - 1) / kTileChannels),
                   static_cast<unsigned>((p.n_tokens + kTileTokens - 1) / kTileTokens));
-  conv_tiled_kernel<W><<<grid, kTileThreads, kSmem, stream>>>(p, x, weight, state, out);
+  conv_tiled_kernel<W, kNorm><<<grid, kTileThreads, kSmem, stream>>>(p, x, weight, state, norm, out);
 }
 
 template <int W>
@@ -243,7 +291,7 @@ template <int W>
 void launch_vectorised(ShortConvKernel kernel, const ShortConvParams& p, const bf16* x, const float* weight,
                        const float* state, bf16* out, cudaStream_t stream) {
   if (kernel == ShortConvKernel::kTiled) {
-    launch_tiled<W>(p, x, weight, state, out, stream);
+    launch_tiled<W, false>(p, x, weight, state, ShortConvNorm{}, out, stream);
   } else {
     launch_rows<W>(p, x, weight, state, out, stream);
   }
@@ -276,6 +324,39 @@ void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const flo
     }
   } else {
     conv_kernel<<<cuda_util::elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(p, x, weight, state, out);
+  }
+  BG_CUDA_CHECK_LAUNCH();
+  if (p.kernel_size == 1) return;
+  state_kernel<<<cuda_util::elementwise_blocks(p.n_channels, kThreads), kThreads, 0, stream>>>(p, x, state);
+  BG_CUDA_CHECK_LAUNCH();
+}
+
+void short_conv_l2norm_cuda(const ShortConvParams& p, const ShortConvNorm& norm, const __nv_bfloat16* x,
+                            const float* weight, float* state, __nv_bfloat16* out, cudaStream_t stream) {
+  BG_CHECK(norm.head_dim > 0 && p.n_channels % norm.head_dim == 0 && norm.eps > 0.0f,
+           "short_conv_l2norm_cuda: head_dim {} must divide the {} channels, eps {} must be positive", norm.head_dim,
+           p.n_channels, norm.eps);
+  const bool fused = short_conv_kernel_from_env() == ShortConvKernel::kTiled && p.kernel_size <= kVecMaxKernel &&
+                     p.n_channels % kVecChannels == 0 && norm.head_dim % 32 == 0 &&
+                     kTileChannels % norm.head_dim == 0 && cuda::aligned_to(x, 16) && cuda::aligned_to(out, 16) &&
+                     p.n_tokens <= int64_t{kTileTokens} * 65535;
+  if (!fused || p.n_tokens == 0) {
+    short_conv_cuda(p, x, weight, state, out, stream);
+    kda_l2norm_cuda({p.n_tokens * p.n_channels / norm.head_dim, norm.head_dim, norm.scale, norm.eps}, out, out,
+                    stream);
+    return;
+  }
+  BG_CHECK(p.n_channels > 0 && p.kernel_size >= 1, "short_conv_l2norm_cuda: bad shape C {} W {}", p.n_channels,
+           p.kernel_size);
+  BG_CHECK(state != nullptr || p.kernel_size == 1, "short_conv_l2norm_cuda: state is null with kernel_size {}",
+           p.kernel_size);
+  BG_CHECK(x && weight && out, "short_conv_l2norm_cuda: null x/weight/out with n_tokens {}", p.n_tokens);
+  BG_CHECK(static_cast<const void*>(out) != static_cast<const void*>(x), "short_conv_l2norm_cuda: out aliases x");
+  switch (p.kernel_size) {
+    case 1: launch_tiled<1, true>(p, x, weight, state, norm, out, stream); break;
+    case 2: launch_tiled<2, true>(p, x, weight, state, norm, out, stream); break;
+    case 3: launch_tiled<3, true>(p, x, weight, state, norm, out, stream); break;
+    default: launch_tiled<4, true>(p, x, weight, state, norm, out, stream); break;
   }
   BG_CUDA_CHECK_LAUNCH();
   if (p.kernel_size == 1) return;

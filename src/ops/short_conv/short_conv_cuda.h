@@ -19,6 +19,19 @@ namespace bg::ops {
 // kernel. All three give the same bits (the choice is for comparisons).
 void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const float* weight, float* state,
                      __nv_bfloat16* out, cudaStream_t stream);
+// KDA's q / k L2 norm over heads of head_dim channels (kda_l2norm_cuda's: x * scale / sqrt(sum x^2 + eps)).
+struct ShortConvNorm {
+  int64_t head_dim = 0;
+  float scale = 1.0f;
+  float eps = 1e-6f;
+};
+
+// short_conv_cuda, then the per-head L2 norm of its output, with the result bit for bit those two calls': where the
+// tiled kernel runs and head_dim is a multiple of 32 dividing 256 (K3: 128), in one launch that keeps the conv's
+// output in shared memory (the norm reads no copy of it from memory); otherwise as the two calls. C must be a
+// multiple of head_dim.
+void short_conv_l2norm_cuda(const ShortConvParams& p, const ShortConvNorm& norm, const __nv_bfloat16* x,
+                            const float* weight, float* state, __nv_bfloat16* out, cudaStream_t stream);
 enum class ShortConvKernel { kTiled, kRows, kScalar };
 // BG_SHORT_CONV (tiled, rows or scalar; unset: tiled); anything else throws.
 ShortConvKernel short_conv_kernel_from_env();
