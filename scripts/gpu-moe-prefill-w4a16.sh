@@ -60,7 +60,7 @@ for r in rows[2:]:
     name = r[head.index("Kernel Name")][:60] if "Kernel Name" in head else "?"
     stalls = []
     for i, h in enumerate(head):
-        if h.startswith("smsp__average_warp_latency_issue_stalled_") or h.startswith("smsp__pcsamp_warps_issue_stalled_"):
+        if h.startswith(("smsp__average_warp_latency_issue_stalled_", "smsp__pcsamp_warps_issue_stalled_")):
             try: stalls.append((float(r[i].replace(",", "")), h))
             except ValueError: pass
     print(name)
