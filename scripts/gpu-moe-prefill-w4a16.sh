@@ -5,6 +5,7 @@
 # the dequantize-once path and the bf16 grouped GEMM ceiling, the crossover with the fused decode kernel (18 to 292
 # rows per expert: where its lower threshold belongs), and the slice's prefill with each path (BG_MOE_PREFILL=auto, the
 # default, takes it at 32..511 rows per expert).
+# PARTS also takes "plans" (the 64k prompt twice per path) and "ncu" (Nsight Compute with the stall breakdown).
 # Run from the repo root with the bundle carried:
 #   PARTS="parity bench prefill" scripts/gpu-moe-prefill-w4a16.sh [BUNDLE]
 # Output: $OUT/w4a16-prefill.txt (the summary) and logs beside it.
@@ -44,6 +45,17 @@ if want prefill; then
       > "$OUT/prefill-$k.log" 2>&1
     echo "bench prefill BG_MOE_PREFILL=$k rc=$?" >> "$S"
     grep -E "tokens/s|prefill .* ms" "$OUT/prefill-$k.log" | tail -4 >> "$S"
+  done
+fi
+# Whether the dequantize-once path's long-prompt slowdown is cuDNN plan builds on the step thread (MOE_PREFILL.md): the
+# 64k prompt twice in one process, each path; the second run finds every plan built.
+if want plans; then
+  ensure_slice /tmp/bg-ep16-rank
+  for k in grouped w4a16; do
+    BG_MOE_PREFILL=$k timeout 300 "$BG" bench prefill --device cuda --model /tmp/bg-ep16-rank \
+      --prefill-tokens 65536,65536 --prefill-chunk 8192 > "$OUT/plans-$k.log" 2>&1
+    echo "bench prefill 64k twice, BG_MOE_PREFILL=$k rc=$?" >> "$S"
+    grep -E "tokens/s" "$OUT/plans-$k.log" | tail -2 >> "$S"
   done
 fi
 if want ncu; then

@@ -6,7 +6,8 @@
 # slice's decode step (with and without the padding-row skip), and the served --deterministic check. Run from the repo
 # root with the bundle carried:
 #   scripts/gpu-small-ops-check.sh [BUNDLE]
-# Output: $OUT/small-ops.txt (the summary) and logs beside it. PARTS (default "parity kernels step serve") picks
+# Output: $OUT/small-ops.txt (the summary) and logs beside it. PARTS (default "parity kernels step serve"; "prep"
+# checks the fused prefill conv + L2 norm) picks
 # what runs, so that the parts can go in separate calls of the device's 10-minute limit; STEP_BATCHES and STEP_CONTEXTS
 # narrow the step part.
 set -u
@@ -23,6 +24,18 @@ timeout 300 "$BUNDLE/test_cuda" --gtest_filter='RouterCudaParity.*:MoeCudaParity
   > "$OUT/parity.log" 2>&1
 echo "parity rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/parity.log" | tr '\n' ' ')" >> "$S"
 grep -E '^\[  FAILED' "$OUT/parity.log" | head -30 >> "$S"
+fi
+# The prefill steps' q / k conv with the L2 norm in one launch (BG_KDA_PREP_PREFILL_FUSED=1, off by default until
+# this passes): the goldens, step tests and Archs with it, and its bench case beside the conv alone.
+if want prep; then
+  BG_KDA_PREP_PREFILL_FUSED=1 timeout 300 "$BUNDLE/test_cuda" \
+    --gtest_filter='ShortConvParity.*:Models/StepGpu.*:Cases/GoldenGpu.*:Archs/*' > "$OUT/prep.log" 2>&1
+  rc=$?
+  echo "prep (BG_KDA_PREP_PREFILL_FUSED=1) rc=$rc: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/prep.log" | tr '\n' ' ')" \
+    >> "$S"
+  grep -E '^\[  FAILED' "$OUT/prep.log" | head -30 >> "$S"
+  timeout 120 "$BG" bench kernels --device cuda --kernels short_conv > "$OUT/prep-bench.log" 2>&1
+  grep -E "bench kernel short_conv" "$OUT/prep-bench.log" | sed 's/^.*\] //' >> "$S"
 fi
 if want kernels; then
 for sp in 1 auto; do
