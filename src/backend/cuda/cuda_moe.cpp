@@ -459,8 +459,9 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
   p.act = glu_params(glu);
   p.out_type = out.dtype == DType::kF32 ? ops::MoeOutType::kF32 : ops::MoeOutType::kBf16;
   p.accumulate = true;
-  // The grouped prefill path (taken inside moe_experts) goes before the decode kernel when the threshold says so (by
-  // default they meet at 32 rows per expert; BG_MOE_GROUPED_MIN_ROWS can lower it, e.g. for the golden tests).
+  // By rows per expert (docs/MOE_PREFILL.md's table): the W4A16 prefill kernel first (by default at 32-511, not under
+  // graph capture), then the grouped prefill path (taken inside moe_experts) when its threshold says so
+  // (BG_MOE_GROUPED_MIN_ROWS can lower both, e.g. for the golden tests), else the decode kernel.
   // Where it does not run — a captured decode graph of many rows (it reads row counts on the host), no scratch —
   // the fused kernel takes any row count (further passes over each expert's weights): 2.5x the stage kernels at 73
   // rows per expert (bench/RESULTS.md, batch 256). With the fused kernel at hand the grouped path waits for
