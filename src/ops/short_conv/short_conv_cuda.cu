@@ -299,23 +299,43 @@ void launch_vectorised(ShortConvKernel kernel, const ShortConvParams& p, const b
 
 }  // namespace
 
+namespace {
+
+// The prefill calls' argument checks, named after the calling function; false when there are no tokens.
+bool check_prefill(const char* fn, const ShortConvParams& p, const void* x, const float* weight, const float* state,
+                   const void* out) {
+  BG_CHECK(p.n_tokens >= 0, "{}: n_tokens {} is negative", fn, p.n_tokens);
+  BG_CHECK(p.n_channels > 0, "{}: n_channels {} must be positive", fn, p.n_channels);
+  BG_CHECK(p.kernel_size >= 1 && p.kernel_size <= kMaxKernel, "{}: kernel_size {} outside [1, {}]", fn,
+           p.kernel_size, kMaxKernel);
+  BG_CHECK(state != nullptr || p.kernel_size == 1, "{}: state is null with kernel_size {}", fn, p.kernel_size);
+  if (p.n_tokens == 0) return false;
+  BG_CHECK(x && weight && out, "{}: null x/weight/out with n_tokens {}", fn, p.n_tokens);
+  BG_CHECK(out != x, "{}: out aliases x", fn);
+  return true;
+}
+
+// Whether a prefill call can take a vectorised kernel (8-channel 16-byte rows, widths up to 4) with grids of
+// `tokens_per_block`-token blocks.
+bool vectorisable(const ShortConvParams& p, const void* x, const void* out, int64_t tokens_per_block) {
+  return p.kernel_size <= kVecMaxKernel && p.n_channels % kVecChannels == 0 && cuda::aligned_to(x, 16) &&
+         cuda::aligned_to(out, 16) && p.n_tokens <= tokens_per_block * 65535;
+}
+
+// The new conv state (after the outputs were computed from the old one).
+void launch_state(const ShortConvParams& p, const bf16* x, float* state, cudaStream_t stream) {
+  if (p.kernel_size == 1) return;
+  state_kernel<<<cuda_util::elementwise_blocks(p.n_channels, kThreads), kThreads, 0, stream>>>(p, x, state);
+  BG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
 void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const float* weight, float* state,
                      __nv_bfloat16* out, cudaStream_t stream) {
-  BG_CHECK(p.n_tokens >= 0, "short_conv_cuda: n_tokens {} is negative", p.n_tokens);
-  BG_CHECK(p.n_channels > 0, "short_conv_cuda: n_channels {} must be positive", p.n_channels);
-  BG_CHECK(p.kernel_size >= 1 && p.kernel_size <= kMaxKernel, "short_conv_cuda: kernel_size {} outside [1, {}]",
-           p.kernel_size, kMaxKernel);
-  BG_CHECK(state != nullptr || p.kernel_size == 1, "short_conv_cuda: state is null with kernel_size {}",
-           p.kernel_size);
-  if (p.n_tokens == 0) return;
-  BG_CHECK(x && weight && out, "short_conv_cuda: null x/weight/out with n_tokens {}", p.n_tokens);
-  BG_CHECK(static_cast<const void*>(out) != static_cast<const void*>(x), "short_conv_cuda: out aliases x");
-  const int64_t n = p.n_tokens * p.n_channels;
+  if (!check_prefill("short_conv_cuda", p, x, weight, state, out)) return;
   const ShortConvKernel kernel = short_conv_kernel_from_env();
-  const bool vec = kernel != ShortConvKernel::kScalar && p.kernel_size <= kVecMaxKernel &&
-                   p.n_channels % kVecChannels == 0 && cuda::aligned_to(x, 16) && cuda::aligned_to(out, 16) &&
-                   p.n_tokens <= int64_t{kRun} * 65535;
-  if (vec) {
+  if (kernel != ShortConvKernel::kScalar && vectorisable(p, x, out, kRun)) {
     switch (p.kernel_size) {
       case 1: launch_vectorised<1>(kernel, p, x, weight, state, out, stream); break;
       case 2: launch_vectorised<2>(kernel, p, x, weight, state, out, stream); break;
@@ -323,12 +343,11 @@ void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const flo
       default: launch_vectorised<4>(kernel, p, x, weight, state, out, stream); break;
     }
   } else {
-    conv_kernel<<<cuda_util::elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(p, x, weight, state, out);
+    conv_kernel<<<cuda_util::elementwise_blocks(p.n_tokens * p.n_channels, kThreads), kThreads, 0, stream>>>(
+        p, x, weight, state, out);
   }
   BG_CUDA_CHECK_LAUNCH();
-  if (p.kernel_size == 1) return;
-  state_kernel<<<cuda_util::elementwise_blocks(p.n_channels, kThreads), kThreads, 0, stream>>>(p, x, state);
-  BG_CUDA_CHECK_LAUNCH();
+  launch_state(p, x, state, stream);
 }
 
 void short_conv_l2norm_cuda(const ShortConvParams& p, const ShortConvNorm& norm, const __nv_bfloat16* x,
@@ -336,22 +355,15 @@ void short_conv_l2norm_cuda(const ShortConvParams& p, const ShortConvNorm& norm,
   BG_CHECK(norm.head_dim > 0 && p.n_channels % norm.head_dim == 0 && norm.eps > 0.0f,
            "short_conv_l2norm_cuda: head_dim {} must divide the {} channels, eps {} must be positive", norm.head_dim,
            p.n_channels, norm.eps);
-  const bool fused = short_conv_kernel_from_env() == ShortConvKernel::kTiled && p.kernel_size <= kVecMaxKernel &&
-                     p.n_channels % kVecChannels == 0 && norm.head_dim % 32 == 0 &&
-                     kTileChannels % norm.head_dim == 0 && cuda::aligned_to(x, 16) && cuda::aligned_to(out, 16) &&
-                     p.n_tokens <= int64_t{kTileTokens} * 65535;
-  if (!fused || p.n_tokens == 0) {
+  if (!check_prefill("short_conv_l2norm_cuda", p, x, weight, state, out)) return;
+  const bool fused = short_conv_kernel_from_env() == ShortConvKernel::kTiled && vectorisable(p, x, out, kTileTokens) &&
+                     norm.head_dim % 32 == 0 && kTileChannels % norm.head_dim == 0;
+  if (!fused) {
     short_conv_cuda(p, x, weight, state, out, stream);
     kda_l2norm_cuda({p.n_tokens * p.n_channels / norm.head_dim, norm.head_dim, norm.scale, norm.eps}, out, out,
                     stream);
     return;
   }
-  BG_CHECK(p.n_channels > 0 && p.kernel_size >= 1, "short_conv_l2norm_cuda: bad shape C {} W {}", p.n_channels,
-           p.kernel_size);
-  BG_CHECK(state != nullptr || p.kernel_size == 1, "short_conv_l2norm_cuda: state is null with kernel_size {}",
-           p.kernel_size);
-  BG_CHECK(x && weight && out, "short_conv_l2norm_cuda: null x/weight/out with n_tokens {}", p.n_tokens);
-  BG_CHECK(static_cast<const void*>(out) != static_cast<const void*>(x), "short_conv_l2norm_cuda: out aliases x");
   switch (p.kernel_size) {
     case 1: launch_tiled<1, true>(p, x, weight, state, norm, out, stream); break;
     case 2: launch_tiled<2, true>(p, x, weight, state, norm, out, stream); break;
@@ -359,9 +371,7 @@ void short_conv_l2norm_cuda(const ShortConvParams& p, const ShortConvNorm& norm,
     default: launch_tiled<4, true>(p, x, weight, state, norm, out, stream); break;
   }
   BG_CUDA_CHECK_LAUNCH();
-  if (p.kernel_size == 1) return;
-  state_kernel<<<cuda_util::elementwise_blocks(p.n_channels, kThreads), kThreads, 0, stream>>>(p, x, state);
-  BG_CUDA_CHECK_LAUNCH();
+  launch_state(p, x, state, stream);
 }
 
 void short_conv_decode_cuda(const ShortConvDecodeParams& p, const __nv_bfloat16* x, const float* weight,
