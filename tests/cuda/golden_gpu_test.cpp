@@ -137,7 +137,7 @@ TEST_P(GoldenGpu, WithinBf16BoundUnderReferenceRouting) {
   auto emu = load_model(gc.model_dir(), emu_opts);
   const int64_t V = gpu->info().vocab_size;
   const double bound = bf16_logit_bound(GetParam().arch);
-  const uint64_t prefill_before = cuda::moe_grouped_calls() + cuda::moe_w4a16_prefill_calls();
+  const uint64_t prefill_before = cuda::moe_grouped_calls() + cuda::moe_w4a16_prefill_calls() + cuda::moe_fp8_prefill_calls();
   for (int64_t i = 0; i < gc.n_prompts(); ++i) {
     GoldenPrompt g = gc.prompt(i);
     const int64_t total = static_cast<int64_t>(g.tokens.size());
@@ -211,7 +211,7 @@ TEST_P(GoldenGpu, WithinBf16BoundUnderReferenceRouting) {
                 static_cast<long>(free_checked), static_cast<long>(total - static_cast<int64_t>(g.prompt.size())));
   }
   // The W4A16 layers' prefill steps take the W4A16 prefill kernel below 512 rows per expert (BG_MOE_PREFILL).
-  EXPECT_GT(cuda::moe_grouped_calls() + cuda::moe_w4a16_prefill_calls(), prefill_before)
+  EXPECT_GT(cuda::moe_grouped_calls() + cuda::moe_w4a16_prefill_calls() + cuda::moe_fp8_prefill_calls(), prefill_before)
       << "no prefill step took the grouped or the W4A16 prefill expert path";
 }
 

@@ -310,6 +310,11 @@ void* MoeGroupedScratch::ensure(CachingAllocator& alloc, size_t bytes) {
   return mem_.get();
 }
 
+ops::MoeFp8Gemm& MoeGroupedScratch::fp8_gemm() {
+  if (!fp8_gemm_) fp8_gemm_ = std::make_unique<ops::MoeFp8Gemm>();
+  return *fp8_gemm_;
+}
+
 namespace {
 
 std::atomic<uint64_t> g_grouped_calls{0};
@@ -369,6 +374,56 @@ void run_grouped(const MoeContext& c, const CudaExpertSlots& slots, const ops::M
 }
 
 std::atomic<uint64_t> g_w4a16_prefill_calls{0};
+std::atomic<uint64_t> g_fp8_prefill_calls{0};
+
+// BG_MOE_PREFILL, read once per process (ops::MoePrefillKernel).
+ops::MoePrefillKernel prefill_mode() {
+  static const ops::MoePrefillKernel mode = ops::moe_prefill_kernel(std::getenv("BG_MOE_PREFILL"));
+  return mode;
+}
+
+// Whether a call takes the FP8 prefill path (BG_MOE_PREFILL=fp8 only: it rounds activations to E4M3): a layer it
+// supports, from kMoeW4a16PrefillMinRows rows per expert (BG_MOE_GROUPED_MIN_ROWS when set), never under
+// --deterministic or graph capture (its plan reads the row counts on the host, as the grouped path's).
+bool use_fp8_prefill(const MoeContext& c, const CudaExpertSlots& slots, const ops::MoeCudaParams& p) {
+  if (prefill_mode() != ops::MoePrefillKernel::kFp8 || c.grouped_scratch == nullptr || c.deterministic) return false;
+  if (!ops::moe_fp8_supported(p, slots.w4a16() != nullptr, slots.stages())) return false;
+  const char* env = std::getenv("BG_MOE_GROUPED_MIN_ROWS");
+  const int64_t min_rows =
+      env != nullptr && *env != '\0' ? ops::moe_grouped_min_rows(env) : ops::kMoeW4a16PrefillMinRows;
+  if (!ops::moe_grouped_wanted(p.shape.n_tokens, p.shape.top_k, p.shape.n_experts, min_rows)) return false;
+  return !capturing(c.stream);
+}
+
+// x_perm -> y_perm on the FP8 path (ops/moe/moe_fp8_cuda.h). Synchronises the stream once (the row counts). The
+// converted experts of a group live in the grouped path's scratch (half its bf16 size); the quantized rows, scales
+// and gate|up outputs in one per-call buffer freed in stream order.
+void run_fp8_prefill(const MoeContext& c, const CudaExpertSlots& slots, const ops::MoeCudaParams& p,
+                     const ops::MoeWorkspace& ws) {
+  const int64_t per_group = ops::moe_grouped_group_experts(p.hidden, p.inter, ops::kMoeGroupedScratchBudgetBytes);
+  const ops::MoeGroupedPlan plan = ops::moe_grouped_plan_from_device(p, ws, per_group, c.stream);
+  ops::MoeFp8Args a;
+  a.plan = &plan;
+  a.packed = slots.w4a16();
+  a.experts_host = a.packed != nullptr ? nullptr : slots.host().data();
+  a.ws = ws;
+  if (a.packed != nullptr) {
+    const size_t bytes = static_cast<size_t>(std::min(per_group, slots.n_slots())) *
+                         ops::moe_fp8_expert_layout(p.hidden, p.inter).bytes;
+    a.expert_scratch = c.grouped_scratch->ensure(*c.alloc, bytes);
+    a.expert_scratch_bytes = c.grouped_scratch->bytes();
+  }
+  const size_t call_bytes = ops::moe_fp8_call_layout(plan).bytes;
+  std::shared_ptr<void> call = c.alloc->allocate(std::max<size_t>(call_bytes, 1));
+  a.call_buffer = call.get();
+  a.call_buffer_bytes = call_bytes;
+  a.gemm = &c.grouped_scratch->fp8_gemm();
+  a.cublas_workspace = c.blas.cublas_workspace;
+  a.cublas_workspace_bytes = c.blas.cublas_workspace_bytes;
+  ops::moe_fp8_write_row_begin(plan, a.call_buffer, a.call_buffer_bytes, c.stream);
+  ops::moe_expert_ffn_fp8_cuda(p, a, c.stream);
+  g_fp8_prefill_calls.fetch_add(1, std::memory_order_relaxed);
+}
 
 // Whether a call of a layer with the W4A16 layout runs the W4A16 prefill kernel (BG_MOE_PREFILL, read once per
 // process: ops::MoePrefillKernel): by rows per expert, from kMoeW4a16PrefillMinRows (BG_MOE_GROUPED_MIN_ROWS when set)
@@ -376,10 +431,11 @@ std::atomic<uint64_t> g_w4a16_prefill_calls{0};
 // batch's rows per expert); by default not under graph capture (captured decode steps keep the fused decode kernel).
 // The kernel needs no cuBLAS and no host synchronisation.
 bool use_w4a16_prefill(const MoeContext& c, const ops::MoeCudaParams& p, bool has_w4a16) {
-  static const ops::MoePrefillKernel mode = ops::moe_prefill_kernel(std::getenv("BG_MOE_PREFILL"));
+  const ops::MoePrefillKernel mode = prefill_mode();
   // h between its kernels is the dispatch's [rows, inter] buffer in the kernel's permuted layout, whose rows are
   // padded to whole 64-input stages: inter a multiple of 64 (K3, DeepSeek-V3) keeps them the same size.
-  if (mode == ops::MoePrefillKernel::kGrouped || !has_w4a16 || c.deterministic || p.inter % ops::w4::kKStage != 0) {
+  if (mode == ops::MoePrefillKernel::kGrouped || mode == ops::MoePrefillKernel::kFp8 || !has_w4a16 ||
+      c.deterministic || p.inter % ops::w4::kKStage != 0) {
     return false;
   }
   const char* env = std::getenv("BG_MOE_GROUPED_MIN_ROWS");
@@ -406,6 +462,7 @@ void run_w4a16_prefill(const MoeContext& c, const ops::MoeW4a16Weights& w, const
 
 uint64_t moe_grouped_calls() { return g_grouped_calls.load(std::memory_order_relaxed); }
 uint64_t moe_w4a16_prefill_calls() { return g_w4a16_prefill_calls.load(std::memory_order_relaxed); }
+uint64_t moe_fp8_prefill_calls() { return g_fp8_prefill_calls.load(std::memory_order_relaxed); }
 
 void moe_experts(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu, const MoeRouting& r,
                  const Tensor& rows, Tensor& y_rows) {
@@ -422,6 +479,10 @@ void moe_experts(const MoeContext& c, const CudaExpertSlots& slots, const GluSpe
   ws.h = static_cast<bf16*>(h.get());  // [n_pairs, inter] GLU outputs, freed in stream order
   ws.y_perm = y_rows.as<bf16>();
   const ops::MoeW4a16Weights* w = slots.w4a16();
+  if (use_fp8_prefill(c, slots, p)) {
+    run_fp8_prefill(c, slots, p, ws);
+    return;
+  }
   if (use_w4a16_prefill(c, p, w != nullptr)) {
     run_w4a16_prefill(c, *w, p, ws, rows, false, y_rows);
     return;
@@ -487,7 +548,7 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
     moe_combine(c, r, y, out);
     return MoeLocalPath::kW4a16Prefill;
   }
-  const bool fused = w != nullptr && r.shape.all_local && !use_grouped(c, p, true);
+  const bool fused = w != nullptr && r.shape.all_local && !use_grouped(c, p, true) && !use_fp8_prefill(c, slots, p);
   if (!fused) {
     Tensor rows = alloc_bf16(r.shape.n_pairs(), x.cols());
     Tensor y = alloc_bf16(r.shape.n_pairs(), x.cols());

@@ -17,6 +17,7 @@
 #include "backend/cuda/weight_uploader.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/moe/moe_cuda.h"
+#include "ops/moe/moe_fp8_cuda.h"
 #include "ops/moe/moe_grouped_cuda.h"
 #include "ops/moe_w4a16/moe_w4a16_cuda.h"
 
@@ -69,6 +70,8 @@ class CudaExpertSlots final : public ExpertSlots {
   const ops::ExpertWeightsCuda* device() const { return dev_.as<ops::ExpertWeightsCuda>(); }
   // Format and shape of the layer's experts (data pointers may be null, see device()).
   const ops::DeviceWeight& gate0() const { return host_[0].gate; }
+  // Host copies of the slots' descriptors (the FP8 prefill path passes FP8-block experts' pointers to cuBLASLt).
+  std::span<const ops::ExpertWeightsCuda> host() const { return host_; }
   const ops::MoeW4a16Weights* w4a16() const { return w4a16_ ? &w4a16_->weights : nullptr; }
   // Whether every slot has a device copy in the checkpoint's format (the stage kernels can run).
   bool stages() const { return stages_; }
@@ -122,14 +125,18 @@ class MoeGroupedScratch {
   // Grows to at least `bytes` (contents not kept) and returns the buffer.
   void* ensure(CachingAllocator& alloc, size_t bytes);
   size_t bytes() const { return bytes_; }
+  // The FP8 prefill path's cuBLASLt handle and kept algorithms (created at its first call).
+  ops::MoeFp8Gemm& fp8_gemm();
   void reset() {
     mem_.reset();
     bytes_ = 0;
+    fp8_gemm_.reset();
   }
 
  private:
   std::shared_ptr<void> mem_;
   size_t bytes_ = 0;
+  std::unique_ptr<ops::MoeFp8Gemm> fp8_gemm_;
 };
 
 // What the MoE stage ops need from the backend.
@@ -151,6 +158,8 @@ struct MoeContext {
 uint64_t moe_grouped_calls();
 // The same for the W4A16 prefill kernel (by default at 32 to 511 rows per expert; BG_MOE_PREFILL).
 uint64_t moe_w4a16_prefill_calls();
+// The same for the FP8 prefill path (BG_MOE_PREFILL=fp8 only).
+uint64_t moe_fp8_prefill_calls();
 
 // live_tokens (device, nullable) and live_row0: the padding rows to drop (ops::MoeWorkspace::live_tokens).
 void moe_dispatch(const MoeContext& c, const Tensor& slot_map, const Tensor& ids, const Tensor& weights,

@@ -64,7 +64,8 @@ class CudaBench final : public DeviceBench {
   int64_t act_bytes() const override { return 2; }
   std::map<std::string, uint64_t> path_counts() const override {
     return {{"moe_grouped", bg::cuda::moe_grouped_calls()},
-            {"moe_w4a16_prefill", bg::cuda::moe_w4a16_prefill_calls()}};
+            {"moe_w4a16_prefill", bg::cuda::moe_w4a16_prefill_calls()},
+            {"moe_fp8_prefill", bg::cuda::moe_fp8_prefill_calls()}};
   }
 
  private:

@@ -20,6 +20,11 @@
 //   moe_prefill_w4a16   the W4A16 prefill kernel (ops/moe_w4a16/moe_w4a16_prefill_cuda.h: the weights decoded in
 //                       registers, the gather fused, rows out; no combine), the default at 32..511 rows per expert; fraction
 //                       of the same bf16 grouped GEMM ceiling
+//   moe_prefill_fp8     the FP8 path (BG_MOE_PREFILL=fp8, ops/moe/moe_fp8_cuda.h: x quantized to E4M3 per 128
+//                       inputs, the touched experts converted from the W4A16 layout to E4M3, cuBLASLt block-scaled FP8
+//                       GEMMs per expert, the GLU quantizing h), conversion included; fraction of the same bf16
+//                       grouped GEMM ceiling (the target for it: 1.4)
+//   moe_prefill_fp8_convert  the conversion pass of that path alone (bytes: packed in, E4M3 + scales out)
 //   moe_dispatch_prefill the device-side dispatch alone at a long prefill step
 //   moe_crossover_decode_kernel / moe_crossover_prefill_kernel  the fused decode kernel (with its combine) and the
 //                       W4A16 prefill kernel + the combine at 64..1024 tokens: where the prefill kernel starts to win
@@ -38,6 +43,7 @@
 #include "core/log.h"
 #include "bench/cuda/kernel_case.h"
 #include "ops/moe/moe_cuda.h"
+#include "ops/moe/moe_fp8_cuda.h"
 #include "ops/moe/moe_grouped_cuda.h"
 #include "ops/moe_w4a16/moe_w4a16_cuda.h"
 #include "ops/moe_w4a16/moe_w4a16_prefill_cuda.h"
@@ -121,8 +127,69 @@ double ffn_bytes(int64_t n_tokens, int64_t touched) {
 
 enum class MoePart {
   kW4a16, kW4a16Wgmma, kW4a16Wide, kW4a16Rows, kW4a16Prefill, kW4a16PrefillRouted, kFfn, kRouted, kDispatch, kGrouped,
-  kGroupedPerExpert, kGroupedDequant
+  kGroupedPerExpert, kGroupedDequant, kFp8, kFp8Convert
 };
+
+// Random bytes in the load-time W4A16 layout (codes and stored scales): timing does not depend on the values.
+ops::MoeW4a16Weights random_w4a16(CaseMemory& mem) {
+  ops::MoeW4a16Weights w;
+  w.info = ops::moe_w4a16_layout_info(kExperts, kLatent, kInter);
+  const uint8_t* base = mem.bytes(z(w.info.total_bytes));
+  std::vector<const void*> blocks;
+  for (int64_t e = 0; e < kExperts; ++e) blocks.push_back(base + e * w.info.block_bytes);
+  w.blocks = mem.upload(blocks);
+  return w;
+}
+
+// The FP8 path over a dispatched, gathered workspace: its plan (row counts read once here), the converted experts'
+// scratch, the call buffer with the experts' first rows written, and its own cuBLASLt handle, whose algorithms are
+// found by one run here (outside the captured launches). Launch = the whole FFN or the conversion alone.
+PreparedKernel fp8_kernel(const CudaEnv& env, CaseMemory& mem, const MoeCudaParams& p,
+                          const std::shared_ptr<MoeDispatchBuffers>& disp, MoePart part) {
+  const ops::MoeW4a16Weights w = random_w4a16(mem);
+  const int64_t per_group = ops::moe_grouped_group_experts(p.hidden, p.inter, ops::kMoeGroupedScratchBudgetBytes);
+  auto plan = std::make_shared<ops::MoeGroupedPlan>(
+      ops::moe_grouped_plan_from_device(p, disp->ws, per_group, env.stream));
+  auto gemm = std::make_shared<ops::MoeFp8Gemm>();
+  const ops::MoeFp8ExpertLayout el = ops::moe_fp8_expert_layout(p.hidden, p.inter);
+  const ops::MoeFp8CallLayout cl = ops::moe_fp8_call_layout(*plan);
+  ops::MoeFp8Args a;
+  a.plan = plan.get();
+  a.packed = &w;
+  a.ws = disp->ws;
+  a.expert_scratch_bytes = z(per_group) * el.bytes;
+  a.expert_scratch = mem.zeros(a.expert_scratch_bytes);
+  a.call_buffer_bytes = cl.bytes;
+  a.call_buffer = mem.zeros(cl.bytes);
+  a.gemm = gemm.get();
+  a.cublas_workspace = env.cublas_workspace;
+  a.cublas_workspace_bytes = env.cublas_workspace_bytes;
+  ops::moe_fp8_write_row_begin(*plan, a.call_buffer, a.call_buffer_bytes, env.stream);
+  const double touched = d(plan->n_active());
+  PreparedKernel k;
+  if (part == MoePart::kFp8Convert) {
+    k.cost = {touched * (expert_bytes() + d(el.bytes)), 0.0};
+  } else {
+    ops::moe_expert_ffn_fp8_cuda(p, a, env.stream);  // every expert's algorithm found before the capture
+    k.cost = {ffn_bytes(p.shape.n_tokens, plan->n_active()), 2.0 * d(p.shape.n_pairs()) * expert_params()};
+  }
+  BG_CUDA_CHECK(cudaStreamSynchronize(env.stream));
+  // `a` points at *plan, w's blocks and *gemm: the lambda owns them (and the dispatch buffers) while it lives.
+  const bool convert = part == MoePart::kFp8Convert;
+  auto packed = std::make_shared<ops::MoeW4a16Weights>(w);
+  a.packed = packed.get();
+  k.launch = [=](int, cudaStream_t s) {
+    (void)disp;
+    (void)gemm;
+    if (!convert) return ops::moe_expert_ffn_fp8_cuda(p, a, s);
+    for (const ops::MoeGroupedGroup& g : plan->groups) {
+      ops::moe_fp8_convert_w4a16_cuda(*plan, g, *packed, a.expert_scratch, disp->ws.error_flags, s);
+    }
+  };
+  log::info("bench moe_prefill_fp8: T={} {} touched experts in {} groups of <= {}", p.shape.n_tokens,
+            plan->n_active(), plan->groups.size(), per_group);
+  return k;
+}
 
 // The grouped path over a dispatched, gathered workspace: its plan (the row counts read once here, outside the
 // captured launches), scratch and pointer arrays. Launch = the whole FFN (dequant included) or the dequant alone.
@@ -198,14 +265,12 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
     const double io = d(n_tokens * kLatent) * 2 * 2;  // x in, out read-modify-written
     const double slots = d(n_tokens * kTopK);
     const bool prefill = part == MoePart::kW4a16Prefill || part == MoePart::kW4a16PrefillRouted;
+    if (part == MoePart::kFp8 || part == MoePart::kFp8Convert) {
+      ops::moe_gather_cuda(p, x, ws, env.stream);
+      return fp8_kernel(env, mem, p, disp, part);
+    }
     if (w4a16 || prefill) {
-      // Random bytes in the load-time layout (codes and stored scales): timing does not depend on the values.
-      ops::MoeW4a16Weights w;
-      w.info = ops::moe_w4a16_layout_info(kExperts, kLatent, kInter);
-      const uint8_t* base = mem.bytes(z(w.info.total_bytes));
-      std::vector<const void*> blocks;
-      for (int64_t e = 0; e < kExperts; ++e) blocks.push_back(base + e * w.info.block_bytes);
-      w.blocks = mem.upload(blocks);
+      const ops::MoeW4a16Weights w = random_w4a16(mem);
       // Rows out: an expert-parallel rank's case, its rows already in dispatch order (gathered here, in setup).
       const bool rows = part == MoePart::kW4a16Rows;
       if (rows) ops::moe_gather_cuda(p, x, ws, env.stream);
@@ -257,6 +322,8 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
       case MoePart::kGrouped:
       case MoePart::kGroupedPerExpert:
       case MoePart::kGroupedDequant:
+      case MoePart::kFp8:
+      case MoePart::kFp8Convert:
       case MoePart::kFfn:
         k.cost = {ffn_bytes(n_tokens, routing.touched), flops};
         k.launch = [=](int, cudaStream_t s) {
@@ -341,6 +408,8 @@ void register_moe_cases(KernelRegistry& r, bool quick) {
   for (int64_t t : prefill) r.add(moe_case("moe_prefill_grouped_per_expert", t, MoePart::kGroupedPerExpert));
   for (int64_t t : prefill) r.add(moe_case("moe_prefill_grouped_dequant", t, MoePart::kGroupedDequant));
   for (int64_t t : prefill) r.add(moe_case("moe_prefill_w4a16", t, MoePart::kW4a16Prefill));
+  for (int64_t t : prefill) r.add(moe_case("moe_prefill_fp8", t, MoePart::kFp8));
+  for (int64_t t : prefill) r.add(moe_case("moe_prefill_fp8_convert", t, MoePart::kFp8Convert));
   r.add(moe_case("moe_dispatch_prefill", quick ? 4096 : 16384, MoePart::kDispatch));
   // Where the W4A16 prefill kernel overtakes the fused decode kernel, which takes every row count below the threshold
   // (kMoeGroupedMinRowsW4a16): the two whole routed paths (dispatch done in setup), the prefill kernel with the

@@ -20,9 +20,10 @@ bool moe_grouped_wanted(int64_t n_tokens, int64_t top_k, int64_t n_experts, int6
 }
 
 MoePrefillKernel moe_prefill_kernel(const char* env_value) {
-  switch (env_choice("BG_MOE_PREFILL", env_value, {"auto", "grouped", "w4a16"})) {
+  switch (env_choice("BG_MOE_PREFILL", env_value, {"auto", "grouped", "w4a16", "fp8"})) {
     case 1: return MoePrefillKernel::kGrouped;
     case 2: return MoePrefillKernel::kW4a16;
+    case 3: return MoePrefillKernel::kFp8;
     default: return MoePrefillKernel::kAuto;
   }
 }

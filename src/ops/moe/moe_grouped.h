@@ -40,9 +40,11 @@ bool moe_grouped_wanted(int64_t n_tokens, int64_t top_k, int64_t n_experts, int6
 //   BG_MOE_GROUPED_MIN_ROWS when set) up to kMoeW4a16PrefillMaxRows, the dequantize-once path from there, the fused
 //   decode kernel below; not under graph capture (the decode kernel, as before);
 // - "grouped": the dequantize-once path at the grouped threshold, the decode kernel below it;
-// - "w4a16": the W4A16 prefill kernel at every row count from the lower bound.
-// Layers without the W4A16 layout take the grouped path either way.
-enum class MoePrefillKernel { kAuto, kGrouped, kW4a16 };
+// - "w4a16": the W4A16 prefill kernel at every row count from the lower bound;
+// - "fp8" (opt-in, not exact: E4M3 activations, moe_fp8.h): the FP8 path from the lower bound at every row count, for
+//   layers it supports (MXFP4 experts in the W4A16 layout, FP8-block experts); the others as "grouped".
+// Layers without the W4A16 layout take the grouped path otherwise.
+enum class MoePrefillKernel { kAuto, kGrouped, kW4a16, kFp8 };
 // Measured on the H100 (bench/RESULTS.md, 2026-12-05, K3 experts): the prefill kernel against the fused decode kernel
 // 0.82 / 1.14 ms at 36 rows per expert (0.67 / 0.57 at 18), against the dequantize-once path 3.52 / 4.22 ms at 292
 // rows and 11.43 / 8.56 at 1170 (the times' ratio crosses 1 near 500 rows, by their log-log interpolation).

@@ -29,7 +29,8 @@ TEST(MoeGrouped, PrefillKernelChoice) {
   EXPECT_EQ(moe_prefill_kernel("auto"), MoePrefillKernel::kAuto);
   EXPECT_EQ(moe_prefill_kernel("grouped"), MoePrefillKernel::kGrouped);
   EXPECT_EQ(moe_prefill_kernel("w4a16"), MoePrefillKernel::kW4a16);
-  for (const char* bad : {"W4A16", "1", "tiled", " w4a16"}) {
+  EXPECT_EQ(moe_prefill_kernel("fp8"), MoePrefillKernel::kFp8);
+  for (const char* bad : {"W4A16", "1", "tiled", " w4a16", "FP8", "e4m3"}) {
     try {
       moe_prefill_kernel(bad);
       ADD_FAILURE() << bad << " was accepted";

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The FP8 prefill path on a GPU (docs/MOE_PREFILL.md, "The FP8 path"): its parity tests (MoeFp8Parity.*: the stages
+# against the host, end to end against the exact reference) and the grouped path's beside it, the kernel cases beside
+# the W4A16 prefill kernel and the dequantize-once path (fractions of the same run's bf16 grouped GEMM ceiling), the
+# goldens with BG_MOE_PREFILL=fp8 (the path's effect on them: E4M3 activations are not the model's arithmetic, so
+# failures there are the measurement, recorded, not a regression), and the slice's prefill on it. Run from the repo
+# root with the bundle carried:
+#   PARTS="parity bench goldens prefill" scripts/gpu-moe-prefill-fp8.sh [BUNDLE]
+# Output: $OUT/fp8-prefill.txt (the summary) and logs beside it.
+set -u
+PARTS=${PARTS:-parity bench goldens prefill}
+want() { [[ " $PARTS " == *" $1 "* ]]; }
+BUNDLE=${1:-.gpu}
+OUT=${OUT:-$PWD/gpu-out}
+source "$(dirname "$0")/gpu-bundle-env.sh"
+export BG_GOLDEN_DIR="$BUNDLE/golden"
+T="$BUNDLE/test_cuda"
+S=$OUT/fp8-prefill.txt
+: > "$S"
+summary() {  # summary NAME LOG RC
+  echo "$1 rc=$3: $(grep -E '^\[  (PASSED|FAILED) ' "$2" | tr '\n' ' ')" >> "$S"
+  grep -E '^\[  FAILED  \]|Failure|error:|what\(\)' "$2" | head -20 >> "$S"
+}
+if want parity; then
+  timeout 240 "$T" --gtest_filter='MoeFp8Parity.*:MoeGroupedParity.*' > "$OUT/parity.log" 2>&1
+  summary "parity MoeFp8Parity + MoeGroupedParity" "$OUT/parity.log" $?
+  grep -E "\[parity\]" "$OUT/parity.log" | grep -E "fp8|end to end|gate\|up|y =" | head -40 >> "$S"
+fi
+if want bench; then
+  timeout 300 "$BG" bench kernels --device cuda --kernels moe_prefill_fp8,moe_prefill_w4a16,moe_prefill_grouped_per_expert \
+    --json "$OUT/kernels.json" > "$OUT/kernels.log" 2>&1
+  echo "bench kernels rc=$?" >> "$S"
+  grep -E "bench kernel|grouped_gemm|ceiling" "$OUT/kernels.log" | sed 's/^.*\] //' | head -40 >> "$S"
+fi
+if want goldens; then
+  BG_MOE_PREFILL=fp8 timeout 200 "$T" --gtest_filter='Cases/GoldenGpu.*' > "$OUT/goldens.log" 2>&1
+  summary "goldens with BG_MOE_PREFILL=fp8 (BG_MOE_GROUPED_MIN_ROWS=1: every prefill step on it)" "$OUT/goldens.log" $?
+  grep -E "\[gpu golden\]" "$OUT/goldens.log" | head -20 >> "$S"
+fi
+if want prefill; then
+  ensure_slice /tmp/bg-ep16-rank
+  for k in fp8 auto; do
+    BG_MOE_PREFILL=$k timeout 200 "$BG" bench prefill --device cuda --model /tmp/bg-ep16-rank \
+      --prefill-tokens "${PREFILL_TOKENS:-8192,65536}" --prefill-chunk 8192 --json "$OUT/prefill-$k.json" \
+      > "$OUT/prefill-$k.log" 2>&1
+    echo "bench prefill BG_MOE_PREFILL=$k rc=$?" >> "$S"
+    grep -E "tokens/s|prefill .* ms|error" "$OUT/prefill-$k.log" | tail -4 >> "$S"
+  done
+fi
+cat "$S"

@@ -1,0 +1,115 @@
+// Host side of the FP8 prefill path (moe_fp8.h): the E4M3 encoding, the layouts, and the emulation the tests hold the
+// device path to.
+#include "ops/moe/moe_fp8.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace bg::ops {
+namespace {
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+}  // namespace
+
+uint8_t e4m3_from_float(float v) {
+  if (std::isnan(v)) return 0x7f;
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
+  const float a = std::fabs(v);
+  if (a >= kE4m3Max) return sign | 0x7e;  // saturate (also past the largest finite, 448 = 1.75 x 2^8)
+  if (a < std::ldexp(1.0f, -6)) {
+    // Subnormals m x 2^-9 (m = 0 .. 7); m = 8 is the smallest normal, whose code is 0x08 too.
+    return sign | static_cast<uint8_t>(std::nearbyint(std::ldexp(a, 9)));
+  }
+  int x = 0;
+  std::frexp(a, &x);
+  int e = x - 1;                                                                  // a in [2^e, 2^(e+1))
+  auto m = static_cast<int>(std::nearbyint((std::ldexp(a, -e) - 1.0f) * 8.0f));  // exact operands, ties to even
+  if (m == 8) {
+    m = 0;
+    ++e;
+  }
+  return sign | static_cast<uint8_t>(((e + 7) << 3) | m);  // a < 448 keeps this below the NaN code 0x7f
+}
+
+float e4m3_to_float(uint8_t code) {
+  const int exp = (code >> 3) & 0xf, m = code & 7;
+  const float sign = (code & 0x80) != 0 ? -1.0f : 1.0f;
+  if (exp == 0xf && m == 7) return std::nanf("");
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(m), -9);
+  return sign * std::ldexp(1.0f + static_cast<float>(m) / 8.0f, exp - 7);
+}
+
+MoeFp8ExpertLayout moe_fp8_expert_layout(int64_t hidden, int64_t inter) {
+  BG_CHECK(hidden > 0 && inter > 0, "moe fp8: expert widths {} / {} must be positive", hidden, inter);
+  const auto H = static_cast<size_t>(hidden), I = static_cast<size_t>(inter);
+  MoeFp8ExpertLayout l;
+  l.gate_up = 0;
+  l.down = align256(2 * I * H);
+  l.gate_up_scale = l.down + align256(H * I);
+  l.down_scale = l.gate_up_scale + align256(static_cast<size_t>(fp8_blocks(hidden)) * 2 * I * sizeof(float));
+  l.bytes = l.down_scale + align256(static_cast<size_t>(fp8_blocks(inter)) * H * sizeof(float));
+  return l;
+}
+
+MoeFp8CallLayout moe_fp8_call_layout(const MoeGroupedPlan& plan) {
+  const auto rows = static_cast<size_t>(plan.n_active() == 0 ? 0 : plan.row_begin.back() + plan.rows.back());
+  const auto H = static_cast<size_t>(plan.hidden), I = static_cast<size_t>(plan.inter);
+  MoeFp8CallLayout l;
+  l.x = 0;
+  l.x_scale = align256(rows * H);
+  l.h = l.x_scale + align256(rows * static_cast<size_t>(fp8_blocks(plan.hidden)) * sizeof(float));
+  l.h_scale = l.h + align256(rows * I);
+  l.gu = l.h_scale + align256(rows * static_cast<size_t>(fp8_blocks(plan.inter)) * sizeof(float));
+  l.row_begin = l.gu + align256(static_cast<size_t>(plan.max_group_rows) * 2 * I * 2);
+  l.bytes = l.row_begin + align256((static_cast<size_t>(plan.n_active()) + 1) * sizeof(int64_t));
+  return l;
+}
+
+std::vector<float> fp8_quantize_rows_emulated(std::span<const float> x, int64_t rows, int64_t width) {
+  BG_CHECK(rows >= 0 && width > 0 && x.size() == static_cast<size_t>(rows * width),
+           "fp8 emulation: {} values for [{}, {}]", x.size(), rows, width);
+  std::vector<float> out(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b0 = 0; b0 < width; b0 += kFp8BlockInputs) {
+      const int64_t b1 = std::min(width, b0 + kFp8BlockInputs);
+      float amax = 0.0f;
+      for (int64_t k = b0; k < b1; ++k) amax = std::max(amax, std::fabs(x[static_cast<size_t>(r * width + k)]));
+      const float scale = fp8_activation_scale(amax);
+      for (int64_t k = b0; k < b1; ++k) {
+        const auto i = static_cast<size_t>(r * width + k);
+        out[i] = e4m3_to_float(e4m3_from_float(x[i] / scale)) * scale;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<float> fp8_convert_weight_emulated(std::span<const float> w, int64_t n_out, int64_t n_in,
+                                               int64_t* inexact_blocks) {
+  BG_CHECK(n_out >= 0 && n_in > 0 && w.size() == static_cast<size_t>(n_out * n_in),
+           "fp8 emulation: {} weights for [{}, {}]", w.size(), n_out, n_in);
+  std::vector<float> out(w.size());
+  int64_t inexact = 0;
+  for (int64_t r = 0; r < n_out; ++r) {
+    for (int64_t b0 = 0; b0 < n_in; b0 += kFp8BlockInputs) {
+      const int64_t b1 = std::min(n_in, b0 + kFp8BlockInputs);
+      float amax = 0.0f;
+      for (int64_t k = b0; k < b1; ++k) amax = std::max(amax, std::fabs(w[static_cast<size_t>(r * n_in + k)]));
+      const int s = fp8_weight_scale_exponent(amax);
+      bool exact = true;
+      for (int64_t k = b0; k < b1; ++k) {
+        const auto i = static_cast<size_t>(r * n_in + k);
+        out[i] = std::ldexp(e4m3_to_float(e4m3_from_float(std::ldexp(w[i], -s))), s);
+        exact = exact && out[i] == w[i];
+      }
+      inexact += exact ? 0 : 1;
+    }
+  }
+  if (inexact_blocks != nullptr) *inexact_blocks = inexact;
+  return out;
+}
+
+}  // namespace bg::ops

@@ -1,0 +1,94 @@
+// The FP8 prefill path of the expert FFN, host side (no CUDA types; the device half is moe_fp8_cuda.h): the E4M3
+// encoding, the block scales, the layouts of the converted experts and of the quantized rows, and a host emulation of
+// the whole path for the tests. Opt-in (BG_MOE_PREFILL=fp8): E4M3 activations round to 3 mantissa bits, so this path
+// does not compute the model exactly; docs/MOE_PREFILL.md ("The FP8 path") states what it changes.
+//
+// Each projection runs as one cuBLASLt FP8 GEMM per expert with DeepSeek-V3's block scaling on Hopper: every operand
+// is E4M3 with one fp32 scale per 128 consecutive inputs of a row (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F), or for
+// a checkpoint's FP8 experts their own 128 x 128 block scales (BLK128x128_32F). Value = code x scale.
+//
+// - MXFP4 weights convert exactly: a weight is c x 2^e (c in {0, 0.5, ..., 6}); under a power-of-two scale 2^S for
+//   its 128 inputs it is c x 2^(e - S) in E4M3, exact for e - S in [-8, 6]. S is the smallest with max |w| <= 448 x
+//   2^S, so every 128-input block whose four groups' scales span at most 14 binades converts bit for bit (checked by
+//   the conversion's test against the bf16 dequantization).
+// - Activations (x rows, then h = GLU(gate, up) in fp32) take scale = amax / 448 per 128 inputs and round to nearest
+//   even; an all-zero block has scale 1.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "ops/moe/moe_grouped.h"
+
+// Shared word for word by the host emulation and the kernels.
+#if defined(__CUDACC__)
+#define BG_FP8_HD __host__ __device__ __forceinline__
+#else
+#define BG_FP8_HD inline
+#endif
+
+namespace bg::ops {
+
+inline constexpr int64_t kFp8BlockInputs = 128;  // inputs per block scale
+inline constexpr float kE4m3Max = 448.0f;
+
+// Block scales per row of `n_in` inputs: ceil(n_in / 128).
+BG_FP8_HD int64_t fp8_blocks(int64_t n_in) { return (n_in + kFp8BlockInputs - 1) / kFp8BlockInputs; }
+
+// E4M3 (OCP "fn": no infinities, 0x7f / 0xff NaN) from a float: round to nearest even, saturating at +-448 (the
+// device's __nv_cvt_float_to_fp8 with __NV_SATFINITE); NaN -> 0x7f.
+uint8_t e4m3_from_float(float v);
+float e4m3_to_float(uint8_t code);
+
+// The exponent S of a weight block's power-of-two scale: the smallest integer with amax <= 448 x 2^S (amax = max |w|
+// over the block, finite); 0 for amax == 0. With amax = f x 2^x (f in [0.5, 1)) and 448 = 0.875 x 2^9: x - 9 when f
+// <= 0.875, else x - 8.
+BG_FP8_HD int fp8_weight_scale_exponent(float amax) {
+  if (!(amax > 0.0f)) return 0;
+  int x = 0;
+  const float f = frexpf(amax, &x);
+  return f <= 0.875f ? x - 9 : x - 8;
+}
+
+// The activation scale of a block: amax / 448 (IEEE division on both sides), or 1 for amax == 0.
+BG_FP8_HD float fp8_activation_scale(float amax) { return amax > 0.0f ? amax / kE4m3Max : 1.0f; }
+
+// One converted expert in the FP8 scratch: gate|up as one [2 inter, hidden] E4M3 matrix (gate rows first), down
+// [hidden, inter]; their VEC128 scales [fp8_blocks(hidden)][2 inter] and [fp8_blocks(inter)][hidden] (the rows of a
+// block contiguous, as cuBLASLt reads them). Every part starts 256-byte aligned.
+struct MoeFp8ExpertLayout {
+  size_t gate_up = 0, down = 0, gate_up_scale = 0, down_scale = 0;  // byte offsets
+  size_t bytes = 0;                                                  // one expert, rounded up to 256
+};
+MoeFp8ExpertLayout moe_fp8_expert_layout(int64_t hidden, int64_t inter);
+
+// The quantized rows of one call: E4M3 [rows, width] in the dispatch's permuted order, and per touched expert i its
+// scales [fp8_blocks(width)][rows_i] at fp8_blocks(width) x row_begin_i floats (so each expert's GEMM finds its B
+// scales as one VEC128 tensor). scale_index is where row `row` (permuted, of expert `i`) keeps block `b`'s scale.
+BG_FP8_HD int64_t fp8_row_scale_index(int64_t width, int64_t row_begin, int64_t rows, int64_t row, int64_t b) {
+  return fp8_blocks(width) * row_begin + b * rows + (row - row_begin);
+}
+
+// Device bytes of the per-call buffers: x (E4M3 [total rows, hidden] + scales), h (E4M3 [total rows, inter] +
+// scales), gate|up outputs of the largest group (bf16 [rows, 2 inter]) and the touched experts' first rows (int64,
+// n_active + 1). Each part 256-byte aligned.
+struct MoeFp8CallLayout {
+  size_t x = 0, x_scale = 0, h = 0, h_scale = 0, gu = 0, row_begin = 0;  // byte offsets
+  size_t bytes = 0;
+};
+MoeFp8CallLayout moe_fp8_call_layout(const MoeGroupedPlan& plan);
+
+// ---- Host emulation (tests) ----------------------------------------------------------------------------------------
+// Quantizes rows [rows, width] (fp32 values) as the device does: per 128 inputs scale = fp8_activation_scale(amax),
+// codes = e4m3_from_float(v / scale). Returns the dequantized values (code x scale), the operand cuBLASLt multiplies.
+std::vector<float> fp8_quantize_rows_emulated(std::span<const float> x, int64_t rows, int64_t width);
+// A weight matrix [n_out, n_in] (fp32, exact MXFP4 / bf16 values) as the conversion leaves it: per row and 128 inputs
+// the power-of-two scale, codes rounded to E4M3. Returns code x scale (equal to w wherever the block converts exactly)
+// and counts the blocks that do not.
+std::vector<float> fp8_convert_weight_emulated(std::span<const float> w, int64_t n_out, int64_t n_in,
+                                               int64_t* inexact_blocks = nullptr);
+
+}  // namespace bg::ops

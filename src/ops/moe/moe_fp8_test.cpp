@@ -1,0 +1,188 @@
+// Host side of the FP8 prefill path (ops/moe/moe_fp8.h): the E4M3 encoding against its definition, the block scales,
+// the exactness of the MXFP4 -> E4M3 conversion and where it ends, the activation quantization's error bound, and the
+// layouts (no overlap, every scale of a plan in exactly one place).
+#include "ops/moe/moe_fp8.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+
+namespace bg::ops {
+namespace {
+
+TEST(MoeFp8, E4m3CodesRoundTrip) {
+  int finite = 0;
+  for (int c = 0; c < 256; ++c) {
+    const auto code = static_cast<uint8_t>(c);
+    const float v = e4m3_to_float(code);
+    if ((c & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(v)) << c;
+      continue;
+    }
+    ++finite;
+    // -0 encodes as 0x80, every other code as itself.
+    EXPECT_EQ(e4m3_from_float(v), code) << c << " = " << v;
+  }
+  EXPECT_EQ(finite, 254);
+  EXPECT_EQ(e4m3_to_float(0x7e), 448.0f);
+  EXPECT_EQ(e4m3_to_float(0x01), std::ldexp(1.0f, -9));
+  EXPECT_EQ(e4m3_to_float(0x08), std::ldexp(1.0f, -6));
+}
+
+TEST(MoeFp8, E4m3RoundsToNearestEvenAndSaturates) {
+  // Between 1 (0x38) and 1.125 (0x39): the midpoint goes to the even mantissa, just past it up.
+  EXPECT_EQ(e4m3_from_float(1.0625f), 0x38);
+  EXPECT_EQ(e4m3_from_float(std::nextafter(1.0625f, 2.0f)), 0x39);
+  EXPECT_EQ(e4m3_from_float(1.1875f), 0x3a);  // 1.125 | 1.25 midpoint: even is 1.25 (mantissa 2)
+  // Subnormals: 2^-10 is halfway between 0 and 2^-9 -> 0; 3 x 2^-10 -> 2 x 2^-9 (even).
+  EXPECT_EQ(e4m3_from_float(std::ldexp(1.0f, -10)), 0x00);
+  EXPECT_EQ(e4m3_from_float(std::ldexp(3.0f, -10)), 0x02);
+  EXPECT_EQ(e4m3_from_float(std::ldexp(15.0f, -10)), 0x08);  // 7.5 x 2^-9 -> 8 x 2^-9 = 2^-6, the smallest normal
+  EXPECT_EQ(e4m3_from_float(-1.0f), 0xb8);
+  EXPECT_EQ(e4m3_from_float(448.0f), 0x7e);
+  EXPECT_EQ(e4m3_from_float(460.0f), 0x7e);
+  EXPECT_EQ(e4m3_from_float(1e30f), 0x7e);
+  EXPECT_EQ(e4m3_from_float(-INFINITY), 0xfe);
+  EXPECT_EQ(e4m3_from_float(NAN), 0x7f);
+  // Every float between two neighbouring codes goes to the nearer one (a sweep over [2^-12, 448]).
+  for (float v = std::ldexp(1.0f, -12); v < 448.0f; v *= 1.0137f) {
+    const float got = e4m3_to_float(e4m3_from_float(v));
+    const uint8_t code = e4m3_from_float(v);
+    const float up = code == 0x7e ? INFINITY : e4m3_to_float(static_cast<uint8_t>(code + 1));  // 0x7f: NaN
+    const float down = code == 0 ? 0.0f : e4m3_to_float(static_cast<uint8_t>(code - 1));
+    EXPECT_LE(std::fabs(got - v), std::fabs(up - v)) << v;
+    EXPECT_LE(std::fabs(got - v), std::fabs(down - v)) << v;
+  }
+}
+
+TEST(MoeFp8, WeightScaleExponentIsTheSmallestThatFits) {
+  EXPECT_EQ(fp8_weight_scale_exponent(0.0f), 0);
+  EXPECT_EQ(fp8_weight_scale_exponent(448.0f), 0);
+  EXPECT_EQ(fp8_weight_scale_exponent(449.0f), 1);
+  EXPECT_EQ(fp8_weight_scale_exponent(6.0f), -6);  // 6 <= 7 = 448 x 2^-6 < 2 x 3.5
+  for (float a = 1e-20f; a < 1e20f; a *= 1.37f) {
+    const int s = fp8_weight_scale_exponent(a);
+    EXPECT_LE(a, std::ldexp(448.0f, s)) << a;
+    EXPECT_GT(a, std::ldexp(448.0f, s - 1)) << a;
+  }
+}
+
+// One row of 128 MXFP4 values: four groups of 32 whose scales are `exps` (any E2M1 codes, the ±6 code present in each).
+std::vector<float> mxfp4_row(const int (&exps)[4], uint32_t seed) {
+  static constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  std::vector<float> row;
+  for (int g = 0; g < 4; ++g) {
+    for (int i = 0; i < 32; ++i) {
+      seed = seed * 1664525u + 1013904223u;
+      const int code = i == 0 ? 7 : static_cast<int>(seed >> 28) & 15;
+      const float mag = kE2m1[code & 7] * std::ldexp(1.0f, exps[g]);
+      row.push_back((code & 8) != 0 ? -mag : mag);
+    }
+  }
+  return row;
+}
+
+TEST(MoeFp8, Mxfp4ConvertsExactlyWithinFourteenBinades) {
+  int64_t inexact = -1;
+  // Spans of 0 .. 14 binades between a block's largest and smallest group scale: exact.
+  for (int span = 0; span <= 14; ++span) {
+    for (int top : {-20, -3, 0, 5}) {
+      const int exps[4] = {top, top - span, top - span / 2, top - 1};
+      const std::vector<float> w = mxfp4_row(exps, static_cast<uint32_t>(span * 31 + top + 100));
+      const std::vector<float> got = fp8_convert_weight_emulated(w, 1, 128, &inexact);
+      EXPECT_EQ(inexact, 0) << "span " << span << " top " << top;
+      EXPECT_EQ(got, w) << "span " << span << " top " << top;
+    }
+  }
+  // 15 binades: the smallest group's 0.5 x 2^e falls below E4M3's subnormals.
+  const int exps[4] = {0, -15, -15, -15};
+  const std::vector<float> got = fp8_convert_weight_emulated(mxfp4_row(exps, 7), 1, 128, &inexact);
+  EXPECT_EQ(inexact, 1);
+  // Two rows and a partial block: blocks are per row and per 128 inputs.
+  std::vector<float> two = mxfp4_row(exps, 9);
+  const int fine[4] = {1, 0, -2, 1};
+  const std::vector<float> second = mxfp4_row(fine, 10);
+  two.insert(two.end(), second.begin(), second.end());
+  fp8_convert_weight_emulated(two, 2, 128, &inexact);
+  EXPECT_EQ(inexact, 1);
+  const std::vector<float> partial(std::vector<float>(second.begin(), second.begin() + 64));
+  EXPECT_EQ(fp8_convert_weight_emulated(partial, 1, 64, &inexact), partial);
+  EXPECT_EQ(inexact, 0);
+}
+
+TEST(MoeFp8, ActivationQuantizationErrorBound) {
+  std::vector<float> x;
+  uint32_t seed = 5;
+  const int64_t rows = 3, width = 300;  // a partial third block
+  for (int64_t i = 0; i < rows * width; ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    const float u = static_cast<float>(seed >> 8) / 16777216.0f - 0.5f;
+    x.push_back(u * std::ldexp(1.0f, static_cast<int>(i % 23) - 11));  // magnitudes over 22 binades
+  }
+  x[7] = 0.0f;
+  for (int64_t k = 256; k < 300; ++k) x[static_cast<size_t>(2 * width + k)] = 0.0f;  // an all-zero block
+  const std::vector<float> q = fp8_quantize_rows_emulated(x, rows, width);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b0 = 0; b0 < width; b0 += kFp8BlockInputs) {
+      float amax = 0.0f;
+      const int64_t b1 = std::min<int64_t>(width, b0 + kFp8BlockInputs);
+      for (int64_t k = b0; k < b1; ++k) amax = std::max(amax, std::fabs(x[static_cast<size_t>(r * width + k)]));
+      const float s = fp8_activation_scale(amax);
+      for (int64_t k = b0; k < b1; ++k) {
+        const float v = x[static_cast<size_t>(r * width + k)], got = q[static_cast<size_t>(r * width + k)];
+        // Normal range: half a mantissa step (2^-4 relative); subnormal range: half of 2^-9 scale.
+        const float bound = std::max(std::fabs(v) * 0.0625f, s * std::ldexp(1.0f, -10)) * 1.0001f;
+        EXPECT_LE(std::fabs(got - v), bound) << r << "," << k;
+      }
+    }
+  }
+  EXPECT_EQ(q[7], 0.0f);
+  EXPECT_EQ(q[static_cast<size_t>(2 * width + 280)], 0.0f);
+  EXPECT_EQ(fp8_activation_scale(0.0f), 1.0f);
+}
+
+TEST(MoeFp8, LayoutsAreAlignedAndDisjoint) {
+  const MoeFp8ExpertLayout e = moe_fp8_expert_layout(3584, 3072);
+  EXPECT_EQ(e.gate_up, 0u);
+  EXPECT_EQ(e.down, size_t{2} * 3072 * 3584);
+  EXPECT_EQ(e.gate_up_scale, e.down + size_t{3584} * 3072);
+  EXPECT_EQ(e.down_scale, e.gate_up_scale + size_t{28} * 6144 * 4);
+  EXPECT_EQ(e.bytes, e.down_scale + size_t{24} * 3584 * 4);
+  const MoeFp8ExpertLayout g = moe_fp8_expert_layout(128, 64);  // partial blocks round up
+  for (size_t off : {g.down, g.gate_up_scale, g.down_scale, g.bytes}) EXPECT_EQ(off % 256, 0u);
+  EXPECT_GE(g.down_scale - g.gate_up_scale, size_t{1} * 128 * 4);
+  EXPECT_GE(g.bytes - g.down_scale, size_t{1} * 128 * 4);
+  EXPECT_THROW(moe_fp8_expert_layout(0, 64), Error);
+
+  const MoeGroupedPlan plan = moe_grouped_plan(std::vector<int32_t>{3, 0, 5, 1, 0, 7}, 300, 200, 2, 64);
+  const MoeFp8CallLayout c = moe_fp8_call_layout(plan);
+  const size_t rows = 16;
+  EXPECT_GE(c.x_scale - c.x, rows * 300);
+  EXPECT_GE(c.h - c.x_scale, rows * 3 * 4);
+  EXPECT_GE(c.h_scale - c.h, rows * 200);
+  EXPECT_GE(c.gu - c.h_scale, rows * 2 * 4);
+  EXPECT_GE(c.row_begin - c.gu, static_cast<size_t>(plan.max_group_rows) * 400 * 2);
+  EXPECT_GE(c.bytes - c.row_begin, (plan.slots.size() + 1) * 8);
+  for (size_t off : {c.x_scale, c.h, c.h_scale, c.gu, c.row_begin, c.bytes}) EXPECT_EQ(off % 256, 0u);
+  // Every (row, block) of every expert has its own scale index, and they fill [0, blocks x rows).
+  for (int64_t width : {300, 128, 64}) {
+    std::set<int64_t> seen;
+    for (size_t i = 0; i < plan.slots.size(); ++i) {
+      for (int64_t r = plan.row_begin[i]; r < plan.row_begin[i] + plan.rows[i]; ++r) {
+        for (int64_t b = 0; b < fp8_blocks(width); ++b) {
+          seen.insert(fp8_row_scale_index(width, plan.row_begin[i], plan.rows[i], r, b));
+        }
+      }
+    }
+    EXPECT_EQ(static_cast<int64_t>(seen.size()), 16 * fp8_blocks(width));
+    EXPECT_EQ(*seen.begin(), 0);
+    EXPECT_EQ(*seen.rbegin(), 16 * fp8_blocks(width) - 1);
+  }
+}
+
+}  // namespace
+}  // namespace bg::ops
