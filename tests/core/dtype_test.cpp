@@ -103,5 +103,51 @@ TEST(Tensor, ShapeOverflowIsAnError) {
   EXPECT_EQ(shape_numel({3, 0}), 0);
 }
 
+// The encoder the FP8 paths' host references use (the device's __nv_cvt_float_to_fp8 with __NV_SATFINITE).
+TEST(DType, F8E4m3CodesRoundTrip) {
+  int finite = 0;
+  for (int c = 0; c < 256; ++c) {
+    const auto code = static_cast<uint8_t>(c);
+    const float v = f8e4m3_to_f32(code);
+    if ((c & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(v)) << c;
+      continue;
+    }
+    ++finite;
+    // -0 encodes as 0x80, every other code as itself.
+    EXPECT_EQ(f32_to_f8e4m3(v), code) << c << " = " << v;
+  }
+  EXPECT_EQ(finite, 254);
+  EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);
+  EXPECT_EQ(f8e4m3_to_f32(0x01), std::ldexp(1.0f, -9));
+  EXPECT_EQ(f8e4m3_to_f32(0x08), std::ldexp(1.0f, -6));
+}
+
+TEST(DType, F8E4m3RoundsToNearestEvenAndSaturates) {
+  // Between 1 (0x38) and 1.125 (0x39): the midpoint goes to the even mantissa, just past it up.
+  EXPECT_EQ(f32_to_f8e4m3(1.0625f), 0x38);
+  EXPECT_EQ(f32_to_f8e4m3(std::nextafter(1.0625f, 2.0f)), 0x39);
+  EXPECT_EQ(f32_to_f8e4m3(1.1875f), 0x3a);  // 1.125 | 1.25 midpoint: even is 1.25 (mantissa 2)
+  // Subnormals: 2^-10 is halfway between 0 and 2^-9 -> 0; 3 x 2^-10 -> 2 x 2^-9 (even).
+  EXPECT_EQ(f32_to_f8e4m3(std::ldexp(1.0f, -10)), 0x00);
+  EXPECT_EQ(f32_to_f8e4m3(std::ldexp(3.0f, -10)), 0x02);
+  EXPECT_EQ(f32_to_f8e4m3(std::ldexp(15.0f, -10)), 0x08);  // 7.5 x 2^-9 -> 8 x 2^-9 = 2^-6, the smallest normal
+  EXPECT_EQ(f32_to_f8e4m3(-1.0f), 0xb8);
+  EXPECT_EQ(f32_to_f8e4m3(448.0f), 0x7e);
+  EXPECT_EQ(f32_to_f8e4m3(460.0f), 0x7e);
+  EXPECT_EQ(f32_to_f8e4m3(1e30f), 0x7e);
+  EXPECT_EQ(f32_to_f8e4m3(-INFINITY), 0xfe);
+  EXPECT_EQ(f32_to_f8e4m3(NAN), 0x7f);
+  // Every float between two neighbouring codes goes to the nearer one (a sweep over [2^-12, 448]).
+  for (float v = std::ldexp(1.0f, -12); v < 448.0f; v *= 1.0137f) {
+    const float got = f8e4m3_to_f32(f32_to_f8e4m3(v));
+    const uint8_t code = f32_to_f8e4m3(v);
+    const float up = code == 0x7e ? INFINITY : f8e4m3_to_f32(static_cast<uint8_t>(code + 1));  // 0x7f: NaN
+    const float down = code == 0 ? 0.0f : f8e4m3_to_f32(static_cast<uint8_t>(code - 1));
+    EXPECT_LE(std::fabs(got - v), std::fabs(up - v)) << v;
+    EXPECT_LE(std::fabs(got - v), std::fabs(down - v)) << v;
+  }
+}
+
 }  // namespace
 }  // namespace bg

@@ -22,6 +22,7 @@
 #include "cuda/cuda_testing.h"
 #include "cuda/linear_moe_testing.h"
 #include "cuda/moe_testing.h"
+#include "core/dtype.h"
 #include "ops/moe/moe_fp8.h"
 #include "ops/moe/moe_fp8_cuda.h"
 #include "ops/moe_w4a16/moe_w4a16_cuda.h"
@@ -64,7 +65,7 @@ std::vector<float> weight_values(const testing::HostWeight& hw) {
     const int64_t cb = fp8_blocks(n_in);
     for (int64_t r = 0; r < n_out; ++r) {
       for (int64_t k = 0; k < n_in; ++k) {
-        v[static_cast<size_t>(r * n_in + k)] = e4m3_to_float(codes[r * n_in + k]) * s[(r / 128) * cb + k / 128];
+        v[static_cast<size_t>(r * n_in + k)] = f8e4m3_to_f32(codes[r * n_in + k]) * s[(r / 128) * cb + k / 128];
       }
     }
   }
@@ -80,7 +81,7 @@ std::vector<float> dequantized_rows(const std::vector<uint8_t>& codes, const std
     for (int64_t r = rb; r < rb + n; ++r) {
       for (int64_t k = 0; k < width; ++k) {
         const float s = scales[static_cast<size_t>(fp8_row_scale_index(width, rb, n, r, k / kFp8BlockInputs))];
-        v[static_cast<size_t>(r * width + k)] = e4m3_to_float(codes[static_cast<size_t>(r * width + k)]) * s;
+        v[static_cast<size_t>(r * width + k)] = f8e4m3_to_f32(codes[static_cast<size_t>(r * width + k)]) * s;
       }
     }
   }
@@ -217,7 +218,7 @@ void run_fp8_case(const Fp8Case& c, uint64_t seed) {
             x_bad += xs[static_cast<size_t>(fp8_row_scale_index(H, rb, cnt, row, b))] != s;
             for (int64_t k = b * kFp8BlockInputs; k < k1; ++k) {
               const auto j = static_cast<size_t>(row * H + k);
-              x_bad += x8[j] != e4m3_from_float(x_perm[j] / s);
+              x_bad += x8[j] != f32_to_f8e4m3(x_perm[j] / s);
             }
           }
         }
@@ -239,14 +240,14 @@ void run_fp8_case(const Fp8Case& c, uint64_t seed) {
           int64_t bad = 0;
           for (int64_t row = 0; row < 2 * I; ++row) {
             for (int64_t k = 0; k < H; ++k) {
-              const float v = e4m3_to_float(gu8[static_cast<size_t>(row * H + k)]) *
+              const float v = f8e4m3_to_f32(gu8[static_cast<size_t>(row * H + k)]) *
                               gus[static_cast<size_t>((k / kFp8BlockInputs) * 2 * I + row)];
               bad += v != w_gu[slot][static_cast<size_t>(row * H + k)];
             }
           }
           for (int64_t row = 0; row < H; ++row) {
             for (int64_t k = 0; k < I; ++k) {
-              const float v = e4m3_to_float(dn8[static_cast<size_t>(row * I + k)]) *
+              const float v = f8e4m3_to_f32(dn8[static_cast<size_t>(row * I + k)]) *
                               dns[static_cast<size_t>((k / kFp8BlockInputs) * H + row)];
               bad += v != w_down[slot][static_cast<size_t>(row * I + k)];
             }
@@ -286,7 +287,7 @@ void run_fp8_case(const Fp8Case& c, uint64_t seed) {
             const float got_s = hs[static_cast<size_t>(fp8_row_scale_index(I, rb, cnt, row, b))];
             h_far += std::fabs(got_s - s) > 1e-5f * s;
             for (int64_t k = b * kFp8BlockInputs; k < k1; ++k) {
-              const uint8_t want_code = e4m3_from_float(hv[static_cast<size_t>(k - b * kFp8BlockInputs)] / s);
+              const uint8_t want_code = f32_to_f8e4m3(hv[static_cast<size_t>(k - b * kFp8BlockInputs)] / s);
               const uint8_t got_code = h8[static_cast<size_t>(row * I + k)];
               ++h_codes;
               if (got_code == want_code) continue;

@@ -33,6 +33,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "moe/cuda_exchange.h"
+#include "ops/moe/fp8_block_device.cuh"
 #include "ops/moe/moe_cuda.h"
 #include "ops/moe_exchange/moe_exchange.h"
 
@@ -143,9 +144,10 @@ __device__ __forceinline__ void copy_row_from_peers(const std::byte* src, std::b
   for (int i = threadIdx.x; i < hidden / 8; i += blockDim.x) d[i] = __ldcg(s + i);
 }
 
-// FP8 dispatch payload of one row: per group of 128 values, scale = max|x| / 448 (1 for an all-zero group) and codes
-// e4m3(x / scale), round to nearest even, saturating; codes [hidden] then scales [hidden / 128] (fp32). One warp per
-// group, four values per lane. ops::ll_fp8_roundtrip_cpu (the test's reference) does the same arithmetic.
+// FP8 dispatch payload of one row: per group of 128 values (ops/moe/fp8_block_device.cuh) scale = max|x| / 448 (1 for
+// an all-zero group) and codes e4m3(x / scale), round to nearest even, saturating; codes [hidden] then scales
+// [hidden / 128] (fp32). One warp per group, four values per lane. ops::ll_fp8_roundtrip_cpu (the test's reference)
+// does the same arithmetic.
 __device__ void quantize_row_fp8(const bf16* x, std::byte* payload, int hidden) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
   auto* scales = reinterpret_cast<float*>(payload + hidden);
@@ -154,15 +156,8 @@ __device__ void quantize_row_fp8(const bf16* x, std::byte* payload, int hidden) 
     const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
     const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
     const float v[4] = {__low2float(a), __high2float(a), __low2float(b), __high2float(b)};
-    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
-    uint32_t codes = 0;
-    for (int i = 0; i < 4; ++i) {
-      const auto c = static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3));
-      codes |= c << (8 * i);
-    }
-    *reinterpret_cast<uint32_t*>(payload + grp * ops::kLlFp8Group + lane * 4) = codes;
+    const float scale = ops::fp8_block_scale_warp(v);
+    *reinterpret_cast<uint32_t*>(payload + grp * ops::kLlFp8Group + lane * 4) = ops::fp8_codes4(v, scale);
     if (lane == 0) scales[grp] = scale;
   }
 }

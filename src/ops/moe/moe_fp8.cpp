@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace bg::ops {
@@ -13,34 +14,6 @@ namespace {
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 }  // namespace
-
-uint8_t e4m3_from_float(float v) {
-  if (std::isnan(v)) return 0x7f;
-  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
-  const float a = std::fabs(v);
-  if (a >= kE4m3Max) return sign | 0x7e;  // saturate (also past the largest finite, 448 = 1.75 x 2^8)
-  if (a < std::ldexp(1.0f, -6)) {
-    // Subnormals m x 2^-9 (m = 0 .. 7); m = 8 is the smallest normal, whose code is 0x08 too.
-    return sign | static_cast<uint8_t>(std::nearbyint(std::ldexp(a, 9)));
-  }
-  int x = 0;
-  std::frexp(a, &x);
-  int e = x - 1;                                                                  // a in [2^e, 2^(e+1))
-  auto m = static_cast<int>(std::nearbyint((std::ldexp(a, -e) - 1.0f) * 8.0f));  // exact operands, ties to even
-  if (m == 8) {
-    m = 0;
-    ++e;
-  }
-  return sign | static_cast<uint8_t>(((e + 7) << 3) | m);  // a < 448 keeps this below the NaN code 0x7f
-}
-
-float e4m3_to_float(uint8_t code) {
-  const int exp = (code >> 3) & 0xf, m = code & 7;
-  const float sign = (code & 0x80) != 0 ? -1.0f : 1.0f;
-  if (exp == 0xf && m == 7) return std::nanf("");
-  if (exp == 0) return sign * std::ldexp(static_cast<float>(m), -9);
-  return sign * std::ldexp(1.0f + static_cast<float>(m) / 8.0f, exp - 7);
-}
 
 MoeFp8ExpertLayout moe_fp8_expert_layout(int64_t hidden, int64_t inter) {
   BG_CHECK(hidden > 0 && inter > 0, "moe fp8: expert widths {} / {} must be positive", hidden, inter);
@@ -80,7 +53,7 @@ std::vector<float> fp8_quantize_rows_emulated(std::span<const float> x, int64_t 
       const float scale = fp8_activation_scale(amax);
       for (int64_t k = b0; k < b1; ++k) {
         const auto i = static_cast<size_t>(r * width + k);
-        out[i] = e4m3_to_float(e4m3_from_float(x[i] / scale)) * scale;
+        out[i] = f8e4m3_to_f32(f32_to_f8e4m3(x[i] / scale)) * scale;
       }
     }
   }
@@ -102,7 +75,7 @@ std::vector<float> fp8_convert_weight_emulated(std::span<const float> w, int64_t
       bool exact = true;
       for (int64_t k = b0; k < b1; ++k) {
         const auto i = static_cast<size_t>(r * n_in + k);
-        out[i] = std::ldexp(e4m3_to_float(e4m3_from_float(std::ldexp(w[i], -s))), s);
+        out[i] = std::ldexp(f8e4m3_to_f32(f32_to_f8e4m3(std::ldexp(w[i], -s))), s);
         exact = exact && out[i] == w[i];
       }
       inexact += exact ? 0 : 1;

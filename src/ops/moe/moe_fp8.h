@@ -12,7 +12,8 @@
 //   2^S, so every 128-input block whose four groups' scales span at most 14 binades converts bit for bit (checked by
 //   the conversion's test against the bf16 dequantization).
 // - Activations (x rows, then h = GLU(gate, up) in fp32) take scale = amax / 448 per 128 inputs and round to nearest
-//   even; an all-zero block has scale 1.
+//   even; an all-zero block has scale 1 (the ll exchange's FP8 payload, the same arithmetic). E4M3 codes on the host:
+//   core/dtype.h (f32_to_f8e4m3, the device's __nv_cvt_float_to_fp8 with __NV_SATFINITE).
 #pragma once
 
 #include <cmath>
@@ -37,11 +38,6 @@ inline constexpr float kE4m3Max = 448.0f;
 
 // Block scales per row of `n_in` inputs: ceil(n_in / 128).
 BG_FP8_HD int64_t fp8_blocks(int64_t n_in) { return (n_in + kFp8BlockInputs - 1) / kFp8BlockInputs; }
-
-// E4M3 (OCP "fn": no infinities, 0x7f / 0xff NaN) from a float: round to nearest even, saturating at +-448 (the
-// device's __nv_cvt_float_to_fp8 with __NV_SATFINITE); NaN -> 0x7f.
-uint8_t e4m3_from_float(float v);
-float e4m3_to_float(uint8_t code);
 
 // The exponent S of a weight block's power-of-two scale: the smallest integer with amax <= 448 x 2^S (amax = max |w|
 // over the block, finite); 0 for amax == 0. With amax = f x 2^x (f in [0.5, 1)) and 448 = 0.875 x 2^9: x - 9 when f

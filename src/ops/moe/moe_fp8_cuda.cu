@@ -18,6 +18,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
 #include "ops/linear/linear_cuda_device.cuh"
+#include "ops/moe/fp8_block_device.cuh"
 #include "ops/moe/moe_glu_device.cuh"
 #include "ops/moe_w4a16/moe_w4a16_layout.h"
 
@@ -32,11 +33,8 @@ struct GroupSlots {
   int32_t slot[kMoeGroupedMaxGroupExperts];
 };
 
-__device__ __forceinline__ uint16_t e4m3x2(float a, float b) {
-  return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
-}
-
-__device__ __forceinline__ float warp_max(float v, int width = 32) {
+// The max over the `width` lanes of each aligned group (width a power of two <= 32; every lane calls it).
+__device__ __forceinline__ float lanes_max(float v, int width) {
   for (int o = width / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
@@ -60,13 +58,9 @@ __device__ __forceinline__ int expert_of_row(const int64_t* row_begin, int n, in
 // end), writes their codes (`valid`) and lane 0 the block's scale at its expert's place.
 __device__ __forceinline__ void quantize_block(const float (&v)[4], bool valid, int64_t row, int64_t b, int64_t width,
                                                const int64_t* row_begin, int n_experts, uint8_t* q, float* scales) {
-  const float amax = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
-  const float scale = fp8_activation_scale(amax);
+  const float scale = fp8_block_scale_warp(v);
   const int lane = static_cast<int>(threadIdx.x & 31);
-  if (valid) {
-    const uint32_t lo = e4m3x2(v[0] / scale, v[1] / scale), hi = e4m3x2(v[2] / scale, v[3] / scale);
-    *reinterpret_cast<uint32_t*>(q + row * width + b * kFp8BlockInputs + 4 * lane) = lo | (hi << 16);
-  }
+  if (valid) *reinterpret_cast<uint32_t*>(q + row * width + b * kFp8BlockInputs + 4 * lane) = fp8_codes4(v, scale);
   if (lane == 0) {
     const int e = expert_of_row(row_begin, n_experts, row);
     const int64_t rb = row_begin[e], rows = row_begin[e + 1] - rb;
@@ -195,16 +189,15 @@ __global__ void __launch_bounds__(kThreads) convert_w4a16_kernel(const void* con
     }
     for (int rh = 0; rh < 2; ++rh) {
       // The row's four lanes (t = lane bits 0, 1) hold its 128 inputs.
-      const float a = warp_max(amax[rh], 4);
+      const float a = lanes_max(amax[rh], 4);
       const int s = fp8_weight_scale_exponent(a);
       if (!row_ok[rh]) continue;
       for (int h = 0; h < 2; ++h) {
         if (!stage_ok[h]) continue;
         uint32_t packed[4];
         for (int p = 0; p < 4; ++p) {
-          const uint32_t lo = e4m3x2(ldexpf(v[rh][h][4 * p], -s), ldexpf(v[rh][h][4 * p + 1], -s));
-          const uint32_t hi = e4m3x2(ldexpf(v[rh][h][4 * p + 2], -s), ldexpf(v[rh][h][4 * p + 3], -s));
-          packed[p] = lo | (hi << 16);
+          const float four[4] = {v[rh][h][4 * p], v[rh][h][4 * p + 1], v[rh][h][4 * p + 2], v[rh][h][4 * p + 3]};
+          packed[p] = fp8_codes4(four, ldexpf(1.0f, s));  // dividing by 2^s is exact
         }
         const int64_t k0 = static_cast<int64_t>(2 * pair + h) * w4::kKStage + 16 * t;
         *reinterpret_cast<uint4*>(w8 + rows[rh] * m.n_in + k0) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
