@@ -239,6 +239,43 @@ MoeFp8Gemm::~MoeFp8Gemm() {
   if (lt_ != nullptr) cublasLtDestroy(lt_);
 }
 
+namespace {
+
+// The n an algorithm is asked for: the next power of two (at least 16), so that the experts' ragged row counts share
+// a few heuristic calls (each costs host time; a prefill layer runs 2-3 GEMMs per touched expert).
+int n_bucket(int n) {
+  int b = 16;
+  while (b < n && b < (1 << 30)) b *= 2;
+  return b;
+}
+
+}  // namespace
+
+cublasLtMatmulAlgo_t MoeFp8Gemm::find_algorithm(const Problem& p, int n, cublasLtMatmulDesc_t desc,
+                                                size_t workspace_bytes) {
+  const auto u = [](int v) { return static_cast<uint64_t>(v); };
+  LtDesc l;  // layouts for n (the descriptor is the caller's)
+  BG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.a, CUDA_R_8F_E4M3, u(p.k), u(p.m), p.k));
+  BG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.b, CUDA_R_8F_E4M3, u(p.k), u(n), p.k));
+  BG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.d, CUDA_R_16BF, u(p.m), u(n), p.ldd));
+  cublasLtMatmulPreference_t pref = nullptr;
+  BG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                           &workspace_bytes, sizeof workspace_bytes);
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    st = cublasLtMatmulAlgoGetHeuristic(lt_, desc, l.a, l.b, l.d, l.d, pref, 1, &result, &found);
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  ++heuristic_calls_;
+  BG_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
+           "moe fp8 gemm: cuBLASLt ({}) has no block-scaled E4M3 kernel for [{} x {}] x [{} x {}]^T (A scales {}, "
+           "B scales 1x128): {}; needs Hopper and cuBLAS >= 12.9",
+           cublasLtGetVersion(), n, p.k, p.m, p.k, mode_name(p.a_mode), cublasGetStatusString(st));
+  return result.algo;
+}
+
 void MoeFp8Gemm::run(const Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (p.n == 0) return;
   BG_CHECK(p.m > 0 && p.n > 0 && p.k > 0 && p.k % 16 == 0 && p.ldd >= p.m,
@@ -262,28 +299,20 @@ void MoeFp8Gemm::run(const Problem& p, void* workspace, size_t workspace_bytes, 
   BG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.a, CUDA_R_8F_E4M3, u(p.k), u(p.m), p.k));
   BG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.b, CUDA_R_8F_E4M3, u(p.k), u(p.n), p.k));
   BG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.d, CUDA_R_16BF, u(p.m), u(p.n), p.ldd));
-  const Key key{p.m, p.n, p.k, p.ldd, p.a_mode};
-  auto it = algos_.find(key);
-  if (it == algos_.end()) {
-    cublasLtMatmulPreference_t pref = nullptr;
-    BG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                             &workspace_bytes, sizeof workspace_bytes);
-    if (st == CUBLAS_STATUS_SUCCESS) {
-      st = cublasLtMatmulAlgoGetHeuristic(lt_, l.desc, l.a, l.b, l.d, l.d, pref, 1, &result, &found);
-    }
-    cublasLtMatmulPreferenceDestroy(pref);
-    BG_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
-             "moe fp8 gemm: cuBLASLt ({}) has no block-scaled E4M3 kernel for [{} x {}] x [{} x {}]^T (A scales {}, "
-             "B scales 1x128): status {}; needs Hopper and cuBLAS >= 12.9",
-             cublasLtGetVersion(), p.n, p.k, p.m, p.k, mode_name(p.a_mode), cublasGetStatusString(st));
-    it = algos_.emplace(key, result.algo).first;
-  }
   const float alpha = 1.0f, beta = 0.0f;
-  BG_CUBLAS_CHECK(cublasLtMatmul(lt_, l.desc, &alpha, p.a, l.a, p.b, l.b, &beta, p.d, l.d, p.d, l.d, &it->second,
-                                 workspace, workspace_bytes, stream));
+  const auto matmul = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(lt_, l.desc, &alpha, p.a, l.a, p.b, l.b, &beta, p.d, l.d, p.d, l.d, &algo, workspace,
+                          workspace_bytes, stream);
+  };
+  // The bucket's algorithm first; where cuBLASLt refuses it for this n, the one asked for n itself (kept too).
+  const Key bucket{p.m, n_bucket(p.n), p.k, p.ldd, p.a_mode};
+  auto it = algos_.find(bucket);
+  if (it == algos_.end()) it = algos_.emplace(bucket, find_algorithm(p, bucket.n, l.desc, workspace_bytes)).first;
+  if (matmul(it->second) == CUBLAS_STATUS_SUCCESS) return;
+  const Key exact{p.m, -p.n, p.k, p.ldd, p.a_mode};  // negative n: an exact entry, never a bucket's
+  auto ex = algos_.find(exact);
+  if (ex == algos_.end()) ex = algos_.emplace(exact, find_algorithm(p, p.n, l.desc, workspace_bytes)).first;
+  BG_CUBLAS_CHECK(matmul(ex->second));
 }
 
 bool moe_fp8_supported(const MoeCudaParams& p, bool packed, bool fp8_stages) {

@@ -25,8 +25,9 @@ enum class Fp8ScaleMode : uint8_t { kVec128, kBlock128 };
 
 // cuBLASLt's block-scaled E4M3 GEMM on Hopper (cuBLAS >= 12.9): D[n, m] (row-major bf16, row stride ldd) = B[n, k]
 // A[m, k]^T, A and B row-major E4M3 (row strides k), each with its scales; fp32 accumulation with cuBLASLt's
-// promotion per 128 inputs. The algorithm of each (m, n, k, A mode, ldd) is asked of cuBLASLt's heuristic once and
-// kept. One per backend (device); not thread-safe (the backend's stream thread uses it).
+// promotion per 128 inputs. cuBLASLt's heuristic is asked once per (m, k, A mode, ldd) and power-of-two bucket of n,
+// and the algorithm kept (an n it refuses gets its own). One per backend (device); not thread-safe (the backend's
+// stream thread uses it).
 class MoeFp8Gemm {
  public:
   struct Problem {
@@ -49,6 +50,7 @@ class MoeFp8Gemm {
   // no kernel for it; n == 0 does nothing.
   void run(const Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
   size_t cached_algorithms() const { return algos_.size(); }
+  int64_t heuristic_calls() const { return heuristic_calls_; }
 
  private:
   struct Key {
@@ -59,8 +61,11 @@ class MoeFp8Gemm {
   struct KeyHash {
     size_t operator()(const Key& k) const;
   };
+  cublasLtMatmulAlgo_t find_algorithm(const Problem& p, int n, cublasLtMatmulDesc_t desc, size_t workspace_bytes);
+
   cublasLtHandle_t lt_ = nullptr;
   std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHash> algos_;
+  int64_t heuristic_calls_ = 0;
 };
 
 // Whether the FP8 path can run a layer: MXFP4 experts in the W4A16 layout (`packed`), or FP8-block experts with a
