@@ -6,6 +6,7 @@
 # failures there are the measurement, recorded, not a regression), and the slice's prefill on it. Run from the repo
 # root with the bundle carried:
 #   PARTS="parity bench goldens prefill" scripts/gpu-moe-prefill-fp8.sh [BUNDLE]
+# KERNELS narrows the bench cases, MODES the BG_MOE_PREFILL values the slice's prefill runs with (default "fp8 auto").
 # Output: $OUT/fp8-prefill.txt (the summary) and logs beside it.
 set -u
 PARTS=${PARTS:-parity bench goldens prefill}
@@ -22,12 +23,12 @@ summary() {  # summary NAME LOG RC
   grep -E '^\[  FAILED  \]|Failure|error:|what\(\)' "$2" | head -20 >> "$S"
 }
 if want parity; then
-  timeout 240 "$T" --gtest_filter='MoeFp8Parity.*:MoeGroupedParity.*' > "$OUT/parity.log" 2>&1
+  timeout 240 "$T" --gtest_filter="${PARITY:-MoeFp8Parity.*:MoeGroupedParity.*}" > "$OUT/parity.log" 2>&1
   summary "parity MoeFp8Parity + MoeGroupedParity" "$OUT/parity.log" $?
   grep -E "\[parity\]" "$OUT/parity.log" | grep -E "fp8|end to end|gate\|up|y =" | head -40 >> "$S"
 fi
 if want bench; then
-  timeout 300 "$BG" bench kernels --device cuda --kernels moe_prefill_fp8,moe_prefill_w4a16,moe_prefill_grouped_per_expert \
+  timeout 300 "$BG" bench kernels --device cuda --kernels "${KERNELS:-moe_prefill_fp8,moe_prefill_w4a16,moe_prefill_grouped_per_expert}" \
     --json "$OUT/kernels.json" > "$OUT/kernels.log" 2>&1
   echo "bench kernels rc=$?" >> "$S"
   grep -E "bench kernel|grouped_gemm|ceiling" "$OUT/kernels.log" | sed 's/^.*\] //' | head -40 >> "$S"
@@ -39,7 +40,7 @@ if want goldens; then
 fi
 if want prefill; then
   ensure_slice /tmp/bg-ep16-rank
-  for k in fp8 auto; do
+  for k in ${MODES:-fp8 auto}; do
     BG_MOE_PREFILL=$k timeout 200 "$BG" bench prefill --device cuda --model /tmp/bg-ep16-rank \
       --prefill-tokens "${PREFILL_TOKENS:-8192,65536}" --prefill-chunk 8192 --json "$OUT/prefill-$k.json" \
       > "$OUT/prefill-$k.log" 2>&1

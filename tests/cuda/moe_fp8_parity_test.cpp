@@ -76,11 +76,12 @@ std::vector<float> weight_values(const testing::HostWeight& hw) {
 std::vector<float> dequantized_rows(const std::vector<uint8_t>& codes, const std::vector<float>& scales,
                                     const MoeGroupedPlan& plan, int64_t width) {
   std::vector<float> v(codes.size());
+  const std::vector<int64_t> r0 = fp8_scale_row0(plan);
   for (size_t i = 0; i < plan.slots.size(); ++i) {
     const int64_t rb = plan.row_begin[i], n = plan.rows[i];
     for (int64_t r = rb; r < rb + n; ++r) {
       for (int64_t k = 0; k < width; ++k) {
-        const float s = scales[static_cast<size_t>(fp8_row_scale_index(width, rb, n, r, k / kFp8BlockInputs))];
+        const float s = scales[static_cast<size_t>(fp8_row_scale_index(width, r0[i], n, r - rb, k / kFp8BlockInputs))];
         v[static_cast<size_t>(r * width + k)] = f8e4m3_to_f32(codes[static_cast<size_t>(r * width + k)]) * s;
       }
     }
@@ -178,7 +179,7 @@ void run_fp8_case(const Fp8Case& c, uint64_t seed) {
       a.gemm = &gemm;
       a.cublas_workspace = blas.workspace.data();
       a.cublas_workspace_bytes = blas.workspace.bytes();
-      moe_fp8_write_row_begin(plan, a.call_buffer, a.call_buffer_bytes, nullptr);
+      moe_fp8_write_table(plan, a.call_buffer, a.call_buffer_bytes, nullptr);
       moe_expert_ffn_fp8_cuda(p, a, nullptr);
       moe_combine_cuda(p, w.ws, d_out.data(), nullptr);
       BG_CUDA_CHECK(cudaDeviceSynchronize());
@@ -203,7 +204,8 @@ void run_fp8_case(const Fp8Case& c, uint64_t seed) {
       const std::vector<float> x_perm =
           testing::from_bf16(download_ptr(reinterpret_cast<const uint16_t*>(w.ws.x_perm), static_cast<size_t>(rows * H)));
       const std::vector<uint8_t> x8 = dl_bytes(cl.x, static_cast<size_t>(rows * H));
-      const std::vector<float> xs = dl_floats(cl.x_scale, static_cast<size_t>(rows * fp8_blocks(H)));
+      const std::vector<int64_t> r0 = fp8_scale_row0(plan);
+      const std::vector<float> xs = dl_floats(cl.x_scale, static_cast<size_t>(r0.back() * fp8_blocks(H)));
       int64_t x_bad = 0;
       for (size_t i = 0; i < plan.slots.size(); ++i) {
         const int64_t rb = plan.row_begin[i], cnt = plan.rows[i];
@@ -215,7 +217,7 @@ void run_fp8_case(const Fp8Case& c, uint64_t seed) {
               amax = std::max(amax, std::fabs(x_perm[static_cast<size_t>(row * H + k)]));
             }
             const float s = fp8_activation_scale(amax);
-            x_bad += xs[static_cast<size_t>(fp8_row_scale_index(H, rb, cnt, row, b))] != s;
+            x_bad += xs[static_cast<size_t>(fp8_row_scale_index(H, r0[i], cnt, row - rb, b))] != s;
             for (int64_t k = b * kFp8BlockInputs; k < k1; ++k) {
               const auto j = static_cast<size_t>(row * H + k);
               x_bad += x8[j] != f32_to_f8e4m3(x_perm[j] / s);
@@ -267,7 +269,7 @@ void run_fp8_case(const Fp8Case& c, uint64_t seed) {
       testing::expect_parity(gu, gu_ref, testing::kTolBf16Out, label + " gate|up = x8 W^T (last group)");
       // h: the host quantization of GLU(gate, up) from the device's gate|up (the last group's rows).
       const std::vector<uint8_t> h8 = dl_bytes(cl.h, static_cast<size_t>(rows * I));
-      const std::vector<float> hs = dl_floats(cl.h_scale, static_cast<size_t>(rows * fp8_blocks(I)));
+      const std::vector<float> hs = dl_floats(cl.h_scale, static_cast<size_t>(r0.back() * fp8_blocks(I)));
       int64_t h_codes = 0, h_off = 0, h_far = 0;
       for (int j = 0; j < g.n_experts; ++j) {
         const auto i = static_cast<size_t>(g.first + j);
@@ -284,7 +286,7 @@ void run_fp8_case(const Fp8Case& c, uint64_t seed) {
               amax = std::max(amax, std::fabs(hv.back()));
             }
             const float s = fp8_activation_scale(amax);
-            const float got_s = hs[static_cast<size_t>(fp8_row_scale_index(I, rb, cnt, row, b))];
+            const float got_s = hs[static_cast<size_t>(fp8_row_scale_index(I, r0[i], cnt, row - rb, b))];
             h_far += std::fabs(got_s - s) > 1e-5f * s;
             for (int64_t k = b * kFp8BlockInputs; k < k1; ++k) {
               const uint8_t want_code = f32_to_f8e4m3(hv[static_cast<size_t>(k - b * kFp8BlockInputs)] / s);

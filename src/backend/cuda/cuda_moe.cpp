@@ -420,7 +420,7 @@ void run_fp8_prefill(const MoeContext& c, const CudaExpertSlots& slots, const op
   a.gemm = &c.grouped_scratch->fp8_gemm();
   a.cublas_workspace = c.blas.cublas_workspace;
   a.cublas_workspace_bytes = c.blas.cublas_workspace_bytes;
-  ops::moe_fp8_write_row_begin(plan, a.call_buffer, a.call_buffer_bytes, c.stream);
+  ops::moe_fp8_write_table(plan, a.call_buffer, a.call_buffer_bytes, c.stream);
   ops::moe_expert_ffn_fp8_cuda(p, a, c.stream);
   g_fp8_prefill_calls.fetch_add(1, std::memory_order_relaxed);
 }

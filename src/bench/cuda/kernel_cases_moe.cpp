@@ -164,7 +164,7 @@ PreparedKernel fp8_kernel(const CudaEnv& env, CaseMemory& mem, const MoeCudaPara
   a.gemm = gemm.get();
   a.cublas_workspace = env.cublas_workspace;
   a.cublas_workspace_bytes = env.cublas_workspace_bytes;
-  ops::moe_fp8_write_row_begin(*plan, a.call_buffer, a.call_buffer_bytes, env.stream);
+  ops::moe_fp8_write_table(*plan, a.call_buffer, a.call_buffer_bytes, env.stream);
   const double touched = d(plan->n_active());
   PreparedKernel k;
   if (part == MoePart::kFp8Convert) {

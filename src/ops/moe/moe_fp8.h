@@ -62,17 +62,21 @@ struct MoeFp8ExpertLayout {
 MoeFp8ExpertLayout moe_fp8_expert_layout(int64_t hidden, int64_t inter);
 
 // The quantized rows of one call: E4M3 [rows, width] in the dispatch's permuted order, and per touched expert i its
-// scales [fp8_blocks(width)][rows_i] at fp8_blocks(width) x row_begin_i floats (so each expert's GEMM finds its B
-// scales as one VEC128 tensor). scale_index is where row `row` (permuted, of expert `i`) keeps block `b`'s scale.
-BG_FP8_HD int64_t fp8_row_scale_index(int64_t width, int64_t row_begin, int64_t rows, int64_t row, int64_t b) {
-  return fp8_blocks(width) * row_begin + b * rows + (row - row_begin);
+// scales [fp8_blocks(width)][rows_i] (the rows of a block contiguous: how cuBLASLt reads an operand's 1 x 128 scales) at
+// fp8_blocks(width) x scale_row0_i floats, scale_row0 the prefix sum of the experts' rows each rounded up to 4, so every
+// expert's scale tensor starts 16-byte aligned. scale_index: where row `r` of the expert (0 .. rows_i - 1) keeps block
+// `b`'s scale.
+BG_FP8_HD int64_t fp8_row_scale_index(int64_t width, int64_t scale_row0, int64_t rows, int64_t r, int64_t b) {
+  return fp8_blocks(width) * scale_row0 + b * rows + r;
 }
+// scale_row0 of every touched expert of the plan, then the total (n_active + 1 entries).
+std::vector<int64_t> fp8_scale_row0(const MoeGroupedPlan& plan);
 
 // Device bytes of the per-call buffers: x (E4M3 [total rows, hidden] + scales), h (E4M3 [total rows, inter] +
-// scales), gate|up outputs of the largest group (bf16 [rows, 2 inter]) and the touched experts' first rows (int64,
-// n_active + 1). Each part 256-byte aligned.
+// scales), gate|up outputs of the largest group (bf16 [rows, 2 inter]) and the experts' table (int64: the first rows
+// then scale_row0, n_active + 1 each). Each part 256-byte aligned.
 struct MoeFp8CallLayout {
-  size_t x = 0, x_scale = 0, h = 0, h_scale = 0, gu = 0, row_begin = 0;  // byte offsets
+  size_t x = 0, x_scale = 0, h = 0, h_scale = 0, gu = 0, table = 0;  // byte offsets
   size_t bytes = 0;
 };
 MoeFp8CallLayout moe_fp8_call_layout(const MoeGroupedPlan& plan);

@@ -55,22 +55,23 @@ __device__ __forceinline__ int expert_of_row(const int64_t* row_begin, int n, in
 }
 
 // One warp quantizes one 128-input block of one row: lane l holds inputs 4 l .. 4 l + 3 (`v`, zeros past the row's
-// end), writes their codes (`valid`) and lane 0 the block's scale at its expert's place.
+// end), writes their codes (`valid`) and lane 0 the block's scale at its expert's place. `table`: the experts' first
+// rows (n_experts + 1), then their scale_row0 (moe_fp8.h).
 __device__ __forceinline__ void quantize_block(const float (&v)[4], bool valid, int64_t row, int64_t b, int64_t width,
-                                               const int64_t* row_begin, int n_experts, uint8_t* q, float* scales) {
+                                               const int64_t* table, int n_experts, uint8_t* q, float* scales) {
   const float scale = fp8_block_scale_warp(v);
   const int lane = static_cast<int>(threadIdx.x & 31);
   if (valid) *reinterpret_cast<uint32_t*>(q + row * width + b * kFp8BlockInputs + 4 * lane) = fp8_codes4(v, scale);
   if (lane == 0) {
-    const int e = expert_of_row(row_begin, n_experts, row);
-    const int64_t rb = row_begin[e], rows = row_begin[e + 1] - rb;
-    scales[fp8_row_scale_index(width, rb, rows, row, b)] = scale;
+    const int e = expert_of_row(table, n_experts, row);
+    const int64_t rb = table[e], rows = table[e + 1] - rb;
+    scales[fp8_row_scale_index(width, table[n_experts + 1 + e], rows, row - rb, b)] = scale;
   }
 }
 
 // x rows [n_rows, width] (bf16) -> E4M3 + scales; one warp per (row, block), width % 4 == 0.
 __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const bf16* x, int64_t n_rows, int64_t width,
-                                                                 const int64_t* row_begin, int n_experts, uint8_t* q,
+                                                                 const int64_t* table, int n_experts, uint8_t* q,
                                                                  float* scales) {
   const int64_t blocks = fp8_blocks(width), n = n_rows * blocks;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / 32);
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const bf16* x, 
       const float2 a = cudadev::bf16x2_to_float2(raw.x), c = cudadev::bf16x2_to_float2(raw.y);
       v[0] = a.x, v[1] = a.y, v[2] = c.x, v[3] = c.y;
     }
-    quantize_block(v, valid, row, b, width, row_begin, n_experts, q, scales);
+    quantize_block(v, valid, row, b, width, table, n_experts, q, scales);
   }
 }
 
@@ -92,7 +93,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const bf16* x, 
 // fp32 and quantized straight to E4M3 (no bf16 h). One warp per (row, block), inter % 4 == 0.
 __global__ void __launch_bounds__(kThreads) glu_quantize_kernel(const bf16* gu, int64_t n_rows, int64_t row0,
                                                                 int64_t inter, MoeGluParams act,
-                                                                const int64_t* row_begin, int n_experts, uint8_t* q,
+                                                                const int64_t* table, int n_experts, uint8_t* q,
                                                                 float* scales) {
   const int64_t blocks = fp8_blocks(inter), n = n_rows * blocks;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / 32);
@@ -109,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) glu_quantize_kernel(const bf16* gu, 
       v[0] = moe_glu(g0.x, u0.x, act), v[1] = moe_glu(g0.y, u0.y, act);
       v[2] = moe_glu(g1.x, u1.x, act), v[3] = moe_glu(g1.y, u1.y, act);
     }
-    quantize_block(v, valid, row0 + r, b, inter, row_begin, n_experts, q, scales);
+    quantize_block(v, valid, row0 + r, b, inter, table, n_experts, q, scales);
   }
 }
 
@@ -339,16 +340,18 @@ void moe_fp8_convert_w4a16_cuda(const MoeGroupedPlan& plan, const MoeGroupedGrou
   BG_CUDA_CHECK_LAUNCH();
 }
 
-void moe_fp8_write_row_begin(const MoeGroupedPlan& plan, void* call_buffer, size_t call_buffer_bytes,
-                             cudaStream_t stream) {
+void moe_fp8_write_table(const MoeGroupedPlan& plan, void* call_buffer, size_t call_buffer_bytes,
+                         cudaStream_t stream) {
   if (plan.n_active() == 0) return;
   const MoeFp8CallLayout cl = moe_fp8_call_layout(plan);
   BG_CHECK(call_buffer != nullptr && call_buffer_bytes >= cl.bytes, "moe fp8: call buffer of {} bytes, the plan "
            "needs {}", call_buffer_bytes, cl.bytes);
   std::vector<int64_t> host(plan.row_begin);
   host.push_back(plan.row_begin.back() + plan.rows.back());
+  const std::vector<int64_t> r0 = fp8_scale_row0(plan);
+  host.insert(host.end(), r0.begin(), r0.end());
   // From pageable memory: staged before cudaMemcpyAsync returns, so `host` may go out of scope.
-  BG_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(call_buffer) + cl.row_begin, host.data(),
+  BG_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(call_buffer) + cl.table, host.data(),
                                 host.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
 }
 
@@ -383,11 +386,12 @@ void moe_expert_ffn_fp8_cuda(const MoeCudaParams& p, const MoeFp8Args& a, cudaSt
   uint8_t* h8 = buf + cl.h;
   auto* h_scale = reinterpret_cast<float*>(buf + cl.h_scale);
   auto* gu = reinterpret_cast<bf16*>(buf + cl.gu);
-  auto* row_begin = reinterpret_cast<int64_t*>(buf + cl.row_begin);
+  auto* table = reinterpret_cast<int64_t*>(buf + cl.table);
+  const std::vector<int64_t> scale_row0 = fp8_scale_row0(plan);
   const auto n_active = static_cast<int>(plan.n_active());
   const int64_t H = p.hidden, I = p.inter, total_rows = plan.row_begin.back() + plan.rows.back();
   const int x_grid = grid_for(total_rows * fp8_blocks(H) * 32, 132 * 16);
-  quantize_rows_kernel<<<x_grid, kThreads, 0, stream>>>(a.ws.x_perm, total_rows, H, row_begin, n_active, x8, x_scale);
+  quantize_rows_kernel<<<x_grid, kThreads, 0, stream>>>(a.ws.x_perm, total_rows, H, table, n_active, x8, x_scale);
   BG_CUDA_CHECK_LAUNCH();
   const auto Hi = static_cast<int>(H), Ii = static_cast<int>(I);
   for (const MoeGroupedGroup& g : plan.groups) {
@@ -400,7 +404,7 @@ void moe_expert_ffn_fp8_cuda(const MoeCudaParams& p, const MoeFp8Args& a, cudaSt
       gp.n = n;
       gp.k = Hi;
       gp.b = x8 + rb * H;
-      gp.b_scale = x_scale + fp8_blocks(H) * rb;
+      gp.b_scale = x_scale + fp8_blocks(H) * scale_row0[i];
       gp.ldd = 2 * Ii;
       bf16* d = gu + (rb - g.row_begin) * 2 * I;
       if (a.packed != nullptr) {
@@ -426,7 +430,7 @@ void moe_expert_ffn_fp8_cuda(const MoeCudaParams& p, const MoeFp8Args& a, cudaSt
       }
     }
     const int glu_grid = grid_for(g.n_rows * fp8_blocks(I) * 32, 132 * 16);
-    glu_quantize_kernel<<<glu_grid, kThreads, 0, stream>>>(gu, g.n_rows, g.row_begin, I, p.act, row_begin, n_active,
+    glu_quantize_kernel<<<glu_grid, kThreads, 0, stream>>>(gu, g.n_rows, g.row_begin, I, p.act, table, n_active,
                                                            h8, h_scale);
     BG_CUDA_CHECK_LAUNCH();
     for (int j = 0; j < g.n_experts; ++j) {
@@ -437,7 +441,7 @@ void moe_expert_ffn_fp8_cuda(const MoeCudaParams& p, const MoeFp8Args& a, cudaSt
       dp.n = plan.rows[i];
       dp.k = Ii;
       dp.b = h8 + rb * I;
-      dp.b_scale = h_scale + fp8_blocks(I) * rb;
+      dp.b_scale = h_scale + fp8_blocks(I) * scale_row0[i];
       dp.d = a.ws.y_perm + rb * H;
       dp.ldd = Hi;
       if (a.packed != nullptr) {

@@ -86,13 +86,13 @@ struct MoeFp8Args {
   size_t cublas_workspace_bytes = 0;
 };
 
-// Writes the touched experts' first rows (and the total) into the call buffer: one copy from host memory,
+// Writes the experts' table (first rows, scale_row0: moe_fp8.h) into the call buffer: one copy from host memory,
 // stream-ordered, not capturable. Must run before moe_expert_ffn_fp8_cuda whenever the plan or the buffer changes.
-void moe_fp8_write_row_begin(const MoeGroupedPlan& plan, void* call_buffer, size_t call_buffer_bytes,
-                             cudaStream_t stream);
+void moe_fp8_write_table(const MoeGroupedPlan& plan, void* call_buffer, size_t call_buffer_bytes,
+                         cudaStream_t stream);
 
-// The FFN over the plan (x_perm -> y_perm). No host synchronisation and no allocation (capturable once the first rows
-// are written); p must be the params the dispatch ran with (p.act is the GLU).
+// The FFN over the plan (x_perm -> y_perm). No host synchronisation and no allocation (capturable once the table is
+// written); p must be the params the dispatch ran with (p.act is the GLU).
 void moe_expert_ffn_fp8_cuda(const MoeCudaParams& p, const MoeFp8Args& a, cudaStream_t stream);
 
 // Converts the group's experts of the W4A16 layout into the FP8 scratch (moe_fp8_expert_layout per expert, expert j of
