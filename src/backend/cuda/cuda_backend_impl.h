@@ -390,8 +390,9 @@ class CudaBackend final : public Backend {
   }
   // Decode steps: one fused launch (kda_prep_cuda.h; BG_KDA_PREP_FUSED=0 runs the separate ops). Otherwise, and for
   // head dims or conv widths past the fused kernel's, the separate ops.
-  // Steps with prefill pieces: with BG_KDA_PREP_PREFILL_FUSED=1 (built 2026-12-05, not yet run on a GPU, so off by
-  // default) the q and k convs take their L2 norm in the same launch (short_conv_l2norm_cuda); else the separate ops.
+  // Steps with prefill pieces: with BG_KDA_PREP_PREFILL_FUSED=1 the q and k convs take their L2 norm in the same
+  // launch (short_conv_l2norm_cuda); else the separate ops. Off by default: its tests pass, but it measured ~1.3x
+  // slower than the two passes on the H100 (bench/RESULTS.md, 2026-12-06).
   void kda_prep(const KdaPrepArgs& a, Tensor& q, Tensor& k, Tensor& v, Tensor& g, Tensor& beta) override {
     if (!step_.all_single_token() && kda_prep_prefill_fused_) {
       kda_prep_prefill(a, q, k, v, g, beta);
