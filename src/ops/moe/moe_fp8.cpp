@@ -29,13 +29,15 @@ MoeFp8ExpertLayout moe_fp8_expert_layout(int64_t hidden, int64_t inter) {
 
 std::vector<int64_t> fp8_scale_row0(const MoeGroupedPlan& plan) {
   std::vector<int64_t> r0{0};
-  for (const int32_t rows : plan.rows) r0.push_back(r0.back() + (rows + 3) / 4 * 4);
+  for (const int32_t rows : plan.rows) r0.push_back(r0.back() + fp8_padded_rows(rows));
   return r0;
 }
 
 MoeFp8CallLayout moe_fp8_call_layout(const MoeGroupedPlan& plan) {
-  const auto rows = static_cast<size_t>(plan.n_active() == 0 ? 0 : plan.row_begin.back() + plan.rows.back());
+  const size_t spare = kFp8RowAlign;
+  const auto rows = static_cast<size_t>(plan.n_active() == 0 ? 0 : plan.row_begin.back() + plan.rows.back()) + spare;
   const auto scale_rows = static_cast<size_t>(fp8_scale_row0(plan).back());
+  const auto tail_rows = static_cast<size_t>(plan.n_active() == 0 ? 0 : fp8_padded_rows(plan.rows.back()));
   const auto H = static_cast<size_t>(plan.hidden), I = static_cast<size_t>(plan.inter);
   MoeFp8CallLayout l;
   l.x = 0;
@@ -43,7 +45,8 @@ MoeFp8CallLayout moe_fp8_call_layout(const MoeGroupedPlan& plan) {
   l.h = l.x_scale + align256(scale_rows * static_cast<size_t>(fp8_blocks(plan.hidden)) * sizeof(float));
   l.h_scale = l.h + align256(rows * I);
   l.gu = l.h_scale + align256(scale_rows * static_cast<size_t>(fp8_blocks(plan.inter)) * sizeof(float));
-  l.table = l.gu + align256(static_cast<size_t>(plan.max_group_rows) * 2 * I * 2);
+  l.tail = l.gu + align256((static_cast<size_t>(plan.max_group_rows) + spare) * 2 * I * 2);
+  l.table = l.tail + align256(tail_rows * H * 2);
   l.bytes = l.table + align256(2 * (static_cast<size_t>(plan.n_active()) + 1) * sizeof(int64_t));
   return l;
 }

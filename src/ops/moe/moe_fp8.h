@@ -61,22 +61,29 @@ struct MoeFp8ExpertLayout {
 };
 MoeFp8ExpertLayout moe_fp8_expert_layout(int64_t hidden, int64_t inter);
 
-// The quantized rows of one call: E4M3 [rows, width] in the dispatch's permuted order, and per touched expert i its
-// scales [fp8_blocks(width)][rows_i] (the rows of a block contiguous: how cuBLASLt reads an operand's 1 x 128 scales) at
-// fp8_blocks(width) x scale_row0_i floats, scale_row0 the prefix sum of the experts' rows each rounded up to 4, so every
-// expert's scale tensor starts 16-byte aligned. scale_index: where row `r` of the expert (0 .. rows_i - 1) keeps block
-// `b`'s scale.
+// cuBLASLt (13.1, H200) runs the block-scaled GEMMs only for a row count n that is a multiple of 16 (it refused 1, 5,
+// 39, 61 and took 64: bench/RESULTS.md, 2026-12-06), so every expert's GEMMs run over its rows padded to 16: the
+// padding rows read whatever follows (the next expert's rows, or the buffers' 16 spare rows at the end) and their
+// outputs land on rows that are written again later or are spare (the last expert's y goes through a tail buffer).
+inline constexpr int64_t kFp8RowAlign = 16;
+BG_FP8_HD int64_t fp8_padded_rows(int64_t rows) { return (rows + kFp8RowAlign - 1) / kFp8RowAlign * kFp8RowAlign; }
+
+// The quantized rows of one call: E4M3 [rows, width] in the dispatch's permuted order (plus kFp8RowAlign spare rows),
+// and per touched expert i its scales [fp8_blocks(width)][padded rows_i] (the rows of a block contiguous: how
+// cuBLASLt reads an operand's 1 x 128 scales) at fp8_blocks(width) x scale_row0_i floats, scale_row0 the prefix sum of
+// the experts' padded rows. scale_index: where row `r` of the expert (0 .. rows_i - 1) keeps block `b`'s scale.
 BG_FP8_HD int64_t fp8_row_scale_index(int64_t width, int64_t scale_row0, int64_t rows, int64_t r, int64_t b) {
-  return fp8_blocks(width) * scale_row0 + b * rows + r;
+  return fp8_blocks(width) * scale_row0 + b * fp8_padded_rows(rows) + r;
 }
 // scale_row0 of every touched expert of the plan, then the total (n_active + 1 entries).
 std::vector<int64_t> fp8_scale_row0(const MoeGroupedPlan& plan);
 
-// Device bytes of the per-call buffers: x (E4M3 [total rows, hidden] + scales), h (E4M3 [total rows, inter] +
-// scales), gate|up outputs of the largest group (bf16 [rows, 2 inter]) and the experts' table (int64: the first rows
-// then scale_row0, n_active + 1 each). Each part 256-byte aligned.
+// Device bytes of the per-call buffers: x (E4M3 [total rows + 16, hidden] + scales), h (E4M3 [total rows + 16,
+// inter] + scales), gate|up outputs of the largest group (bf16 [rows + 16, 2 inter]), the last expert's padded y rows
+// (bf16 [padded rows, hidden]) and the experts' table (int64: the first rows then scale_row0, n_active + 1 each). Each
+// part 256-byte aligned.
 struct MoeFp8CallLayout {
-  size_t x = 0, x_scale = 0, h = 0, h_scale = 0, gu = 0, table = 0;  // byte offsets
+  size_t x = 0, x_scale = 0, h = 0, h_scale = 0, gu = 0, tail = 0, table = 0;  // byte offsets
   size_t bytes = 0;
 };
 MoeFp8CallLayout moe_fp8_call_layout(const MoeGroupedPlan& plan);

@@ -33,6 +33,11 @@ struct GroupSlots {
   int32_t slot[kMoeGroupedMaxGroupExperts];
 };
 
+// 2^e exactly: the bits for a normal exponent, ldexpf past them.
+__device__ __forceinline__ float pow2f(int e) {
+  return e >= -126 && e <= 127 ? __int_as_float((127 + e) << 23) : ldexpf(1.0f, e);
+}
+
 // The max over the `width` lanes of each aligned group (width a power of two <= 32; every lane calls it).
 __device__ __forceinline__ float lanes_max(float v, int width) {
   for (int o = width / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -192,18 +197,19 @@ __global__ void __launch_bounds__(kThreads) convert_w4a16_kernel(const void* con
       // The row's four lanes (t = lane bits 0, 1) hold its 128 inputs.
       const float a = lanes_max(amax[rh], 4);
       const int s = fp8_weight_scale_exponent(a);
+      const float inv = pow2f(-s);
       if (!row_ok[rh]) continue;
       for (int h = 0; h < 2; ++h) {
         if (!stage_ok[h]) continue;
-        uint32_t packed[4];
-        for (int p = 0; p < 4; ++p) {
-          const float four[4] = {v[rh][h][4 * p], v[rh][h][4 * p + 1], v[rh][h][4 * p + 2], v[rh][h][4 * p + 3]};
-          packed[p] = fp8_codes4(four, ldexpf(1.0f, s));  // dividing by 2^s is exact
+        uint32_t packed[4] = {0, 0, 0, 0};
+        for (int e = 0; e < 16; ++e) {  // x 2^-s is exact (no division); |s| stays far inside fp32's exponents
+          const auto c = static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[rh][h][e] * inv, __NV_SATFINITE, __NV_E4M3));
+          packed[e / 4] |= c << (8 * (e % 4));
         }
         const int64_t k0 = static_cast<int64_t>(2 * pair + h) * w4::kKStage + 16 * t;
         *reinterpret_cast<uint4*>(w8 + rows[rh] * m.n_in + k0) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
       }
-      if (t == 0) sc[static_cast<int64_t>(pair) * scale_rows + rows[rh]] = ldexpf(1.0f, s);
+      if (t == 0) sc[static_cast<int64_t>(pair) * scale_rows + rows[rh]] = pow2f(s);
     }
   }
 }
@@ -386,6 +392,7 @@ void moe_expert_ffn_fp8_cuda(const MoeCudaParams& p, const MoeFp8Args& a, cudaSt
   uint8_t* h8 = buf + cl.h;
   auto* h_scale = reinterpret_cast<float*>(buf + cl.h_scale);
   auto* gu = reinterpret_cast<bf16*>(buf + cl.gu);
+  auto* tail = reinterpret_cast<bf16*>(buf + cl.tail);
   auto* table = reinterpret_cast<int64_t*>(buf + cl.table);
   const std::vector<int64_t> scale_row0 = fp8_scale_row0(plan);
   const auto n_active = static_cast<int>(plan.n_active());
@@ -399,9 +406,8 @@ void moe_expert_ffn_fp8_cuda(const MoeCudaParams& p, const MoeFp8Args& a, cudaSt
     for (int j = 0; j < g.n_experts; ++j) {
       const auto i = static_cast<size_t>(g.first + j);
       const int64_t rb = plan.row_begin[i];
-      const int n = plan.rows[i];
       MoeFp8Gemm::Problem gp;
-      gp.n = n;
+      gp.n = static_cast<int>(fp8_padded_rows(plan.rows[i]));  // kFp8RowAlign: the padding rows' outputs are spare
       gp.k = Hi;
       gp.b = x8 + rb * H;
       gp.b_scale = x_scale + fp8_blocks(H) * scale_row0[i];
@@ -438,11 +444,14 @@ void moe_expert_ffn_fp8_cuda(const MoeCudaParams& p, const MoeFp8Args& a, cudaSt
       const int64_t rb = plan.row_begin[i];
       MoeFp8Gemm::Problem dp;
       dp.m = Hi;
-      dp.n = plan.rows[i];
+      dp.n = static_cast<int>(fp8_padded_rows(plan.rows[i]));
       dp.k = Ii;
       dp.b = h8 + rb * I;
       dp.b_scale = h_scale + fp8_blocks(I) * scale_row0[i];
-      dp.d = a.ws.y_perm + rb * H;
+      // The padding rows' y lands on the next expert's rows (written after this) or, for the last expert, past y_perm:
+      // that one goes through the tail buffer.
+      const bool last = i + 1 == plan.slots.size() && dp.n != plan.rows[i];
+      dp.d = last ? static_cast<void*>(tail) : static_cast<void*>(a.ws.y_perm + rb * H);
       dp.ldd = Hi;
       if (a.packed != nullptr) {
         const uint8_t* e = static_cast<const uint8_t*>(a.expert_scratch) + static_cast<size_t>(j) * el.bytes;
@@ -458,6 +467,10 @@ void moe_expert_ffn_fp8_cuda(const MoeCudaParams& p, const MoeFp8Args& a, cudaSt
         dp.a_mode = Fp8ScaleMode::kBlock128;
       }
       a.gemm->run(dp, a.cublas_workspace, a.cublas_workspace_bytes, stream);
+      if (last) {
+        BG_CUDA_CHECK(cudaMemcpyAsync(a.ws.y_perm + rb * H, tail, static_cast<size_t>(plan.rows[i] * H) * sizeof(bf16),
+                                      cudaMemcpyDeviceToDevice, stream));
+      }
     }
   }
 }

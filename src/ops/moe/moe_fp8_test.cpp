@@ -116,23 +116,27 @@ TEST(MoeFp8, LayoutsAreAlignedAndDisjoint) {
 
   const MoeGroupedPlan plan = moe_grouped_plan(std::vector<int32_t>{3, 0, 5, 1, 0, 7}, 300, 200, 2, 64);
   const std::vector<int64_t> r0 = fp8_scale_row0(plan);
-  EXPECT_EQ(r0, (std::vector<int64_t>{0, 4, 12, 16, 24}));  // each expert's rows rounded up to 4
+  EXPECT_EQ(r0, (std::vector<int64_t>{0, 16, 32, 48, 64}));  // each expert's rows padded to kFp8RowAlign
   const MoeFp8CallLayout c = moe_fp8_call_layout(plan);
-  const size_t rows = 16, scale_rows = 24;
+  const size_t rows = 16 + 16, scale_rows = 64;  // + the spare rows the last expert's padding reads
   EXPECT_GE(c.x_scale - c.x, rows * 300);
   EXPECT_GE(c.h - c.x_scale, scale_rows * 3 * 4);
   EXPECT_GE(c.h_scale - c.h, rows * 200);
   EXPECT_GE(c.gu - c.h_scale, scale_rows * 2 * 4);
-  EXPECT_GE(c.table - c.gu, static_cast<size_t>(plan.max_group_rows) * 400 * 2);
+  EXPECT_GE(c.tail - c.gu, (static_cast<size_t>(plan.max_group_rows) + 16) * 400 * 2);
+  EXPECT_GE(c.table - c.tail, size_t{16} * 300 * 2);  // the last expert's 7 rows, padded
   EXPECT_GE(c.bytes - c.table, 2 * (plan.slots.size() + 1) * 8);
-  for (size_t off : {c.x_scale, c.h, c.h_scale, c.gu, c.table, c.bytes}) EXPECT_EQ(off % 256, 0u);
+  for (size_t off : {c.x_scale, c.h, c.h_scale, c.gu, c.tail, c.table, c.bytes}) EXPECT_EQ(off % 256, 0u);
+  EXPECT_EQ(fp8_padded_rows(1), 16);
+  EXPECT_EQ(fp8_padded_rows(16), 16);
+  EXPECT_EQ(fp8_padded_rows(61), 64);
   // Every (row, block) of every expert has its own scale index inside the buffer, each expert's tensor starts
   // 16-byte aligned, and no two experts' tensors overlap.
   for (int64_t width : {300, 128, 64}) {
     std::set<int64_t> seen;
     int64_t count = 0;
     for (size_t i = 0; i < plan.slots.size(); ++i) {
-      EXPECT_EQ(fp8_row_scale_index(width, r0[i], plan.rows[i], 0, 0) % 4, 0) << i;
+      EXPECT_EQ(fp8_row_scale_index(width, r0[i], plan.rows[i], 0, 0) % 16, 0) << i;
       for (int64_t r = 0; r < plan.rows[i]; ++r) {
         for (int64_t b = 0; b < fp8_blocks(width); ++b) {
           const int64_t at = fp8_row_scale_index(width, r0[i], plan.rows[i], r, b);
@@ -145,7 +149,7 @@ TEST(MoeFp8, LayoutsAreAlignedAndDisjoint) {
     }
     EXPECT_EQ(static_cast<int64_t>(seen.size()), count);
     EXPECT_EQ(count, 16 * fp8_blocks(width));
-    EXPECT_LT(*seen.rbegin(), 24 * fp8_blocks(width));
+    EXPECT_LT(*seen.rbegin(), 64 * fp8_blocks(width));
   }
 }
 
