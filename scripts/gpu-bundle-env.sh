@@ -2,6 +2,7 @@
 # unpacks the bundle once, puts its libraries and torch's CUDA ones on the library path, and sets BG to its batchgen.
 #   ensure_slice DIR       writes the K3 ep16-rank slice into DIR unless it is there (log in $OUT)
 #   wait_ready PORT PID    waits up to 240 s for /ready on PORT while process PID lives; status 0 when ready
+#   gtest_summary NAME LOG RC   appends to $S a googletest run's result line and its first failures
 mkdir -p "$OUT"
 if [[ -f $BUNDLE/bundle.tar.xz && ! -x $BUNDLE/batchgen ]]; then tar -C "$BUNDLE" -xJf "$BUNDLE/bundle.tar.xz"; fi
 SP=/opt/torch/.venv/lib/python3.12/site-packages
@@ -19,4 +20,8 @@ wait_ready() {
     sleep 0.5
   done
   return 1
+}
+gtest_summary() {
+  echo "$1 rc=$3: $(grep -E '^\[  (PASSED|FAILED) ' "$2" | tr '\n' ' ')" >> "$S"
+  grep -E '^\[  FAILED  \]|Failure|error:|what\(\)|C\+\+ exception' "$2" | head -20 >> "$S"
 }

@@ -18,13 +18,9 @@ export BG_GOLDEN_DIR="$BUNDLE/golden"
 T="$BUNDLE/test_cuda"
 S=$OUT/fp8-prefill.txt
 : > "$S"
-summary() {  # summary NAME LOG RC
-  echo "$1 rc=$3: $(grep -E '^\[  (PASSED|FAILED) ' "$2" | tr '\n' ' ')" >> "$S"
-  grep -E '^\[  FAILED  \]|Failure|error:|what\(\)' "$2" | head -20 >> "$S"
-}
 if want parity; then
   timeout 240 "$T" --gtest_filter="${PARITY:-MoeFp8Parity.*:MoeGroupedParity.*}" > "$OUT/parity.log" 2>&1
-  summary "parity MoeFp8Parity + MoeGroupedParity" "$OUT/parity.log" $?
+  gtest_summary "parity ${PARITY:-MoeFp8Parity.*:MoeGroupedParity.*}" "$OUT/parity.log" $?
   grep -E "\[parity\]" "$OUT/parity.log" | grep -E "fp8|end to end|gate\|up|y =" | head -40 >> "$S"
 fi
 if want bench; then
@@ -35,7 +31,7 @@ if want bench; then
 fi
 if want goldens; then
   BG_MOE_PREFILL=fp8 timeout 200 "$T" --gtest_filter='Cases/GoldenGpu.*' > "$OUT/goldens.log" 2>&1
-  summary "goldens with BG_MOE_PREFILL=fp8 (BG_MOE_GROUPED_MIN_ROWS=1: every prefill step on it)" "$OUT/goldens.log" $?
+  gtest_summary "goldens with BG_MOE_PREFILL=fp8 (BG_MOE_GROUPED_MIN_ROWS=1: every prefill step on it)" "$OUT/goldens.log" $?
   grep -E "\[gpu golden\]" "$OUT/goldens.log" | head -20 >> "$S"
 fi
 if want prefill; then

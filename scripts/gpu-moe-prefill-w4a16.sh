@@ -19,17 +19,13 @@ export BG_GOLDEN_DIR="$BUNDLE/golden"
 T="$BUNDLE/test_cuda"
 S=$OUT/w4a16-prefill.txt
 : > "$S"
-summary() {  # summary NAME LOG RC
-  echo "$1 rc=$3: $(grep -E '^\[  (PASSED|FAILED) ' "$2" | tr '\n' ' ')" >> "$S"
-  grep -E '^\[  FAILED  \]|Failure|error:' "$2" | head -20 >> "$S"
-}
 if want parity; then
   timeout 300 "$T" --gtest_filter='MoeW4a16Prefill.*:MoeW4a16Parity.*:MoeCudaParity.*' > "$OUT/parity.log" 2>&1
-  summary "parity MoeW4a16Prefill + MoeW4a16Parity + MoeCudaParity (dispatch)" "$OUT/parity.log" $?
+  gtest_summary "parity MoeW4a16Prefill + MoeW4a16Parity + MoeCudaParity (dispatch)" "$OUT/parity.log" $?
   BG_MOE_PREFILL=w4a16 timeout 300 "$T" \
     --gtest_filter='Cases/GoldenGpu.*:Models/StepGpu.*:Archs/*:Cases/StreamedExpertsGpu.*:Cases/W4a16StoreGpu.*' \
     > "$OUT/goldens.log" 2>&1
-  summary "goldens, step, Archs, streamed experts with BG_MOE_PREFILL=w4a16" "$OUT/goldens.log" $?
+  gtest_summary "goldens, step, Archs, streamed experts with BG_MOE_PREFILL=w4a16" "$OUT/goldens.log" $?
 fi
 if want bench; then
   timeout 500 "$BG" bench kernels --device cuda --kernels moe_prefill,moe_crossover \

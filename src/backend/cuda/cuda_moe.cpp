@@ -382,16 +382,20 @@ ops::MoePrefillKernel prefill_mode() {
   return mode;
 }
 
+// Rows per expert from which the prefill kernels (W4A16, FP8) run: BG_MOE_GROUPED_MIN_ROWS when set, else
+// kMoeW4a16PrefillMinRows.
+int64_t prefill_min_rows() {
+  const char* env = std::getenv("BG_MOE_GROUPED_MIN_ROWS");
+  return env != nullptr && *env != '\0' ? ops::moe_grouped_min_rows(env) : ops::kMoeW4a16PrefillMinRows;
+}
+
 // Whether a call takes the FP8 prefill path (BG_MOE_PREFILL=fp8 only: it rounds activations to E4M3): a layer it
 // supports, from kMoeW4a16PrefillMinRows rows per expert (BG_MOE_GROUPED_MIN_ROWS when set), never under
 // --deterministic or graph capture (its plan reads the row counts on the host, as the grouped path's).
 bool use_fp8_prefill(const MoeContext& c, const CudaExpertSlots& slots, const ops::MoeCudaParams& p) {
   if (prefill_mode() != ops::MoePrefillKernel::kFp8 || c.grouped_scratch == nullptr || c.deterministic) return false;
   if (!ops::moe_fp8_supported(p, slots.w4a16() != nullptr, slots.stages())) return false;
-  const char* env = std::getenv("BG_MOE_GROUPED_MIN_ROWS");
-  const int64_t min_rows =
-      env != nullptr && *env != '\0' ? ops::moe_grouped_min_rows(env) : ops::kMoeW4a16PrefillMinRows;
-  if (!ops::moe_grouped_wanted(p.shape.n_tokens, p.shape.top_k, p.shape.n_experts, min_rows)) return false;
+  if (!ops::moe_grouped_wanted(p.shape.n_tokens, p.shape.top_k, p.shape.n_experts, prefill_min_rows())) return false;
   return !capturing(c.stream);
 }
 
@@ -438,11 +442,8 @@ bool use_w4a16_prefill(const MoeContext& c, const ops::MoeCudaParams& p, bool ha
       c.deterministic || p.inter % ops::w4::kKStage != 0) {
     return false;
   }
-  const char* env = std::getenv("BG_MOE_GROUPED_MIN_ROWS");
-  const int64_t min_rows =
-      env != nullptr && *env != '\0' ? ops::moe_grouped_min_rows(env) : ops::kMoeW4a16PrefillMinRows;
   const auto [n, k, e] = std::tuple{p.shape.n_tokens, p.shape.top_k, p.shape.n_experts};
-  if (!ops::moe_grouped_wanted(n, k, e, min_rows)) return false;
+  if (!ops::moe_grouped_wanted(n, k, e, prefill_min_rows())) return false;
   if (mode == ops::MoePrefillKernel::kW4a16) return true;
   return !ops::moe_grouped_wanted(n, k, e, ops::kMoeW4a16PrefillMaxRows) && !capturing(c.stream);
 }
@@ -473,16 +474,16 @@ void moe_experts(const MoeContext& c, const CudaExpertSlots& slots, const GluSpe
   ops::MoeCudaParams p = params(r, rows.cols(), g0.n_out);
   p.expert_format = g0.format;
   p.act = glu_params(glu);
-  std::shared_ptr<void> h = c.alloc->allocate(static_cast<size_t>(r.shape.n_pairs() * g0.n_out) * sizeof(bf16));
   ops::MoeWorkspace ws = workspace(c, r);
   ws.x_perm = rows.as<bf16>();
-  ws.h = static_cast<bf16*>(h.get());  // [n_pairs, inter] GLU outputs, freed in stream order
   ws.y_perm = y_rows.as<bf16>();
-  const ops::MoeW4a16Weights* w = slots.w4a16();
-  if (use_fp8_prefill(c, slots, p)) {
+  if (use_fp8_prefill(c, slots, p)) {  // its h is E4M3 in its own call buffer
     run_fp8_prefill(c, slots, p, ws);
     return;
   }
+  std::shared_ptr<void> h = c.alloc->allocate(static_cast<size_t>(r.shape.n_pairs() * g0.n_out) * sizeof(bf16));
+  ws.h = static_cast<bf16*>(h.get());  // [n_pairs, inter] GLU outputs, freed in stream order
+  const ops::MoeW4a16Weights* w = slots.w4a16();
   if (use_w4a16_prefill(c, p, w != nullptr)) {
     run_w4a16_prefill(c, *w, p, ws, rows, false, y_rows);
     return;

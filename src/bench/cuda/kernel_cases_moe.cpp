@@ -146,7 +146,7 @@ ops::MoeW4a16Weights random_w4a16(CaseMemory& mem) {
 // found by one run here (outside the captured launches). Launch = the whole FFN or the conversion alone.
 PreparedKernel fp8_kernel(const CudaEnv& env, CaseMemory& mem, const MoeCudaParams& p,
                           const std::shared_ptr<MoeDispatchBuffers>& disp, MoePart part) {
-  const ops::MoeW4a16Weights w = random_w4a16(mem);
+  auto packed = std::make_shared<ops::MoeW4a16Weights>(random_w4a16(mem));
   const int64_t per_group = ops::moe_grouped_group_experts(p.hidden, p.inter, ops::kMoeGroupedScratchBudgetBytes);
   auto plan = std::make_shared<ops::MoeGroupedPlan>(
       ops::moe_grouped_plan_from_device(p, disp->ws, per_group, env.stream));
@@ -155,7 +155,7 @@ PreparedKernel fp8_kernel(const CudaEnv& env, CaseMemory& mem, const MoeCudaPara
   const ops::MoeFp8CallLayout cl = ops::moe_fp8_call_layout(*plan);
   ops::MoeFp8Args a;
   a.plan = plan.get();
-  a.packed = &w;
+  a.packed = packed.get();
   a.ws = disp->ws;
   a.expert_scratch_bytes = z(per_group) * el.bytes;
   a.expert_scratch = mem.zeros(a.expert_scratch_bytes);
@@ -174,10 +174,8 @@ PreparedKernel fp8_kernel(const CudaEnv& env, CaseMemory& mem, const MoeCudaPara
     k.cost = {ffn_bytes(p.shape.n_tokens, plan->n_active()), 2.0 * d(p.shape.n_pairs()) * expert_params()};
   }
   BG_CUDA_CHECK(cudaStreamSynchronize(env.stream));
-  // `a` points at *plan, w's blocks and *gemm: the lambda owns them (and the dispatch buffers) while it lives.
+  // `a` points at *plan, *packed and *gemm: the lambda owns them (and the dispatch buffers) while it lives.
   const bool convert = part == MoePart::kFp8Convert;
-  auto packed = std::make_shared<ops::MoeW4a16Weights>(w);
-  a.packed = packed.get();
   k.launch = [=](int, cudaStream_t s) {
     (void)disp;
     (void)gemm;

@@ -13,6 +13,13 @@ namespace {
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
+// max |v| over inputs [b0, b1) of row r of a [rows, width] matrix.
+float block_amax(std::span<const float> v, int64_t width, int64_t r, int64_t b0, int64_t b1) {
+  float amax = 0.0f;
+  for (int64_t k = b0; k < b1; ++k) amax = std::max(amax, std::fabs(v[static_cast<size_t>(r * width + k)]));
+  return amax;
+}
+
 }  // namespace
 
 MoeFp8ExpertLayout moe_fp8_expert_layout(int64_t hidden, int64_t inter) {
@@ -58,9 +65,7 @@ std::vector<float> fp8_quantize_rows_emulated(std::span<const float> x, int64_t 
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b0 = 0; b0 < width; b0 += kFp8BlockInputs) {
       const int64_t b1 = std::min(width, b0 + kFp8BlockInputs);
-      float amax = 0.0f;
-      for (int64_t k = b0; k < b1; ++k) amax = std::max(amax, std::fabs(x[static_cast<size_t>(r * width + k)]));
-      const float scale = fp8_activation_scale(amax);
+      const float scale = fp8_activation_scale(block_amax(x, width, r, b0, b1));
       for (int64_t k = b0; k < b1; ++k) {
         const auto i = static_cast<size_t>(r * width + k);
         out[i] = f8e4m3_to_f32(f32_to_f8e4m3(x[i] / scale)) * scale;
@@ -79,9 +84,7 @@ std::vector<float> fp8_convert_weight_emulated(std::span<const float> w, int64_t
   for (int64_t r = 0; r < n_out; ++r) {
     for (int64_t b0 = 0; b0 < n_in; b0 += kFp8BlockInputs) {
       const int64_t b1 = std::min(n_in, b0 + kFp8BlockInputs);
-      float amax = 0.0f;
-      for (int64_t k = b0; k < b1; ++k) amax = std::max(amax, std::fabs(w[static_cast<size_t>(r * n_in + k)]));
-      const int s = fp8_weight_scale_exponent(amax);
+      const int s = fp8_weight_scale_exponent(block_amax(w, n_in, r, b0, b1));
       bool exact = true;
       for (int64_t k = b0; k < b1; ++k) {
         const auto i = static_cast<size_t>(r * n_in + k);

@@ -20,6 +20,7 @@
 #include "ops/linear/linear_cuda_device.cuh"
 #include "ops/moe/fp8_block_device.cuh"
 #include "ops/moe/moe_glu_device.cuh"
+#include "ops/moe/moe_grouped_device.cuh"
 #include "ops/moe_w4a16/moe_w4a16_layout.h"
 
 namespace bg::ops {
@@ -27,11 +28,9 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kThreads = 256;
-
-struct GroupSlots {
-  int32_t slot[kMoeGroupedMaxGroupExperts];
-};
+using grouped::GroupSlots;
+using grouped::grid_for;
+using grouped::kThreads;
 
 // 2^e exactly: the bits for a normal exponent, ldexpf past them.
 __device__ __forceinline__ float pow2f(int e) {
@@ -74,49 +73,49 @@ __device__ __forceinline__ void quantize_block(const float (&v)[4], bool valid, 
   }
 }
 
-// x rows [n_rows, width] (bf16) -> E4M3 + scales; one warp per (row, block), width % 4 == 0.
-__global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const bf16* x, int64_t n_rows, int64_t width,
-                                                                 const int64_t* table, int n_experts, uint8_t* q,
-                                                                 float* scales) {
+// Warp w of the grid quantizes the (row, block) pairs w, w + warps, ... of rows [0, n_rows): load(r, c, v) fills the
+// lane's four inputs c .. c + 3 of row r (only where c < width); the row's permuted index is row0 + r.
+template <typename Load>
+__device__ __forceinline__ void quantize_row_blocks(int64_t n_rows, int64_t width, int64_t row0, const Load& load,
+                                                    const int64_t* table, int n_experts, uint8_t* q, float* scales) {
   const int64_t blocks = fp8_blocks(width), n = n_rows * blocks;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / 32);
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  for (int64_t w = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; w < n; w += warps) {
-    const int64_t row = w / blocks, b = w % blocks, k = b * kFp8BlockInputs + 4 * lane;
-    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const bool valid = k < width;
-    if (valid) {
-      const uint2 raw = *reinterpret_cast<const uint2*>(x + row * width + k);
-      const float2 a = cudadev::bf16x2_to_float2(raw.x), c = cudadev::bf16x2_to_float2(raw.y);
-      v[0] = a.x, v[1] = a.y, v[2] = c.x, v[3] = c.y;
-    }
-    quantize_block(v, valid, row, b, width, table, n_experts, q, scales);
-  }
-}
-
-// h = GLU(gate, up) of a group's rows (gu: bf16 [n_rows, 2 inter], the group's first permuted row `row0`), computed in
-// fp32 and quantized straight to E4M3 (no bf16 h). One warp per (row, block), inter % 4 == 0.
-__global__ void __launch_bounds__(kThreads) glu_quantize_kernel(const bf16* gu, int64_t n_rows, int64_t row0,
-                                                                int64_t inter, MoeGluParams act,
-                                                                const int64_t* table, int n_experts, uint8_t* q,
-                                                                float* scales) {
-  const int64_t blocks = fp8_blocks(inter), n = n_rows * blocks;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / 32);
   const int lane = static_cast<int>(threadIdx.x & 31);
   for (int64_t w = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; w < n; w += warps) {
     const int64_t r = w / blocks, b = w % blocks, c = b * kFp8BlockInputs + 4 * lane;
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const bool valid = c < inter;
-    if (valid) {
-      const uint2 g = *reinterpret_cast<const uint2*>(gu + r * 2 * inter + c);
-      const uint2 u = *reinterpret_cast<const uint2*>(gu + r * 2 * inter + inter + c);
-      const float2 g0 = cudadev::bf16x2_to_float2(g.x), g1 = cudadev::bf16x2_to_float2(g.y);
-      const float2 u0 = cudadev::bf16x2_to_float2(u.x), u1 = cudadev::bf16x2_to_float2(u.y);
-      v[0] = moe_glu(g0.x, u0.x, act), v[1] = moe_glu(g0.y, u0.y, act);
-      v[2] = moe_glu(g1.x, u1.x, act), v[3] = moe_glu(g1.y, u1.y, act);
-    }
-    quantize_block(v, valid, row0 + r, b, inter, table, n_experts, q, scales);
+    const bool valid = c < width;
+    if (valid) load(r, c, v);
+    quantize_block(v, valid, row0 + r, b, width, table, n_experts, q, scales);
   }
+}
+
+// x rows [n_rows, width] (bf16) -> E4M3 + scales; width % 4 == 0.
+__global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const bf16* x, int64_t n_rows, int64_t width,
+                                                                 const int64_t* table, int n_experts, uint8_t* q,
+                                                                 float* scales) {
+  const auto load = [&](int64_t r, int64_t c, float (&v)[4]) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(x + r * width + c);
+    const float2 a = cudadev::bf16x2_to_float2(raw.x), b = cudadev::bf16x2_to_float2(raw.y);
+    v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+  };
+  quantize_row_blocks(n_rows, width, 0, load, table, n_experts, q, scales);
+}
+
+// h = GLU(gate, up) of a group's rows (gu: bf16 [n_rows, 2 inter], the group's first permuted row `row0`), computed in
+// fp32 and quantized straight to E4M3 (no bf16 h); inter % 4 == 0.
+__global__ void __launch_bounds__(kThreads) glu_quantize_kernel(const bf16* gu, int64_t n_rows, int64_t row0,
+                                                                int64_t inter, MoeGluParams act, const int64_t* table,
+                                                                int n_experts, uint8_t* q, float* scales) {
+  const auto load = [&](int64_t r, int64_t c, float (&v)[4]) {
+    const uint2 g = *reinterpret_cast<const uint2*>(gu + r * 2 * inter + c);
+    const uint2 u = *reinterpret_cast<const uint2*>(gu + r * 2 * inter + inter + c);
+    const float2 g0 = cudadev::bf16x2_to_float2(g.x), g1 = cudadev::bf16x2_to_float2(g.y);
+    const float2 u0 = cudadev::bf16x2_to_float2(u.x), u1 = cudadev::bf16x2_to_float2(u.y);
+    v[0] = moe_glu(g0.x, u0.x, act), v[1] = moe_glu(g0.y, u0.y, act);
+    v[2] = moe_glu(g1.x, u1.x, act), v[3] = moe_glu(g1.y, u1.y, act);
+  };
+  quantize_row_blocks(n_rows, inter, row0, load, table, n_experts, q, scales);
 }
 
 // W4A16-layout experts -> E4M3 [n_out, n_in] + power-of-two VEC128 scales [blocks][n_out] (moe_fp8_expert_layout).
@@ -212,10 +211,6 @@ __global__ void __launch_bounds__(kThreads) convert_w4a16_kernel(const void* con
       if (t == 0) sc[static_cast<int64_t>(pair) * scale_rows + rows[rh]] = pow2f(s);
     }
   }
-}
-
-int grid_for(int64_t work, int64_t cap) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((work + kThreads - 1) / kThreads, cap)));
 }
 
 // RAII for the per-call cuBLASLt descriptors.
@@ -336,8 +331,7 @@ void moe_fp8_convert_w4a16_cuda(const MoeGroupedPlan& plan, const MoeGroupedGrou
            w.info.inter, plan.hidden, plan.inter);
   BG_CHECK(g.n_experts >= 1 && g.n_experts <= kMoeGroupedMaxGroupExperts, "moe fp8: a group of {} experts",
            g.n_experts);
-  GroupSlots slots{};
-  for (int j = 0; j < g.n_experts; ++j) slots.slot[j] = plan.slots[static_cast<size_t>(g.first + j)];
+  const GroupSlots slots = grouped::group_slots(plan, g);
   const MoeFp8ExpertLayout lay = moe_fp8_expert_layout(plan.hidden, plan.inter);
   const int x = grid_for(plan.hidden * plan.inter / 32, std::max(1, 2 * 132 * 8 / (2 * g.n_experts)));
   const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(2 * g.n_experts));

@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "ops/linear/linear_cuda_device.cuh"
 #include "ops/moe/moe_glu_device.cuh"
+#include "ops/moe/moe_grouped_device.cuh"
 #include "ops/moe_w4a16/moe_w4a16_layout.h"
 
 namespace bg::ops {
@@ -30,12 +31,9 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kThreads = 256;
-
-// The slots of one group (kernel parameter: at most 64 x 4 bytes).
-struct GroupSlots {
-  int32_t slot[kMoeGroupedMaxGroupExperts];
-};
+using grouped::GroupSlots;
+using grouped::grid_for;
+using grouped::kThreads;
 
 // grid (x: grid-stride over one matrix, y: 3 x experts of the group): block row y dequantizes matrix y % 3 (gate, up,
 // down) of the group's expert y / 3 into its place in the scratch.
@@ -165,10 +163,6 @@ __global__ void __launch_bounds__(kThreads) grouped_glu_kernel(const bf16* gu, i
   }
 }
 
-int grid_for(int64_t work, int64_t cap) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((work + kThreads - 1) / kThreads, cap)));
-}
-
 // One grouped call over the group's experts: problem i is C_i[n_i, m] (row-major, ld m) = B_i[n_i, k] A_i^T with
 // A_i [m, k] row-major; pointer arrays are device memory, offset to the group's first expert.
 struct GroupedGemm {
@@ -232,8 +226,7 @@ void check_args(const MoeCudaParams& p, const MoeGroupedArgs& a) {
 
 template <WeightFormat F>
 void launch_dequant(const MoeCudaParams& p, const MoeGroupedArgs& a, const MoeGroupedGroup& g, cudaStream_t stream) {
-  GroupSlots slots{};
-  for (int j = 0; j < g.n_experts; ++j) slots.slot[j] = a.plan->slots[static_cast<size_t>(g.first + j)];
+  const GroupSlots slots = grouped::group_slots(*a.plan, g);
   // ~2 waves of 8 blocks per SM over all matrices of the group.
   const int x = grid_for(p.hidden * p.inter / 8, std::max(1, 2 * 132 * 8 / (3 * g.n_experts)));
   const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(3 * g.n_experts));
@@ -249,8 +242,7 @@ void launch_dequant_w4a16(const MoeCudaParams& p, const MoeGroupedArgs& a, const
                w.info.n_slots == p.shape.n_slots && w.blocks != nullptr,
            "moe grouped: W4A16 layout v{} of {} experts [{} -> {}] for a call over {} slots [{} -> {}]",
            w.info.version, w.info.n_slots, w.info.hidden, w.info.inter, p.shape.n_slots, p.hidden, p.inter);
-  GroupSlots slots{};
-  for (int j = 0; j < g.n_experts; ++j) slots.slot[j] = a.plan->slots[static_cast<size_t>(g.first + j)];
+  const GroupSlots slots = grouped::group_slots(*a.plan, g);
   const int x = grid_for(p.hidden * p.inter / 32, std::max(1, 2 * 132 * 8 / (2 * g.n_experts)));
   const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(2 * g.n_experts));
   grouped_dequant_w4a16_kernel<<<grid, kThreads, 0, stream>>>(w.blocks, slots, w.info, a.bufs.weights,
