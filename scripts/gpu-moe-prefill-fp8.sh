@@ -5,7 +5,8 @@
 # goldens with BG_MOE_PREFILL=fp8 (the path's effect on them: E4M3 activations are not the model's arithmetic, so
 # failures there are the measurement, recorded, not a regression), and the slice's prefill on it. Run from the repo
 # root with the bundle carried:
-#   PARTS="parity bench goldens prefill" scripts/gpu-moe-prefill-fp8.sh [BUNDLE]
+#   PARTS="parity bench goldens prefill ncu" scripts/gpu-moe-prefill-fp8.sh [BUNDLE]
+# (ncu: Nsight Compute's details of one launch of the W4A16 -> E4M3 conversion, from its bench case)
 # KERNELS narrows the bench cases, MODES the BG_MOE_PREFILL values the slice's prefill runs with (default "fp8 auto").
 # Output: $OUT/fp8-prefill.txt (the summary) and logs beside it.
 set -u
@@ -43,5 +44,14 @@ if want prefill; then
     echo "bench prefill BG_MOE_PREFILL=$k rc=$?" >> "$S"
     grep -E "tokens/s|prefill .* ms|error" "$OUT/prefill-$k.log" | tail -4 >> "$S"
   done
+fi
+if want ncu; then
+  timeout 180 ncu --clock-control none --kernel-name regex:convert_w4a16 --launch-skip 2 --launch-count 1 --set full \
+    -o "$OUT/convert" "$BG" bench kernels --device cuda --kernels moe_prefill_fp8_convert > "$OUT/ncu.log" 2>&1
+  echo "ncu rc=$?" >> "$S"
+  ncu --import "$OUT/convert.ncu-rep" --page details > "$OUT/convert-details.txt" 2>&1
+  rm -f "$OUT/convert.ncu-rep"
+  grep -E "Duration|Executed Instructions  |Issue Slots Busy|DRAM Throughput|Registers Per|Achieved Occ|L1/TEX Hit|\
+L2 Hit|Mem Busy|Stall|Local" "$OUT/convert-details.txt" | head -30 >> "$S"
 fi
 cat "$S"

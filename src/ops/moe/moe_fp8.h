@@ -49,6 +49,18 @@ BG_FP8_HD int fp8_weight_scale_exponent(float amax) {
   return f <= 0.875f ? x - 9 : x - 8;
 }
 
+// The conversion of W4A16-layout weights (moe_fp8_cuda.cu): a weight there is the bf16 lane c x 2^-126 (c the E2M1
+// value) times the stored scale 2^(s' - 127), rounded to bf16, times 2^shift, rounded again. When s' >= 121 and
+// s' + shift <= 377 neither rounding changes anything (c has two significant bits, c x 2^(s' - 253) >= 2^-133 is at
+// worst a bf16 subnormal, and c x 2^(s' - 253 + shift) <= 6 x 2^124 is finite), so the weight under the block scale
+// 2^S is c x 2^e with e = fp8_convert_exponent(s', shift, S): (lane x 2^126) x 2^e, two exact fp32 products (or one
+// rounding where 2^e is subnormal, as ldexp's; below 2^-149 both give E4M3 zero). Elsewhere the kernel takes the
+// bf16 arithmetic weight by weight.
+BG_FP8_HD bool fp8_convert_fast(int s_prime, int shift) { return s_prime >= 121 && s_prime + shift <= 377; }
+BG_FP8_HD int fp8_convert_exponent(int s_prime, int shift, int block_exponent) {
+  return s_prime - 253 + shift - block_exponent;
+}
+
 // The activation scale of a block: amax / 448 (IEEE division on both sides), or 1 for amax == 0.
 BG_FP8_HD float fp8_activation_scale(float amax) { return amax > 0.0f ? amax / kE4m3Max : 1.0f; }
 

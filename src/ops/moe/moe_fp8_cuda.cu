@@ -31,6 +31,8 @@ using bf16 = __nv_bfloat16;
 using grouped::GroupSlots;
 using grouped::grid_for;
 using grouped::kThreads;
+using grouped::w4_scale;
+using grouped::w4_weight;
 
 // 2^e exactly: the bits for a normal exponent, ldexpf past them.
 __device__ __forceinline__ float pow2f(int e) {
@@ -118,14 +120,33 @@ __global__ void __launch_bounds__(kThreads) glu_quantize_kernel(const bf16* gu, 
   quantize_row_blocks(n_rows, inter, row0, load, table, n_experts, q, scales);
 }
 
+// Two lanes of a decoded register (elements k, k + 1 of a row) -> their two E4M3 codes (k in the low byte) under
+// the block exponent s, weight by weight with the exact arithmetic (out of line: the rare case).
+__device__ __noinline__ uint32_t convert_pair_exact(uint32_t r, int s_prime, float shift, int s) {
+  const float lo = ldexpf(w4_weight(r & 0xffffu, w4_scale(static_cast<uint32_t>(s_prime)), shift), -s);
+  const float hi = ldexpf(w4_weight(r >> 16, w4_scale(static_cast<uint32_t>(s_prime)), shift), -s);
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+}
+
+// The same where fp8_convert_fast holds: (lane x 2^126) x 2^e, c = 2^e.
+__device__ __forceinline__ uint32_t convert_pair(uint32_t r, bool fast, float c, int s_prime, float shift, int s) {
+  if (!fast) return convert_pair_exact(r, s_prime, shift, s);
+  constexpr float kLaneUnit = 0x1p126f;  // lane x 2^126 = the E2M1 value exactly
+  const float lo = __uint_as_float(r << 16) * kLaneUnit * c;
+  const float hi = __uint_as_float(r & 0xffff0000u) * kLaneUnit * c;
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+}
+
 // W4A16-layout experts -> E4M3 [n_out, n_in] + power-of-two VEC128 scales [blocks][n_out] (moe_fp8_expert_layout).
-// Thread i of a matrix decodes one lane's 16 code bytes of one tile in each of the two 64-input stages of a 128-input
-// block (rows g and g + 8 of the m16 tile, inputs 16 t .. 16 t + 15 of each stage) exactly as the dequantize-once path
-// does (bf16(code x scale) x 2^shift: the weight's exact value); the four lanes t = 0..3 of a row hold its whole block,
-// so its amax is two shuffles. grid.y: the group's experts x 2 (gate/up, down).
-__global__ void __launch_bounds__(kThreads) convert_w4a16_kernel(const void* const* blocks, GroupSlots g,
-                                                                 MoeW4a16LayoutInfo info, MoeFp8ExpertLayout lay,
-                                                                 uint8_t* dst, int32_t* error_flags) {
+// Thread i of a matrix converts one lane's 16 code bytes of one tile in each of the two 64-input stages of a
+// 128-input block (rows g and g + 8 of the m16 tile, inputs 16 t .. 16 t + 15 of each stage), to the codes of the
+// weights' exact values (as the dequantize-once path decodes them). Both stages' loads are issued first; the four
+// lanes t = 0..3 of a row hold its whole block, and its amax comes from the largest code magnitude of each of its
+// (stage, row) groups (the value is monotone in the magnitude bits), so the weights are decoded twice (max, then
+// codes) instead of being held. grid.y: the group's experts x 2 (gate/up, down).
+__global__ void __launch_bounds__(kThreads, 4) convert_w4a16_kernel(const void* const* blocks, GroupSlots g,
+                                                                    MoeW4a16LayoutInfo info, MoeFp8ExpertLayout lay,
+                                                                    uint8_t* dst, int32_t* error_flags) {
   const int j = static_cast<int>(blockIdx.y) / 2;
   const bool gate_up = blockIdx.y % 2 == 0;
   const auto* block = static_cast<const uint8_t*>(blocks[g.slot[j]]);
@@ -134,11 +155,12 @@ __global__ void __launch_bounds__(kThreads) convert_w4a16_kernel(const void* con
     return;
   }
   const MoeW4a16MatrixInfo& m = gate_up ? info.gate_up : info.down;
-  const int64_t H = info.hidden, I = info.inter, scale_rows = gate_up ? 2 * I : H;
+  const int64_t I = info.inter, scale_rows = gate_up ? 2 * I : info.hidden;
   uint8_t* base = dst + static_cast<size_t>(j) * lay.bytes;
   uint8_t* w8 = base + (gate_up ? lay.gate_up : lay.down);
   auto* sc = reinterpret_cast<float*>(base + (gate_up ? lay.gate_up_scale : lay.down_scale));
-  const float shift = exp2f(static_cast<float>(m.scale_shift));
+  const int shift_i = m.scale_shift;
+  const float shift = exp2f(static_cast<float>(shift_i));
   constexpr int kLaneTiles = w4::kWarps * w4::kMTiles * 32;  // per stage block
   const int n_pairs = (m.n_kstages + 1) / 2;
   const int64_t n = static_cast<int64_t>(m.n_items) * n_pairs * kLaneTiles;  // a multiple of 32: whole warps
@@ -149,66 +171,64 @@ __global__ void __launch_bounds__(kThreads) convert_w4a16_kernel(const void* con
     const int lane = in_stage & 31, mt = (in_stage >> 5) % w4::kMTiles, warp = in_stage >> 5 >> 2;
     const int item = static_cast<int>(pair_index / n_pairs), pair = static_cast<int>(pair_index % n_pairs);
     const int g8 = lane >> 2, t = lane & 3;
-    int64_t rows[2];
-    bool row_ok[2];
-    for (int rh = 0; rh < 2; ++rh) {
-      const int r16 = g8 + 8 * rh;
-      const int64_t r = gate_up ? w4::gate_up_column(item, warp, mt, r16) : w4::down_row(item, warp, mt, r16);
-      row_ok[rh] = r < m.n_out;
-      rows[rh] = r + (gate_up && w4::gate_up_is_up(mt) ? I : 0);
-    }
-    float v[2][2][16];  // [row half][stage of the pair][input - 16 t]
+    uint4 q[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+    uint32_t sp[2] = {0, 0};  // the stored scale bytes s' of rows g (bits 0..7) and g + 8 (bits 8..15)
     bool stage_ok[2];
-    float amax[2] = {0.0f, 0.0f};
+#pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int kstage = 2 * pair + h;
       stage_ok[h] = kstage < m.n_kstages && static_cast<int64_t>(kstage) * w4::kKStage + 16 * t < m.n_in;
-      if (!stage_ok[h]) {
-        for (int rh = 0; rh < 2; ++rh) {
-          for (int e = 0; e < 16; ++e) v[rh][h][e] = 0.0f;
-        }
-        continue;
-      }
-      const uint8_t* sb = block + m.offset_bytes + (static_cast<int64_t>(item) * m.n_kstages + kstage) * w4::kStageBytes;
-      const uint4 q = *reinterpret_cast<const uint4*>(sb + w4::code_offset(warp, mt, lane));
-      const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-      float scales[2];
-      for (int rh = 0; rh < 2; ++rh) {
-        const uint32_t s_bits = w4::scale_bf16x2(sb[w4::scale_offset(warp, g8, t >> 1, mt, rh)]) & 0xffffu;
-        scales[rh] = __uint_as_float(s_bits << 16);
-      }
+      if (!stage_ok[h]) continue;
+      const int64_t stage = static_cast<int64_t>(item) * m.n_kstages + kstage;
+      const uint8_t* sb = block + m.offset_bytes + stage * w4::kStageBytes;
+      q[h] = __ldg(reinterpret_cast<const uint4*>(sb + w4::code_offset(warp, mt, lane)));
+      sp[h] = __ldg(reinterpret_cast<const uint16_t*>(sb + w4::scale_offset(warp, g8, t >> 1, mt, 0)));
+    }
+    // Row half rh's elements are registers rh (inputs 4 ks, 4 ks + 1) and rh + 2 (4 ks + 2, 4 ks + 3) of word ks.
+    float amax[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t words[4] = {q[h].x, q[h].y, q[h].z, q[h].w};
+      uint32_t mag[2] = {0, 0};  // per row half: the largest magnitude bits in each 16-bit half
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         uint32_t r[4];
         w4::decode_word(words[ks], r);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const auto lane_bits = static_cast<uint32_t>(r[e >> 1] >> (16 * (e & 1))) & 0xffffu;
-          const int rh = w4::element_row_half(e);
-          const float prod = __bfloat162float(__float2bfloat16(__uint_as_float(lane_bits << 16) * scales[rh]));
-          const float val = __bfloat162float(__float2bfloat16(prod * shift));
-          v[rh][h][w4::element_k(t, ks, e) - 16 * t] = val;
-          amax[rh] = fmaxf(amax[rh], fabsf(val));
-        }
+        for (int rh = 0; rh < 2; ++rh) mag[rh] = __vmaxu2(mag[rh], __vmaxu2(r[rh], r[rh + 2]) & 0x7fff7fffu);
+      }
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) {
+        const uint32_t top = max(mag[rh] & 0xffffu, mag[rh] >> 16);
+        if (stage_ok[h]) amax[rh] = fmaxf(amax[rh], w4_weight(top, w4_scale((sp[h] >> (8 * rh)) & 0xffu), shift));
       }
     }
+#pragma unroll
     for (int rh = 0; rh < 2; ++rh) {
-      // The row's four lanes (t = lane bits 0, 1) hold its 128 inputs.
-      const float a = lanes_max(amax[rh], 4);
-      const int s = fp8_weight_scale_exponent(a);
-      const float inv = pow2f(-s);
-      if (!row_ok[rh]) continue;
+      const int r16 = g8 + 8 * rh;
+      const int64_t row = gate_up ? w4::gate_up_column(item, warp, mt, r16) : w4::down_row(item, warp, mt, r16);
+      const int s = fp8_weight_scale_exponent(lanes_max(amax[rh], 4));  // the row's four lanes t = lane bits 0, 1
+      if (row >= m.n_out) continue;
+      const int64_t out_row = row + (gate_up && w4::gate_up_is_up(mt) ? I : 0);
+#pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (!stage_ok[h]) continue;
-        uint32_t packed[4] = {0, 0, 0, 0};
-        for (int e = 0; e < 16; ++e) {  // x 2^-s is exact (no division); |s| stays far inside fp32's exponents
-          const auto c = static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[rh][h][e] * inv, __NV_SATFINITE, __NV_E4M3));
-          packed[e / 4] |= c << (8 * (e % 4));
+        const int s_prime = static_cast<int>((sp[h] >> (8 * rh)) & 0xffu);
+        const bool fast = fp8_convert_fast(s_prime, shift_i);
+        const float c = pow2f(fp8_convert_exponent(s_prime, shift_i, s));
+        const uint32_t words[4] = {q[h].x, q[h].y, q[h].z, q[h].w};
+        uint32_t packed[4];
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          uint32_t r[4];
+          w4::decode_word(words[ks], r);
+          packed[ks] = convert_pair(r[rh], fast, c, s_prime, shift, s) |
+                       convert_pair(r[rh + 2], fast, c, s_prime, shift, s) << 16;
         }
         const int64_t k0 = static_cast<int64_t>(2 * pair + h) * w4::kKStage + 16 * t;
-        *reinterpret_cast<uint4*>(w8 + rows[rh] * m.n_in + k0) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        *reinterpret_cast<uint4*>(w8 + out_row * m.n_in + k0) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
       }
-      if (t == 0) sc[static_cast<int64_t>(pair) * scale_rows + rows[rh]] = pow2f(s);
+      if (t == 0) sc[static_cast<int64_t>(pair) * scale_rows + out_row] = pow2f(s);
     }
   }
 }

@@ -5,12 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <set>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "ops/moe_w4a16/moe_w4a16_layout.h"
 
 namespace bg::ops {
 namespace {
@@ -68,6 +70,38 @@ TEST(MoeFp8, Mxfp4ConvertsExactlyWithinFourteenBinades) {
   const std::vector<float> partial(std::vector<float>(second.begin(), second.begin() + 64));
   EXPECT_EQ(fp8_convert_weight_emulated(partial, 1, 64, &inexact), partial);
   EXPECT_EQ(inexact, 0);
+}
+
+// The conversion kernel's fast path (fp8_convert_fast): (lane x 2^126) x 2^e gives the E4M3 code of the exact
+// weight (the W4A16 decode's bf16 arithmetic) under a block scale 2^S, for every E2M1 code, every stored scale byte
+// and shift it applies to, and every S from the weight's own up to far past fp32's subnormals.
+TEST(MoeFp8, ConvertFastPathGivesTheExactWeightsCodes) {
+  for (int s_prime = 121; s_prime <= 254; ++s_prime) EXPECT_TRUE(fp8_convert_fast(s_prime, 0)) << s_prime;
+  EXPECT_FALSE(fp8_convert_fast(120, 0));
+  EXPECT_FALSE(fp8_convert_fast(254, 124));
+  int64_t checked = 0;
+  for (const int shift : {0, 1, 2, 5, 40, 100, 123}) {
+    const float shift_f = std::ldexp(1.0f, shift);
+    for (int s_prime = 1; s_prime <= 254; ++s_prime) {
+      if (!fp8_convert_fast(s_prime, shift)) continue;
+      const auto scale_bits = static_cast<uint16_t>(w4::scale_bf16x2(static_cast<uint32_t>(s_prime)) & 0xffffu);
+      const float scale = bf16_to_f32(scale_bits);
+      for (uint32_t code = 0; code < 16; ++code) {
+        const uint32_t lane = ((code & 7u) << 6) | ((code >> 3) << 15);  // w4::kCodeBitTarget
+        const float w = bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(bf16_to_f32(static_cast<uint16_t>(lane)) *
+                                                                        scale)) * shift_f));
+        const int own = fp8_weight_scale_exponent(std::fabs(w));
+        for (int s = own; s <= own + 180; s += 1) {
+          const float c = std::ldexp(1.0f, fp8_convert_exponent(s_prime, shift, s));
+          const float fast = std::bit_cast<float>(lane << 16) * 0x1p126f * c;
+          ASSERT_EQ(f32_to_f8e4m3(fast), f32_to_f8e4m3(std::ldexp(w, -s)))
+              << "code " << code << " s' " << s_prime << " shift " << shift << " S " << s;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000000);
 }
 
 TEST(MoeFp8, ActivationQuantizationErrorBound) {

@@ -104,8 +104,7 @@ __global__ void __launch_bounds__(kThreads) grouped_dequant_w4a16_kernel(const v
     for (int rh = 0; rh < 2; ++rh) {
       const int r16 = g8 + 8 * rh;
       rows[rh] = gate_up ? w4::gate_up_column(item, warp, mt, r16) : w4::down_row(item, warp, mt, r16);
-      const uint32_t s_bits = w4::scale_bf16x2(sb[w4::scale_offset(warp, g8, t >> 1, mt, rh)]) & 0xffffu;
-      scales[rh] = __uint_as_float(s_bits << 16);
+      scales[rh] = grouped::w4_scale(sb[w4::scale_offset(warp, g8, t >> 1, mt, rh)]);
     }
     const int64_t k0 = static_cast<int64_t>(kstage) * w4::kKStage + 16 * t;
     if (k0 >= m.n_in) continue;  // padding inputs (n_in % 32 == 0: a thread's 16 are all real or all padding)
@@ -118,9 +117,7 @@ __global__ void __launch_bounds__(kThreads) grouped_dequant_w4a16_kernel(const v
       for (int e = 0; e < 8; ++e) {
         const auto lane_bits = static_cast<uint32_t>(r[e >> 1] >> (16 * (e & 1))) & 0xffffu;
         const int rh = w4::element_row_half(e);
-        // As the kernel: the bf16 product (mul.rn.bf16x2), then its fp32 accumulators' 2^shift.
-        const float prod = __bfloat162float(__float2bfloat16(__uint_as_float(lane_bits << 16) * scales[rh]));
-        v[rh][w4::element_k(t, ks, e) - 16 * t] = __float2bfloat16(prod * shift);
+        v[rh][w4::element_k(t, ks, e) - 16 * t] = __float2bfloat16(grouped::w4_weight(lane_bits, scales[rh], shift));
       }
     }
     for (int rh = 0; rh < 2; ++rh) {
