@@ -46,6 +46,7 @@
 #include "ops/moe/moe_fp8_cuda.h"
 #include "ops/moe/moe_grouped_cuda.h"
 #include "ops/moe_w4a16/moe_w4a16_cuda.h"
+#include "ops/moe_w4a16/moe_w4a16_layout.h"
 #include "ops/moe_w4a16/moe_w4a16_prefill_cuda.h"
 #include "ops/router/router_cuda.h"
 
@@ -130,14 +131,27 @@ enum class MoePart {
   kGroupedPerExpert, kGroupedDequant, kFp8, kFp8Convert
 };
 
-// Random bytes in the load-time W4A16 layout (codes and stored scales): timing does not depend on the values.
-ops::MoeW4a16Weights random_w4a16(CaseMemory& mem) {
+// Random bytes in the load-time W4A16 layout (codes and stored scales): the kernels' timing does not depend on the
+// values. The FP8 conversion's does (its exact fallback for stored scales below 121, moe_fp8.h): for it every stage
+// block's scale bytes are set to 246 (2^-7 with no shift, the middle of real MXFP4 experts' 2^-9 .. 2^-5), on the
+// stream the memory was filled on.
+ops::MoeW4a16Weights random_w4a16(CaseMemory& mem, std::optional<cudaStream_t> typical_scales = std::nullopt) {
   ops::MoeW4a16Weights w;
   w.info = ops::moe_w4a16_layout_info(kExperts, kLatent, kInter);
-  const uint8_t* base = mem.bytes(z(w.info.total_bytes));
+  uint8_t* base = mem.bytes(z(w.info.total_bytes));
   std::vector<const void*> blocks;
   for (int64_t e = 0; e < kExperts; ++e) blocks.push_back(base + e * w.info.block_bytes);
   w.blocks = mem.upload(blocks);
+  if (typical_scales) {
+    constexpr int kTypicalStoredScale = 246;
+    for (int64_t e = 0; e < kExperts; ++e) {
+      for (const ops::MoeW4a16MatrixInfo* m : {&w.info.gate_up, &w.info.down}) {
+        BG_CUDA_CHECK(cudaMemset2DAsync(base + e * w.info.block_bytes + m->offset_bytes + ops::w4::kCodeBytes,
+                                        ops::w4::kStageBytes, kTypicalStoredScale, ops::w4::kScaleBytes,
+                                        z(int64_t{m->n_items} * m->n_kstages), *typical_scales));
+      }
+    }
+  }
   return w;
 }
 
@@ -146,7 +160,7 @@ ops::MoeW4a16Weights random_w4a16(CaseMemory& mem) {
 // found by one run here (outside the captured launches). Launch = the whole FFN or the conversion alone.
 PreparedKernel fp8_kernel(const CudaEnv& env, CaseMemory& mem, const MoeCudaParams& p,
                           const std::shared_ptr<MoeDispatchBuffers>& disp, MoePart part) {
-  auto packed = std::make_shared<ops::MoeW4a16Weights>(random_w4a16(mem));
+  auto packed = std::make_shared<ops::MoeW4a16Weights>(random_w4a16(mem, env.stream));
   const int64_t per_group = ops::moe_grouped_group_experts(p.hidden, p.inter, ops::kMoeGroupedScratchBudgetBytes);
   auto plan = std::make_shared<ops::MoeGroupedPlan>(
       ops::moe_grouped_plan_from_device(p, disp->ws, per_group, env.stream));

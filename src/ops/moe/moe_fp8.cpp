@@ -40,11 +40,21 @@ std::vector<int64_t> fp8_scale_row0(const MoeGroupedPlan& plan) {
   return r0;
 }
 
+bool fp8_y_spills(const MoeGroupedPlan& plan, size_t i) {
+  BG_CHECK(i < plan.rows.size(), "moe fp8: expert {} of a plan of {}", i, plan.rows.size());
+  return plan.row_begin[i] + fp8_padded_rows(plan.rows[i]) > plan.row_begin.back() + plan.rows.back();
+}
+
 MoeFp8CallLayout moe_fp8_call_layout(const MoeGroupedPlan& plan) {
   const size_t spare = kFp8RowAlign;
   const auto rows = static_cast<size_t>(plan.n_active() == 0 ? 0 : plan.row_begin.back() + plan.rows.back()) + spare;
   const auto scale_rows = static_cast<size_t>(fp8_scale_row0(plan).back());
-  const auto tail_rows = static_cast<size_t>(plan.n_active() == 0 ? 0 : fp8_padded_rows(plan.rows.back()));
+  size_t tail_rows = 0;
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    if (fp8_y_spills(plan, i)) tail_rows = std::max(tail_rows, static_cast<size_t>(fp8_padded_rows(plan.rows[i])));
+  }
+  const size_t block_scales = static_cast<size_t>(std::max(fp8_blocks(plan.inter) * fp8_block_scale_ld(plan.hidden),
+                                                           fp8_blocks(plan.hidden) * fp8_block_scale_ld(plan.inter)));
   const auto H = static_cast<size_t>(plan.hidden), I = static_cast<size_t>(plan.inter);
   MoeFp8CallLayout l;
   l.x = 0;
@@ -54,7 +64,8 @@ MoeFp8CallLayout moe_fp8_call_layout(const MoeGroupedPlan& plan) {
   l.gu = l.h_scale + align256(scale_rows * static_cast<size_t>(fp8_blocks(plan.inter)) * sizeof(float));
   l.tail = l.gu + align256((static_cast<size_t>(plan.max_group_rows) + spare) * 2 * I * 2);
   l.table = l.tail + align256(tail_rows * H * 2);
-  l.bytes = l.table + align256(2 * (static_cast<size_t>(plan.n_active()) + 1) * sizeof(int64_t));
+  l.block_scale = l.table + align256(2 * (static_cast<size_t>(plan.n_active()) + 1) * sizeof(int64_t));
+  l.bytes = l.block_scale + align256(block_scales * sizeof(float));
   return l;
 }
 

@@ -76,9 +76,19 @@ MoeFp8ExpertLayout moe_fp8_expert_layout(int64_t hidden, int64_t inter);
 // cuBLASLt (13.1, H200) runs the block-scaled GEMMs only for a row count n that is a multiple of 16 (it refused 1, 5,
 // 39, 61 and took 64: bench/RESULTS.md, 2026-12-06), so every expert's GEMMs run over its rows padded to 16: the
 // padding rows read whatever follows (the next expert's rows, or the buffers' 16 spare rows at the end) and their
-// outputs land on rows that are written again later or are spare (the last expert's y goes through a tail buffer).
+// outputs land on rows that are written again later or are spare (y through a tail buffer where it would not be).
 inline constexpr int64_t kFp8RowAlign = 16;
 BG_FP8_HD int64_t fp8_padded_rows(int64_t rows) { return (rows + kFp8RowAlign - 1) / kFp8RowAlign * kFp8RowAlign; }
+// Whether touched expert i's padded rows run past the call's last row (the experts after it hold fewer rows than its
+// padding; always possible for the last one). The dispatch's y_perm has no spare rows, so such an expert's down GEMM
+// writes into the tail buffer and its real rows are copied out.
+bool fp8_y_spills(const MoeGroupedPlan& plan, size_t i);
+
+// FP8-block experts' 128 x 128 scales, [fp8_blocks(n_out)][fp8_blocks(n_in)] as stored, go to cuBLASLt as they are
+// when a row of them is a multiple of 4 floats (every DeepSeek-V3 / Kimi-K2 matrix: 56 or 16 blocks); otherwise the
+// call first copies them into rows of fp8_block_scale_ld floats (the layout cuBLASLt 13.1 reads: with unpadded rows
+// of 1 or 3 blocks and more than one row, the down projections of the small parity cases came out wrong).
+BG_FP8_HD int64_t fp8_block_scale_ld(int64_t n_in) { return (fp8_blocks(n_in) + 3) / 4 * 4; }
 
 // The quantized rows of one call: E4M3 [rows, width] in the dispatch's permuted order (plus kFp8RowAlign spare rows),
 // and per touched expert i its scales [fp8_blocks(width)][padded rows_i] (the rows of a block contiguous: how
@@ -91,11 +101,12 @@ BG_FP8_HD int64_t fp8_row_scale_index(int64_t width, int64_t scale_row0, int64_t
 std::vector<int64_t> fp8_scale_row0(const MoeGroupedPlan& plan);
 
 // Device bytes of the per-call buffers: x (E4M3 [total rows + 16, hidden] + scales), h (E4M3 [total rows + 16,
-// inter] + scales), gate|up outputs of the largest group (bf16 [rows + 16, 2 inter]), the last expert's padded y rows
-// (bf16 [padded rows, hidden]) and the experts' table (int64: the first rows then scale_row0, n_active + 1 each). Each
-// part 256-byte aligned.
+// inter] + scales), gate|up outputs of the largest group (bf16 [rows + 16, 2 inter]), the padded y rows of the largest
+// expert that spills (fp8_y_spills; bf16 [padded rows, hidden]), the experts' table (int64: the first rows then
+// scale_row0, n_active + 1 each) and room for one FP8-block matrix's padded scales (fp8_block_scale_ld). Each part
+// 256-byte aligned.
 struct MoeFp8CallLayout {
-  size_t x = 0, x_scale = 0, h = 0, h_scale = 0, gu = 0, tail = 0, table = 0;  // byte offsets
+  size_t x = 0, x_scale = 0, h = 0, h_scale = 0, gu = 0, tail = 0, table = 0, block_scale = 0;  // byte offsets
   size_t bytes = 0;
 };
 MoeFp8CallLayout moe_fp8_call_layout(const MoeGroupedPlan& plan);

@@ -11,12 +11,14 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <functional>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "ops/linear/linear_cuda_device.cuh"
 #include "ops/moe/fp8_block_device.cuh"
 #include "ops/moe/moe_glu_device.cuh"
@@ -189,13 +191,14 @@ __global__ void __launch_bounds__(kThreads, 4) convert_w4a16_kernel(const void* 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint32_t words[4] = {q[h].x, q[h].y, q[h].z, q[h].w};
-      uint32_t mag[2] = {0, 0};  // per row half: the largest magnitude bits in each 16-bit half
+      constexpr uint32_t kNoSign = 0x7fff7fffu;  // unsigned order of the rest = order of the magnitudes
+      uint32_t mag[2] = {0, 0};                   // per row half: the largest magnitude bits in each 16-bit half
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         uint32_t r[4];
         w4::decode_word(words[ks], r);
 #pragma unroll
-        for (int rh = 0; rh < 2; ++rh) mag[rh] = __vmaxu2(mag[rh], __vmaxu2(r[rh], r[rh + 2]) & 0x7fff7fffu);
+        for (int rh = 0; rh < 2; ++rh) mag[rh] = __vmaxu2(mag[rh], __vmaxu2(r[rh] & kNoSign, r[rh + 2] & kNoSign));
       }
 #pragma unroll
       for (int rh = 0; rh < 2; ++rh) {
@@ -291,6 +294,10 @@ cublasLtMatmulAlgo_t MoeFp8Gemm::find_algorithm(const Problem& p, int n, cublasL
   }
   cublasLtMatmulPreferenceDestroy(pref);
   ++heuristic_calls_;
+  if (std::has_single_bit(static_cast<uint64_t>(heuristic_calls_))) {  // 1, 2, 4, ...: how often shapes are new
+    log::info("moe fp8 gemm: {} cuBLASLt heuristic queries so far (this one [{} x {}] x [{} x {}]^T, {} A scales)",
+              heuristic_calls_, n, p.k, p.m, p.k, mode_name(p.a_mode));
+  }
   BG_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
            "moe fp8 gemm: cuBLASLt ({}) has no block-scaled E4M3 kernel for [{} x {}] x [{} x {}]^T (A scales {}, "
            "B scales 1x128): {}; needs Hopper and cuBLAS >= 12.9",
@@ -408,6 +415,18 @@ void moe_expert_ffn_fp8_cuda(const MoeCudaParams& p, const MoeFp8Args& a, cudaSt
   auto* gu = reinterpret_cast<bf16*>(buf + cl.gu);
   auto* tail = reinterpret_cast<bf16*>(buf + cl.tail);
   auto* table = reinterpret_cast<int64_t*>(buf + cl.table);
+  auto* block_scale = reinterpret_cast<float*>(buf + cl.block_scale);
+  // An FP8-block matrix's scales as cuBLASLt reads them: as stored, or copied into padded rows (fp8_block_scale_ld).
+  // One matrix at a time: the next copy is ordered after the GEMM that read the last one.
+  const auto block_scales = [&](const DeviceWeight& w) {
+    const int64_t blocks = fp8_blocks(w.n_in), ld = fp8_block_scale_ld(w.n_in);
+    if (blocks == ld) return static_cast<const float*>(w.scale);
+    BG_CUDA_CHECK(cudaMemcpy2DAsync(block_scale, static_cast<size_t>(ld) * sizeof(float), w.scale,
+                                    static_cast<size_t>(blocks) * sizeof(float), static_cast<size_t>(blocks) *
+                                    sizeof(float), static_cast<size_t>(fp8_blocks(w.n_out)), cudaMemcpyDeviceToDevice,
+                                    stream));
+    return static_cast<const float*>(block_scale);
+  };
   const std::vector<int64_t> scale_row0 = fp8_scale_row0(plan);
   const auto n_active = static_cast<int>(plan.n_active());
   const int64_t H = p.hidden, I = p.inter, total_rows = plan.row_begin.back() + plan.rows.back();
@@ -443,7 +462,7 @@ void moe_expert_ffn_fp8_cuda(const MoeCudaParams& p, const MoeFp8Args& a, cudaSt
                    "moe fp8: slot {} has a [{} x {}] {} expert matrix, expected FP8-block [{} x {}]", plan.slots[i],
                    w->n_out, w->n_in, weight_format_name(w->format), I, H);
           gp.a = w->data;
-          gp.a_scale = static_cast<const float*>(w->scale);
+          gp.a_scale = block_scales(*w);
           gp.d = w == &e.gate ? d : d + I;
           a.gemm->run(gp, a.cublas_workspace, a.cublas_workspace_bytes, stream);
         }
@@ -462,10 +481,10 @@ void moe_expert_ffn_fp8_cuda(const MoeCudaParams& p, const MoeFp8Args& a, cudaSt
       dp.k = Ii;
       dp.b = h8 + rb * I;
       dp.b_scale = h_scale + fp8_blocks(I) * scale_row0[i];
-      // The padding rows' y lands on the next expert's rows (written after this) or, for the last expert, past y_perm:
-      // that one goes through the tail buffer.
-      const bool last = i + 1 == plan.slots.size() && dp.n != plan.rows[i];
-      dp.d = last ? static_cast<void*>(tail) : static_cast<void*>(a.ws.y_perm + rb * H);
+      // The padding rows' y lands on the next experts' rows (written after this) or, where it would run past y_perm
+      // (fp8_y_spills), in the tail buffer, whose real rows are then copied out.
+      const bool spills = fp8_y_spills(plan, i);
+      dp.d = spills ? static_cast<void*>(tail) : static_cast<void*>(a.ws.y_perm + rb * H);
       dp.ldd = Hi;
       if (a.packed != nullptr) {
         const uint8_t* e = static_cast<const uint8_t*>(a.expert_scratch) + static_cast<size_t>(j) * el.bytes;
@@ -477,11 +496,11 @@ void moe_expert_ffn_fp8_cuda(const MoeCudaParams& p, const MoeFp8Args& a, cudaSt
                  "moe fp8: slot {} has a [{} x {}] {} down matrix, expected FP8-block [{} x {}]", plan.slots[i],
                  w.n_out, w.n_in, weight_format_name(w.format), H, I);
         dp.a = w.data;
-        dp.a_scale = static_cast<const float*>(w.scale);
+        dp.a_scale = block_scales(w);
         dp.a_mode = Fp8ScaleMode::kBlock128;
       }
       a.gemm->run(dp, a.cublas_workspace, a.cublas_workspace_bytes, stream);
-      if (last) {
+      if (spills) {
         BG_CUDA_CHECK(cudaMemcpyAsync(a.ws.y_perm + rb * H, tail, static_cast<size_t>(plan.rows[i] * H) * sizeof(bf16),
                                       cudaMemcpyDeviceToDevice, stream));
       }

@@ -159,8 +159,25 @@ TEST(MoeFp8, LayoutsAreAlignedAndDisjoint) {
   EXPECT_GE(c.gu - c.h_scale, scale_rows * 2 * 4);
   EXPECT_GE(c.tail - c.gu, (static_cast<size_t>(plan.max_group_rows) + 16) * 400 * 2);
   EXPECT_GE(c.table - c.tail, size_t{16} * 300 * 2);  // the last expert's 7 rows, padded
-  EXPECT_GE(c.bytes - c.table, 2 * (plan.slots.size() + 1) * 8);
-  for (size_t off : {c.x_scale, c.h, c.h_scale, c.gu, c.tail, c.table, c.bytes}) EXPECT_EQ(off % 256, 0u);
+  EXPECT_GE(c.block_scale - c.table, 2 * (plan.slots.size() + 1) * 8);
+  // FP8-block scales of [200 x 300] (gate, up: 2 x 3 blocks, rows padded to 4) and [300 x 200] (down: 3 x 2 -> 3 x 4).
+  EXPECT_EQ(fp8_block_scale_ld(300), 4);
+  EXPECT_EQ(fp8_block_scale_ld(7168), 56);
+  EXPECT_EQ(fp8_block_scale_ld(2048), 16);
+  EXPECT_GE(c.bytes - c.block_scale, size_t{3} * 4 * 4);
+  for (size_t off : {c.x_scale, c.h, c.h_scale, c.gu, c.tail, c.table, c.block_scale, c.bytes}) EXPECT_EQ(off % 256, 0u);
+  // Which experts' padded y would run past the 16 rows: all but the first (3 rows from 0: padded to 16, ends at 16).
+  EXPECT_FALSE(fp8_y_spills(plan, 0));
+  for (size_t i = 1; i < 4; ++i) EXPECT_TRUE(fp8_y_spills(plan, i)) << i;
+  // Not only the last: 40 rows then 2 -> the first expert's 48 padded rows run 6 past the end; the tail holds 48.
+  const MoeGroupedPlan two = moe_grouped_plan(std::vector<int32_t>{40, 2}, 300, 200, 2, 64);
+  EXPECT_TRUE(fp8_y_spills(two, 0));
+  EXPECT_TRUE(fp8_y_spills(two, 1));
+  const MoeFp8CallLayout t = moe_fp8_call_layout(two);
+  EXPECT_GE(t.table - t.tail, size_t{48} * 300 * 2);
+  const MoeGroupedPlan exact = moe_grouped_plan(std::vector<int32_t>{32, 16}, 300, 200, 2, 64);
+  EXPECT_FALSE(fp8_y_spills(exact, 0));
+  EXPECT_FALSE(fp8_y_spills(exact, 1));
   EXPECT_EQ(fp8_padded_rows(1), 16);
   EXPECT_EQ(fp8_padded_rows(16), 16);
   EXPECT_EQ(fp8_padded_rows(61), 64);
