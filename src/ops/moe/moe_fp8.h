@@ -87,7 +87,8 @@ bool fp8_y_spills(const MoeGroupedPlan& plan, size_t i);
 // FP8-block experts' 128 x 128 scales, [fp8_blocks(n_out)][fp8_blocks(n_in)] as stored, go to cuBLASLt as they are
 // when a row of them is a multiple of 4 floats (every DeepSeek-V3 / Kimi-K2 matrix: 56 or 16 blocks); otherwise the
 // call first copies them into rows of fp8_block_scale_ld floats (the layout cuBLASLt 13.1 reads: with unpadded rows
-// of 1 or 3 blocks and more than one row, the down projections of the small parity cases came out wrong).
+// of 1 or 3 blocks and more than one row, the down projections of the small parity cases came out wrong on the H100;
+// with padded rows they pass on the H200, bench/RESULTS.md, 2026-12-06).
 BG_FP8_HD int64_t fp8_block_scale_ld(int64_t n_in) { return (fp8_blocks(n_in) + 3) / 4 * 4; }
 
 // The quantized rows of one call: E4M3 [rows, width] in the dispatch's permuted order (plus kFp8RowAlign spare rows),
