@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "ops/linear/linear_cuda_device.cuh"
@@ -258,7 +259,9 @@ size_t MoeFp8Gemm::KeyHash::operator()(const Key& k) const {
   return h;
 }
 
-MoeFp8Gemm::MoeFp8Gemm() { BG_CUBLAS_CHECK(cublasLtCreate(&lt_)); }
+MoeFp8Gemm::MoeFp8Gemm() : autotune_(env_switch("BG_MOE_FP8_AUTOTUNE", true)) {
+  BG_CUBLAS_CHECK(cublasLtCreate(&lt_));
+}
 
 MoeFp8Gemm::~MoeFp8Gemm() {
   if (lt_ != nullptr) cublasLtDestroy(lt_);
@@ -277,7 +280,7 @@ int n_bucket(int n) {
 }  // namespace
 
 cublasLtMatmulAlgo_t MoeFp8Gemm::find_algorithm(const Problem& p, int n, cublasLtMatmulDesc_t desc,
-                                                size_t workspace_bytes) {
+                                                size_t workspace_bytes, const Matmul& matmul, cudaStream_t stream) {
   const auto u = [](int v) { return static_cast<uint64_t>(v); };
   LtDesc l;  // layouts for n (the descriptor is the caller's)
   BG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.a, CUDA_R_8F_E4M3, u(p.k), u(p.m), p.k));
@@ -285,24 +288,53 @@ cublasLtMatmulAlgo_t MoeFp8Gemm::find_algorithm(const Problem& p, int n, cublasL
   BG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.d, CUDA_R_16BF, u(p.m), u(n), p.ldd));
   cublasLtMatmulPreference_t pref = nullptr;
   BG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  cublasLtMatmulHeuristicResult_t result{};
+  const int wanted = autotune_ ? kCandidates : 1;
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   int found = 0;
   cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                            &workspace_bytes, sizeof workspace_bytes);
   if (st == CUBLAS_STATUS_SUCCESS) {
-    st = cublasLtMatmulAlgoGetHeuristic(lt_, desc, l.a, l.b, l.d, l.d, pref, 1, &result, &found);
+    st = cublasLtMatmulAlgoGetHeuristic(lt_, desc, l.a, l.b, l.d, l.d, pref, wanted, results, &found);
   }
   cublasLtMatmulPreferenceDestroy(pref);
   ++heuristic_calls_;
-  if (std::has_single_bit(static_cast<uint64_t>(heuristic_calls_))) {  // 1, 2, 4, ...: how often shapes are new
-    log::info("moe fp8 gemm: {} cuBLASLt heuristic queries so far (this one [{} x {}] x [{} x {}]^T, {} A scales)",
-              heuristic_calls_, n, p.k, p.m, p.k, mode_name(p.a_mode));
-  }
   BG_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
            "moe fp8 gemm: cuBLASLt ({}) has no block-scaled E4M3 kernel for [{} x {}] x [{} x {}]^T (A scales {}, "
            "B scales 1x128): {}; needs Hopper and cuBLAS >= 12.9",
            cublasLtGetVersion(), n, p.k, p.m, p.k, mode_name(p.a_mode), cublasGetStatusString(st));
-  return result.algo;
+  // More than one candidate: each runs the problem at hand (beta = 0, so the output is only rewritten) once to warm
+  // up and kTimedRuns times between events; the fastest is kept. Synchronises the stream (never under capture:
+  // the FP8 path does not run in a captured graph).
+  int best = 0;
+  float best_ms = 0.0f;
+  if (found > 1) {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    BG_CUDA_CHECK(cudaEventCreate(&start));
+    BG_CUDA_CHECK(cudaEventCreate(&stop));
+    best = -1;
+    for (int i = 0; i < found; ++i) {
+      if (matmul(results[i].algo) != CUBLAS_STATUS_SUCCESS) continue;  // refused for this n
+      BG_CUDA_CHECK(cudaEventRecord(start, stream));
+      for (int r = 0; r < kTimedRuns; ++r) BG_CUBLAS_CHECK(matmul(results[i].algo));
+      BG_CUDA_CHECK(cudaEventRecord(stop, stream));
+      BG_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0.0f;
+      BG_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      if (best < 0 || ms < best_ms) {
+        best = i;
+        best_ms = ms;
+      }
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    if (best < 0) best = 0;
+  }
+  if (std::has_single_bit(static_cast<uint64_t>(heuristic_calls_))) {  // 1, 2, 4, ...: how often shapes are new
+    log::info("moe fp8 gemm: {} cuBLASLt algorithm searches so far (this one [{} x {}] x [{} x {}]^T, {} A scales: "
+              "candidate {} of {}, {:.3f} ms)", heuristic_calls_, n, p.k, p.m, p.k, mode_name(p.a_mode), best + 1,
+              found, best_ms / kTimedRuns);
+  }
+  return results[best].algo;
 }
 
 void MoeFp8Gemm::run(const Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
@@ -329,18 +361,22 @@ void MoeFp8Gemm::run(const Problem& p, void* workspace, size_t workspace_bytes, 
   BG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.b, CUDA_R_8F_E4M3, u(p.k), u(p.n), p.k));
   BG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.d, CUDA_R_16BF, u(p.m), u(p.n), p.ldd));
   const float alpha = 1.0f, beta = 0.0f;
-  const auto matmul = [&](const cublasLtMatmulAlgo_t& algo) {
+  const Matmul matmul = [&](const cublasLtMatmulAlgo_t& algo) {
     return cublasLtMatmul(lt_, l.desc, &alpha, p.a, l.a, p.b, l.b, &beta, p.d, l.d, p.d, l.d, &algo, workspace,
                           workspace_bytes, stream);
   };
   // The bucket's algorithm first; where cuBLASLt refuses it for this n, the one asked for n itself (kept too).
   const Key bucket{p.m, n_bucket(p.n), p.k, p.ldd, p.a_mode};
   auto it = algos_.find(bucket);
-  if (it == algos_.end()) it = algos_.emplace(bucket, find_algorithm(p, bucket.n, l.desc, workspace_bytes)).first;
+  if (it == algos_.end()) {
+    it = algos_.emplace(bucket, find_algorithm(p, bucket.n, l.desc, workspace_bytes, matmul, stream)).first;
+  }
   if (matmul(it->second) == CUBLAS_STATUS_SUCCESS) return;
   const Key exact{p.m, -p.n, p.k, p.ldd, p.a_mode};  // negative n: an exact entry, never a bucket's
   auto ex = algos_.find(exact);
-  if (ex == algos_.end()) ex = algos_.emplace(exact, find_algorithm(p, p.n, l.desc, workspace_bytes)).first;
+  if (ex == algos_.end()) {
+    ex = algos_.emplace(exact, find_algorithm(p, p.n, l.desc, workspace_bytes, matmul, stream)).first;
+  }
   BG_CUBLAS_CHECK(matmul(ex->second));
 }
 

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 
 #include "ops/moe/moe_fp8.h"
@@ -26,8 +27,9 @@ enum class Fp8ScaleMode : uint8_t { kVec128, kBlock128 };
 // cuBLASLt's block-scaled E4M3 GEMM on Hopper (cuBLAS >= 12.9): D[n, m] (row-major bf16, row stride ldd) = B[n, k]
 // A[m, k]^T, A and B row-major E4M3 (row strides k), each with its scales; fp32 accumulation with cuBLASLt's
 // promotion per 128 inputs. cuBLASLt's heuristic is asked once per (m, k, A mode, ldd) and power-of-two bucket of n,
-// and the algorithm kept (an n it refuses gets its own). One per backend (device); not thread-safe (the backend's
-// stream thread uses it).
+// its first 8 candidates timed on the problem at hand (BG_MOE_FP8_AUTOTUNE=0: its first alone), and the algorithm
+// kept (an n it refuses gets its own). One per backend (device); not thread-safe (the backend's stream thread uses
+// it).
 class MoeFp8Gemm {
  public:
   struct Problem {
@@ -61,8 +63,17 @@ class MoeFp8Gemm {
   struct KeyHash {
     size_t operator()(const Key& k) const;
   };
-  cublasLtMatmulAlgo_t find_algorithm(const Problem& p, int n, cublasLtMatmulDesc_t desc, size_t workspace_bytes);
+  // Runs the problem being enqueued with one algorithm (on its stream).
+  using Matmul = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>;
+  // The heuristic's algorithm for the shape with n rows; with autotuning (BG_MOE_FP8_AUTOTUNE, default 1) its first
+  // kCandidates, each timed on the problem at hand (kTimedRuns runs after a warm-up, the stream synchronised), the
+  // fastest kept.
+  static constexpr int kCandidates = 8;
+  static constexpr int kTimedRuns = 3;
+  cublasLtMatmulAlgo_t find_algorithm(const Problem& p, int n, cublasLtMatmulDesc_t desc, size_t workspace_bytes,
+                                      const Matmul& matmul, cudaStream_t stream);
 
+  bool autotune_ = true;
   cublasLtHandle_t lt_ = nullptr;
   std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHash> algos_;
   int64_t heuristic_calls_ = 0;
