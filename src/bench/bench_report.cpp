@@ -76,7 +76,7 @@ json prefill_json(const PrefillResult& p) {
           {"peak_pool_bytes", p.peak_pool_bytes}, {"peak_in_use_bytes", p.peak_in_use_bytes},
           {"device_total_bytes", p.device_total_bytes},
           {"peak_rss_bytes", p.peak_rss_bytes}, {"decoded_ids", p.decoded_ids}, {"decode_margins", p.decode_margins},
-          {"decode_ms_per_token", p.decode_ms_per_token}, {"paths", p.paths}};
+          {"decode_ms_per_token", p.decode_ms_per_token}, {"paths", p.paths}, {"chunk_ms", p.chunk_ms}};
 }
 
 json host_json(const HostResult& h) {
@@ -194,6 +194,10 @@ std::string format_table(const BenchReport& r) {
       out += fmt::format("{:<16} {:>8} {:>8} {:>10.3f} {:>12.1f} {:>14.1f} {:>7.2f} {:>9.2f} {:>8.2f}\n", p.model,
                          p.prompt_tokens, p.chunk_tokens, p.seconds, p.tokens_per_s, p.roofline_tokens_per_s, p.ratio,
                          p.peak_device_bytes / 1e9, p.peak_rss_bytes / 1e9);
+    }
+    for (const auto& p : r.prefill) {
+      if (p.chunk_ms.size() < 2) continue;
+      out += fmt::format("{:<16} {:>8} chunk ms [{:.1f}]\n", p.model, p.prompt_tokens, fmt::join(p.chunk_ms, " "));
     }
     for (const auto& p : r.prefill) {
       if (p.decoded_ids.empty()) continue;

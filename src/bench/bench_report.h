@@ -121,6 +121,9 @@ struct PrefillResult {
   // Calls by path while the prompt ran (DeviceBench::path_counts differences, the paths that ran at least once): which
   // MoE prefill kernel the figure measured.
   std::map<std::string, uint64_t> paths;
+  // Wall ms of each chunk's forward_batch (it returns the logits to the host, so each is a finished step): where a
+  // prompt's time goes, e.g. a one-off stall in one chunk against a uniformly slower path.
+  std::vector<double> chunk_ms;
   std::vector<int32_t> decoded_ids;
   std::vector<float> decode_margins;
   double decode_ms_per_token = 0;

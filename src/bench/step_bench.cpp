@@ -207,12 +207,16 @@ std::vector<PrefillResult> bench_prefill(Model& model, kv::StateManager& state, 
   bool warm = false;
   for (int64_t n_prompt : spec.prompt_tokens) {
     const std::vector<int32_t> prompt = bench_prompt(n_prompt, vocab);
+    std::vector<double> chunk_ms;
     auto run = [&](Sequence& seq, int64_t n) {
       StepCost total;
+      chunk_ms.clear();
       for (int64_t start = 0; start < n; start += spec.chunk_tokens) {
         const int64_t len = std::min(spec.chunk_tokens, n - start);
         const BatchEntry entry{&seq, std::span<const int32_t>(prompt).subspan(start, len)};
+        const auto c0 = Clock::now();
         model.forward_batch(std::span<const BatchEntry>(&entry, 1), logits.data());
+        chunk_ms.push_back(ms_since(c0));
         const StepCost c = cost.prefill_chunk(start, len, ceilings);
         total.bytes += c.bytes;
         total.flops += c.flops;
@@ -242,6 +246,7 @@ std::vector<PrefillResult> bench_prefill(Model& model, kv::StateManager& state, 
     r.prompt_tokens = n_prompt;
     r.chunk_tokens = spec.chunk_tokens;
     r.seconds = ms_since(t0) / 1e3;
+    r.chunk_ms = chunk_ms;
     const Backend::MemoryUse mem = model.backend().memory_use();
     r.peak_device_bytes = static_cast<double>(mem.peak_device_used);
     r.peak_pool_bytes = static_cast<double>(mem.peak_held);

@@ -119,8 +119,18 @@ TEST(BenchCli, CpuQuickWritesTheDocumentedJson) {
 
   ASSERT_EQ(j["prefill"].size(), 4u);
   for (const json& p : j["prefill"]) {
-    expect_keys(p, {"prompt_tokens", "chunk_tokens", "tokens_per_s", "roofline_tokens_per_s", "paths"}, "prefill");
+    expect_keys(p, {"prompt_tokens", "chunk_tokens", "tokens_per_s", "roofline_tokens_per_s", "paths", "chunk_ms"},
+                "prefill");
     EXPECT_EQ(p["paths"], json::object()) << "the CPU backend has one path per op: " << p.dump();
+    // One wall time per chunk, together about the prompt's.
+    const auto prompt = p["prompt_tokens"].get<int64_t>(), chunk = p["chunk_tokens"].get<int64_t>();
+    ASSERT_EQ(p["chunk_ms"].size(), static_cast<size_t>((prompt + chunk - 1) / chunk)) << p.dump();
+    double chunks = 0;
+    for (const json& ms : p["chunk_ms"]) {
+      EXPECT_TRUE(positive(ms)) << p.dump();
+      chunks += ms.get<double>();
+    }
+    EXPECT_LE(chunks, p["seconds"].get<double>() * 1000.0 * 1.001 + 0.01) << p.dump();
     EXPECT_TRUE(positive(p["tokens_per_s"]) && positive(p["roofline_tokens_per_s"])) << p.dump();
   }
 
