@@ -165,7 +165,9 @@ TEST(MoeFp8, LayoutsAreAlignedAndDisjoint) {
   EXPECT_EQ(fp8_block_scale_ld(7168), 56);
   EXPECT_EQ(fp8_block_scale_ld(2048), 16);
   EXPECT_GE(c.bytes - c.block_scale, size_t{3} * 4 * 4);
-  for (size_t off : {c.x_scale, c.h, c.h_scale, c.gu, c.tail, c.table, c.block_scale, c.bytes}) EXPECT_EQ(off % 256, 0u);
+  for (size_t off : {c.x_scale, c.h, c.h_scale, c.gu, c.tail, c.table, c.block_scale, c.bytes}) {
+    EXPECT_EQ(off % 256, 0u);
+  }
   // Which experts' padded y would run past the 16 rows: all but the first (3 rows from 0: padded to 16, ends at 16).
   EXPECT_FALSE(fp8_y_spills(plan, 0));
   for (size_t i = 1; i < 4; ++i) EXPECT_TRUE(fp8_y_spills(plan, i)) << i;
