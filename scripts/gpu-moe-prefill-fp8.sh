@@ -42,7 +42,7 @@ if want prefill; then
       --prefill-tokens "${PREFILL_TOKENS:-8192,65536}" --prefill-chunk 8192 --json "$OUT/prefill-$k.json" \
       > "$OUT/prefill-$k.log" 2>&1
     echo "bench prefill BG_MOE_PREFILL=$k rc=$?" >> "$S"
-    grep -E "tokens/s|prefill .* ms|error" "$OUT/prefill-$k.log" | tail -4 >> "$S"
+    grep -E "tokens/s|prefill .* ms|chunk ms|error" "$OUT/prefill-$k.log" | tail -8 >> "$S"
   done
 fi
 if want ncu; then

@@ -7,7 +7,8 @@
 # root with the bundle carried:
 #   scripts/gpu-small-ops-check.sh [BUNDLE]
 # Output: $OUT/small-ops.txt (the summary) and logs beside it. PARTS (default "parity kernels step serve"; "prep"
-# checks the fused prefill conv + L2 norm) picks
+# checks the fused prefill conv + L2 norm; "mix" the AttnRes cluster kernel and the 16-byte KDA prep conv, each beside
+# its former kernel, "mixstep" the slice's decode step with both) picks
 # what runs, so that the parts can go in separate calls of the device's 10-minute limit; STEP_BATCHES and STEP_CONTEXTS
 # narrow the step part.
 set -u
@@ -36,6 +37,38 @@ if want prep; then
   grep -E '^\[  FAILED' "$OUT/prep.log" | head -30 >> "$S"
   timeout 120 "$BG" bench kernels --device cuda --kernels short_conv > "$OUT/prep-bench.log" 2>&1
   grep -E "bench kernel short_conv" "$OUT/prep-bench.log" | sed 's/^.*\] //' >> "$S"
+fi
+if want mix; then
+  timeout 300 "$BUNDLE/test_cuda" --gtest_filter='AttnResParity.*:KdaPrep*' > "$OUT/mix-parity.log" 2>&1
+  echo "mix parity rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/mix-parity.log" | tr '\n' ' ')" >> "$S"
+  grep -E '^\[  FAILED' "$OUT/mix-parity.log" | head -30 >> "$S"
+  # The engine-state tests (offload and restore bit for bit without --deterministic) with each AttnRes kernel: does
+  # that comparison hold by construction, or by the particular bits of one kernel's summation order?
+  for k in cluster block scalar; do
+    BG_ATTN_RES=$k timeout 200 "$BUNDLE/test_cuda" --gtest_filter='Archs/EngineStateGpu.*' \
+      > "$OUT/mix-engine-state-$k.log" 2>&1
+    echo "engine state, BG_ATTN_RES=$k rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/mix-engine-state-$k.log" \
+      | tr '\n' ' ')" >> "$S"
+    grep -E '^\[  FAILED' "$OUT/mix-engine-state-$k.log" | head -5 >> "$S"
+  done
+  timeout 120 "$BG" bench kernels --device cuda --kernels attn_res,kda_prep,rmsnorm > "$OUT/mix-kernels.log" 2>&1
+  echo "mix kernels rc=$?" >> "$S"
+  grep -E "bench kernel" "$OUT/mix-kernels.log" | sed 's/^.*\] //' >> "$S"
+  BG_KDA_PREP_W4X128=0 timeout 120 "$BG" bench kernels --device cuda --kernels kda_prep \
+    > "$OUT/mix-kernels-old.log" 2>&1
+  echo "kda_prep, BG_KDA_PREP_W4X128=0: rc=$?" >> "$S"
+  grep -E "bench kernel" "$OUT/mix-kernels-old.log" | sed 's/^.*\] //' >> "$S"
+fi
+if want mixstep; then
+  ensure_slice /tmp/bg-ep16-rank
+  for v in new old; do
+    env_set=""
+    [[ $v == old ]] && env_set="BG_ATTN_RES=block BG_KDA_PREP_W4X128=0"
+    env $env_set timeout 200 "$BG" bench step --device cuda --model /tmp/bg-ep16-rank --batches 1,16,64 \
+      --contexts 4096 --replays 5 --json "$OUT/mix-step-$v.json" > "$OUT/mix-step-$v.log" 2>&1
+    echo "step, $v kernels ($env_set) rc=$?" >> "$S"
+    grep -E "bench step" "$OUT/mix-step-$v.log" | sed 's/^.*\] //' >> "$S"
+  done
 fi
 if want kernels; then
 for sp in 1 auto; do

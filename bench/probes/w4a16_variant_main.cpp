@@ -2,11 +2,16 @@
 // scripts/w4a16-variant-build.sh) with the rest of batchgen_lib and prints the K3 micro-benchmark table, so several
 // variants run side by side on the GPU machine in one call (scripts/gpu-w4a16-variants.sh) without a test_cuda each.
 #include <cstdio>
+#include <cstdlib>
 
 #include "ops/moe_w4a16/moe_w4a16_bench.h"
 
-int main() {
-  const bg::ops::MoeW4a16BenchResult r = bg::ops::moe_w4a16_bench_k3({});
+// Arguments, if any: the rows per expert to run (default: the bench's 1, 4, 16, 32).
+int main(int argc, char** argv) {
+  bg::ops::MoeW4a16BenchConfig cfg;
+  if (argc > 1) cfg.rows_per_expert.clear();
+  for (int i = 1; i < argc; ++i) cfg.rows_per_expert.push_back(std::atoi(argv[i]));
+  const bg::ops::MoeW4a16BenchResult r = bg::ops::moe_w4a16_bench_k3(cfg);
   std::printf("%s", bg::ops::moe_w4a16_bench_table(r).c_str());
   return 0;
 }

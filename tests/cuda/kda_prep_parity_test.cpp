@@ -2,7 +2,7 @@
 // (q, k, v, g, beta and every conv state of the pool), and against the CPU references (short conv, L2 norm, gate,
 // beta) within bf16 / fp32 tolerance. K3's 96 heads x 128 and smaller / odd head dims, conv widths 4 and 2, scattered
 // state slots with a padding row (-1: zero q / k / v, state untouched), inputs read as column slices of a wider
-// projection buffer (row strides).
+// projection buffer (row strides); K3's shape with aligned strides (the 16-byte conv path) and odd ones (the other).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,7 +23,9 @@ namespace {
 
 struct PrepCase {
   int64_t n_seqs, n_heads, head_dim, kernel_size;
-  bool strided;  // q, k, v, g_raw and b as column slices of one [n, 4P + H + 3] buffer
+  bool strided;  // q, k, v, g_raw and b as column slices of one [n, 4P + H + spare] buffer
+  // Slot stride and row stride multiples of 4 (K3's 16-byte conv path runs), else odd (the 4-byte path runs).
+  bool aligned = false;
 };
 
 // Rows of the [n, width] matrix that start at column col of a [n, stride] buffer.
@@ -37,14 +39,14 @@ std::vector<float> columns(const std::vector<float>& buf, int64_t n, int64_t str
 
 void run_case(const PrepCase& c) {
   SCOPED_TRACE(::testing::Message() << "seqs " << c.n_seqs << " heads " << c.n_heads << " K " << c.head_dim << " W "
-                                    << c.kernel_size << (c.strided ? " strided" : ""));
+                                    << c.kernel_size << (c.strided ? " strided" : "") << (c.aligned ? " aligned" : ""));
   const int64_t n = c.n_seqs, H = c.n_heads, K = c.head_dim, W = c.kernel_size, P = H * K;
-  const int64_t part = P * (W - 1), slot_stride = 3 * part + 5, n_slots = n + 7;
-  // One projection buffer: [n, stride] holding q | k | v | g_raw | b (| 3 spare columns when strided).
-  const int64_t stride = c.strided ? 4 * P + H + 3 : 0;
-  std::vector<float> all = random_floats(static_cast<size_t>(n * (4 * P + H + 3)), 2.0f, 91);
+  const int64_t part = P * (W - 1), slot_stride = 3 * part + (c.aligned ? 8 : 5), n_slots = n + 7;
+  // One projection buffer: [n, stride] holding q | k | v | g_raw | b | spare columns (3, or 4 to 7 when aligned).
+  const int64_t buf_stride = 4 * P + H + (c.aligned ? 4 + (4 - (4 * P + H) % 4) % 4 : 3);
+  const int64_t stride = c.strided ? buf_stride : 0;
+  std::vector<float> all = random_floats(static_cast<size_t>(n * buf_stride), 2.0f, 91);
   to_bf16(all);
-  const int64_t buf_stride = 4 * P + H + 3;
   std::vector<std::vector<float>> x(3);
   for (int i = 0; i < 3; ++i) x[static_cast<size_t>(i)] = columns(all, n, buf_stride, i * P, P);
   const std::vector<float> g_raw = columns(all, n, buf_stride, 3 * P, P), b = columns(all, n, buf_stride, 4 * P, H);
@@ -155,8 +157,14 @@ void run_case(const PrepCase& c) {
 
 TEST(KdaPrepParity, K3HeadsMatchTheSeparateKernelsBitForBit) {
   BG_REQUIRE_GPU();
-  for (int64_t n : {1, 3, 17, 64}) run_case({n, 96, 128, 4, false});
+  for (int64_t n : {1, 3, 17, 64}) {
+    run_case({n, 96, 128, 4, false});
+    run_case({n, 96, 128, 4, false, true});
+  }
   run_case({5, 96, 128, 4, true});
+  run_case({5, 96, 128, 4, true, true});
+  run_case({3, 2, 128, 4, true, true});
+  EXPECT_TRUE(ops::kda_prep_w4x128_enabled()) << "BG_KDA_PREP_W4X128=0: the 16-byte conv path was not tested";
 }
 
 TEST(KdaPrepParity, OtherShapes) {

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "ops/kda/kda_cuda.h"
 #include "ops/kda/kda_varlen_plan.h"
+#include "ops/kda_gate/kda_prep_cuda.h"
 #include "ops/mla/mla_cuda.h"
 #include "ops/mla/mla_decode_cuda.h"
 #include "ops/mla/mla_prefill_cuda.h"
@@ -385,6 +386,60 @@ KernelCase short_conv_decode_case(int64_t batch) {
   return c;
 }
 
+// The fused KDA decode preparation (kda_prep_decode_cuda) at K3's shape: the q / k / v convs over one pool of
+// slots (each slot holds the three conv states, as the KDA state pool lays them out), the L2 norms, the gate and beta.
+// Bytes: the conv states read and written, the inputs (q, k, v, g_raw, b) and outputs (q, k, v, g, beta), the conv
+// weights once.
+KernelCase kda_prep_decode_case(int64_t batch) {
+  KernelCase c;
+  c.name = "kda_prep_decode";
+  c.shape = fmt::format("B={} H=96 K=128", batch);
+  const int64_t part = kConvChannels * (kConvWidth - 1), slot_stride = 3 * part;
+  const double io = d(kConvChannels) * (3 * 2 + 2 + 3 * 2 + 4) + d(kHeads) * (2 + 4);
+  c.set_bytes = d(batch) * (d(slot_stride) * 4 + io);
+  c.prepare = [=](const CudaEnv&, CaseMemory& mem, int n_sets) {
+    const float* weights[3];
+    for (const float*& w : weights) w = mem.f32(z(kConvChannels * kConvWidth), -0.5f, 0.5f);
+    float* states = mem.f32(z(n_sets * batch * slot_stride), -1.0f, 1.0f);
+    const int32_t* live = mem.upload(std::vector<int32_t>{static_cast<int32_t>(batch)});
+    const float* a_log = mem.f32(z(kHeads), -1.0f, 1.0f);
+    const float* dt_bias = mem.f32(z(kConvChannels), -1.0f, 1.0f);
+    std::vector<ops::KdaPrepDecodeInputs> ins;
+    std::vector<ops::KdaPrepDecodeOutputs> outs;
+    for (int s = 0; s < n_sets; ++s) {
+      std::vector<int32_t> idx(z(batch));
+      for (int64_t i = 0; i < batch; ++i) idx[z(i)] = static_cast<int32_t>(s * batch + i);
+      const int32_t* slots = mem.upload(idx);
+      ops::KdaPrepDecodeInputs in;
+      for (int i = 0; i < 3; ++i) {
+        in.x[i] = mem.bf16(z(batch * kConvChannels));
+        in.x_row[i] = kConvChannels;
+        in.conv_weight[i] = weights[i];
+        in.conv_state[i] = {states + i * part, slots, slot_stride, live};
+      }
+      in.g_raw = mem.bf16(z(batch * kConvChannels));
+      in.g_row = kConvChannels;
+      in.a_log = a_log;
+      in.dt_bias = dt_bias;
+      in.b = mem.bf16(z(batch * kHeads));
+      in.b_row = kHeads;
+      ins.push_back(in);
+      outs.push_back({mem.zeros_of<bf16>(z(batch * kConvChannels)), mem.zeros_of<bf16>(z(batch * kConvChannels)),
+                      mem.zeros_of<bf16>(z(batch * kConvChannels)), mem.zeros_of<float>(z(batch * kConvChannels)),
+                      mem.zeros_of<float>(z(batch * kHeads))});
+    }
+    PreparedKernel k;
+    k.cost = {d(batch) * (d(slot_stride) * 8 + io) + 3 * d(kConvChannels * kConvWidth) * 4,
+              6.0 * d(batch * kConvChannels * kConvWidth)};
+    k.launch = [=](int s, cudaStream_t stream) {
+      ops::kda_prep_decode_cuda({batch, kHeads, kKdaDim, kConvWidth, 0.088f, 1e-6f, -5.0f}, ins[z(s)], outs[z(s)],
+                                stream);
+    };
+    return k;
+  };
+  return c;
+}
+
 // norm: the q conv with its L2 norm fused (short_conv_l2norm_cuda, K3's 128-channel heads); else the conv alone. The
 // separate norm (kda_l2norm_cuda) reads and writes the conv's output once more: compare the fused case with
 // short_conv_prefill plus that pass.
@@ -449,6 +504,7 @@ void register_attention_cases(KernelRegistry& r, bool quick) {
   r.add(kda_chunked_varlen_case(16, 512));
   r.add(kda_chunked_varlen_case(128, 64));  // the same chunks as T=8192 with no recurrence: the prepare kernel's share
   for (int64_t b : decode) r.add(short_conv_decode_case(b));
+  for (int64_t b : decode) r.add(kda_prep_decode_case(b));
   r.add(short_conv_prefill_case(quick ? 2048 : 8192, false));
   if (!quick) r.add(short_conv_prefill_case(8192, true));
 }

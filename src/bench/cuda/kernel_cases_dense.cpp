@@ -224,20 +224,33 @@ void register_norms_and_mixes(KernelRegistry& r, int64_t b) {
     bf16* out = m.zeros_of<bf16>(z(b * kHidden));
     return SetLaunch([=](cudaStream_t s) { ops::attn_res_mix_cuda({n, b, kHidden, 1e-5f}, bank, norm, proj, out, s); });
   }));
-  // The same mix fused with the next sublayer's RMSNorm (what the K3 model runs): h and x written, h read back.
-  r.add(small_case("attn_res_mix_rmsnorm", b, d(n) * act + 3 * act,
-                   {d(n) * act + 3 * act + d(kHidden) * 4, 6 * d(n * b * kHidden) + 4 * d(b * kHidden)},
-                   [b](CaseMemory& m) {
-    const bf16* bank = m.bf16(z(n * b * kHidden));
-    const float* norm = m.f32(z(kHidden), 0.9f, 1.1f);
-    const float* proj = m.f32(z(kHidden), -0.02f, 0.02f);
-    const float* w = m.f32(z(kHidden), 0.9f, 1.1f);
-    bf16* h = m.zeros_of<bf16>(z(b * kHidden));
-    bf16* x = m.zeros_of<bf16>(z(b * kHidden));
-    return SetLaunch([=](cudaStream_t s) {
-      ops::attn_res_mix_rmsnorm_cuda({n, b, kHidden, 1e-5f}, bank, norm, proj, w, 1e-5f, h, x, s);
-    });
-  }));
+  // The same mix fused with the next sublayer's RMSNorm (what the K3 model runs): h and x written, h read back; with
+  // 9 candidates on the default kernel (a cluster per token there) and on the one-block-per-token kernel (`_block`),
+  // with 3 (`_n3`: a first block's layers, as in the 4-layer slice; the default takes the block kernel there) on both.
+  struct Mix {
+    const char* name;
+    ops::AttnResKernel kernel;
+    int64_t n;
+  };
+  for (const Mix mix : {Mix{"attn_res_mix_rmsnorm", ops::AttnResKernel::kAuto, 9},
+                        Mix{"attn_res_mix_rmsnorm_block", ops::AttnResKernel::kBlock, 9},
+                        Mix{"attn_res_mix_rmsnorm_cluster_n3", ops::AttnResKernel::kCluster, 3},
+                        Mix{"attn_res_mix_rmsnorm_block_n3", ops::AttnResKernel::kBlock, 3}}) {
+    const int64_t c = mix.n;
+    r.add(small_case(mix.name, b, d(c) * act + 3 * act,
+                     {d(c) * act + 3 * act + d(kHidden) * 4, 6 * d(c * b * kHidden) + 4 * d(b * kHidden)},
+                     [b, c, kernel = mix.kernel](CaseMemory& m) {
+      const bf16* bank = m.bf16(z(c * b * kHidden));
+      const float* norm = m.f32(z(kHidden), 0.9f, 1.1f);
+      const float* proj = m.f32(z(kHidden), -0.02f, 0.02f);
+      const float* w = m.f32(z(kHidden), 0.9f, 1.1f);
+      bf16* h = m.zeros_of<bf16>(z(b * kHidden));
+      bf16* x = m.zeros_of<bf16>(z(b * kHidden));
+      return SetLaunch([=](cudaStream_t s) {
+        ops::attn_res_mix_rmsnorm_cuda({c, b, kHidden, 1e-5f}, bank, norm, proj, w, 1e-5f, h, x, s, kernel);
+      });
+    }));
+  }
   r.add(small_case("add", b, 2 * act, {3 * act, d(b * kHidden)}, [b](CaseMemory& m) {
     const bf16* x = m.bf16(z(b * kHidden));
     bf16* y = m.bf16(z(b * kHidden));

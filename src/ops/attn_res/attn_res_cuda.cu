@@ -1,9 +1,17 @@
-// CUDA Attention-Residual mix: one 512-thread block per token, 16-byte loads. Pass 1 accumulates, for every candidate
-// at once, the sum of squares and the dot product with norm * proj; pass 2 writes the softmax-weighted sum of the raw
-// candidates; the fused variant then RMS-normalises it (the next sublayer's input norm) in the same block.
+// CUDA Attention-Residual mix, two kernels (AttnResKernel in the header says which runs). The cluster kernel, for rows
+// of a multiple of 8 values (16-byte loads) up to 16384: a cluster of up to 8 CTAs per token, each CTA one slice of
+// the row, one 16-byte vector of each candidate per thread held in registers from the load to the last use; the
+// per-candidate sums of squares and dot products (then the mix's sum of squares, for the fused RMSNorm) are added over
+// the cluster through distributed shared memory. The block kernel: one 512-thread block per token, two passes over
+// the candidates. Both: pass 1 accumulates, for every candidate at once, the sum of squares and the dot product with
+// norm * proj; pass 2 writes the softmax-weighted sum of the raw candidates; the fused variant then RMS-normalises it
+// (the next sublayer's input norm).
 #include "ops/attn_res/attn_res_cuda.h"
 
+#include <cooperative_groups.h>
+
 #include "backend/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "ops/elementwise/cuda_utils.cuh"
 
@@ -187,6 +195,201 @@ __global__ void __launch_bounds__(kThreads) attn_res_kernel(AttnResParams p, con
   }
 }
 
+// --- The cluster kernel -------------------------------------------------------------------------------------------
+// A token's row is split over a cluster of `ctas` CTAs (attn_res_cluster_shape); CTA r of the cluster takes vectors
+// [r * per_cta, (r + 1) * per_cta) of the row, one 8-value vector per thread. Every value a thread needs is loaded
+// once, before any arithmetic (the candidates stay in registers as bf16 for pass 2), so a token costs one memory
+// latency, not one per pass. Sums: each thread's 8 values in order, a butterfly over the warp, the warps in order,
+// then the cluster's CTAs in rank order, read by every CTA from the others' shared memory; every CTA therefore
+// computes the same softmax weights and RMS factor bit for bit, and none depends on the batch.
+constexpr int kClusterMaxCtas = 8;
+constexpr int kClusterMaxThreads = 256;
+constexpr int kClusterMaxWarps = kClusterMaxThreads / 32;
+
+__device__ __forceinline__ void unpack8(const uint4& u, float (&v)[8]) {
+  const bf16* b = reinterpret_cast<const bf16*>(&u);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v[k] = cuda_util::to_f32(b[k]);
+}
+__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
+  uint4 u;
+  bf16* b = reinterpret_cast<bf16*>(&u);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) b[k] = cuda_util::to_bf16(v[k]);
+  return u;
+}
+
+template <bool kNorm, bool kAdd>
+__global__ void __launch_bounds__(kClusterMaxThreads) attn_res_cluster_kernel(
+    AttnResParams p, int per_cta, const bf16* candidates, const float* norm, const float* proj,
+    const float* rms_weight, float rms_eps, bf16* h, bf16* x, const bf16* addend, bool replace) {
+  namespace cg = cooperative_groups;
+  __shared__ float warp_part[kClusterMaxWarps][2 * kMax];  // per warp: sums of squares, then dots
+  __shared__ float cta_part[2 * kMax];                      // this CTA's, read by the whole cluster
+  __shared__ float alpha[kMax];
+  __shared__ float warp_hss[kClusterMaxWarps];
+  __shared__ float cta_hss, inv_rms;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int ctas = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+  const int n = static_cast<int>(p.n_candidates);
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int n_warps = static_cast<int>(blockDim.x) >> 5;
+  const int64_t t = blockIdx.x / ctas, dim = p.dim, cand_stride = p.n_tokens * dim;
+  const int64_t d = (static_cast<int64_t>(rank) * per_cta + threadIdx.x) * 8;
+  const bool live = static_cast<int>(threadIdx.x) < per_cta && d < dim;
+  const bf16* base = candidates + t * dim + d;  // candidate i: base + i * cand_stride
+
+  uint4 raw[kMax];
+  float ss[kMax], dot[kMax];
+#pragma unroll
+  for (int i = 0; i < kMax; ++i) ss[i] = dot[i] = 0.0f;
+  if (live) {
+    float nw[8], pw[8];
+    load_vec<8>(norm + d, nw);
+    load_vec<8>(proj + d, pw);
+    uint4 add_raw{};
+    if constexpr (kAdd) add_raw = *reinterpret_cast<const uint4*>(addend + t * dim + d);
+#pragma unroll
+    for (int i = 0; i < kMax; ++i) {
+      if (i < n && !(kAdd && replace && i == n - 1)) raw[i] = *reinterpret_cast<const uint4*>(base + i * cand_stride);
+    }
+    if constexpr (kAdd) {
+      // The partial sum (the last candidate) becomes the addend or bf16(partial + addend), add_inplace_cuda's
+      // arithmetic, stored back by the thread that read it.
+#pragma unroll
+      for (int i = 0; i < kMax; ++i) {
+        if (i == n - 1) {
+          if (replace) {
+            raw[i] = add_raw;
+          } else {
+            float v[8], a[8];
+            unpack8(raw[i], v);
+            unpack8(add_raw, a);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) v[k] += a[k];
+            raw[i] = pack8(v);
+          }
+          *reinterpret_cast<uint4*>(const_cast<bf16*>(base + i * cand_stride)) = raw[i];
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kMax; ++i) {
+      if (i < n) {
+        float v[8];
+        unpack8(raw[i], v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          ss[i] += v[k] * v[k];
+          dot[i] += v[k] * (nw[k] * pw[k]);  // fp32 product, as the CPU reference precomputes it
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kMax; ++i) {
+    if (i < n) {
+      const float s = cuda_util::warp_reduce(ss[i], cuda_util::SumOp{});
+      const float q = cuda_util::warp_reduce(dot[i], cuda_util::SumOp{});
+      if (lane == 0) {
+        warp_part[warp][i] = s;
+        warp_part[warp][kMax + i] = q;
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < 2 * kMax && static_cast<int>(threadIdx.x) % kMax < n) {
+    float sum = 0.0f;
+    for (int w = 0; w < n_warps; ++w) sum += warp_part[w][threadIdx.x];
+    cta_part[threadIdx.x] = sum;
+  }
+  cluster.sync();  // every CTA's partial sums are in its shared memory
+  if (warp == 0) {
+    static_assert(kMax <= 32);
+    const float inv_dim = 1.0f / static_cast<float>(dim);
+    float score = -INFINITY;
+    if (lane < n) {
+      float s = 0.0f, q = 0.0f;
+      for (int r = 0; r < ctas; ++r) {
+        const float* remote = cluster.map_shared_rank(cta_part, r);
+        s += remote[lane];
+        q += remote[kMax + lane];
+      }
+      score = q / sqrtf(s * inv_dim + p.eps);
+    }
+    const float max_score = cuda_util::warp_reduce(score, FMax{});
+    const float e = lane < n ? expf(score - max_score) : 0.0f;
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) sum += __shfl_sync(0xffffffffu, e, i);
+    if (lane < n) alpha[lane] = e / sum;
+  }
+  if constexpr (!kNorm) cluster.barrier_arrive();  // done reading the others' partial sums
+  __syncthreads();
+  float acc[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) acc[k] = 0.0f;
+  float hss = 0.0f;
+  if (live) {
+#pragma unroll
+    for (int i = 0; i < kMax; ++i) {
+      if (i < n) {
+        float v[8];
+        unpack8(raw[i], v);
+        const float a = alpha[i];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[k] += a * v[k];
+      }
+    }
+    const uint4 hb = pack8(acc);
+    *reinterpret_cast<uint4*>(h + t * dim + d) = hb;
+    if constexpr (kNorm) {
+      unpack8(hb, acc);  // the bf16 values of h, as rmsnorm_cuda reads them
+#pragma unroll
+      for (int k = 0; k < 8; ++k) hss += acc[k] * acc[k];
+    }
+  }
+  if constexpr (kNorm) {
+    hss = cuda_util::warp_reduce(hss, cuda_util::SumOp{});
+    if (lane == 0) warp_hss[warp] = hss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float sum = 0.0f;
+      for (int w = 0; w < n_warps; ++w) sum += warp_hss[w];
+      cta_hss = sum;
+    }
+    cluster.sync();  // every CTA's sum of squares is in place, and no CTA still reads cta_part
+    if (threadIdx.x == 0) {
+      float sum = 0.0f;
+      for (int r = 0; r < ctas; ++r) sum += *cluster.map_shared_rank(&cta_hss, r);
+      inv_rms = 1.0f / sqrtf(sum * (1.0f / static_cast<float>(dim)) + rms_eps);
+    }
+    cluster.barrier_arrive();  // done reading the others' shared memory
+    __syncthreads();
+    if (live) {
+      const float inv = inv_rms;
+      float w[8];
+      load_vec<8>(rms_weight + d, w);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[k] = w[k] * (acc[k] * inv);
+      *reinterpret_cast<uint4*>(x + t * dim + d) = pack8(acc);
+    }
+  }
+  cluster.barrier_wait();  // a CTA's shared memory must outlive the cluster's reads of it
+}
+
+// The cluster launch for a row of dim values: CTAs per token and vectors per CTA; {0, 0} where the cluster kernel
+// does not apply (rows past kClusterMaxCtas * kClusterMaxThreads vectors).
+struct ClusterShape {
+  int ctas = 0, per_cta = 0;
+};
+ClusterShape cluster_shape(int64_t dim) {
+  const int64_t vecs = dim / 8;
+  if (vecs > int64_t{kClusterMaxCtas} * kClusterMaxThreads) return {};
+  // About 128 vectors (one warp group of 16-byte loads per candidate) per CTA, at most kClusterMaxCtas CTAs.
+  const int64_t ctas = std::max<int64_t>(1, std::min<int64_t>(kClusterMaxCtas, (vecs + 127) / 128));
+  return {static_cast<int>(ctas), static_cast<int>((vecs + ctas - 1) / ctas)};
+}
+
 void check_mix(const AttnResParams& p, const char* who) {
   BG_CHECK(p.n_candidates > 0 && p.n_candidates <= kAttnResMaxCandidates, "{}: n_candidates {} outside [1, {}]", who,
            p.n_candidates, kAttnResMaxCandidates);
@@ -195,13 +398,40 @@ void check_mix(const AttnResParams& p, const char* who) {
   BG_CHECK(p.eps > 0.0f, "{}: eps {} must be positive", who, p.eps);
 }
 
+AttnResKernel kernel_from_env() {
+  static const int choice = env_choice("BG_ATTN_RES", {"cluster", "block", "scalar"});  // -1: unset
+  constexpr AttnResKernel kChoices[] = {AttnResKernel::kCluster, AttnResKernel::kBlock, AttnResKernel::kScalar};
+  return choice < 0 ? AttnResKernel::kAuto : kChoices[choice];
+}
+
 template <bool kNorm, bool kAdd = false>
-void launch(const AttnResParams& p, const bf16* candidates, const float* norm, const float* proj,
-            const float* rms_weight, float rms_eps, bf16* h, bf16* x, cudaStream_t stream,
+void launch(AttnResKernel kernel, const AttnResParams& p, const bf16* candidates, const float* norm,
+            const float* proj, const float* rms_weight, float rms_eps, bf16* h, bf16* x, cudaStream_t stream,
             const bf16* addend = nullptr, bool replace = false) {
   auto a16 = [](const void* ptr) { return cuda::aligned_to(ptr, 16); };
-  const bool vec = p.dim % 8 == 0 && a16(candidates) && a16(norm) && a16(proj) && a16(h) &&
+  bool vec = p.dim % 8 == 0 && a16(candidates) && a16(norm) && a16(proj) && a16(h) &&
                    (!kNorm || (a16(rms_weight) && a16(x))) && (!kAdd || a16(addend));
+  if (kernel == AttnResKernel::kAuto) kernel = kernel_from_env();
+  if (kernel == AttnResKernel::kAuto) {
+    kernel = p.n_candidates >= kAttnResClusterMinCandidates ? AttnResKernel::kCluster : AttnResKernel::kBlock;
+  }
+  const ClusterShape shape = cluster_shape(p.dim);
+  vec = vec && kernel != AttnResKernel::kScalar;
+  if (vec && kernel == AttnResKernel::kCluster && shape.ctas > 0 && p.n_tokens * shape.ctas < (int64_t{1} << 31)) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(p.n_tokens * shape.ctas));
+    cfg.blockDim = dim3(static_cast<unsigned>((shape.per_cta + 31) / 32 * 32));
+    cfg.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(shape.ctas);
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    BG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, attn_res_cluster_kernel<kNorm, kAdd>, p, shape.per_cta, candidates, norm,
+                                     proj, rms_weight, rms_eps, h, x, addend, replace));
+    return;
+  }
   const auto grid = static_cast<unsigned>(p.n_tokens);
   if (vec) {
     attn_res_kernel<8, kNorm, kAdd><<<grid, kThreads, 0, stream>>>(p, candidates, norm, proj, rms_weight, rms_eps, h,
@@ -216,29 +446,29 @@ void launch(const AttnResParams& p, const bf16* candidates, const float* norm, c
 }  // namespace
 
 void attn_res_mix_cuda(const AttnResParams& p, const __nv_bfloat16* candidates, const float* norm, const float* proj,
-                       __nv_bfloat16* out, cudaStream_t stream) {
+                       __nv_bfloat16* out, cudaStream_t stream, AttnResKernel kernel) {
   check_mix(p, "attn_res_mix_cuda");
   if (p.n_tokens == 0) return;
   BG_CHECK(candidates && norm && proj && out, "attn_res_mix_cuda: null pointer with n_tokens {}", p.n_tokens);
-  launch<false>(p, candidates, norm, proj, nullptr, 0.0f, out, nullptr, stream);
+  launch<false>(kernel, p, candidates, norm, proj, nullptr, 0.0f, out, nullptr, stream);
 }
 
 void attn_res_mix_rmsnorm_cuda(const AttnResParams& p, const __nv_bfloat16* candidates, const float* norm,
                                const float* proj, const float* rms_weight, float rms_eps, __nv_bfloat16* h,
-                               __nv_bfloat16* x, cudaStream_t stream) {
+                               __nv_bfloat16* x, cudaStream_t stream, AttnResKernel kernel) {
   check_mix(p, "attn_res_mix_rmsnorm_cuda");
   BG_CHECK(rms_eps > 0.0f, "attn_res_mix_rmsnorm_cuda: rms eps {} must be positive", rms_eps);
   if (p.n_tokens == 0) return;
   BG_CHECK(candidates && norm && proj && rms_weight && h && x,
            "attn_res_mix_rmsnorm_cuda: null pointer with n_tokens {}", p.n_tokens);
   BG_CHECK(x != h, "attn_res_mix_rmsnorm_cuda: x must not be h");
-  launch<true>(p, candidates, norm, proj, rms_weight, rms_eps, h, x, stream);
+  launch<true>(kernel, p, candidates, norm, proj, rms_weight, rms_eps, h, x, stream);
 }
 
 void attn_res_add_mix_rmsnorm_cuda(const AttnResParams& p, const __nv_bfloat16* addend, bool replace,
                                    __nv_bfloat16* candidates, const float* norm, const float* proj,
                                    const float* rms_weight, float rms_eps, __nv_bfloat16* h, __nv_bfloat16* x,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, AttnResKernel kernel) {
   check_mix(p, "attn_res_add_mix_rmsnorm_cuda");
   BG_CHECK(rms_eps > 0.0f, "attn_res_add_mix_rmsnorm_cuda: rms eps {} must be positive", rms_eps);
   if (p.n_tokens == 0) return;
@@ -250,7 +480,7 @@ void attn_res_add_mix_rmsnorm_cuda(const AttnResParams& p, const __nv_bfloat16* 
   auto overlaps = [&](const __nv_bfloat16* a, const __nv_bfloat16* b) { return a < b + n_values && b < a + n_values; };
   BG_CHECK(!overlaps(addend, partial) && !overlaps(h, partial) && !overlaps(x, partial) && !overlaps(addend, h),
            "attn_res_add_mix_rmsnorm_cuda: the addend, the partial sum, h and x must not overlap");
-  launch<true, true>(p, candidates, norm, proj, rms_weight, rms_eps, h, x, stream, addend, replace);
+  launch<true, true>(kernel, p, candidates, norm, proj, rms_weight, rms_eps, h, x, stream, addend, replace);
 }
 
 }  // namespace bg::ops

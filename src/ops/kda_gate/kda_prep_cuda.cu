@@ -1,8 +1,13 @@
-// The fused KDA decode preparation (kda_prep_cuda.h). Lane l of a warp owns channels l, l + 32, ... of its head, as
-// the warp-per-row L2 norm does, so the sums of squares are added in that kernel's order.
+// The fused KDA decode preparation (kda_prep_cuda.h). The L2 norm adds the sums of squares as the warp-per-row L2
+// norm does (lane l: channels l, l + 32, ... of its head, then a butterfly). The conv, whose arithmetic does not depend
+// on who computes a channel, runs either on that same ownership (any shape) or, for K3's shape (head dim 128, conv
+// width 4, 16-byte aligned states and weights), on four consecutive channels per lane: 16-byte loads and stores of the
+// fp32 conv state instead of 4-byte ones at a 12-byte stride, the values then handed to the norm's ownership through
+// shared memory.
 #include "ops/kda_gate/kda_prep_cuda.h"
 
 #include "backend/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "ops/elementwise/cuda_utils.cuh"
 
@@ -62,10 +67,46 @@ __device__ __forceinline__ void conv_head(const KdaPrepDecodeParams& p, const bf
   }
 }
 
+// The conv of conv_head for head dim 128 and width 4 (3 history values), lane l owning channels 4l .. 4l + 3: its
+// history is 12 consecutive floats and its weights 16 (three and four 16-byte loads), its input 8 bytes. The same
+// arithmetic per channel as conv_head. Writes the outputs to sv[4l .. 4l + 3].
+__device__ __forceinline__ void conv_head_w4x128(const bf16* x, const float* weight, float* state, int64_t c0, int lane,
+                                                 float* sv) {
+  const int64_t c = c0 + 4 * lane;
+  const uint2 xr = *reinterpret_cast<const uint2*>(x + c);
+  float4 w[4], hs[3];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const float4*>(weight + c * 4)[i];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) hs[i] = reinterpret_cast<const float4*>(state + c * 3)[i];
+  const bf16* xb = reinterpret_cast<const bf16*>(&xr);
+  const float* hist = reinterpret_cast<const float*>(hs);  // channel i: hist[3i .. 3i + 2], oldest first
+  float nh[12];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float* wi = reinterpret_cast<const float*>(&w[i]);
+    const float xv = cuda_util::to_f32(xb[i]);
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) acc += wi[j] * hist[3 * i + j];
+    acc += wi[3] * xv;
+    sv[4 * lane + i] = cuda_util::to_f32(cuda_util::to_bf16(silu(acc)));
+    nh[3 * i] = hist[3 * i + 1];
+    nh[3 * i + 1] = hist[3 * i + 2];
+    nh[3 * i + 2] = xv;
+  }
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    reinterpret_cast<float4*>(state + c * 3)[i] = make_float4(nh[4 * i], nh[4 * i + 1], nh[4 * i + 2], nh[4 * i + 3]);
+  }
+}
+
 // grid (H, n_seqs), 128 threads: warp 0 q, 1 k, 2 v, 3 gate and beta. kPer: channels per lane (head_dim <= 32 kPer).
-template <int kPer>
+// kW4x128: the conv on conv_head_w4x128 (kPer 4, head dim 128, width 4, aligned: see the launcher).
+template <int kPer, bool kW4x128>
 __global__ void __launch_bounds__(128) kda_prep_decode_kernel(KdaPrepDecodeParams p, KdaPrepDecodeInputs in,
                                                               KdaPrepDecodeOutputs out) {
+  __shared__ float conv_out[3][kW4x128 ? 128 : 1];
   const int64_t h = blockIdx.x, s = blockIdx.y;
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t width = p.n_heads * p.head_dim, c0 = h * p.head_dim;
@@ -89,7 +130,16 @@ __global__ void __launch_bounds__(128) kda_prep_decode_kernel(KdaPrepDecodeParam
   }
   float v[kPer];
   float* state = cs.base + slot * cs.slot_stride;
-  conv_head<kPer>(p, in.x[warp] + s * in.x_row[warp], in.conv_weight[warp], state, c0, lane, v);
+  if constexpr (kW4x128) {
+    static_assert(kPer == 4);
+    float* sv = conv_out[warp];
+    conv_head_w4x128(in.x[warp] + s * in.x_row[warp], in.conv_weight[warp], state, c0, lane, sv);
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) v[i] = sv[lane + 32 * i];
+  } else {
+    conv_head<kPer>(p, in.x[warp] + s * in.x_row[warp], in.conv_weight[warp], state, c0, lane, v);
+  }
   float f = 1.0f;
   if (warp < 2) {  // the L2 norm of kda_l2norm_cuda's warp-per-row kernel: ss over d = lane, lane + 32, ...
     float ss = 0.0f;
@@ -106,6 +156,11 @@ __global__ void __launch_bounds__(128) kda_prep_decode_kernel(KdaPrepDecodeParam
 }
 
 }  // namespace
+
+bool kda_prep_w4x128_enabled() {
+  static const bool on = env_switch("BG_KDA_PREP_W4X128", true);
+  return on;
+}
 
 void kda_prep_decode_cuda(const KdaPrepDecodeParams& p, const KdaPrepDecodeInputs& in, const KdaPrepDecodeOutputs& out,
                           cudaStream_t stream) {
@@ -132,12 +187,20 @@ void kda_prep_decode_cuda(const KdaPrepDecodeParams& p, const KdaPrepDecodeInput
            in.g_row, in.b_row);
   BG_CHECK(out.q && out.k && out.v && out.g && out.beta, "kda_prep_decode_cuda: null output");
   const dim3 grid(static_cast<unsigned>(p.n_heads), static_cast<unsigned>(p.n_seqs));
-  if (p.head_dim <= 64) {
-    kda_prep_decode_kernel<2><<<grid, 128, 0, stream>>>(p, in, out);
+  // The 16-byte conv path: every slot's state, each head's weights and each row's input at 16 / 8-byte boundaries.
+  bool w4x128 = p.head_dim == 128 && p.kernel_size == 4 && kda_prep_w4x128_enabled();
+  for (int i = 0; i < 3 && w4x128; ++i) {
+    w4x128 = cuda::aligned_to(in.conv_state[i].base, 16) && in.conv_state[i].slot_stride % 4 == 0 &&
+             cuda::aligned_to(in.conv_weight[i], 16) && cuda::aligned_to(in.x[i], 8) && in.x_row[i] % 4 == 0;
+  }
+  if (w4x128) {
+    kda_prep_decode_kernel<4, true><<<grid, 128, 0, stream>>>(p, in, out);
+  } else if (p.head_dim <= 64) {
+    kda_prep_decode_kernel<2, false><<<grid, 128, 0, stream>>>(p, in, out);
   } else if (p.head_dim <= 128) {
-    kda_prep_decode_kernel<4><<<grid, 128, 0, stream>>>(p, in, out);
+    kda_prep_decode_kernel<4, false><<<grid, 128, 0, stream>>>(p, in, out);
   } else {
-    kda_prep_decode_kernel<8><<<grid, 128, 0, stream>>>(p, in, out);
+    kda_prep_decode_kernel<8, false><<<grid, 128, 0, stream>>>(p, in, out);
   }
   BG_CUDA_CHECK_LAUNCH();
 }

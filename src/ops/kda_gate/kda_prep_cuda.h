@@ -50,4 +50,8 @@ struct KdaPrepDecodeOutputs {
 void kda_prep_decode_cuda(const KdaPrepDecodeParams& p, const KdaPrepDecodeInputs& in, const KdaPrepDecodeOutputs& out,
                           cudaStream_t stream);
 
+// Whether K3's shape (head dim 128, conv width 4, aligned) runs the conv on four consecutive channels per lane with
+// 16-byte state loads and stores (the same bits): on unless BG_KDA_PREP_W4X128=0 (read once).
+bool kda_prep_w4x128_enabled();
+
 }  // namespace bg::ops
