@@ -16,6 +16,7 @@
 #include <numeric>
 #include <string>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "cuda/cuda_testing.h"
@@ -201,7 +202,7 @@ void expect_graph_replay_equals(const Launch& L, cudaStream_t stream, const std:
 }
 
 // Parity with the CPU reference, then bitwise: eager reruns and graph replays, with and without PDL; on mma.sync (one
-// CTA per SM, and with up to 16 tokens the narrow shape's two: MoeW4a16Params::narrow) and on wgmma.
+// CTA per SM, and where moe_w4a16_runs_narrow says so the narrow shape's two: MoeW4a16Params::narrow) and on wgmma.
 void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t inter, int64_t top_k,
                 MoeW4a16Act act, const RunSpec& spec, uint64_t seed) {
   const int64_t E = static_cast<int64_t>(set.views.size());
@@ -217,7 +218,10 @@ void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t 
 
   for (const int shape : {0, 1, 2}) {
     const bool wgmma = shape == 2, narrow = shape == 1;
-    if (narrow && spec.n_tokens > 16) continue;  // the wide shape runs those
+    MoeW4a16Params np = L.p;
+    np.narrow = true;
+    np.wgmma = false;
+    if (narrow && !moe_w4a16_runs_narrow(np)) continue;  // the wide shape runs those
     const std::string path = fmt::format("{} on {}", what, wgmma ? "wgmma" : narrow ? "mma.sync, narrow" : "mma.sync");
     L.p.wgmma = wgmma;
     L.p.narrow = narrow;
@@ -274,37 +278,64 @@ TEST(MoeW4a16Parity, DeepSeekV3Experts) {
   check_case("deepseek-v3", set, 7168, 2048, 8, MoeW4a16Act::kSwiGLU, {11, Pattern::kRandom, 10}, 70);
 }
 
-// With a fixed split factor a token's output does not depend on its batch: rows 0..31 of a 40-token batch (splits
-// run in order by one CTA) equal the same 32 tokens alone (splits on parallel CTAs), bit for bit.
-TEST(MoeW4a16Parity, FixedSplitsAreBatchInvariant) {
-  BG_REQUIRE_GPU();
-  const int64_t hidden = 512, inter = 256, top_k = 4;
+// With a fixed split factor a token's output does not depend on its batch: rows 0..31 of a 40-token batch (splits in
+// order by one CTA) equal the same 32 tokens alone (splits on parallel CTAs), and rows 0..15 the same 16 alone, bit
+// for bit; on the wide shape, the narrow one and wgmma. With MoeW4a16Params::narrow the 16 tokens run the narrow
+// kernel of 1- and 2-block passes; at top-8 of 16 experts (20 and 16 rows per expert) the 40 and 32 tokens run the
+// narrow kernel of up to 4-block passes, at top-4 (10 and 8) the wide shape. The narrow shape's bits are the wide
+// shape's.
+void fixed_splits_case(int64_t top_k) {
+  const int64_t hidden = 512, inter = 256;
   const ExpertSet set = make_experts(16, hidden, inter, 4);
   const Routing r40 = make_routing(40, top_k, 16, 16, Pattern::kRandom, 80);
-  Routing r32 = r40;
-  r32.ids.resize(32 * top_k);
-  r32.weights.resize(32 * top_k);
+  auto first = [&](int64_t n) {
+    Routing r = r40;
+    r.ids.resize(static_cast<size_t>(n * top_k));
+    r.weights.resize(static_cast<size_t>(n * top_k));
+    return r;
+  };
+  const Routing r32 = first(32), r16 = first(16);
   Stream st;
-  Launch big, small;
-  const RunSpec s40{40, Pattern::kRandom, 0, true, false, 4}, s32{32, Pattern::kRandom, 0, true, false, 4};
+  Launch big, small, tiny;
+  const RunSpec s40{40, Pattern::kRandom, 0, true, false, 4}, s32{32, Pattern::kRandom, 0, true, false, 4},
+      s16{16, Pattern::kRandom, 0, true, false, 4};
   prepare(big, set, hidden, inter, top_k, MoeW4a16Act::kSiTU, s40, r40, 81, st.s);
   prepare(small, set, hidden, inter, top_k, MoeW4a16Act::kSiTU, s32, r32, 81, st.s);  // same x rows (same seed)
+  prepare(tiny, set, hidden, inter, top_k, MoeW4a16Act::kSiTU, s16, r16, 81, st.s);
   ASSERT_TRUE(std::equal(small.x_bits.begin(), small.x_bits.end(), big.x_bits.begin()));
+  ASSERT_TRUE(std::equal(tiny.x_bits.begin(), tiny.x_bits.end(), big.x_bits.begin()));
   std::vector<float> ref = big.out_init;
   moe_w4a16_cpu(big.p, set.views, big.x.data(), r40.ids.data(), r40.weights.data(), ref.data());
-  for (bool wgmma : {false, true}) {
-    big.p.wgmma = small.p.wgmma = wgmma;
-    big.reset_out();
-    small.reset_out();
-    big.run(st.s);
-    small.run(st.s);
+  std::vector<uint8_t> wide_bits;
+  for (const std::string_view shape : {"wide", "narrow", "wgmma"}) {
+    const std::string what = fmt::format("top-{}, {}", top_k, shape);
+    for (Launch* L : {&big, &small, &tiny}) {
+      L->p.wgmma = shape == "wgmma";
+      L->p.narrow = shape == "narrow";
+      relayout(*L, st.s);  // a workspace is laid out for its shape
+      L->reset_out();
+      L->run(st.s);
+    }
     BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
-    const std::vector<uint8_t> a = big.download_bits(), b = small.download_bits();
-    ASSERT_TRUE(std::equal(b.begin(), b.end(), a.begin()))
-        << "fixed splits: tokens 0..31 depend on the batch" << (wgmma ? " (wgmma)" : "");
+    EXPECT_EQ(big.dispatch->error_word(), 0) << what;
+    const std::vector<uint8_t> a = big.download_bits(), b = small.download_bits(), c = tiny.download_bits();
+    ASSERT_TRUE(std::equal(b.begin(), b.end(), a.begin())) << "fixed splits: tokens 0..31 depend on the batch, "
+                                                             << what;
+    ASSERT_TRUE(std::equal(c.begin(), c.end(), a.begin())) << "fixed splits: tokens 0..15 depend on the batch, "
+                                                             << what;
+    if (shape == "wide") wide_bits = a;
+    if (shape == "narrow") {
+      EXPECT_TRUE(a == wide_bits) << what << ": the narrow shape's bits differ from the wide shape's";
+    }
     testing::expect_parity(big.download_out(), ref, testing::kTolBf16Out,
-                           wgmma ? "batch of 40, fixed splits 4, wgmma" : "batch of 40, fixed splits 4");
+                           fmt::format("batch of 40, fixed splits 4, {}", what));
   }
+}
+
+TEST(MoeW4a16Parity, FixedSplitsAreBatchInvariant) {
+  BG_REQUIRE_GPU();
+  fixed_splits_case(4);
+  fixed_splits_case(8);
 }
 
 // Each row's unweighted expert output, rows in dispatch order (by expert, then (token, k)): the CPU reference run as

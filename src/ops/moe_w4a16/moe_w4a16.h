@@ -125,11 +125,11 @@ struct MoeW4a16Params {
   // tile) instead of mma.sync. The same arithmetic up to the order of the fp32 additions inside an MMA. Off by default
   // until measured on the H200; BG_MOE_W4A16_WGMMA=1 turns it on where the backend builds the params.
   bool wgmma = false;
-  // CUDA only: launches of at most 16 tokens (passes of at most 2 n8 blocks) on mma.sync run two CTAs per SM with 128
-  // registers and 3 pipeline stages each, instead of one CTA with ~215 registers and 6 stages: twice the warps to hide
-  // the decode's latency. The same arithmetic in the same order except the split-K factor, which is chosen for the
-  // larger grid. A workspace is laid out for one shape: lay it out with the params it is launched with.
-  // BG_MOE_W4A16_NARROW=1 turns it on where the backend builds the params.
+  // CUDA only: launches of at most 16 tokens, and of at most 64 with many rows per expert (moe_w4a16_runs_narrow), on
+  // mma.sync run two CTAs per SM with 128 registers and 3 pipeline stages each, instead of one CTA with ~215 registers
+  // and 6 stages: twice the warps to hide the decode's latency. The same arithmetic in the same order
+  // except the split-K factor, which is chosen for the larger grid. A workspace is laid out for one shape: lay it out
+  // with the params it is launched with. BG_MOE_W4A16_NARROW=0 turns it off where the backend builds the params.
   bool narrow = false;
   // Rows in, rows out (an expert-parallel rank, whose rows arrive through the exchange already grouped by slot): x is
   // [n_tokens * top_k, hidden] in the dispatch's row order (no gather), and out[row] = bf16(expert(x[row])), unweighted
@@ -141,13 +141,23 @@ struct MoeW4a16Params {
 // Throws naming the bad field.
 void moe_w4a16_check_params(const MoeW4a16Params& p);
 
+// Whether a launch runs the narrow shape (CUDA; MoeW4a16Params::narrow asked for, mma.sync): at most 16 tokens (passes
+// of at most 2 n8 blocks: the kernel compiled without 3- and 4-block passes), or at most 64 tokens that average more
+// than kMoeW4a16NarrowRows rows per expert (n_tokens x top_k / n_experts; the kernel with 3- and 4-block passes, which
+// spill at the narrow shape's 128 registers). Measured on the slice's decode step (H100, bench/RESULTS.md 2026-12-06):
+// the narrow shape with 3- and 4-block passes took 1.3-3.7 % less time at 48 and 64 tokens (13.7 and 18.3 rows per
+// expert), and more than the wide shape at 20-40 (5.7-11.4).
+inline constexpr int64_t kMoeW4a16NarrowMaxTokens = 64;
+inline constexpr int64_t kMoeW4a16NarrowRows = 12;
+bool moe_w4a16_runs_narrow(const MoeW4a16Params& p);
+
 // Sizes of the kernel's workspace for p on `grid` persistent CTAs (the CUDA launcher lays the buffer out from it).
 struct MoeW4a16WorkspaceGeometry {
-  int32_t nb_cap = 1;           // n8 token blocks per pass: min(4, ceil(n_tokens / 8))
+  int32_t nb_cap = 1;           // n8 token blocks per pass: moe_w4a16_nb_cap
   int64_t tile_counters = 0;    // split-K arrival counters: touched experts x items
   int64_t token_counters = 0;   // combine counters: n_tokens x down items (0 with rows out)
   int64_t partial_slots = 0;    // split-K partial sums: the most any touched-expert count asks for, + per-CTA slots
-  int64_t seq_slot_base = 0;    // first per-CTA running-sum slot (fixed splits with > 32 tokens)
+  int64_t seq_slot_base = 0;    // first per-CTA running-sum slot (fixed splits, more tokens than one pass)
   int64_t slot_floats = 0;      // 4 tiles x nb_cap x 256 threads x 4
   int64_t rows = 0;             // n_tokens x top_k permuted rows (h, y)
   int32_t table_entries = 0;    // the most items one CTA takes (its item table in shared memory, 24 B each)

@@ -22,7 +22,7 @@ struct MoeW4a16BenchRow {
   int rows_per_expert = 0;
   bool pdl = false;  // down launched as a programmatic dependent of gate/up
   bool wgmma = false;  // the tensor-core step on wgmma (MoeW4a16Params::wgmma)
-  bool narrow = false;  // two CTAs per SM (MoeW4a16Params::narrow; rows <= 16)
+  bool narrow = false;  // two CTAs per SM (MoeW4a16Params::narrow; rows <= 64)
   int splits_gate_up = 0, splits_down = 0;  // the split-K factors the kernel picks
   double us = 0.0;                          // per launch (both kernels)
   double gbps = 0.0;                        // packed weight bytes (codes + scales) per second

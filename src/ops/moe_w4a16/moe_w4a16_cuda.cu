@@ -42,7 +42,8 @@
 // - Fixed costs per kernel: pipeline fill (~1.5 us), the last wave's tail and the final reductions (~1-2 us).
 // - Predicted: >= 0.85 of read at 1-16 rows per expert (16 of 56 K3 experts: ~72 us for 281 MB), ~0.75-0.8 at 32.
 //   Measured on the H200: 0.53 at 1 row, 0.49-0.50 at 4, 0.35 at 16, 0.25 at 32 (PDL on); the narrow shape (two
-//   CTAs per SM, up to 16 tokens) 0.56 / 0.52 / 0.41 at 1 / 4 / 16. The main loop is 55-65 %
+//   CTAs per SM) 0.56 / 0.52 / 0.41 at 1 / 4 / 16; on the H100 its 3- and 4-block kernel 0.463 / 0.431 / 0.346 at
+//   18 / 24 / 32 rows against the wide shape's 0.433 / 0.416 / 0.351 (variant run). The main loop is 55-65 %
 //   of the warp samples, the integer pipe throttling the decode's chains after each stage barrier; per-pass code
 //   (reductions, GLU, cursors) was a third before the item table and the out-of-line GLU (docs/MOE_W4A16.md,
 //   "Where the time goes").
@@ -69,16 +70,17 @@ using namespace w4;
 constexpr int kBufBytes = kStageBytes + kActStageBytes;
 
 // The two launch shapes of the kernel. Wide (any rows): one CTA of 8 warps per SM, 6 pipeline stages (129 KiB),
-// passes of up to 4 n8 blocks, ~215 registers. Narrow (MoeW4a16Params::narrow, at most 16 tokens, mma.sync): two
+// passes of up to 4 n8 blocks, ~215 registers. Narrow (MoeW4a16Params::narrow, at most 64 tokens, mma.sync): two
 // CTAs per SM (16 warps, 4 per scheduler, to hide the decode's dependent integer chains), 128 registers, 3 stages
-// each, passes of up to 2 n8 blocks.
+// each; compiled twice: passes of up to 2 n8 blocks (at most 16 tokens) and of up to 4 (the 3- and 4-block passes
+// spill in a 128-register kernel, which costs the 1- and 2-block passes ~10 % when they share it). Which launches run
+// it: moe_w4a16_runs_narrow.
 template <bool kNarrow>
 struct Shape {
   static constexpr int kCtasPerSm = kNarrow ? 2 : 1;
   static constexpr int kStages = kNarrow ? 3 : 6;
   static constexpr int kSmemBytes = kStages * kBufBytes;  // wide: 132096
 };
-constexpr int kNarrowMaxTokens = 16;  // the narrow shape's passes: at most 2 n8 blocks
 
 // A pipeline buffer: mma.sync reads the weights at 0 and the padded activation rows after them; wgmma reads the
 // activations as a 128-byte-swizzle operand, which must start on 1024 bytes, so they come first (4096 B, then the
@@ -417,10 +419,12 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
   advance(k.c, a.sched, pl, table);
 }
 
-template <bool kGateUp, bool kWgmma, bool kNarrow>
+// kMaxNb: the most n8 blocks a pass of this launch has (the narrow shape's passes are compiled up to it).
+template <bool kGateUp, bool kWgmma, bool kNarrow, int kMaxNb>
 __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     moe_w4a16_kernel(const __grid_constant__ KernelArgs a) {
   static_assert(!(kNarrow && kWgmma), "the narrow shape runs mma.sync");
+  static_assert(kMaxNb == 2 || kMaxNb == 4, "passes of up to 2 or 4 n8 blocks");
   using B = Buf<kWgmma>;
   constexpr int kStages = Shape<kNarrow>::kStages;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -476,9 +480,9 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
 
 #pragma unroll 1
   while (cons.c.valid) {
-    // Uniform across the CTA. The narrow shape's passes have at most 2 n8 blocks (its workspace's nb_cap), and only
-    // those are compiled into it: 3- and 4-block passes would set its register count.
-    if constexpr (kNarrow) {
+    // Uniform across the CTA. A narrow launch of at most 16 tokens has passes of at most 2 n8 blocks (its workspace's
+    // nb_cap), and only those are compiled into its kernel: 3- and 4-block passes would set its registers.
+    if constexpr (kNarrow && kMaxNb == 2) {
       if (cons.c.nb == 1) {
         consume_pass<kGateUp, kWgmma, kStages, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_done);
       } else {
@@ -503,9 +507,7 @@ int sm_count() {
   return n;
 }
 
-// Whether a launch of these params runs the narrow shape: asked for, at most 16 tokens (so every pass has at most 2 n8
-// blocks), mma.sync.
-bool runs_narrow(const MoeW4a16Params& p) { return p.narrow && !p.wgmma && p.n_tokens <= kNarrowMaxTokens; }
+bool runs_narrow(const MoeW4a16Params& p) { return moe_w4a16_runs_narrow(p); }
 
 // Persistent CTAs of a launch: one or two per SM.
 int grid_of(const MoeW4a16Params& p) {
@@ -529,7 +531,7 @@ int smem_limit(bool narrow) {
 }
 
 // The dynamic shared-memory opt-in is per device and kernel: raised to `bytes` when a launch needs more than set.
-template <bool kGateUp, bool kWgmma, bool kNarrow>
+template <bool kGateUp, bool kWgmma, bool kNarrow, int kMaxNb>
 void set_smem_attribute(int bytes) {
   static std::mutex mu;
   static int set[64] = {};  // per device
@@ -538,8 +540,8 @@ void set_smem_attribute(int bytes) {
   std::lock_guard<std::mutex> lock(mu);
   if (dev < 64 && set[dev] >= bytes) return;
   BG_CUDA_CHECK(
-      cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp, kWgmma, kNarrow>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           bytes));
+      cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp, kWgmma, kNarrow, kMaxNb>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   if (dev < 64) set[dev] = bytes;
 }
 
@@ -601,14 +603,14 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
 
 // gate/up, then down (as a programmatic dependent with pdl: down's CTAs may start and stream their first weights
 // while gate/up finishes; they read h only after griddepcontrol.wait, which waits for gate/up to complete and flush).
-template <bool kWgmma, bool kNarrow>
+template <bool kWgmma, bool kNarrow, int kMaxNb = 4>
 void launch(const KernelArgs& gu, const KernelArgs& dn, int smem, int grid, bool pdl, cudaStream_t stream) {
-  set_smem_attribute<true, kWgmma, kNarrow>(smem);
-  set_smem_attribute<false, kWgmma, kNarrow>(smem);
-  moe_w4a16_kernel<true, kWgmma, kNarrow><<<grid, kThreads, smem, stream>>>(gu);
+  set_smem_attribute<true, kWgmma, kNarrow, kMaxNb>(smem);
+  set_smem_attribute<false, kWgmma, kNarrow, kMaxNb>(smem);
+  moe_w4a16_kernel<true, kWgmma, kNarrow, kMaxNb><<<grid, kThreads, smem, stream>>>(gu);
   BG_CUDA_CHECK_LAUNCH();
   if (!pdl) {
-    moe_w4a16_kernel<false, kWgmma, kNarrow><<<grid, kThreads, smem, stream>>>(dn);
+    moe_w4a16_kernel<false, kWgmma, kNarrow, kMaxNb><<<grid, kThreads, smem, stream>>>(dn);
     BG_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -622,7 +624,7 @@ void launch(const KernelArgs& gu, const KernelArgs& dn, int smem, int grid, bool
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  BG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_w4a16_kernel<false, kWgmma, kNarrow>, dn));
+  BG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_w4a16_kernel<false, kWgmma, kNarrow, kMaxNb>, dn));
 }
 
 }  // namespace
@@ -686,8 +688,10 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
   const KernelArgs dn = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kDown);
   if (p.wgmma) {
     launch<true, false>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
+  } else if (runs_narrow(p) && ws.nb_cap <= 2) {
+    launch<false, true, 2>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
   } else if (runs_narrow(p)) {
-    launch<false, true>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
+    launch<false, true, 4>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
   } else {
     launch<false, false>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
   }

@@ -509,6 +509,31 @@ TEST(MoeW4a16Schedule, EveryStageOnceAndInsideTheWorkspace) {
   walk_schedules({7, 2, 4, 4, 64, 96, 8, 3});
 }
 
+// The narrow shape (asked for, mma.sync): up to 16 tokens, and up to 64 where the routing averages more than 12 rows
+// per expert.
+TEST(MoeW4a16Schedule, NarrowShapeChoice) {
+  const auto narrow = [](int64_t n_tokens, int64_t top_k, int64_t experts, bool asked = true, bool wgmma = false) {
+    MoeW4a16Params p;
+    p.n_tokens = n_tokens;
+    p.top_k = top_k;
+    p.n_experts = experts;
+    p.hidden = 3584;
+    p.inter = 3072;
+    p.narrow = asked;
+    p.wgmma = wgmma;
+    return moe_w4a16_runs_narrow(p);
+  };
+  EXPECT_TRUE(narrow(1, 16, 56));
+  EXPECT_TRUE(narrow(16, 16, 56));
+  EXPECT_FALSE(narrow(40, 16, 56));  // 11.4 rows per expert
+  EXPECT_TRUE(narrow(48, 16, 56));   // 13.7
+  EXPECT_TRUE(narrow(64, 16, 56));   // 18.3
+  EXPECT_FALSE(narrow(65, 16, 56));
+  EXPECT_FALSE(narrow(64, 8, 256));  // DeepSeek-V3: 2 rows per expert
+  EXPECT_FALSE(narrow(8, 16, 56, false));
+  EXPECT_FALSE(narrow(8, 16, 56, true, true));
+}
+
 // The item table's capacity per CTA (shared memory beside the pipeline): the most items CTA 0 takes over every
 // touched-expert count, by the kernel's own plan. Kimi-K3 and a DeepSeek-V3 rank holding all 256 experts on 132 SMs.
 TEST(MoeW4a16Schedule, ItemTableCapacity) {
