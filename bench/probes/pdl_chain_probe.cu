@@ -21,7 +21,9 @@
 
 __global__ void step_kernel(const float* in, float* out, int n, bool pdl) {
   if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = in[i] * 1.0001f + 1.0f;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    out[i] = in[i] * 1.0001f + 1.0f;
+  }
 }
 
 int run(int n_kernels, int blocks, int n, bool pdl, float* ms_out) {
