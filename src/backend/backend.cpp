@@ -34,6 +34,12 @@ void Backend::lay_out_expert(const ExpertSlots& slots, const LinearHandle& gate,
   fail("{} backend: no expert layout of its own to lay an expert out in", name());
 }
 
+void Backend::linear_add(const LinearHandle& w, const Tensor& x, Tensor& y) {
+  Tensor product = act(x.rows(), w.n_out());
+  linear(w, x, product);
+  add(y, product);
+}
+
 std::vector<Tensor> Backend::linear_group(const LinearGroup& g, const Tensor& x) {
   std::vector<Tensor> ys;
   ys.reserve(g.parts.size());

@@ -335,6 +335,10 @@ class Backend {
     return false;
   }
   virtual void add(Tensor& y, const Tensor& x) = 0;                            // y += x
+  // y[n, out] += x[n, in] W^T (y act dtype). Default: the product into a new tensor, then add() (two roundings, the
+  // bits of linear() then add()); CUDA: one cuBLAS GEMM with beta = 1 where the weight is dense and the backend not
+  // deterministic (one rounding of the fp32 sum), else the default.
+  virtual void linear_add(const LinearHandle& w, const Tensor& x, Tensor& y);
   virtual void glu(const GluSpec& p, const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   virtual void sigmoid_mul(Tensor& x, const Tensor& gate) = 0;                 // x *= sigmoid(gate)
   // RoPE at the step's positions.

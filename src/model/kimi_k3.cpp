@@ -354,27 +354,34 @@ void KimiK3Model::latent_moe(int64_t layer, const Tensor& x, Tensor& out) {
   // Routed path in the latent: z = down(x) [rn, D]; y = sum_i w_i E_i(z) [rn, D]; y = norm(y); up(y) [rn, H]. The
   // shared experts (full width, on the un-projected x of every row; a partial sum with TP) run while the routed rows
   // are in flight. Without TP every row is routed here, and with a local exchange no rows are in flight: latent-down
-  // and the shared experts' gate and up then project x together (one fused product at decode).
+  // and the shared experts' gate and up then project x together (one fused product at decode). Without TP the shared
+  // experts write `out` and the latent-up product is added to it (Backend::linear_add: on CUDA one GEMM, no add).
   const bool together = rn == n && exchange().local() && c_.n_shared_experts > 0;
   const GroupProjections in(be, together ? L.ffn_in : LinearGroup{}, x);  // latent-down, shared gate, shared up
   const GroupProjections shared_in(be, together ? LinearGroup{} : L.shared_in, x);  // shared gate, shared up
   Tensor z = together ? in[0] : be.act(rn, D);
   if (!together && rn > 0) be.linear(lin_.get(int(T::kLatentDown), layer), xs, z);
   Tensor y = be.zeros({rn, D}, be.act_dtype());
+  const bool shared_into_out = rn == n && c_.n_shared_experts > 0;
   Tensor shared;
   auto run_shared = [&] {
     if (c_.n_shared_experts == 0) return;
-    shared = be.act(n, c_.hidden_size);  // [n, H]
+    shared = shared_into_out ? out : be.act(n, c_.hidden_size);  // [n, H]
     situ_mlp(together ? in : shared_in, together ? 1 : 0, T::kSharedDown, layer, shared);
   };
   moe::moe_routed(be, exchange(), moe_spec_, L.moe, choice, z, y, run_shared);
+  if (c_.n_shared_experts > 0 && shared.empty()) run_shared();  // no rounds ran the overlap (no rows here)
   if (rn < n) be.fill_zero(out);  // TP: the other rows' routed part comes from the other ranks (all-reduce)
   if (rn > 0) {
     if (c_.latent_norm) be.rmsnorm(y, L.latent_norm, static_cast<float>(c_.rms_norm_eps), y);
     Tensor routed_out = out.rows_view(r0, rn);
-    be.linear(lin_.get(int(T::kLatentUp), layer), y, routed_out);
+    if (shared_into_out) {
+      be.linear_add(lin_.get(int(T::kLatentUp), layer), y, routed_out);
+    } else {
+      be.linear(lin_.get(int(T::kLatentUp), layer), y, routed_out);
+    }
   }
-  if (c_.n_shared_experts > 0) be.add(out, shared);
+  if (c_.n_shared_experts > 0 && !shared_into_out) be.add(out, shared);
 }
 
 }  // namespace

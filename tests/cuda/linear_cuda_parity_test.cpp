@@ -147,6 +147,41 @@ TEST(LinearCudaParity, Mxfp4ForcedPaths) {
   run_case({WeightFormat::kMxfp4, 100, 96, {1, 7, 40}, LinearOutType::kF32}, 42);  // fewer rows than one block
 }
 
+// accumulate: y += x W^T in one GEMM (cuBLAS beta = 1) at the K3 latent-up shape, against the CPU product plus y's
+// starting values; refused for quantized weights and with deterministic.
+TEST(LinearCudaParity, DenseAccumulateAddsToY) {
+  BG_REQUIRE_GPU();
+  CublasFixture cub;
+  const int64_t n_out = 7168, n_in = 3584;
+  const HostWeight hw = testing::random_weight(WeightFormat::kDense, n_out, n_in, 1.0f / std::sqrt(3584.0f), 7);
+  const DeviceWeightStorage dw = upload_weight(hw.w);
+  for (int64_t n : {1, 16, 64, 300}) {
+    std::vector<float> x, y0;
+    const std::vector<uint16_t> x_bits = testing::random_bf16(static_cast<size_t>(n * n_in), 1.0f, 8 + n, &x);
+    const std::vector<uint16_t> y_bits = testing::random_bf16(static_cast<size_t>(n * n_out), 2.0f, 9 + n, &y0);
+    cuda::DeviceBuffer dx = cuda::upload(x_bits), dy = cuda::upload(y_bits);
+    const LinearCudaContext ctx{cub.handle, cub.workspace.data(), cub.workspace.bytes(), nullptr, 0};
+    LinearCudaParams p{n, LinearOutType::kBf16, LinearPath::kAuto};
+    p.accumulate = true;
+    linear_cuda(p, dw.desc, dx.as<__nv_bfloat16>(), dy.data(), ctx, nullptr);
+    BG_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> ref(static_cast<size_t>(n * n_out));
+    linear_cpu(hw.w, x.data(), n, ref.data());
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] += y0[i];
+    testing::expect_parity(testing::from_bf16(cuda::download<uint16_t>(dy, ref.size())), ref, testing::kTolBf16Out,
+                           fmt::format("dense accumulate [{} x {}] n={}", n_out, n_in, n));
+  }
+  const LinearCudaContext ctx{cub.handle, cub.workspace.data(), cub.workspace.bytes(), nullptr, 0};
+  LinearCudaParams det{1, LinearOutType::kBf16, LinearPath::kAuto, true};
+  det.accumulate = true;
+  const auto* x = static_cast<const __nv_bfloat16*>(cub.workspace.data());
+  EXPECT_THROW(linear_cuda(det, dw.desc, x, cub.workspace.data(), ctx, nullptr), Error);
+  DeviceWeight q{WeightFormat::kMxfp4, 64, 64, cub.workspace.data(), cub.workspace.data()};
+  LinearCudaParams pq{1, LinearOutType::kBf16, LinearPath::kSkinny};
+  pq.accumulate = true;
+  EXPECT_THROW(linear_cuda(pq, q, x, cub.workspace.data(), ctx, nullptr), Error);
+}
+
 TEST(LinearCudaParity, RejectsBadArguments) {
   BG_REQUIRE_GPU();
   CublasFixture cub;

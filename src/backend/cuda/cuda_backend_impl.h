@@ -248,6 +248,22 @@ class CudaBackend final : public Backend {
     ops::LinearCudaContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, scratch.get(), scratch_bytes};
     ops::linear_cuda(p, d, x.as<bf16>(), y.data, ctx, stream_);
   }
+  void linear_add(const LinearHandle& w, const Tensor& x, Tensor& y) override {
+    const ops::DeviceWeight& d = desc(w);
+    if (d.format != WeightFormat::kDense || deterministic_ || y.dtype != DType::kBF16) {
+      Backend::linear_add(w, x, y);
+      return;
+    }
+    BG_PROFILE_OP("linear", stream_);
+    expect(x, DType::kBF16, "linear input");
+    BG_CHECK(d.data != nullptr && y.rows() == x.rows() && y.cols() == d.n_out,
+             "cuda linear_add: y [{}, {}] for {} rows of a [{}, {}] weight", y.rows(), y.cols(), x.rows(), d.n_out,
+             d.n_in);
+    ops::LinearCudaParams p{x.rows(), ops::LinearOutType::kBf16, ops::LinearPath::kAuto, false};
+    p.accumulate = true;
+    const ops::LinearCudaContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, nullptr, 0};
+    ops::linear_cuda(p, d, x.as<bf16>(), y.data, ctx, stream_);
+  }
   std::vector<Tensor> linear_group(const LinearGroup& g, const Tensor& x) override;
   bool linear_group_fuses(const LinearGroup& g, int64_t rows) const override {
     return fuse_linear_groups_ && g.fused != nullptr && rows <= cuda::kLinearGroupMaxFusedRows &&

@@ -77,8 +77,10 @@ bool use_skinny(const LinearCudaParams& p) {
 // C[n_tokens, n_rows] (row stride ldc elements) = x[n_tokens, n_in] A[n_rows, n_in]^T, A bf16 row-major. In cuBLAS's
 // column-major terms: C^T[n_rows, n_tokens] = op(A)^T with A seen as [n_in, n_rows] (transposed) times x^T [n_in,
 // n_tokens].
+// beta: 0 (C is written), or 1 (C += the product, one rounding).
 void gemm_bf16(const LinearCudaContext& ctx, cudaStream_t stream, const __nv_bfloat16* a, int64_t n_rows,
-               int64_t n_in, const __nv_bfloat16* x, int64_t n_tokens, void* c, bool out_f32, int64_t ldc) {
+               int64_t n_in, const __nv_bfloat16* x, int64_t n_tokens, void* c, bool out_f32, int64_t ldc,
+               float beta = 0.0f) {
   BG_CHECK(ctx.cublas != nullptr, "linear_cuda: no cuBLAS handle in the context");
   BG_CHECK(ctx.cublas_workspace != nullptr && ctx.cublas_workspace_bytes > 0,
            "linear_cuda: no cuBLAS workspace in the context (pass one, e.g. kCublasWorkspaceBytes)");
@@ -87,7 +89,7 @@ void gemm_bf16(const LinearCudaContext& ctx, cudaStream_t stream, const __nv_bfl
   // cublasSetStream resets the workspace to cuBLAS's own pool, so the caller's workspace is bound after it.
   BG_CUBLAS_CHECK(cublasSetStream(ctx.cublas, stream));
   BG_CUBLAS_CHECK(cublasSetWorkspace(ctx.cublas, ctx.cublas_workspace, ctx.cublas_workspace_bytes));
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f;
   BG_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n_rows),
                                static_cast<int>(n_tokens), static_cast<int>(n_in), &alpha, a, CUDA_R_16BF,
                                static_cast<int>(n_in), x, CUDA_R_16BF, static_cast<int>(n_in), &beta, c,
@@ -205,6 +207,9 @@ void linear_cuda(const LinearCudaParams& p, const DeviceWeight& w, const __nv_bf
   BG_CHECK(p.n_tokens >= 0, "linear_cuda: n_tokens {} is negative", p.n_tokens);
   if (p.n_tokens == 0) return;
   BG_CHECK(x != nullptr && y != nullptr, "linear_cuda: null x or y with {} tokens", p.n_tokens);
+  BG_CHECK(!p.accumulate || (w.format == WeightFormat::kDense && !p.deterministic),
+           "linear_cuda: accumulating into y takes dense weights without --deterministic ({} weight, deterministic {})",
+           weight_format_name(w.format), p.deterministic);
   switch (w.format) {
     case WeightFormat::kDense:
       BG_CHECK(p.path == LinearPath::kAuto, "linear_cuda: dense weights always use cuBLAS; path {} was requested",
@@ -214,7 +219,7 @@ void linear_cuda(const LinearCudaParams& p, const DeviceWeight& w, const __nv_bf
         return;
       }
       gemm_bf16(ctx, stream, static_cast<const __nv_bfloat16*>(w.data), w.n_out, w.n_in, x, p.n_tokens, y,
-                p.out_type == LinearOutType::kF32, w.n_out);
+                p.out_type == LinearOutType::kF32, w.n_out, p.accumulate ? 1.0f : 0.0f);
       return;
     case WeightFormat::kFp8Block: return launch_quantized<WeightFormat::kFp8Block>(p, w, x, y, ctx, stream);
     case WeightFormat::kMxfp4: return launch_quantized<WeightFormat::kMxfp4>(p, w, x, y, ctx, stream);

@@ -68,6 +68,9 @@ struct LinearCudaParams {
   // overlaps the one before it, and fewer rows than a tile are padded through the scratch), and FP8/MXFP4 weights
   // always take the skinny kernel (its per-token arithmetic never depends on the other tokens).
   bool deterministic = false;
+  // y += x W^T instead of y = x W^T: the fp32 sum of the product and y's value rounded once (cuBLAS's beta = 1). Dense
+  // weights only, and not with `deterministic` (whose overlapping tiles write some rows twice): refused otherwise.
+  bool accumulate = false;
 };
 
 // The token count of every dense GEMM under LinearCudaParams::deterministic.
