@@ -62,6 +62,39 @@ __device__ __forceinline__ void store_vec(bf16* p, const float (&v)[kVec]) {
   }
 }
 
+// Lane 0 of each warp stores the warp's sums of squares and dots of the n candidates (butterfly over the lanes) at
+// part[warp][i] and part[warp][kMax + i].
+__device__ __forceinline__ void store_warp_sums(const float (&ss)[kMax], const float (&dot)[kMax], int n, int lane,
+                                                float* part_of_warp) {
+#pragma unroll
+  for (int i = 0; i < kMax; ++i) {
+    if (i < n) {
+      const float s = cuda_util::warp_reduce(ss[i], cuda_util::SumOp{});
+      const float q = cuda_util::warp_reduce(dot[i], cuda_util::SumOp{});
+      if (lane == 0) {
+        part_of_warp[i] = s;
+        part_of_warp[kMax + i] = q;
+      }
+    }
+  }
+}
+
+// Warp 0, lane i < n with candidate i's total sum of squares s and dot q: alpha[i] = the softmax of the scores
+// q / sqrt(s / dim + eps) (the rms factor scales the dot product once). The max is order-free (fmaxf) and every lane
+// adds the exponentials in candidate order (the CPU reference's order), so the weights are bit for bit those of one
+// thread doing it all.
+__device__ __forceinline__ void write_softmax(float s, float q, int lane, int n, int64_t dim, float eps,
+                                              float* alpha) {
+  static_assert(kMax <= 32);
+  const float inv_dim = 1.0f / static_cast<float>(dim);
+  const float score = lane < n ? q / sqrtf(s * inv_dim + eps) : -INFINITY;
+  const float max_score = cuda_util::warp_reduce(score, FMax{});
+  const float e = lane < n ? expf(score - max_score) : 0.0f;
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i) sum += __shfl_sync(0xffffffffu, e, i);
+  if (lane < n) alpha[lane] = e / sum;
+}
+
 // grid (n_tokens), block kThreads; each thread takes kVec consecutive elements at a time (16-byte loads when kVec is
 // 8). Pass 1 accumulates, for every candidate at once, the sum of squares and the dot product with norm * proj (the
 // per-thread partials live in registers: the candidate loops are unrolled to kMax with a bound check); one thread
@@ -121,39 +154,20 @@ __global__ void __launch_bounds__(kThreads) attn_res_kernel(AttnResParams p, con
     }
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int i = 0; i < kMax; ++i) {
-    if (i < n) {
-      const float s = cuda_util::warp_reduce(ss[i], cuda_util::SumOp{});
-      const float q = cuda_util::warp_reduce(dot[i], cuda_util::SumOp{});
-      if (lane == 0) {
-        partial[warp][i] = s;
-        partial[warp][kMax + i] = q;
-      }
-    }
-  }
+  store_warp_sums(ss, dot, n, lane, partial[warp]);
   __syncthreads();
   if (warp == 0) {
     // Scores and softmax in warp 0, lane i for candidate i (n <= 32): each lane sums its candidate's per-warp partials
-    // in warp order, the max is order-free, and every lane adds the exponentials in candidate order (the CPU
-    // reference's order), so the weights are bit for bit those of a single thread doing it all -- which was a chain of
-    // 2 * 16 * n dependent shared loads (1.4 us of this kernel's 12.6 at one token on the H200).
-    static_assert(kMax <= 32);
-    const float inv_dim = 1.0f / static_cast<float>(dim);
-    float score = -INFINITY;
+    // in warp order, instead of thread 0 alone walking a chain of 2 * 16 * n dependent shared loads (1.4 us of this
+    // kernel's 12.6 at one token on the H200).
+    float s = 0.0f, q = 0.0f;
     if (lane < n) {
-      float s = 0.0f, q = 0.0f;
       for (int w = 0; w < kWarps; ++w) {
         s += partial[w][lane];
         q += partial[w][kMax + lane];
       }
-      score = q / sqrtf(s * inv_dim + p.eps);  // the rms factor scales the dot product once
     }
-    const float max_score = cuda_util::warp_reduce(score, FMax{});  // fmaxf, as the single thread had
-    const float e = lane < n ? expf(score - max_score) : 0.0f;
-    float sum = 0.0f;
-    for (int i = 0; i < n; ++i) sum += __shfl_sync(0xffffffffu, e, i);
-    if (lane < n) alpha[lane] = e / sum;
+    write_softmax(s, q, lane, n, dim, p.eps, alpha);
   }
   __syncthreads();
   bf16* ht = h + t * dim;
@@ -286,17 +300,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads) attn_res_cluster_kernel(
       }
     }
   }
-#pragma unroll
-  for (int i = 0; i < kMax; ++i) {
-    if (i < n) {
-      const float s = cuda_util::warp_reduce(ss[i], cuda_util::SumOp{});
-      const float q = cuda_util::warp_reduce(dot[i], cuda_util::SumOp{});
-      if (lane == 0) {
-        warp_part[warp][i] = s;
-        warp_part[warp][kMax + i] = q;
-      }
-    }
-  }
+  store_warp_sums(ss, dot, n, lane, warp_part[warp]);
   __syncthreads();
   if (threadIdx.x < 2 * kMax && static_cast<int>(threadIdx.x) % kMax < n) {
     float sum = 0.0f;
@@ -305,23 +309,15 @@ __global__ void __launch_bounds__(kClusterMaxThreads) attn_res_cluster_kernel(
   }
   cluster.sync();  // every CTA's partial sums are in its shared memory
   if (warp == 0) {
-    static_assert(kMax <= 32);
-    const float inv_dim = 1.0f / static_cast<float>(dim);
-    float score = -INFINITY;
+    float s = 0.0f, q = 0.0f;
     if (lane < n) {
-      float s = 0.0f, q = 0.0f;
       for (int r = 0; r < ctas; ++r) {
         const float* remote = cluster.map_shared_rank(cta_part, r);
         s += remote[lane];
         q += remote[kMax + lane];
       }
-      score = q / sqrtf(s * inv_dim + p.eps);
     }
-    const float max_score = cuda_util::warp_reduce(score, FMax{});
-    const float e = lane < n ? expf(score - max_score) : 0.0f;
-    float sum = 0.0f;
-    for (int i = 0; i < n; ++i) sum += __shfl_sync(0xffffffffu, e, i);
-    if (lane < n) alpha[lane] = e / sum;
+    write_softmax(s, q, lane, n, dim, p.eps, alpha);
   }
   if constexpr (!kNorm) cluster.barrier_arrive();  // done reading the others' partial sums
   __syncthreads();
