@@ -364,13 +364,15 @@ void KimiK3Model::latent_moe(int64_t layer, const Tensor& x, Tensor& out) {
   Tensor y = be.zeros({rn, D}, be.act_dtype());
   const bool shared_into_out = rn == n && c_.n_shared_experts > 0;
   Tensor shared;
+  bool shared_ran = false;
   auto run_shared = [&] {
     if (c_.n_shared_experts == 0) return;
+    shared_ran = true;
     shared = shared_into_out ? out : be.act(n, c_.hidden_size);  // [n, H]
     situ_mlp(together ? in : shared_in, together ? 1 : 0, T::kSharedDown, layer, shared);
   };
   moe::moe_routed(be, exchange(), moe_spec_, L.moe, choice, z, y, run_shared);
-  if (c_.n_shared_experts > 0 && shared.empty()) run_shared();  // no rounds ran the overlap (no rows here)
+  if (!shared_ran) run_shared();  // no exchange round ran the overlap (no rows here)
   if (rn < n) be.fill_zero(out);  // TP: the other rows' routed part comes from the other ranks (all-reduce)
   if (rn > 0) {
     if (c_.latent_norm) be.rmsnorm(y, L.latent_norm, static_cast<float>(c_.rms_norm_eps), y);
