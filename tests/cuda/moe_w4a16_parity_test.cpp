@@ -202,7 +202,8 @@ void expect_graph_replay_equals(const Launch& L, cudaStream_t stream, const std:
 }
 
 // Parity with the CPU reference, then bitwise: eager reruns and graph replays, with and without PDL; on mma.sync (one
-// CTA per SM, and where moe_w4a16_runs_narrow says so the narrow shape's two: MoeW4a16Params::narrow) and on wgmma.
+// CTA per SM, and where moe_w4a16_runs_narrow says so the narrow shape's two: MoeW4a16Params::narrow) and on wgmma;
+// each with stream-K (the default) and, without fixed splits, with the split choice it replaced.
 void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t inter, int64_t top_k,
                 MoeW4a16Act act, const RunSpec& spec, uint64_t seed) {
   const int64_t E = static_cast<int64_t>(set.views.size());
@@ -216,15 +217,19 @@ void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t 
   std::vector<float> ref = L.out_init;
   moe_w4a16_cpu(L.p, set.views, L.x.data(), r.ids.data(), r.weights.data(), ref.data());
 
-  for (const int shape : {0, 1, 2}) {
-    const bool wgmma = shape == 2, narrow = shape == 1;
+  for (const int run : {0, 1, 2, 3, 4, 5}) {
+    const int shape = run % 3;
+    const bool wgmma = shape == 2, narrow = shape == 1, stream_k = run < 3;
+    if (!stream_k && spec.fixed_splits > 0) continue;  // stream-K applies without fixed splits only
     MoeW4a16Params np = L.p;
     np.narrow = true;
     np.wgmma = false;
     if (narrow && !moe_w4a16_runs_narrow(np)) continue;  // the wide shape runs those
-    const std::string path = fmt::format("{} on {}", what, wgmma ? "wgmma" : narrow ? "mma.sync, narrow" : "mma.sync");
+    const std::string path = fmt::format("{} on {}{}", what, wgmma ? "wgmma" : narrow ? "mma.sync, narrow" : "mma.sync",
+                                         stream_k ? "" : ", split choice (stream-K off)");
     L.p.wgmma = wgmma;
     L.p.narrow = narrow;
+    L.p.stream_k = stream_k;
     relayout(L, st.s);  // a workspace is laid out for its shape
     L.p.pdl = true;
     L.reset_out();

@@ -136,6 +136,15 @@ struct MoeW4a16Params {
   // (the exchange's combine applies the weights). n_tokens bounds the rows of one expert (the tokens of every rank);
   // out must be bf16 and accumulate false. Only the dispatch's offsets / active / n_active are read.
   bool rows_out = false;
+  // CUDA only, narrow launches (moe_w4a16_runs_narrow) of at most 32 tokens without fixed_splits: stream-K, every
+  // CTA an equal run of the launch's (item, k-stage) units, pass-tiles cut between CTAs finished by their last piece
+  // in k order (moe_w4a16_schedule.h), instead of the split-K factor chosen per touched-expert count, whose pieces
+  // leave one of an SM's two CTAs alone for the last wave (Kimi-K3 at one token: 384 gate/up half items and 224
+  // down half items on 264 CTAs). Measured on the H100 (bench/RESULTS.md 2026-12-06): moe_decode_w4a16 0.145 ->
+  // 0.128 ms at one token, 0.410 -> 0.389 at 16; not taken where it measured slower: the wide shape (0.433 -> 0.466 at
+  // 16 tokens, whose 660 gate/up items already fill 5 waves of 132 CTAs) and 64 tokens (whole items, +10 %). Run to
+  // run deterministic either way; BG_MOE_W4A16_STREAM_K=0 turns it off where the backend builds the params.
+  bool stream_k = true;
 };
 
 // Throws naming the bad field.
@@ -154,13 +163,16 @@ bool moe_w4a16_runs_narrow(const MoeW4a16Params& p);
 // Sizes of the kernel's workspace for p on `grid` persistent CTAs (the CUDA launcher lays the buffer out from it).
 struct MoeW4a16WorkspaceGeometry {
   int32_t nb_cap = 1;           // n8 token blocks per pass: moe_w4a16_nb_cap
-  int64_t tile_counters = 0;    // split-K arrival counters: touched experts x items
+  bool stream = false;          // stream-K (MoeW4a16Params::stream_k: narrow, <= 32 tokens, no fixed splits)
+  int64_t tile_counters = 0;    // split-K arrival counters: touched experts x items (stream-K: pass-tiles)
   int64_t token_counters = 0;   // combine counters: n_tokens x down items (0 with rows out)
   int64_t partial_slots = 0;    // split-K partial sums: the most any touched-expert count asks for, + per-CTA slots
+                                // (stream-K: two per CTA)
   int64_t seq_slot_base = 0;    // first per-CTA running-sum slot (fixed splits, more tokens than one pass)
   int64_t slot_floats = 0;      // 4 tiles x nb_cap x 256 threads x 4
   int64_t rows = 0;             // n_tokens x top_k permuted rows (h, y)
-  int32_t table_entries = 0;    // the most items one CTA takes (its item table in shared memory, 24 B each)
+  int32_t table_entries = 0;    // the most items one CTA takes (its item table in shared memory, 32 B each)
+  int32_t prefix_entries = 0;   // stream-K: the pass-tile prefix in shared memory after the table (n_experts + 1)
 };
 MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, int grid);
 

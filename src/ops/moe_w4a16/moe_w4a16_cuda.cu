@@ -13,7 +13,9 @@
 //   count, 1 CTA of 8 warps per SM), read from the dispatch once at its start into a shared-memory item table. The
 //   touched-expert count is read on the device, so a CUDA graph captured once serves every routing. Split-K S (1..8)
 //   is chosen on the device from n_active so that e.g. 16 touched Kimi-K3 experts (192 gate/up items) become 384 and
-//   fill 132 SMs in 3 even waves; fixed_splits pins S (batch invariance).
+//   fill 132 SMs in 3 even waves; fixed_splits pins S (batch invariance). Narrow launches of at most 32 tokens take
+//   stream-K instead: every CTA an equal run of (pass-tile, k-stage) units, cut pass-tiles finished in k order by
+//   their last piece (moe_w4a16_schedule.h, reduce_splits).
 // - Pipeline: 6 stages of (17408 B weights + 4608 B activations) = 129 KiB of shared memory; the producer (every
 //   thread, cp.async 16 B, plain L2 caching: see cp_async16) runs 5 stages ahead of the consumer across item
 //   boundaries, so the stream of weights never stops for an epilogue. One __syncthreads per 17 KiB stage. The
@@ -116,6 +118,7 @@ struct KernelArgs {
   int n_items_down = 0;              // combine counters per token
   MoeW4a16Workspace ws;
   int table_cap = 0;                 // item table entries in dynamic shared memory (after the pipeline's buffers)
+  int n_experts = 0;                 // stream-K: the pass-tile prefix after the table has n_experts + 1 entries
   void* out = nullptr;
   bool out_f32 = false, accumulate = false;
   bool rows_out = false;             // MoeW4a16Params::rows_out: x is the rows, out the unweighted bf16 rows
@@ -203,10 +206,10 @@ __device__ __forceinline__ int64_t partial_index(const KernelArgs& a, int mt, in
 // Split-K bookkeeping at the end of a pass. Returns true when acc holds the full sum (this CTA finishes the tile).
 template <int NB>
 __device__ bool reduce_splits(Acc<NB>& acc, const Cursor& c, const KernelArgs& a, const Plan& pl, int* s_flag) {
-  if (pl.splits == 1) return true;
+  if (!pass_is_partial(c, a.sched, pl)) return true;
   const int64_t slot = partial_slot(c, pl, a.ws.seq_slot_base, static_cast<int>(blockIdx.x));
   float* own = a.ws.partials + slot * a.ws.partial_slot_floats;
-  if (!pl.parallel) {
+  if (!pl.parallel && !pl.stream) {
     // Running sum ((p0 + p1) + p2) ... in this CTA's slot: the parallel path's additions, in its order.
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
@@ -233,6 +236,11 @@ __device__ bool reduce_splits(Acc<NB>& acc, const Cursor& c, const KernelArgs& a
       __stcg(reinterpret_cast<float4*>(own + partial_index(a, mt, nb)),
              make_float4(acc[mt][nb][0], acc[mt][nb][1], acc[mt][nb][2], acc[mt][nb][3]));
     }
+  // Stream-K: the pass-tile's pieces are held by CTAs [b0, b1] (in k order).
+  const int kst = a.sched.n_kstages;
+  const int b0 = pl.stream ? stream_first_cta(pl, kst, c.tile) : 0;
+  const int b1 = pl.stream ? stream_last_cta(pl, kst, c.tile) : 0;
+  const int pieces = pl.stream ? b1 - b0 + 1 : pl.splits;
   // Release (every thread's partial, then the arrival) and acquire (the arrival, then the other partials): the
   // barrier / fence / atomic / fence / barrier pattern of a grid-wide barrier. Thread 0's fences are cumulative over
   // the writes the CTA barrier ordered before them, so the other threads need no fence of their own (one each cost
@@ -240,11 +248,32 @@ __device__ bool reduce_splits(Acc<NB>& acc, const Cursor& c, const KernelArgs& a
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    *s_flag = atomicAdd(&a.ws.tile_counters[c.tile], 1) == pl.splits - 1;
+    *s_flag = atomicAdd(&a.ws.tile_counters[c.tile], 1) == pieces - 1;
     __threadfence();
   }
   __syncthreads();
   if (!*s_flag) return false;
+  if (pl.stream) {
+    // ((p_b0 + p_b0+1) + ...): the pieces' partial sums in k order, whichever piece arrived last.
+#pragma unroll 1
+    for (int b = b0; b <= b1; ++b) {
+      const float* src = a.ws.partials + static_cast<int64_t>(stream_slot(pl, kst, b, c.tile)) *
+                                             a.ws.partial_slot_floats;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          const float4 p = __ldcg(reinterpret_cast<const float4*>(src + partial_index(a, mt, nb)));
+          if (b == b0) {
+            acc[mt][nb][0] = p.x, acc[mt][nb][1] = p.y, acc[mt][nb][2] = p.z, acc[mt][nb][3] = p.w;
+          } else {
+            acc[mt][nb][0] += p.x, acc[mt][nb][1] += p.y, acc[mt][nb][2] += p.z, acc[mt][nb][3] += p.w;
+          }
+        }
+    }
+    if (threadIdx.x == 0) a.ws.tile_counters[c.tile] = 0;  // for the next launch (stream-ordered)
+    return true;
+  }
   const float* first = a.ws.partials + static_cast<int64_t>(c.tile) * pl.splits * a.ws.partial_slot_floats;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
@@ -419,6 +448,45 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
   advance(k.c, a.sched, pl, table);
 }
 
+// Stream-K: tile_first[j] = n_items x (row chunks of touched experts 0 .. j - 1), j = 0 .. n_active (shared memory),
+// from the dispatch's offsets: a block-wide exclusive scan, each thread over up to 4 consecutive experts (n_active <=
+// 1024). Ends with a barrier.
+__device__ void stream_tile_prefix(const ScheduleParams& sp, int chunk_rows, int n_active, int32_t* tile_first) {
+  __shared__ int s_warp[kWarps];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int per = (n_active + kThreads - 1) / kThreads;
+  const int j0 = tid * per;
+  int tiles[4] = {0, 0, 0, 0};
+  int local = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (i < per && j0 + i < n_active) {
+      const int e = sp.active[j0 + i];
+      tiles[i] = stream_chunks(sp.offsets[e + 1] - sp.offsets[e], chunk_rows) * sp.n_items;
+      local += tiles[i];
+    }
+  }
+  int incl = local;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) s_warp[warp] = incl;
+  __syncthreads();
+  int run = incl - local;
+  for (int w = 0; w < warp; ++w) run += s_warp[w];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (i < per && j0 + i < n_active) {
+      tile_first[j0 + i] = run;
+      run += tiles[i];
+    }
+  }
+  if (tid == kThreads - 1) tile_first[n_active] = run;  // the last thread's run ends at the total
+  __syncthreads();
+}
+
 // kMaxNb: the most n8 blocks a pass of this launch has (the narrow shape's passes are compiled up to it).
 template <bool kGateUp, bool kWgmma, bool kNarrow, int kMaxNb>
 __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
@@ -432,17 +500,31 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
   __shared__ int s_flag;
   __shared__ int s_done[kChunkRows];
   const int grid = static_cast<int>(gridDim.x);
-  const Plan pl = make_plan(a.sched, *a.d.n_active, grid);
+  const int n_active = *a.d.n_active;
+  Plan pl = make_plan(a.sched, n_active, grid);
 
   // This CTA's items, read from the dispatch all at once (one round of dependent global loads, not one per pass).
   auto* table = reinterpret_cast<ItemEntry*>(smem + Shape<kNarrow>::kSmemBytes);
-  const int count = items_of_cta(pl, static_cast<int>(blockIdx.x), grid);
+  auto* tile_first = reinterpret_cast<int32_t*>(table + a.table_cap);  // stream-K: [n_active + 1]
+  int count = 0;
+  if (pl.stream) {
+    if (n_active > a.n_experts) {  // a broken dispatch (the prefix has n_experts + 1 entries)
+      if (threadIdx.x == 0) atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
+      return;
+    }
+    stream_tile_prefix(a.sched, pl.chunk_rows, n_active, tile_first);
+    set_stream_units(pl, tile_first[n_active], a.sched.n_kstages, grid);
+    count = stream_count(pl, a.sched.n_kstages, static_cast<int>(blockIdx.x));
+  } else {
+    count = items_of_cta(pl, static_cast<int>(blockIdx.x), grid);
+  }
   if (count > a.table_cap) {  // the host sized the table for every touched-expert count: a broken dispatch
     if (threadIdx.x == 0) atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
     return;
   }
   for (int k = static_cast<int>(threadIdx.x); k < count; k += kThreads) {
-    ItemEntry en = make_entry(a.sched, pl, static_cast<int>(blockIdx.x) + k * grid);
+    ItemEntry en = pl.stream ? make_stream_entry(a.sched, pl, tile_first, n_active, static_cast<int>(blockIdx.x), k)
+                             : make_entry(a.sched, pl, static_cast<int>(blockIdx.x) + k * grid);
     if (en.block == nullptr && en.rows > 0) {  // a slot without weights: its rows are skipped (every item alike)
       atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
       en.rows = 0;
@@ -517,7 +599,8 @@ int grid_of(const MoeW4a16Params& p) {
 // Dynamic shared memory of a launch: the pipeline's buffers, then the item table.
 int smem_bytes(const MoeW4a16Workspace& ws) {
   const int pipeline = runs_narrow(ws.params) ? Shape<true>::kSmemBytes : Shape<false>::kSmemBytes;
-  return pipeline + ws.table_entries * static_cast<int>(sizeof(ItemEntry));
+  return pipeline + ws.table_entries * static_cast<int>(sizeof(ItemEntry)) +
+         ws.prefix_entries * static_cast<int>(sizeof(int32_t));
 }
 
 // The most dynamic shared memory a CTA may opt in to, less the kernel's static shared memory (s_flag, s_done); the
@@ -563,10 +646,11 @@ WsOffsets ws_offsets(const MoeW4a16Params& p, const MoeW4a16WorkspaceGeometry& s
 void check_workspace(const MoeW4a16Params& p, const MoeW4a16Workspace& ws) {
   const MoeW4a16Params& q = ws.params;
   BG_CHECK(q.n_tokens == p.n_tokens && q.top_k == p.top_k && q.n_experts == p.n_experts && q.hidden == p.hidden &&
-               q.inter == p.inter && q.fixed_splits == p.fixed_splits,
-           "moe_w4a16_cuda: workspace laid out for n_tokens {} top_k {} experts {} hidden {} inter {} splits {}, "
-           "launched with {} {} {} {} {} {}", q.n_tokens, q.top_k, q.n_experts, q.hidden, q.inter, q.fixed_splits,
-           p.n_tokens, p.top_k, p.n_experts, p.hidden, p.inter, p.fixed_splits);
+               q.inter == p.inter && q.fixed_splits == p.fixed_splits && q.stream_k == p.stream_k,
+           "moe_w4a16_cuda: workspace laid out for n_tokens {} top_k {} experts {} hidden {} inter {} splits {} "
+           "stream-K {}, launched with {} {} {} {} {} {} {}", q.n_tokens, q.top_k, q.n_experts, q.hidden, q.inter,
+           q.fixed_splits, q.stream_k, p.n_tokens, p.top_k, p.n_experts, p.hidden, p.inter, p.fixed_splits,
+           p.stream_k);
   BG_CHECK(runs_narrow(q) == runs_narrow(p), "moe_w4a16_cuda: workspace laid out for the {} shape, launched with "
            "the {} shape (MoeW4a16Params::narrow / wgmma)", runs_narrow(q) ? "narrow" : "wide",
            runs_narrow(p) ? "narrow" : "wide");
@@ -579,8 +663,8 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   KernelArgs k;
   const MoeW4a16MatrixInfo& m = proj == MoeW4a16Proj::kGateUp ? w.info.gate_up : w.info.down;
   k.proj_offset = m.offset_bytes;
-  k.sched = schedule_params(m.n_items, m.n_kstages, ws.nb_cap, p.fixed_splits, p.n_tokens, d.active, d.offsets,
-                            w.blocks);
+  k.sched = schedule_params(m.n_items, m.n_kstages, ws.nb_cap, p.fixed_splits, p.n_tokens, ws.stream, d.active,
+                            d.offsets, w.blocks);
   k.n_in = m.n_in;
   k.n_out = m.n_out;
   k.out_scale = std::ldexp(1.0f, m.scale_shift);
@@ -590,6 +674,7 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   k.n_items_down = w.info.down.n_items;
   k.ws = ws;
   k.table_cap = ws.table_entries;
+  k.n_experts = static_cast<int>(p.n_experts);
   k.out = args.out;
   k.out_f32 = p.out_f32;
   k.accumulate = p.accumulate;
@@ -647,6 +732,8 @@ MoeW4a16Workspace moe_w4a16_workspace_layout(const MoeW4a16Params& p, void* base
   ws.grid = grid;
   ws.nb_cap = s.nb_cap;
   ws.table_entries = s.table_entries;
+  ws.prefix_entries = s.prefix_entries;
+  ws.stream = s.stream;
   BG_CHECK(smem_bytes(ws) <= smem_limit(runs_narrow(p)),
            "moe_w4a16: {} work items per CTA need {} bytes of shared memory, the device allows {}", s.table_entries,
            smem_bytes(ws), smem_limit(runs_narrow(p)));
@@ -717,6 +804,7 @@ MoeW4a16Params moe_w4a16_common_params(const MoeCudaParams& p, int32_t fixed_spl
   q.fixed_splits = fixed_splits;
   q.wgmma = env_switch("BG_MOE_W4A16_WGMMA", false);
   q.narrow = env_switch("BG_MOE_W4A16_NARROW", true);
+  q.stream_k = env_switch("BG_MOE_W4A16_STREAM_K", true);
   return q;
 }
 

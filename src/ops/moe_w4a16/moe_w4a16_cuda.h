@@ -55,6 +55,8 @@ struct MoeW4a16Workspace {
   int32_t grid = 0;            // persistent CTAs (the device's SM count at layout time)
   int32_t nb_cap = 0;          // n8 token blocks per pass: min(4, ceil(n_tokens / 8))
   int32_t table_entries = 0;   // item table capacity per CTA (dynamic shared memory beside the pipeline)
+  int32_t prefix_entries = 0;  // stream-K's pass-tile prefix after the table (0 without stream-K)
+  bool stream = false;         // stream-K (MoeWorkspaceGeometry::stream)
   int32_t* counters = nullptr; // [n_counters]: split-K tile counters, then per-(token, down item) combine counters
   int64_t n_counters = 0;
   int32_t* tile_counters = nullptr;

@@ -378,6 +378,28 @@ MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, 
   const int64_t max_active = std::min(p.n_experts, std::max<int64_t>(s.rows, 1));
   s.tile_counters = max_active * std::max(info.gate_up.n_items, info.down.n_items);
   s.token_counters = p.rows_out ? 0 : p.n_tokens * info.down.n_items;  // rows out: no combine
+  // Stream-K (the narrow shape up to 32 tokens, where it replaces the parallel splits): every touched expert is one
+  // pass-tile per item (its rows are at most n_tokens <= the chunk rows); within the 32-bit bound of the schedule's
+  // arithmetic.
+  s.stream = p.stream_k && p.fixed_splits == 0 && p.n_tokens <= w4::kChunkRows && moe_w4a16_runs_narrow(p);
+  for (const MoeW4a16MatrixInfo* m : {&info.gate_up, &info.down}) {
+    if (max_active * m->n_items * m->n_kstages * (grid + 1) >= (int64_t{1} << 31)) s.stream = false;
+  }
+  if (s.stream) {
+    s.partial_slots = 2 * static_cast<int64_t>(grid);
+    s.prefix_entries = static_cast<int32_t>(p.n_experts + 1);
+    // Item table: a CTA's run of at most ceil(units / ctas) units touches at most (share - 1) / K + 2 pass-tiles.
+    for (const MoeW4a16MatrixInfo* m : {&info.gate_up, &info.down}) {
+      for (int64_t n = 1; n <= max_active * m->n_items; ++n) {
+        w4::Plan pl;
+        w4::set_stream_units(pl, static_cast<int>(n), m->n_kstages, grid);
+        const int64_t share = (pl.units + pl.ctas - 1) / pl.ctas;
+        const int64_t entries = std::min<int64_t>(n, (share - 1) / m->n_kstages + 2);
+        s.table_entries = std::max(s.table_entries, static_cast<int32_t>(entries));
+      }
+    }
+    return s;
+  }
   if (p.n_tokens <= w4::kChunkRows) {
     // Parallel splits: the most slots any number of touched experts can ask for, by the kernel's own rule.
     for (const MoeW4a16MatrixInfo* m : {&info.gate_up, &info.down}) {
@@ -391,7 +413,8 @@ MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, 
   if (p.n_tokens > w4::kChunkRows && p.fixed_splits > 1) s.partial_slots += grid;  // in-order splits: one per CTA
   // Item table: the most items CTA 0 (which has the most) takes, over every touched-expert count, by the kernel's plan.
   for (const MoeW4a16MatrixInfo* m : {&info.gate_up, &info.down}) {
-    const w4::ScheduleParams sp = w4::schedule_params(m->n_items, m->n_kstages, s.nb_cap, p.fixed_splits, p.n_tokens);
+    const w4::ScheduleParams sp =
+        w4::schedule_params(m->n_items, m->n_kstages, s.nb_cap, p.fixed_splits, p.n_tokens, false);
     for (int64_t n = 1; n <= max_active; ++n) {
       const w4::Plan pl = w4::make_plan(sp, static_cast<int>(n), grid);
       s.table_entries = std::max(s.table_entries, w4::items_of_cta(pl, 0, grid));

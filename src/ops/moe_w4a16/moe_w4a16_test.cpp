@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <set>
 #include <random>
@@ -420,13 +422,18 @@ struct WalkCase {
   int64_t n_tokens, top_k, n_experts, n_used, hidden, inter;
   int32_t fixed_splits;
   int grid;
+  bool stream_k = true;  // without fixed splits: stream-K (the default), else the split choice
+  bool narrow = true;    // MoeW4a16Params::narrow (stream-K needs a narrow launch)
 };
 
 // Every (permuted row, item, k-stage) of both projections is computed exactly once across all CTAs' schedules, split
-// ranges tile the k-stages, and every slot and counter index stays inside the workspace geometry.
+// ranges tile the k-stages, and every slot and counter index stays inside the workspace geometry. Stream-K: every
+// pass-tile cut between CTAs has its pieces on CTAs [stream_first_cta, stream_last_cta] in k order, each in the slot
+// the finisher reads it from (stream_slot), and no slot holds two pieces.
 void walk_schedules(const WalkCase& wc) {
-  const std::string what = fmt::format("n={} k={} E={} used={} {}x{} splits={} grid={}", wc.n_tokens, wc.top_k,
-                                       wc.n_experts, wc.n_used, wc.hidden, wc.inter, wc.fixed_splits, wc.grid);
+  const std::string what = fmt::format("n={} k={} E={} used={} {}x{} splits={} grid={} stream-K={}", wc.n_tokens,
+                                       wc.top_k, wc.n_experts, wc.n_used, wc.hidden, wc.inter, wc.fixed_splits,
+                                       wc.grid, wc.stream_k);
   MoeW4a16Params p;
   p.n_tokens = wc.n_tokens;
   p.top_k = wc.top_k;
@@ -434,7 +441,10 @@ void walk_schedules(const WalkCase& wc) {
   p.hidden = wc.hidden;
   p.inter = wc.inter;
   p.fixed_splits = wc.fixed_splits;
+  p.stream_k = wc.stream_k;
+  p.narrow = wc.narrow;
   const MoeW4a16WorkspaceGeometry geo = moe_w4a16_workspace_geometry(p, wc.grid);
+  ASSERT_EQ(geo.stream, wc.stream_k && wc.fixed_splits == 0 && wc.n_tokens <= 32 && moe_w4a16_runs_narrow(p)) << what;
   const MoeW4a16LayoutInfo info = moe_w4a16_layout_info(wc.n_experts, wc.hidden, wc.inter);
   // Routing (distinct experts per token) and its dispatch, as moe_dispatch_cuda computes it.
   std::mt19937 rng(static_cast<uint32_t>(wc.n_tokens * 131 + wc.n_experts));
@@ -453,19 +463,37 @@ void walk_schedules(const WalkCase& wc) {
     if (counts[static_cast<size_t>(e)] > 0) active.push_back(static_cast<int32_t>(e));
   }
   const int64_t rows = offsets.back();
+  const int n_active = static_cast<int>(active.size());
   for (const MoeW4a16MatrixInfo* m : {&info.gate_up, &info.down}) {
     const w4::ScheduleParams sp = w4::schedule_params(m->n_items, m->n_kstages, geo.nb_cap, wc.fixed_splits,
-                                                      wc.n_tokens, active.data(), offsets.data());
-    const w4::Plan pl = w4::make_plan(sp, static_cast<int>(active.size()), wc.grid);
+                                                      wc.n_tokens, geo.stream, active.data(), offsets.data());
+    w4::Plan pl = w4::make_plan(sp, n_active, wc.grid);
+    // Stream-K: the pass-tile prefix, as the kernel's block scan computes it.
+    std::vector<int32_t> tile_first(1, 0);
+    for (const int32_t e : active) {
+      const int r = offsets[static_cast<size_t>(e) + 1] - offsets[static_cast<size_t>(e)];
+      tile_first.push_back(tile_first.back() + w4::stream_chunks(r, pl.chunk_rows) * m->n_items);
+    }
+    if (pl.stream) {
+      w4::set_stream_units(pl, tile_first.back(), m->n_kstages, wc.grid);
+      ASSERT_LE(tile_first.back(), geo.tile_counters) << what;
+    }
     std::vector<uint8_t> seen(static_cast<size_t>(rows * m->n_items * m->n_kstages), 0);
     std::set<int64_t> parallel_slots;
+    std::map<int, std::vector<std::array<int, 4>>> pieces;  // stream-K pass-tile -> (cta, kb, ke, slot)
     for (int cta = 0; cta < wc.grid; ++cta) {
       // The CTA's item table, as the kernel builds it; it must fit the capacity the workspace reserved.
       std::vector<w4::ItemEntry> table;
-      for (int64_t item = cta; item < pl.n_items; item += wc.grid) {
-        table.push_back(w4::make_entry(sp, pl, static_cast<int>(item)));
+      const int count = pl.stream ? w4::stream_count(pl, m->n_kstages, cta) : w4::items_of_cta(pl, cta, wc.grid);
+      for (int k = 0; k < count; ++k) {
+        table.push_back(pl.stream ? w4::make_stream_entry(sp, pl, tile_first.data(), n_active, cta, k)
+                                  : w4::make_entry(sp, pl, cta + k * wc.grid));
       }
-      ASSERT_EQ(static_cast<int>(table.size()), w4::items_of_cta(pl, cta, wc.grid)) << what;
+      if (!pl.stream) {
+        int64_t n = 0;
+        for (int64_t item = cta; item < pl.n_items; item += wc.grid) ++n;
+        ASSERT_EQ(n, count) << what;
+      }
       ASSERT_LE(static_cast<int>(table.size()), geo.table_entries) << what;
       w4::Cursor c;
       c.count = static_cast<int>(table.size());
@@ -480,10 +508,14 @@ void walk_schedules(const WalkCase& wc) {
           ASSERT_TRUE(row >= offsets[static_cast<size_t>(c.e)] && row < offsets[static_cast<size_t>(c.e) + 1]) << what;
           ++seen[static_cast<size_t>((row * m->n_items + c.m) * m->n_kstages + c.ks)];
         }
-        if (c.ks + 1 == c.ke && pl.splits > 1) {  // a pass ends: its partial slot and counter
+        if (c.ks + 1 == c.ke && w4::pass_is_partial(c, sp, pl)) {  // a pass ends: its partial slot and counter
           const int64_t slot = w4::partial_slot(c, pl, geo.seq_slot_base, cta);
           ASSERT_LT(slot, geo.partial_slots) << what;
-          if (pl.parallel) {
+          if (pl.stream) {
+            ASSERT_LT(c.tile, geo.tile_counters) << what;
+            ASSERT_TRUE(parallel_slots.insert(slot).second) << what << ": slot " << slot << " used twice";
+            pieces[c.tile].push_back({cta, c.kb, c.ke, static_cast<int>(slot)});
+          } else if (pl.parallel) {
             ASSERT_LT(c.tile, geo.tile_counters) << what;
             ASSERT_TRUE(parallel_slots.insert(slot).second) << what << ": slot " << slot << " used twice";
           } else {
@@ -494,19 +526,48 @@ void walk_schedules(const WalkCase& wc) {
       }
     }
     for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], 1) << what << " (row, item, k-stage) " << i;
+    for (const auto& [tile, list] : pieces) {
+      const int b0 = w4::stream_first_cta(pl, m->n_kstages, tile), b1 = w4::stream_last_cta(pl, m->n_kstages, tile);
+      ASSERT_EQ(static_cast<int>(list.size()), b1 - b0 + 1) << what << " pass-tile " << tile;
+      int k = 0;
+      for (size_t i = 0; i < list.size(); ++i) {  // walked in CTA order: CTA b0 + i, its k-stages next
+        ASSERT_EQ(list[i][0], b0 + static_cast<int>(i)) << what << " pass-tile " << tile;
+        ASSERT_EQ(list[i][1], k) << what << " pass-tile " << tile;
+        ASSERT_EQ(list[i][3], w4::stream_slot(pl, m->n_kstages, list[i][0], tile)) << what << " pass-tile " << tile;
+        k = list[i][2];
+      }
+      ASSERT_EQ(k, m->n_kstages) << what << " pass-tile " << tile;
+    }
+    if (pl.stream) {  // the CTAs' shares differ by at most one unit, and no CTA below ctas is idle
+      for (int b = 0; b < wc.grid; ++b) {
+        const int share = w4::stream_begin(pl, b + 1) - w4::stream_begin(pl, b);
+        if (b < pl.ctas) {
+          ASSERT_TRUE(share == pl.units / pl.ctas || share == pl.units / pl.ctas + 1) << what << " CTA " << b;
+          ASSERT_GE(share, std::min(pl.units, w4::kStreamMinStages)) << what;
+        } else {
+          ASSERT_EQ(share, 0) << what;
+        }
+      }
+    }
   }
 }
 
 TEST(MoeW4a16Schedule, EveryStageOnceAndInsideTheWorkspace) {
-  walk_schedules({1, 16, 56, 56, 3584, 3072, 0, 132});    // Kimi-K3 batch 1: 2 parallel gate/up splits
-  walk_schedules({4, 16, 56, 56, 3584, 3072, 0, 132});
-  walk_schedules({32, 16, 56, 56, 3584, 3072, 0, 132});
-  walk_schedules({33, 16, 56, 56, 3584, 3072, 0, 132});   // > 32 tokens: several row chunks, no splits
-  walk_schedules({100, 8, 12, 12, 7168, 2048, 3, 132});   // in-order fixed splits
-  walk_schedules({20, 4, 16, 16, 512, 256, 4, 132});      // fixed parallel splits
-  walk_schedules({1, 1, 1, 1, 64, 64, 0, 132});           // one expert: splits capped by the k-stages
-  walk_schedules({5, 3, 10, 7, 96, 160, 0, 7});           // odd shapes, a small grid
-  walk_schedules({7, 2, 4, 4, 64, 96, 8, 3});
+  for (const bool stream : {true, false}) {
+    walk_schedules({1, 16, 56, 56, 3584, 3072, 0, 132, stream});    // Kimi-K3 batch 1: 2 parallel gate/up splits
+    walk_schedules({4, 16, 56, 56, 3584, 3072, 0, 132, stream});
+    walk_schedules({32, 16, 56, 56, 3584, 3072, 0, 132, stream});
+    walk_schedules({33, 16, 56, 56, 3584, 3072, 0, 132, stream});   // > 32 tokens: several row chunks, no splits
+    walk_schedules({16, 16, 56, 56, 3584, 3072, 0, 264, stream});   // the narrow shape's grid
+    walk_schedules({64, 16, 56, 56, 3584, 3072, 0, 264, stream});   // ... at 64 tokens (no stream-K)
+    walk_schedules({100, 8, 12, 12, 7168, 2048, 3, 132, stream});   // in-order fixed splits
+    walk_schedules({20, 4, 16, 16, 512, 256, 4, 132, stream});      // fixed parallel splits
+    walk_schedules({1, 1, 1, 1, 64, 64, 0, 132, stream});           // one expert: splits capped by the k-stages
+    walk_schedules({5, 3, 10, 7, 96, 160, 0, 7, stream});           // odd shapes, a small grid
+    walk_schedules({7, 2, 4, 4, 64, 96, 8, 3, stream});
+    walk_schedules({300, 8, 64, 20, 256, 128, 0, 132, stream});     // up to ~10 row chunks per expert
+    walk_schedules({32, 8, 256, 256, 7168, 2048, 0, 132, stream});  // DeepSeek-V3: 29 pieces per CTA at most
+  }
 }
 
 // The narrow shape (asked for, mma.sync): up to 16 tokens, and up to 64 where the routing averages more than 12 rows
@@ -535,21 +596,30 @@ TEST(MoeW4a16Schedule, NarrowShapeChoice) {
 }
 
 // The item table's capacity per CTA (shared memory beside the pipeline): the most items CTA 0 takes over every
-// touched-expert count, by the kernel's own plan. Kimi-K3 and a DeepSeek-V3 rank holding all 256 experts on 132 SMs.
+// touched-expert count, by the kernel's own plan; under stream-K (up to 32 tokens) the most pass-tiles a CTA's run of
+// units touches, at most (share - 1) / k-stages + 2. Kimi-K3 and a DeepSeek-V3 rank holding all 256 experts on 132 SMs.
 TEST(MoeW4a16Schedule, ItemTableCapacity) {
-  const auto entries = [](int64_t n_tokens, int64_t top_k, int64_t experts, int64_t hidden, int64_t inter) {
+  const auto entries = [](int64_t n_tokens, int64_t top_k, int64_t experts, int64_t hidden, int64_t inter,
+                          bool stream) {
     MoeW4a16Params p;
     p.n_tokens = n_tokens;
     p.top_k = top_k;
     p.n_experts = experts;
     p.hidden = hidden;
     p.inter = inter;
+    p.stream_k = stream;
+    p.narrow = true;
     return moe_w4a16_workspace_geometry(p, 132).table_entries;
   };
-  EXPECT_EQ(entries(1, 16, 56, 3584, 3072), 4);    // 16 experts: gate/up 192 tiles x 2 splits = 384 items
-  EXPECT_EQ(entries(64, 16, 56, 3584, 3072), 6);   // 56 experts x 14 down items = 784 items
-  EXPECT_EQ(entries(512, 8, 256, 7168, 2048), 28); // 256 x 14 = 3584 items
-  EXPECT_EQ(entries(1, 8, 256, 7168, 2048), 3);
+  EXPECT_EQ(entries(1, 16, 56, 3584, 3072, false), 4);    // 16 experts: gate/up 192 tiles x 2 splits = 384 items
+  EXPECT_EQ(entries(64, 16, 56, 3584, 3072, false), 6);   // 56 experts x 12 gate/up items = 672 items
+  EXPECT_EQ(entries(512, 8, 256, 7168, 2048, false), 28); // 256 x 14 = 3584 items
+  EXPECT_EQ(entries(1, 8, 256, 7168, 2048, false), 3);
+  EXPECT_EQ(entries(1, 16, 56, 3584, 3072, true), 3);   // stream-K (narrow launches up to 32 tokens)
+  EXPECT_EQ(entries(16, 16, 56, 3584, 3072, true), 7);  // 56 experts: 672 pass-tiles of 56 k-stages on 132 CTAs
+  EXPECT_EQ(entries(64, 16, 56, 3584, 3072, true), 6);  // more tokens: the whole items above
+  EXPECT_EQ(entries(1, 8, 256, 7168, 2048, true), 2);
+  EXPECT_EQ(entries(16, 8, 256, 7168, 2048, true), 15);
   MoeW4a16Params big;
   big.n_tokens = 1;
   big.top_k = 1;
