@@ -60,6 +60,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "ops/elementwise/cuda_utils.cuh"
 #include "ops/moe_w4a16/moe_w4a16_cuda.h"
 #include "ops/moe_w4a16/moe_w4a16_device.cuh"
 #include "ops/moe_w4a16/moe_w4a16_schedule.h"
@@ -455,9 +456,8 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
 // 1024). Ends with a barrier.
 __device__ void stream_tile_prefix(const ScheduleParams& sp, int chunk_rows, int n_active, int32_t* tile_first) {
   __shared__ int s_warp[kWarps];
-  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int per = (n_active + kThreads - 1) / kThreads;
-  const int j0 = tid * per;
+  const int j0 = static_cast<int>(threadIdx.x) * per;
   int tiles[4] = {0, 0, 0, 0};
   int local = 0;
 #pragma unroll
@@ -468,16 +468,8 @@ __device__ void stream_tile_prefix(const ScheduleParams& sp, int chunk_rows, int
       local += tiles[i];
     }
   }
-  int incl = local;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += v;
-  }
-  if (lane == 31) s_warp[warp] = incl;
-  __syncthreads();
-  int run = incl - local;
-  for (int w = 0; w < warp; ++w) run += s_warp[w];
+  int total = 0;
+  int run = cuda_util::block_exclusive_scan<kThreads>(local, s_warp, &total);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     if (i < per && j0 + i < n_active) {
@@ -485,7 +477,7 @@ __device__ void stream_tile_prefix(const ScheduleParams& sp, int chunk_rows, int
       run += tiles[i];
     }
   }
-  if (tid == kThreads - 1) tile_first[n_active] = run;  // the last thread's run ends at the total
+  if (threadIdx.x == 0) tile_first[n_active] = total;
   __syncthreads();
 }
 
