@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "bench/model_bench.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/fabricate_context.h"
@@ -35,6 +36,15 @@ std::pair<int32_t, float> greedy_pick(const std::vector<float>& logits) {
     if (i != static_cast<size_t>(best)) second = std::max(second, logits[i]);
   }
   return {best, logits[static_cast<size_t>(best)] - second};
+}
+
+// BG_BENCH_OP_TRACE=1: every op of the profiled replay in order (which call of a name costs what, e.g. one linear).
+void log_op_trace(const std::vector<OpRecord>& records, int64_t batch, int64_t context) {
+  for (size_t i = 0; i < records.size(); ++i) {
+    const OpRecord& o = records[i];
+    log::info("op trace B={} ctx={} #{} {}{} {:.4f} ms", batch, context, i, std::string(2 * size_t(o.depth), ' '),
+              o.name, o.end_ms - o.begin_ms);
+  }
 }
 
 // ", paths: a 12, b 3" for the log line (empty when none was recorded).
@@ -155,6 +165,7 @@ StepResult bench_one_step(Model& model, kv::StateManager& state, const StepBench
     ProfilerAttachment attach(model, profiler.get());
     model.forward_batch_sample(batch, rows, samples);
     const std::vector<OpRecord> records = profiler->take();
+    if (env_switch("BG_BENCH_OP_TRACE", false)) log_op_trace(records, batch_size, context);
     r.ops = aggregate_ops(records);
     for (const OpTime& o : r.ops) r.n_ops += o.calls;
     r.ops_in_graph = std::any_of(records.begin(), records.end(), [](const OpRecord& o) { return o.in_graph; });
