@@ -158,11 +158,29 @@ void CudaBackend::drop_profiled_graph() {
   profiled_graph_ = Graph{};
 }
 
-// A fused group (cuda_linears.h) up to kLinearGroupMaxFusedRows rows: one GEMM into [n, sum of n_out], then each part's
-// columns: views at one row (contiguous there), one split launch above. More rows, or no fused weight: part by part.
+// A fused group (cuda_linears.h) up to kLinearGroupMaxFusedRows rows: on the dense decode GEMM, one launch that writes
+// each part's columns into its own output; on cuBLAS, one GEMM into [n, sum of n_out], then each part's columns:
+// views at one row (contiguous there), one split launch above. More rows, or no fused weight: part by part.
 std::vector<Tensor> CudaBackend::linear_group(const LinearGroup& g, const Tensor& x) {
   const int64_t n = x.rows();
   if (!linear_group_fuses(g, n)) return Backend::linear_group(g, x);
+  const ops::LinearCudaParams p{n, ops::LinearOutType::kBf16, ops::LinearPath::kAuto, deterministic_};
+  const ops::LinearCudaContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, nullptr, 0,
+                                   dense_decode_ctx()};
+  if (ops::dense_decode_applies(p, desc(*g.fused), x.as<bf16>(), ctx)) {
+    // The decode GEMM writes each part's columns into its own output as it stores them: no split pass.
+    BG_PROFILE_OP("linear", stream_);
+    std::vector<Tensor> ys;
+    std::vector<ops::ColumnSlice> parts;
+    int64_t col = 0;
+    for (const LinearHandle* part : g.parts) {
+      ys.push_back(act(n, part->n_out()));
+      parts.push_back({col, part->n_out(), ys.back().data});
+      col += part->n_out();
+    }
+    ops::dense_decode_parts_cuda(p, desc(*g.fused), x.as<bf16>(), parts, *ctx.dense_decode, stream_);
+    return ys;
+  }
   Tensor all = act(n, g.fused->n_out());
   linear(*g.fused, x, all);
   std::vector<Tensor> ys;

@@ -72,6 +72,11 @@ class CudaBackend final : public Backend {
     BG_CUBLAS_CHECK(cublasCreate(&cublas_));
     alloc_ = cuda::make_cuda_allocator(o.memory_budget_bytes);
     cublas_ws_ = alloc_->allocate(ops::kCublasWorkspaceBytes);
+    if (ops::dense_decode_enabled()) {
+      dense_decode_buf_ = alloc_->allocate(ops::dense_decode_workspace_bytes());
+      dense_decode_ = ops::dense_decode_workspace(dense_decode_buf_.get());
+      ops::dense_decode_workspace_init(dense_decode_, stream_);
+    }
     errors_ = cuda::DeviceBuffer(sizeof(int32_t));
     BG_CUDA_CHECK(cudaMemset(errors_.data(), 0, sizeof(int32_t)));
     BG_CUDA_CHECK(cudaMallocHost(&errors_host_, sizeof(int32_t)));
@@ -98,6 +103,7 @@ class CudaBackend final : public Backend {
     if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
     if (errors_host_ != nullptr) cudaFreeHost(errors_host_);
     cublas_ws_.reset();
+    dense_decode_buf_.reset();
     moe_grouped_scratch_.reset();
     cublasDestroy(cublas_);
     cudaStreamDestroy(stream_);
@@ -245,7 +251,8 @@ class CudaBackend final : public Backend {
              "layout)", cuda::cuda_linear(w).host().name);
     size_t scratch_bytes = ops::linear_dequant_scratch_bytes(d, p);
     std::shared_ptr<void> scratch = scratch_bytes > 0 ? alloc_->allocate(scratch_bytes) : nullptr;
-    ops::LinearCudaContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, scratch.get(), scratch_bytes};
+    ops::LinearCudaContext ctx{cublas_,      cublas_ws_.get(), ops::kCublasWorkspaceBytes,
+                               scratch.get(), scratch_bytes,    dense_decode_ctx()};
     ops::linear_cuda(p, d, x.as<bf16>(), y.data, ctx, stream_);
   }
   void linear_add(const LinearHandle& w, const Tensor& x, Tensor& y) override {
@@ -261,7 +268,8 @@ class CudaBackend final : public Backend {
              d.n_in);
     ops::LinearCudaParams p{x.rows(), ops::LinearOutType::kBf16, ops::LinearPath::kAuto, false};
     p.accumulate = true;
-    const ops::LinearCudaContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, nullptr, 0};
+    const ops::LinearCudaContext ctx{cublas_, cublas_ws_.get(), ops::kCublasWorkspaceBytes, nullptr, 0,
+                                     dense_decode_ctx()};
     ops::linear_cuda(p, d, x.as<bf16>(), y.data, ctx, stream_);
   }
   std::vector<Tensor> linear_group(const LinearGroup& g, const Tensor& x) override;
@@ -721,6 +729,12 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<cuda::CachingAllocator> alloc_;
   std::shared_ptr<void> cublas_ws_;
+  // The dense decode GEMM's partial sums and tile counters (ops::DenseDecodeWorkspace); empty with BG_LINEAR_DECODE=0.
+  std::shared_ptr<void> dense_decode_buf_;
+  ops::DenseDecodeWorkspace dense_decode_;
+  const ops::DenseDecodeWorkspace* dense_decode_ctx() const {
+    return dense_decode_.partials != nullptr ? &dense_decode_ : nullptr;
+  }
   // Step metadata: pinned host staging and its device copy (grown on demand; growing drops the captured graphs,
   // whose kernels point into the old buffer).
   std::byte* step_host_ = nullptr;

@@ -1,10 +1,12 @@
-// Kernel cases of the dense path at Kimi-K3 shapes: the bf16 linears of a layer (cuBLAS through linear_cuda), the
-// lm_head, the FP8 / MXFP4 linear paths, and the small per-token ops (norms, AttnRes mix, residual add, SiTU, sigmoid
-// gate, embedding, KDA gate / L2 norm / beta, gated RMSNorm, GPU sampling). Not here: RoPE and SwiGLU, which K3 does
+// Kernel cases of the dense path at Kimi-K3 shapes: the bf16 linears of a layer and the lm_head (through linear_cuda:
+// the decode GEMM up to 64 tokens, cuBLAS above or with BG_LINEAR_DECODE=0), the FP8 / MXFP4 linear paths, and the
+// small per-token ops (norms, AttnRes mix, residual add, SiTU, sigmoid gate, embedding, KDA gate / L2 norm / beta,
+// gated RMSNorm, GPU sampling). Not here: RoPE and SwiGLU, which K3 does
 // not run (DeepSeek-V3 only). Each registration: name, shape, bytes of one input set, prepare.
 #include <fmt/format.h>
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -33,6 +35,14 @@ std::vector<int64_t> decode_batches(bool quick) {
 double d(int64_t v) { return static_cast<double>(v); }
 size_t z(int64_t v) { return static_cast<size_t>(v); }
 
+// The dense decode GEMM's workspace in the case's memory (zeroed, so its counters start at zero), as the backend
+// keeps one; null with BG_LINEAR_DECODE=0 (cuBLAS for every dense GEMM, as the backend then runs them).
+std::shared_ptr<const ops::DenseDecodeWorkspace> decode_workspace(CaseMemory& mem) {
+  if (!ops::dense_decode_enabled()) return nullptr;
+  return std::make_shared<const ops::DenseDecodeWorkspace>(
+      ops::dense_decode_workspace(mem.zeros(ops::dense_decode_workspace_bytes())));
+}
+
 // y[rows, out] = x[rows, in] W^T through ops::linear_cuda with a bf16 weight (every K3 dense linear is bf16).
 KernelCase linear_case(const std::string& name, int64_t rows, int64_t n_out, int64_t n_in, bool f32_out) {
   const double out_bytes = d(rows * n_out) * (f32_out ? 4.0 : 2.0);
@@ -53,7 +63,9 @@ KernelCase linear_case(const std::string& name, int64_t rows, int64_t n_out, int
     }
     const ops::LinearCudaParams p{rows, f32_out ? ops::LinearOutType::kF32 : ops::LinearOutType::kBf16,
                                   ops::LinearPath::kAuto};
-    const ops::LinearCudaContext ctx{env.cublas, env.cublas_workspace, env.cublas_workspace_bytes, nullptr, 0};
+    const std::shared_ptr<const ops::DenseDecodeWorkspace> ws = decode_workspace(mem);
+    const ops::LinearCudaContext ctx{env.cublas, env.cublas_workspace, env.cublas_workspace_bytes, nullptr, 0,
+                                     ws.get()};
     PreparedKernel k;
     k.cost = {set, 2.0 * d(rows) * d(n_out) * d(n_in)};
     k.launch = [=](int s, cudaStream_t stream) { ops::linear_cuda(p, w[z(s)], x[z(s)], y[z(s)], ctx, stream); };
@@ -62,8 +74,9 @@ KernelCase linear_case(const std::string& name, int64_t rows, int64_t n_out, int
   return c;
 }
 
-// A fused group of linears that read one input, as CudaBackend::linear_group runs it: one GEMM over the parts'
-// concatenated weights into [rows, sum of n_out], then (above one row) one split launch into each part's output.
+// A fused group of linears that read one input, as CudaBackend::linear_group runs it: the decode GEMM writing each
+// part's output directly, or (cuBLAS) one GEMM over the parts' concatenated weights into [rows, sum of n_out], then
+// (above one row) one split launch into each part's output.
 KernelCase linear_group_case(const std::string& name, int64_t rows, const std::vector<int64_t>& parts, int64_t n_in) {
   int64_t n_out = 0;
   for (int64_t p : parts) n_out += p;
@@ -93,11 +106,17 @@ KernelCase linear_group_case(const std::string& name, int64_t rows, const std::v
       }
     }
     const ops::LinearCudaParams p{rows, ops::LinearOutType::kBf16, ops::LinearPath::kAuto};
-    const ops::LinearCudaContext ctx{env.cublas, env.cublas_workspace, env.cublas_workspace_bytes, nullptr, 0};
+    const std::shared_ptr<const ops::DenseDecodeWorkspace> ws = decode_workspace(mem);
+    const ops::LinearCudaContext ctx{env.cublas, env.cublas_workspace, env.cublas_workspace_bytes, nullptr, 0,
+                                     ws.get()};
     PreparedKernel k;
     k.cost = {set, 2.0 * d(rows) * d(n_out) * d(n_in)};
     k.launch = [=](int s, cudaStream_t stream) {
       const Set& st = sets[z(s)];
+      if (ops::dense_decode_applies(p, st.w, st.x, ctx)) {
+        ops::dense_decode_parts_cuda(p, st.w, st.x, st.slices, *ws, stream);
+        return;
+      }
       ops::linear_cuda(p, st.w, st.x, st.all, ctx, stream);
       if (rows > 1) ops::split_columns_cuda(rows, st.all, n_out, st.slices, stream);
     };
@@ -150,8 +169,8 @@ void register_linears(KernelRegistry& r, bool quick) {
     bool f32_out;
   };
   // The layer's linears today (KDA q / k / v / g / o each [12288 x 7168] or its transpose; MLA q_a / q_b / kv_a; latent
-  // MoE down / up and shared expert), the concatenated KDA projection a fused design would read, the router and
-  // the lm_head (fp32 logits).
+  // MoE down / up and shared expert), the concatenated KDA projection a fused design would read, the router, layer
+  // 0's dense FFN and the lm_head (fp32 logits).
   const Shape shapes[] = {
       {"linear_bf16_decode_kda_proj", kKdaProj, kHidden, false},
       {"linear_bf16_decode_qkvg", 4 * kKdaProj, kHidden, false},
@@ -165,6 +184,8 @@ void register_linears(KernelRegistry& r, bool quick) {
       {"linear_bf16_decode_shared_down", kHidden, 6144, false},
       {"linear_bf16_decode_kda_f_a", kHeadDim, kHidden, false},
       {"linear_bf16_decode_router", 896, kHidden, true},
+      {"linear_bf16_decode_dense_gate_up", 2 * 33792, kHidden, false},  // layer 0's dense FFN, gate | up fused
+      {"linear_bf16_decode_dense_down", kHidden, 33792, false},
       {"lm_head_decode", kVocab, kHidden, true},
   };
   for (const Shape& s : shapes) {

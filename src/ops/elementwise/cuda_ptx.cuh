@@ -1,5 +1,6 @@
-// PTX primitives the tensor-core kernels share (MLA decode and prefill, chunked KDA, the W4A16 experts): shared-memory
-// addresses, cp.async copies and their groups, ldmatrix, and the fences and groups of wgmma. Included only by .cu files
+// PTX primitives the tensor-core kernels share (MLA decode and prefill, chunked KDA, the W4A16 experts, the dense
+// decode GEMM): shared-memory addresses, cp.async copies and their groups, ldmatrix, mma.sync, the acq_rel arrival, and
+// the fences and groups of wgmma. Included only by .cu files
 // and their .cuh.
 #pragma once
 
@@ -31,10 +32,30 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+}
+
+// d += a b: mma.sync m16n8k16, bf16 inputs, fp32 accumulators (PTX fragment layouts).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// An arrival: atomic add with release (this thread's writes, and those a CTA barrier ordered before it) and acquire
+// (the writes the other arrivals released) semantics at GPU scope, one instruction instead of two fence.sc around it.
+__device__ __forceinline__ int atomic_add_acq_rel(int* p, int v) {
+  int old;
+  asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
 }
 
 // Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the async proxy (wgmma).

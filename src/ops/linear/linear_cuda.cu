@@ -210,10 +210,23 @@ void linear_cuda(const LinearCudaParams& p, const DeviceWeight& w, const __nv_bf
   BG_CHECK(!p.accumulate || (w.format == WeightFormat::kDense && !p.deterministic),
            "linear_cuda: accumulating into y takes dense weights without --deterministic ({} weight, deterministic {})",
            weight_format_name(w.format), p.deterministic);
+  BG_CHECK(w.format == WeightFormat::kDense || (p.path != LinearPath::kCublas && p.path != LinearPath::kDenseDecode),
+           "linear_cuda: path {} is for dense weights, not {}", static_cast<int>(p.path), weight_format_name(w.format));
   switch (w.format) {
     case WeightFormat::kDense:
-      BG_CHECK(p.path == LinearPath::kAuto, "linear_cuda: dense weights always use cuBLAS; path {} was requested",
+      BG_CHECK(p.path == LinearPath::kAuto || p.path == LinearPath::kCublas || p.path == LinearPath::kDenseDecode,
+               "linear_cuda: dense weights take cuBLAS or the decode GEMM; path {} was requested",
                static_cast<int>(p.path));
+      if (p.path == LinearPath::kDenseDecode) {
+        BG_CHECK(ctx.dense_decode != nullptr, "linear_cuda: the decode GEMM was requested without its workspace");
+        BG_CHECK(!p.deterministic, "linear_cuda: the decode GEMM is not the --deterministic path");
+        dense_decode_cuda(p, w, x, y, *ctx.dense_decode, stream);
+        return;
+      }
+      if (p.path == LinearPath::kAuto && dense_decode_applies(p, w, x, ctx)) {
+        dense_decode_cuda(p, w, x, y, *ctx.dense_decode, stream);
+        return;
+      }
       if (p.deterministic) {
         gemm_bf16_fixed_tiles(p, w, x, y, ctx, stream);
         return;

@@ -10,10 +10,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <utility>
 
 #include "backend/cuda/device_buffer.h"
 #include "formats/quant.h"
+#include "ops/elementwise/elementwise.h"
 
 namespace bg::ops {
 
@@ -53,10 +55,14 @@ enum class LinearOutType : uint8_t { kBf16, kF32 };
 enum class LinearPath : uint8_t {
   kAuto,
   kSkinny,        // FP8/MXFP4 only: weight-streaming kernel, each weight byte read once per 16 tokens
-  kDequantGemm,   // FP8/MXFP4 only: dequantize rows to bf16 scratch, then cuBLAS (dense always uses cuBLAS)
+  kDequantGemm,   // FP8/MXFP4 only: dequantize rows to bf16 scratch, then cuBLAS
+  kCublas,        // dense only: cuBLAS
+  kDenseDecode,   // dense only: the decode GEMM (linear_decode_cuda.cu); needs LinearCudaContext::dense_decode
 };
 
-// kAuto uses the skinny kernel for FP8/MXFP4 when n_tokens <= this (decode), dequantize + cuBLAS above it.
+// kAuto uses the skinny kernel for FP8/MXFP4 when n_tokens <= this (decode), dequantize + cuBLAS above it; dense
+// weights take the decode GEMM up to kDenseDecodeMaxTokens tokens where the context has its workspace and the shape
+// fits it (dense_decode_applies), cuBLAS otherwise.
 inline constexpr int64_t kLinearSkinnyMaxTokens = 16;
 
 struct LinearCudaParams {
@@ -76,6 +82,27 @@ struct LinearCudaParams {
 // The token count of every dense GEMM under LinearCudaParams::deterministic.
 inline constexpr int64_t kLinearFixedTokens = 64;
 
+// Workspace of the dense decode GEMM: fp32 partial sums of its k-splits, and one arrival counter per row tile, zero
+// between launches (the last arrival resets its counter, so graph replays start from zero). Caller-owned, one per
+// stream (two launches in flight at once must not share it).
+struct DenseDecodeWorkspace {
+  float* partials = nullptr;
+  size_t partial_bytes = 0;
+  int32_t* counters = nullptr;
+  int64_t n_counters = 0;
+};
+inline constexpr size_t kDenseDecodePartialBytes = size_t{16} << 20;
+inline constexpr int64_t kDenseDecodeCounters = 8192;
+// Bytes of the one device buffer a workspace is carved from; the carving; the counters zeroed (stream-ordered: once,
+// before the first launch).
+size_t dense_decode_workspace_bytes();
+DenseDecodeWorkspace dense_decode_workspace(void* buffer);
+void dense_decode_workspace_init(const DenseDecodeWorkspace& ws, cudaStream_t stream);
+// BG_LINEAR_DECODE: 1 (default) lets kAuto take the decode GEMM, 0 keeps every dense GEMM on cuBLAS (A/B runs).
+// BG_LINEAR_DECODE_SPLITS=n (tuning): n k-splits wherever they fit instead of the plan's choice. Read once.
+bool dense_decode_enabled();
+int dense_decode_forced_splits();
+
 // Caller-owned resources. The cuBLAS handle belongs to the backend; the launcher only binds it to `stream` and to
 // the workspace below (cublasSetStream / cublasSetWorkspace) before each GEMM, so a captured graph never allocates.
 struct LinearCudaContext {
@@ -85,6 +112,7 @@ struct LinearCudaContext {
   void* dequant_scratch = nullptr;   // bf16 rows for the dequant path, or the padded tile of a deterministic dense GEMM
                                      // of fewer than kLinearFixedTokens rows; see linear_dequant_scratch_bytes
   size_t dequant_scratch_bytes = 0;
+  const DenseDecodeWorkspace* dense_decode = nullptr;  // null: dense GEMMs on cuBLAS
 };
 
 inline constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
@@ -102,12 +130,26 @@ size_t linear_dequant_scratch_min_bytes(const DeviceWeight& w);
 
 // y[n_tokens, w.n_out] = x[n_tokens, w.n_in] W^T with fp32 accumulation; y is bf16 or fp32 per p.out_type and must
 // not alias x. x rows are contiguous (stride n_in). No host synchronisation, no allocation.
-//   dense: cublasGemmEx (bf16 x bf16 -> bf16/fp32, fp32 compute).
+//   dense: the decode GEMM at 1..64 tokens (dense_decode_applies), else cublasGemmEx (bf16 x bf16 -> bf16/fp32, fp32
+//   compute).
 //   FP8 / MXFP4, n_tokens <= 16: skinny weight-streaming kernel (weights decoded in registers, scales applied in fp32).
 //   FP8 / MXFP4, more tokens: rows dequantized to bf16 (code * scale rounded to bf16) into ctx.dequant_scratch, then
 //   cublasGemmEx per chunk of rows. The extra pass costs ~5 bytes per weight against 2*n_tokens*n_in FLOPs per row,
 //   which tensor cores amortize for n_tokens > 16; a fused W8A16/W4A16 tensor-core kernel can replace it later.
 void linear_cuda(const LinearCudaParams& p, const DeviceWeight& w, const __nv_bfloat16* x, void* y,
                  const LinearCudaContext& ctx, cudaStream_t stream);
+
+// Whether kAuto sends this dense GEMM to the decode kernel: 1..kDenseDecodeMaxTokens tokens, n_in a multiple of 64,
+// x and the weight 16-byte aligned, not deterministic, a workspace in the context.
+bool dense_decode_applies(const LinearCudaParams& p, const DeviceWeight& w, const __nv_bfloat16* x,
+                          const LinearCudaContext& ctx);
+// The decode GEMM itself (kDenseDecode); refuses what dense_decode_applies would refuse (deterministic aside).
+void dense_decode_cuda(const LinearCudaParams& p, const DeviceWeight& w, const __nv_bfloat16* x, void* y,
+                       const DenseDecodeWorkspace& ws, cudaStream_t stream);
+// The same with y split into column parts as it is written (a fused group's outputs, no split_columns pass): output
+// column c of token t goes to parts[i].dst[t * parts[i].cols + c - parts[i].col0]. bf16, not accumulating; the parts
+// tile [0, n_out) in order, at most kMaxColumnSlices.
+void dense_decode_parts_cuda(const LinearCudaParams& p, const DeviceWeight& w, const __nv_bfloat16* x,
+                             std::span<const ColumnSlice> parts, const DenseDecodeWorkspace& ws, cudaStream_t stream);
 
 }  // namespace bg::ops

@@ -14,6 +14,7 @@
 #include "core/tensor.h"
 #include "formats/quant.h"
 #include "ops/linear/linear.h"
+#include "ops/linear/linear_decode_plan.h"
 
 namespace bg::ops {
 namespace {
@@ -189,6 +190,49 @@ TEST(Embedding, RejectsOutOfRangeIds) {
   }
   const int32_t ok[2] = {0, 4};
   EXPECT_NO_THROW(embedding_cpu(t.view("embed"), ok, 2, y.data()));
+}
+
+}  // namespace
+}  // namespace bg::ops
+
+namespace bg::ops {
+namespace {
+
+// The dense decode GEMM's geometry (linear_decode_plan.h) on a 132-SM GPU: tile shape by token count, the k-split
+// that fills the resident slots when the row tiles alone do not, and its caps.
+TEST(DenseDecodePlan, TileShapeSplitsAndCaps) {
+  const size_t bytes = size_t{16} << 20;
+  struct Shape {
+    int64_t tokens;
+    int nb, m_tiles;
+  };
+  for (const Shape& s : {Shape{1, 1, 1}, Shape{8, 1, 1}, Shape{9, 2, 1}, Shape{16, 2, 1}, Shape{17, 4, 1},
+                         Shape{32, 4, 1}, Shape{33, 8, 2}, Shape{64, 8, 2}}) {
+    const DenseDecodePlan p = dense_decode_plan(7168, 12288, s.tokens, 132, bytes, 8192);
+    EXPECT_EQ(p.nb, s.nb) << s.tokens;
+    EXPECT_EQ(p.m_tiles, s.m_tiles) << s.tokens;
+    EXPECT_EQ(p.rows, 128 * s.m_tiles);
+    EXPECT_EQ(p.ctas_per_sm, s.m_tiles == 2 ? 1 : 2);
+    EXPECT_EQ(p.stages, 192);
+    EXPECT_EQ(p.slot_floats, static_cast<size_t>(p.rows * 8 * p.nb));
+  }
+  // o_proj 12288 -> 7168: 56 tiles of 128 rows in 264 slots (4 splits), 28 of 256 rows in 132 (4 splits).
+  EXPECT_EQ(dense_decode_plan(7168, 12288, 16, 132, bytes, 8192).splits, 4);
+  EXPECT_EQ(dense_decode_plan(7168, 12288, 64, 132, bytes, 8192).splits, 4);
+  // lm_head: 1280 row tiles fill the GPU alone.
+  EXPECT_EQ(dense_decode_plan(163840, 7168, 1, 132, bytes, 8192).splits, 1);
+  // Router 7168 -> 896: 7 tiles would take 37 splits; at least 8 of the 112 stages each caps them at 14.
+  EXPECT_EQ(dense_decode_plan(896, 7168, 1, 132, bytes, 8192).splits, 14);
+  // Fewer than 16 stages: no split.
+  EXPECT_EQ(dense_decode_plan(128, 960, 1, 132, bytes, 8192).splits, 1);
+  // The partial sums must fit: 7 tiles x 14 splits x 128 x 8 floats = 392 KiB; with 300 KiB, 10 splits.
+  EXPECT_EQ(dense_decode_plan(896, 7168, 1, 132, 300 << 10, 8192).splits, 10);
+  // More split tiles than counters: no split.
+  EXPECT_EQ(dense_decode_plan(896, 7168, 1, 132, bytes, 6).splits, 1);
+  // Forced: as asked, at most one stage each, within the buffer.
+  EXPECT_EQ(dense_decode_plan(7168, 12288, 64, 132, bytes, 8192, 9).splits, 9);
+  EXPECT_EQ(dense_decode_plan(128, 128, 1, 132, bytes, 8192, 9).splits, 2);
+  EXPECT_EQ(dense_decode_plan(7168, 12288, 64, 132, size_t{1} << 20, 8192, 9).splits, 1);
 }
 
 }  // namespace

@@ -66,6 +66,7 @@ namespace bg::ops {
 namespace {
 
 using namespace w4;
+using ptx::atomic_add_acq_rel;
 
 constexpr int kBufBytes = kStageBytes + kActStageBytes;
 
@@ -194,14 +195,6 @@ __device__ __forceinline__ void producer_next(Producer& p, const KernelArgs& a, 
   } else if (p.c.valid) {
     producer_start_pass<kGateUp>(p, a);
   }
-}
-
-// An arrival: atomic add with release (this thread's writes, and those a CTA barrier ordered before it) and acquire
-// (the writes the other arrivals released) semantics at GPU scope, one instruction instead of two fence.sc around it.
-__device__ __forceinline__ int atomic_add_acq_rel(int* p, int v) {
-  int old;
-  asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
 }
 
 // Fragment-order float4 index of (tile mt, n-block nb) for this thread inside a partial slot.
