@@ -729,7 +729,8 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<cuda::CachingAllocator> alloc_;
   std::shared_ptr<void> cublas_ws_;
-  // The dense decode GEMM's partial sums and tile counters (ops::DenseDecodeWorkspace); empty with BG_LINEAR_DECODE=0.
+  // The dense decode GEMM's partial sums and tile counters (ops::DenseDecodeWorkspace), only with BG_LINEAR_DECODE=1
+  // (off by default: cuBLAS measured faster; docs/PERF.md "Dense decode GEMM").
   std::shared_ptr<void> dense_decode_buf_;
   ops::DenseDecodeWorkspace dense_decode_;
   const ops::DenseDecodeWorkspace* dense_decode_ctx() const {

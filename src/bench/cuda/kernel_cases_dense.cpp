@@ -1,5 +1,5 @@
 // Kernel cases of the dense path at Kimi-K3 shapes: the bf16 linears of a layer and the lm_head (through linear_cuda:
-// the decode GEMM up to 64 tokens, cuBLAS above or with BG_LINEAR_DECODE=0), the FP8 / MXFP4 linear paths, and the
+// cuBLAS, or with BG_LINEAR_DECODE=1 the decode GEMM up to 64 tokens), the FP8 / MXFP4 linear paths, and the
 // small per-token ops (norms, AttnRes mix, residual add, SiTU, sigmoid gate, embedding, KDA gate / L2 norm / beta,
 // gated RMSNorm, GPU sampling). Not here: RoPE and SwiGLU, which K3 does
 // not run (DeepSeek-V3 only). Each registration: name, shape, bytes of one input set, prepare.
@@ -35,8 +35,8 @@ std::vector<int64_t> decode_batches(bool quick) {
 double d(int64_t v) { return static_cast<double>(v); }
 size_t z(int64_t v) { return static_cast<size_t>(v); }
 
-// The dense decode GEMM's workspace in the case's memory (zeroed, so its counters start at zero), as the backend
-// keeps one; null with BG_LINEAR_DECODE=0 (cuBLAS for every dense GEMM, as the backend then runs them).
+// The dense decode GEMM's workspace in the case's memory (zeroed, so its counters start at zero) with
+// BG_LINEAR_DECODE=1, as the backend then keeps one; null otherwise (cuBLAS for every dense GEMM, the default).
 std::shared_ptr<const ops::DenseDecodeWorkspace> decode_workspace(CaseMemory& mem) {
   if (!ops::dense_decode_enabled()) return nullptr;
   return std::make_shared<const ops::DenseDecodeWorkspace>(

@@ -61,8 +61,8 @@ enum class LinearPath : uint8_t {
 };
 
 // kAuto uses the skinny kernel for FP8/MXFP4 when n_tokens <= this (decode), dequantize + cuBLAS above it; dense
-// weights take the decode GEMM up to kDenseDecodeMaxTokens tokens where the context has its workspace and the shape
-// fits it (dense_decode_applies), cuBLAS otherwise.
+// weights take the decode GEMM up to kDenseDecodeMaxTokens tokens where the context has its workspace (the backend
+// passes one only with BG_LINEAR_DECODE=1) and the shape fits it (dense_decode_applies), cuBLAS otherwise.
 inline constexpr int64_t kLinearSkinnyMaxTokens = 16;
 
 struct LinearCudaParams {
@@ -98,7 +98,8 @@ inline constexpr int64_t kDenseDecodeCounters = 8192;
 size_t dense_decode_workspace_bytes();
 DenseDecodeWorkspace dense_decode_workspace(void* buffer);
 void dense_decode_workspace_init(const DenseDecodeWorkspace& ws, cudaStream_t stream);
-// BG_LINEAR_DECODE: 1 (default) lets kAuto take the decode GEMM, 0 keeps every dense GEMM on cuBLAS (A/B runs).
+// BG_LINEAR_DECODE: 1 gives the CUDA backend (and the bench's cases) a workspace, so kAuto takes the decode GEMM; 0
+// (the default: cuBLAS measured faster, docs/PERF.md "Dense decode GEMM") keeps every dense GEMM on cuBLAS.
 // BG_LINEAR_DECODE_SPLITS=n (tuning): n k-splits wherever they fit instead of the plan's choice. Read once.
 bool dense_decode_enabled();
 int dense_decode_forced_splits();

@@ -320,7 +320,7 @@ void dense_decode_workspace_init(const DenseDecodeWorkspace& ws, cudaStream_t st
 }
 
 bool dense_decode_enabled() {
-  static const bool on = env_switch("BG_LINEAR_DECODE", true);
+  static const bool on = env_switch("BG_LINEAR_DECODE", false);
   return on;
 }
 
@@ -333,7 +333,7 @@ bool dense_decode_applies(const LinearCudaParams& p, const DeviceWeight& w, cons
                           const LinearCudaContext& ctx) {
   return w.format == WeightFormat::kDense && ctx.dense_decode != nullptr && ctx.dense_decode->partials != nullptr &&
          !p.deterministic && p.n_tokens >= 1 && p.n_tokens <= kDenseDecodeMaxTokens &&
-         w.n_in % kDenseDecodeStageK == 0 && aligned16(w.data) && aligned16(x) && dense_decode_enabled();
+         w.n_in % kDenseDecodeStageK == 0 && aligned16(w.data) && aligned16(x);
 }
 
 namespace {
