@@ -119,13 +119,7 @@ __global__ void __launch_bounds__(kThreads, MT == 2 ? 1 : 2) dense_decode_kernel
     }
   };
 
-  float acc[MT][NB][4];
-#pragma unroll
-  for (int m = 0; m < MT; ++m)
-#pragma unroll
-    for (int j = 0; j < NB; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.0f;
+  float acc[MT][NB][4] = {};
 
   // ldmatrix lanes: A (16 x 16 of rows x k) matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15) give a0..a3; B (k16 x n8
   // twice) matrices (block j, k 0-7 | 8-15), (block j + 1, ...) give b0, b1 of two n8 blocks.
@@ -187,13 +181,7 @@ __global__ void __launch_bounds__(kThreads, MT == 2 ? 1 : 2) dense_decode_kernel
     if (!s_last) return;
     if (tid == 0) a.counters[tile] = 0;  // for the next launch (stream-ordered)
     // ((p_0 + p_1) + ...) in split order, this split's sums from registers (the same values it stored).
-    float sum[MT][NB][4];
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int j = 0; j < NB; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sum[m][j][e] = 0.0f;
+    float sum[MT][NB][4] = {};
 #pragma unroll 1
     for (int sp = 0; sp < a.splits; ++sp) {
       const float* src = a.partials + (static_cast<int64_t>(tile) * a.splits + sp) * G::kSlotFloats;

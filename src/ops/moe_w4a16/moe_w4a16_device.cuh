@@ -47,14 +47,8 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
-// d += A (16x16, row) * B (16x8, col), bf16 inputs, fp32 accumulators (fragment layouts: moe_w4a16_layout.h).
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// d += A (16x16, row) * B (16x8, col) (ptx::mma_bf16_16816; fragment layouts: moe_w4a16_layout.h).
+using ptx::mma_bf16_16816;
 
 // Accumulators of one warp for a pass of NB n8 token blocks: [m16 tile][n8 block][c0..c3]. Sized by the pass, so a
 // pass over fewer rows keeps (and moves) no unused accumulators.
