@@ -131,8 +131,8 @@ size_t linear_dequant_scratch_min_bytes(const DeviceWeight& w);
 
 // y[n_tokens, w.n_out] = x[n_tokens, w.n_in] W^T with fp32 accumulation; y is bf16 or fp32 per p.out_type and must
 // not alias x. x rows are contiguous (stride n_in). No host synchronisation, no allocation.
-//   dense: the decode GEMM at 1..64 tokens (dense_decode_applies), else cublasGemmEx (bf16 x bf16 -> bf16/fp32, fp32
-//   compute).
+//   dense: cublasGemmEx (bf16 x bf16 -> bf16/fp32, fp32 compute); the decode GEMM instead at 1..64 tokens when the
+//   context carries its workspace (dense_decode_applies; the backend only with BG_LINEAR_DECODE=1).
 //   FP8 / MXFP4, n_tokens <= 16: skinny weight-streaming kernel (weights decoded in registers, scales applied in fp32).
 //   FP8 / MXFP4, more tokens: rows dequantized to bf16 (code * scale rounded to bf16) into ctx.dequant_scratch, then
 //   cublasGemmEx per chunk of rows. The extra pass costs ~5 bytes per weight against 2*n_tokens*n_in FLOPs per row,
