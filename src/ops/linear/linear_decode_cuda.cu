@@ -328,7 +328,8 @@ namespace {
 
 void run_dense_decode(const LinearCudaParams& p, const DeviceWeight& w, const __nv_bfloat16* x, void* y,
                       std::span<const ColumnSlice> parts, const DenseDecodeWorkspace& ws, cudaStream_t stream) {
-  BG_CHECK(w.format == WeightFormat::kDense && w.data != nullptr, "dense_decode_cuda: needs a dense weight");
+  BG_CHECK(w.format == WeightFormat::kDense && w.data != nullptr && w.n_out > 0 && w.n_in > 0,
+           "dense_decode_cuda: needs a non-empty dense weight");
   BG_CHECK(p.n_tokens >= 1 && p.n_tokens <= kDenseDecodeMaxTokens, "dense_decode_cuda: {} tokens (1..{})", p.n_tokens,
            kDenseDecodeMaxTokens);
   BG_CHECK(w.n_in % kDenseDecodeStageK == 0, "dense_decode_cuda: input dim {} is not a multiple of {}", w.n_in,

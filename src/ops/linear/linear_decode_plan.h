@@ -40,9 +40,9 @@ inline DenseDecodePlan dense_decode_plan(int64_t n_out, int64_t n_in, int64_t n_
   p.stages = n_in / kDenseDecodeStageK;
   p.slot_floats = static_cast<size_t>(p.rows) * static_cast<size_t>(8 * p.nb);
   const int64_t slots = static_cast<int64_t>(p.ctas_per_sm) * sms;
-  int64_t s = forced > 0 ? forced : std::max<int64_t>(1, slots / std::max<int64_t>(1, p.tiles));
-  s = std::min<int64_t>(s, std::max<int64_t>(1, p.stages / kDenseDecodeMinSplitStages));
-  if (forced > 0) s = std::min<int64_t>(forced, std::max<int64_t>(1, p.stages));
+  int64_t s = forced > 0 ? std::min<int64_t>(forced, std::max<int64_t>(1, p.stages))
+                         : std::min(std::max<int64_t>(1, slots / std::max<int64_t>(1, p.tiles)),
+                                    std::max<int64_t>(1, p.stages / kDenseDecodeMinSplitStages));
   while (s > 1 && static_cast<size_t>(p.tiles * s) * p.slot_floats * sizeof(float) > partial_bytes) --s;
   if (p.tiles > n_counters) s = 1;
   p.splits = static_cast<int>(s);
