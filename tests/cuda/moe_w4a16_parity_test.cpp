@@ -286,9 +286,8 @@ TEST(MoeW4a16Parity, DeepSeekV3Experts) {
 // With a fixed split factor a token's output does not depend on its batch: rows 0..31 of a 40-token batch (splits in
 // order by one CTA) equal the same 32 tokens alone (splits on parallel CTAs), and rows 0..15 the same 16 alone, bit
 // for bit; on the wide shape, the narrow one and wgmma. With MoeW4a16Params::narrow the 16 tokens run the narrow
-// kernel of 1- and 2-block passes; at top-8 of 16 experts (20 and 16 rows per expert) the 40 and 32 tokens run the
-// narrow kernel of up to 4-block passes, at top-4 (10 and 8) the wide shape. The narrow shape's bits are the wide
-// shape's.
+// kernel (1- and 2-block passes), the 40 and 32 the wide shape (at top-8 of 16 experts with 3- and 4-block passes).
+// The narrow shape's bits are the wide shape's.
 void fixed_splits_case(int64_t top_k) {
   const int64_t hidden = 512, inter = 256;
   const ExpertSet set = make_experts(16, hidden, inter, 4);

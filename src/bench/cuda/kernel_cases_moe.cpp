@@ -5,7 +5,7 @@
 //   moe_decode_w4a16    the fused W4A16 kernel (gate/up + GLU, down + weighted combine; dispatch done in setup) over
 //                       the load-time layout, what Backend::moe_routed_local runs at decode (ops/moe_w4a16)
 //   moe_decode_w4a16_wgmma the same on wgmma (MoeW4a16Params::wgmma; not the default until measured)
-//   moe_decode_w4a16_wide the same without the two-CTAs-per-SM shape that the default takes up to 64 tokens
+//   moe_decode_w4a16_wide the same without the two-CTAs-per-SM shape that the default takes up to 16 tokens
 //                       (MoeW4a16Params::narrow = false)
 //   moe_decode_w4a16_rows  the same kernel with rows in / rows out (gather in setup, no combine): what an
 //                       expert-parallel rank runs on the rows the exchange delivered (Backend::moe_experts)

@@ -125,18 +125,18 @@ struct MoeW4a16Params {
   // tile) instead of mma.sync. The same arithmetic up to the order of the fp32 additions inside an MMA. Off by default
   // until measured on the H200; BG_MOE_W4A16_WGMMA=1 turns it on where the backend builds the params.
   bool wgmma = false;
-  // CUDA only: launches of at most 16 tokens, and of at most 64 with many rows per expert (moe_w4a16_runs_narrow), on
-  // mma.sync run two CTAs per SM with 128 registers and 3 pipeline stages each, instead of one CTA with ~215 registers
-  // and 6 stages: twice the warps to hide the decode's latency. The same arithmetic in the same order
-  // except the split-K factor, which is chosen for the larger grid. A workspace is laid out for one shape: lay it out
-  // with the params it is launched with. BG_MOE_W4A16_NARROW=0 turns it off where the backend builds the params.
+  // CUDA only: launches of at most 16 tokens on mma.sync (moe_w4a16_runs_narrow) run two CTAs per SM with 128
+  // registers and 3 pipeline stages each, instead of one CTA with ~250 registers and 6 stages: twice the warps to hide
+  // the decode's latency. The same arithmetic in the same order except the split-K factor, which is chosen for the
+  // larger grid. A workspace is laid out for one shape: lay it out with the params it is launched with.
+  // BG_MOE_W4A16_NARROW=0 turns it off where the backend builds the params.
   bool narrow = false;
   // Rows in, rows out (an expert-parallel rank, whose rows arrive through the exchange already grouped by slot): x is
   // [n_tokens * top_k, hidden] in the dispatch's row order (no gather), and out[row] = bf16(expert(x[row])), unweighted
   // (the exchange's combine applies the weights). n_tokens bounds the rows of one expert (the tokens of every rank);
   // out must be bf16 and accumulate false. Only the dispatch's offsets / active / n_active are read.
   bool rows_out = false;
-  // CUDA only, narrow launches (moe_w4a16_runs_narrow) of at most 32 tokens without fixed_splits: stream-K, every
+  // CUDA only, narrow launches (moe_w4a16_runs_narrow: at most 16 tokens) without fixed_splits: stream-K, every
   // CTA an equal run of the launch's (item, k-stage) units, pass-tiles cut between CTAs finished by their last piece
   // in k order (moe_w4a16_schedule.h), instead of the split-K factor chosen per touched-expert count, whose pieces
   // leave one of an SM's two CTAs alone for the last wave (Kimi-K3 at one token: 384 gate/up half items and 224
@@ -150,14 +150,12 @@ struct MoeW4a16Params {
 // Throws naming the bad field.
 void moe_w4a16_check_params(const MoeW4a16Params& p);
 
-// Whether a launch runs the narrow shape (CUDA; MoeW4a16Params::narrow asked for, mma.sync): at most 16 tokens (passes
-// of at most 2 n8 blocks: the kernel compiled without 3- and 4-block passes), or at most 64 tokens that average more
-// than kMoeW4a16NarrowRows rows per expert (n_tokens x top_k / n_experts; the kernel with 3- and 4-block passes, which
-// spill at the narrow shape's 128 registers). Measured on the slice's decode step (H100, bench/RESULTS.md 2026-12-06):
-// the narrow shape with 3- and 4-block passes took 1.3-3.7 % less time at 48 and 64 tokens (13.7 and 18.3 rows per
-// expert), and more than the wide shape at 20-40 (5.7-11.4).
-inline constexpr int64_t kMoeW4a16NarrowMaxTokens = 64;
-inline constexpr int64_t kMoeW4a16NarrowRows = 12;
+// Whether a launch runs the narrow shape (CUDA; MoeW4a16Params::narrow asked for, mma.sync): at most 16 tokens, so
+// every pass has at most 2 n8 blocks (the narrow kernel is compiled without 3- and 4-block passes, which spill at its
+// 128 registers). Up to 2026-12-06 a second narrow kernel with 3- and 4-block passes ran 43-64 tokens; since the
+// fused combine's rework the wide shape is faster there (H100, bench/RESULTS.md 2026-12-06: moe_decode_w4a16 at 64
+// tokens 0.502-0.505 ms against 0.531-0.535, the slice's decode step 5.96 against 6.05-6.08 ms) and level at 17-40.
+inline constexpr int64_t kMoeW4a16NarrowMaxTokens = 16;
 bool moe_w4a16_runs_narrow(const MoeW4a16Params& p);
 
 // Sizes of the kernel's workspace for p on `grid` persistent CTAs (the CUDA launcher lays the buffer out from it).

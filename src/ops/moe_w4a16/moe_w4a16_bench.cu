@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -108,7 +110,9 @@ MoeW4a16BenchRow bench_rows(const MoeW4a16BenchConfig& cfg, const MoeW4a16Weight
   p.wgmma = wgmma;
   p.narrow = narrow;
   std::vector<uint16_t> x_bits(static_cast<size_t>(rows * cfg.hidden));
-  for (size_t i = 0; i < x_bits.size(); ++i) x_bits[i] = f32_to_bf16(static_cast<float>((i * 37) % 101) / 101.0f - 0.5f);
+  for (size_t i = 0; i < x_bits.size(); ++i) {
+    x_bits[i] = f32_to_bf16(static_cast<float>((i * 37) % 101) / 101.0f - 0.5f);
+  }
   const cuda::DeviceBuffer x = cuda::upload(x_bits);
   cuda::DeviceBuffer out(static_cast<size_t>(rows * cfg.hidden) * 2);
   cuda::DeviceBuffer ws_buf(moe_w4a16_workspace_bytes(p));
@@ -117,15 +121,25 @@ MoeW4a16BenchRow bench_rows(const MoeW4a16BenchConfig& cfg, const MoeW4a16Weight
   std::vector<cuda::DeviceBuffer> keep;
   std::vector<std::unique_ptr<MoeDispatchBuffers>> dbufs;
   std::vector<MoeWorkspace> dws;
+  int64_t touched_sum = 0;
   for (int c = 0; c < cfg.copies; ++c) {
     std::vector<int32_t> ids;
     std::vector<float> wts;
+    std::vector<int32_t> perm(static_cast<size_t>(cfg.n_slots));
+    std::vector<bool> used(static_cast<size_t>(cfg.n_slots), false);
+    std::mt19937 rng(static_cast<uint32_t>(c + 1));
     for (int t = 0; t < rows; ++t) {
+      std::iota(perm.begin(), perm.end(), 0);
+      if (cfg.random_routing) std::shuffle(perm.begin(), perm.end(), rng);
       for (int64_t j = 0; j < cfg.touched; ++j) {
-        ids.push_back(static_cast<int32_t>((c * cfg.touched + j) % cfg.n_slots));
+        const int32_t e = cfg.random_routing ? perm[static_cast<size_t>(j)]
+                                             : static_cast<int32_t>((c * cfg.touched + j) % cfg.n_slots);
+        ids.push_back(e);
         wts.push_back(1.0f / static_cast<float>(cfg.touched));
+        used[static_cast<size_t>(e)] = true;
       }
     }
+    touched_sum += std::count(used.begin(), used.end(), true);
     keep.push_back(cuda::upload(ids));
     keep.push_back(cuda::upload(wts));
     dbufs.push_back(std::make_unique<MoeDispatchBuffers>(mp));
@@ -148,6 +162,7 @@ MoeW4a16BenchRow bench_rows(const MoeW4a16BenchConfig& cfg, const MoeW4a16Weight
 
   MoeW4a16BenchRow row;
   row.rows_per_expert = rows;
+  row.experts = static_cast<double>(touched_sum) / cfg.copies;
   row.pdl = pdl;
   row.wgmma = wgmma;
   row.narrow = narrow;
@@ -156,12 +171,13 @@ MoeW4a16BenchRow bench_rows(const MoeW4a16BenchConfig& cfg, const MoeW4a16Weight
   BG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   if (narrow) sms *= 2;  // the narrow shape's grid
   const int nb_cap = std::clamp((rows + 7) / 8, 1, w4::kMaxNb);
-  row.splits_gate_up = rows <= w4::kChunkRows ? w4::choose_splits(cfg.touched * w.info.gate_up.n_items,
+  const auto experts = static_cast<int64_t>(row.experts + 0.5);
+  row.splits_gate_up = rows <= w4::kChunkRows ? w4::choose_splits(experts * w.info.gate_up.n_items,
                                                                   w.info.gate_up.n_kstages, sms, 0, nb_cap) : 1;
-  row.splits_down = rows <= w4::kChunkRows ? w4::choose_splits(cfg.touched * w.info.down.n_items,
+  row.splits_down = rows <= w4::kChunkRows ? w4::choose_splits(experts * w.info.down.n_items,
                                                                w.info.down.n_kstages, sms, 0, nb_cap) : 1;
   row.us = ms * 1e3 / cfg.copies;
-  const double bytes = static_cast<double>(cfg.touched) * (w.info.gate_up.slot_bytes + w.info.down.slot_bytes);
+  const double bytes = row.experts * static_cast<double>(w.info.gate_up.slot_bytes + w.info.down.slot_bytes);
   row.gbps = bytes / (row.us * 1e3);
   row.fraction = row.gbps / ceiling;
   return row;
@@ -194,11 +210,12 @@ MoeW4a16BenchResult moe_w4a16_bench_k3(const MoeW4a16BenchConfig& cfg) {
     }
   }
   r.read_ceiling_gbps = read_ceiling_gbps(storage.data(), w.info.total_bytes / 16 * 16, stream);
-  r.bytes_per_launch = static_cast<double>(cfg.touched) * (w.info.gate_up.slot_bytes + w.info.down.slot_bytes);
+  r.bytes_per_expert = static_cast<double>(w.info.gate_up.slot_bytes + w.info.down.slot_bytes);
   for (int rows : cfg.rows_per_expert) {
     for (const int shape : {0, 1, 2}) {  // mma.sync, mma.sync narrow (up to 64 rows), wgmma
       if (shape == 1 && rows > 64) continue;
       for (bool pdl : {false, true}) {
+        if (cfg.random_routing && (!pdl || shape == 2)) continue;  // the default's launches, narrow and wide
         r.rows.push_back(bench_rows(cfg, w, rows, pdl, shape == 2, shape == 1, r.read_ceiling_gbps, stream));
       }
     }
@@ -209,11 +226,12 @@ MoeW4a16BenchResult moe_w4a16_bench_k3(const MoeW4a16BenchConfig& cfg) {
 }
 
 std::string moe_w4a16_bench_table(const MoeW4a16BenchResult& r) {
-  std::string s = fmt::format("moe_decode_w4a16 on {}: read ceiling {:.0f} GB/s, {:.1f} MB packed weights per launch\n",
-                              r.device, r.read_ceiling_gbps, r.bytes_per_launch / 1e6);
-  s += "rows/expert  mma              pdl  splits(gu,dn)      us     GB/s  fraction\n";
+  std::string s = fmt::format("moe_decode_w4a16 on {}: read ceiling {:.0f} GB/s, {:.2f} MB packed weights per expert\n",
+                              r.device, r.read_ceiling_gbps, r.bytes_per_expert / 1e6);
+  s += "rows/expert  experts  mma              pdl  splits(gu,dn)      us     GB/s  fraction\n";
   for (const MoeW4a16BenchRow& row : r.rows) {
-    s += fmt::format("{:>11}  {:<15}  {:>3}  {:>6},{:<6}  {:>8.1f}  {:>7.0f}  {:>8.3f}\n", row.rows_per_expert,
+    s += fmt::format("{:>11}  {:>7.1f}  {:<15}  {:>3}  {:>6},{:<6}  {:>8.1f}  {:>7.0f}  {:>8.3f}\n",
+                     row.rows_per_expert, row.experts,
                      row.wgmma ? "wgmma" : row.narrow ? "mma.sync narrow" : "mma.sync", row.pdl ? "on" : "off",
                      row.splits_gate_up, row.splits_down, row.us, row.gbps, row.fraction);
   }

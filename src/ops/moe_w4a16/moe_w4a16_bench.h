@@ -16,10 +16,14 @@ struct MoeW4a16BenchConfig {
   int64_t inter = 3072;
   int copies = 8;        // launches per CUDA graph, each on a different set of experts
   int replays = 5;       // timed graph replays; the median is reported
+  // Top-k routing as in `bench kernels`: rows_per_expert are then token counts, each token picking `touched`
+  // distinct experts of n_slots at random (a fixed seed per launch); bytes count the experts a launch touches.
+  bool random_routing = false;
 };
 
 struct MoeW4a16BenchRow {
-  int rows_per_expert = 0;
+  int rows_per_expert = 0;  // tokens with random_routing
+  double experts = 0.0;      // touched experts per launch (average)
   bool pdl = false;  // down launched as a programmatic dependent of gate/up
   bool wgmma = false;  // the tensor-core step on wgmma (MoeW4a16Params::wgmma)
   bool narrow = false;  // two CTAs per SM (MoeW4a16Params::narrow; rows <= 64)
@@ -32,7 +36,7 @@ struct MoeW4a16BenchRow {
 struct MoeW4a16BenchResult {
   std::string device;
   double read_ceiling_gbps = 0.0;  // uint4 grid-stride read over the expert allocation (> L2)
-  double bytes_per_launch = 0.0;
+  double bytes_per_expert = 0.0;  // packed gate/up + down
   std::vector<MoeW4a16BenchRow> rows;
 };
 

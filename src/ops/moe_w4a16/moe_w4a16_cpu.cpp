@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "ops/moe_w4a16/moe_w4a16.h"
+#include "ops/moe_w4a16/moe_w4a16_layout.h"
 
 namespace bg::ops {
 namespace {
@@ -37,8 +38,8 @@ double dot(const float* w, const float* x, int64_t n) {
 void moe_w4a16_check_params(const MoeW4a16Params& p) {
   BG_CHECK(p.n_tokens >= 0, "moe_w4a16: n_tokens {} is negative", p.n_tokens);
   BG_CHECK(p.n_experts > 0 && p.n_experts <= 1024, "moe_w4a16: {} experts (1..1024 supported)", p.n_experts);
-  BG_CHECK(p.top_k > 0 && p.top_k <= 32 && p.top_k <= p.n_experts, "moe_w4a16: top_k {} of {} experts (<= 32)",
-           p.top_k, p.n_experts);
+  BG_CHECK(p.top_k > 0 && p.top_k <= w4::kMaxTopK && p.top_k <= p.n_experts,
+           "moe_w4a16: top_k {} of {} experts (<= {})", p.top_k, p.n_experts, w4::kMaxTopK);
   BG_CHECK(p.hidden > 0 && p.inter > 0 && p.hidden % kMxfp4GroupSize == 0 && p.inter % kMxfp4GroupSize == 0,
            "moe_w4a16: hidden {} and inter {} must be positive multiples of 32", p.hidden, p.inter);
   // The kernel's item table packs an item index in 15 bits and a tile in 24 (moe_w4a16_schedule.h).

@@ -13,7 +13,7 @@
 //   count, 1 CTA of 8 warps per SM), read from the dispatch once at its start into a shared-memory item table. The
 //   touched-expert count is read on the device, so a CUDA graph captured once serves every routing. Split-K S (1..8)
 //   is chosen on the device from n_active so that e.g. 16 touched Kimi-K3 experts (192 gate/up items) become 384 and
-//   fill 132 SMs in 3 even waves; fixed_splits pins S (batch invariance). Narrow launches of at most 32 tokens take
+//   fill 132 SMs in 3 even waves; fixed_splits pins S (batch invariance). Narrow launches (at most 16 tokens) take
 //   stream-K instead: every CTA an equal run of (pass-tile, k-stage) units, cut pass-tiles finished in k order by
 //   their last piece (moe_w4a16_schedule.h, reduce_splits).
 // - Pipeline: 6 stages of (17408 B weights + 4608 B activations) = 129 KiB of shared memory; the producer (every
@@ -44,14 +44,14 @@
 // - Fixed costs per kernel: pipeline fill (~1.5 us), the last wave's tail and the final reductions (~1-2 us).
 // - Predicted: >= 0.85 of read at 1-16 rows per expert (16 of 56 K3 experts: ~72 us for 281 MB), ~0.75-0.8 at 32.
 //   Measured on the H200: 0.53 at 1 row, 0.49-0.50 at 4, 0.35 at 16, 0.25 at 32 (PDL on); the narrow shape (two
-//   CTAs per SM) 0.56 / 0.52 / 0.41 at 1 / 4 / 16; on the H100 its 3- and 4-block kernel 0.463 / 0.431 / 0.346 at
-//   18 / 24 / 32 rows against the wide shape's 0.433 / 0.416 / 0.351 (variant run). The main loop is 55-65 %
+//   CTAs per SM) 0.56 / 0.52 / 0.41 at 1 / 4 / 16; on the H100 with a random top-16 of 56 (2026-12-06) 0.70 /
+//   0.84 of read at 1 / 16 tokens (narrow), 0.69 / 0.63 at 48 / 64 (wide). The main loop is 55-65 %
 //   of the warp samples, the integer pipe throttling the decode's chains after each stage barrier; per-pass code
 //   (reductions, GLU, cursors) was a third before the item table and the out-of-line GLU (docs/MOE_W4A16.md,
 //   "Where the time goes").
-// Resources (nvcc 13.0 -Xptxas -v, sm_90a, 2026-12-06): 226 / 213 registers (down / gate-up), no stack, no spills;
-// 129 KiB of dynamic shared memory + the item table, 1 CTA of 256 threads per SM. Full report and measurements:
-// docs/MOE_W4A16.md.
+// Resources (nvcc 13.0 -Xptxas -v, sm_90a, 2026-12-06): 255 / 213 registers (down / gate-up), 16 bytes of stack in
+// down (the combine); 129 KiB of dynamic shared memory + the item table, 1 CTA of 256 threads per SM. Full report
+// and measurements: docs/MOE_W4A16.md.
 #include <algorithm>
 #include <mutex>
 
@@ -71,11 +71,10 @@ using ptx::atomic_add_acq_rel;
 constexpr int kBufBytes = kStageBytes + kActStageBytes;
 
 // The two launch shapes of the kernel. Wide (any rows): one CTA of 8 warps per SM, 6 pipeline stages (129 KiB),
-// passes of up to 4 n8 blocks, ~215 registers. Narrow (MoeW4a16Params::narrow, at most 64 tokens, mma.sync): two
+// passes of up to 4 n8 blocks, ~250 registers. Narrow (MoeW4a16Params::narrow, at most 16 tokens, mma.sync): two
 // CTAs per SM (16 warps, 4 per scheduler, to hide the decode's dependent integer chains), 128 registers, 3 stages
-// each; compiled twice: passes of up to 2 n8 blocks (at most 16 tokens) and of up to 4 (the 3- and 4-block passes
-// spill in a 128-register kernel, which costs the 1- and 2-block passes ~10 % when they share it). Which launches run
-// it: moe_w4a16_runs_narrow.
+// each, passes of up to 2 n8 blocks only (3- and 4-block passes spill in a 128-register kernel, in its main loop).
+// Which launches run it: moe_w4a16_runs_narrow.
 template <bool kNarrow>
 struct Shape {
   static constexpr int kCtasPerSm = kNarrow ? 2 : 1;
@@ -332,52 +331,121 @@ __device__ void store_rows(const Acc<NB>& acc, const Cursor& c, const KernelArgs
   });
 }
 
+// The fused combine's shared state at the end of a down pass: the tokens whose last slot the pass completed, and
+// each such token's (permuted row, routing weight) per slot, read from the dispatch in one parallel round.
+struct CombineSmem {
+  int n_done;
+  int tokens[kChunkRows];
+  int prow[kChunkRows * kMaxTopK];
+  float weight[kChunkRows * kMaxTopK];
+};
+// The kernel's static shared memory: the combine's state, the split flag and the stream-K scan's warp sums.
+constexpr int kStaticSmemBytes = static_cast<int>(sizeof(CombineSmem)) + 64;
+
+// out[token, 4 columns from col] = (accumulate ? out : 0) + sum_k w_k y_k, in fp32, one fma per slot in slot order
+// (the CPU reference's order). The slots' y loads are issued kBatch at a time before their fmas, so a token costs a
+// few memory latencies, not one per slot. kBatch: 8 on the wide shape, 4 on the narrow one (whose 128 registers
+// spill more with 8). Measured on the H100 (bench/RESULTS.md 2026-12-06), 8 / 4 / 2: 0.505 / 0.511 / 0.525 ms at 64
+// tokens on the wide shape, 0.385 / 0.376 / 0.383 ms at 16 tokens on the narrow one.
+template <int kBatch>
+__device__ __forceinline__ void combine_token(const KernelArgs& a, const CombineSmem& cs, int r, int64_t col) {
+  const int token = cs.tokens[r];
+  const int64_t o = static_cast<int64_t>(token) * a.n_out + col;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (a.accumulate) {
+    if (a.out_f32) {
+      acc = *reinterpret_cast<const float4*>(static_cast<const float*>(a.out) + o);
+    } else {
+      const uint2 bits = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(a.out) + o);
+      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
+      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
+      acc = make_float4(lo.x, lo.y, hi.x, hi.y);
+    }
+  }
+  const int* prow = cs.prow + r * a.top_k;
+  const float* weight = cs.weight + r * a.top_k;
+#pragma unroll 1
+  for (int k0 = 0; k0 < a.top_k; k0 += kBatch) {
+    float4 y[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (k0 + j < a.top_k) {
+        y[j] = __ldcg(reinterpret_cast<const float4*>(a.ws.y + static_cast<int64_t>(prow[k0 + j]) * a.n_out + col));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (k0 + j < a.top_k) {
+        const float w = weight[k0 + j];
+        acc.x = fmaf(w, y[j].x, acc.x);
+        acc.y = fmaf(w, y[j].y, acc.y);
+        acc.z = fmaf(w, y[j].z, acc.z);
+        acc.w = fmaf(w, y[j].w, acc.w);
+      }
+    }
+  }
+  if (a.out_f32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(a.out) + o) = acc;
+  } else {
+    const __nv_bfloat162 lo = __float22bfloat162_rn(make_float2(acc.x, acc.y));
+    const __nv_bfloat162 hi = __float22bfloat162_rn(make_float2(acc.z, acc.w));
+    uint2 bits;
+    bits.x = *reinterpret_cast<const uint32_t*>(&lo);
+    bits.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(a.out) + o) = bits;
+  }
+}
+
+// The combine of the tokens warp 0 listed in cs (n_done > 0) for the down item m's 512 columns: the slots' rows and
+// weights into shared memory in one parallel round of loads, then each half of the CTA a token at a time.
+template <int kBatch>
+__device__ __forceinline__ void combine_done_tokens(const KernelArgs& a, CombineSmem& cs, int m) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int n_done = cs.n_done;
+  for (int e = tid; e < n_done * a.top_k; e += kThreads) {
+    const int r = e / a.top_k;
+    const int prow = a.d.slot_row[static_cast<int64_t>(cs.tokens[r]) * a.top_k + (e - r * a.top_k)];
+    cs.prow[e] = prow;
+    cs.weight[e] = a.d.row_weight[prow];
+  }
+  __syncthreads();
+  // Each half of the CTA combines every other token, 4 of the item's 512 columns per thread.
+  const int half = tid / (kThreads / 2);
+  const int64_t col = static_cast<int64_t>(m) * kCombineCols + 4 * (tid % (kThreads / 2));
+  if (col < a.n_out) {  // n_out % 32 == 0: all 4 columns valid
+    for (int r = half; r < n_done; r += 2) combine_token<kBatch>(a, cs, r, col);
+  }
+  __syncthreads();  // cs is rewritten by the next pass
+}
+
 // down: y[row, col] (fp32); then the fused combine of every token whose last slot this pass completed.
-template <int NB>
-__device__ void store_y_and_combine(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a, int* s_done) {
+template <int NB, int kBatch>
+__device__ void store_y_and_combine(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a, CombineSmem& cs) {
+  static_assert(kChunkRows <= 32 && kCombineCols == 4 * kThreads / 2, "warp 0 counts, each half-CTA 4 columns");
   const int tid = static_cast<int>(threadIdx.x);
   for_each_down_result<NB>(acc, c, a, [&](int64_t row, int64_t col, float v) {
     __stcg(a.ws.y + row * a.n_out + col, v);
   });
   // Release y, count the rows as done, acquire the other slots' y (pattern as in reduce_splits: the counting
-  // threads' fences are cumulative over the CTA's y stores the barrier ordered before them).
+  // threads' fences are cumulative over the CTA's y stores the barrier ordered before them). Warp 0 counts (a chunk
+  // has at most 32 rows) and lists the tokens it completed; their counters go back to zero for the next launch.
   __syncthreads();
-  if (tid < c.chunk_rows) {
-    const int token = a.d.row_token[c.chunk_row0 + tid];
-    const int done = atomic_add_acq_rel(&a.ws.token_counters[static_cast<int64_t>(token) * a.n_items_down + c.m], 1);
-    s_done[tid] = done == a.top_k - 1 ? token : -1;
-  }
-  __syncthreads();
-  const int64_t col = static_cast<int64_t>(c.m) * kCombineCols + 2 * tid;  // 2 columns per thread
-  for (int r = 0; r < c.chunk_rows; ++r) {
-    const int token = s_done[r];
-    if (token < 0) continue;  // uniform across the CTA
-    if (col < a.n_out) {      // n_out % 32 == 0: both columns valid
-      const int64_t o = static_cast<int64_t>(token) * a.n_out + col;
-      float2 acc2 = make_float2(0.0f, 0.0f);
-      if (a.accumulate) {
-        if (a.out_f32) {
-          acc2 = *reinterpret_cast<const float2*>(static_cast<const float*>(a.out) + o);
-        } else {
-          acc2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(static_cast<__nv_bfloat16*>(a.out) + o));
-        }
-      }
-      for (int k = 0; k < a.top_k; ++k) {
-        const int prow = a.d.slot_row[static_cast<int64_t>(token) * a.top_k + k];
-        const float w = a.d.row_weight[prow];
-        const float2 y = __ldcg(reinterpret_cast<const float2*>(a.ws.y + static_cast<int64_t>(prow) * a.n_out + col));
-        acc2.x = fmaf(w, y.x, acc2.x);
-        acc2.y = fmaf(w, y.y, acc2.y);
-      }
-      if (a.out_f32) {
-        *reinterpret_cast<float2*>(static_cast<float*>(a.out) + o) = acc2;
-      } else {
-        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(a.out) + o) = __float22bfloat162_rn(acc2);
+  if (tid < 32) {
+    int token = -1;
+    if (tid < c.chunk_rows) {
+      const int t = a.d.row_token[c.chunk_row0 + tid];
+      int32_t* counter = &a.ws.token_counters[static_cast<int64_t>(t) * a.n_items_down + c.m];
+      if (atomic_add_acq_rel(counter, 1) == a.top_k - 1) {
+        token = t;
+        *counter = 0;  // its last user (stream-ordered before the next launch)
       }
     }
-    if (tid == 0) a.ws.token_counters[static_cast<int64_t>(token) * a.n_items_down + c.m] = 0;
+    const unsigned done = __ballot_sync(0xffffffffu, token >= 0);
+    if (token >= 0) cs.tokens[__popc(done & ((1u << tid) - 1u))] = token;
+    if (tid == 0) cs.n_done = __popc(done);
   }
-  __syncthreads();  // s_done is rewritten by the next pass
+  __syncthreads();
+  if (cs.n_done > 0) combine_done_tokens<kBatch>(a, cs, c.m);  // uniform
 }
 
 // The consumer's shared state across passes: the ring position and whether the dependents were released.
@@ -391,7 +459,7 @@ struct Consumer {
 // ahead (across pass and item boundaries), then its epilogue. The accumulators live in this function, sized by NB.
 template <bool kGateUp, bool kWgmma, int kStages, int NB>
 __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const KernelArgs& a, const Plan& pl,
-                                             const ItemEntry* table, uint8_t* bufs, int* s_flag, int* s_done) {
+                                             const ItemEntry* table, uint8_t* bufs, int* s_flag, CombineSmem& cs) {
   using B = Buf<kWgmma>;
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   Acc<NB> acc;
@@ -435,7 +503,7 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
     } else if (a.rows_out) {
       store_rows<NB>(acc, k.c, a);
     } else {
-      store_y_and_combine<NB>(acc, k.c, a, s_done);
+      store_y_and_combine<NB, kStages == Shape<true>::kStages ? 4 : 8>(acc, k.c, a, cs);  // narrow : wide
     }
   }
   advance(k.c, a.sched, pl, table);
@@ -471,18 +539,16 @@ __device__ void stream_tile_prefix(const ScheduleParams& sp, int chunk_rows, int
   __syncthreads();
 }
 
-// kMaxNb: the most n8 blocks a pass of this launch has (the narrow shape's passes are compiled up to it).
-template <bool kGateUp, bool kWgmma, bool kNarrow, int kMaxNb>
+template <bool kGateUp, bool kWgmma, bool kNarrow>
 __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     moe_w4a16_kernel(const __grid_constant__ KernelArgs a) {
   static_assert(!(kNarrow && kWgmma), "the narrow shape runs mma.sync");
-  static_assert(kMaxNb == 2 || kMaxNb == 4, "passes of up to 2 or 4 n8 blocks");
   using B = Buf<kWgmma>;
   constexpr int kStages = Shape<kNarrow>::kStages;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* const bufs = buffers<kWgmma>(smem);
   __shared__ int s_flag;
-  __shared__ int s_done[kChunkRows];
+  __shared__ CombineSmem s_combine;
   const int grid = static_cast<int>(gridDim.x);
   const int n_active = *a.d.n_active;
   Plan pl = make_plan(a.sched, n_active, grid);
@@ -546,20 +612,20 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
 
 #pragma unroll 1
   while (cons.c.valid) {
-    // Uniform across the CTA. A narrow launch of at most 16 tokens has passes of at most 2 n8 blocks (its workspace's
+    // Uniform across the CTA. A narrow launch (at most 16 tokens) has passes of at most 2 n8 blocks (its workspace's
     // nb_cap), and only those are compiled into its kernel: 3- and 4-block passes would set its registers.
-    if constexpr (kNarrow && kMaxNb == 2) {
+    if constexpr (kNarrow) {
       if (cons.c.nb == 1) {
-        consume_pass<kGateUp, kWgmma, kStages, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_done);
+        consume_pass<kGateUp, kWgmma, kStages, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_combine);
       } else {
-        consume_pass<kGateUp, kWgmma, kStages, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_done);
+        consume_pass<kGateUp, kWgmma, kStages, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_combine);
       }
     } else {
       switch (cons.c.nb) {
-        case 1: consume_pass<kGateUp, kWgmma, kStages, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
-        case 2: consume_pass<kGateUp, kWgmma, kStages, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
-        case 3: consume_pass<kGateUp, kWgmma, kStages, 3>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
-        default: consume_pass<kGateUp, kWgmma, kStages, 4>(cons, prod, a, pl, table, bufs, &s_flag, s_done); break;
+        case 1: consume_pass<kGateUp, kWgmma, kStages, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_combine); break;
+        case 2: consume_pass<kGateUp, kWgmma, kStages, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_combine); break;
+        case 3: consume_pass<kGateUp, kWgmma, kStages, 3>(cons, prod, a, pl, table, bufs, &s_flag, s_combine); break;
+        default: consume_pass<kGateUp, kWgmma, kStages, 4>(cons, prod, a, pl, table, bufs, &s_flag, s_combine); break;
       }
     }
   }
@@ -587,18 +653,18 @@ int smem_bytes(const MoeW4a16Workspace& ws) {
          ws.prefix_entries * static_cast<int>(sizeof(int32_t));
 }
 
-// The most dynamic shared memory a CTA may opt in to, less the kernel's static shared memory (s_flag, s_done); the
+// The most dynamic shared memory a CTA may opt in to, less the kernel's static shared memory (kStaticSmemBytes); the
 // narrow shape's two CTAs share an SM's shared memory (and each reserves 1 KiB of it).
 int smem_limit(bool narrow) {
   int dev = 0, optin = 0, per_sm = 0;
   BG_CUDA_CHECK(cudaGetDevice(&dev));
   BG_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   BG_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  return narrow ? std::min(optin, per_sm / Shape<true>::kCtasPerSm - 1024) - 1024 : optin - 1024;
+  return (narrow ? std::min(optin, per_sm / Shape<true>::kCtasPerSm - 1024) : optin) - kStaticSmemBytes;
 }
 
 // The dynamic shared-memory opt-in is per device and kernel: raised to `bytes` when a launch needs more than set.
-template <bool kGateUp, bool kWgmma, bool kNarrow, int kMaxNb>
+template <bool kGateUp, bool kWgmma, bool kNarrow>
 void set_smem_attribute(int bytes) {
   static std::mutex mu;
   static int set[64] = {};  // per device
@@ -607,7 +673,7 @@ void set_smem_attribute(int bytes) {
   std::lock_guard<std::mutex> lock(mu);
   if (dev < 64 && set[dev] >= bytes) return;
   BG_CUDA_CHECK(
-      cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp, kWgmma, kNarrow, kMaxNb>,
+      cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp, kWgmma, kNarrow>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   if (dev < 64) set[dev] = bytes;
 }
@@ -672,14 +738,14 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
 
 // gate/up, then down (as a programmatic dependent with pdl: down's CTAs may start and stream their first weights
 // while gate/up finishes; they read h only after griddepcontrol.wait, which waits for gate/up to complete and flush).
-template <bool kWgmma, bool kNarrow, int kMaxNb = 4>
+template <bool kWgmma, bool kNarrow>
 void launch(const KernelArgs& gu, const KernelArgs& dn, int smem, int grid, bool pdl, cudaStream_t stream) {
-  set_smem_attribute<true, kWgmma, kNarrow, kMaxNb>(smem);
-  set_smem_attribute<false, kWgmma, kNarrow, kMaxNb>(smem);
-  moe_w4a16_kernel<true, kWgmma, kNarrow, kMaxNb><<<grid, kThreads, smem, stream>>>(gu);
+  set_smem_attribute<true, kWgmma, kNarrow>(smem);
+  set_smem_attribute<false, kWgmma, kNarrow>(smem);
+  moe_w4a16_kernel<true, kWgmma, kNarrow><<<grid, kThreads, smem, stream>>>(gu);
   BG_CUDA_CHECK_LAUNCH();
   if (!pdl) {
-    moe_w4a16_kernel<false, kWgmma, kNarrow, kMaxNb><<<grid, kThreads, smem, stream>>>(dn);
+    moe_w4a16_kernel<false, kWgmma, kNarrow><<<grid, kThreads, smem, stream>>>(dn);
     BG_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -693,7 +759,7 @@ void launch(const KernelArgs& gu, const KernelArgs& dn, int smem, int grid, bool
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  BG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_w4a16_kernel<false, kWgmma, kNarrow, kMaxNb>, dn));
+  BG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_w4a16_kernel<false, kWgmma, kNarrow>, dn));
 }
 
 }  // namespace
@@ -759,10 +825,10 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
   const KernelArgs dn = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kDown);
   if (p.wgmma) {
     launch<true, false>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
-  } else if (runs_narrow(p) && ws.nb_cap <= 2) {
-    launch<false, true, 2>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
   } else if (runs_narrow(p)) {
-    launch<false, true, 4>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
+    BG_CHECK(ws.nb_cap <= 2, "moe_w4a16_cuda: a narrow launch has passes of at most 2 n8 blocks, the workspace {}",
+             ws.nb_cap);
+    launch<false, true>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
   } else {
     launch<false, false>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
   }

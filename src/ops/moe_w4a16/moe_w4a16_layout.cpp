@@ -362,9 +362,7 @@ MoeW4a16LayoutInfo moe_w4a16_pack(std::span<const MoeW4a16ExpertView> experts, i
 }
 
 bool moe_w4a16_runs_narrow(const MoeW4a16Params& p) {
-  if (!p.narrow || p.wgmma || p.n_tokens > kMoeW4a16NarrowMaxTokens) return false;
-  // Up to 16 tokens every pass has at most 2 n8 blocks (the first narrow kernel).
-  return p.n_tokens <= 16 || p.n_tokens * p.top_k > kMoeW4a16NarrowRows * p.n_experts;
+  return p.narrow && !p.wgmma && p.n_tokens <= kMoeW4a16NarrowMaxTokens;
 }
 
 MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, int grid) {

@@ -33,6 +33,7 @@ inline constexpr int kActRowBytes = kKStage * 2 + 16;      // 144: +16 B pad mak
 inline constexpr int kActStageBytes = kChunkRows * kActRowBytes;       // 4608
 inline constexpr int kMaxSplits = 8;
 inline constexpr int kCombineCols = kItemRows;             // down: output columns one item combines per token
+inline constexpr int kMaxTopK = 32;                        // slots per token the fused combine takes
 
 BG_W4_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -5,7 +5,7 @@
 // k-stage). Plain integer code shared by the kernel and the host test that walks every CTA's schedule
 // (moe_w4a16_test.cpp).
 //
-// Four ways to cut the work (ScheduleParams, Plan): stream-K (the default for the narrow shape up to 32 tokens: every
+// Four ways to cut the work (ScheduleParams, Plan): stream-K (the default for the narrow shape, up to 16 tokens: every
 // CTA takes an equal run of (pass-tile, k-stage) units, so both CTAs of an SM finish together whatever the number of
 // touched experts), whole items round robin (the default above 32 tokens), parallel splits (up to 32 tokens
 // elsewhere, fixed or chosen per touched-expert count: item = tile x split), and in-order fixed splits (more tokens:

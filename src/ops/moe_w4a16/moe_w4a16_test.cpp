@@ -586,11 +586,9 @@ TEST(MoeW4a16Schedule, NarrowShapeChoice) {
   };
   EXPECT_TRUE(narrow(1, 16, 56));
   EXPECT_TRUE(narrow(16, 16, 56));
-  EXPECT_FALSE(narrow(40, 16, 56));  // 11.4 rows per expert
-  EXPECT_TRUE(narrow(48, 16, 56));   // 13.7
-  EXPECT_TRUE(narrow(64, 16, 56));   // 18.3
-  EXPECT_FALSE(narrow(65, 16, 56));
-  EXPECT_FALSE(narrow(64, 8, 256));  // DeepSeek-V3: 2 rows per expert
+  EXPECT_TRUE(narrow(16, 8, 256));
+  EXPECT_FALSE(narrow(17, 16, 56));
+  EXPECT_FALSE(narrow(64, 16, 56));  // 18.3 rows per expert: the wide shape (since 2026-12-06)
   EXPECT_FALSE(narrow(8, 16, 56, false));
   EXPECT_FALSE(narrow(8, 16, 56, true, true));
 }
