@@ -247,6 +247,25 @@ void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t 
       expect_graph_replay_equals(L, st.s, bits1, fmt::format("{} pdl={}", path, pdl));
     }
   }
+  // The combine in the down launch and in a kernel of its own (moe_w4a16_separate_combine picks one by the token
+  // count): the same bits, eagerly and with down's dependents launched early (pdl).
+  L.p.wgmma = false;
+  L.p.narrow = false;
+  L.p.stream_k = true;
+  relayout(L, st.s);
+  for (bool pdl : {false, true}) {
+    std::vector<uint8_t> bits[2];
+    for (int i = 0; i < 2; ++i) {
+      L.p.combine = i == 0 ? MoeW4a16Combine::kFused : MoeW4a16Combine::kSeparate;
+      L.p.pdl = pdl;
+      L.reset_out();
+      L.run(st.s);
+      BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+      bits[i] = L.download_bits();
+    }
+    EXPECT_TRUE(bits[0] == bits[1]) << what << " pdl=" << pdl << ": the fused and the separate combine differ";
+  }
+  L.p.combine = MoeW4a16Combine::kAuto;
 }
 
 TEST(MoeW4a16Parity, SmallOddShapes) {

@@ -102,6 +102,9 @@ void moe_w4a16_unpack_expert(const MoeW4a16LayoutInfo& info, std::span<const std
 
 enum class MoeW4a16Act : uint8_t { kSwiGLU, kSiTU };
 
+// Where the weighted combine runs (MoeW4a16Params::combine).
+enum class MoeW4a16Combine : uint8_t { kAuto, kFused, kSeparate };
+
 // The op's parameters, shared by the CPU reference and the CUDA launcher.
 struct MoeW4a16Params {
   int64_t n_tokens = 0;  // 0 is valid (nothing runs)
@@ -145,10 +148,23 @@ struct MoeW4a16Params {
   // 16 tokens, whose 660 gate/up items already fill 5 waves of 132 CTAs) and 64 tokens (whole items, +10 %). Run to
   // run deterministic either way; BG_MOE_W4A16_STREAM_K=0 turns it off where the backend builds the params.
   bool stream_k = true;
+  // The weighted combine (not with rows_out): kFused: the CTA that finishes a token's last slot sums its slots in the
+  // down launch; kSeparate: down only writes y and a kernel after it (a programmatic dependent with pdl) combines
+  // every (token, 512 columns), spread evenly over the GPU; kAuto: separate above kMoeW4a16FusedCombineMaxTokens
+  // (moe_w4a16_separate_combine). The same fmas in the same order either way (the same bits).
+  // BG_MOE_W4A16_COMBINE=auto|fused|separate sets it where the backend builds the params.
+  MoeW4a16Combine combine = MoeW4a16Combine::kAuto;
 };
 
 // Throws naming the bad field.
 void moe_w4a16_check_params(const MoeW4a16Params& p);
+
+// Whether a launch combines in a kernel of its own after down (MoeW4a16Params::combine). Above 32 tokens almost every
+// token completes in the last wave of down items, and the fused combine then loads the CTAs that finish them while
+// others sit idle (Nsight Compute, H100, 64 tokens: SM active cycles 168 k .. 321 k, 260 k on average, bench/RESULTS.md
+// 2026-12-06).
+inline constexpr int64_t kMoeW4a16FusedCombineMaxTokens = 32;
+bool moe_w4a16_separate_combine(const MoeW4a16Params& p);
 
 // Whether a launch runs the narrow shape (CUDA; MoeW4a16Params::narrow asked for, mma.sync): at most 16 tokens, so
 // every pass has at most 2 n8 blocks (the narrow kernel is compiled without 3- and 4-block passes, which spill at its

@@ -120,6 +120,7 @@ struct KernelArgs {
   void* out = nullptr;
   bool out_f32 = false, accumulate = false;
   bool rows_out = false;             // MoeW4a16Params::rows_out: x is the rows, out the unweighted bf16 rows
+  bool combine_fused = true;         // down combines (else it only writes y: moe_w4a16_separate_combine)
   MoeW4a16Act act_kind = MoeW4a16Act::kSwiGLU;
   float beta = 4.0f, beta_lin = 25.0f;
 };
@@ -348,8 +349,8 @@ constexpr int kStaticSmemBytes = static_cast<int>(sizeof(CombineSmem)) + 64;
 // spill more with 8). Measured on the H100 (bench/RESULTS.md 2026-12-06), 8 / 4 / 2: 0.505 / 0.511 / 0.525 ms at 64
 // tokens on the wide shape, 0.385 / 0.376 / 0.383 ms at 16 tokens on the narrow one.
 template <int kBatch>
-__device__ __forceinline__ void combine_token(const KernelArgs& a, const CombineSmem& cs, int r, int64_t col) {
-  const int token = cs.tokens[r];
+__device__ __forceinline__ void combine_token(const KernelArgs& a, int token, const int* prow, const float* weight,
+                                              int64_t col) {
   const int64_t o = static_cast<int64_t>(token) * a.n_out + col;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (a.accumulate) {
@@ -362,8 +363,6 @@ __device__ __forceinline__ void combine_token(const KernelArgs& a, const Combine
       acc = make_float4(lo.x, lo.y, hi.x, hi.y);
     }
   }
-  const int* prow = cs.prow + r * a.top_k;
-  const float* weight = cs.weight + r * a.top_k;
 #pragma unroll 1
   for (int k0 = 0; k0 < a.top_k; k0 += kBatch) {
     float4 y[kBatch];
@@ -413,9 +412,19 @@ __device__ __forceinline__ void combine_done_tokens(const KernelArgs& a, Combine
   const int half = tid / (kThreads / 2);
   const int64_t col = static_cast<int64_t>(m) * kCombineCols + 4 * (tid % (kThreads / 2));
   if (col < a.n_out) {  // n_out % 32 == 0: all 4 columns valid
-    for (int r = half; r < n_done; r += 2) combine_token<kBatch>(a, cs, r, col);
+    for (int r = half; r < n_done; r += 2) {
+      combine_token<kBatch>(a, cs.tokens[r], cs.prow + r * a.top_k, cs.weight + r * a.top_k, col);
+    }
   }
   __syncthreads();  // cs is rewritten by the next pass
+}
+
+// down with the combine in a kernel of its own: y[row, col] (fp32) only.
+template <int NB>
+__device__ void store_y(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a) {
+  for_each_down_result<NB>(acc, c, a, [&](int64_t row, int64_t col, float v) {
+    __stcg(a.ws.y + row * a.n_out + col, v);
+  });
 }
 
 // down: y[row, col] (fp32); then the fused combine of every token whose last slot this pass completed.
@@ -502,6 +511,8 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
       store_h<NB>(acc, k.c, a);
     } else if (a.rows_out) {
       store_rows<NB>(acc, k.c, a);
+    } else if (!a.combine_fused) {
+      store_y<NB>(acc, k.c, a);
     } else {
       store_y_and_combine<NB, kStages == Shape<true>::kStages ? 4 : 8>(acc, k.c, a, cs);  // narrow : wide
     }
@@ -632,6 +643,26 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
   cp_async_wait<0>();
 }
 
+// The combine in a kernel of its own (moe_w4a16_separate_combine): CTA (t, m) computes out[t] over the down item m's
+// 512 columns, 4 per thread, with the fused combine's arithmetic (combine_token: the same bits). Launched after down
+// (as its programmatic dependent with pdl: it waits for down's y before reading it).
+constexpr int kCombineThreads = kCombineCols / 4;
+__global__ void __launch_bounds__(kCombineThreads) moe_w4a16_combine_kernel(const __grid_constant__ KernelArgs a) {
+  __shared__ int s_prow[kMaxTopK];
+  __shared__ float s_weight[kMaxTopK];
+  grid_dependency_wait();
+  const int token = static_cast<int>(blockIdx.x);
+  const int k = static_cast<int>(threadIdx.x);
+  if (k < a.top_k) {
+    const int prow = a.d.slot_row[static_cast<int64_t>(token) * a.top_k + k];
+    s_prow[k] = prow;
+    s_weight[k] = a.d.row_weight[prow];
+  }
+  __syncthreads();
+  const int64_t col = static_cast<int64_t>(blockIdx.y) * kCombineCols + 4 * k;
+  if (col < a.n_out) combine_token<8>(a, token, s_prow, s_weight, col);  // n_out % 32 == 0: all 4 columns valid
+}
+
 int sm_count() {
   int dev = 0, n = 0;
   BG_CUDA_CHECK(cudaGetDevice(&dev));
@@ -729,6 +760,7 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   k.out_f32 = p.out_f32;
   k.accumulate = p.accumulate;
   k.rows_out = p.rows_out;
+  k.combine_fused = !moe_w4a16_separate_combine(p);
   k.act_kind = p.act;
   k.beta = p.beta;
   k.beta_lin = p.beta_lin;
@@ -736,30 +768,38 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
 }
 
 
-// gate/up, then down (as a programmatic dependent with pdl: down's CTAs may start and stream their first weights
-// while gate/up finishes; they read h only after griddepcontrol.wait, which waits for gate/up to complete and flush).
-template <bool kWgmma, bool kNarrow>
-void launch(const KernelArgs& gu, const KernelArgs& dn, int smem, int grid, bool pdl, cudaStream_t stream) {
-  set_smem_attribute<true, kWgmma, kNarrow>(smem);
-  set_smem_attribute<false, kWgmma, kNarrow>(smem);
-  moe_w4a16_kernel<true, kWgmma, kNarrow><<<grid, kThreads, smem, stream>>>(gu);
-  BG_CUDA_CHECK_LAUNCH();
-  if (!pdl) {
-    moe_w4a16_kernel<false, kWgmma, kNarrow><<<grid, kThreads, smem, stream>>>(dn);
-    BG_CUDA_CHECK_LAUNCH();
-    return;
-  }
+// Launches kernel(args) after the stream's previous kernel, as its programmatic dependent with pdl.
+template <class Kernel>
+void launch_after(Kernel kernel, dim3 grid, dim3 block, int smem, bool pdl, const KernelArgs& args,
+                  cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(kThreads);
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  BG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_w4a16_kernel<false, kWgmma, kNarrow>, dn));
+  cfg.numAttrs = pdl ? 1 : 0;
+  BG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
+}
+
+// gate/up, then down (as a programmatic dependent with pdl: down's CTAs may start and stream their first weights
+// while gate/up finishes; they read h only after griddepcontrol.wait, which waits for gate/up to complete and flush),
+// then the separate combine where it runs (its CTAs wait the same way for y).
+template <bool kWgmma, bool kNarrow>
+void launch(const KernelArgs& gu, const KernelArgs& dn, int smem, int grid, int64_t n_tokens, bool pdl,
+            cudaStream_t stream) {
+  set_smem_attribute<true, kWgmma, kNarrow>(smem);
+  set_smem_attribute<false, kWgmma, kNarrow>(smem);
+  moe_w4a16_kernel<true, kWgmma, kNarrow><<<grid, kThreads, smem, stream>>>(gu);
+  BG_CUDA_CHECK_LAUNCH();
+  launch_after(moe_w4a16_kernel<false, kWgmma, kNarrow>, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem, pdl,
+               dn, stream);
+  if (dn.rows_out || dn.combine_fused) return;
+  const dim3 combine_grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(ceil_div(dn.n_out, kCombineCols)));
+  launch_after(moe_w4a16_combine_kernel, combine_grid, dim3(kCombineThreads), 0, pdl, dn, stream);
 }
 
 }  // namespace
@@ -824,13 +864,13 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
   const KernelArgs gu = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kGateUp);
   const KernelArgs dn = kernel_args(p, w, d, args, ws, MoeW4a16Proj::kDown);
   if (p.wgmma) {
-    launch<true, false>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
+    launch<true, false>(gu, dn, smem_bytes(ws), ws.grid, p.n_tokens, p.pdl, stream);
   } else if (runs_narrow(p)) {
     BG_CHECK(ws.nb_cap <= 2, "moe_w4a16_cuda: a narrow launch has passes of at most 2 n8 blocks, the workspace {}",
              ws.nb_cap);
-    launch<false, true>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
+    launch<false, true>(gu, dn, smem_bytes(ws), ws.grid, p.n_tokens, p.pdl, stream);
   } else {
-    launch<false, false>(gu, dn, smem_bytes(ws), ws.grid, p.pdl, stream);
+    launch<false, false>(gu, dn, smem_bytes(ws), ws.grid, p.n_tokens, p.pdl, stream);
   }
 }
 

@@ -361,6 +361,11 @@ MoeW4a16LayoutInfo moe_w4a16_pack(std::span<const MoeW4a16ExpertView> experts, i
   return info;
 }
 
+bool moe_w4a16_separate_combine(const MoeW4a16Params& p) {
+  if (p.rows_out || p.combine == MoeW4a16Combine::kFused) return false;
+  return p.combine == MoeW4a16Combine::kSeparate || p.n_tokens > kMoeW4a16FusedCombineMaxTokens;
+}
+
 bool moe_w4a16_runs_narrow(const MoeW4a16Params& p) {
   return p.narrow && !p.wgmma && p.n_tokens <= kMoeW4a16NarrowMaxTokens;
 }

@@ -572,6 +572,21 @@ TEST(MoeW4a16Schedule, EveryStageOnceAndInsideTheWorkspace) {
 
 // The narrow shape (asked for, mma.sync): up to 16 tokens, and up to 64 where the routing averages more than 12 rows
 // per expert.
+TEST(MoeW4a16Schedule, CombineChoice) {
+  MoeW4a16Params p;
+  p.n_tokens = 32;
+  EXPECT_FALSE(moe_w4a16_separate_combine(p));
+  p.n_tokens = 33;
+  EXPECT_TRUE(moe_w4a16_separate_combine(p));
+  p.combine = MoeW4a16Combine::kFused;
+  EXPECT_FALSE(moe_w4a16_separate_combine(p));
+  p.n_tokens = 1;
+  p.combine = MoeW4a16Combine::kSeparate;
+  EXPECT_TRUE(moe_w4a16_separate_combine(p));
+  p.rows_out = true;  // the exchange combines
+  EXPECT_FALSE(moe_w4a16_separate_combine(p));
+}
+
 TEST(MoeW4a16Schedule, NarrowShapeChoice) {
   const auto narrow = [](int64_t n_tokens, int64_t top_k, int64_t experts, bool asked = true, bool wgmma = false) {
     MoeW4a16Params p;
