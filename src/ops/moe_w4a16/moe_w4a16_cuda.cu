@@ -31,7 +31,8 @@
 //   columns), h in bf16. Down: y (fp32) per permuted row; then per (token, 512 output columns) an integer counter of
 //   finished slots; the CTA that finishes the token's last slot computes out[t] = (accumulate ? out : 0) +
 //   sum_k w_k y_k in fp32 in slot order (a fixed order whoever finishes last), so the combine is fused and
-//   deterministic; counters are reset by their last user, so graph replays start from zero.
+//   deterministic; counters are reset by their last user, so graph replays start from zero. Above 32 tokens
+//   (moe_w4a16_separate_combine) down only writes y and a third kernel does the same sums, spread evenly.
 //
 // Performance model (H200: 132 SMs, read ceiling ~4.6 TB/s; Kimi-K3 expert = 17.5 MB packed, 16 touched = 281 MB)
 // - Bytes in flight per SM: 5 stages x 17 KiB = 85 KiB of weights. Little's law at 0.85 x 4.6 TB/s / 132 SMs =
