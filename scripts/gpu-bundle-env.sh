@@ -3,6 +3,8 @@
 #   ensure_slice DIR       writes the K3 ep16-rank slice into DIR unless it is there (log in $OUT)
 #   wait_ready PORT PID    waits up to 240 s for /ready on PORT while process PID lives; status 0 when ready
 #   gtest_summary NAME LOG RC   appends to $S a googletest run's result line and its first failures
+#   has PART               whether PART is one of the words of $PARTS (the scripts' part selection)
+#   W4A16_TESTS            the gtest filter of the W4A16 kernel's parity tests and every GPU path that runs it
 mkdir -p "$OUT"
 if [[ -f $BUNDLE/bundle.tar.xz && ! -x $BUNDLE/batchgen ]]; then tar -C "$BUNDLE" -xJf "$BUNDLE/bundle.tar.xz"; fi
 SP=/opt/torch/.venv/lib/python3.12/site-packages
@@ -25,3 +27,6 @@ gtest_summary() {
   echo "$1 rc=$3: $(grep -E '^\[  (PASSED|FAILED) ' "$2" | tr '\n' ' ')" >> "$S"
   grep -E '^\[  FAILED  \]|Failure|error:|what\(\)|C\+\+ exception' "$2" | head -20 >> "$S"
 }
+has() { [[ " ${PARTS:-} " == *" $1 "* ]]; }
+W4A16_TESTS='MoeW4a16*:MoeCudaParity.*:CudaExpertSlots.*:Cases/GoldenGpu.*:Models/StepGpu.*:Archs/*:'\
+'Cases/StreamedExpertsGpu.*:BackendDiff*:GraphCapture*'

@@ -11,7 +11,6 @@ export BG_GOLDEN_DIR=$BUNDLE/golden
 PARTS=${PARTS:-tests kernels step splits}
 S=$OUT/summary.txt
 LOG=/tmp/linear-decode-logs; mkdir -p $LOG
-has() { [[ " $PARTS " == *" $1 "* ]]; }
 if has step; then ensure_slice /tmp/bg-ep16-rank & SLICE=$!; fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader >> "$S"
 if has tests; then

@@ -16,11 +16,9 @@ TOKENS=${TOKENS:-1 16 64}
 S=$OUT/summary.txt
 T=$BUNDLE/test_cuda
 LOG=/tmp/combine-logs; mkdir -p $LOG
-has() { [[ " $PARTS " == *" $1 "* ]]; }
 if has step; then ensure_slice /tmp/bg-ep16-rank & SLICE=$!; fi
 if has tests; then
-  "$T" --gtest_filter='MoeW4a16*:MoeCudaParity.*:CudaExpertSlots.*:Cases/GoldenGpu.*:Models/StepGpu.*:Archs/*:Cases/StreamedExpertsGpu.*:BackendDiff*:GraphCapture*' \
-    > "$OUT/tests.txt" 2>&1
+  "$T" --gtest_filter="$W4A16_TESTS" > "$OUT/tests.txt" 2>&1
   gtest_summary tests "$OUT/tests.txt" $?
 fi
 if has micro; then

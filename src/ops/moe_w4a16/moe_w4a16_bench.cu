@@ -212,8 +212,8 @@ MoeW4a16BenchResult moe_w4a16_bench_k3(const MoeW4a16BenchConfig& cfg) {
   r.read_ceiling_gbps = read_ceiling_gbps(storage.data(), w.info.total_bytes / 16 * 16, stream);
   r.bytes_per_expert = static_cast<double>(w.info.gate_up.slot_bytes + w.info.down.slot_bytes);
   for (int rows : cfg.rows_per_expert) {
-    for (const int shape : {0, 1, 2}) {  // mma.sync, mma.sync narrow (up to 64 rows), wgmma
-      if (shape == 1 && rows > 64) continue;
+    for (const int shape : {0, 1, 2}) {  // mma.sync, mma.sync narrow (moe_w4a16_runs_narrow), wgmma
+      if (shape == 1 && rows > kMoeW4a16NarrowMaxTokens) continue;  // it would run the wide shape
       for (bool pdl : {false, true}) {
         if (cfg.random_routing && (!pdl || shape == 2)) continue;  // the default's launches, narrow and wide
         r.rows.push_back(bench_rows(cfg, w, rows, pdl, shape == 2, shape == 1, r.read_ceiling_gbps, stream));
