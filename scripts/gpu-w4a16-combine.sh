@@ -3,8 +3,8 @@
 # routing the decode step has. PARTS (default "tests micro kernels step profile"): tests = parity of the kernel and of
 # every GPU path that runs it; micro = the experiment binaries in .gpu/var (scripts/w4a16-variant-build.sh) on a
 # random top-16 of 56 experts at TOKENS (default "1 16 64"), two rounds in opposite orders; kernels = `bench kernels`
-# moe_decode_w4a16; step = `bench step` on the K3 slice; profile = Nsight Compute of PROFILE's (a variant) narrow
-# gate/up and down launches at 64 tokens. Summary in $OUT/summary.txt.
+# moe_decode_w4a16 (once per KERNEL_ENVS entry); step = `bench step` on the K3 slice; profile = Nsight Compute of
+# PROFILE's (a variant) narrow gate/up and down launches at 64 tokens. Summary in $OUT/summary.txt.
 set -uo pipefail
 BUNDLE=${BUNDLE:-.gpu}; OUT=${OUT:-/tmp/out}
 source scripts/gpu-bundle-env.sh
@@ -18,7 +18,7 @@ T=$BUNDLE/test_cuda
 LOG=/tmp/combine-logs; mkdir -p $LOG
 if has step; then ensure_slice /tmp/bg-ep16-rank & SLICE=$!; fi
 if has tests; then
-  "$T" --gtest_filter="$W4A16_TESTS" > "$OUT/tests.txt" 2>&1
+  timeout ${TEST_TIMEOUT:-300} "$T" --gtest_filter="$W4A16_TESTS" > "$OUT/tests.txt" 2>&1
   gtest_summary tests "$OUT/tests.txt" $?
 fi
 if has micro; then
@@ -32,8 +32,13 @@ if has micro; then
   done
 fi
 if has kernels; then
-  "$BG" bench kernels --device cuda --kernels moe_decode_w4a16 --json "$OUT/kernels.json" > $LOG/kernels.txt 2>&1
-  echo "kernels rc=$?" >> "$S"; grep "^moe_decode" $LOG/kernels.txt >> "$S"
+  # Each KERNEL_ENVS entry ("-" runs the defaults; e.g. BG_MOE_W4A16_OVERLAP=0).
+  for e in ${KERNEL_ENVS:--}; do
+    tag=${e//[^A-Za-z0-9]/_}
+    env $([[ $e == - ]] || echo "$e") "$BG" bench kernels --device cuda --kernels moe_decode_w4a16 \
+      --json "$OUT/kernels-$tag.json" > $LOG/kernels-$tag.txt 2>&1
+    echo "kernels $e rc=$?" >> "$S"; grep "^moe_decode" $LOG/kernels-$tag.txt >> "$S"
+  done
 fi
 if has step; then
   # Two interleaved rounds of each STEP_ENVS entry ("-" runs the defaults; e.g. BG_MOE_W4A16_NARROW=0).

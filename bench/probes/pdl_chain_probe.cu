@@ -1,7 +1,9 @@
 // Probe: what programmatic dependent launch saves per kernel boundary in a CUDA graph of small dependent kernels
 // (the decode step's small ops). A chain of N kernels, each reading the previous one's output row and writing its own
 // (one block of 256 threads, or `blocks` blocks), captured into a graph without and with the PDL attribute (every
-// kernel waits on griddepcontrol.wait first, so each still sees its predecessor's writes). Prints us per kernel.
+// kernel waits on griddepcontrol.wait first, so each still sees its predecessor's writes), the PDL runs once with no
+// trigger (the dependents launch when a grid ends) and once with griddepcontrol.launch_dependents at each kernel's
+// start (the next grid's CTAs are resident and waiting while this one runs). Prints us per kernel.
 //   nvcc -O3 -arch=sm_90a -std=c++20 bench/probes/pdl_chain_probe.cu -o pdl_chain_probe && ./pdl_chain_probe
 #include <cuda_runtime.h>
 
@@ -19,14 +21,16 @@
     }                                                                               \
   } while (0)
 
-__global__ void step_kernel(const float* in, float* out, int n, bool pdl) {
-  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+// mode 0: plain launches; 1: PDL, no trigger; 2: PDL, each kernel triggers its dependents at its start.
+__global__ void step_kernel(const float* in, float* out, int n, int mode) {
+  if (mode == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (mode != 0) asm volatile("griddepcontrol.wait;" ::: "memory");
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     out[i] = in[i] * 1.0001f + 1.0f;
   }
 }
 
-int run(int n_kernels, int blocks, int n, bool pdl, float* ms_out) {
+int run(int n_kernels, int blocks, int n, int mode, float* ms_out) {
   float *a = nullptr, *b = nullptr;
   CHECK(cudaMalloc(&a, n * sizeof(float)));
   CHECK(cudaMalloc(&b, n * sizeof(float)));
@@ -44,10 +48,10 @@ int run(int n_kernels, int blocks, int n, bool pdl, float* ms_out) {
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = &attr;
-    cfg.numAttrs = pdl && k > 0 ? 1 : 0;
+    cfg.numAttrs = mode != 0 && k > 0 ? 1 : 0;
     const float* in = k % 2 == 0 ? a : b;
     float* out = k % 2 == 0 ? b : a;
-    CHECK(cudaLaunchKernelEx(&cfg, step_kernel, in, out, n, pdl));
+    CHECK(cudaLaunchKernelEx(&cfg, step_kernel, in, out, n, mode));
   }
   CHECK(cudaStreamEndCapture(s, &g));
   cudaGraphExec_t ge;
@@ -90,10 +94,13 @@ int main() {
   const int n_kernels = 200;
   for (int blocks : {1, 8, 132}) {
     for (int n : {7168, 64 * 7168}) {
-      float base = 0, pdl = 0;
-      if (run(n_kernels, blocks, n, false, &base) || run(n_kernels, blocks, n, true, &pdl)) return 1;
-      std::printf("blocks %4d, %7d floats: %.2f us per kernel without PDL, %.2f with (%.2f saved)\n", blocks, n,
-                  base * 1e3 / n_kernels, pdl * 1e3 / n_kernels, (base - pdl) * 1e3 / n_kernels);
+      float base = 0, pdl = 0, early = 0;
+      if (run(n_kernels, blocks, n, 0, &base) || run(n_kernels, blocks, n, 1, &pdl) ||
+          run(n_kernels, blocks, n, 2, &early)) {
+        return 1;
+      }
+      std::printf("blocks %4d, %7d floats: us per kernel: %.2f without PDL, %.2f with, %.2f with early triggers\n",
+                  blocks, n, base * 1e3 / n_kernels, pdl * 1e3 / n_kernels, early * 1e3 / n_kernels);
     }
   }
   return 0;

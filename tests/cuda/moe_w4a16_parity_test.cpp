@@ -266,6 +266,25 @@ void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t 
     EXPECT_TRUE(bits[0] == bits[1]) << what << " pdl=" << pdl << ": the fused and the separate combine differ";
   }
   L.p.combine = MoeW4a16Combine::kAuto;
+  // Down overlapping gate/up's last wave (per-expert ready counters, tickets: moe_w4a16_overlaps, above 32 tokens)
+  // and down waiting for the whole gate/up grid: the same bits, three launches in a row (the counters reset).
+  L.p.pdl = true;
+  if (moe_w4a16_overlaps(L.p)) {
+    std::vector<uint8_t> bits[2];
+    for (int i = 0; i < 2; ++i) {
+      L.p.overlap = i == 1;
+      for (int rep = 0; rep < 3; ++rep) {
+        L.reset_out();
+        L.run(st.s);
+        BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        if (rep == 0) bits[i] = L.download_bits();
+        EXPECT_TRUE(L.download_bits() == bits[i]) << what << " overlap=" << i << ": launch " << rep << " differs";
+      }
+    }
+    EXPECT_TRUE(bits[0] == bits[1]) << what << ": down overlapping gate/up gave different bits";
+    EXPECT_EQ(L.dispatch->error_word(), 0) << what << ": a device error flag (an overlap wait that stalled?)";
+    L.p.overlap = true;
+  }
 }
 
 TEST(MoeW4a16Parity, SmallOddShapes) {

@@ -594,14 +594,15 @@ class CudaBackend final : public Backend {
   [[noreturn]] void raise_device_errors(int32_t flags) {
     BG_CUDA_CHECK(cudaMemsetAsync(errors_.data(), 0, sizeof(int32_t), stream_));
     BG_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    fail("cuda backend: a kernel of this step reported{}{}{}{}{}{}{} (flags {:#x}); the step's outputs are discarded",
+    fail("cuda backend: a kernel of this step reported{}{}{}{}{}{}{}{} (flags {:#x}); the step's outputs are discarded",
          (flags & ops::kMoeErrorBadExpertId) ? " a routed expert id outside the layer's experts" : "",
          (flags & ops::kMoeErrorBadDescriptor) ? " an expert slot whose weights disagree with the layer" : "",
          (flags & ops::kMoeErrorNoSlot) ? " a routed expert without a slot on this rank" : "",
          (flags & ops::kMoeErrorDuplicateExpert) ? " a token routed twice to one expert" : "",
          (flags & ops::kMlaErrorBadPosition) ? " a cache position past its sequence's block table" : "",
          (flags & ops::kMlaErrorBadBlock) ? " a negative MLA block-table entry" : "",
-         (flags & ops::kMoeErrorExchange) ? " expert rows the ll exchange could not place or read" : "", flags);
+         (flags & ops::kMoeErrorExchange) ? " expert rows the ll exchange could not place or read" : "",
+         (flags & ops::kMoeErrorOverlapStall) ? " an expert kernel that waited 2 s for its inputs" : "", flags);
   }
   // kda_prep of a step with prefill pieces, per sequence: q and k through short_conv_l2norm_cuda (the conv and the
   // norm in one launch, bit for bit the two), v through short_conv_cuda; then the gate and beta as usual.

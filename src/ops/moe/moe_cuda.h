@@ -41,6 +41,9 @@ inline constexpr int32_t kMoeErrorNoSlot = 8;          // all_local, but a route
 inline constexpr int32_t kMoeErrorDuplicateExpert = 16;  // a token routed twice to one expert (top-k ids must differ)
 // The ll expert exchange (moe/cuda/ll_exchange.cu) received more rows, or a message it cannot read: rows dropped.
 inline constexpr int32_t kMoeErrorExchange = 64;
+// The W4A16 kernel's overlapped down launch waited 2 s for gate/up's rows of an expert (MoeW4a16Params::overlap): it
+// went on without them.
+inline constexpr int32_t kMoeErrorOverlapStall = 128;
 
 struct MoeCudaParams {
   MoeRoutingShape shape;  // n_tokens = 0 is valid: dispatch zeroes the counts, the rest launches nothing

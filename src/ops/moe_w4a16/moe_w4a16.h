@@ -154,6 +154,14 @@ struct MoeW4a16Params {
   // (moe_w4a16_separate_combine). The same fmas in the same order either way (the same bits).
   // BG_MOE_W4A16_COMBINE=auto|fused|separate sets it where the backend builds the params.
   MoeW4a16Combine combine = MoeW4a16Combine::kAuto;
+  // CUDA only, where moe_w4a16_overlaps (wide launches of more than 32 tokens with pdl): down's CTAs do not wait for
+  // the whole gate/up grid. gate/up releases a per-expert counter after each pass's h and lets down's grid launch at
+  // once; a down CTA starts on an SM as soon as gate/up's CTA leaves it, takes its items by the order it started in
+  // (moe_w4a16_schedule.h, overlap_head: the CTAs that start while gate/up's last wave runs take one item more) and
+  // waits only for the experts of its items. gate/up's last wave (Kimi-K3 at 64 tokens: 12 of 672 items, 16 % of the
+  // launch's SM time) then runs beside down's first items. The same arithmetic (the same bits); a stalled wait (2 s)
+  // raises kMoeErrorOverlapStall. BG_MOE_W4A16_OVERLAP=0 turns it off where the backend builds the params.
+  bool overlap = true;
 };
 
 // Throws naming the bad field.
@@ -174,12 +182,18 @@ bool moe_w4a16_separate_combine(const MoeW4a16Params& p);
 inline constexpr int64_t kMoeW4a16NarrowMaxTokens = 16;
 bool moe_w4a16_runs_narrow(const MoeW4a16Params& p);
 
+// Whether down overlaps gate/up's last wave (MoeW4a16Params::overlap): asked for, with pdl, on the wide shape, above
+// 32 tokens (whole items, no parallel splits or stream-K, whose partial sums share counters between the launches).
+bool moe_w4a16_overlaps(const MoeW4a16Params& p);
+
 // Sizes of the kernel's workspace for p on `grid` persistent CTAs (the CUDA launcher lays the buffer out from it).
 struct MoeW4a16WorkspaceGeometry {
   int32_t nb_cap = 1;           // n8 token blocks per pass: moe_w4a16_nb_cap
   bool stream = false;          // stream-K (MoeW4a16Params::stream_k: narrow, <= 32 tokens, no fixed splits)
   int64_t tile_counters = 0;    // split-K arrival counters: touched experts x items (stream-K: pass-tiles)
   int64_t token_counters = 0;   // combine counters: n_tokens x down items (0 with rows out)
+  int64_t overlap_counters = 0; // moe_w4a16_overlaps: a ready counter per expert slot, then down's ticket and exit
+                                // counters (n_experts + 2), else 0
   int64_t partial_slots = 0;    // split-K partial sums: the most any touched-expert count asks for, + per-CTA slots
                                 // (stream-K: two per CTA)
   int64_t seq_slot_base = 0;    // first per-CTA running-sum slot (fixed splits, more tokens than one pass)

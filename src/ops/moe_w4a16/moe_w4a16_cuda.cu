@@ -33,6 +33,9 @@
 //   sum_k w_k y_k in fp32 in slot order (a fixed order whoever finishes last), so the combine is fused and
 //   deterministic; counters are reset by their last user, so graph replays start from zero. Above 32 tokens
 //   (moe_w4a16_separate_combine) down only writes y and a third kernel does the same sums, spread evenly.
+// - Overlap (above 32 tokens with PDL, moe_w4a16_overlaps): gate/up releases a ready counter per expert after each
+//   pass's h and lets down launch at once; down's CTAs start as gate/up's leave their SMs, take items by the order they
+//   started in (the early ones one more: gate/up's last wave runs beside them) and wait per expert (await_expert).
 //
 // Performance model (H200: 132 SMs, read ceiling ~4.6 TB/s; Kimi-K3 expert = 17.5 MB packed, 16 touched = 281 MB)
 // - Bytes in flight per SM: 5 stages x 17 KiB = 85 KiB of weights. Little's law at 0.85 x 4.6 TB/s / 132 SMs =
@@ -50,9 +53,10 @@
 //   of the warp samples, the integer pipe throttling the decode's chains after each stage barrier; per-pass code
 //   (reductions, GLU, cursors) was a third before the item table and the out-of-line GLU (docs/MOE_W4A16.md,
 //   "Where the time goes").
-// Resources (nvcc 13.0 -Xptxas -v, sm_90a, 2026-12-06): 255 / 213 registers (down / gate-up), 16 bytes of stack in
-// down (the combine); 129 KiB of dynamic shared memory + the item table, 1 CTA of 256 threads per SM. Full report
-// and measurements: docs/MOE_W4A16.md.
+// Resources (nvcc 13.0 -Xptxas -v, sm_90a, 2026-12-06): 244 / 214 registers (down / gate-up), no spills; down's
+// 120-byte stack frame is await_expert's call (out of line: inlined, ptxas spilled in the main loop); 129 KiB of
+// dynamic shared memory + the item table, 1 CTA of 256 threads per SM. Full report and measurements:
+// docs/MOE_W4A16.md.
 #include <algorithm>
 #include <mutex>
 
@@ -114,7 +118,34 @@ struct Producer {
   const uint8_t* w = nullptr;          // this thread's first 16 bytes of the stage's weight block
   const __nv_bfloat16* act = nullptr;  // this thread's 16-byte activation chunk; null: zero-fill (row past the chunk)
   int64_t k = 0;                       // its first input (checked against n_in: the last stage may be partial)
+  int ready_e = -1;                    // overlapped down: the expert slot whose h rows await_expert last saw ready
 };
+
+// Overlapped down (a.overlap): before the producer's first h copy of expert slot e, thread 0 waits until gate/up has
+// released every pass over e's rows (n_items_gate_up per row chunk: gate/up's red_add_release after its h stores, this
+// acquire, then the CTA barrier, order those stores before the CTA's copies). Leaves the wait on a gate/up error (its
+// CTAs may have stopped) or after kOverlapStallNs, flagging kMoeErrorOverlapStall: never a hang. Uniform across the
+// CTA.
+constexpr uint64_t kOverlapStallNs = 2'000'000'000;
+__device__ __noinline__ void await_expert(Producer& p, const KernelArgs& a, int chunk_rows) {
+  if (threadIdx.x == 0) {
+    const int need = a.n_items_gate_up * ((p.c.rows + chunk_rows - 1) / chunk_rows);
+    const int* ready = a.ws.expert_ready + p.c.e;
+    if (ptx::ld_acquire(ready) < need) {
+      const uint64_t t0 = ptx::globaltimer();
+      while (ptx::ld_acquire(ready) < need) {
+        if (*static_cast<volatile int32_t*>(a.d.error_flags) & kMoeErrorBadDescriptor) break;
+        if (ptx::globaltimer() - t0 > kOverlapStallNs) {
+          atomicOr(a.d.error_flags, kMoeErrorOverlapStall);
+          break;
+        }
+        __nanosleep(128);
+      }
+    }
+  }
+  __syncthreads();
+  p.ready_e = p.c.e;
+}
 
 // First stage of a pass: thread tid copies weight bytes tid * 16 + i * 4096 (and scale bytes tid * 16 for the first 64
 // threads) and activation chunk (tid & 7) of row (tid >> 3); gate/up rows come straight from x through row_token (the
@@ -280,6 +311,7 @@ template <bool kGateUp, bool kWgmma, int kStages, int NB>
 __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const KernelArgs& a, const Plan& pl,
                                              const ItemEntry* table, uint8_t* bufs, int* s_flag, CombineSmem& cs) {
   using B = Buf<kWgmma>;
+  constexpr bool kOverlap = kStages != Shape<true>::kStages;  // the narrow shape never overlaps (moe_w4a16_overlaps)
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   Acc<NB> acc;
 #pragma unroll
@@ -299,6 +331,7 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
     const int pbuf = k.buf == 0 ? kStages - 1 : k.buf - 1;
     if (prod.c.valid) {
       issue_weights(prod, bufs + pbuf * B::kBytes + B::kWeights);
+      if (kOverlap && !kGateUp && a.overlap && prod.c.e != prod.ready_e) await_expert(prod, a, pl.chunk_rows);
       issue_acts<kWgmma>(prod, a, bufs + pbuf * B::kBytes);
       producer_next<kGateUp>(prod, a, pl, table);
     } else if (!k.triggered) {
@@ -319,6 +352,10 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
   if (reduce_splits<NB>(acc, k.c, a, pl, s_flag)) {
     if constexpr (kGateUp) {
       store_h<NB>(acc, k.c, a);
+      if (kOverlap && a.overlap) {  // this pass's h rows are down's to read (await_expert)
+        __syncthreads();
+        if (threadIdx.x == 0) ptx::red_add_release(a.ws.expert_ready + k.c.e, 1);
+      }
     } else if (a.rows_out) {
       store_rows<NB>(acc, k.c, a);
     } else if (!a.combine_fused) {
@@ -371,8 +408,22 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
   __shared__ int s_flag;
   __shared__ CombineSmem s_combine;
   const int grid = static_cast<int>(gridDim.x);
+  // Overlap: gate/up lets down's grid launch at once (its CTAs take SMs as gate/up's leave them); a down CTA's place
+  // in the schedule is its ticket, the order it started in (overlap_head).
+  constexpr bool kOverlap = !kNarrow;  // the narrow shape never overlaps (moe_w4a16_overlaps): compiled out there
+  if (kOverlap && kGateUp && a.overlap) launch_dependents();
+  int cta = static_cast<int>(blockIdx.x);
+  if (kOverlap && !kGateUp && a.overlap) {
+    if (threadIdx.x == 0) s_flag = atomicAdd(a.ws.overlap_sched, 1);
+    __syncthreads();
+    cta = s_flag;
+    __syncthreads();  // s_flag is reused
+  }
   const int n_active = *a.d.n_active;
   Plan pl = make_plan(a.sched, n_active, grid);
+  if (kOverlap && !kGateUp && a.overlap) {
+    pl.head = overlap_head(static_cast<int64_t>(n_active) * a.n_items_gate_up, grid);
+  }
 
   // This CTA's items, read from the dispatch all at once (one round of dependent global loads, not one per pass).
   auto* table = reinterpret_cast<ItemEntry*>(smem + Shape<kNarrow>::kSmemBytes);
@@ -385,17 +436,17 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     }
     stream_tile_prefix(a.sched, pl.chunk_rows, n_active, tile_first);
     set_stream_units(pl, tile_first[n_active], a.sched.n_kstages, grid);
-    count = stream_count(pl, a.sched.n_kstages, static_cast<int>(blockIdx.x));
+    count = stream_count(pl, a.sched.n_kstages, cta);
   } else {
-    count = items_of_cta(pl, static_cast<int>(blockIdx.x), grid);
+    count = items_of_cta(pl, cta, grid);
   }
   if (count > a.table_cap) {  // the host sized the table for every touched-expert count: a broken dispatch
     if (threadIdx.x == 0) atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
-    return;
+    count = 0;  // nothing to run, but an overlapped down CTA still takes part in the counters' reset below
   }
   for (int k = static_cast<int>(threadIdx.x); k < count; k += kThreads) {
-    ItemEntry en = pl.stream ? make_stream_entry(a.sched, pl, tile_first, n_active, static_cast<int>(blockIdx.x), k)
-                             : make_entry(a.sched, pl, static_cast<int>(blockIdx.x) + k * grid);
+    ItemEntry en = pl.stream ? make_stream_entry(a.sched, pl, tile_first, n_active, cta, k)
+                             : make_entry(a.sched, pl, item_of_cta(pl, cta, k, grid));
     if (en.block == nullptr && en.rows > 0) {  // a slot without weights: its rows are skipped (every item alike)
       atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
       en.rows = 0;
@@ -421,10 +472,11 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
       producer_next<kGateUp>(w, a, pl, table);
     }
   }
-  grid_dependency_wait();
+  if (!kOverlap || kGateUp || !a.overlap) grid_dependency_wait();
 #pragma unroll 1
   for (int i = 0; i < kStages - 1; ++i) {
     if (prod.c.valid) {
+      if (kOverlap && !kGateUp && a.overlap && prod.c.e != prod.ready_e) await_expert(prod, a, pl.chunk_rows);
       issue_acts<kWgmma>(prod, a, bufs + i * B::kBytes);
       producer_next<kGateUp>(prod, a, pl, table);
     }
@@ -451,6 +503,18 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     }
   }
   cp_async_wait<0>();
+  if (kOverlap && !kGateUp && a.overlap) {
+    // gate/up has finished (so a kernel after this one that relies on stream order sees it done too); the last CTA
+    // to leave zeroes the ready counters, the ticket and this count for the next launch.
+    grid_dependency_wait();
+    __syncthreads();
+    if (threadIdx.x == 0) s_flag = atomic_add_acq_rel(a.ws.overlap_sched + 1, 1) == grid - 1;
+    __syncthreads();
+    if (s_flag) {
+      for (int e = static_cast<int>(threadIdx.x); e < a.n_experts; e += kThreads) a.ws.expert_ready[e] = 0;
+      if (threadIdx.x == 0) a.ws.overlap_sched[0] = a.ws.overlap_sched[1] = 0;
+    }
+  }
 }
 
 // The combine in a kernel of its own (moe_w4a16_separate_combine): CTA (t, m) computes out[t] over the down item m's
@@ -527,7 +591,8 @@ struct WsOffsets {
 };
 WsOffsets ws_offsets(const MoeW4a16Params& p, const MoeW4a16WorkspaceGeometry& s) {
   WsOffsets o;
-  o.partials = align256(static_cast<size_t>(s.tile_counters + s.token_counters) * sizeof(int32_t));
+  o.partials =
+      align256(static_cast<size_t>(s.tile_counters + s.token_counters + s.overlap_counters) * sizeof(int32_t));
   o.h = o.partials + align256(static_cast<size_t>(s.partial_slots * s.slot_floats) * sizeof(float));
   o.y = o.h + align256(static_cast<size_t>(s.rows * p.inter) * sizeof(__nv_bfloat16));
   o.total = o.y + align256(static_cast<size_t>(p.rows_out ? 0 : s.rows * p.hidden) * sizeof(float));  // y: combine
@@ -547,6 +612,8 @@ void check_workspace(const MoeW4a16Params& p, const MoeW4a16Workspace& ws) {
            runs_narrow(p) ? "narrow" : "wide");
   BG_CHECK(ws.grid == grid_of(p), "moe_w4a16_cuda: workspace laid out for {} CTAs, this device runs {}", ws.grid,
            grid_of(p));
+  BG_CHECK(!moe_w4a16_overlaps(p) || ws.expert_ready != nullptr, "moe_w4a16_cuda: the launch overlaps gate/up and "
+           "down (MoeW4a16Params::overlap, pdl), the workspace was laid out without their counters");
 }
 
 KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const MoeWorkspace& d,
@@ -563,6 +630,8 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   k.d = d;
   k.top_k = static_cast<int>(p.top_k);
   k.n_items_down = w.info.down.n_items;
+  k.n_items_gate_up = w.info.gate_up.n_items;
+  k.overlap = moe_w4a16_overlaps(p);
   k.ws = ws;
   k.table_cap = ws.table_entries;
   k.n_experts = static_cast<int>(p.n_experts);
@@ -638,9 +707,13 @@ MoeW4a16Workspace moe_w4a16_workspace_layout(const MoeW4a16Params& p, void* base
            "moe_w4a16: {} work items per CTA need {} bytes of shared memory, the device allows {}", s.table_entries,
            smem_bytes(ws), smem_limit(runs_narrow(p)));
   ws.counters = reinterpret_cast<int32_t*>(b + o.counters);
-  ws.n_counters = s.tile_counters + s.token_counters;
+  ws.n_counters = s.tile_counters + s.token_counters + s.overlap_counters;
   ws.tile_counters = ws.counters;
   ws.token_counters = ws.counters + s.tile_counters;
+  if (s.overlap_counters > 0) {
+    ws.expert_ready = ws.token_counters + s.token_counters;
+    ws.overlap_sched = ws.expert_ready + p.n_experts;
+  }
   ws.partials = reinterpret_cast<float*>(b + o.partials);
   ws.n_partial_slots = s.partial_slots;
   ws.partial_slot_floats = s.slot_floats;

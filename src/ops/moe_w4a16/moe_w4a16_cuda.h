@@ -57,10 +57,12 @@ struct MoeW4a16Workspace {
   int32_t table_entries = 0;   // item table capacity per CTA (dynamic shared memory beside the pipeline)
   int32_t prefix_entries = 0;  // stream-K's pass-tile prefix after the table (0 without stream-K)
   bool stream = false;         // stream-K (MoeWorkspaceGeometry::stream)
-  int32_t* counters = nullptr; // [n_counters]: split-K tile counters, then per-(token, down item) combine counters
+  int32_t* counters = nullptr; // [n_counters]: split-K tile counters, per-(token, down item) combine counters, overlap
   int64_t n_counters = 0;
   int32_t* tile_counters = nullptr;
   int32_t* token_counters = nullptr;
+  int32_t* expert_ready = nullptr;  // overlap (moe_w4a16_overlaps): gate/up's finished passes per expert slot
+  int32_t* overlap_sched = nullptr; // overlap: [0] down's next ticket, [1] down's exited CTAs (the last resets all)
   float* partials = nullptr;   // [n_partial_slots, partial_slot_floats] split-K partial sums, fragment order
   int64_t n_partial_slots = 0;
   int64_t partial_slot_floats = 0;

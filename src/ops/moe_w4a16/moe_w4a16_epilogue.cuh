@@ -27,6 +27,8 @@ struct KernelArgs {
   MoeWorkspace d;                    // the dispatch (offsets, active, n_active, row_token, row_weight, slot_row)
   int top_k = 0;
   int n_items_down = 0;              // combine counters per token
+  int n_items_gate_up = 0;           // overlap: gate/up passes per row chunk of an expert
+  bool overlap = false;              // moe_w4a16_overlaps: per-expert ready counters instead of down's grid wait
   MoeW4a16Workspace ws;
   int table_cap = 0;                 // item table entries in dynamic shared memory (after the pipeline's buffers)
   int n_experts = 0;                 // stream-K: the pass-tile prefix after the table has n_experts + 1 entries

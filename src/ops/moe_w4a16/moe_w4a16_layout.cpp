@@ -370,6 +370,10 @@ bool moe_w4a16_runs_narrow(const MoeW4a16Params& p) {
   return p.narrow && !p.wgmma && p.n_tokens <= kMoeW4a16NarrowMaxTokens;
 }
 
+bool moe_w4a16_overlaps(const MoeW4a16Params& p) {
+  return p.overlap && p.pdl && !moe_w4a16_runs_narrow(p) && p.n_tokens > w4::kChunkRows;
+}
+
 MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, int grid) {
   moe_w4a16_check_params(p);
   BG_CHECK(grid > 0, "moe_w4a16: grid of {} CTAs", grid);
@@ -381,6 +385,7 @@ MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, 
   const int64_t max_active = std::min(p.n_experts, std::max<int64_t>(s.rows, 1));
   s.tile_counters = max_active * std::max(info.gate_up.n_items, info.down.n_items);
   s.token_counters = p.rows_out ? 0 : p.n_tokens * info.down.n_items;  // rows out: no combine
+  s.overlap_counters = moe_w4a16_overlaps(p) ? p.n_experts + 2 : 0;
   // Stream-K (the narrow shape up to 32 tokens, where it replaces the parallel splits): every touched expert is one
   // pass-tile per item (its rows are at most n_tokens <= the chunk rows); within the 32-bit bound of the schedule's
   // arithmetic.
@@ -415,11 +420,13 @@ MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, 
   s.seq_slot_base = s.partial_slots;
   if (p.n_tokens > w4::kChunkRows && p.fixed_splits > 1) s.partial_slots += grid;  // in-order splits: one per CTA
   // Item table: the most items CTA 0 (which has the most) takes, over every touched-expert count, by the kernel's plan.
+  // Overlapped down: its tickets' shares (CTA 0's is the largest there too).
   for (const MoeW4a16MatrixInfo* m : {&info.gate_up, &info.down}) {
     const w4::ScheduleParams sp =
         w4::schedule_params(m->n_items, m->n_kstages, s.nb_cap, p.fixed_splits, p.n_tokens, false);
     for (int64_t n = 1; n <= max_active; ++n) {
-      const w4::Plan pl = w4::make_plan(sp, static_cast<int>(n), grid);
+      w4::Plan pl = w4::make_plan(sp, static_cast<int>(n), grid);
+      if (m == &info.down && s.overlap_counters > 0) pl.head = w4::overlap_head(n * info.gate_up.n_items, grid);
       s.table_entries = std::max(s.table_entries, w4::items_of_cta(pl, 0, grid));
     }
   }

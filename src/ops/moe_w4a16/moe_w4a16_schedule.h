@@ -58,6 +58,7 @@ struct Plan {
   bool stream = false;    // stream-K: the CTA's table holds pieces of pass-tiles (set_stream_units fills the rest)
   int units = 0;          // stream-K: pass-tiles x k-stages
   int ctas = 0;           // stream-K: the CTAs that take units (0 .. ctas - 1)
+  int head = 0;           // overlapped down (overlap_head): CTAs 0 .. head - 1 take one item more, first; 0: none
 };
 
 BG_W4_HD Plan make_plan(const ScheduleParams& sp, int n_active, int grid) {
@@ -78,9 +79,28 @@ BG_W4_HD Plan make_plan(const ScheduleParams& sp, int n_active, int grid) {
   return pl;
 }
 
-// A CTA takes items b, b + grid, b + 2 grid, ...: how many.
+// A CTA takes items b, b + grid, b + 2 grid, ...: how many. With a head (overlapped down, below) CTA b < head takes
+// item b first, then every CTA b takes head + b, head + b + grid, ...
 BG_W4_HD int items_of_cta(const Plan& pl, int cta, int grid) {
-  return pl.n_items > cta ? static_cast<int>((pl.n_items - cta + grid - 1) / grid) : 0;
+  if (pl.head <= 0) return pl.n_items > cta ? static_cast<int>((pl.n_items - cta + grid - 1) / grid) : 0;
+  const int64_t rest = pl.n_items - pl.head - cta;
+  return (cta < pl.head && cta < pl.n_items ? 1 : 0) + (rest > 0 ? static_cast<int>((rest + grid - 1) / grid) : 0);
+}
+// The plan's item index of entry k of CTA b's table.
+BG_W4_HD int item_of_cta(const Plan& pl, int cta, int k, int grid) {
+  if (pl.head <= 0) return cta + k * grid;
+  if (cta < pl.head) return k == 0 ? cta : pl.head + cta + (k - 1) * grid;
+  return pl.head + cta + k * grid;
+}
+
+// Overlapped down (MoeW4a16Params::overlap): down's CTAs start on SMs as gate/up's CTAs leave them and take their items
+// by the order they start in (a ticket), not by blockIdx. gate/up's gate_up_items whole items round robin leave
+// r = gate_up_items % grid of its CTAs one item longer than the others (all of them when gate_up_items < grid but for
+// the idle ones): the grid - r tickets that start first take one item more, first (Kimi-K3 at 64 tokens: 672 gate/up
+// items on 132 SMs, 120 early tickets; 392 down items, 3 or 4 on an early ticket, 2 or 3 on a late one).
+BG_W4_HD int overlap_head(int64_t gate_up_items, int grid) {
+  const int64_t r = gate_up_items < grid ? gate_up_items : gate_up_items % grid;
+  return r == 0 ? grid : grid - static_cast<int>(r);
 }
 
 // One item of a CTA's table (32 bytes): the expert's block, its rows, its slot and item, the tile and split; under

@@ -468,6 +468,10 @@ void walk_schedules(const WalkCase& wc) {
     const w4::ScheduleParams sp = w4::schedule_params(m->n_items, m->n_kstages, geo.nb_cap, wc.fixed_splits,
                                                       wc.n_tokens, geo.stream, active.data(), offsets.data());
     w4::Plan pl = w4::make_plan(sp, n_active, wc.grid);
+    // Overlapped down: the tickets' shares (CTA b below is ticket b), by the kernel's rule.
+    if (m == &info.down && geo.overlap_counters > 0) {
+      pl.head = w4::overlap_head(static_cast<int64_t>(n_active) * info.gate_up.n_items, wc.grid);
+    }
     // Stream-K: the pass-tile prefix, as the kernel's block scan computes it.
     std::vector<int32_t> tile_first(1, 0);
     for (const int32_t e : active) {
@@ -487,9 +491,9 @@ void walk_schedules(const WalkCase& wc) {
       const int count = pl.stream ? w4::stream_count(pl, m->n_kstages, cta) : w4::items_of_cta(pl, cta, wc.grid);
       for (int k = 0; k < count; ++k) {
         table.push_back(pl.stream ? w4::make_stream_entry(sp, pl, tile_first.data(), n_active, cta, k)
-                                  : w4::make_entry(sp, pl, cta + k * wc.grid));
+                                  : w4::make_entry(sp, pl, w4::item_of_cta(pl, cta, k, wc.grid)));
       }
-      if (!pl.stream) {
+      if (!pl.stream && pl.head == 0) {
         int64_t n = 0;
         for (int64_t item = cta; item < pl.n_items; item += wc.grid) ++n;
         ASSERT_EQ(n, count) << what;
@@ -560,6 +564,7 @@ TEST(MoeW4a16Schedule, EveryStageOnceAndInsideTheWorkspace) {
     walk_schedules({33, 16, 56, 56, 3584, 3072, 0, 132, stream});   // > 32 tokens: several row chunks, no splits
     walk_schedules({16, 16, 56, 56, 3584, 3072, 0, 264, stream});   // the narrow shape's grid
     walk_schedules({64, 16, 56, 56, 3584, 3072, 0, 264, stream});   // ... at 64 tokens (no stream-K)
+    walk_schedules({64, 16, 56, 56, 3584, 3072, 0, 132, stream});   // the slice at 64 tokens: overlapped down
     walk_schedules({100, 8, 12, 12, 7168, 2048, 3, 132, stream});   // in-order fixed splits
     walk_schedules({20, 4, 16, 16, 512, 256, 4, 132, stream});      // fixed parallel splits
     walk_schedules({1, 1, 1, 1, 64, 64, 0, 132, stream});           // one expert: splits capped by the k-stages
@@ -570,8 +575,53 @@ TEST(MoeW4a16Schedule, EveryStageOnceAndInsideTheWorkspace) {
   }
 }
 
-// The narrow shape (asked for, mma.sync): up to 16 tokens, and up to 64 where the routing averages more than 12 rows
-// per expert.
+// Where down overlaps gate/up's last wave, and how the tickets share down's items: the CTAs that start while gate/up's
+// last wave runs (overlap_head of them) take one item more, first; every item once.
+TEST(MoeW4a16Schedule, OverlapChoiceAndTickets) {
+  MoeW4a16Params p;
+  p.n_tokens = 33;
+  EXPECT_TRUE(moe_w4a16_overlaps(p));
+  p.n_tokens = 32;  // parallel splits / stream-K share counters between the launches
+  EXPECT_FALSE(moe_w4a16_overlaps(p));
+  p.n_tokens = 64;
+  p.pdl = false;  // down is not a programmatic dependent: nothing to overlap
+  EXPECT_FALSE(moe_w4a16_overlaps(p));
+  p.pdl = true;
+  p.overlap = false;
+  EXPECT_FALSE(moe_w4a16_overlaps(p));
+  p.overlap = true;
+  p.rows_out = true;
+  EXPECT_TRUE(moe_w4a16_overlaps(p));
+
+  EXPECT_EQ(w4::overlap_head(672, 132), 120);  // Kimi-K3 at 64 tokens: 12 gate/up CTAs run a sixth item
+  EXPECT_EQ(w4::overlap_head(660, 132), 132);  // even waves: no late CTAs
+  EXPECT_EQ(w4::overlap_head(100, 132), 32);   // 100 busy CTAs, 32 idle from the start
+  EXPECT_EQ(w4::overlap_head(0, 132), 132);
+  for (const auto& [n_items, head, grid] : std::vector<std::array<int, 3>>{
+           {392, 120, 132}, {392, 132, 132}, {50, 120, 132}, {121, 120, 132}, {7, 3, 5}, {1, 1, 1}}) {
+    w4::Plan pl;
+    pl.n_items = n_items;
+    pl.head = head;
+    std::vector<int> seen(static_cast<size_t>(n_items), 0);
+    for (int cta = 0; cta < grid; ++cta) {
+      const int count = w4::items_of_cta(pl, cta, grid);
+      for (int k = 0; k < count; ++k) {
+        const int item = w4::item_of_cta(pl, cta, k, grid);
+        ASSERT_TRUE(item >= 0 && item < n_items) << n_items << " " << head << " " << grid;
+        ++seen[static_cast<size_t>(item)];
+        if (k > 0) {
+          EXPECT_GT(item, w4::item_of_cta(pl, cta, k - 1, grid));  // in order: expert by expert
+        }
+      }
+      if (n_items == 392 && head == 120) {  // 3 or 4 items on an early ticket, 2 or 3 on a late one
+        EXPECT_TRUE(cta < head ? count == 3 || count == 4 : count == 2 || count == 3) << cta << ": " << count;
+      }
+    }
+    for (int i = 0; i < n_items; ++i) ASSERT_EQ(seen[static_cast<size_t>(i)], 1) << n_items << " item " << i;
+  }
+}
+
+// The combine in the down launch up to 32 tokens, in a kernel of its own above (or as asked); none with rows out.
 TEST(MoeW4a16Schedule, CombineChoice) {
   MoeW4a16Params p;
   p.n_tokens = 32;
@@ -587,6 +637,7 @@ TEST(MoeW4a16Schedule, CombineChoice) {
   EXPECT_FALSE(moe_w4a16_separate_combine(p));
 }
 
+// The narrow shape (asked for, mma.sync): up to 16 tokens.
 TEST(MoeW4a16Schedule, NarrowShapeChoice) {
   const auto narrow = [](int64_t n_tokens, int64_t top_k, int64_t experts, bool asked = true, bool wgmma = false) {
     MoeW4a16Params p;
