@@ -554,6 +554,41 @@ TEST(MoeW4a16Parity, ZeroTokensAndBadInput) {
   EXPECT_THROW(moe_w4a16_workspace_bytes(bad_splits), Error);
 }
 
+// Above 32 tokens down waits per expert on counters gate/up releases (moe_w4a16_overlaps). A dispatch with more
+// touched experts than any item table holds (what a corrupted routing buffer gives) is flagged by both launches, which
+// then run no items: nothing may hang, and the counters must come back zero, so that the next launch on the same
+// workspace gives the right bits again.
+TEST(MoeW4a16Parity, OverlapSurvivesABrokenDispatch) {
+  BG_REQUIRE_GPU();
+  const ExpertSet set = make_experts(8, 96, 160, 6);
+  const Routing r = make_routing(40, 3, 8, 8, Pattern::kRandom, 95);
+  Stream st;
+  Launch L;
+  prepare(L, set, 96, 160, 3, MoeW4a16Act::kSwiGLU, {40, Pattern::kRandom}, r, 95, st.s);
+  ASSERT_TRUE(moe_w4a16_overlaps(L.p));
+  std::vector<float> ref = L.out_init;
+  moe_w4a16_cpu(L.p, set.views, L.x.data(), r.ids.data(), r.weights.data(), ref.data());
+  L.run(st.s);
+  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  testing::expect_parity(L.download_out(), ref, testing::kTolBf16Out, "before the broken dispatch");
+  const std::vector<uint8_t> good = L.download_bits();
+  const int32_t huge = 1 << 20;
+  BG_CUDA_CHECK(cudaMemcpy(L.dws.n_active, &huge, sizeof(huge), cudaMemcpyHostToDevice));
+  for (int rep = 0; rep < 2; ++rep) {
+    L.reset_out();
+    L.run(st.s);
+    BG_CUDA_CHECK(cudaStreamSynchronize(st.s));  // returns: no wait hangs
+    EXPECT_EQ(L.dispatch->error_word(), kMoeErrorBadDescriptor) << "broken dispatch, launch " << rep;
+  }
+  moe_dispatch_cuda(L.mp, L.d_ids.as<int32_t>(), L.d_w.as<float>(), L.dws, st.s);  // repaired
+  BG_CUDA_CHECK(cudaMemsetAsync(L.dws.error_flags, 0, sizeof(int32_t), st.s));
+  L.reset_out();
+  L.run(st.s);
+  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  EXPECT_TRUE(L.download_bits() == good) << "the launch after the broken one differs: counters left behind?";
+  EXPECT_EQ(L.dispatch->error_word(), 0);
+}
+
 // ---- The prefill kernel (moe_w4a16_prefill_cuda): rows in, rows out ----------------------------------------------
 // The dispatch's gathered rows through the prefill kernel: y against each row's expert output (rows_reference), the
 // error word clean; then bitwise: an eager rerun, the tokens gathered by the kernel itself (MoeW4a16PrefillIo::gather)
