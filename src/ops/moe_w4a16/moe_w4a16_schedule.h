@@ -7,7 +7,8 @@
 //
 // Four ways to cut the work (ScheduleParams, Plan): stream-K (the default for the narrow shape, up to 16 tokens: every
 // CTA takes an equal run of (pass-tile, k-stage) units, so both CTAs of an SM finish together whatever the number of
-// touched experts), whole items round robin (the default above 32 tokens), parallel splits (up to 32 tokens
+// touched experts), whole items round robin (the default above 32 tokens; the overlapped down launch deals them to
+// tickets, the early ones one more: overlap_head), parallel splits (up to 32 tokens
 // elsewhere, fixed or chosen per touched-expert count: item = tile x split), and in-order fixed splits (more tokens:
 // one CTA runs a tile's splits in order). Fixed splits give a row the same bits whatever else is in the batch. Where
 // stream-K runs was measured (MoeW4a16Params::stream_k).
