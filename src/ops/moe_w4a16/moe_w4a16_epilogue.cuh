@@ -186,9 +186,7 @@ template <int NB, int kBatch>
 __device__ void store_y_and_combine(const Acc<NB>& acc, const Cursor& c, const KernelArgs& a, CombineSmem& cs) {
   static_assert(kChunkRows <= 32 && kCombineCols == 4 * kThreads / 2, "warp 0 counts, each half-CTA 4 columns");
   const int tid = static_cast<int>(threadIdx.x);
-  for_each_down_result<NB>(acc, c, a, [&](int64_t row, int64_t col, float v) {
-    __stcg(a.ws.y + row * a.n_out + col, v);
-  });
+  store_y<NB>(acc, c, a);
   // Release y, count the rows as done, acquire the other slots' y (pattern as in reduce_splits: the counting
   // threads' fences are cumulative over the CTA's y stores the barrier ordered before them). Warp 0 counts (a chunk
   // has at most 32 rows) and lists the tokens it completed; their counters go back to zero for the next launch.
