@@ -189,7 +189,13 @@ struct CombineArgs {
 // grid (n_tokens, n_groups, 8 blocks of 64 channels): merges the partials of a split token in partition order
 // (unsplit tokens exit; the attention kernel wrote them). Each CTA recomputes the token's weights (n_splits x Hc
 // exp2) so that one token's merge spreads over 8 x n_groups CTAs. Shared memory: weights [n_splits, Hc] fp32, then a
-// [Hc, 64] bf16 staging block for 16-byte stores.
+// [Hc, 64] bf16 staging block for 16-byte stores. The loads are issued in parallel rounds: every split's maxima at
+// once, then each thread's 4-head runs of 64 channels (float4 over the heads, the partials' fastest dimension; Hc is
+// a multiple of 16) for all its runs of a split together; a token costs a few memory latencies, not one per
+// element and split (the scalar version took 34.6 us at B = 64, 4k on the H100, bench/RESULTS.md 2026-12-06).
+// Per element the same arithmetic in the same order: acc = fma(w_s, o_s, acc) over s ascending from 0.
+constexpr int kCombineRuns = kMlaDecodeMaxGroupHeads * 64 / 4 / kCombineThreads;  // 4-head runs per thread
+static_assert(kCombineRuns * kCombineThreads * 4 == kMlaDecodeMaxGroupHeads * 64, "whole runs per thread");
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineArgs a) {
   const int64_t t = blockIdx.x;
   const int hg = static_cast<int>(blockIdx.y), cb = static_cast<int>(blockIdx.z), hc = a.group_heads;
@@ -199,26 +205,59 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineA
   extern __shared__ float4 combine_smem[];
   float* weight = reinterpret_cast<float*>(combine_smem);
   bf16* stage = reinterpret_cast<bf16*>(weight + n_splits * hc);
-  for (int h = threadIdx.x; h < hc; h += blockDim.x) {
-    float m = -INFINITY;
-    for (int s = 0; s < n_splits; ++s) m = fmaxf(m, a.part_ml[((slot0 + s) * a.n_groups + hg) * 2 * hc + h]);
-    float l = 0.0f;
-    for (int s = 0; s < n_splits; ++s) {
-      const float* ml = a.part_ml + ((slot0 + s) * a.n_groups + hg) * 2 * hc;
-      l += exp2f(ml[h] - m) * ml[hc + h];
-    }
-    for (int s = 0; s < n_splits; ++s) {
-      weight[s * hc + h] = exp2f(a.part_ml[((slot0 + s) * a.n_groups + hg) * 2 * hc + h] - m) / l;
-    }
+  const float* __restrict__ part_ml = a.part_ml;
+  const float* __restrict__ part_o = a.part_o;
+  // The splits' maxima (log2 units) into weight[s, h], all at once.
+  for (int e = threadIdx.x; e < n_splits * hc; e += blockDim.x) {
+    const int s = e / hc, h = e - s * hc;
+    weight[e] = part_ml[((slot0 + s) * a.n_groups + hg) * 2 * hc + h];
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < 64 * hc; e += blockDim.x) {
-    const int ch = e / hc, h = e % hc;  // coalesced over heads, the partials' fastest dimension
-    float acc = 0.0f;
+  for (int h = threadIdx.x; h < hc; h += blockDim.x) {
+    float m = -INFINITY;
+    for (int s = 0; s < n_splits; ++s) m = fmaxf(m, weight[s * hc + h]);
+    float l = 0.0f;
     for (int s = 0; s < n_splits; ++s) {
-      acc += weight[s * hc + h] * a.part_o[(((slot0 + s) * a.n_groups + hg) * 512 + cb * 64 + ch) * hc + h];
+      l += exp2f(weight[s * hc + h] - m) * part_ml[((slot0 + s) * a.n_groups + hg) * 2 * hc + hc + h];
     }
-    stage[h * 64 + ch] = __float2bfloat16(acc);
+    for (int s = 0; s < n_splits; ++s) weight[s * hc + h] = exp2f(weight[s * hc + h] - m) / l;
+  }
+  __syncthreads();
+  // Run r = threadIdx.x + i * blockDim.x: channel r / (hc / 4), heads 4 (r % (hc / 4)) ..
+  const int runs_per_ch = hc / 4, n_runs = 64 * runs_per_ch;
+  float4 acc[kCombineRuns];
+#pragma unroll
+  for (int i = 0; i < kCombineRuns; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s = 0; s < n_splits; ++s) {
+    const float* po = part_o + (((slot0 + s) * a.n_groups + hg) * 512 + cb * 64) * hc;
+    float4 o[kCombineRuns];
+#pragma unroll
+    for (int i = 0; i < kCombineRuns; ++i) {
+      const int r = static_cast<int>(threadIdx.x) + i * kCombineThreads;
+      if (r < n_runs) o[i] = __ldg(reinterpret_cast<const float4*>(po) + r);  // run r = 4 floats at 4 r
+    }
+#pragma unroll
+    for (int i = 0; i < kCombineRuns; ++i) {
+      const int r = static_cast<int>(threadIdx.x) + i * kCombineThreads;
+      if (r < n_runs) {
+        const float4 w = *reinterpret_cast<const float4*>(weight + s * hc + 4 * (r % runs_per_ch));
+        acc[i].x = fmaf(w.x, o[i].x, acc[i].x);
+        acc[i].y = fmaf(w.y, o[i].y, acc[i].y);
+        acc[i].z = fmaf(w.z, o[i].z, acc[i].z);
+        acc[i].w = fmaf(w.w, o[i].w, acc[i].w);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kCombineRuns; ++i) {
+    const int r = static_cast<int>(threadIdx.x) + i * kCombineThreads;
+    if (r < n_runs) {
+      const int ch = r / runs_per_ch, h = 4 * (r % runs_per_ch);
+      stage[(h + 0) * 64 + ch] = __float2bfloat16(acc[i].x);
+      stage[(h + 1) * 64 + ch] = __float2bfloat16(acc[i].y);
+      stage[(h + 2) * 64 + ch] = __float2bfloat16(acc[i].z);
+      stage[(h + 3) * 64 + ch] = __float2bfloat16(acc[i].w);
+    }
   }
   __syncthreads();
   const int h0 = hg * hc, n_valid = min(hc, a.n_heads - h0);
