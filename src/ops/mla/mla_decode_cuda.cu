@@ -192,7 +192,7 @@ struct CombineArgs {
 // [Hc, 64] bf16 staging block for 16-byte stores. The loads are issued in parallel rounds: every split's maxima at
 // once, then each thread's 4-head runs of 64 channels (float4 over the heads, the partials' fastest dimension; Hc is
 // a multiple of 16) for all its runs of a split together; a token costs a few memory latencies, not one per
-// element and split (the scalar version took 34.6 us at B = 64, 4k on the H100, bench/RESULTS.md 2026-12-06).
+// element and split (the scalar version took 34 us at B = 64, 4k on the H100, now 19.5: bench/RESULTS.md 2026-12-06).
 // Per element the same arithmetic in the same order: acc = fma(w_s, o_s, acc) over s ascending from 0.
 constexpr int kCombineRuns = kMlaDecodeMaxGroupHeads * 64 / 4 / kCombineThreads;  // 4-head runs per thread
 static_assert(kCombineRuns * kCombineThreads * 4 == kMlaDecodeMaxGroupHeads * 64, "whole runs per thread");
@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineA
     for (int s = 0; s < n_splits; ++s) weight[s * hc + h] = exp2f(weight[s * hc + h] - m) / l;
   }
   __syncthreads();
-  // Run r = threadIdx.x + i * blockDim.x: channel r / (hc / 4), heads 4 (r % (hc / 4)) ..
+  // Run r = threadIdx.x + i * kCombineThreads (the block size): channel r / (hc / 4), heads 4 (r % (hc / 4)) + 0..3.
   const int runs_per_ch = hc / 4, n_runs = 64 * runs_per_ch;
   float4 acc[kCombineRuns];
 #pragma unroll
