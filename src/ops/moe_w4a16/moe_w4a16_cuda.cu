@@ -298,18 +298,21 @@ __device__ bool reduce_splits(Acc<NB>& acc, const Cursor& c, const KernelArgs& a
   return true;
 }
 
-// The consumer's shared state across passes: the ring position and whether the dependents were released.
+// The consumer's shared state across passes: the ring position and whether the dependents were released; with
+// claims, the stage count (its parity picks the published entry count) and thread 0's pending claim.
 struct Consumer {
   Cursor c;
   int buf = 0;
   bool triggered = false;
+  int iter = 0, pending = -1;
 };
 
 // One pass (a chunk of NB n8 token blocks x a split's k-stages) of the consumer, with the producer kStages - 1 stages
 // ahead (across pass and item boundaries), then its epilogue. The accumulators live in this function, sized by NB.
 template <bool kGateUp, bool kWgmma, int kStages, int NB>
 __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const KernelArgs& a, const Plan& pl,
-                                             const ItemEntry* table, uint8_t* bufs, int* s_flag, CombineSmem& cs) {
+                                             ItemEntry* table, uint8_t* bufs, int* s_flag, CombineSmem& cs,
+                                             ClaimState& claim) {
   using B = Buf<kWgmma>;
   constexpr bool kOverlap = kStages != Shape<true>::kStages;  // the narrow shape never overlaps (moe_w4a16_overlaps)
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
@@ -329,6 +332,9 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
     if constexpr (kWgmma) fence_proxy_async();  // ... and are visible to wgmma's reads
     __syncthreads();  // everyone's did, and everyone finished the stage before (its buffer is refilled now)
     const int pbuf = k.buf == 0 ? kStages - 1 : k.buf - 1;
+    const bool claims = kOverlap && !kGateUp && a.claims;
+    const bool issues = prod.c.valid;
+    if (claims) prod.c.count = k.c.count = claim.published[k.iter & 1];  // written before this stage's barrier
     if (prod.c.valid) {
       issue_weights(prod, bufs + pbuf * B::kBytes + B::kWeights);
       if (kOverlap && !kGateUp && a.overlap && prod.c.e != prod.ready_e) await_expert(prod, a, pl.chunk_rows);
@@ -347,6 +353,13 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
       mma_stage<NB>(acc, wbuf, wbuf + B::kActs, warp, lane);  // Buf<false>: weights at 0, activations after
     }
     k.buf = k.buf + 1 == kStages ? 0 : k.buf + 1;
+    if (claims) {
+      if (threadIdx.x == 0) {
+        const ClaimOps ops{a, pl};
+        claim_step(claim, k.pending, issues ? 1 : 0, k.iter, a.sched, pl, table, ops, ops);
+      }
+      ++k.iter;
+    }
   }
   k.c.ks = k.c.ke - 1;  // the pass's last stage: advance() moves to the next pass
   if (reduce_splits<NB>(acc, k.c, a, pl, s_flag)) {
@@ -407,6 +420,7 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
   uint8_t* const bufs = buffers<kWgmma>(smem);
   __shared__ int s_flag;
   __shared__ CombineSmem s_combine;
+  __shared__ ClaimState s_claim;
   const int grid = static_cast<int>(gridDim.x);
   // Overlap: gate/up lets down's grid launch at once (its CTAs take SMs as gate/up's leave them); a down CTA's place
   // in the schedule is its ticket, the order it started in (overlap_head).
@@ -421,8 +435,10 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
   }
   const int n_active = *a.d.n_active;
   Plan pl = make_plan(a.sched, n_active, grid);
+  const bool claims = kOverlap && !kGateUp && a.claims;  // a.claims implies a.overlap
   if (kOverlap && !kGateUp && a.overlap) {
     pl.head = overlap_head(static_cast<int64_t>(n_active) * a.n_items_gate_up, grid);
+    pl.ring = claims;
   }
 
   // This CTA's items, read from the dispatch all at once (one round of dependent global loads, not one per pass).
@@ -437,14 +453,27 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     stream_tile_prefix(a.sched, pl.chunk_rows, n_active, tile_first);
     set_stream_units(pl, tile_first[n_active], a.sched.n_kstages, grid);
     count = stream_count(pl, a.sched.n_kstages, cta);
+  } else if (claims) {
+    // The first entries at once: the prologue's stages and the lead (claim_fill); a broken dispatch claims none.
+    if (n_active > a.n_experts) {
+      if (threadIdx.x == 0) atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
+      pl.n_items = 0;
+    }
+    if (threadIdx.x == 0) {
+      s_claim = ClaimState{};
+      const ClaimOps ops{a, pl};
+      claim_fill(s_claim, kStages - 1, a.sched, pl, table, ops, ops);
+    }
+    __syncthreads();
+    count = s_claim.published[0];
   } else {
     count = items_of_cta(pl, cta, grid);
   }
-  if (count > a.table_cap) {  // the host sized the table for every touched-expert count: a broken dispatch
+  if (!claims && count > a.table_cap) {  // the host sized the table for every touched-expert count: a broken dispatch
     if (threadIdx.x == 0) atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
     count = 0;  // nothing to run, but an overlapped down CTA still takes part in the counters' reset below
   }
-  for (int k = static_cast<int>(threadIdx.x); k < count; k += kThreads) {
+  for (int k = static_cast<int>(threadIdx.x); k < (claims ? 0 : count); k += kThreads) {  // claims: the ring is full
     ItemEntry en = pl.stream ? make_stream_entry(a.sched, pl, tile_first, n_active, cta, k)
                              : make_entry(a.sched, pl, item_of_cta(pl, cta, k, grid));
     if (en.block == nullptr && en.rows > 0) {  // a slot without weights: its rows are skipped (every item alike)
@@ -473,15 +502,18 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     }
   }
   if (!kOverlap || kGateUp || !a.overlap) grid_dependency_wait();
+  int prologue_stages = 0;
 #pragma unroll 1
   for (int i = 0; i < kStages - 1; ++i) {
     if (prod.c.valid) {
       if (kOverlap && !kGateUp && a.overlap && prod.c.e != prod.ready_e) await_expert(prod, a, pl.chunk_rows);
       issue_acts<kWgmma>(prod, a, bufs + i * B::kBytes);
       producer_next<kGateUp>(prod, a, pl, table);
+      ++prologue_stages;
     }
     cp_async_commit();
   }
+  if (claims && threadIdx.x == 0) s_claim.rem -= prologue_stages;  // claim_step counts from stage 0 on
 
 #pragma unroll 1
   while (cons.c.valid) {
@@ -489,16 +521,20 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     // nb_cap), and only those are compiled into its kernel: 3- and 4-block passes would set its registers.
     if constexpr (kNarrow) {
       if (cons.c.nb == 1) {
-        consume_pass<kGateUp, kWgmma, kStages, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_combine);
+        consume_pass<kGateUp, kWgmma, kStages, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_combine, s_claim);
       } else {
-        consume_pass<kGateUp, kWgmma, kStages, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_combine);
+        consume_pass<kGateUp, kWgmma, kStages, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_combine, s_claim);
       }
     } else {
       switch (cons.c.nb) {
-        case 1: consume_pass<kGateUp, kWgmma, kStages, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_combine); break;
-        case 2: consume_pass<kGateUp, kWgmma, kStages, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_combine); break;
-        case 3: consume_pass<kGateUp, kWgmma, kStages, 3>(cons, prod, a, pl, table, bufs, &s_flag, s_combine); break;
-        default: consume_pass<kGateUp, kWgmma, kStages, 4>(cons, prod, a, pl, table, bufs, &s_flag, s_combine); break;
+        case 1: consume_pass<kGateUp, kWgmma, kStages, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
+                                                          s_claim); break;
+        case 2: consume_pass<kGateUp, kWgmma, kStages, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
+                                                          s_claim); break;
+        case 3: consume_pass<kGateUp, kWgmma, kStages, 3>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
+                                                          s_claim); break;
+        default: consume_pass<kGateUp, kWgmma, kStages, 4>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
+                                                           s_claim); break;
       }
     }
   }
@@ -512,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     __syncthreads();
     if (s_flag) {
       for (int e = static_cast<int>(threadIdx.x); e < a.n_experts; e += kThreads) a.ws.expert_ready[e] = 0;
-      if (threadIdx.x == 0) a.ws.overlap_sched[0] = a.ws.overlap_sched[1] = 0;
+      if (threadIdx.x == 0) a.ws.overlap_sched[0] = a.ws.overlap_sched[1] = a.ws.overlap_sched[2] = 0;
     }
   }
 }
@@ -614,6 +650,9 @@ void check_workspace(const MoeW4a16Params& p, const MoeW4a16Workspace& ws) {
            grid_of(p));
   BG_CHECK(!moe_w4a16_overlaps(p) || ws.expert_ready != nullptr, "moe_w4a16_cuda: the launch overlaps gate/up and "
            "down (MoeW4a16Params::overlap, pdl), the workspace was laid out without their counters");
+  BG_CHECK(!(moe_w4a16_overlaps(p) && p.claims) || ws.table_entries >= w4::kClaimRing,
+           "moe_w4a16_cuda: down claims its items (MoeW4a16Params::claims), the workspace's item table holds {} "
+           "entries, not the claim ring's {}", ws.table_entries, w4::kClaimRing);
 }
 
 KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const MoeWorkspace& d,
@@ -632,6 +671,7 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   k.n_items_down = w.info.down.n_items;
   k.n_items_gate_up = w.info.gate_up.n_items;
   k.overlap = moe_w4a16_overlaps(p);
+  k.claims = k.overlap && p.claims;
   k.ws = ws;
   k.table_cap = ws.table_entries;
   k.n_experts = static_cast<int>(p.n_experts);

@@ -29,6 +29,7 @@ struct KernelArgs {
   int n_items_down = 0;              // combine counters per token
   int n_items_gate_up = 0;           // overlap: gate/up passes per row chunk of an expert
   bool overlap = false;              // moe_w4a16_overlaps: per-expert ready counters instead of down's grid wait
+  bool claims = false;               // overlap and MoeW4a16Params::claims: down claims its items one at a time
   MoeW4a16Workspace ws;
   int table_cap = 0;                 // item table entries in dynamic shared memory (after the pipeline's buffers)
   int n_experts = 0;                 // stream-K: the pass-tile prefix after the table has n_experts + 1 entries
@@ -38,6 +39,22 @@ struct KernelArgs {
   bool combine_fused = true;         // down combines (else it only writes y: moe_w4a16_separate_combine)
   MoeW4a16Act act_kind = MoeW4a16Act::kSwiGLU;
   float beta = 4.0f, beta_lin = 25.0f;
+};
+
+// Claims (KernelArgs::claims): the claim counter after the ticket and exit counts; an entry as the static table's
+// fill makes it (a slot without weights flags kMoeErrorBadDescriptor and its rows are skipped).
+struct ClaimOps {
+  const KernelArgs& a;
+  const Plan& pl;
+  __device__ int operator()() const { return atomicAdd(a.ws.overlap_sched + 2, 1); }
+  __device__ ItemEntry operator()(int idx) const {
+    ItemEntry en = make_entry(a.sched, pl, idx);
+    if (en.block == nullptr && en.rows > 0) {
+      atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
+      en.rows = 0;
+    }
+    return en;
+  }
 };
 
 // gate/up: h[row, col] = bf16(GLU(2^shift gate, 2^shift up)); tiles 2p / 2p+1 are gate / up of the same columns.
@@ -95,7 +112,7 @@ struct CombineSmem {
   float weight[kChunkRows * kMaxTopK];
 };
 // The kernel's static shared memory: the combine's state, the split flag and the stream-K scan's warp sums.
-constexpr int kStaticSmemBytes = static_cast<int>(sizeof(CombineSmem)) + 64;
+constexpr int kStaticSmemBytes = static_cast<int>(sizeof(CombineSmem)) + 64 + static_cast<int>(sizeof(ClaimState));
 
 // out[token, 4 columns from col] = (accumulate ? out : 0) + sum_k w_k y_k, in fp32, one fma per slot in slot order
 // (the CPU reference's order). The slots' y loads are issued kBatch at a time before their fmas, so a token costs a
