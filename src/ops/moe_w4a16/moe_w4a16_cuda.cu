@@ -35,7 +35,8 @@
 //   (moe_w4a16_separate_combine) down only writes y and a third kernel does the same sums, spread evenly.
 // - Overlap (above 32 tokens with PDL, moe_w4a16_overlaps): gate/up releases a ready counter per expert after each
 //   pass's h and lets down launch at once; down's CTAs start as gate/up's leave their SMs, take items by the order they
-//   started in (the early ones one more: gate/up's last wave runs beside them) and wait per expert (await_expert).
+//   started in (the early ones one more: gate/up's last wave runs beside them) or claim them one at a time
+//   (MoeW4a16Params::claims, a kernel instantiation of its own), and wait per expert (await_expert).
 //
 // Performance model (H200: 132 SMs, read ceiling ~4.6 TB/s; Kimi-K3 expert = 17.5 MB packed, 16 touched = 281 MB)
 // - Bytes in flight per SM: 5 stages x 17 KiB = 85 KiB of weights. Little's law at 0.85 x 4.6 TB/s / 132 SMs =
@@ -46,13 +47,9 @@
 // - Tensor pipe: NB mma per 128 bytes: 0.13 (1-8 rows) to 0.53 (25-32 rows) mma.m16n8k16 per clock per SM against
 //   ~0.7 sustained by mma.sync on Hopper; 32 rows per expert is the tight case (wgmma would lift it).
 // - Fixed costs per kernel: pipeline fill (~1.5 us), the last wave's tail and the final reductions (~1-2 us).
-// - Predicted: >= 0.85 of read at 1-16 rows per expert (16 of 56 K3 experts: ~72 us for 281 MB), ~0.75-0.8 at 32.
-//   Measured on the H200: 0.53 at 1 row, 0.49-0.50 at 4, 0.35 at 16, 0.25 at 32 (PDL on); the narrow shape (two
-//   CTAs per SM) 0.56 / 0.52 / 0.41 at 1 / 4 / 16; on the H100 with a random top-16 of 56 (2026-12-06) 0.70 /
-//   0.84 of read at 1 / 16 tokens (narrow), 0.69 / 0.63 at 48 / 64 (wide). The main loop is 55-65 %
-//   of the warp samples, the integer pipe throttling the decode's chains after each stage barrier; per-pass code
-//   (reductions, GLU, cursors) was a third before the item table and the out-of-line GLU (docs/MOE_W4A16.md,
-//   "Where the time goes").
+// - Predicted: >= 0.85 of read at 1-16 rows per expert, ~0.75-0.8 at 32. Measured (H100, random top-16 of 56,
+//   2026-12-06): 0.70 / 0.84 at 1 / 16 tokens (narrow), 0.69 / 0.63 at 48 / 64 (wide): the decode's integer chains
+//   after each stage barrier, with 2 warps per scheduler, bound it (docs/MOE_W4A16.md, "Where the time goes").
 // Resources (nvcc 13.0 -Xptxas -v, sm_90a, 2026-12-06): 244 / 214 registers (down / gate-up), no spills; down's
 // 120-byte stack frame is await_expert's call (out of line: inlined, ptxas spilled in the main loop); 129 KiB of
 // dynamic shared memory + the item table, 1 CTA of 256 threads per SM. Full report and measurements:
@@ -124,8 +121,7 @@ struct Producer {
 // Overlapped down (a.overlap): before the producer's first h copy of expert slot e, thread 0 waits until gate/up has
 // released every pass over e's rows (n_items_gate_up per row chunk: gate/up's red_add_release after its h stores, this
 // acquire, then the CTA barrier, order those stores before the CTA's copies). Leaves the wait on a gate/up error (its
-// CTAs may have stopped) or after kOverlapStallNs, flagging kMoeErrorOverlapStall: never a hang. Uniform across the
-// CTA.
+// CTAs may have stopped) or after kOverlapStallNs, flagging kMoeErrorOverlapStall: never a hang. CTA-uniform.
 constexpr uint64_t kOverlapStallNs = 2'000'000'000;
 __device__ __noinline__ void await_expert(Producer& p, const KernelArgs& a, int chunk_rows) {
   if (threadIdx.x == 0) {
@@ -147,9 +143,8 @@ __device__ __noinline__ void await_expert(Producer& p, const KernelArgs& a, int 
   p.ready_e = p.c.e;
 }
 
-// First stage of a pass: thread tid copies weight bytes tid * 16 + i * 4096 (and scale bytes tid * 16 for the first 64
-// threads) and activation chunk (tid & 7) of row (tid >> 3); gate/up rows come straight from x through row_token (the
-// gather is fused here; with rows out x is already in row order), down rows from h.
+// First stage of a pass: thread tid copies weight bytes tid * 16 + i * 4096 (scale bytes tid * 16: the first 64) and
+// activation chunk (tid & 7) of row (tid >> 3): gate/up's rows from x through row_token (rows out: x), down's from h.
 template <bool kGateUp>
 __device__ __forceinline__ void producer_start_pass(Producer& p, const KernelArgs& a) {
   const int tid = static_cast<int>(threadIdx.x);
@@ -298,8 +293,7 @@ __device__ bool reduce_splits(Acc<NB>& acc, const Cursor& c, const KernelArgs& a
   return true;
 }
 
-// The consumer's shared state across passes: the ring position and whether the dependents were released; with
-// claims, the stage count (its parity picks the published entry count) and thread 0's pending claim.
+// The consumer's state across passes: ring position, dependents released; claims: stage count, thread 0's claim.
 struct Consumer {
   Cursor c;
   int buf = 0;
@@ -309,7 +303,7 @@ struct Consumer {
 
 // One pass (a chunk of NB n8 token blocks x a split's k-stages) of the consumer, with the producer kStages - 1 stages
 // ahead (across pass and item boundaries), then its epilogue. The accumulators live in this function, sized by NB.
-template <bool kGateUp, bool kWgmma, int kStages, int NB>
+template <bool kGateUp, bool kWgmma, int kStages, int NB, bool kClaims>
 __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const KernelArgs& a, const Plan& pl,
                                              ItemEntry* table, uint8_t* bufs, int* s_flag, CombineSmem& cs,
                                              ClaimState& claim) {
@@ -332,7 +326,7 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
     if constexpr (kWgmma) fence_proxy_async();  // ... and are visible to wgmma's reads
     __syncthreads();  // everyone's did, and everyone finished the stage before (its buffer is refilled now)
     const int pbuf = k.buf == 0 ? kStages - 1 : k.buf - 1;
-    const bool claims = kOverlap && !kGateUp && a.claims;
+    constexpr bool claims = kOverlap && !kGateUp && kClaims;
     const bool issues = prod.c.valid;
     if (claims) prod.c.count = k.c.count = claim.published[k.iter & 1];  // written before this stage's barrier
     if (prod.c.valid) {
@@ -381,8 +375,7 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
 }
 
 // Stream-K: tile_first[j] = n_items x (row chunks of touched experts 0 .. j - 1), j = 0 .. n_active (shared memory),
-// from the dispatch's offsets: a block-wide exclusive scan, each thread over up to 4 consecutive experts (n_active <=
-// 1024). Ends with a barrier.
+// from the dispatch's offsets: a block scan, each thread over up to 4 experts (n_active <= 1024). Ends with a barrier.
 __device__ void stream_tile_prefix(const ScheduleParams& sp, int chunk_rows, int n_active, int32_t* tile_first) {
   __shared__ int s_warp[kWarps];
   const int per = (n_active + kThreads - 1) / kThreads;
@@ -410,7 +403,8 @@ __device__ void stream_tile_prefix(const ScheduleParams& sp, int chunk_rows, int
   __syncthreads();
 }
 
-template <bool kGateUp, bool kWgmma, bool kNarrow>
+// kClaims: the down kernel of a launch that claims (KernelArgs::claims, wide mma.sync only), compiled on its own.
+template <bool kGateUp, bool kWgmma, bool kNarrow, bool kClaims = false>
 __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     moe_w4a16_kernel(const __grid_constant__ KernelArgs a) {
   static_assert(!(kNarrow && kWgmma), "the narrow shape runs mma.sync");
@@ -435,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
   }
   const int n_active = *a.d.n_active;
   Plan pl = make_plan(a.sched, n_active, grid);
-  const bool claims = kOverlap && !kGateUp && a.claims;  // a.claims implies a.overlap
+  constexpr bool claims = kOverlap && !kGateUp && kClaims;  // launched only where a.claims (which implies a.overlap)
   if (kOverlap && !kGateUp && a.overlap) {
     pl.head = overlap_head(static_cast<int64_t>(n_active) * a.n_items_gate_up, grid);
     pl.ring = claims;
@@ -521,19 +515,19 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     // nb_cap), and only those are compiled into its kernel: 3- and 4-block passes would set its registers.
     if constexpr (kNarrow) {
       if (cons.c.nb == 1) {
-        consume_pass<kGateUp, kWgmma, kStages, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_combine, s_claim);
+        consume_pass<kGateUp, kWgmma, kStages, 1, kClaims>(cons, prod, a, pl, table, bufs, &s_flag, s_combine, s_claim);
       } else {
-        consume_pass<kGateUp, kWgmma, kStages, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_combine, s_claim);
+        consume_pass<kGateUp, kWgmma, kStages, 2, kClaims>(cons, prod, a, pl, table, bufs, &s_flag, s_combine, s_claim);
       }
     } else {
       switch (cons.c.nb) {
-        case 1: consume_pass<kGateUp, kWgmma, kStages, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
+        case 1: consume_pass<kGateUp, kWgmma, kStages, 1, kClaims>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
                                                           s_claim); break;
-        case 2: consume_pass<kGateUp, kWgmma, kStages, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
+        case 2: consume_pass<kGateUp, kWgmma, kStages, 2, kClaims>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
                                                           s_claim); break;
-        case 3: consume_pass<kGateUp, kWgmma, kStages, 3>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
+        case 3: consume_pass<kGateUp, kWgmma, kStages, 3, kClaims>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
                                                           s_claim); break;
-        default: consume_pass<kGateUp, kWgmma, kStages, 4>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
+        default: consume_pass<kGateUp, kWgmma, kStages, 4, kClaims>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
                                                            s_claim); break;
       }
     }
@@ -605,7 +599,7 @@ int smem_limit(bool narrow) {
 }
 
 // The dynamic shared-memory opt-in is per device and kernel: raised to `bytes` when a launch needs more than set.
-template <bool kGateUp, bool kWgmma, bool kNarrow>
+template <bool kGateUp, bool kWgmma, bool kNarrow, bool kClaims = false>
 void set_smem_attribute(int bytes) {
   static std::mutex mu;
   static int set[64] = {};  // per device
@@ -614,7 +608,7 @@ void set_smem_attribute(int bytes) {
   std::lock_guard<std::mutex> lock(mu);
   if (dev < 64 && set[dev] >= bytes) return;
   BG_CUDA_CHECK(
-      cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp, kWgmma, kNarrow>,
+      cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp, kWgmma, kNarrow, kClaims>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   if (dev < 64) set[dev] = bytes;
 }
@@ -671,7 +665,7 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   k.n_items_down = w.info.down.n_items;
   k.n_items_gate_up = w.info.gate_up.n_items;
   k.overlap = moe_w4a16_overlaps(p);
-  k.claims = k.overlap && p.claims;
+  k.claims = k.overlap && p.claims && !p.wgmma;  // the wide mma.sync shape (the narrow one never overlaps)
   k.ws = ws;
   k.table_cap = ws.table_entries;
   k.n_experts = static_cast<int>(p.n_experts);
@@ -714,8 +708,14 @@ void launch(const KernelArgs& gu, const KernelArgs& dn, int smem, int grid, int6
   set_smem_attribute<false, kWgmma, kNarrow>(smem);
   moe_w4a16_kernel<true, kWgmma, kNarrow><<<grid, kThreads, smem, stream>>>(gu);
   BG_CUDA_CHECK_LAUNCH();
-  launch_after(moe_w4a16_kernel<false, kWgmma, kNarrow>, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem, pdl,
-               dn, stream);
+  auto* down = moe_w4a16_kernel<false, kWgmma, kNarrow>;
+  if constexpr (!kWgmma && !kNarrow) {
+    if (dn.claims) {
+      set_smem_attribute<false, false, false, true>(smem);
+      down = moe_w4a16_kernel<false, false, false, true>;
+    }
+  }
+  launch_after(down, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem, pdl, dn, stream);
   if (dn.rows_out || dn.combine_fused) return;
   const dim3 combine_grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(ceil_div(dn.n_out, kCombineCols)));
   launch_after(moe_w4a16_combine_kernel, combine_grid, dim3(kCombineThreads), 0, pdl, dn, stream);
