@@ -5,9 +5,11 @@
 // entry may be overwritten while the consumer still needs it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
