@@ -468,13 +468,8 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     count = 0;  // nothing to run, but an overlapped down CTA still takes part in the counters' reset below
   }
   for (int k = static_cast<int>(threadIdx.x); k < (claims ? 0 : count); k += kThreads) {  // claims: the ring is full
-    ItemEntry en = pl.stream ? make_stream_entry(a.sched, pl, tile_first, n_active, cta, k)
-                             : make_entry(a.sched, pl, item_of_cta(pl, cta, k, grid));
-    if (en.block == nullptr && en.rows > 0) {  // a slot without weights: its rows are skipped (every item alike)
-      atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
-      en.rows = 0;
-    }
-    table[k] = en;
+    table[k] = checked_entry(a, pl.stream ? make_stream_entry(a.sched, pl, tile_first, n_active, cta, k)
+                                          : make_entry(a.sched, pl, item_of_cta(pl, cta, k, grid)));
   }
   __syncthreads();
 

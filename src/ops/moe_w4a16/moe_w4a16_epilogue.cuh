@@ -41,20 +41,22 @@ struct KernelArgs {
   float beta = 4.0f, beta_lin = 25.0f;
 };
 
-// Claims (KernelArgs::claims): the claim counter after the ticket and exit counts; an entry as the static table's
-// fill makes it (a slot without weights flags kMoeErrorBadDescriptor and its rows are skipped).
+// An item table entry as the kernel keeps it: a slot without weights flags kMoeErrorBadDescriptor and its rows are
+// skipped (every item of it alike).
+__device__ __forceinline__ ItemEntry checked_entry(const KernelArgs& a, ItemEntry en) {
+  if (en.block == nullptr && en.rows > 0) {
+    atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
+    en.rows = 0;
+  }
+  return en;
+}
+
+// Claims (KernelArgs::claims): the claim counter after the ticket and exit counts, and a claimed item's entry.
 struct ClaimOps {
   const KernelArgs& a;
   const Plan& pl;
   __device__ int operator()() const { return atomicAdd(a.ws.overlap_sched + 2, 1); }
-  __device__ ItemEntry operator()(int idx) const {
-    ItemEntry en = make_entry(a.sched, pl, idx);
-    if (en.block == nullptr && en.rows > 0) {
-      atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
-      en.rows = 0;
-    }
-    return en;
-  }
+  __device__ ItemEntry operator()(int idx) const { return checked_entry(a, make_entry(a.sched, pl, idx)); }
 };
 
 // gate/up: h[row, col] = bf16(GLU(2^shift gate, 2^shift up)); tiles 2p / 2p+1 are gate / up of the same columns.

@@ -241,9 +241,9 @@ struct ClaimState {
   int published[2] = {0, 0};  // entries visible to stage i: published[i & 1]
 };
 
-// Inserts the entry of plan item `idx` unless it is past the plan (done) or empty; claim() -> the next index (an
-// atomic on the device), make(idx) -> the entry (make_entry, plus the kernel's check of the slot's block). Returns
-// whether the claim ended with an entry or done (an empty item asks for another index at once).
+// Inserts the entry of plan item `idx`, or marks the state done when idx is past the plan; an empty item asks for
+// another index at once, so each call ends with one entry or done. claim() -> the next index (an atomic on the
+// device), make(idx) -> the entry (make_entry, plus the kernel's check of the slot's block).
 template <class Claim, class Make>
 BG_W4_HD void claim_insert(ClaimState& st, int idx, const ScheduleParams& sp, const Plan& pl, ItemEntry* table,
                            Claim claim, Make make) {
