@@ -292,6 +292,31 @@ void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t 
     L.p.claims = false;
     relayout(L, st.s);
   }
+  // The stage ring's mbarriers (MoeW4a16Params::mbarriers, the wide mma.sync shape) in place of the CTA barrier per
+  // stage: the same bits, with and without PDL (above 32 tokens down overlaps gate/up, by tickets, then claiming its
+  // items on the barrier kernel), three launches in a row and a graph replay.
+  L.reset_out();
+  L.run(st.s);
+  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  const std::vector<uint8_t> barrier_bits = L.download_bits();
+  L.p.mbarriers = true;
+  for (int run = 0; run < 3; ++run) {
+    L.p.pdl = run != 0;
+    L.p.claims = run == 2 && moe_w4a16_overlaps(L.p);
+    relayout(L, st.s);
+    const std::string path = fmt::format("{} mbarriers pdl={} claims={}", what, L.p.pdl, L.p.claims);
+    for (int rep = 0; rep < 3; ++rep) {
+      L.reset_out();
+      L.run(st.s);
+      BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+      EXPECT_TRUE(L.download_bits() == barrier_bits) << path << ": launch " << rep << " differs";
+    }
+    expect_graph_replay_equals(L, st.s, barrier_bits, path);
+    EXPECT_EQ(L.dispatch->error_word(), 0) << path;
+  }
+  L.p.mbarriers = false;
+  L.p.claims = false;
+  L.p.pdl = true;
 }
 
 TEST(MoeW4a16Parity, SmallOddShapes) {
@@ -575,9 +600,11 @@ TEST(MoeW4a16Parity, OverlapSurvivesABrokenDispatch) {
   ASSERT_TRUE(moe_w4a16_overlaps(L.p));
   std::vector<float> ref = L.out_init;
   moe_w4a16_cpu(L.p, set.views, L.x.data(), r.ids.data(), r.weights.data(), ref.data());
-  for (bool claims : {false, true}) {  // items by ticket, and claimed one at a time (MoeW4a16Params::claims)
-    const std::string what = claims ? "claims" : "tickets";
-    L.p.claims = claims;
+  // Items by ticket, claimed one at a time (MoeW4a16Params::claims), by ticket on the mbarrier ring (::mbarriers).
+  for (const int mode : {0, 1, 2}) {
+    const std::string what = mode == 0 ? "tickets" : mode == 1 ? "claims" : "mbarriers";
+    L.p.claims = mode == 1;
+    L.p.mbarriers = mode == 2;
     relayout(L, st.s);
     L.reset_out();
     L.run(st.s);

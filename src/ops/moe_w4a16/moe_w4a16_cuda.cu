@@ -63,6 +63,7 @@
 #include "ops/moe_w4a16/moe_w4a16_cuda.h"
 #include "ops/moe_w4a16/moe_w4a16_device.cuh"
 #include "ops/moe_w4a16/moe_w4a16_epilogue.cuh"
+#include "ops/moe_w4a16/moe_w4a16_pipeline.cuh"
 #include "ops/moe_w4a16/moe_w4a16_schedule.h"
 
 namespace bg::ops {
@@ -70,139 +71,6 @@ namespace {
 
 using namespace w4;
 using ptx::atomic_add_acq_rel;
-
-constexpr int kBufBytes = kStageBytes + kActStageBytes;
-
-// The two launch shapes of the kernel. Wide (any rows): one CTA of 8 warps per SM, 6 pipeline stages (129 KiB),
-// passes of up to 4 n8 blocks, ~250 registers. Narrow (MoeW4a16Params::narrow, at most 16 tokens, mma.sync): two
-// CTAs per SM (16 warps, 4 per scheduler, to hide the decode's dependent integer chains), 128 registers, 3 stages
-// each, passes of up to 2 n8 blocks only (3- and 4-block passes spill in a 128-register kernel, in its main loop).
-// Which launches run it: moe_w4a16_runs_narrow.
-template <bool kNarrow>
-struct Shape {
-  static constexpr int kCtasPerSm = kNarrow ? 2 : 1;
-  static constexpr int kStages = kNarrow ? 3 : 6;
-  static constexpr int kSmemBytes = kStages * kBufBytes;  // wide: 132096
-};
-
-// A pipeline buffer: mma.sync reads the weights at 0 and the padded activation rows after them; wgmma reads the
-// activations as a 128-byte-swizzle operand, which must start on 1024 bytes, so they come first (4096 B, then the
-// weights; 21504 B = 21 KiB per buffer from a 1024-aligned base, within the same dynamic shared memory).
-template <bool kWgmma>
-struct Buf {
-  static constexpr int kBytes = kWgmma ? kActSw128Bytes + kStageBytes : kBufBytes;
-  static constexpr int kWeights = kWgmma ? kActSw128Bytes : 0;
-  static constexpr int kActs = kWgmma ? 0 : kStageBytes;
-  static constexpr int kAlign = kWgmma ? 1024 : 128;
-};
-static_assert(Shape<false>::kStages * Buf<true>::kBytes + Buf<true>::kAlign - 128 <= Shape<false>::kSmemBytes,
-              "the wgmma buffers must fit");
-static_assert(Buf<true>::kBytes % 1024 == 0 && kActSw128Bytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
-
-// The first buffer: the dynamic shared memory's base (128-byte aligned), rounded up to 1024 bytes for wgmma.
-template <bool kWgmma>
-__device__ __forceinline__ uint8_t* buffers(uint8_t* smem) {
-  if constexpr (!kWgmma) return smem;
-  const uint32_t a = smem_addr(smem);
-  return smem + ((Buf<kWgmma>::kAlign - (a & (Buf<kWgmma>::kAlign - 1))) & (Buf<kWgmma>::kAlign - 1));
-}
-
-// The producer: its cursor and this thread's global source addresses for the stage it issues next. The addresses are
-// set up at the first stage of a pass (k-stage kb of a chunk x split) and then advance by one stage, so the common
-// stage costs a few adds, not the item's address arithmetic.
-struct Producer {
-  Cursor c;
-  const uint8_t* w = nullptr;          // this thread's first 16 bytes of the stage's weight block
-  const __nv_bfloat16* act = nullptr;  // this thread's 16-byte activation chunk; null: zero-fill (row past the chunk)
-  int64_t k = 0;                       // its first input (checked against n_in: the last stage may be partial)
-  int ready_e = -1;                    // overlapped down: the expert slot whose h rows await_expert last saw ready
-};
-
-// Overlapped down (a.overlap): before the producer's first h copy of expert slot e, thread 0 waits until gate/up has
-// released every pass over e's rows (n_items_gate_up per row chunk: gate/up's red_add_release after its h stores, this
-// acquire, then the CTA barrier, order those stores before the CTA's copies). Leaves the wait on a gate/up error (its
-// CTAs may have stopped) or after kOverlapStallNs, flagging kMoeErrorOverlapStall: never a hang. CTA-uniform.
-constexpr uint64_t kOverlapStallNs = 2'000'000'000;
-__device__ __noinline__ void await_expert(Producer& p, const KernelArgs& a, int chunk_rows) {
-  if (threadIdx.x == 0) {
-    const int need = a.n_items_gate_up * ((p.c.rows + chunk_rows - 1) / chunk_rows);
-    const int* ready = a.ws.expert_ready + p.c.e;
-    if (ptx::ld_acquire(ready) < need) {
-      const uint64_t t0 = ptx::globaltimer();
-      while (ptx::ld_acquire(ready) < need) {
-        if (*static_cast<volatile int32_t*>(a.d.error_flags) & kMoeErrorBadDescriptor) break;
-        if (ptx::globaltimer() - t0 > kOverlapStallNs) {
-          atomicOr(a.d.error_flags, kMoeErrorOverlapStall);
-          break;
-        }
-        __nanosleep(128);
-      }
-    }
-  }
-  __syncthreads();
-  p.ready_e = p.c.e;
-}
-
-// First stage of a pass: thread tid copies weight bytes tid * 16 + i * 4096 (scale bytes tid * 16: the first 64) and
-// activation chunk (tid & 7) of row (tid >> 3): gate/up's rows from x through row_token (rows out: x), down's from h.
-template <bool kGateUp>
-__device__ __forceinline__ void producer_start_pass(Producer& p, const KernelArgs& a) {
-  const int tid = static_cast<int>(threadIdx.x);
-  const Cursor& c = p.c;
-  p.w = c.block + a.proj_offset + (static_cast<int64_t>(c.m) * a.sched.n_kstages + c.ks) * kStageBytes + tid * 16;
-  const int row = tid >> 3;
-  p.k = static_cast<int64_t>(c.ks) * kKStage + (tid & 7) * 8;
-  p.act = nullptr;
-  if (row < c.chunk_rows) {
-    const int prow = c.chunk_row0 + row;
-    const int64_t act_row = kGateUp && !a.rows_out ? static_cast<int64_t>(a.d.row_token[prow]) : prow;
-    p.act = a.act + act_row * a.n_in + p.k;
-  }
-}
-
-// The producer's stage: the weight block (one contiguous 17408-byte copy, 4.25 x 16 B per thread, cp.async.cg)...
-__device__ __forceinline__ void issue_weights(const Producer& p, uint8_t* buf) {
-  const int tid = static_cast<int>(threadIdx.x);
-  const uint32_t dst = smem_addr(buf) + tid * 16;
-#pragma unroll
-  for (int i = 0; i < kCodeBytes / 16 / kThreads; ++i) cp_async16(dst + i * kThreads * 16, p.w + i * kThreads * 16);
-  if (tid < kScaleBytes / 16) cp_async16(dst + kCodeBytes, p.w + kCodeBytes);
-}
-
-// ... and the activation rows the consumer reads in this pass (NB n8 blocks); rows past the chunk are zero-filled.
-// mma.sync: one 16-byte copy per thread into the padded rows; wgmma: the same 16 bytes as four 4-byte copies into
-// the swizzled tile (act_sw128_offset: each word lands where the k permutation puts it).
-template <bool kWgmma>
-__device__ __forceinline__ void issue_acts(const Producer& p, const KernelArgs& a, uint8_t* buf) {
-  const int tid = static_cast<int>(threadIdx.x);
-  const int row = tid >> 3;
-  if (row >= p.c.nb * 8) return;
-  const bool valid = p.act != nullptr && p.k < a.n_in;
-  if constexpr (kWgmma) {
-    const uint32_t base = smem_addr(buf + Buf<true>::kActs);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      cp_async4_zfill(base + act_sw128_offset(row, tid & 7, i), valid ? p.act + 2 * i : a.act, valid ? 4 : 0);
-    }
-  } else {
-    cp_async16_zfill(smem_addr(buf + kStageBytes + act_offset(row, tid & 7)), valid ? p.act : a.act, valid ? 16 : 0);
-  }
-}
-
-// Moves the producer to its next stage.
-template <bool kGateUp>
-__device__ __forceinline__ void producer_next(Producer& p, const KernelArgs& a, const Plan& pl,
-                                              const ItemEntry* table) {
-  const bool same_pass = p.c.ks + 1 < p.c.ke;
-  advance(p.c, a.sched, pl, table);
-  if (same_pass) {
-    p.w += kStageBytes;
-    p.k += kKStage;
-    if (p.act != nullptr) p.act += kKStage;
-  } else if (p.c.valid) {
-    producer_start_pass<kGateUp>(p, a);
-  }
-}
 
 // Fragment-order float4 index of (tile mt, n-block nb) for this thread inside a partial slot.
 __device__ __forceinline__ int64_t partial_index(const KernelArgs& a, int mt, int nb) {
@@ -299,14 +167,16 @@ struct Consumer {
   int buf = 0;
   bool triggered = false;
   int iter = 0, pending = -1;
+  RingPos read, fill;  // mbarrier ring: the buffer read next and the one the producer fills next
 };
 
 // One pass (a chunk of NB n8 token blocks x a split's k-stages) of the consumer, with the producer kStages - 1 stages
-// ahead (across pass and item boundaries), then its epilogue. The accumulators live in this function, sized by NB.
-template <bool kGateUp, bool kWgmma, int kStages, int NB, bool kClaims>
+// ahead (across pass and item boundaries; kMbar: kMbarLead stages on the mbarrier ring), then its epilogue. The
+// accumulators live in this function, sized by NB.
+template <bool kGateUp, bool kWgmma, int kStages, int NB, bool kClaims, bool kMbar>
 __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const KernelArgs& a, const Plan& pl,
                                              ItemEntry* table, uint8_t* bufs, int* s_flag, CombineSmem& cs,
-                                             ClaimState& claim) {
+                                             ClaimState& claim, StageRing& ring) {
   using B = Buf<kWgmma>;
   constexpr bool kOverlap = kStages != Shape<true>::kStages;  // the narrow shape never overlaps (moe_w4a16_overlaps)
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
@@ -322,6 +192,22 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
   if (k.c.bad && threadIdx.x == 0) atomicOr(a.d.error_flags, kMoeErrorDuplicateExpert);
 #pragma unroll 1
   for (int ks = k.c.ks; ks < k.c.ke; ++ks) {
+    if constexpr (kMbar) {
+      // Every thread's copies of this stage landed: read it, say so, then issue stage s + kMbarLead into the buffer
+      // of stage s - (kStages - kMbarLead) once every thread has read that (ring_produce).
+      ptx::mbarrier_wait(smem_addr(&ring.full[k.read.buf]), k.read.phase);
+      const uint8_t* wbuf = bufs + k.read.buf * B::kBytes;
+      mma_stage<NB>(acc, wbuf, wbuf + B::kActs, warp, lane);
+      ptx::mbarrier_arrive(smem_addr(&ring.empty[k.read.buf]));
+      k.read.next();
+      if (prod.c.valid) {
+        ring_produce<kGateUp>(prod, k.fill, a, pl, table, bufs, ring);
+      } else if (!k.triggered) {
+        launch_dependents();
+        k.triggered = true;
+      }
+      continue;
+    }
     cp_async_wait<kStages - 2>();  // this thread's copies of stage `buf` landed
     if constexpr (kWgmma) fence_proxy_async();  // ... and are visible to wgmma's reads
     __syncthreads();  // everyone's did, and everyone finished the stage before (its buffer is refilled now)
@@ -403,11 +289,42 @@ __device__ void stream_tile_prefix(const ScheduleParams& sp, int chunk_rows, int
   __syncthreads();
 }
 
+// The consumer's next pass, compiled for each n8 block count the shape runs. Uniform across the CTA. A narrow launch
+// (at most 16 tokens) has passes of at most 2 n8 blocks (its workspace's nb_cap), and only those are compiled into its
+// kernel: 3- and 4-block passes would set its registers.
+template <bool kGateUp, bool kWgmma, bool kNarrow, bool kClaims, bool kMbar>
+__device__ __forceinline__ void run_pass(Consumer& k, Producer& prod, const KernelArgs& a, const Plan& pl,
+                                         ItemEntry* table, uint8_t* bufs, int* s_flag, CombineSmem& cs,
+                                         ClaimState& claim, StageRing& ring) {
+  constexpr int kStages = Shape<kNarrow>::kStages;
+  if constexpr (kNarrow) {
+    if (k.c.nb == 1) {
+      consume_pass<kGateUp, kWgmma, kStages, 1, kClaims, kMbar>(k, prod, a, pl, table, bufs, s_flag, cs, claim, ring);
+    } else {
+      consume_pass<kGateUp, kWgmma, kStages, 2, kClaims, kMbar>(k, prod, a, pl, table, bufs, s_flag, cs, claim, ring);
+    }
+  } else {
+    switch (k.c.nb) {
+      case 1: consume_pass<kGateUp, kWgmma, kStages, 1, kClaims, kMbar>(k, prod, a, pl, table, bufs, s_flag, cs, claim,
+                                                                       ring); break;
+      case 2: consume_pass<kGateUp, kWgmma, kStages, 2, kClaims, kMbar>(k, prod, a, pl, table, bufs, s_flag, cs, claim,
+                                                                       ring); break;
+      case 3: consume_pass<kGateUp, kWgmma, kStages, 3, kClaims, kMbar>(k, prod, a, pl, table, bufs, s_flag, cs, claim,
+                                                                       ring); break;
+      default: consume_pass<kGateUp, kWgmma, kStages, 4, kClaims, kMbar>(k, prod, a, pl, table, bufs, s_flag, cs,
+                                                                        claim, ring); break;
+    }
+  }
+}
+
 // kClaims: the down kernel of a launch that claims (KernelArgs::claims, wide mma.sync only), compiled on its own.
-template <bool kGateUp, bool kWgmma, bool kNarrow, bool kClaims = false>
+// kMbar: the wide mma.sync shape with the stage ring's mbarriers (MoeW4a16Params::mbarriers; not with claims, whose
+// protocol publishes through the per-stage CTA barrier), compiled on its own.
+template <bool kGateUp, bool kWgmma, bool kNarrow, bool kClaims = false, bool kMbar = false>
 __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     moe_w4a16_kernel(const __grid_constant__ KernelArgs a) {
   static_assert(!(kNarrow && kWgmma), "the narrow shape runs mma.sync");
+  static_assert(!kMbar || (!kWgmma && !kNarrow && !kClaims), "the mbarrier ring: the wide mma.sync shape only");
   using B = Buf<kWgmma>;
   constexpr int kStages = Shape<kNarrow>::kStages;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -415,6 +332,8 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
   __shared__ int s_flag;
   __shared__ CombineSmem s_combine;
   __shared__ ClaimState s_claim;
+  __shared__ StageRing s_ring;
+  if constexpr (kMbar) ring_init(s_ring);  // before the table's barrier below
   const int grid = static_cast<int>(gridDim.x);
   // Overlap: gate/up lets down's grid launch at once (its CTAs take SMs as gate/up's leave them); a down CTA's place
   // in the schedule is its ticket, the order it started in (overlap_head).
@@ -482,10 +401,11 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
   // Prologue: the first stages' weights do not depend on the previous kernel, so they are requested before
   // griddepcontrol.wait (a no-op unless this grid was launched as a programmatic dependent, see a.pdl); the
   // activations (h, for down) only after it. Stage 0's group holds all those weights: waits stay in order.
+  constexpr int kPrologue = kMbar ? kMbarLead : kStages - 1;
   {
     Producer w = prod;
 #pragma unroll 1
-    for (int i = 0; i < kStages - 1 && w.c.valid; ++i) {
+    for (int i = 0; i < kPrologue && w.c.valid; ++i) {
       issue_weights(w, bufs + i * B::kBytes + B::kWeights);
       producer_next<kGateUp>(w, a, pl, table);
     }
@@ -493,39 +413,22 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
   if (!kOverlap || kGateUp || !a.overlap) grid_dependency_wait();
   int prologue_stages = 0;
 #pragma unroll 1
-  for (int i = 0; i < kStages - 1; ++i) {
+  for (int i = 0; i < kPrologue; ++i) {
     if (prod.c.valid) {
       if (kOverlap && !kGateUp && a.overlap && prod.c.e != prod.ready_e) await_expert(prod, a, pl.chunk_rows);
       issue_acts<kWgmma>(prod, a, bufs + i * B::kBytes);
       producer_next<kGateUp>(prod, a, pl, table);
+      if constexpr (kMbar) ring_filled(cons.fill, s_ring);  // buffer i, its first use
       ++prologue_stages;
     }
-    cp_async_commit();
+    if constexpr (!kMbar) cp_async_commit();
   }
   if (claims && threadIdx.x == 0) s_claim.rem -= prologue_stages;  // claim_step counts from stage 0 on
 
 #pragma unroll 1
   while (cons.c.valid) {
-    // Uniform across the CTA. A narrow launch (at most 16 tokens) has passes of at most 2 n8 blocks (its workspace's
-    // nb_cap), and only those are compiled into its kernel: 3- and 4-block passes would set its registers.
-    if constexpr (kNarrow) {
-      if (cons.c.nb == 1) {
-        consume_pass<kGateUp, kWgmma, kStages, 1, kClaims>(cons, prod, a, pl, table, bufs, &s_flag, s_combine, s_claim);
-      } else {
-        consume_pass<kGateUp, kWgmma, kStages, 2, kClaims>(cons, prod, a, pl, table, bufs, &s_flag, s_combine, s_claim);
-      }
-    } else {
-      switch (cons.c.nb) {
-        case 1: consume_pass<kGateUp, kWgmma, kStages, 1, kClaims>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
-                                                          s_claim); break;
-        case 2: consume_pass<kGateUp, kWgmma, kStages, 2, kClaims>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
-                                                          s_claim); break;
-        case 3: consume_pass<kGateUp, kWgmma, kStages, 3, kClaims>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
-                                                          s_claim); break;
-        default: consume_pass<kGateUp, kWgmma, kStages, 4, kClaims>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
-                                                           s_claim); break;
-      }
-    }
+    run_pass<kGateUp, kWgmma, kNarrow, kClaims, kMbar>(cons, prod, a, pl, table, bufs, &s_flag, s_combine, s_claim,
+                                                        s_ring);
   }
   cp_async_wait<0>();
   if (kOverlap && !kGateUp && a.overlap) {
@@ -594,7 +497,7 @@ int smem_limit(bool narrow) {
 }
 
 // The dynamic shared-memory opt-in is per device and kernel: raised to `bytes` when a launch needs more than set.
-template <bool kGateUp, bool kWgmma, bool kNarrow, bool kClaims = false>
+template <bool kGateUp, bool kWgmma, bool kNarrow, bool kClaims = false, bool kMbar = false>
 void set_smem_attribute(int bytes) {
   static std::mutex mu;
   static int set[64] = {};  // per device
@@ -603,7 +506,7 @@ void set_smem_attribute(int bytes) {
   std::lock_guard<std::mutex> lock(mu);
   if (dev < 64 && set[dev] >= bytes) return;
   BG_CUDA_CHECK(
-      cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp, kWgmma, kNarrow, kClaims>,
+      cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp, kWgmma, kNarrow, kClaims, kMbar>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   if (dev < 64) set[dev] = bytes;
 }
@@ -695,15 +598,16 @@ void launch_after(Kernel kernel, dim3 grid, dim3 block, int smem, bool pdl, cons
 
 // gate/up, then down (as a programmatic dependent with pdl: down's CTAs may start and stream their first weights
 // while gate/up finishes; they read h only after griddepcontrol.wait, which waits for gate/up to complete and flush),
-// then the separate combine where it runs (its CTAs wait the same way for y).
-template <bool kWgmma, bool kNarrow>
+// then the separate combine where it runs (its CTAs wait the same way for y). kMbar: the kernels with the stage ring's
+// mbarriers (MoeW4a16Params::mbarriers), except a down launch that claims.
+template <bool kWgmma, bool kNarrow, bool kMbar = false>
 void launch(const KernelArgs& gu, const KernelArgs& dn, int smem, int grid, int64_t n_tokens, bool pdl,
             cudaStream_t stream) {
-  set_smem_attribute<true, kWgmma, kNarrow>(smem);
-  set_smem_attribute<false, kWgmma, kNarrow>(smem);
-  moe_w4a16_kernel<true, kWgmma, kNarrow><<<grid, kThreads, smem, stream>>>(gu);
+  set_smem_attribute<true, kWgmma, kNarrow, false, kMbar>(smem);
+  set_smem_attribute<false, kWgmma, kNarrow, false, kMbar>(smem);
+  moe_w4a16_kernel<true, kWgmma, kNarrow, false, kMbar><<<grid, kThreads, smem, stream>>>(gu);
   BG_CUDA_CHECK_LAUNCH();
-  auto* down = moe_w4a16_kernel<false, kWgmma, kNarrow>;
+  auto* down = moe_w4a16_kernel<false, kWgmma, kNarrow, false, kMbar>;
   if constexpr (!kWgmma && !kNarrow) {
     if (dn.claims) {
       set_smem_attribute<false, false, false, true>(smem);
@@ -787,6 +691,8 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
     BG_CHECK(ws.nb_cap <= 2, "moe_w4a16_cuda: a narrow launch has passes of at most 2 n8 blocks, the workspace {}",
              ws.nb_cap);
     launch<false, true>(gu, dn, smem_bytes(ws), ws.grid, p.n_tokens, p.pdl, stream);
+  } else if (p.mbarriers) {
+    launch<false, false, true>(gu, dn, smem_bytes(ws), ws.grid, p.n_tokens, p.pdl, stream);
   } else {
     launch<false, false>(gu, dn, smem_bytes(ws), ws.grid, p.n_tokens, p.pdl, stream);
   }

@@ -113,8 +113,6 @@ struct CombineSmem {
   int prow[kChunkRows * kMaxTopK];
   float weight[kChunkRows * kMaxTopK];
 };
-// The kernel's static shared memory: the combine's state, the split flag and the stream-K scan's warp sums.
-constexpr int kStaticSmemBytes = static_cast<int>(sizeof(CombineSmem)) + 64 + static_cast<int>(sizeof(ClaimState));
 
 // out[token, 4 columns from col] = (accumulate ? out : 0) + sum_k w_k y_k, in fp32, one fma per slot in slot order
 // (the CPU reference's order). The slots' y loads are issued kBatch at a time before their fmas, so a token costs a
