@@ -168,11 +168,12 @@ struct MoeW4a16Params {
   // the host only (the schedule emulation); off until it has run on a GPU. BG_MOE_W4A16_CLAIMS=1 turns it on where
   // the backend builds the params.
   bool claims = false;
-  // CUDA only, the wide mma.sync shape: the pipeline's stages handed over by mbarriers (a full and an empty barrier per
-  // buffer) instead of a CTA barrier per stage, so the 8 warps run up to two stages apart and one warp's decode overlaps
-  // another's mma instead of all decoding at once after each barrier (docs/MOE_W4A16.md, "The mbarrier ring"). The
-  // producer then runs 4 stages ahead instead of 5. The same arithmetic (the same bits). Built 2026-12-07, off until it
-  // has run on a GPU; BG_MOE_W4A16_MBARRIERS=1 turns it on where the backend builds the params.
+  // CUDA only, the wide mma.sync shape: the pipeline's stages handed over by mbarriers (a full and an empty barrier
+  // per buffer) instead of a CTA barrier per stage, so the 8 warps run up to two stages apart and one warp's decode
+  // overlaps another's mma instead of all decoding at once after each barrier (docs/MOE_W4A16.md, "The mbarrier
+  // ring"). The producer then runs 4 stages ahead instead of 5. The same arithmetic (the same bits). Built
+  // 2026-12-07, off until it has run on a GPU; BG_MOE_W4A16_MBARRIERS=1 turns it on where the backend builds the
+  // params.
   bool mbarriers = false;
 };
 

@@ -195,7 +195,7 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
     if constexpr (kMbar) {
       // Every thread's copies of this stage landed: read it, say so, then issue stage s + kMbarLead into the buffer
       // of stage s - (kStages - kMbarLead) once every thread has read that (ring_produce).
-      ptx::mbarrier_wait(smem_addr(&ring.full[k.read.buf]), k.read.phase);
+      ptx::mbarrier_wait(smem_addr(&ring.full[k.read.buf]), k.read.full_parity());
       const uint8_t* wbuf = bufs + k.read.buf * B::kBytes;
       mma_stage<NB>(acc, wbuf, wbuf + B::kActs, warp, lane);
       ptx::mbarrier_arrive(smem_addr(&ring.empty[k.read.buf]));

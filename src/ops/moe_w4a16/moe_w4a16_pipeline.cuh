@@ -160,21 +160,7 @@ struct StageRing {
   uint64_t full[Shape<false>::kStages];
   uint64_t empty[Shape<false>::kStages];
 };
-inline constexpr int kMbarLead = Shape<false>::kStages - 2;
-
-// A thread's position on the ring, as reader or as filler: the buffer, and the parity of that buffer's use.
-// (The filler's is not kept in Producer: await_expert takes the producer by reference out of line, so it lives on the
-// stack, and a larger Producer changed the default kernels' code.)
-struct RingPos {
-  int buf = 0;
-  uint32_t phase = 0;
-  __device__ __forceinline__ void next() {
-    if (++buf == Shape<false>::kStages) {
-      buf = 0;
-      phase ^= 1;
-    }
-  }
-};
+static_assert(Shape<false>::kStages == kWideStages, "the ring's depth (RingPos, kMbarLead) is the wide shape's");
 
 // The kernel's static shared memory: the combine's state, the split flag and the stream-K scan's warp sums, the
 // claims' state and the stage ring.
@@ -201,7 +187,7 @@ __device__ __forceinline__ void ring_filled(RingPos& fill, StageRing& ring) {
 template <bool kGateUp>
 __device__ __forceinline__ void ring_produce(Producer& p, RingPos& fill, const KernelArgs& a, const Plan& pl,
                                              const ItemEntry* table, uint8_t* bufs, StageRing& ring) {
-  ptx::mbarrier_wait(smem_addr(&ring.empty[fill.buf]), fill.phase ^ 1);
+  ptx::mbarrier_wait(smem_addr(&ring.empty[fill.buf]), fill.empty_parity());
   uint8_t* buf = bufs + fill.buf * Buf<false>::kBytes;
   issue_weights(p, buf + Buf<false>::kWeights);
   if (!kGateUp && a.overlap && p.c.e != p.ready_e) await_expert(p, a, pl.chunk_rows);

@@ -371,4 +371,30 @@ BG_W4_HD int64_t partial_slot(const Cursor& c, const Plan& pl, int64_t seq_slot_
   return pl.parallel ? static_cast<int64_t>(c.tile) * pl.splits + c.s : seq_slot_base + cta;
 }
 
+// ---- The stage ring's mbarriers (MoeW4a16Params::mbarriers; StageRing in moe_w4a16_pipeline.cuh) ----------------
+// The wide shape's pipeline depth, and how many stages the producer runs ahead of the stage a thread has just read:
+// it then refills the buffer of the stage kWideStages - kMbarLead before that one, so the warps may run that many
+// stages apart.
+inline constexpr int kWideStages = 6;
+inline constexpr int kMbarLead = kWideStages - 2;
+
+// A thread's position on the ring, as reader or as filler: the buffer, and the parity of that buffer's use. A reader
+// waits for the full barrier's phase of that parity; a filler for the empty barrier's previous phase (on a buffer's
+// first use parity 1, the phase "before" the first, which a fresh mbarrier reports complete). Host and device: the
+// ring's host emulation (moe_w4a16_ring_test.cpp) runs this code. (The filler's position is not kept in the kernel's
+// Producer: await_expert takes that by reference out of line, so it lives on the stack, and a larger one changed the
+// default kernels' code.)
+struct RingPos {
+  int buf = 0;
+  uint32_t phase = 0;
+  BG_W4_HD uint32_t full_parity() const { return phase; }
+  BG_W4_HD uint32_t empty_parity() const { return phase ^ 1u; }
+  BG_W4_HD void next() {
+    if (++buf == kWideStages) {
+      buf = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
 }  // namespace bg::ops::w4
