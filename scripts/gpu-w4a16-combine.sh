@@ -3,7 +3,8 @@
 # routing the decode step has. PARTS (default "tests micro kernels step profile"): tests = parity of the kernel and of
 # every GPU path that runs it; micro = the experiment binaries in .gpu/var (scripts/w4a16-variant-build.sh) on a
 # random top-16 of 56 experts at TOKENS (default "1 16 64"), two rounds in opposite orders; kernels = `bench kernels`
-# moe_decode_w4a16 (once per KERNEL_ENVS entry); step = `bench step` on the K3 slice; profile = Nsight Compute of
+# moe_decode_w4a16 (once per KERNEL_ENVS entry); envtests = the GPU goldens and step tests once per KERNEL_ENVS entry
+# other than "-" (a switch's whole-model check); step = `bench step` on the K3 slice; profile = Nsight Compute of
 # PROFILE's (a variant) narrow gate/up and down launches at 64 tokens. Summary in $OUT/summary.txt.
 set -uo pipefail
 BUNDLE=${BUNDLE:-.gpu}; OUT=${OUT:-/tmp/out}
@@ -11,7 +12,8 @@ source scripts/gpu-bundle-env.sh
 # The variants may come packed (`tar -cJf .gpu/var.tar.xz var` in .gpu keeps the carried tree under 64 MiB).
 if [[ -f $BUNDLE/var.tar.xz && ! -d $BUNDLE/var ]]; then tar -C "$BUNDLE" -xJf "$BUNDLE/var.tar.xz"; fi
 export BG_GOLDEN_DIR=$BUNDLE/golden
-PARTS=${PARTS:-tests micro kernels step profile}  # also: sass (cuobjdump of PROFILE)
+PARTS=${PARTS:-tests micro kernels step profile}  # also: envtests; sass (cuobjdump of PROFILE, or of batchgen's
+                                                  # moe_w4a16 kernels without PROFILE)
 TOKENS=${TOKENS:-1 16 64}
 S=$OUT/summary.txt
 T=$BUNDLE/test_cuda
@@ -40,6 +42,15 @@ if has kernels; then
     echo "kernels $e rc=$?" >> "$S"; grep "^moe_decode" $LOG/kernels-$tag.txt >> "$S"
   done
 fi
+if has envtests; then
+  for e in ${KERNEL_ENVS:--}; do
+    [[ $e == - ]] && continue
+    tag=${e//[^A-Za-z0-9]/_}
+    env "$e" timeout ${TEST_TIMEOUT:-300} "$T" --gtest_filter='Cases/GoldenGpu.*:Models/StepGpu.*' \
+      > "$OUT/envtests-$tag.txt" 2>&1
+    gtest_summary "envtests $e" "$OUT/envtests-$tag.txt" $?
+  done
+fi
 if has step; then
   # Two interleaved rounds of each STEP_ENVS entry ("-" runs the defaults; e.g. BG_MOE_W4A16_NARROW=0).
   wait $SLICE
@@ -55,6 +66,9 @@ if has step; then
 fi
 if has sass && [[ -n "${PROFILE:-}" ]]; then
   cuobjdump -sass "$BUNDLE/var/$PROFILE" | xz > "$OUT/$PROFILE-sass.txt.xz"
+  echo "sass rc=$?" >> "$S"
+elif has sass; then
+  cuobjdump -sass "$BG" | awk '/Function : /{p = ($0 ~ /moe_w4a16_kernel/)} p' | xz > "$OUT/batchgen-w4a16-sass.txt.xz"
   echo "sass rc=$?" >> "$S"
 fi
 if has profile && [[ -n "${PROFILE:-}" ]]; then
