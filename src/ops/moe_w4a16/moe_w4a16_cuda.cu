@@ -198,7 +198,8 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
       ptx::mbarrier_wait(smem_addr(&ring.full[k.read.buf]), k.read.full_parity());
       const uint8_t* wbuf = bufs + k.read.buf * B::kBytes;
       mma_stage<NB>(acc, wbuf, wbuf + B::kActs, warp, lane);
-      ptx::mbarrier_arrive(smem_addr(&ring.empty[k.read.buf]));
+      __syncwarp();  // the warp's reads of the stage, before its one arrival
+      if (lane == 0) ptx::mbarrier_arrive(smem_addr(&ring.empty[k.read.buf]));
       k.read.next();
       if (prod.c.valid) {
         ring_produce<kGateUp>(prod, k.fill, a, pl, table, bufs, ring);

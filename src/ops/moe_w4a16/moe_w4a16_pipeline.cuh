@@ -151,8 +151,9 @@ __device__ __forceinline__ void producer_next(Producer& p, const KernelArgs& a, 
 
 // The stage ring's mbarriers (MoeW4a16Params::mbarriers, the wide mma.sync shape) in place of the CTA barrier per
 // stage: full[b] completes when every thread's copies of the stage in buffer b have landed (kThreads arrivals, each
-// made by cp.async.mbarrier.arrive.noinc after the thread's copies), empty[b] when every thread has read the stage
-// (kThreads arrivals after its mma_stage). A thread waits on full before it reads a stage and on empty before it
+// made by cp.async.mbarrier.arrive.noinc after the thread's copies), empty[b] when every warp has read the stage
+// (kWarps arrivals: lane 0 after its warp's mma_stage and a __syncwarp; one per thread would be 256 shared-memory
+// arrivals per stage). A thread waits on full before it reads a stage and on empty before it
 // refills a buffer, kMbarLead stages ahead of the stage it has just read, so the warps run up to two stages apart
 // instead of meeting after every stage, and one warp's decode (the integer pipe) can run beside another's mma (the
 // tensor pipe) rather than all eight decoding at once after the barrier (docs/MOE_W4A16.md, "Where the time goes").
@@ -170,7 +171,7 @@ __device__ __forceinline__ void ring_init(StageRing& ring) {
   if (threadIdx.x == 0) {
     for (int b = 0; b < Shape<false>::kStages; ++b) {
       ptx::mbarrier_init(smem_addr(&ring.full[b]), kThreads);
-      ptx::mbarrier_init(smem_addr(&ring.empty[b]), kThreads);
+      ptx::mbarrier_init(smem_addr(&ring.empty[b]), kWarps);
     }
   }
 }
@@ -181,7 +182,7 @@ __device__ __forceinline__ void ring_filled(RingPos& fill, StageRing& ring) {
   fill.next();
 }
 
-// The producer's next stage on the ring: once every thread has read buffer fill.buf's previous stage (on a buffer's
+// The producer's next stage on the ring: once every warp has read buffer fill.buf's previous stage (on a buffer's
 // first use the wait returns at once), its weights, the overlapped down's wait for the expert, its activations.
 // CTA-uniform (every thread issues its part of every stage, and await_expert holds a CTA barrier).
 template <bool kGateUp>

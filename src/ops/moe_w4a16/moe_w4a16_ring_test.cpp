@@ -48,8 +48,9 @@ struct Landing {
   int warp, stage, buf;
 };
 
-// The ring of one CTA over `total` stages with `n_warps` warps (each standing for its threads: a phase needs one
-// arrival per warp). Returns "" or what went wrong.
+// The ring of one CTA over `total` stages with `n_warps` warps (a full barrier's phase needs one arrival per warp
+// here, standing for its threads' cp.async arrivals; an empty one, as in the kernel, lane 0's after its warp read the
+// stage). Returns "" or what went wrong.
 template <class Pos>
 std::string run_ring(int n_warps, int total, int lead, uint64_t seed) {
   std::mt19937_64 rng(seed);
