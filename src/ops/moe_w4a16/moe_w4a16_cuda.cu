@@ -18,7 +18,8 @@
 //   their last piece (moe_w4a16_schedule.h, reduce_splits).
 // - Pipeline: 6 stages of (17408 B weights + 4608 B activations) = 129 KiB of shared memory; the producer (every
 //   thread, cp.async 16 B, plain L2 caching: see cp_async16) runs 5 stages ahead of the consumer across item
-//   boundaries, so the stream of weights never stops for an epilogue. One __syncthreads per 17 KiB stage. The
+//   boundaries, so the stream of weights never stops for an epilogue. One __syncthreads per 17 KiB stage (with
+//   MoeW4a16Params::mbarriers a full and an empty mbarrier per buffer instead: moe_w4a16_pipeline.cuh). The
 //   producer keeps its source addresses and steps them by one stage; they are recomputed only at a pass's start.
 // - The consumer runs one pass (chunk x split) at a time in a function templated on the pass's n8 blocks, so its
 //   accumulators are sized by the pass: a 1..8-row pass keeps 16 of them, not 64 (a single accumulator array for up
@@ -193,8 +194,8 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
 #pragma unroll 1
   for (int ks = k.c.ks; ks < k.c.ke; ++ks) {
     if constexpr (kMbar) {
-      // Every thread's copies of this stage landed: read it, say so, then issue stage s + kMbarLead into the buffer
-      // of stage s - (kStages - kMbarLead) once every thread has read that (ring_produce).
+      // Every thread's copies of this stage landed: read it, say so (one arrival per warp), then issue stage
+      // s + kMbarLead into the buffer of stage s - (kStages - kMbarLead) once every warp has read that (ring_produce).
       ptx::mbarrier_wait(smem_addr(&ring.full[k.read.buf]), k.read.full_parity());
       const uint8_t* wbuf = bufs + k.read.buf * B::kBytes;
       mma_stage<NB>(acc, wbuf, wbuf + B::kActs, warp, lane);
