@@ -291,34 +291,6 @@ __device__ void stream_tile_prefix(const ScheduleParams& sp, int chunk_rows, int
   __syncthreads();
 }
 
-// The consumer's next pass, compiled for each n8 block count the shape runs. Uniform across the CTA. A narrow launch
-// (at most 16 tokens) has passes of at most 2 n8 blocks (its workspace's nb_cap), and only those are compiled into its
-// kernel: 3- and 4-block passes would set its registers.
-template <bool kGateUp, bool kWgmma, bool kNarrow, bool kClaims, bool kMbar>
-__device__ __forceinline__ void run_pass(Consumer& k, Producer& prod, const KernelArgs& a, const Plan& pl,
-                                         ItemEntry* table, uint8_t* bufs, int* s_flag, CombineSmem& cs,
-                                         ClaimState& claim, StageRing& ring) {
-  constexpr int kStages = Shape<kNarrow>::kStages;
-  if constexpr (kNarrow) {
-    if (k.c.nb == 1) {
-      consume_pass<kGateUp, kWgmma, kStages, 1, kClaims, kMbar>(k, prod, a, pl, table, bufs, s_flag, cs, claim, ring);
-    } else {
-      consume_pass<kGateUp, kWgmma, kStages, 2, kClaims, kMbar>(k, prod, a, pl, table, bufs, s_flag, cs, claim, ring);
-    }
-  } else {
-    switch (k.c.nb) {
-      case 1: consume_pass<kGateUp, kWgmma, kStages, 1, kClaims, kMbar>(k, prod, a, pl, table, bufs, s_flag, cs, claim,
-                                                                       ring); break;
-      case 2: consume_pass<kGateUp, kWgmma, kStages, 2, kClaims, kMbar>(k, prod, a, pl, table, bufs, s_flag, cs, claim,
-                                                                       ring); break;
-      case 3: consume_pass<kGateUp, kWgmma, kStages, 3, kClaims, kMbar>(k, prod, a, pl, table, bufs, s_flag, cs, claim,
-                                                                       ring); break;
-      default: consume_pass<kGateUp, kWgmma, kStages, 4, kClaims, kMbar>(k, prod, a, pl, table, bufs, s_flag, cs,
-                                                                        claim, ring); break;
-    }
-  }
-}
-
 // kClaims: the down kernel of a launch that claims (KernelArgs::claims, wide mma.sync only), compiled on its own.
 // kMbar: the wide mma.sync shape with the stage ring's mbarriers (MoeW4a16Params::mbarriers; not with claims, whose
 // protocol publishes through the per-stage CTA barrier), compiled on its own.
@@ -429,8 +401,29 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
 
 #pragma unroll 1
   while (cons.c.valid) {
-    run_pass<kGateUp, kWgmma, kNarrow, kClaims, kMbar>(cons, prod, a, pl, table, bufs, &s_flag, s_combine, s_claim,
-                                                        s_ring);
+    // Uniform across the CTA. A narrow launch (at most 16 tokens) has passes of at most 2 n8 blocks (its workspace's
+    // nb_cap), and only those are compiled into its kernel: 3- and 4-block passes would set its registers. (Written
+    // out here: the same dispatch in a forceinline function changed the narrow kernel's spills, 2026-12-07.)
+    if constexpr (kNarrow) {
+      if (cons.c.nb == 1) {
+        consume_pass<kGateUp, kWgmma, kStages, 1, kClaims, kMbar>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
+                                                                  s_claim, s_ring);
+      } else {
+        consume_pass<kGateUp, kWgmma, kStages, 2, kClaims, kMbar>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
+                                                                  s_claim, s_ring);
+      }
+    } else {
+      switch (cons.c.nb) {
+        case 1: consume_pass<kGateUp, kWgmma, kStages, 1, kClaims, kMbar>(cons, prod, a, pl, table, bufs, &s_flag,
+                                                                          s_combine, s_claim, s_ring); break;
+        case 2: consume_pass<kGateUp, kWgmma, kStages, 2, kClaims, kMbar>(cons, prod, a, pl, table, bufs, &s_flag,
+                                                                          s_combine, s_claim, s_ring); break;
+        case 3: consume_pass<kGateUp, kWgmma, kStages, 3, kClaims, kMbar>(cons, prod, a, pl, table, bufs, &s_flag,
+                                                                          s_combine, s_claim, s_ring); break;
+        default: consume_pass<kGateUp, kWgmma, kStages, 4, kClaims, kMbar>(cons, prod, a, pl, table, bufs, &s_flag,
+                                                                           s_combine, s_claim, s_ring); break;
+      }
+    }
   }
   cp_async_wait<0>();
   if (kOverlap && !kGateUp && a.overlap) {
