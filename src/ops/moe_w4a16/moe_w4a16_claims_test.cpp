@@ -23,7 +23,7 @@ using w4::ClaimState;
 using w4::Cursor;
 using w4::ItemEntry;
 
-constexpr int kStages = 6;  // the wide shape's pipeline
+constexpr int kStages = w4::kWideStages;  // the wide shape's pipeline
 
 struct Routing {
   std::vector<int32_t> active, offsets;

@@ -25,7 +25,7 @@ constexpr int kBufBytes = kStageBytes + kActStageBytes;
 template <bool kNarrow>
 struct Shape {
   static constexpr int kCtasPerSm = kNarrow ? 2 : 1;
-  static constexpr int kStages = kNarrow ? 3 : 6;
+  static constexpr int kStages = kNarrow ? 3 : kWideStages;  // kWideStages: moe_w4a16_schedule.h
   static constexpr int kSmemBytes = kStages * kBufBytes;  // wide: 132096
 };
 
@@ -161,7 +161,6 @@ struct StageRing {
   uint64_t full[Shape<false>::kStages];
   uint64_t empty[Shape<false>::kStages];
 };
-static_assert(Shape<false>::kStages == kWideStages, "the ring's depth (RingPos, kMbarLead) is the wide shape's");
 
 // The kernel's static shared memory: the combine's state, the split flag and the stream-K scan's warp sums, the
 // claims' state and the stage ring.
