@@ -282,13 +282,19 @@ TEST_P(MlaDecode, PartitionExtremes) {
   check_case(kK3, ctx, 64, options(7, 1), 703);      // few partitions: most tokens split
   check_case(kK3, {4096}, 64, options(1024, 1), 704);  // one tile per partition: 64 pieces of one token
   check_case(kK3, {1, 1, 1, 1, 5000}, 64, options(200, 1), 705);
+  // Whole tokens (the token-aligned schedule, ScheduleMatchesHostModel checks that it is taken): 8 tokens of 16
+  // tiles on 9 partitions, and a one-tile token before ten of 16 tiles on 10 (the first partition holds two).
+  check_case(kK3, std::vector<int64_t>(8, 1000), 64, options(9, 1), 706);
+  check_case(kK3, {40, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}, 64, options(10, 1), 707);
 }
 
-TEST_P(MlaDecode, ScheduleMatchesHostModel) {
-  BG_REQUIRE_GPU();
-  DecodeCase c(kK3, ragged(40, 801, 4096), 64, options(), 802);
+// The device's schedule equals mla_decode_schedule_cpu's, with the even cut (ragged batch) and with whole tokens.
+void check_schedule_case(const Shape& shape, const std::vector<int64_t>& ctx, const MlaDecodeOptions& o,
+                         uint64_t seed, bool aligned) {
+  DecodeCase c(shape, ctx, 64, o, seed);
   c.run();
   const MlaDecodeSchedule want = mla_decode_schedule_cpu(c.plan, c.positions.data());
+  EXPECT_EQ(want.aligned, aligned);
   const int64_t n = c.n_tokens();
   std::vector<int32_t> meta(static_cast<size_t>(MlaDecodeMeta::count(n, c.plan.n_partitions)));
   BG_CUDA_CHECK(cudaMemcpy(meta.data(), static_cast<uint8_t*>(c.d_ws.data()) + c.plan.ws.meta, meta.size() * 4,
@@ -304,6 +310,17 @@ TEST_P(MlaDecode, ScheduleMatchesHostModel) {
   for (int64_t g = 0; g <= c.plan.n_partitions; ++g) {
     EXPECT_EQ(meta[MlaDecodeMeta::partition_begin(n) + g], want.partition_begin[g]) << g;
   }
+}
+
+TEST_P(MlaDecode, ScheduleMatchesHostModel) {
+  BG_REQUIRE_GPU();
+  check_schedule_case(kK3, ragged(40, 801, 4096), options(), 802, false);
+  check_schedule_case(kK3, std::vector<int64_t>(8, 1000), options(9, 1), 803, true);
+  check_schedule_case(kK3, {40, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}, options(10, 1), 804,
+                      true);
+  MlaDecodeOptions off = options(9, 1);
+  off.align_tokens = false;
+  check_schedule_case(kK3, std::vector<int64_t>(8, 1000), off, 805, false);
 }
 
 TEST_P(MlaDecode, DeterministicAndGraphReplayMatchesEager) {

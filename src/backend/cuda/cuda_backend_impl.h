@@ -657,6 +657,8 @@ class CudaBackend final : public Backend {
     ops::MlaDecodeOptions options;
     static const ops::MlaDecodeMma mma = ops::mla_decode_mma_from_env();  // BG_MLA_DECODE, read once
     options.mma = mma;
+    static const bool align = ops::mla_decode_align_from_env();  // BG_MLA_DECODE_ALIGN, read once
+    options.align_tokens = align;
     const ops::MlaDecodePlan plan = ops::mla_decode_plan(p, n_sms_, options);
     if (plan.ws.total_bytes > mla_ws_bytes_) {
       if (mla_ws_) mla_ws_retired_.push_back(std::move(mla_ws_));

@@ -30,6 +30,7 @@ struct PrepArgs {
   int n_tokens, n_heads, nope, qk, block_size;
   int n_partitions, min_tiles;
   bool per_token;  // MlaDecodePlan::per_token: partition t is token t, nothing split
+  bool align;      // MlaDecodePlan::align_tokens: the token-aligned schedule where it pays
 };
 
 // Exclusive prefix sum over the CTA (blockDim.x = kPrepThreads); *total receives the CTA's sum.
@@ -46,6 +47,57 @@ __device__ void raise_error(const MlaPagedCache& c, int32_t bit) {
 
 __device__ bool bad_position(const PrepArgs& a, int64_t pos) {
   return pos < 0 || pos >= kMaxPosition || pos / a.block_size >= a.cache.max_blocks_per_seq;
+}
+
+// Token t's tiles [lo, hi) of the concatenation (prefix written by this CTA before a barrier).
+__device__ __forceinline__ void token_tiles(const int32_t* prefix, int n_tokens, int64_t total, int t, int64_t& lo,
+                                            int64_t& hi) {
+  lo = prefix[t];
+  hi = t + 1 < n_tokens ? prefix[t + 1] : total;
+}
+
+// The token-aligned schedule (mla_decode_plan.h; host model: aligned_schedule in mla_decode_plan.cpp) into meta when
+// mla_aligned_schedule_pays; false, with only partition_begin written (the even schedule rewrites it), otherwise.
+// Every thread of CTA 0 calls it with prefix[] written and visible (after a barrier).
+__device__ bool write_aligned_schedule(const PrepArgs& a, int64_t total, int64_t n_used) {
+  __shared__ int n_split_even, max_aligned;
+  if (threadIdx.x == 0) n_split_even = max_aligned = 0;
+  __syncthreads();
+  const int32_t* prefix = a.meta + MlaDecodeMeta::kTilePrefix;
+  int32_t* part_begin = a.meta + MlaDecodeMeta::partition_begin(a.n_tokens);
+  // Partition g begins at the first token whose home is g or later: token t writes the begins of the partitions
+  // after its predecessor's home up to its own; the last token those after its home (the total).
+  for (int t = static_cast<int>(threadIdx.x); t < a.n_tokens; t += kPrepThreads) {
+    int64_t lo = 0, hi = 0;
+    token_tiles(prefix, a.n_tokens, total, t, lo, hi);
+    if (mla_partition_of(hi - 1, total, n_used) > mla_partition_of(lo, total, n_used)) atomicAdd(&n_split_even, 1);
+    const int64_t home = mla_home_partition(lo, hi, total, n_used);
+    int64_t prev_home = -1;
+    if (t > 0) {
+      int64_t plo = 0, phi = 0;
+      token_tiles(prefix, a.n_tokens, total, t - 1, plo, phi);
+      prev_home = mla_home_partition(plo, phi, total, n_used);
+    }
+    for (int64_t g = prev_home + 1; g <= home; ++g) part_begin[g] = static_cast<int32_t>(lo);
+    if (t + 1 == a.n_tokens) {
+      for (int64_t g = home + 1; g <= a.n_partitions; ++g) part_begin[g] = static_cast<int32_t>(total);
+    }
+  }
+  __syncthreads();  // every begin written (global memory, this CTA)
+  for (int g = static_cast<int>(threadIdx.x); g < n_used; g += kPrepThreads) {
+    atomicMax(&max_aligned, part_begin[g + 1] - part_begin[g]);
+  }
+  __syncthreads();
+  if (!mla_aligned_schedule_pays(max_aligned, total, n_used, n_split_even)) return false;
+  for (int t = static_cast<int>(threadIdx.x); t < a.n_tokens; t += kPrepThreads) {
+    int64_t lo = 0, hi = 0;
+    token_tiles(prefix, a.n_tokens, total, t, lo, hi);
+    a.meta[MlaDecodeMeta::n_splits(a.n_tokens) + t] = 1;
+    a.meta[MlaDecodeMeta::slot_base(a.n_tokens) + t] = 0;
+    a.meta[MlaDecodeMeta::first_partition(a.n_tokens) + t] =
+        static_cast<int32_t>(mla_home_partition(lo, hi, total, n_used));
+  }
+  return true;
 }
 
 // CTA 0: the split-KV schedule into meta (two scans over the tokens, in chunks of kPrepThreads). A position outside
@@ -105,6 +157,15 @@ __device__ void write_schedule(const PrepArgs& a) {
     return;
   }
   const int64_t n_used = mla_partitions_used(total, a.n_partitions, a.min_tiles);
+  if (a.align && write_aligned_schedule(a, total, n_used)) {
+    if (threadIdx.x == 0) {
+      prefix[a.n_tokens] = static_cast<int32_t>(total);
+      a.meta[MlaDecodeMeta::kTotalTiles] = static_cast<int32_t>(total);
+      a.meta[MlaDecodeMeta::kPartitionsUsed] = static_cast<int32_t>(n_used);
+    }
+    return;
+  }
+  __syncthreads();  // the aligned attempt's reads of partition_begin are done before the even schedule rewrites it
   carry = 0;
   for (int first = 0; first < a.n_tokens; first += kPrepThreads) {
     const int t = first + static_cast<int>(threadIdx.x);
@@ -348,7 +409,7 @@ void mla_decode_cuda(const MlaDecodePlan& plan, const MlaDecodeTensors& x, const
   const int copy_ctas = static_cast<int>(std::min<int64_t>(kCopyCtas, (copy_work + kPrepThreads - 1) / kPrepThreads));
   const PrepArgs prep{x.q, q_full, meta, cache, n, h, nope, qk, static_cast<int>(p.block_size),
                       static_cast<int>(plan.n_partitions), static_cast<int>(plan.min_tiles_per_partition),
-                      plan.per_token};
+                      plan.per_token, plan.align_tokens};
   if (vec) {
     prep_kernel<true><<<1 + copy_ctas, kPrepThreads, 0, stream>>>(prep);
   } else {

@@ -14,6 +14,33 @@ size_t align_up(size_t bytes, size_t alignment) { return (bytes + alignment - 1)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The token-aligned schedule into s (tile_prefix, total_tiles and n_used set) when it pays; s untouched otherwise.
+// The same arithmetic as the prep kernel's write_aligned_schedule (mla_decode_cuda.cu).
+bool aligned_schedule(const MlaDecodePlan& plan, MlaDecodeSchedule& s) {
+  const auto n = static_cast<int64_t>(s.n_splits.size());
+  const int64_t total = s.total_tiles, n_used = s.n_used;
+  std::vector<int32_t> home(static_cast<size_t>(n)), begin;
+  int64_t n_split_even = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t lo = s.tile_prefix[static_cast<size_t>(t)], hi = s.tile_prefix[static_cast<size_t>(t) + 1];
+    n_split_even += mla_partition_of(hi - 1, total, n_used) > mla_partition_of(lo, total, n_used) ? 1 : 0;
+    home[static_cast<size_t>(t)] = static_cast<int32_t>(mla_home_partition(lo, hi, total, n_used));
+  }
+  int64_t t = 0, max_aligned = 0;
+  for (int64_t g = 0; g <= plan.n_partitions; ++g) {
+    while (t < n && home[static_cast<size_t>(t)] < g) ++t;
+    begin.push_back(t < n ? s.tile_prefix[static_cast<size_t>(t)] : static_cast<int32_t>(total));
+    if (g > 0 && g <= n_used) max_aligned = std::max<int64_t>(max_aligned, begin[g] - begin[g - 1]);
+  }
+  if (!mla_aligned_schedule_pays(max_aligned, total, n_used, n_split_even)) return false;
+  s.aligned = true;
+  s.n_splits.assign(static_cast<size_t>(n), 1);
+  s.slot_base.assign(static_cast<size_t>(n), 0);
+  s.first_partition = home;
+  s.partition_begin = std::move(begin);
+  return true;
+}
+
 }  // namespace
 
 const char* mla_decode_mma_name(MlaDecodeMma mma) {
@@ -33,6 +60,8 @@ MlaDecodeMma mla_decode_mma_from_env() {
     default: return MlaDecodeOptions{}.mma;
   }
 }
+
+bool mla_decode_align_from_env() { return env_switch("BG_MLA_DECODE_ALIGN", MlaDecodeOptions{}.align_tokens); }
 
 bool mla_decode_takes(const MlaParams& p) {
   return p.kv_lora_rank == kMlaDecodeLora && p.qk_rope_dim == kMlaDecodeRope;
@@ -66,6 +95,7 @@ MlaDecodePlan mla_decode_plan(const MlaParams& p, int64_t n_sms, const MlaDecode
   plan.n_groups = ceil_div(p.n_heads, kMlaDecodeMaxGroupHeads);
   plan.group_heads = ceil_div(ceil_div(p.n_heads, plan.n_groups), 16) * 16;
   plan.per_token = options.per_token;
+  plan.align_tokens = options.align_tokens && !options.per_token;
   if (plan.per_token) {
     plan.n_partitions = p.n_tokens;
     plan.min_tiles_per_partition = 1;
@@ -120,6 +150,7 @@ MlaDecodeSchedule mla_decode_schedule_cpu(const MlaDecodePlan& plan, const int64
     return s;
   }
   s.n_used = mla_partitions_used(total, plan.n_partitions, plan.min_tiles_per_partition);
+  if (plan.align_tokens && aligned_schedule(plan, s)) return s;
   int64_t slots = 0;
   for (int64_t t = 0; t < n; ++t) {
     const auto i = static_cast<size_t>(t);

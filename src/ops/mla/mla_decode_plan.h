@@ -7,7 +7,10 @@
 // than one partition is "split": each piece writes an unnormalised fp32 partial (o, max, sum) into a slot of the
 // workspace and a combine kernel merges the pieces in partition order (fixed order: bitwise reproducible). Which
 // partition a tile falls into depends only on the step's positions, so a graph replay computes what the eager launch
-// computes, bit for bit. (Not batch invariant: a token's cut points depend on the other tokens' lengths.) The
+// computes, bit for bit. (Not batch invariant: a token's cut points depend on the other tokens' lengths.) When the
+// even cut splits many tokens and whole tokens balance almost as well (a batch of about one token per partition, or a
+// few), the device takes the token-aligned schedule instead: every token whole in the partition holding its middle
+// tile, so nothing is merged (MlaDecodeOptions::align_tokens; the rule is mla_aligned_schedule_pays). The
 // per-token schedule (MlaDecodeOptions::per_token, used under --deterministic) is: one partition per token, no split,
 // so a token's result never depends on what else is in the step, at the price of fewer CTAs at small batches.
 #pragma once
@@ -56,7 +59,12 @@ struct MlaDecodeOptions {
   int64_t n_partitions = 0;            // KV partitions; 0 = n_sms / head groups (one CTA per SM, one wave)
   int64_t min_tiles_per_partition = 2;  // fewer partitions when the step has few tiles
   bool per_token = false;  // one partition per token, never split (batch invariant); n_partitions must be 0
+  // Let the device take the token-aligned schedule where it pays (mla_aligned_schedule_pays); BG_MLA_DECODE_ALIGN=0
+  // turns it off in the backend (A/B runs).
+  bool align_tokens = true;
 };
+// BG_MLA_DECODE_ALIGN (0 / 1): the backend's align_tokens; unset: MlaDecodeOptions{}.align_tokens.
+bool mla_decode_align_from_env();
 
 // Byte offsets of the regions of one decode workspace (each 256-byte aligned).
 struct MlaDecodeWorkspace {
@@ -96,6 +104,7 @@ struct MlaDecodePlan {
   int64_t min_tiles_per_partition = 0;
   int64_t max_slots = 0;  // partial slots: split pieces never exceed 2 * partitions (0: per-token, nothing split)
   bool per_token = false;  // partition g is token g (n_partitions = n_tokens)
+  bool align_tokens = false;  // the device may take the token-aligned schedule (never with per_token)
   MlaDecodeMma mma = MlaDecodeMma::kMmaSync;
   MlaDecodeWorkspace ws;
 };
@@ -129,6 +138,29 @@ BG_MLA_HD int64_t mla_partition_of(int64_t x, int64_t total_tiles, int64_t n_use
   return ((x + 1) * n_used - 1) / total_tiles;
 }
 
+// ---- the token-aligned schedule ----------------------------------------------------------------------------------
+// Token t (tiles [lo, hi) of the concatenation) goes whole to its home partition: the even cut's partition of its
+// middle tile. Homes never decrease with t, so partition g holds the tokens whose home is g, contiguous, and starts
+// at the first tile of the first token whose home is g or later (the total when there is none; a partition may be
+// empty).
+BG_MLA_HD int64_t mla_home_partition(int64_t lo, int64_t hi, int64_t total_tiles, int64_t n_used) {
+  return mla_partition_of(lo + (hi - lo - 1) / 2, total_tiles, n_used);
+}
+
+// One tile more on the busiest CTA against the merge of this many split tokens (their fp32 partials written, read
+// back and combined): on the H100 a 64-position tile costs a CTA ~3.4 us at batch 64, the combine ~0.3 us per split
+// token (bench/RESULTS.md 2026-12-06), so about 11; 8 leans toward whole tokens.
+inline constexpr int64_t kMlaAlignSplitsPerTile = 8;
+
+// Whether the token-aligned schedule replaces the even one: the even cut splits some token, and the aligned
+// schedule's busiest partition (max_aligned tiles) is at most one tile per kMlaAlignSplitsPerTile split tokens above
+// the even cut's (ceil(total / n_used)).
+BG_MLA_HD bool mla_aligned_schedule_pays(int64_t max_aligned, int64_t total_tiles, int64_t n_used,
+                                         int64_t n_split_even) {
+  const int64_t max_even = (total_tiles + n_used - 1) / n_used;
+  return n_split_even > 0 && (max_aligned - max_even) * kMlaAlignSplitsPerTile <= n_split_even;
+}
+
 // The schedule the device computes, computed on the host from the same positions (tests, and documentation of
 // what the prep kernel writes into the meta region).
 struct MlaDecodeSchedule {
@@ -139,6 +171,7 @@ struct MlaDecodeSchedule {
   std::vector<int32_t> slot_base;    // [n_tokens]: split pieces before this token's
   std::vector<int32_t> first_partition;  // [n_tokens]
   std::vector<int32_t> partition_begin;  // [n_partitions + 1]; total past n_used
+  bool aligned = false;  // the token-aligned schedule (no token split; partitions may be empty)
 };
 MlaDecodeSchedule mla_decode_schedule_cpu(const MlaDecodePlan& plan, const int64_t* positions);
 

@@ -1,6 +1,7 @@
 // MLA decode plan and split-KV schedule (host model of the device schedule): head groups, partition counts,
 // workspace layout, and the schedule's invariants (every tile in exactly one partition, partitions non-empty and
-// balanced, split tokens' pieces in distinct slots within the plan's bound) over random ragged batches.
+// balanced, split tokens' pieces in distinct slots within the plan's bound) over random ragged batches, and where
+// the token-aligned schedule replaces the even cut (every token whole; taken exactly when the rule says it pays).
 #include "ops/mla/mla_decode_plan.h"
 
 #include <gtest/gtest.h>
@@ -68,10 +69,63 @@ TEST(MlaDecodePlan, TakesOnlyTheProductionLatentAndRejectsBadParams) {
   EXPECT_THROW(mla_decode_plan(decode_params(4, 96), 132, {MlaDecodeMma::kWgmma, 8, 0}), Error);
 }
 
+// The busiest partition of the token-aligned schedule, counted token by token (not from partition begins, as the
+// schedule does): token t's tiles go to the partition of its middle tile under the even cut.
+int64_t aligned_max_tiles(const MlaDecodeSchedule& s) {
+  std::vector<int64_t> load(static_cast<size_t>(s.n_used), 0);
+  for (size_t t = 0; t + 1 < s.tile_prefix.size(); ++t) {
+    const int64_t tiles = s.tile_prefix[t + 1] - s.tile_prefix[t];
+    const int64_t mid = s.tile_prefix[t] + (tiles - 1) / 2;
+    load[static_cast<size_t>(mla_partition_of(mid, s.total_tiles, s.n_used))] += tiles;
+  }
+  return *std::max_element(load.begin(), load.end());
+}
+
+// The token-aligned schedule: every token whole in one partition, partitions in token order cut only at token
+// boundaries (empty ones allowed), nothing to merge.
+void check_aligned(const MlaDecodePlan& plan, const MlaDecodeSchedule& s) {
+  const auto n = static_cast<int64_t>(s.n_splits.size());
+  ASSERT_EQ(s.partition_begin.size(), static_cast<size_t>(plan.n_partitions + 1));
+  ASSERT_EQ(s.partition_begin.front(), 0);
+  for (int64_t g = s.n_used; g <= plan.n_partitions; ++g) ASSERT_EQ(s.partition_begin[g], s.total_tiles) << g;
+  for (int64_t g = 0; g < plan.n_partitions; ++g) ASSERT_LE(s.partition_begin[g], s.partition_begin[g + 1]) << g;
+  for (int64_t g = 0; g <= plan.n_partitions; ++g) {
+    ASSERT_TRUE(std::binary_search(s.tile_prefix.begin(), s.tile_prefix.end(), s.partition_begin[g]))
+        << "partition " << g << " begins inside a token";
+  }
+  int64_t max_tiles = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const auto i = static_cast<size_t>(t);
+    ASSERT_EQ(s.n_splits[i], 1) << t;
+    const int32_t g = s.first_partition[i];
+    ASSERT_GE(g, 0);
+    ASSERT_LT(g, s.n_used);
+    EXPECT_LE(s.partition_begin[g], s.tile_prefix[i]) << "token " << t;
+    EXPECT_GE(s.partition_begin[g + 1], s.tile_prefix[i + 1]) << "token " << t;
+    max_tiles = std::max<int64_t>(max_tiles, s.partition_begin[g + 1] - s.partition_begin[g]);
+  }
+  EXPECT_EQ(max_tiles, aligned_max_tiles(s));
+}
+
 // Every invariant the kernels rely on, for one batch of positions.
 void check_schedule(const MlaDecodePlan& plan, const std::vector<int64_t>& positions) {
   const MlaDecodeSchedule s = mla_decode_schedule_cpu(plan, positions.data());
   const auto n = static_cast<int64_t>(positions.size());
+  // The even cut of the same batch decides whether the aligned schedule was due.
+  MlaDecodePlan even_plan = plan;
+  even_plan.align_tokens = false;
+  const MlaDecodeSchedule even = mla_decode_schedule_cpu(even_plan, positions.data());
+  ASSERT_FALSE(even.aligned);
+  const auto n_split_even = std::count_if(even.n_splits.begin(), even.n_splits.end(), [](int32_t k) { return k > 1; });
+  const int64_t max_even = (even.total_tiles + even.n_used - 1) / even.n_used;
+  const bool pays = n_split_even > 0 && (aligned_max_tiles(even) - max_even) * kMlaAlignSplitsPerTile <= n_split_even;
+  ASSERT_EQ(s.aligned, plan.align_tokens && pays);
+  ASSERT_EQ(s.tile_prefix, even.tile_prefix);
+  ASSERT_EQ(s.n_used, even.n_used);
+  if (s.aligned) {
+    check_aligned(plan, s);
+    return;
+  }
   ASSERT_EQ(s.tile_prefix.front(), 0);
   ASSERT_EQ(s.tile_prefix.back(), s.total_tiles);
   ASSERT_GE(s.n_used, 1);
@@ -115,12 +169,14 @@ void check_schedule(const MlaDecodePlan& plan, const std::vector<int64_t>& posit
 
 TEST(MlaDecodeSchedule, InvariantsOverRandomRaggedBatches) {
   std::mt19937_64 rng(5);
+  int aligned = 0;
   for (int iter = 0; iter < 300; ++iter) {
     const int64_t n = 1 + static_cast<int64_t>(rng() % 300);
     const int64_t max_ctx = int64_t{1} << (rng() % 17);
     std::vector<int64_t> positions(static_cast<size_t>(n));
     for (auto& p : positions) p = static_cast<int64_t>(rng() % static_cast<uint64_t>(max_ctx));
     MlaDecodeOptions o;
+    o.align_tokens = iter % 4 != 1;
     o.n_partitions = iter % 3 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % 300);
     o.min_tiles_per_partition = 1 + static_cast<int64_t>(rng() % 8);
     const MlaDecodePlan plan = mla_decode_plan(decode_params(n, iter % 2 ? 96 : 128), 132, o);
@@ -128,7 +184,10 @@ TEST(MlaDecodeSchedule, InvariantsOverRandomRaggedBatches) {
                                       << ", " << plan.n_partitions << " partitions, min tiles "
                                       << plan.min_tiles_per_partition);
     check_schedule(plan, positions);
+    aligned += mla_decode_schedule_cpu(plan, positions.data()).aligned ? 1 : 0;
   }
+  EXPECT_GT(aligned, 10) << "the random batches should reach both schedules";
+  EXPECT_LT(aligned, 200);
 }
 
 TEST(MlaDecodeSchedule, EdgeCases) {
@@ -141,6 +200,47 @@ TEST(MlaDecodeSchedule, EdgeCases) {
   std::vector<int64_t> mixed(256, 0);
   mixed[17] = 200000;
   check_schedule(wide, mixed);  // one long token among many short ones
+}
+
+// Where the aligned schedule is taken at K3's shapes on 132 SMs (66 partitions of two head groups), each case also
+// through every invariant above.
+TEST(MlaDecodeSchedule, WholeTokensWhereTheyBalanceAlmostAsWell) {
+  auto schedule = [](int64_t batch, int64_t context, bool align = true) {
+    MlaDecodeOptions o;
+    o.align_tokens = align;
+    const MlaDecodePlan plan = mla_decode_plan(decode_params(batch, 96), 132, o);
+    const std::vector<int64_t> positions(static_cast<size_t>(batch), context - 1);
+    check_schedule(plan, positions);
+    return mla_decode_schedule_cpu(plan, positions.data());
+  };
+  // Batch 64 at 4k: the even cut (62-63 tiles) splits almost every token; one token per partition costs one tile.
+  const MlaDecodeSchedule b64 = schedule(64, 4096);
+  EXPECT_TRUE(b64.aligned);
+  EXPECT_EQ(b64.n_used, 66);
+  for (int64_t t = 0; t < 64; ++t) {
+    EXPECT_EQ(b64.partition_begin[b64.first_partition[t] + 1] - b64.partition_begin[b64.first_partition[t]], 64);
+  }
+  EXPECT_FALSE(schedule(64, 4096, false).aligned);  // align_tokens off: the even cut
+  EXPECT_TRUE(schedule(128, 4096).aligned);         // two tokens a partition: 128 tiles against 125
+  EXPECT_TRUE(schedule(256, 4096).aligned);         // four: 256 against 249
+  // Not where whole tokens cost more than the merges they save, or where the even cut splits nothing.
+  EXPECT_FALSE(schedule(64, 32768).aligned);  // 512 tiles against 497
+  EXPECT_FALSE(schedule(16, 4096).aligned);   // 64 against 16
+  EXPECT_FALSE(schedule(1, 262144).aligned);
+  EXPECT_FALSE(schedule(66, 4096).aligned);  // 64 tiles a partition: the even cut is whole tokens already
+  // The GPU parity cases' batches (tests/cuda/mla_decode_parity_test.cpp, MlaDecode.ScheduleMatchesHostModel).
+  auto forced = [](std::vector<int64_t> positions, int64_t partitions) {
+    const MlaDecodePlan plan = mla_decode_plan(decode_params(static_cast<int64_t>(positions.size()), 96), 132,
+                                               {MlaDecodeMma::kWgmmaHeadsM, partitions, 1});
+    check_schedule(plan, positions);
+    return mla_decode_schedule_cpu(plan, positions.data());
+  };
+  EXPECT_TRUE(forced(std::vector<int64_t>(8, 999), 9).aligned);
+  const MlaDecodeSchedule two = forced({39, 999, 999, 999, 999, 999, 999, 999, 999, 999, 999}, 10);
+  EXPECT_TRUE(two.aligned);
+  EXPECT_EQ(two.first_partition[0], 0);
+  EXPECT_EQ(two.first_partition[1], 0);
+  EXPECT_EQ(two.partition_begin[1], 17);
 }
 
 TEST(MlaDecodeSchedule, PerTokenPlanSplitsNothingAndCutsOnlyAtTokens) {
