@@ -221,8 +221,10 @@ std::vector<int64_t> ragged(size_t n, uint64_t seed, int64_t max_ctx) {
 
 class MlaDecode : public ::testing::TestWithParam<MlaDecodeMma> {
  protected:
+  // The token-aligned schedule allowed (MlaDecodeOptions::align_tokens, off in the backend by default): the cases
+  // run it wherever it pays and the even cut elsewhere.
   MlaDecodeOptions options(int64_t n_partitions = 0, int64_t min_tiles = 2) const {
-    return {GetParam(), n_partitions, min_tiles};
+    return {GetParam(), n_partitions, min_tiles, false, true};
   }
   void check_case(const Shape& s, const std::vector<int64_t>& ctx, int64_t block, MlaDecodeOptions o, uint64_t seed) {
     DecodeCase c(s, ctx, block, o, seed);
@@ -285,6 +287,9 @@ TEST_P(MlaDecode, PartitionExtremes) {
   // Whole tokens (the token-aligned schedule, ScheduleMatchesHostModel checks that it is taken): 8 tokens of 16
   // tiles on 9 partitions, and a one-tile token before ten of 16 tiles on 10 (the first partition holds two).
   check_case(kK3, std::vector<int64_t>(8, 1000), 64, options(9, 1), 706);
+  MlaDecodeOptions even = options(9, 1);
+  even.align_tokens = false;
+  check_case(kK3, std::vector<int64_t>(8, 1000), 64, even, 708);  // the same batch cut evenly: most tokens split
   check_case(kK3, {40, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}, 64, options(10, 1), 707);
 }
 

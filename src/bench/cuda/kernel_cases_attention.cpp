@@ -72,16 +72,16 @@ MlaSet make_mla_set(CaseMemory& mem, int64_t n_seqs, int64_t context, const std:
 
 // Absorbed MLA decode: `batch` sequences of one token at position context - 1 (attending `context` keys). tensor_cores:
 // the split-KV tensor-core kernel the backend runs for decode steps (mla_decode_cuda, docs/MLA_DECODE.md); else the
-// general kernel (mla_attention_cuda) it uses for prefill and mixed steps. align false: the even split-KV cut only
-// (MlaDecodeOptions::align_tokens off), named mla_decode_even.
+// general kernel (mla_attention_cuda) it uses for prefill and mixed steps. aligned: the token-aligned schedule allowed
+// whatever BG_MLA_DECODE_ALIGN says (MlaDecodeOptions::align_tokens), named mla_decode_aligned.
 KernelCase mla_decode_case(int64_t batch, int64_t context, bool tensor_cores = true,
-                           ops::MlaDecodeMma mma = ops::MlaDecodeOptions{}.mma, bool align = true) {
+                           ops::MlaDecodeMma mma = ops::MlaDecodeOptions{}.mma, bool aligned = false) {
   KernelCase c;
   // mla_decode: the default policy; mla_decode_wgmma / _mmasync: the other one, measured beside it.
   if (!tensor_cores) {
     c.name = "mla_decode_general";
-  } else if (!align) {
-    c.name = "mla_decode_even";
+  } else if (aligned) {
+    c.name = "mla_decode_aligned";
   } else if (mma == ops::MlaDecodeOptions{}.mma) {
     c.name = "mla_decode";
   } else {
@@ -117,7 +117,7 @@ KernelCase mla_decode_case(int64_t batch, int64_t context, bool tensor_cores = t
     }
     ops::MlaDecodeOptions options;
     options.mma = mma;
-    options.align_tokens = align && ops::mla_decode_align_from_env();  // as the backend: BG_MLA_DECODE_ALIGN
+    options.align_tokens = aligned || ops::mla_decode_align_from_env();  // else as the backend: BG_MLA_DECODE_ALIGN
     const ops::MlaDecodePlan plan = ops::mla_decode_plan(p, env.n_sms, options);
     const ops::MlaDecodeContext ctx{env.cublas, env.cublas_workspace, env.cublas_workspace_bytes,
                                     mem.zeros(plan.ws.total_bytes), plan.ws.total_bytes};
@@ -480,11 +480,11 @@ void register_attention_cases(KernelRegistry& r, bool quick) {
   for (int64_t ctx : contexts) {
     for (int64_t b : decode) r.add(mla_decode_case(b, ctx));
     if (ctx == 4096) r.add(mla_decode_case(quick ? 1 : 16, ctx, /*tensor_cores=*/false));
-    // Whole tokens against the even cut where the aligned schedule applies (about one token per partition or a few).
+    // Whole tokens beside the default where the aligned schedule applies (about one token per partition or a few).
     if (ctx == 4096 && !quick) {
-      r.add(mla_decode_case(64, ctx, true, ops::MlaDecodeOptions{}.mma, false));
+      r.add(mla_decode_case(64, ctx, true, ops::MlaDecodeOptions{}.mma, true));
       r.add(mla_decode_case(128, ctx));
-      r.add(mla_decode_case(128, ctx, true, ops::MlaDecodeOptions{}.mma, false));
+      r.add(mla_decode_case(128, ctx, true, ops::MlaDecodeOptions{}.mma, true));
     }
     // The other attention kernels of the decode op, beside the default (mla_decode_plan.h).
     if (!quick) {

@@ -9,10 +9,11 @@
 // partition a tile falls into depends only on the step's positions, so a graph replay computes what the eager launch
 // computes, bit for bit. (Not batch invariant: a token's cut points depend on the other tokens' lengths.) When the
 // even cut splits many tokens and whole tokens balance almost as well (a batch of about one token per partition, or a
-// few), the device takes the token-aligned schedule instead: every token whole in the partition holding its middle
-// tile, so nothing is merged (MlaDecodeOptions::align_tokens; the rule is mla_aligned_schedule_pays). The
-// per-token schedule (MlaDecodeOptions::per_token, used under --deterministic) is: one partition per token, no split,
-// so a token's result never depends on what else is in the step, at the price of fewer CTAs at small batches.
+// few), the device may take the token-aligned schedule instead: every token whole in the partition holding its
+// middle tile, so nothing is merged (MlaDecodeOptions::align_tokens, off by default; the rule is
+// mla_aligned_schedule_pays). The per-token schedule (MlaDecodeOptions::per_token, used under --deterministic) is: one
+// partition per token, no split, so a token's result never depends on what else is in the step, at the price of
+// fewer CTAs at small batches.
 #pragma once
 
 #include <cstddef>
@@ -59,9 +60,9 @@ struct MlaDecodeOptions {
   int64_t n_partitions = 0;            // KV partitions; 0 = n_sms / head groups (one CTA per SM, one wave)
   int64_t min_tiles_per_partition = 2;  // fewer partitions when the step has few tiles
   bool per_token = false;  // one partition per token, never split (batch invariant); n_partitions must be 0
-  // Let the device take the token-aligned schedule where it pays (mla_aligned_schedule_pays); BG_MLA_DECODE_ALIGN=0
-  // turns it off in the backend (A/B runs).
-  bool align_tokens = true;
+  // Let the device take the token-aligned schedule where it pays (mla_aligned_schedule_pays). Off by default until
+  // its parity tests have passed on a GPU and it has measured faster; BG_MLA_DECODE_ALIGN=1 turns it on.
+  bool align_tokens = false;
 };
 // BG_MLA_DECODE_ALIGN (0 / 1): the backend's align_tokens; unset: MlaDecodeOptions{}.align_tokens.
 bool mla_decode_align_from_env();
