@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# GPU machine: the decode-step switches built but not yet measured, each against the defaults in the same binary and
-# on the same machine (bundle of scripts/gpu-bundle.sh in $BUNDLE, default .gpu). PARTS (default all, in this order):
-#   w4      MoeW4a16Parity.* (the mbarrier ring and the claims against the barrier kernel, bit for bit)
-#   kernels `bench kernels` moe_decode_w4a16 with its _mbarriers / _claims cases, mla_decode with mla_decode_aligned
-#   step64  `bench step` at batch 64, 4k: defaults, BG_MOE_W4A16_CLAIMS=1, BG_MOE_W4A16_MBARRIERS=1,
-#           BG_MLA_DECODE_ALIGN=1 (ROUNDS rounds, default 2)
-#   mla     *MlaDecode.* parity (the aligned schedule's device model and parity cases)
+# GPU machine: decode-step switches not yet measured in the step, each against the defaults in the same binary and on
+# the same machine (bundle of scripts/gpu-bundle.sh in $BUNDLE, default .gpu). PARTS (default all, in this order):
+#   w4      MoeW4a16Parity.* (the decode kernel and its switches, bit for bit)
+#   kernels `bench kernels` moe_decode_w4a16 with its _mbarriers / _claims cases, mla_decode with mla_decode_even
+#   step64  `bench step` at batch 64, 4k: defaults and BG_MLA_DECODE_ALIGN=0 (the even split-KV cut only)
+#           (ROUNDS rounds, default 2)
+#   mla     *MlaDecode.* parity (the aligned schedule's device model and parity cases, three kernels)
 #   big     `bench step` at batch 128 / 256, 4k: defaults, BG_MOE_PREFILL=w4a16 (the W4A16 prefill kernel inside the
-#           decode graph instead of the decode kernel's passes), BG_MLA_DECODE_ALIGN=1
-#   models  the GPU goldens, step and graph tests with BG_MOE_W4A16_MBARRIERS=1, BG_MOE_PREFILL=w4a16 and
-#           BG_MLA_DECODE_ALIGN=1
+#           decode graph instead of the decode kernel's passes), BG_MLA_DECODE_ALIGN=0
+#   models  the GPU goldens, step and graph tests with BG_MOE_PREFILL=w4a16
 # Every result is appended to $OUT/summary.txt as it comes, so a call cut short still returns what ran.
 set -uo pipefail
 BUNDLE=${BUNDLE:-.gpu}; OUT=${OUT:-/tmp/out}
@@ -39,7 +38,7 @@ if has w4; then
 fi
 if has kernels; then
   "$BG" bench kernels --device cuda --json "$OUT/kernels.json" \
-    --kernels 'moe_decode_w4a16$,moe_decode_w4a16_mbarriers,moe_decode_w4a16_claims,mla_decode$,mla_decode_aligned' \
+    --kernels 'moe_decode_w4a16$,moe_decode_w4a16_mbarriers,moe_decode_w4a16_claims,mla_decode$,mla_decode_even' \
     > "$OUT/kernels.txt" 2>&1
   echo "kernels rc=$?" >> "$S"
   grep -E "^ *(ceilings|moe_decode|mla_decode)" "$OUT/kernels.txt" >> "$S"
@@ -48,7 +47,7 @@ fi
 if has step64 || has big; then wait "$SLICE"; fi
 if has step64; then
   for r in $(seq 1 "$ROUNDS"); do
-    steps "b64-$r" 64 - BG_MOE_W4A16_CLAIMS=1 BG_MOE_W4A16_MBARRIERS=1 BG_MLA_DECODE_ALIGN=1
+    steps "b64-$r" 64 - BG_MLA_DECODE_ALIGN=0
   done
   at step64
 fi
@@ -58,11 +57,11 @@ if has mla; then
   at "mla parity"
 fi
 if has big; then
-  for r in $(seq 1 "$ROUNDS"); do steps "big-$r" 128,256 - BG_MOE_PREFILL=w4a16 BG_MLA_DECODE_ALIGN=1; done
+  for r in $(seq 1 "$ROUNDS"); do steps "big-$r" 128,256 - BG_MOE_PREFILL=w4a16 BG_MLA_DECODE_ALIGN=0; done
   at big
 fi
 if has models; then
-  for e in BG_MOE_W4A16_MBARRIERS=1 BG_MOE_PREFILL=w4a16 BG_MLA_DECODE_ALIGN=1; do
+  for e in BG_MOE_PREFILL=w4a16; do
     env "$e" timeout 150 "$T" --gtest_filter='Cases/GoldenGpu.*:Models/StepGpu.*:GraphCapture*' \
       > "$OUT/models-${e//[^A-Za-z0-9]/_}.txt" 2>&1
     gtest_summary "models $e" "$OUT/models-${e//[^A-Za-z0-9]/_}.txt" $?

@@ -221,8 +221,8 @@ std::vector<int64_t> ragged(size_t n, uint64_t seed, int64_t max_ctx) {
 
 class MlaDecode : public ::testing::TestWithParam<MlaDecodeMma> {
  protected:
-  // The token-aligned schedule allowed (MlaDecodeOptions::align_tokens, off in the backend by default): the cases
-  // run it wherever it pays and the even cut elsewhere.
+  // The token-aligned schedule allowed (MlaDecodeOptions::align_tokens, the default): the cases run it wherever it
+  // pays and the even cut elsewhere.
   MlaDecodeOptions options(int64_t n_partitions = 0, int64_t min_tiles = 2) const {
     return {GetParam(), n_partitions, min_tiles, false, true};
   }
@@ -284,12 +284,14 @@ TEST_P(MlaDecode, PartitionExtremes) {
   check_case(kK3, ctx, 64, options(7, 1), 703);      // few partitions: most tokens split
   check_case(kK3, {4096}, 64, options(1024, 1), 704);  // one tile per partition: 64 pieces of one token
   check_case(kK3, {1, 1, 1, 1, 5000}, 64, options(200, 1), 705);
-  // Whole tokens (the token-aligned schedule, ScheduleMatchesHostModel checks that it is taken): 8 tokens of 16
-  // tiles on 9 partitions, and a one-tile token before ten of 16 tiles on 10 (the first partition holds two).
-  check_case(kK3, std::vector<int64_t>(8, 1000), 64, options(9, 1), 706);
-  MlaDecodeOptions even = options(9, 1);
+  // Whole tokens (the token-aligned schedule, ScheduleMatchesHostModel checks that it is taken): a one-tile token
+  // before eight of 16 tiles on 8 partitions and before ten on 10 (the first partition holds two).
+  const std::vector<int64_t> eight = {40, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000};
+  check_case(kK3, eight, 64, options(8, 1), 706);
+  MlaDecodeOptions even = options(8, 1);
   even.align_tokens = false;
-  check_case(kK3, std::vector<int64_t>(8, 1000), 64, even, 708);  // the same batch cut evenly: most tokens split
+  check_case(kK3, eight, 64, even, 708);  // the same batch cut evenly: every token of 16 tiles split
+  check_case(kK3, std::vector<int64_t>(8, 1000), 64, options(9, 1), 709);  // 8 merges do not pay a tile: even
   check_case(kK3, {40, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}, 64, options(10, 1), 707);
 }
 
@@ -320,12 +322,13 @@ void check_schedule_case(const Shape& shape, const std::vector<int64_t>& ctx, co
 TEST_P(MlaDecode, ScheduleMatchesHostModel) {
   BG_REQUIRE_GPU();
   check_schedule_case(kK3, ragged(40, 801, 4096), options(), 802, false);
-  check_schedule_case(kK3, std::vector<int64_t>(8, 1000), options(9, 1), 803, true);
+  check_schedule_case(kK3, {40, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}, options(8, 1), 803, true);
+  check_schedule_case(kK3, std::vector<int64_t>(8, 1000), options(9, 1), 806, false);
   check_schedule_case(kK3, {40, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}, options(10, 1), 804,
                       true);
-  MlaDecodeOptions off = options(9, 1);
+  MlaDecodeOptions off = options(8, 1);
   off.align_tokens = false;
-  check_schedule_case(kK3, std::vector<int64_t>(8, 1000), off, 805, false);
+  check_schedule_case(kK3, {40, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}, off, 805, false);
 }
 
 TEST_P(MlaDecode, DeterministicAndGraphReplayMatchesEager) {

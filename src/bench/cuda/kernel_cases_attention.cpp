@@ -72,16 +72,16 @@ MlaSet make_mla_set(CaseMemory& mem, int64_t n_seqs, int64_t context, const std:
 
 // Absorbed MLA decode: `batch` sequences of one token at position context - 1 (attending `context` keys). tensor_cores:
 // the split-KV tensor-core kernel the backend runs for decode steps (mla_decode_cuda, docs/MLA_DECODE.md); else the
-// general kernel (mla_attention_cuda) it uses for prefill and mixed steps. aligned: the token-aligned schedule allowed
-// whatever BG_MLA_DECODE_ALIGN says (MlaDecodeOptions::align_tokens), named mla_decode_aligned.
+// general kernel (mla_attention_cuda) it uses for prefill and mixed steps. even: the even split-KV cut only, without
+// the token-aligned schedule (MlaDecodeOptions::align_tokens off), named mla_decode_even.
 KernelCase mla_decode_case(int64_t batch, int64_t context, bool tensor_cores = true,
-                           ops::MlaDecodeMma mma = ops::MlaDecodeOptions{}.mma, bool aligned = false) {
+                           ops::MlaDecodeMma mma = ops::MlaDecodeOptions{}.mma, bool even = false) {
   KernelCase c;
   // mla_decode: the default policy; mla_decode_wgmma / _mmasync: the other one, measured beside it.
   if (!tensor_cores) {
     c.name = "mla_decode_general";
-  } else if (aligned) {
-    c.name = "mla_decode_aligned";
+  } else if (even) {
+    c.name = "mla_decode_even";
   } else if (mma == ops::MlaDecodeOptions{}.mma) {
     c.name = "mla_decode";
   } else {
@@ -117,7 +117,7 @@ KernelCase mla_decode_case(int64_t batch, int64_t context, bool tensor_cores = t
     }
     ops::MlaDecodeOptions options;
     options.mma = mma;
-    options.align_tokens = aligned || ops::mla_decode_align_from_env();  // else as the backend: BG_MLA_DECODE_ALIGN
+    options.align_tokens = !even && ops::mla_decode_align_from_env();  // else as the backend: BG_MLA_DECODE_ALIGN
     const ops::MlaDecodePlan plan = ops::mla_decode_plan(p, env.n_sms, options);
     const ops::MlaDecodeContext ctx{env.cublas, env.cublas_workspace, env.cublas_workspace_bytes,
                                     mem.zeros(plan.ws.total_bytes), plan.ws.total_bytes};
@@ -480,7 +480,7 @@ void register_attention_cases(KernelRegistry& r, bool quick) {
   for (int64_t ctx : contexts) {
     for (int64_t b : decode) r.add(mla_decode_case(b, ctx));
     if (ctx == 4096) r.add(mla_decode_case(quick ? 1 : 16, ctx, /*tensor_cores=*/false));
-    // Whole tokens beside the default where the aligned schedule applies (about one token per partition or a few).
+    // The even cut beside the default where the aligned schedule applies (about one token per partition or a few).
     if (ctx == 4096 && !quick) {
       r.add(mla_decode_case(64, ctx, true, ops::MlaDecodeOptions{}.mma, true));
       r.add(mla_decode_case(128, ctx));

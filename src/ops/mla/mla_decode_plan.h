@@ -10,7 +10,7 @@
 // computes, bit for bit. (Not batch invariant: a token's cut points depend on the other tokens' lengths.) When the
 // even cut splits many tokens and whole tokens balance almost as well (a batch of about one token per partition, or a
 // few), the device may take the token-aligned schedule instead: every token whole in the partition holding its
-// middle tile, so nothing is merged (MlaDecodeOptions::align_tokens, off by default; the rule is
+// middle tile, so nothing is merged (MlaDecodeOptions::align_tokens; the rule is
 // mla_aligned_schedule_pays). The per-token schedule (MlaDecodeOptions::per_token, used under --deterministic) is: one
 // partition per token, no split, so a token's result never depends on what else is in the step, at the price of
 // fewer CTAs at small batches.
@@ -60,9 +60,9 @@ struct MlaDecodeOptions {
   int64_t n_partitions = 0;            // KV partitions; 0 = n_sms / head groups (one CTA per SM, one wave)
   int64_t min_tiles_per_partition = 2;  // fewer partitions when the step has few tiles
   bool per_token = false;  // one partition per token, never split (batch invariant); n_partitions must be 0
-  // Let the device take the token-aligned schedule where it pays (mla_aligned_schedule_pays). Off by default until
-  // its parity tests have passed on a GPU and it has measured faster; BG_MLA_DECODE_ALIGN=1 turns it on.
-  bool align_tokens = false;
+  // Let the device take the token-aligned schedule where it pays (mla_aligned_schedule_pays): on by default since it
+  // measured faster (H100, 2026-12-07); BG_MLA_DECODE_ALIGN=0 turns it off.
+  bool align_tokens = true;
 };
 // BG_MLA_DECODE_ALIGN (0 / 1): the backend's align_tokens; unset: MlaDecodeOptions{}.align_tokens.
 bool mla_decode_align_from_env();
@@ -149,9 +149,11 @@ BG_MLA_HD int64_t mla_home_partition(int64_t lo, int64_t hi, int64_t total_tiles
 }
 
 // One tile more on the busiest CTA against the merge of this many split tokens (their fp32 partials written, read
-// back and combined): on the H100 a 64-position tile costs a CTA ~3.4 us at batch 64, the combine ~0.3 us per split
-// token (bench/RESULTS.md 2026-12-06), so about 11; 8 leans toward whole tokens.
-inline constexpr int64_t kMlaAlignSplitsPerTile = 8;
+// back and combined). Measured on the H100 (K3, 4k contexts, bench/RESULTS.md 2026-12-07): whole tokens saved 18.4 us
+// at batch 64 (one tile more, 64 tokens no longer split) and 7.8 us at batch 128 (three more), i.e. a tile ~5.3 us and
+// a split token's merge ~0.37 us: about 14; 12 leans toward whole tokens. (Batch 256 at 4k, seven tiles more for the
+// same ~64 merges, keeps the even cut.)
+inline constexpr int64_t kMlaAlignSplitsPerTile = 12;
 
 // Whether the token-aligned schedule replaces the even one: the even cut splits some token, and the aligned
 // schedule's busiest partition (max_aligned tiles) is at most one tile per kMlaAlignSplitsPerTile split tokens above

@@ -202,8 +202,8 @@ TEST(MlaDecodeSchedule, EdgeCases) {
   check_schedule(wide, mixed);  // one long token among many short ones
 }
 
-// Where the aligned schedule is taken at K3's shapes on 132 SMs (66 partitions of two head groups) once allowed (it
-// is off by default), each case also through every invariant above.
+// Where the aligned schedule is taken at K3's shapes on 132 SMs (66 partitions of two head groups), each case also
+// through every invariant above.
 TEST(MlaDecodeSchedule, WholeTokensWhereTheyBalanceAlmostAsWell) {
   auto schedule = [](int64_t batch, int64_t context, bool align = true) {
     MlaDecodeOptions o;
@@ -221,10 +221,10 @@ TEST(MlaDecodeSchedule, WholeTokensWhereTheyBalanceAlmostAsWell) {
     EXPECT_EQ(b64.partition_begin[b64.first_partition[t] + 1] - b64.partition_begin[b64.first_partition[t]], 64);
   }
   EXPECT_FALSE(schedule(64, 4096, false).aligned);  // align_tokens off: the even cut
-  EXPECT_FALSE(MlaDecodeOptions{}.align_tokens) << "off by default until measured on a GPU";
+  EXPECT_TRUE(MlaDecodeOptions{}.align_tokens) << "on by default (measured faster)";
   EXPECT_TRUE(schedule(128, 4096).aligned);         // two tokens a partition: 128 tiles against 125
-  EXPECT_TRUE(schedule(256, 4096).aligned);         // four: 256 against 249
   // Not where whole tokens cost more than the merges they save, or where the even cut splits nothing.
+  EXPECT_FALSE(schedule(256, 4096).aligned);  // four tokens a partition: 256 tiles against 249
   EXPECT_FALSE(schedule(64, 32768).aligned);  // 512 tiles against 497
   EXPECT_FALSE(schedule(16, 4096).aligned);   // 64 against 16
   EXPECT_FALSE(schedule(1, 262144).aligned);
@@ -236,7 +236,8 @@ TEST(MlaDecodeSchedule, WholeTokensWhereTheyBalanceAlmostAsWell) {
     check_schedule(plan, positions);
     return mla_decode_schedule_cpu(plan, positions.data());
   };
-  EXPECT_TRUE(forced(std::vector<int64_t>(8, 999), 9).aligned);
+  EXPECT_FALSE(forced(std::vector<int64_t>(8, 999), 9).aligned);  // one tile more for 8 merges: not worth it
+  EXPECT_TRUE(forced({39, 999, 999, 999, 999, 999, 999, 999, 999}, 8).aligned);  // the busiest as the even cut's
   const MlaDecodeSchedule two = forced({39, 999, 999, 999, 999, 999, 999, 999, 999, 999, 999}, 10);
   EXPECT_TRUE(two.aligned);
   EXPECT_EQ(two.first_partition[0], 0);
