@@ -4,12 +4,12 @@
 //   router_topk_rounds  the same taking the top-k in k rounds of a block argmax (ops::RouterTopk::kRounds)
 //   moe_decode_w4a16    the fused W4A16 kernel (gate/up + GLU, down + weighted combine; dispatch done in setup) over
 //                       the load-time layout, what Backend::moe_routed_local runs at decode (ops/moe_w4a16)
-//   moe_decode_w4a16_wgmma the same on wgmma (MoeW4a16Params::wgmma; not the default until measured)
+//   moe_decode_w4a16_wgmma the same on wgmma (MoeW4a16Params::wgmma; off by default: slower below 32 rows)
 //   moe_decode_w4a16_wide the same without the two-CTAs-per-SM shape that the default takes up to 16 tokens
 //                       (MoeW4a16Params::narrow = false)
 //   moe_decode_w4a16_mbarriers, moe_decode_w4a16_claims  at 64 tokens (the wide shape, down overlapping gate/up):
 //                       the stage ring's mbarriers (MoeW4a16Params::mbarriers) and down claiming its items
-//                       (::claims), both off by default until measured faster
+//                       (::claims), both off by default (slower on the H100, bench/RESULTS.md 2026-12-07)
 //   moe_decode_w4a16_rows  the same kernel with rows in / rows out (gather in setup, no combine): what an
 //                       expert-parallel rank runs on the rows the exchange delivered (Backend::moe_experts)
 //   moe_decode_stages   the stage kernels' expert FFN alone (dispatch and gather done in setup), decode batches

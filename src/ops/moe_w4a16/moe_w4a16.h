@@ -125,8 +125,9 @@ struct MoeW4a16Params {
   // 0.435 -> 0.458 at 4, 0.319 -> 0.325 at 16, equal at 32 (MoeW4a16Bench, bench/RESULTS.md 2026-12-02 13:02).
   bool pdl = true;
   // CUDA only: the tensor-core step on wgmma (sm_90a; A from registers, B the activations in a 128-byte-swizzle
-  // tile) instead of mma.sync. The same arithmetic up to the order of the fp32 additions inside an MMA. Off by default
-  // until measured on the H200; BG_MOE_W4A16_WGMMA=1 turns it on where the backend builds the params.
+  // tile) instead of mma.sync. The same arithmetic up to the order of the fp32 additions inside an MMA. Off by default:
+  // slower than mma.sync below 32 rows per expert on the H200 (docs/MOE_W4A16.md); BG_MOE_W4A16_WGMMA=1 turns it on
+  // where the backend builds the params.
   bool wgmma = false;
   // CUDA only: launches of at most 16 tokens on mma.sync (moe_w4a16_runs_narrow) run two CTAs per SM with 128
   // registers and 3 pipeline stages each, instead of one CTA with ~250 registers and 6 stages: twice the warps to hide
@@ -164,16 +165,16 @@ struct MoeW4a16Params {
   bool overlap = true;
   // CUDA only, where moe_w4a16_overlaps: down's CTAs claim their items one at a time from a counter (in expert
   // order, a few stages ahead of each CTA's producer: moe_w4a16_schedule.h, "Claims") instead of taking a fixed share
-  // by ticket, so CTAs that start late or run slow items take fewer. The same bits. Built 2026-12-06 and checked on
-  // the host only (the schedule emulation); off until it has run on a GPU. BG_MOE_W4A16_CLAIMS=1 turns it on where
-  // the backend builds the params.
+  // by ticket, so CTAs that start late or run slow items take fewer. The same bits (parity passed on the H100). Off:
+  // 5 % slower than the tickets at 64 tokens (H100, 2026-12-07). BG_MOE_W4A16_CLAIMS=1 turns it on where the backend
+  // builds the params.
   bool claims = false;
   // CUDA only, the wide mma.sync shape: the pipeline's stages handed over by mbarriers (a full and an empty barrier
   // per buffer) instead of a CTA barrier per stage, so the 8 warps run up to two stages apart and one warp's decode
   // overlaps another's mma instead of all decoding at once after each barrier (docs/MOE_W4A16.md, "The mbarrier
-  // ring"). The producer then runs 4 stages ahead instead of 5. The same arithmetic (the same bits). Built
-  // 2026-12-07, off until it has run on a GPU; BG_MOE_W4A16_MBARRIERS=1 turns it on where the backend builds the
-  // params.
+  // ring"). The producer then runs 4 stages ahead instead of 5. The same arithmetic (the same bits; parity passed on
+  // the H100). Off: 2.7 % slower than the barrier kernel at 64 tokens (H100, 2026-12-07). BG_MOE_W4A16_MBARRIERS=1
+  // turns it on where the backend builds the params.
   bool mbarriers = false;
 };
 
