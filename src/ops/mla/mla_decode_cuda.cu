@@ -172,8 +172,9 @@ __device__ void write_schedule(const PrepArgs& a) {
     int n_splits = 0;
     int64_t first_part = 0;
     if (t < a.n_tokens) {
-      const int64_t hi = t + 1 < a.n_tokens ? prefix[t + 1] : total;
-      first_part = mla_partition_of(prefix[t], total, n_used);
+      int64_t lo = 0, hi = 0;
+      token_tiles(prefix, a.n_tokens, total, t, lo, hi);
+      first_part = mla_partition_of(lo, total, n_used);
       n_splits = static_cast<int>(mla_partition_of(hi - 1, total, n_used) - first_part) + 1;
     }
     const int excl = block_exclusive_scan(n_splits > 1 ? n_splits : 0, warp_sums, &chunk_total);
