@@ -266,57 +266,25 @@ void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t 
     EXPECT_TRUE(bits[0] == bits[1]) << what << " pdl=" << pdl << ": the fused and the separate combine differ";
   }
   L.p.combine = MoeW4a16Combine::kAuto;
-  // Down overlapping gate/up's last wave (per-expert ready counters, tickets: moe_w4a16_overlaps, above 32 tokens),
-  // the same with items claimed one at a time (MoeW4a16Params::claims), and down waiting for the whole gate/up grid:
-  // the same bits, three launches in a row (the counters reset).
+  // Down overlapping gate/up's last wave (per-expert ready counters, tickets: moe_w4a16_overlaps, above 32 tokens)
+  // and down waiting for the whole gate/up grid: the same bits, three launches in a row (the counters reset).
   L.p.pdl = true;
   if (moe_w4a16_overlaps(L.p)) {
-    std::vector<uint8_t> bits[3];
-    for (int i = 0; i < 3; ++i) {
-      L.p.overlap = i >= 1;
-      L.p.claims = i == 2;
-      relayout(L, st.s);  // the claim ring needs its table entries
+    std::vector<uint8_t> bits[2];
+    for (int i = 0; i < 2; ++i) {
+      L.p.overlap = i == 1;
       for (int rep = 0; rep < 3; ++rep) {
         L.reset_out();
         L.run(st.s);
         BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
         if (rep == 0) bits[i] = L.download_bits();
-        EXPECT_TRUE(L.download_bits() == bits[i]) << what << " overlap / claims " << i << ": launch " << rep
-                                                  << " differs";
+        EXPECT_TRUE(L.download_bits() == bits[i]) << what << " overlap=" << i << ": launch " << rep << " differs";
       }
     }
     EXPECT_TRUE(bits[0] == bits[1]) << what << ": down overlapping gate/up gave different bits";
-    EXPECT_TRUE(bits[0] == bits[2]) << what << ": down claiming its items gave different bits";
     EXPECT_EQ(L.dispatch->error_word(), 0) << what << ": a device error flag (an overlap wait that stalled?)";
     L.p.overlap = true;
-    L.p.claims = false;
-    relayout(L, st.s);
   }
-  // The stage ring's mbarriers (MoeW4a16Params::mbarriers, the wide mma.sync shape) in place of the CTA barrier per
-  // stage: the same bits, with and without PDL (above 32 tokens down overlaps gate/up, by tickets, then claiming its
-  // items on the barrier kernel), three launches in a row and a graph replay.
-  L.reset_out();
-  L.run(st.s);
-  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
-  const std::vector<uint8_t> barrier_bits = L.download_bits();
-  L.p.mbarriers = true;
-  for (int run = 0; run < 3; ++run) {
-    L.p.pdl = run != 0;
-    L.p.claims = run == 2 && moe_w4a16_overlaps(L.p);
-    relayout(L, st.s);
-    const std::string path = fmt::format("{} mbarriers pdl={} claims={}", what, L.p.pdl, L.p.claims);
-    for (int rep = 0; rep < 3; ++rep) {
-      L.reset_out();
-      L.run(st.s);
-      BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
-      EXPECT_TRUE(L.download_bits() == barrier_bits) << path << ": launch " << rep << " differs";
-    }
-    expect_graph_replay_equals(L, st.s, barrier_bits, path);
-    EXPECT_EQ(L.dispatch->error_word(), 0) << path;
-  }
-  L.p.mbarriers = false;
-  L.p.claims = false;
-  L.p.pdl = true;
 }
 
 TEST(MoeW4a16Parity, SmallOddShapes) {
@@ -600,33 +568,25 @@ TEST(MoeW4a16Parity, OverlapSurvivesABrokenDispatch) {
   ASSERT_TRUE(moe_w4a16_overlaps(L.p));
   std::vector<float> ref = L.out_init;
   moe_w4a16_cpu(L.p, set.views, L.x.data(), r.ids.data(), r.weights.data(), ref.data());
-  // Items by ticket, claimed one at a time (MoeW4a16Params::claims), by ticket on the mbarrier ring (::mbarriers).
-  for (const int mode : {0, 1, 2}) {
-    const std::string what = mode == 0 ? "tickets" : mode == 1 ? "claims" : "mbarriers";
-    L.p.claims = mode == 1;
-    L.p.mbarriers = mode == 2;
-    relayout(L, st.s);
+  L.run(st.s);
+  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  testing::expect_parity(L.download_out(), ref, testing::kTolBf16Out, "before the broken dispatch");
+  const std::vector<uint8_t> good = L.download_bits();
+  const int32_t huge = 1 << 20;
+  BG_CUDA_CHECK(cudaMemcpy(L.dws.n_active, &huge, sizeof(huge), cudaMemcpyHostToDevice));
+  for (int rep = 0; rep < 2; ++rep) {
     L.reset_out();
     L.run(st.s);
-    BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
-    testing::expect_parity(L.download_out(), ref, testing::kTolBf16Out, what + ", before the broken dispatch");
-    const std::vector<uint8_t> good = L.download_bits();
-    const int32_t huge = 1 << 20;
-    BG_CUDA_CHECK(cudaMemcpy(L.dws.n_active, &huge, sizeof(huge), cudaMemcpyHostToDevice));
-    for (int rep = 0; rep < 2; ++rep) {
-      L.reset_out();
-      L.run(st.s);
-      BG_CUDA_CHECK(cudaStreamSynchronize(st.s));  // returns: no wait hangs
-      EXPECT_EQ(L.dispatch->error_word(), kMoeErrorBadDescriptor) << what << ": broken dispatch, launch " << rep;
-    }
-    moe_dispatch_cuda(L.mp, L.d_ids.as<int32_t>(), L.d_w.as<float>(), L.dws, st.s);  // repaired
-    BG_CUDA_CHECK(cudaMemsetAsync(L.dws.error_flags, 0, sizeof(int32_t), st.s));
-    L.reset_out();
-    L.run(st.s);
-    BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
-    EXPECT_TRUE(L.download_bits() == good) << what << ": the launch after the broken one differs: counters left?";
-    EXPECT_EQ(L.dispatch->error_word(), 0) << what;
+    BG_CUDA_CHECK(cudaStreamSynchronize(st.s));  // returns: no wait hangs
+    EXPECT_EQ(L.dispatch->error_word(), kMoeErrorBadDescriptor) << "broken dispatch, launch " << rep;
   }
+  moe_dispatch_cuda(L.mp, L.d_ids.as<int32_t>(), L.d_w.as<float>(), L.dws, st.s);  // repaired
+  BG_CUDA_CHECK(cudaMemsetAsync(L.dws.error_flags, 0, sizeof(int32_t), st.s));
+  L.reset_out();
+  L.run(st.s);
+  BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  EXPECT_TRUE(L.download_bits() == good) << "the launch after the broken one differs: counters left behind?";
+  EXPECT_EQ(L.dispatch->error_word(), 0);
 }
 
 // ---- The prefill kernel (moe_w4a16_prefill_cuda): rows in, rows out ----------------------------------------------

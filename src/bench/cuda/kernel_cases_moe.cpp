@@ -7,9 +7,6 @@
 //   moe_decode_w4a16_wgmma the same on wgmma (MoeW4a16Params::wgmma; off by default: slower below 32 rows)
 //   moe_decode_w4a16_wide the same without the two-CTAs-per-SM shape that the default takes up to 16 tokens
 //                       (MoeW4a16Params::narrow = false)
-//   moe_decode_w4a16_mbarriers, moe_decode_w4a16_claims  at 64 tokens (the wide shape, down overlapping gate/up):
-//                       the stage ring's mbarriers (MoeW4a16Params::mbarriers) and down claiming its items
-//                       (::claims), both off by default (slower on the H100, bench/RESULTS.md 2026-12-07)
 //   moe_decode_w4a16_rows  the same kernel with rows in / rows out (gather in setup, no combine): what an
 //                       expert-parallel rank runs on the rows the exchange delivered (Backend::moe_experts)
 //   moe_decode_stages   the stage kernels' expert FFN alone (dispatch and gather done in setup), decode batches
@@ -130,7 +127,7 @@ double ffn_bytes(int64_t n_tokens, int64_t touched) {
 }
 
 enum class MoePart {
-  kW4a16, kW4a16Wgmma, kW4a16Wide, kW4a16Mbarriers, kW4a16Claims, kW4a16Rows, kW4a16Prefill, kW4a16PrefillRouted,
+  kW4a16, kW4a16Wgmma, kW4a16Wide, kW4a16Rows, kW4a16Prefill, kW4a16PrefillRouted,
   kFfn, kRouted, kDispatch, kGrouped, kGroupedPerExpert, kGroupedDequant, kFp8, kFp8Convert
 };
 
@@ -260,7 +257,7 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
   // Decode (a few rows per expert) is bound by the weight bytes: its compute reference is the dense GEMM peak, not the
   // grouped GEMM at the same rows per expert (itself memory-bound there, so a 4-bit kernel would score above 1).
   const bool w4a16 = part == MoePart::kW4a16 || part == MoePart::kW4a16Wgmma || part == MoePart::kW4a16Wide ||
-                     part == MoePart::kW4a16Mbarriers || part == MoePart::kW4a16Claims || part == MoePart::kW4a16Rows;
+                     part == MoePart::kW4a16Rows;
   c.compute_ref = w4a16 || n_tokens <= 256 ? ComputeRef::kGemm : ComputeRef::kGroupedGemm;
   c.rows_per_expert = std::max<int64_t>(1, n_tokens * kTopK / kExperts);
   c.prepare = [=](const CudaEnv& env, CaseMemory& mem, int) {
@@ -309,8 +306,6 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
       ops::MoeW4a16Params wp = rows ? ops::moe_w4a16_rows_params(p) : ops::moe_w4a16_params(p);
       if (part == MoePart::kW4a16Wgmma) wp.wgmma = true;
       if (part == MoePart::kW4a16Wide) wp.narrow = false;
-      if (part == MoePart::kW4a16Mbarriers) wp.mbarriers = true;
-      if (part == MoePart::kW4a16Claims) wp.claims = true;
       const ops::MoeW4a16Workspace wws =
           ops::moe_w4a16_workspace_layout(wp, mem.zeros(ops::moe_w4a16_workspace_bytes(wp)));
       // Packed bytes of the touched experts + x in + out read-modify-written (h stays on chip or in L2).
@@ -333,8 +328,6 @@ KernelCase moe_case(const std::string& name, int64_t n_tokens, MoePart part) {
       case MoePart::kW4a16:
       case MoePart::kW4a16Wgmma:
       case MoePart::kW4a16Wide:
-      case MoePart::kW4a16Mbarriers:
-      case MoePart::kW4a16Claims:
       case MoePart::kW4a16Rows:
       case MoePart::kW4a16Prefill:
       case MoePart::kW4a16PrefillRouted:
@@ -414,10 +407,6 @@ void register_moe_cases(KernelRegistry& r, bool quick) {
   for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16_wgmma", b, MoePart::kW4a16Wgmma));
   for (int64_t b : decode) {
     if (b <= 16) r.add(moe_case("moe_decode_w4a16_wide", b, MoePart::kW4a16Wide));
-  }
-  for (int64_t b : decode) {
-    if (b > 32) r.add(moe_case("moe_decode_w4a16_mbarriers", b, MoePart::kW4a16Mbarriers));
-    if (b > 32) r.add(moe_case("moe_decode_w4a16_claims", b, MoePart::kW4a16Claims));
   }
   for (int64_t b : decode) r.add(moe_case("moe_decode_w4a16_rows", b, MoePart::kW4a16Rows));
   for (int64_t b : decode) r.add(moe_case("moe_decode_stages", b, MoePart::kFfn));

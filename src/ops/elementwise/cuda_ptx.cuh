@@ -1,7 +1,6 @@
 // PTX primitives the tensor-core kernels share (MLA decode and prefill, chunked KDA, the W4A16 experts, the dense
-// decode GEMM): shared-memory addresses, cp.async copies and their groups, ldmatrix, mma.sync, the acq_rel arrival,
-// mbarriers, and the fences and groups of wgmma. Included only by .cu files
-// and their .cuh.
+// decode GEMM): shared-memory addresses, cp.async copies and their groups, ldmatrix, mma.sync, the acq_rel arrival, and
+// the fences and groups of wgmma. Included only by .cu files and their .cuh.
 #pragma once
 
 #include <cstdint>
@@ -74,31 +73,6 @@ __device__ __forceinline__ uint64_t globaltimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
-}
-
-// mbarrier (an 8-byte shared-memory object, CTA scope): init with the arrivals a phase needs; arrive (release: this
-// thread's earlier shared-memory accesses, reads included, happen before the phase completes); wait until the phase of
-// the given parity has completed (acquire; on a fresh barrier parity 1 names the phase "before" the first and returns
-// at once); and an arrival made by the hardware once this thread's earlier cp.async copies have landed (.noinc: it
-// counts as one of the phase's arrivals), which also makes those copies visible to the threads that wait.
-__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.b32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
 // Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the async proxy (wgmma).

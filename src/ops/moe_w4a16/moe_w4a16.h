@@ -163,19 +163,6 @@ struct MoeW4a16Params {
   // launch's SM time) then runs beside down's first items. The same arithmetic (the same bits); a stalled wait (2 s)
   // raises kMoeErrorOverlapStall. BG_MOE_W4A16_OVERLAP=0 turns it off where the backend builds the params.
   bool overlap = true;
-  // CUDA only, where moe_w4a16_overlaps: down's CTAs claim their items one at a time from a counter (in expert
-  // order, a few stages ahead of each CTA's producer: moe_w4a16_schedule.h, "Claims") instead of taking a fixed share
-  // by ticket, so CTAs that start late or run slow items take fewer. The same bits (parity passed on the H100). Off:
-  // 5 % slower than the tickets at 64 tokens (H100, 2026-12-07). BG_MOE_W4A16_CLAIMS=1 turns it on where the backend
-  // builds the params.
-  bool claims = false;
-  // CUDA only, the wide mma.sync shape: the pipeline's stages handed over by mbarriers (a full and an empty barrier
-  // per buffer) instead of a CTA barrier per stage, so the 8 warps run up to two stages apart and one warp's decode
-  // overlaps another's mma instead of all decoding at once after each barrier (docs/MOE_W4A16.md, "The mbarrier
-  // ring"). The producer then runs 4 stages ahead instead of 5. The same arithmetic (the same bits; parity passed on
-  // the H100). Off: 2.7 % slower than the barrier kernel at 64 tokens (H100, 2026-12-07). BG_MOE_W4A16_MBARRIERS=1
-  // turns it on where the backend builds the params.
-  bool mbarriers = false;
 };
 
 // Throws naming the bad field.
@@ -206,8 +193,8 @@ struct MoeW4a16WorkspaceGeometry {
   bool stream = false;          // stream-K (MoeW4a16Params::stream_k: narrow, <= 32 tokens, no fixed splits)
   int64_t tile_counters = 0;    // split-K arrival counters: touched experts x items (stream-K: pass-tiles)
   int64_t token_counters = 0;   // combine counters: n_tokens x down items (0 with rows out)
-  int64_t overlap_counters = 0; // moe_w4a16_overlaps: a ready counter per expert slot, then down's ticket, exit
-                                // and claim counters (n_experts + 3), else 0
+  int64_t overlap_counters = 0; // moe_w4a16_overlaps: a ready counter per expert slot, then down's ticket and exit
+                                // counters (n_experts + 2), else 0
   int64_t partial_slots = 0;    // split-K partial sums: the most any touched-expert count asks for, + per-CTA slots
                                 // (stream-K: two per CTA)
   int64_t seq_slot_base = 0;    // first per-CTA running-sum slot (fixed splits, more tokens than one pass)

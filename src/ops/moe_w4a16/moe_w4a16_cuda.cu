@@ -18,8 +18,7 @@
 //   their last piece (moe_w4a16_schedule.h, reduce_splits).
 // - Pipeline: 6 stages of (17408 B weights + 4608 B activations) = 129 KiB of shared memory; the producer (every
 //   thread, cp.async 16 B, plain L2 caching: see cp_async16) runs 5 stages ahead of the consumer across item
-//   boundaries, so the stream of weights never stops for an epilogue. One __syncthreads per 17 KiB stage (with
-//   MoeW4a16Params::mbarriers a full and an empty mbarrier per buffer instead: moe_w4a16_pipeline.cuh). The
+//   boundaries, so the stream of weights never stops for an epilogue. One __syncthreads per 17 KiB stage. The
 //   producer keeps its source addresses and steps them by one stage; they are recomputed only at a pass's start.
 // - The consumer runs one pass (chunk x split) at a time in a function templated on the pass's n8 blocks, so its
 //   accumulators are sized by the pass: a 1..8-row pass keeps 16 of them, not 64 (a single accumulator array for up
@@ -36,8 +35,7 @@
 //   (moe_w4a16_separate_combine) down only writes y and a third kernel does the same sums, spread evenly.
 // - Overlap (above 32 tokens with PDL, moe_w4a16_overlaps): gate/up releases a ready counter per expert after each
 //   pass's h and lets down launch at once; down's CTAs start as gate/up's leave their SMs, take items by the order they
-//   started in (the early ones one more: gate/up's last wave runs beside them) or claim them one at a time
-//   (MoeW4a16Params::claims, a kernel instantiation of its own), and wait per expert (await_expert).
+//   started in (the early ones one more: gate/up's last wave runs beside them) and wait per expert (await_expert).
 //
 // Performance model (H200: 132 SMs, read ceiling ~4.6 TB/s; Kimi-K3 expert = 17.5 MB packed, 16 touched = 281 MB)
 // - Bytes in flight per SM: 5 stages x 17 KiB = 85 KiB of weights. Little's law at 0.85 x 4.6 TB/s / 132 SMs =
@@ -162,22 +160,18 @@ __device__ bool reduce_splits(Acc<NB>& acc, const Cursor& c, const KernelArgs& a
   return true;
 }
 
-// The consumer's state across passes: ring position, dependents released; claims: stage count, thread 0's claim.
+// The consumer's state across passes: the buffer read next, dependents released.
 struct Consumer {
   Cursor c;
   int buf = 0;
   bool triggered = false;
-  int iter = 0, pending = -1;
-  RingPos read, fill;  // mbarrier ring: the buffer read next and the one the producer fills next
 };
 
 // One pass (a chunk of NB n8 token blocks x a split's k-stages) of the consumer, with the producer kStages - 1 stages
-// ahead (across pass and item boundaries; kMbar: kMbarLead stages on the mbarrier ring), then its epilogue. The
-// accumulators live in this function, sized by NB.
-template <bool kGateUp, bool kWgmma, int kStages, int NB, bool kClaims, bool kMbar>
+// ahead (across pass and item boundaries), then its epilogue. The accumulators live in this function, sized by NB.
+template <bool kGateUp, bool kWgmma, int kStages, int NB>
 __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const KernelArgs& a, const Plan& pl,
-                                             ItemEntry* table, uint8_t* bufs, int* s_flag, CombineSmem& cs,
-                                             ClaimState& claim, StageRing& ring) {
+                                             ItemEntry* table, uint8_t* bufs, int* s_flag, CombineSmem& cs) {
   using B = Buf<kWgmma>;
   constexpr bool kOverlap = kStages != Shape<true>::kStages;  // the narrow shape never overlaps (moe_w4a16_overlaps)
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
@@ -193,30 +187,10 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
   if (k.c.bad && threadIdx.x == 0) atomicOr(a.d.error_flags, kMoeErrorDuplicateExpert);
 #pragma unroll 1
   for (int ks = k.c.ks; ks < k.c.ke; ++ks) {
-    if constexpr (kMbar) {
-      // Every thread's copies of this stage landed: read it, say so (one arrival per warp), then issue stage
-      // s + kMbarLead into the buffer of stage s - (kStages - kMbarLead) once every warp has read that (ring_produce).
-      ptx::mbarrier_wait(smem_addr(&ring.full[k.read.buf]), k.read.full_parity());
-      const uint8_t* wbuf = bufs + k.read.buf * B::kBytes;
-      mma_stage<NB>(acc, wbuf, wbuf + B::kActs, warp, lane);
-      __syncwarp();  // the warp's reads of the stage, before its one arrival
-      if (lane == 0) ptx::mbarrier_arrive(smem_addr(&ring.empty[k.read.buf]));
-      k.read.next();
-      if (prod.c.valid) {
-        ring_produce<kGateUp>(prod, k.fill, a, pl, table, bufs, ring);
-      } else if (!k.triggered) {
-        launch_dependents();
-        k.triggered = true;
-      }
-      continue;
-    }
     cp_async_wait<kStages - 2>();  // this thread's copies of stage `buf` landed
     if constexpr (kWgmma) fence_proxy_async();  // ... and are visible to wgmma's reads
     __syncthreads();  // everyone's did, and everyone finished the stage before (its buffer is refilled now)
     const int pbuf = k.buf == 0 ? kStages - 1 : k.buf - 1;
-    constexpr bool claims = kOverlap && !kGateUp && kClaims;
-    const bool issues = prod.c.valid;
-    if (claims) prod.c.count = k.c.count = claim.published[k.iter & 1];  // written before this stage's barrier
     if (prod.c.valid) {
       issue_weights(prod, bufs + pbuf * B::kBytes + B::kWeights);
       if (kOverlap && !kGateUp && a.overlap && prod.c.e != prod.ready_e) await_expert(prod, a, pl.chunk_rows);
@@ -235,13 +209,6 @@ __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const 
       mma_stage<NB>(acc, wbuf, wbuf + B::kActs, warp, lane);  // Buf<false>: weights at 0, activations after
     }
     k.buf = k.buf + 1 == kStages ? 0 : k.buf + 1;
-    if (claims) {
-      if (threadIdx.x == 0) {
-        const ClaimOps ops{a, pl};
-        claim_step(claim, k.pending, issues ? 1 : 0, k.iter, a.sched, pl, table, ops, ops);
-      }
-      ++k.iter;
-    }
   }
   k.c.ks = k.c.ke - 1;  // the pass's last stage: advance() moves to the next pass
   if (reduce_splits<NB>(acc, k.c, a, pl, s_flag)) {
@@ -291,23 +258,16 @@ __device__ void stream_tile_prefix(const ScheduleParams& sp, int chunk_rows, int
   __syncthreads();
 }
 
-// kClaims: the down kernel of a launch that claims (KernelArgs::claims, wide mma.sync only), compiled on its own.
-// kMbar: the wide mma.sync shape with the stage ring's mbarriers (MoeW4a16Params::mbarriers; not with claims, whose
-// protocol publishes through the per-stage CTA barrier), compiled on its own.
-template <bool kGateUp, bool kWgmma, bool kNarrow, bool kClaims = false, bool kMbar = false>
+template <bool kGateUp, bool kWgmma, bool kNarrow>
 __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     moe_w4a16_kernel(const __grid_constant__ KernelArgs a) {
   static_assert(!(kNarrow && kWgmma), "the narrow shape runs mma.sync");
-  static_assert(!kMbar || (!kWgmma && !kNarrow && !kClaims), "the mbarrier ring: the wide mma.sync shape only");
   using B = Buf<kWgmma>;
   constexpr int kStages = Shape<kNarrow>::kStages;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* const bufs = buffers<kWgmma>(smem);
   __shared__ int s_flag;
   __shared__ CombineSmem s_combine;
-  __shared__ ClaimState s_claim;
-  __shared__ StageRing s_ring;
-  if constexpr (kMbar) ring_init(s_ring);  // before the table's barrier below
   const int grid = static_cast<int>(gridDim.x);
   // Overlap: gate/up lets down's grid launch at once (its CTAs take SMs as gate/up's leave them); a down CTA's place
   // in the schedule is its ticket, the order it started in (overlap_head).
@@ -322,10 +282,8 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
   }
   const int n_active = *a.d.n_active;
   Plan pl = make_plan(a.sched, n_active, grid);
-  constexpr bool claims = kOverlap && !kGateUp && kClaims;  // launched only where a.claims (which implies a.overlap)
   if (kOverlap && !kGateUp && a.overlap) {
     pl.head = overlap_head(static_cast<int64_t>(n_active) * a.n_items_gate_up, grid);
-    pl.ring = claims;
   }
 
   // This CTA's items, read from the dispatch all at once (one round of dependent global loads, not one per pass).
@@ -340,27 +298,14 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     stream_tile_prefix(a.sched, pl.chunk_rows, n_active, tile_first);
     set_stream_units(pl, tile_first[n_active], a.sched.n_kstages, grid);
     count = stream_count(pl, a.sched.n_kstages, cta);
-  } else if (claims) {
-    // The first entries at once: the prologue's stages and the lead (claim_fill); a broken dispatch claims none.
-    if (n_active > a.n_experts) {
-      if (threadIdx.x == 0) atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
-      pl.n_items = 0;
-    }
-    if (threadIdx.x == 0) {
-      s_claim = ClaimState{};
-      const ClaimOps ops{a, pl};
-      claim_fill(s_claim, kStages - 1, a.sched, pl, table, ops, ops);
-    }
-    __syncthreads();
-    count = s_claim.published[0];
   } else {
     count = items_of_cta(pl, cta, grid);
   }
-  if (!claims && count > a.table_cap) {  // the host sized the table for every touched-expert count: a broken dispatch
+  if (count > a.table_cap) {  // the host sized the table for every touched-expert count: a broken dispatch
     if (threadIdx.x == 0) atomicOr(a.d.error_flags, kMoeErrorBadDescriptor);
     count = 0;  // nothing to run, but an overlapped down CTA still takes part in the counters' reset below
   }
-  for (int k = static_cast<int>(threadIdx.x); k < (claims ? 0 : count); k += kThreads) {  // claims: the ring is full
+  for (int k = static_cast<int>(threadIdx.x); k < count; k += kThreads) {
     table[k] = checked_entry(a, pl.stream ? make_stream_entry(a.sched, pl, tile_first, n_active, cta, k)
                                           : make_entry(a.sched, pl, item_of_cta(pl, cta, k, grid)));
   }
@@ -375,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
   // Prologue: the first stages' weights do not depend on the previous kernel, so they are requested before
   // griddepcontrol.wait (a no-op unless this grid was launched as a programmatic dependent, see a.pdl); the
   // activations (h, for down) only after it. Stage 0's group holds all those weights: waits stay in order.
-  constexpr int kPrologue = kMbar ? kMbarLead : kStages - 1;
+  constexpr int kPrologue = kStages - 1;
   {
     Producer w = prod;
 #pragma unroll 1
@@ -385,19 +330,15 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     }
   }
   if (!kOverlap || kGateUp || !a.overlap) grid_dependency_wait();
-  int prologue_stages = 0;
 #pragma unroll 1
   for (int i = 0; i < kPrologue; ++i) {
     if (prod.c.valid) {
       if (kOverlap && !kGateUp && a.overlap && prod.c.e != prod.ready_e) await_expert(prod, a, pl.chunk_rows);
       issue_acts<kWgmma>(prod, a, bufs + i * B::kBytes);
       producer_next<kGateUp>(prod, a, pl, table);
-      if constexpr (kMbar) ring_filled(cons.fill, s_ring);  // buffer i, its first use
-      ++prologue_stages;
     }
-    if constexpr (!kMbar) cp_async_commit();
+    cp_async_commit();
   }
-  if (claims && threadIdx.x == 0) s_claim.rem -= prologue_stages;  // claim_step counts from stage 0 on
 
 #pragma unroll 1
   while (cons.c.valid) {
@@ -406,22 +347,16 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     // out here: the same dispatch in a forceinline function changed the narrow kernel's spills, 2026-12-07.)
     if constexpr (kNarrow) {
       if (cons.c.nb == 1) {
-        consume_pass<kGateUp, kWgmma, kStages, 1, kClaims, kMbar>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
-                                                                  s_claim, s_ring);
+        consume_pass<kGateUp, kWgmma, kStages, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_combine);
       } else {
-        consume_pass<kGateUp, kWgmma, kStages, 2, kClaims, kMbar>(cons, prod, a, pl, table, bufs, &s_flag, s_combine,
-                                                                  s_claim, s_ring);
+        consume_pass<kGateUp, kWgmma, kStages, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_combine);
       }
     } else {
       switch (cons.c.nb) {
-        case 1: consume_pass<kGateUp, kWgmma, kStages, 1, kClaims, kMbar>(cons, prod, a, pl, table, bufs, &s_flag,
-                                                                          s_combine, s_claim, s_ring); break;
-        case 2: consume_pass<kGateUp, kWgmma, kStages, 2, kClaims, kMbar>(cons, prod, a, pl, table, bufs, &s_flag,
-                                                                          s_combine, s_claim, s_ring); break;
-        case 3: consume_pass<kGateUp, kWgmma, kStages, 3, kClaims, kMbar>(cons, prod, a, pl, table, bufs, &s_flag,
-                                                                          s_combine, s_claim, s_ring); break;
-        default: consume_pass<kGateUp, kWgmma, kStages, 4, kClaims, kMbar>(cons, prod, a, pl, table, bufs, &s_flag,
-                                                                           s_combine, s_claim, s_ring); break;
+        case 1: consume_pass<kGateUp, kWgmma, kStages, 1>(cons, prod, a, pl, table, bufs, &s_flag, s_combine); break;
+        case 2: consume_pass<kGateUp, kWgmma, kStages, 2>(cons, prod, a, pl, table, bufs, &s_flag, s_combine); break;
+        case 3: consume_pass<kGateUp, kWgmma, kStages, 3>(cons, prod, a, pl, table, bufs, &s_flag, s_combine); break;
+        default: consume_pass<kGateUp, kWgmma, kStages, 4>(cons, prod, a, pl, table, bufs, &s_flag, s_combine); break;
       }
     }
   }
@@ -492,7 +427,7 @@ int smem_limit(bool narrow) {
 }
 
 // The dynamic shared-memory opt-in is per device and kernel: raised to `bytes` when a launch needs more than set.
-template <bool kGateUp, bool kWgmma, bool kNarrow, bool kClaims = false, bool kMbar = false>
+template <bool kGateUp, bool kWgmma, bool kNarrow>
 void set_smem_attribute(int bytes) {
   static std::mutex mu;
   static int set[64] = {};  // per device
@@ -501,7 +436,7 @@ void set_smem_attribute(int bytes) {
   std::lock_guard<std::mutex> lock(mu);
   if (dev < 64 && set[dev] >= bytes) return;
   BG_CUDA_CHECK(
-      cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp, kWgmma, kNarrow, kClaims, kMbar>,
+      cudaFuncSetAttribute(moe_w4a16_kernel<kGateUp, kWgmma, kNarrow>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   if (dev < 64) set[dev] = bytes;
 }
@@ -537,9 +472,6 @@ void check_workspace(const MoeW4a16Params& p, const MoeW4a16Workspace& ws) {
            grid_of(p));
   BG_CHECK(!moe_w4a16_overlaps(p) || ws.expert_ready != nullptr, "moe_w4a16_cuda: the launch overlaps gate/up and "
            "down (MoeW4a16Params::overlap, pdl), the workspace was laid out without their counters");
-  BG_CHECK(!(moe_w4a16_overlaps(p) && p.claims) || ws.table_entries >= w4::kClaimRing,
-           "moe_w4a16_cuda: down claims its items (MoeW4a16Params::claims), the workspace's item table holds {} "
-           "entries, not the claim ring's {}", ws.table_entries, w4::kClaimRing);
 }
 
 KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const MoeWorkspace& d,
@@ -558,7 +490,6 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   k.n_items_down = w.info.down.n_items;
   k.n_items_gate_up = w.info.gate_up.n_items;
   k.overlap = moe_w4a16_overlaps(p);
-  k.claims = k.overlap && p.claims && !p.wgmma;  // the wide mma.sync shape (the narrow one never overlaps)
   k.ws = ws;
   k.table_cap = ws.table_entries;
   k.n_experts = static_cast<int>(p.n_experts);
@@ -593,23 +524,16 @@ void launch_after(Kernel kernel, dim3 grid, dim3 block, int smem, bool pdl, cons
 
 // gate/up, then down (as a programmatic dependent with pdl: down's CTAs may start and stream their first weights
 // while gate/up finishes; they read h only after griddepcontrol.wait, which waits for gate/up to complete and flush),
-// then the separate combine where it runs (its CTAs wait the same way for y). kMbar: the kernels with the stage ring's
-// mbarriers (MoeW4a16Params::mbarriers), except a down launch that claims.
-template <bool kWgmma, bool kNarrow, bool kMbar = false>
+// then the separate combine where it runs (its CTAs wait the same way for y).
+template <bool kWgmma, bool kNarrow>
 void launch(const KernelArgs& gu, const KernelArgs& dn, int smem, int grid, int64_t n_tokens, bool pdl,
             cudaStream_t stream) {
-  set_smem_attribute<true, kWgmma, kNarrow, false, kMbar>(smem);
-  set_smem_attribute<false, kWgmma, kNarrow, false, kMbar>(smem);
-  moe_w4a16_kernel<true, kWgmma, kNarrow, false, kMbar><<<grid, kThreads, smem, stream>>>(gu);
+  set_smem_attribute<true, kWgmma, kNarrow>(smem);
+  set_smem_attribute<false, kWgmma, kNarrow>(smem);
+  moe_w4a16_kernel<true, kWgmma, kNarrow><<<grid, kThreads, smem, stream>>>(gu);
   BG_CUDA_CHECK_LAUNCH();
-  auto* down = moe_w4a16_kernel<false, kWgmma, kNarrow, false, kMbar>;
-  if constexpr (!kWgmma && !kNarrow) {
-    if (dn.claims) {
-      set_smem_attribute<false, false, false, true>(smem);
-      down = moe_w4a16_kernel<false, false, false, true>;
-    }
-  }
-  launch_after(down, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem, pdl, dn, stream);
+  launch_after(moe_w4a16_kernel<false, kWgmma, kNarrow>, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem, pdl,
+               dn, stream);
   if (dn.rows_out || dn.combine_fused) return;
   const dim3 combine_grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(ceil_div(dn.n_out, kCombineCols)));
   launch_after(moe_w4a16_combine_kernel, combine_grid, dim3(kCombineThreads), 0, pdl, dn, stream);
@@ -686,8 +610,6 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
     BG_CHECK(ws.nb_cap <= 2, "moe_w4a16_cuda: a narrow launch has passes of at most 2 n8 blocks, the workspace {}",
              ws.nb_cap);
     launch<false, true>(gu, dn, smem_bytes(ws), ws.grid, p.n_tokens, p.pdl, stream);
-  } else if (p.mbarriers) {
-    launch<false, false, true>(gu, dn, smem_bytes(ws), ws.grid, p.n_tokens, p.pdl, stream);
   } else {
     launch<false, false>(gu, dn, smem_bytes(ws), ws.grid, p.n_tokens, p.pdl, stream);
   }

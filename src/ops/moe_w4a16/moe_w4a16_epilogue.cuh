@@ -29,7 +29,6 @@ struct KernelArgs {
   int n_items_down = 0;              // combine counters per token
   int n_items_gate_up = 0;           // overlap: gate/up passes per row chunk of an expert
   bool overlap = false;              // moe_w4a16_overlaps: per-expert ready counters instead of down's grid wait
-  bool claims = false;               // overlap and MoeW4a16Params::claims: down claims its items one at a time
   MoeW4a16Workspace ws;
   int table_cap = 0;                 // item table entries in dynamic shared memory (after the pipeline's buffers)
   int n_experts = 0;                 // stream-K: the pass-tile prefix after the table has n_experts + 1 entries
@@ -50,14 +49,6 @@ __device__ __forceinline__ ItemEntry checked_entry(const KernelArgs& a, ItemEntr
   }
   return en;
 }
-
-// Claims (KernelArgs::claims): the claim counter after the ticket and exit counts, and a claimed item's entry.
-struct ClaimOps {
-  const KernelArgs& a;
-  const Plan& pl;
-  __device__ int operator()() const { return atomicAdd(a.ws.overlap_sched + 2, 1); }
-  __device__ ItemEntry operator()(int idx) const { return checked_entry(a, make_entry(a.sched, pl, idx)); }
-};
 
 // gate/up: h[row, col] = bf16(GLU(2^shift gate, 2^shift up)); tiles 2p / 2p+1 are gate / up of the same columns.
 template <int NB>

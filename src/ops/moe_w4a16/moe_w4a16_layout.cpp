@@ -385,7 +385,7 @@ MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, 
   const int64_t max_active = std::min(p.n_experts, std::max<int64_t>(s.rows, 1));
   s.tile_counters = max_active * std::max(info.gate_up.n_items, info.down.n_items);
   s.token_counters = p.rows_out ? 0 : p.n_tokens * info.down.n_items;  // rows out: no combine
-  s.overlap_counters = moe_w4a16_overlaps(p) ? p.n_experts + 3 : 0;
+  s.overlap_counters = moe_w4a16_overlaps(p) ? p.n_experts + 2 : 0;
   // Stream-K (the narrow shape up to 32 tokens, where it replaces the parallel splits): every touched expert is one
   // pass-tile per item (its rows are at most n_tokens <= the chunk rows); within the 32-bit bound of the schedule's
   // arithmetic.
@@ -430,7 +430,6 @@ MoeW4a16WorkspaceGeometry moe_w4a16_workspace_geometry(const MoeW4a16Params& p, 
       s.table_entries = std::max(s.table_entries, w4::items_of_cta(pl, 0, grid));
     }
   }
-  if (s.overlap_counters > 0 && p.claims) s.table_entries = std::max(s.table_entries, w4::kClaimRing);  // the ring
   return s;
 }
 

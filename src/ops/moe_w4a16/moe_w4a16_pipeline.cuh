@@ -1,7 +1,6 @@
 // The W4A16 decode kernel's pipeline (namespace w4 like moe_w4a16_device.cuh; included only by moe_w4a16_cuda.cu):
 // its two launch shapes and buffer layouts, the producer (every thread's cp.async copies of a stage's weights and
-// activation rows, stepped stage by stage), the overlapped down's wait per expert, and the stage ring's mbarriers
-// (MoeW4a16Params::mbarriers).
+// activation rows, stepped stage by stage) and the overlapped down's wait per expert.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -148,52 +147,7 @@ __device__ __forceinline__ void producer_next(Producer& p, const KernelArgs& a, 
   }
 }
 
-
-// The stage ring's mbarriers (MoeW4a16Params::mbarriers, the wide mma.sync shape) in place of the CTA barrier per
-// stage: full[b] completes when every thread's copies of the stage in buffer b have landed (kThreads arrivals, each
-// made by cp.async.mbarrier.arrive.noinc after the thread's copies), empty[b] when every warp has read the stage
-// (kWarps arrivals: lane 0 after its warp's mma_stage and a __syncwarp; one per thread would be 256 shared-memory
-// arrivals per stage). A thread waits on full before it reads a stage and on empty before it
-// refills a buffer, kMbarLead stages ahead of the stage it has just read, so the warps run up to two stages apart
-// instead of meeting after every stage, and one warp's decode (the integer pipe) can run beside another's mma (the
-// tensor pipe) rather than all eight decoding at once after the barrier (docs/MOE_W4A16.md, "Where the time goes").
-struct StageRing {
-  uint64_t full[Shape<false>::kStages];
-  uint64_t empty[Shape<false>::kStages];
-};
-
-// The kernel's static shared memory: the combine's state, the split flag and the stream-K scan's warp sums, the
-// claims' state and the stage ring.
-constexpr int kStaticSmemBytes = static_cast<int>(sizeof(CombineSmem) + sizeof(ClaimState) + sizeof(StageRing)) + 64;
-
-__device__ __forceinline__ void ring_init(StageRing& ring) {
-  if (threadIdx.x == 0) {
-    for (int b = 0; b < Shape<false>::kStages; ++b) {
-      ptx::mbarrier_init(smem_addr(&ring.full[b]), kThreads);
-      ptx::mbarrier_init(smem_addr(&ring.empty[b]), kWarps);
-    }
-  }
-}
-
-// After this thread's copies of a stage into buffer fill.buf: full[fill.buf] completes once everyone's have landed.
-__device__ __forceinline__ void ring_filled(RingPos& fill, StageRing& ring) {
-  ptx::cp_async_mbarrier_arrive(smem_addr(&ring.full[fill.buf]));
-  fill.next();
-}
-
-// The producer's next stage on the ring: once every warp has read buffer fill.buf's previous stage (on a buffer's
-// first use the wait returns at once), its weights, the overlapped down's wait for the expert, its activations.
-// CTA-uniform (every thread issues its part of every stage, and await_expert holds a CTA barrier).
-template <bool kGateUp>
-__device__ __forceinline__ void ring_produce(Producer& p, RingPos& fill, const KernelArgs& a, const Plan& pl,
-                                             const ItemEntry* table, uint8_t* bufs, StageRing& ring) {
-  ptx::mbarrier_wait(smem_addr(&ring.empty[fill.buf]), fill.empty_parity());
-  uint8_t* buf = bufs + fill.buf * Buf<false>::kBytes;
-  issue_weights(p, buf + Buf<false>::kWeights);
-  if (!kGateUp && a.overlap && p.c.e != p.ready_e) await_expert(p, a, pl.chunk_rows);
-  issue_acts<false>(p, a, buf);
-  producer_next<kGateUp>(p, a, pl, table);
-  ring_filled(fill, ring);
-}
+// The kernel's static shared memory: the combine's state, the split flag and the stream-K scan's warp sums.
+constexpr int kStaticSmemBytes = static_cast<int>(sizeof(CombineSmem)) + 64;
 
 }  // namespace bg::ops::w4

@@ -60,7 +60,6 @@ struct Plan {
   int units = 0;          // stream-K: pass-tiles x k-stages
   int ctas = 0;           // stream-K: the CTAs that take units (0 .. ctas - 1)
   int head = 0;           // overlapped down (overlap_head): CTAs 0 .. head - 1 take one item more, first; 0: none
-  bool ring = false;      // claims (overlapped down, MoeW4a16Params::claims): the table is a ring of kClaimRing
 };
 
 BG_W4_HD Plan make_plan(const ScheduleParams& sp, int n_active, int grid) {
@@ -209,83 +208,6 @@ BG_W4_HD ItemEntry make_stream_entry(const ScheduleParams& sp, const Plan& pl, c
   return en;
 }
 
-// ---- Claims (the overlapped down launch with MoeW4a16Params::claims) ------------------------------------------------
-// Instead of a fixed share per ticket, a CTA claims items one at a time from a counter (items in the plan's order:
-// expert by expert), so the CTAs that start late, or run slow items, take fewer. The table is a ring of kClaimRing
-// entries (entry k at k % kClaimRing): the consumer is at most kStages - 1 stages behind the producer and thread 0
-// keeps at most a few stages claimed ahead of it, so fewer than kClaimRing entries are ever live. Thread 0 alone
-// claims; once per pipeline stage (claim_step) it inserts the entry of the index it claimed the stage before (the
-// atomic's latency hides behind a stage) and, when kClaimLeadStages or fewer of the claimed stages are left to the
-// producer, claims the next. The count of entries goes out through two shared slots by stage parity: the slot that
-// stage i reads was written in stage i - 1, before the barrier that starts stage i, so no thread reads an entry
-// before a barrier has ordered it after its write. Each claim inserts one entry (empty items are skipped at the
-// claim) one stage later, so with a lead of 3 stages the producer never runs past the published entries but at the
-// end. claim_fill claims synchronously what the pipeline's prologue needs.
-inline constexpr int kClaimRing = 16;
-inline constexpr int kClaimLeadStages = 3;
-
-BG_W4_HD int table_slot(const Plan& pl, int k) { return pl.ring ? (k & (kClaimRing - 1)) : k; }
-
-// The pipeline stages the producer walks through an entry: its row chunks x the item's k-stages (splits, in order,
-// cover the k-stages once).
-BG_W4_HD int entry_stages(const ItemEntry& en, const ScheduleParams& sp, const Plan& pl) {
-  return (en.rows + pl.chunk_rows - 1) / pl.chunk_rows * sp.n_kstages;
-}
-
-// Thread 0's claim state (in shared memory: the other threads read only `published`). The index claimed at one stage
-// and inserted at the next (`pending`) stays in a register, so the atomic's result is waited for a stage later.
-struct ClaimState {
-  int next = 0;          // entries inserted
-  int rem = 0;           // stages of inserted entries the producer has not issued yet
-  int done = 0;          // the counter ran past the plan's items
-  int published[2] = {0, 0};  // entries visible to stage i: published[i & 1]
-};
-
-// Inserts the entry of plan item `idx`, or marks the state done when idx is past the plan; an empty item asks for
-// another index at once, so each call ends with one entry or done. claim() -> the next index (an atomic on the
-// device), make(idx) -> the entry (make_entry, plus the kernel's check of the slot's block).
-template <class Claim, class Make>
-BG_W4_HD void claim_insert(ClaimState& st, int idx, const ScheduleParams& sp, const Plan& pl, ItemEntry* table,
-                           Claim claim, Make make) {
-  for (;;) {
-    if (idx >= pl.n_items) {
-      st.done = 1;
-      return;
-    }
-    const ItemEntry en = make(idx);
-    if (en.rows > 0) {
-      table[table_slot(pl, st.next)] = en;
-      ++st.next;
-      st.rem += entry_stages(en, sp, pl);
-      return;
-    }
-    idx = claim();
-  }
-}
-
-// Before the prologue: claims until the prologue's `stages` and the lead are covered (or the plan is done), and
-// publishes the count for stage 0.
-template <class Claim, class Make>
-BG_W4_HD void claim_fill(ClaimState& st, int stages, const ScheduleParams& sp, const Plan& pl, ItemEntry* table,
-                         Claim claim, Make make) {
-  while (!st.done && st.rem < stages + kClaimLeadStages + 1) claim_insert(st, claim(), sp, pl, table, claim, make);
-  st.published[0] = st.next;
-}
-
-// Once per stage `iter` (after its barrier, after the producer issued `issued` stages in it: 0 or 1; the prologue's
-// stages count in stage 0's): inserts the pending claim (-1: none), claims ahead, publishes for stage iter + 1.
-template <class Claim, class Make>
-BG_W4_HD void claim_step(ClaimState& st, int& pending, int issued, int iter, const ScheduleParams& sp,
-                         const Plan& pl, ItemEntry* table, Claim claim, Make make) {
-  st.rem -= issued;
-  if (pending >= 0) {
-    claim_insert(st, pending, sp, pl, table, claim, make);
-    pending = -1;
-  }
-  if (!st.done && st.rem <= kClaimLeadStages) pending = claim();
-  st.published[(iter + 1) & 1] = st.next;
-}
-
 // Position in a CTA's stream of stages: entry k of its item table.
 struct Cursor {
   int k = 0, count = 0;            // table entry; entries of this CTA
@@ -302,7 +224,7 @@ struct Cursor {
 
 // The pass's k-stages: split s of the plan's, or a stream-K entry's own (read from the table, not kept in registers).
 BG_W4_HD void set_split(Cursor& c, const ScheduleParams& sp, const Plan& pl, const ItemEntry* table) {
-  const int k_range = pl.stream ? table[table_slot(pl, c.k)].k_range : 0;
+  const int k_range = pl.stream ? table[c.k].k_range : 0;
   c.kb = pl.stream ? k_range & 0xffff : split_begin(sp.n_kstages, pl.splits, c.s);
   c.ke = pl.stream ? k_range >> 16 : split_begin(sp.n_kstages, pl.splits, c.s + 1);
   c.ks = c.kb;
@@ -318,7 +240,7 @@ BG_W4_HD void set_chunk(Cursor& c, const Plan& pl) {
 // Loads the cursor's table entry, or the next one with rows; valid = false past the CTA's last item.
 BG_W4_HD void load_item(Cursor& c, const ScheduleParams& sp, const Plan& pl, const ItemEntry* table) {
   for (; c.k < c.count; ++c.k) {
-    const ItemEntry en = table[table_slot(pl, c.k)];
+    const ItemEntry en = table[c.k];
     if (en.rows <= 0) continue;
     c.row0 = en.row0;
     c.rows = en.rows;
@@ -371,30 +293,7 @@ BG_W4_HD int64_t partial_slot(const Cursor& c, const Plan& pl, int64_t seq_slot_
   return pl.parallel ? static_cast<int64_t>(c.tile) * pl.splits + c.s : seq_slot_base + cta;
 }
 
-// ---- The stage ring's mbarriers (MoeW4a16Params::mbarriers; StageRing in moe_w4a16_pipeline.cuh) ----------------
-// The wide shape's pipeline depth, and how many stages the producer runs ahead of the stage a thread has just read:
-// it then refills the buffer of the stage kWideStages - kMbarLead before that one, so the warps may run that many
-// stages apart.
+// The wide shape's pipeline depth (Shape<false>::kStages in moe_w4a16_pipeline.cuh).
 inline constexpr int kWideStages = 6;
-inline constexpr int kMbarLead = kWideStages - 2;
-
-// A thread's position on the ring, as reader or as filler: the buffer, and the parity of that buffer's use. A reader
-// waits for the full barrier's phase of that parity; a filler for the empty barrier's previous phase (on a buffer's
-// first use parity 1, the phase "before" the first, which a fresh mbarrier reports complete). Host and device: the
-// ring's host emulation (moe_w4a16_ring_test.cpp) runs this code. (The filler's position is not kept in the kernel's
-// Producer: await_expert takes that by reference out of line, so it lives on the stack, and a larger one changed the
-// default kernels' code.)
-struct RingPos {
-  int buf = 0;
-  uint32_t phase = 0;
-  BG_W4_HD uint32_t full_parity() const { return phase; }
-  BG_W4_HD uint32_t empty_parity() const { return phase ^ 1u; }
-  BG_W4_HD void next() {
-    if (++buf == kWideStages) {
-      buf = 0;
-      phase ^= 1u;
-    }
-  }
-};
 
 }  // namespace bg::ops::w4

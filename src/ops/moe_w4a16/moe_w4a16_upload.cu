@@ -34,8 +34,6 @@ MoeW4a16Params moe_w4a16_common_params(const MoeCudaParams& p, int32_t fixed_spl
   q.narrow = env_switch("BG_MOE_W4A16_NARROW", true);
   q.stream_k = env_switch("BG_MOE_W4A16_STREAM_K", true);
   q.overlap = env_switch("BG_MOE_W4A16_OVERLAP", true);
-  q.claims = env_switch("BG_MOE_W4A16_CLAIMS", false);
-  q.mbarriers = env_switch("BG_MOE_W4A16_MBARRIERS", false);
   const int combine = env_choice("BG_MOE_W4A16_COMBINE", {"auto", "fused", "separate"});
   q.combine = combine == 1   ? MoeW4a16Combine::kFused
               : combine == 2 ? MoeW4a16Combine::kSeparate
