@@ -171,7 +171,7 @@ struct Consumer {
 // ahead (across pass and item boundaries), then its epilogue. The accumulators live in this function, sized by NB.
 template <bool kGateUp, bool kWgmma, int kStages, int NB>
 __device__ __forceinline__ void consume_pass(Consumer& k, Producer& prod, const KernelArgs& a, const Plan& pl,
-                                             ItemEntry* table, uint8_t* bufs, int* s_flag, CombineSmem& cs) {
+                                             const ItemEntry* table, uint8_t* bufs, int* s_flag, CombineSmem& cs) {
   using B = Buf<kWgmma>;
   constexpr bool kOverlap = kStages != Shape<true>::kStages;  // the narrow shape never overlaps (moe_w4a16_overlaps)
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
@@ -320,18 +320,17 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
   // Prologue: the first stages' weights do not depend on the previous kernel, so they are requested before
   // griddepcontrol.wait (a no-op unless this grid was launched as a programmatic dependent, see a.pdl); the
   // activations (h, for down) only after it. Stage 0's group holds all those weights: waits stay in order.
-  constexpr int kPrologue = kStages - 1;
   {
     Producer w = prod;
 #pragma unroll 1
-    for (int i = 0; i < kPrologue && w.c.valid; ++i) {
+    for (int i = 0; i < kStages - 1 && w.c.valid; ++i) {
       issue_weights(w, bufs + i * B::kBytes + B::kWeights);
       producer_next<kGateUp>(w, a, pl, table);
     }
   }
   if (!kOverlap || kGateUp || !a.overlap) grid_dependency_wait();
 #pragma unroll 1
-  for (int i = 0; i < kPrologue; ++i) {
+  for (int i = 0; i < kStages - 1; ++i) {
     if (prod.c.valid) {
       if (kOverlap && !kGateUp && a.overlap && prod.c.e != prod.ready_e) await_expert(prod, a, pl.chunk_rows);
       issue_acts<kWgmma>(prod, a, bufs + i * B::kBytes);
@@ -370,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     __syncthreads();
     if (s_flag) {
       for (int e = static_cast<int>(threadIdx.x); e < a.n_experts; e += kThreads) a.ws.expert_ready[e] = 0;
-      if (threadIdx.x == 0) a.ws.overlap_sched[0] = a.ws.overlap_sched[1] = a.ws.overlap_sched[2] = 0;
+      if (threadIdx.x == 0) a.ws.overlap_sched[0] = a.ws.overlap_sched[1] = 0;
     }
   }
 }
