@@ -2,7 +2,7 @@
 # GPU machine: decode-step switches not yet measured in the step, each against the defaults in the same binary and on
 # the same machine (bundle of scripts/gpu-bundle.sh in $BUNDLE, default .gpu). PARTS (default all, in this order):
 #   w4      MoeW4a16Parity.* (the decode kernel and its switches, bit for bit)
-#   kernels `bench kernels` moe_decode_w4a16, mla_decode with mla_decode_even
+#   kernels `bench kernels` moe_decode_w4a16 and its wgmma case, mla_decode with mla_decode_even
 #   step64  `bench step` at batch 64, 4k: defaults and BG_MLA_DECODE_ALIGN=0 (the even split-KV cut only)
 #           (ROUNDS rounds, default 2)
 #   mla     *MlaDecode.* parity (the aligned schedule's device model and parity cases, three kernels)
@@ -38,7 +38,7 @@ if has w4; then
 fi
 if has kernels; then
   "$BG" bench kernels --device cuda --json "$OUT/kernels.json" \
-    --kernels 'moe_decode_w4a16$,mla_decode$,mla_decode_even' \
+    --kernels 'moe_decode_w4a16$,moe_decode_w4a16_wgmma,mla_decode$,mla_decode_even' \
     > "$OUT/kernels.txt" 2>&1
   echo "kernels rc=$?" >> "$S"
   grep -E "^ *(ceilings|moe_decode|mla_decode)" "$OUT/kernels.txt" >> "$S"
