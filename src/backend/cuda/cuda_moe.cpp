@@ -432,8 +432,9 @@ void run_fp8_prefill(const MoeContext& c, const CudaExpertSlots& slots, const op
 // Whether a call of a layer with the W4A16 layout runs the W4A16 prefill kernel (BG_MOE_PREFILL, read once per
 // process: ops::MoePrefillKernel): by rows per expert, from kMoeW4a16PrefillMinRows (BG_MOE_GROUPED_MIN_ROWS when set)
 // and, by default, below kMoeW4a16PrefillMaxRows; never under --deterministic (the kernel would be chosen by the
-// batch's rows per expert); by default not under graph capture (captured decode steps keep the fused decode kernel).
-// The kernel needs no cuBLAS and no host synchronisation.
+// batch's rows per expert). Graph capture included: the kernel needs no cuBLAS and no host synchronisation, and in a
+// captured decode step of 128 / 256 sequences (37 / 73 rows per expert) it beats the decode kernel's further passes
+// over each expert's weights: the slice's step 7.78 against 8.25 ms and 11.09 against 13.12 ms (H100, 2026-12-07).
 bool use_w4a16_prefill(const MoeContext& c, const ops::MoeCudaParams& p, bool has_w4a16) {
   const ops::MoePrefillKernel mode = prefill_mode();
   // h between its kernels is the dispatch's [rows, inter] buffer in the kernel's permuted layout, whose rows are
@@ -445,7 +446,7 @@ bool use_w4a16_prefill(const MoeContext& c, const ops::MoeCudaParams& p, bool ha
   const auto [n, k, e] = std::tuple{p.shape.n_tokens, p.shape.top_k, p.shape.n_experts};
   if (!ops::moe_grouped_wanted(n, k, e, prefill_min_rows())) return false;
   if (mode == ops::MoePrefillKernel::kW4a16) return true;
-  return !ops::moe_grouped_wanted(n, k, e, ops::kMoeW4a16PrefillMaxRows) && !capturing(c.stream);
+  return !ops::moe_grouped_wanted(n, k, e, ops::kMoeW4a16PrefillMaxRows);
 }
 
 // x -> h (ws.h) -> y_rows on the W4A16 prefill kernel (ops/moe_w4a16/moe_w4a16_prefill_cuda.h): x the rows in
@@ -521,12 +522,11 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
   p.act = glu_params(glu);
   p.out_type = out.dtype == DType::kF32 ? ops::MoeOutType::kF32 : ops::MoeOutType::kBf16;
   p.accumulate = true;
-  // By rows per expert (docs/MOE_PREFILL.md's table): the W4A16 prefill kernel first (by default at 32-511, not under
-  // graph capture), then the grouped prefill path (taken inside moe_experts) when its threshold says so
+  // By rows per expert (docs/MOE_PREFILL.md's table): the W4A16 prefill kernel first (by default at 32-511, captured
+  // decode steps included), then the grouped prefill path (taken inside moe_experts) when its threshold says so
   // (BG_MOE_GROUPED_MIN_ROWS can lower both, e.g. for the golden tests), else the decode kernel.
-  // Where it does not run — a captured decode graph of many rows (it reads row counts on the host), no scratch —
-  // the fused kernel takes any row count (further passes over each expert's weights): 2.5x the stage kernels at 73
-  // rows per expert (bench/RESULTS.md, batch 256). With the fused kernel at hand the grouped path waits for
+  // Where neither runs — a captured step past 511 rows per expert (the grouped path reads row counts on the host),
+  // no scratch — the fused kernel takes any row count (further passes over each expert's weights). With the fused kernel at hand the grouped path waits for
   // kMoeGroupedMinRowsW4a16 rows per expert. Deterministic: the fused kernel whatever the row count (a choice
   // by rows per expert depends on the batch; use_grouped never picks the grouped path then).
   const auto alloc_bf16 = [&](int64_t rows, int64_t cols) {

@@ -38,7 +38,8 @@ bool moe_grouped_wanted(int64_t n_tokens, int64_t top_k, int64_t n_experts, int6
 // - "auto" (unset or empty): the W4A16 prefill kernel (ops/moe_w4a16/moe_w4a16_prefill_cuda.h: weights decoded in
 //   registers, no bf16 copy, no host synchronisation) from kMoeW4a16PrefillMinRows rows per expert (or
 //   BG_MOE_GROUPED_MIN_ROWS when set) up to kMoeW4a16PrefillMaxRows, the dequantize-once path from there, the fused
-//   decode kernel below; not under graph capture (the decode kernel, as before);
+//   decode kernel below; under graph capture too (a captured decode step of 128 or more sequences), where the
+//   dequantize-once path cannot run (the decode kernel takes its row counts);
 // - "grouped": the dequantize-once path at the grouped threshold, the decode kernel below it;
 // - "w4a16": the W4A16 prefill kernel at every row count from the lower bound;
 // - "fp8" (opt-in, not exact: E4M3 activations, moe_fp8.h): the FP8 path from the lower bound at every row count, for
