@@ -526,9 +526,10 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
   // decode steps included), then the grouped prefill path (taken inside moe_experts) when its threshold says so
   // (BG_MOE_GROUPED_MIN_ROWS can lower both, e.g. for the golden tests), else the decode kernel.
   // Where neither runs — a captured step past 511 rows per expert (the grouped path reads row counts on the host),
-  // no scratch — the fused kernel takes any row count (further passes over each expert's weights). With the fused kernel at hand the grouped path waits for
-  // kMoeGroupedMinRowsW4a16 rows per expert. Deterministic: the fused kernel whatever the row count (a choice
-  // by rows per expert depends on the batch; use_grouped never picks the grouped path then).
+  // no scratch — the fused kernel takes any row count (further passes over each expert's weights). With the fused
+  // kernel at hand the grouped path waits for kMoeGroupedMinRowsW4a16 rows per expert. Deterministic: the fused
+  // kernel whatever the row count (a choice by rows per expert depends on the batch; use_grouped never picks the
+  // grouped path then).
   const auto alloc_bf16 = [&](int64_t rows, int64_t cols) {
     Tensor t;
     t.dtype = DType::kBF16;
