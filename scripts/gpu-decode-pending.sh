@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# GPU machine: decode-step switches not yet measured in the step, each against the defaults in the same binary and on
-# the same machine (bundle of scripts/gpu-bundle.sh in $BUNDLE, default .gpu). PARTS (default all, in this order):
+# GPU machine: the decode-step switches of 2026-12-07 (bench/RESULTS.md), each against the defaults in the same binary
+# and on the same machine (bundle of scripts/gpu-bundle.sh in $BUNDLE, default .gpu). PARTS (default all, in this order):
 #   w4      MoeW4a16Parity.* (the decode kernel and its switches, bit for bit)
 #   kernels `bench kernels` moe_decode_w4a16 and its wgmma case, mla_decode with mla_decode_even
 #   step64  `bench step` at batch 64, 4k: defaults and BG_MLA_DECODE_ALIGN=0 (the even split-KV cut only)
 #           (ROUNDS rounds, default 2)
 #   mla     *MlaDecode.* parity (the aligned schedule's device model and parity cases, three kernels)
 #   big     `bench step` at batch 128 / 256, 4k: defaults, BG_MOE_PREFILL=w4a16 (the W4A16 prefill kernel inside the
-#           decode graph instead of the decode kernel's passes), BG_MLA_DECODE_ALIGN=0
+#           decode graph; the default there since 2026-12-07, before it the decode kernel's passes),
+#           BG_MLA_DECODE_ALIGN=0
 #   models  the GPU goldens, step and graph tests with BG_MOE_PREFILL=w4a16
 # Every result is appended to $OUT/summary.txt as it comes, so a call cut short still returns what ran.
 set -uo pipefail
