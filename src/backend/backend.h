@@ -84,8 +84,9 @@ struct StepLayout {
   int64_t live_tokens() const { return n_tokens() - n_padding; }
 };
 
-// One layer's per-sequence state in a pool (KDA recurrent or conv state): the state of slot s starts at float
-// offset + s * slot_stride of `storage`.
+// One layer's per-sequence state in a pool (KDA recurrent or conv state): the state of slot s starts at 4-byte word
+// offset + s * slot_stride of `storage` (fp32 words). A recurrent state is fp32; a conv state holds elements of the
+// backend's conv_state_dtype() (bf16 on CUDA) from there (kv/kda_state_pool.h).
 struct StateRef {
   Tensor storage;
   int64_t offset = 0;
@@ -222,6 +223,9 @@ class Backend {
   virtual DeviceKind device() const = 0;
   // Activation dtype between ops: F32 on the CPU reference, BF16 on CUDA.
   virtual DType act_dtype() const = 0;
+  // How the KDA short-conv states are stored (KdaStatePool): past conv inputs, so the activations' storage dtype (BF16
+  // on CUDA; F32 on the CPU, whose bf16 emulation stores bf16 values in fp32).
+  virtual DType conv_state_dtype() const { return DType::kF32; }
 
   // ---- memory -------------------------------------------------------------------------------------------------
   virtual Tensor alloc(Shape shape, DType dtype) = 0;

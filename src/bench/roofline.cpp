@@ -146,10 +146,11 @@ StepCost StepCostModel::decode_step(int64_t batch, int64_t context, std::span<co
                             2.0 * static_cast<double>((a.nope + a.v) * a.kv_lora);
     cost.add(bytes, b * static_cast<double>(a.heads) * per_head, c);
   }
-  // KDA (recurrent): each sequence's [H, K, K] fp32 state read and written, conv state likewise.
+  // KDA (recurrent): each sequence's [H, K, K] fp32 state read and written, its conv states (activation dtype)
+  // likewise.
   for (const Kda& k : kda_) {
     const double state = static_cast<double>(k.heads * k.head_dim * k.head_dim) * 4.0;
-    const double conv = static_cast<double>(3 * k.conv_channels * (k.conv_width - 1)) * 4.0;
+    const double conv = static_cast<double>(3 * k.conv_channels * (k.conv_width - 1) * act_bytes_);
     cost.add(b * 2.0 * (state + conv), b * 8.0 * static_cast<double>(k.heads * k.head_dim * k.head_dim), c);
   }
   return cost;

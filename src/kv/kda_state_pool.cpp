@@ -6,9 +6,14 @@
 namespace bg {
 
 KdaStatePool::KdaStatePool(Backend& backend, const KdaStateGeometry& geometry, int64_t n_slots)
-    : backend_(backend), geometry_(geometry), n_slots_(n_slots) {
+    : backend_(backend),
+      geometry_(geometry),
+      conv_dtype_(backend.conv_state_dtype()),
+      act_bytes_(static_cast<int64_t>(dtype_size_bytes(conv_dtype_))),
+      n_slots_(n_slots) {
   BG_CHECK(n_slots >= 0 && geometry.conv_width >= 1, "KdaStatePool: bad geometry");
-  if (n_slots > 0 && geometry.slot_floats() > 0) storage_ = backend.zeros({n_slots + 1, geometry.slot_floats()}, DType::kF32);
+  const int64_t words = geometry.slot_words(act_bytes_);
+  if (n_slots > 0 && words > 0) storage_ = backend.zeros({n_slots + 1, words}, DType::kF32);
   in_use_.assign(static_cast<size_t>(n_slots), 0);
   for (int64_t s = n_slots - 1; s >= 0; --s) free_.push_back({static_cast<int32_t>(s), 0});
 }
@@ -49,18 +54,19 @@ void KdaStatePool::copy_slot(int32_t src, int32_t dst) {
 
 Tensor KdaStatePool::layer_view(int32_t slot, int64_t kda_layer) const {
   const KdaStateGeometry& g = geometry_;
-  Tensor t = storage_.rows_view(slot, 1).reshaped({g.n_kda_layers, g.layer_floats()}).rows_view(kda_layer, 1);
-  return t.reshaped({g.layer_floats()});
+  const int64_t words = g.layer_words(act_bytes_);
+  Tensor t = storage_.rows_view(slot, 1).reshaped({g.n_kda_layers, words}).rows_view(kda_layer, 1);
+  return t.reshaped({words});
 }
 
 StateRef KdaStatePool::recurrent_ref(int64_t kda_layer) const {
-  return {storage_, kda_layer * geometry_.layer_floats(), geometry_.slot_floats()};
+  return {storage_, kda_layer * geometry_.layer_words(act_bytes_), geometry_.slot_words(act_bytes_)};
 }
 
 StateRef KdaStatePool::conv_ref(int64_t kda_layer, int which) const {
   const KdaStateGeometry& g = geometry_;
-  return {storage_, kda_layer * g.layer_floats() + g.recurrent_floats() + which * g.conv_channels * (g.conv_width - 1),
-          g.slot_floats()};
+  return {storage_, kda_layer * g.layer_words(act_bytes_) + g.recurrent_floats() + which * g.conv_words(act_bytes_),
+          g.slot_words(act_bytes_)};
 }
 
 Tensor KdaStatePool::recurrent(int32_t slot, int64_t kda_layer) const {
@@ -73,7 +79,8 @@ Tensor KdaStatePool::recurrent(int32_t slot, int64_t kda_layer) const {
 Tensor KdaStatePool::conv(int32_t slot, int64_t kda_layer, int which) const {
   const KdaStateGeometry& g = geometry_;
   Tensor t = layer_view(slot, kda_layer);
-  t.data = t.as<float>() + g.recurrent_floats() + which * g.conv_channels * (g.conv_width - 1);
+  t.data = t.as<float>() + g.recurrent_floats() + which * g.conv_words(act_bytes_);
+  t.dtype = conv_dtype_;
   t.shape = {g.conv_channels, g.conv_width - 1};
   return t;
 }

@@ -1,6 +1,8 @@
 // KDA state slots (Kimi-K3): per slot and KDA layer, the recurrent state [heads, head_dim_k, head_dim_v] fp32 and the
-// short-conv state of q, k and v [3][channels, kernel-1] fp32, in the backend's memory. Constant in length. Owned by
-// the kv::StateManager: a slot belongs to one running sequence or holds one prefix-cache snapshot.
+// short-conv state of q, k and v [3][channels, kernel-1] in Backend::conv_state_dtype (fp32 on the CPU, bf16 on
+// CUDA: the conv state holds past conv inputs, which are activations, so either is exact), in the backend's memory
+// (layout: KdaStateGeometry::layer_words). Constant in length. Owned by the kv::StateManager: a slot belongs to one
+// running sequence or holds one prefix-cache snapshot.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +22,10 @@ class KdaStatePool {
   int64_t n_free_slots() const { return static_cast<int64_t>(free_.size()); }
   int64_t bytes() const { return static_cast<int64_t>(storage_.nbytes()); }
   // One slot: slot s is bytes [s * slot_bytes, (s + 1) * slot_bytes) of storage().
-  int64_t slot_bytes() const { return geometry_.slot_floats() * 4; }
+  int64_t slot_bytes() const { return geometry_.slot_words(act_bytes_) * 4; }
+  // The conv states' dtype (Backend::conv_state_dtype) and its size.
+  DType conv_dtype() const { return conv_dtype_; }
+  int64_t act_bytes() const { return act_bytes_; }
   const Tensor& storage() const { return storage_; }
   // A slot that no sequence owns, for the padding entries of a bucketed (CUDA graph) decode batch.
   int32_t pad_slot() const { return static_cast<int32_t>(n_slots_); }
@@ -40,18 +45,21 @@ class KdaStatePool {
   // ops write the slots' contents through the same const pool).
   void zero_slot(int32_t slot) const;
   Tensor recurrent(int32_t slot, int64_t kda_layer) const;           // [heads, K, V]
-  Tensor conv(int32_t slot, int64_t kda_layer, int which) const;     // which: 0 q, 1 k, 2 v -> [channels, width - 1]
+  // which: 0 q, 1 k, 2 v -> [channels, width - 1] of conv_dtype()
+  Tensor conv(int32_t slot, int64_t kda_layer, int which) const;
 
  private:
   struct FreeSlot {
     int32_t slot;
     CopyFence reading;
   };
-  Tensor layer_view(int32_t slot, int64_t kda_layer) const;  // [layer_floats]
+  Tensor layer_view(int32_t slot, int64_t kda_layer) const;  // [layer_words] fp32
   Backend& backend_;
   KdaStateGeometry geometry_;
+  DType conv_dtype_;
+  int64_t act_bytes_;
   int64_t n_slots_;
-  Tensor storage_;  // [n_slots + 1, slot_floats]: the last slot is the padding slot
+  Tensor storage_;  // [n_slots + 1, slot_words] fp32 words: the last slot is the padding slot
   std::vector<FreeSlot> free_;
   std::vector<uint8_t> in_use_;
 };

@@ -1,5 +1,6 @@
-// How offloaded KDA state is stored in the host tier: exact fp32 (the default), bf16, or FP8 e4m3 with one fp32 scale
-// per row of `row_floats` values (a row of a head's recurrent state [K, V] is V values). Error against the fp32 state,
+// How offloaded KDA recurrent state is stored in the host tier: exact fp32 (the default), bf16, or FP8 e4m3 with one
+// fp32 scale per row of `row_floats` values (a row of a head's recurrent state [K, V] is V values). The conv states
+// are stored as they are in every mode (kv/state_offload.cpp). Error against the fp32 state,
 // per value x of a row with largest magnitude m (tested in tests/kv/state_codec_test.cpp):
 //   f32:  exact;
 //   bf16: |x' - x| <= 2^-8 |x| (round to nearest even, 7 stored mantissa bits);

@@ -19,9 +19,14 @@ struct KdaStateGeometry {
   int64_t conv_width = 4;     // kernel size; the state keeps width - 1 inputs
 
   int64_t recurrent_floats() const { return n_heads * head_dim * head_dim; }
-  int64_t conv_floats() const { return 3 * conv_channels * (conv_width - 1); }
-  int64_t layer_floats() const { return recurrent_floats() + conv_floats(); }
-  int64_t slot_floats() const { return n_kda_layers * layer_floats(); }
+  // One of q / k / v's conv state: [conv_channels, width - 1] past conv inputs, in the backend's activation dtype
+  // (act_bytes: 4 fp32 on the CPU, 2 bf16 on CUDA, where the inputs are bf16 projections: exact either way).
+  int64_t conv_elems() const { return conv_channels * (conv_width - 1); }
+  // The slot layout in 4-byte words: per KDA layer the fp32 recurrent state, then the three conv states, each padded
+  // to 16 bytes. A slot is slot_words(act_bytes) words.
+  int64_t conv_words(int64_t act_bytes) const { return (conv_elems() * act_bytes + 15) / 16 * 4; }
+  int64_t layer_words(int64_t act_bytes) const { return recurrent_floats() + 3 * conv_words(act_bytes); }
+  int64_t slot_words(int64_t act_bytes) const { return n_kda_layers * layer_words(act_bytes); }
   bool operator==(const KdaStateGeometry&) const = default;
 };
 
@@ -36,11 +41,11 @@ struct StateGeometry {
   int64_t prefill_align_tokens = 1;
 
   int64_t entry_dim() const { return kv_lora_rank + rope_dim; }
-  bool has_state() const { return kda.n_kda_layers > 0 && kda.slot_floats() > 0; }
+  bool has_state() const { return kda.n_kda_layers > 0 && kda.slot_words(4) > 0; }
   // One cached token over every MLA layer, in the cache's dtype (act_bytes: 4 fp32 on the CPU, 2 bf16 on CUDA).
   int64_t kv_bytes_per_token(int64_t act_bytes) const { return n_mla_layers * entry_dim() * act_bytes; }
-  // One sequence's KDA state (fp32), 0 without KDA layers.
-  int64_t state_bytes_per_seq() const { return has_state() ? kda.slot_floats() * 4 : 0; }
+  // One sequence's KDA state (fp32 recurrent, conv in the activation dtype), 0 without KDA layers.
+  int64_t state_bytes_per_seq(int64_t act_bytes) const { return has_state() ? kda.slot_words(act_bytes) * 4 : 0; }
   bool operator==(const StateGeometry&) const = default;
 };
 

@@ -174,7 +174,7 @@ class StateManager {
   KdaStatePool state_;
   HostTier host_;
   PrefixCache cache_;
-  std::shared_ptr<std::byte> staging_;  // one slot of fp32, for encoding / decoding compressed state
+  std::shared_ptr<std::byte> staging_;  // one slot, for encoding / decoding compressed state
   int64_t n_live_ = 0;
   int64_t host_kv_pages_ = 0;
   int64_t host_state_pages_ = 0;

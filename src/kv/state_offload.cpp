@@ -1,5 +1,6 @@
 // StateManager, host tier: page accounting, the copies between the GPU pools and host pages (compressed state goes
 // through a staging buffer and the codec), and offloading / restoring whole sequences.
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -22,9 +23,50 @@ void StateManager::host_free(std::vector<int32_t>& pages, bool state) {
   pages.clear();
 }
 
+namespace {
+
+// A compressed slot, layer by layer: the recurrent state through the codec (rows of head_dim values), then the three
+// conv states as they are (past conv inputs, already in the activation dtype: kept exact). `words` of a layer.
+struct SlotCodec {
+  StateCodec codec;
+  int64_t rec_floats, layer_words, n_layers, row;
+
+  int64_t rec_bytes() const { return encoded_bytes(codec, rec_floats, row); }
+  int64_t conv_bytes() const { return (layer_words - rec_floats) * 4; }
+  int64_t bytes() const { return n_layers * (rec_bytes() + conv_bytes()); }
+  void encode(const std::byte* slot, std::span<std::byte> out) const {
+    BG_CHECK(static_cast<int64_t>(out.size()) == bytes(), "state codec: {} bytes for a slot of {}", out.size(),
+             bytes());
+    std::byte* o = out.data();
+    for (int64_t l = 0; l < n_layers; ++l) {
+      const auto* layer = reinterpret_cast<const float*>(slot) + l * layer_words;
+      encode_state(codec, {layer, static_cast<size_t>(rec_floats)}, row, {o, static_cast<size_t>(rec_bytes())});
+      o += rec_bytes();
+      std::memcpy(o, layer + rec_floats, static_cast<size_t>(conv_bytes()));
+      o += conv_bytes();
+    }
+  }
+  void decode(std::span<const std::byte> in, std::byte* slot) const {
+    BG_CHECK(static_cast<int64_t>(in.size()) == bytes(), "state codec: {} bytes for a slot of {}", in.size(), bytes());
+    const std::byte* i = in.data();
+    for (int64_t l = 0; l < n_layers; ++l) {
+      auto* layer = reinterpret_cast<float*>(slot) + l * layer_words;
+      decode_state(codec, {i, static_cast<size_t>(rec_bytes())}, row, {layer, static_cast<size_t>(rec_floats)});
+      i += rec_bytes();
+      std::memcpy(layer + rec_floats, i, static_cast<size_t>(conv_bytes()));
+      i += conv_bytes();
+    }
+  }
+};
+
+}  // namespace
+
 int64_t StateManager::slot_pages() const {
-  const int64_t floats = geometry_.kda.slot_floats();
-  return host_.pages_for(encoded_bytes(plan_.state_codec, floats, std::max<int64_t>(geometry_.kda.head_dim, 1)));
+  if (plan_.state_codec == StateCodec::kF32) return host_.pages_for(state_.slot_bytes());
+  const KdaStateGeometry& g = geometry_.kda;
+  const SlotCodec c{plan_.state_codec, g.recurrent_floats(), g.layer_words(state_.act_bytes()), g.n_kda_layers,
+                    std::max<int64_t>(g.head_dim, 1)};
+  return host_.pages_for(c.bytes());
 }
 
 CopyFence StateManager::blocks_to_host(std::span<const int32_t> blocks, std::span<const int32_t> pages) {
@@ -57,15 +99,15 @@ CopyFence StateManager::slot_to_host(int32_t slot, std::span<const int32_t> page
   if (plan_.state_codec == StateCodec::kF32) {
     return last_fence_ = backend_.copy_to_host(host_.copies(state_.storage(), offset, bytes, pages));
   }
-  // Compressed: the fp32 slot comes to the staging buffer first (the host waits), then is encoded into the pages.
+  // Compressed: the slot comes to the staging buffer first (the host waits), then is encoded into the pages.
   const HostCopy whole{state_.storage(), offset, staging_.get(), bytes};
   const CopyFence fence = backend_.copy_to_host(std::span<const HostCopy>(&whole, 1));
   backend_.wait_fence(fence);
-  const int64_t floats = geometry_.kda.slot_floats();
-  std::vector<std::byte> encoded(static_cast<size_t>(encoded_bytes(plan_.state_codec, floats, geometry_.kda.head_dim)));
-  encode_state(plan_.state_codec, std::span<const float>(reinterpret_cast<const float*>(staging_.get()),
-                                                         static_cast<size_t>(floats)),
-               geometry_.kda.head_dim, encoded);
+  const KdaStateGeometry& g = geometry_.kda;
+  const SlotCodec c{plan_.state_codec, g.recurrent_floats(), g.layer_words(state_.act_bytes()), g.n_kda_layers,
+                    std::max<int64_t>(g.head_dim, 1)};
+  std::vector<std::byte> encoded(static_cast<size_t>(c.bytes()));
+  c.encode(staging_.get(), encoded);
   host_.write(encoded, pages);
   return fence;
 }
@@ -77,11 +119,12 @@ void StateManager::slot_from_host(std::span<const int32_t> pages, int32_t slot) 
     last_fence_ = backend_.copy_from_host(host_.copies(state_.storage(), offset, bytes, pages));
     return;
   }
-  const int64_t floats = geometry_.kda.slot_floats();
-  std::vector<std::byte> encoded(static_cast<size_t>(encoded_bytes(plan_.state_codec, floats, geometry_.kda.head_dim)));
+  const KdaStateGeometry& g = geometry_.kda;
+  const SlotCodec c{plan_.state_codec, g.recurrent_floats(), g.layer_words(state_.act_bytes()), g.n_kda_layers,
+                    std::max<int64_t>(g.head_dim, 1)};
+  std::vector<std::byte> encoded(static_cast<size_t>(c.bytes()));
   host_.read(pages, encoded);
-  decode_state(plan_.state_codec, encoded, geometry_.kda.head_dim,
-               std::span<float>(reinterpret_cast<float*>(staging_.get()), static_cast<size_t>(floats)));
+  c.decode(encoded, staging_.get());
   const HostCopy whole{state_.storage(), offset, staging_.get(), bytes};
   backend_.wait_fence(backend_.copy_from_host(std::span<const HostCopy>(&whole, 1)));  // staging is reused next time
 }

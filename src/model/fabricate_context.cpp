@@ -45,9 +45,14 @@ void fill_kv(Backend& be, const MlaKvPool& pool, const std::vector<int32_t>& blo
   }
 }
 
+// dst (fp32, or the conv states' activation dtype) = seeded values, rounded to dst's dtype.
 void write_random(Backend& be, Tensor dst, double std, uint64_t seed) {
   const std::vector<float> v = random_values(dst.numel(), std, seed);
-  be.write_bytes(dst, std::as_bytes(std::span<const float>(v)));
+  if (dst.dtype == DType::kF32) {
+    be.write_bytes(dst, std::as_bytes(std::span<const float>(v)));
+  } else {
+    be.copy(be.upload_f32(v, dst.shape, dst.dtype), dst);
+  }
 }
 
 void fill_kda(Backend& be, const KdaStatePool& pool, int32_t slot, uint64_t seed) {

@@ -159,7 +159,7 @@ Plan make_plan(const ModelGeometry& geo, const PlannerInput& in, const MemoryPro
   p.device = in.device;
   p.act_bytes = in.device == "cpu" ? 4 : 2;
   p.kv_bytes_per_token = geo.state.kv_bytes_per_token(p.act_bytes);
-  p.state_bytes_per_seq = geo.state.state_bytes_per_seq();
+  p.state_bytes_per_seq = geo.state.state_bytes_per_seq(p.act_bytes);
   p.kv_block_size = in.kv_block_size;
   p.weight_bytes = geo.weight_bytes;
   p.budget_bytes = memory_budget_bytes(geo, in, in.kv_cache_memory_bytes > 0 ? DeviceMemory{} : probe(in.device));

@@ -72,7 +72,7 @@ struct Plan {
   std::string device;
   int64_t act_bytes = 4;                 // bytes per cached value: 4 (fp32) on cpu, 2 (bf16) on cuda
   int64_t kv_bytes_per_token = 0;        // n_mla_layers x entry_dim x act_bytes
-  int64_t state_bytes_per_seq = 0;       // KdaStateGeometry::slot_floats x 4 (fp32)
+  int64_t state_bytes_per_seq = 0;       // KdaStateGeometry::slot_words(act_bytes) x 4
   int64_t budget_bytes = 0;              // KV + state
   int64_t activation_reserve_bytes = 0;  // kept for the step's activations (PlannerInput)
   int64_t max_num_seqs = 0;

@@ -2,7 +2,9 @@
 // (q, k, v, g, beta and every conv state of the pool), and against the CPU references (short conv, L2 norm, gate,
 // beta) within bf16 / fp32 tolerance. K3's 96 heads x 128 and smaller / odd head dims, conv widths 4 and 2, scattered
 // state slots with a padding row (-1: zero q / k / v, state untouched), inputs read as column slices of a wider
-// projection buffer (row strides); K3's shape with aligned strides (the 16-byte conv path) and odd ones (the other).
+// projection buffer (row strides); K3's shape with aligned strides (the 8-byte conv path) and odd ones (the other).
+// The conv states are bf16 (the CPU reference's fp32 pool starts from the same bf16-rounded values) and are compared
+// exactly: they hold past inputs only.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,7 +26,8 @@ namespace {
 struct PrepCase {
   int64_t n_seqs, n_heads, head_dim, kernel_size;
   bool strided;  // q, k, v, g_raw and b as column slices of one [n, 4P + H + spare] buffer
-  // Slot stride and row stride multiples of 4 (K3's 16-byte conv path runs), else odd (the 4-byte path runs).
+  // Slot stride and row stride multiples of 4 (K3's 8-byte conv path runs; the slot stride is 4 mod 8 elements, so odd
+  // slots start 8 bytes past a 16-byte boundary), else odd (the 2-byte path runs).
   bool aligned = false;
 };
 
@@ -41,7 +44,7 @@ void run_case(const PrepCase& c) {
   SCOPED_TRACE(::testing::Message() << "seqs " << c.n_seqs << " heads " << c.n_heads << " K " << c.head_dim << " W "
                                     << c.kernel_size << (c.strided ? " strided" : "") << (c.aligned ? " aligned" : ""));
   const int64_t n = c.n_seqs, H = c.n_heads, K = c.head_dim, W = c.kernel_size, P = H * K;
-  const int64_t part = P * (W - 1), slot_stride = 3 * part + (c.aligned ? 8 : 5), n_slots = n + 7;
+  const int64_t part = P * (W - 1), slot_stride = 3 * part + (c.aligned ? 4 : 5), n_slots = n + 7;
   // One projection buffer: [n, stride] holding q | k | v | g_raw | b | spare columns (3, or 4 to 7 when aligned).
   const int64_t buf_stride = 4 * P + H + (c.aligned ? 4 + (4 - (4 * P + H) % 4) % 4 : 3);
   const int64_t stride = c.strided ? buf_stride : 0;
@@ -55,6 +58,7 @@ void run_case(const PrepCase& c) {
   const std::vector<float> a_log = random_floats(static_cast<size_t>(H + 2), 1.0f, 95);
   const std::vector<float> dt_bias = random_floats(static_cast<size_t>(P), 1.0f, 96);
   std::vector<float> pool = random_floats(static_cast<size_t>(n_slots * slot_stride), 1.5f, 97);
+  const std::vector<uint16_t> pool_bits = to_bf16(pool);  // rounds pool too: the CPU reference's start
   std::vector<int32_t> slots(static_cast<size_t>(n_slots));
   std::iota(slots.begin(), slots.end(), 0);
   std::shuffle(slots.begin(), slots.end(), std::mt19937(static_cast<uint32_t>(n * 31 + K)));
@@ -70,7 +74,7 @@ void run_case(const PrepCase& c) {
   std::vector<cuda::DeviceBuffer> d_w;
   for (int i = 0; i < 3; ++i) d_w.push_back(cuda::upload(w[static_cast<size_t>(i)]));
   const cuda::DeviceBuffer d_alog = cuda::upload(a_log), d_dt = cuda::upload(dt_bias), d_slots = cuda::upload(slots);
-  cuda::DeviceBuffer d_pool_fused = cuda::upload(pool), d_pool_sep = cuda::upload(pool);
+  cuda::DeviceBuffer d_pool_fused = cuda::upload(pool_bits), d_pool_sep = cuda::upload(pool_bits);
   const size_t np = static_cast<size_t>(n * P), nh = static_cast<size_t>(n * H);
 
   // Fused.
@@ -79,7 +83,7 @@ void run_case(const PrepCase& c) {
     in.x[i] = c.strided ? bf16_ptr(d_all) + i * P : bf16_ptr(d_x[static_cast<size_t>(i)]);
     in.x_row[i] = c.strided ? stride : P;
     in.conv_weight[i] = d_w[static_cast<size_t>(i)].as<float>();
-    in.conv_state[i] = {d_pool_fused.as<float>() + i * part, d_slots.as<int32_t>(), slot_stride};
+    in.conv_state[i] = {bf16_ptr(d_pool_fused) + i * part, d_slots.as<int32_t>(), slot_stride};
   }
   in.g_raw = c.strided ? bf16_ptr(d_all) + 3 * P : bf16_ptr(d_graw);
   in.g_row = c.strided ? stride : P;
@@ -97,7 +101,7 @@ void run_case(const PrepCase& c) {
   std::vector<cuda::DeviceBuffer> sep;
   for (int i = 0; i < 3; ++i) {
     sep.push_back(poisoned(np * 2));
-    const ops::ConvStateSlots cs{d_pool_sep.as<float>() + i * part, d_slots.as<int32_t>(), slot_stride};
+    const ops::ConvStateSlots cs{bf16_ptr(d_pool_sep) + i * part, d_slots.as<int32_t>(), slot_stride};
     const auto u = static_cast<size_t>(i);
     ops::short_conv_decode_cuda({n, P, W}, bf16_ptr(d_x[u]), d_w[u].as<float>(), cs, bf16_ptr(sep.back()), nullptr);
   }
@@ -150,8 +154,8 @@ void run_case(const PrepCase& c) {
   EXPECT_EQ(first_mismatch(got_beta, cuda::download<float>(sbeta, nh)), -1);
   EXPECT_LE(max_rel_error(got_g, ref_g), kTolF32);
   EXPECT_LE(max_rel_error(got_beta, ref_beta), kTolF32);
-  const std::vector<float> pool_fused = cuda::download<float>(d_pool_fused, pool.size());
-  EXPECT_EQ(first_mismatch(pool_fused, cuda::download<float>(d_pool_sep, pool.size())), -1);
+  const std::vector<float> pool_fused = download_bf16(d_pool_fused, pool.size());
+  EXPECT_EQ(first_mismatch(pool_fused, download_bf16(d_pool_sep, pool.size())), -1);
   EXPECT_EQ(first_mismatch(pool_fused, cpu_pool), -1);
 }
 
@@ -164,7 +168,7 @@ TEST(KdaPrepParity, K3HeadsMatchTheSeparateKernelsBitForBit) {
   run_case({5, 96, 128, 4, true});
   run_case({5, 96, 128, 4, true, true});
   run_case({3, 2, 128, 4, true, true});
-  EXPECT_TRUE(ops::kda_prep_w4x128_enabled()) << "BG_KDA_PREP_W4X128=0: the 16-byte conv path was not tested";
+  EXPECT_TRUE(ops::kda_prep_w4x128_enabled()) << "BG_KDA_PREP_W4X128=0: the 8-byte conv path was not tested";
 }
 
 TEST(KdaPrepParity, OtherShapes) {
@@ -184,7 +188,7 @@ TEST(KdaPrepParity, RejectsBadParams) {
     in.x[i] = bf16_ptr(buf);
     in.x_row[i] = 8;
     in.conv_weight[i] = buf.as<float>();
-    in.conv_state[i] = {buf.as<float>(), buf.as<int32_t>(), 24};
+    in.conv_state[i] = {bf16_ptr(buf), buf.as<int32_t>(), 24};
   }
   in.g_raw = bf16_ptr(buf);
   in.g_row = 8;

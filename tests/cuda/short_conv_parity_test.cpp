@@ -1,7 +1,8 @@
 // CUDA short conv + SiLU against short_conv_cpu on bf16-rounded inputs: one-sequence prefill from a non-zero state
 // (KDA's 12288 channels, widths 1 / 2 / 4 / 7, ragged token counts), prefill then decode steps, and the batched decode
 // over scattered state slots (a -1 slot and rows past the live count are padding: zero output, state untouched).
-// Conv states are fp32 copies of inputs: compared bit for bit.
+// Conv states are bf16 on the GPU (they hold past bf16 inputs only), fp32 in the CPU reference: both start from the
+// same bf16-rounded values, and the GPU's updated states are compared with the reference's bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,23 +39,24 @@ TEST(ShortConvParity, PrefillFromState) {
     const size_t n_state = static_cast<size_t>(c.n_channels * (c.kernel_size - 1));
     std::vector<float> x = random_floats(n, 2.0f, 61);
     const std::vector<float> w = random_floats(static_cast<size_t>(c.n_channels * c.kernel_size), 0.7f, 62);
-    std::vector<float> state = random_floats(n_state, 1.5f, 63);  // fp32: any value
+    std::vector<float> state = random_floats(n_state, 1.5f, 63);  // rounded to bf16 by the upload
     const cuda::DeviceBuffer d_x = upload_bf16(x), d_w = cuda::upload(w);
-    cuda::DeviceBuffer d_state = cuda::upload(state), out = poisoned(n * 2);
+    cuda::DeviceBuffer d_state = upload_bf16(state), out = poisoned(n * 2);
     std::vector<float> ref(n);
     ops::short_conv_cpu(p, x.data(), w.data(), state.data(), ref.data());
-    ops::short_conv_cuda(p, bf16_ptr(d_x), d_w.as<float>(), n_state ? d_state.as<float>() : nullptr, bf16_ptr(out),
+    ops::short_conv_cuda(p, bf16_ptr(d_x), d_w.as<float>(), n_state ? bf16_ptr(d_state) : nullptr, bf16_ptr(out),
                          nullptr);
     sync_device();
     EXPECT_LE(max_rel_error(download_bf16(out, n), ref), kTolBf16Out);
-    EXPECT_EQ(first_mismatch(cuda::download<float>(d_state, n_state), state), -1);
+    EXPECT_EQ(first_mismatch(download_bf16(d_state, n_state), state), -1);
   }
 }
 
 // The vectorised prefill kernels (widths 1-4, 8 channels x 16 tokens per thread; BG_SHORT_CONV=tiled and rows)
 // against the per-element one (BG_SHORT_CONV=scalar) bit for bit, outputs and states, over run edges (T not a
 // multiple of 16, T below W - 1) and 64-token tile edges (T around 64, 128 and 256; C not a multiple of the
-// 256-channel tile), from a non-zero state; a misaligned x takes the per-element kernel and still matches the CPU.
+// 256-channel tile), from a non-zero state, the states also against the CPU's exactly; a misaligned x takes the
+// per-element kernel and still matches the CPU.
 TEST(ShortConvParity, VectorisedEqualsPerElementBitForBit) {
   BG_REQUIRE_GPU();
   std::vector<ConvCase> cases;
@@ -72,17 +74,18 @@ TEST(ShortConvParity, VectorisedEqualsPerElementBitForBit) {
     const size_t n_state = static_cast<size_t>(c.n_channels * (c.kernel_size - 1));
     std::vector<float> x = random_floats(n, 2.0f, 71);  // rounded to bf16 by the upload
     const std::vector<float> w = random_floats(static_cast<size_t>(c.n_channels * c.kernel_size), 0.7f, 72);
-    const std::vector<float> state = random_floats(n_state, 1.5f, 73);
+    std::vector<float> state = random_floats(n_state, 1.5f, 73);
+    const std::vector<uint16_t> state_bits = to_bf16(state);  // rounds state too: the CPU's start
     const cuda::DeviceBuffer d_x = upload_bf16(x), d_w = cuda::upload(w);
     std::vector<std::vector<float>> outs, states;
     for (const char* kernel : {"scalar", "rows", "tiled"}) {
       ::setenv("BG_SHORT_CONV", kernel, 1);
-      cuda::DeviceBuffer d_state = cuda::upload(state), out = poisoned(n * 2);
-      ops::short_conv_cuda(p, bf16_ptr(d_x), d_w.as<float>(), n_state ? d_state.as<float>() : nullptr, bf16_ptr(out),
+      cuda::DeviceBuffer d_state = cuda::upload(state_bits), out = poisoned(n * 2);
+      ops::short_conv_cuda(p, bf16_ptr(d_x), d_w.as<float>(), n_state ? bf16_ptr(d_state) : nullptr, bf16_ptr(out),
                            nullptr);
       sync_device();
       outs.push_back(download_bf16(out, n));
-      states.push_back(cuda::download<float>(d_state, n_state));
+      states.push_back(download_bf16(d_state, n_state));
     }
     ::unsetenv("BG_SHORT_CONV");
     for (size_t k : {1, 2}) {
@@ -92,6 +95,7 @@ TEST(ShortConvParity, VectorisedEqualsPerElementBitForBit) {
     std::vector<float> ref(n), ref_state = state;
     ops::short_conv_cpu(p, x.data(), w.data(), ref_state.data(), ref.data());
     EXPECT_LE(max_rel_error(outs[1], ref), kTolBf16Out);
+    EXPECT_EQ(first_mismatch(states[0], ref_state), -1);
   }
   // x one element off 16-byte alignment: the per-element kernel.
   const int64_t t = 20, ch = 64, width = 4;
@@ -100,18 +104,17 @@ TEST(ShortConvParity, VectorisedEqualsPerElementBitForBit) {
   const cuda::DeviceBuffer d_x = upload_bf16(x), d_w = cuda::upload(w);
   std::vector<float> state(static_cast<size_t>(ch * (width - 1)), 0.0f), ref(static_cast<size_t>(t * ch));
   ops::short_conv_cpu({t, ch, width}, x.data() + 1, w.data(), state.data(), ref.data());
-  cuda::DeviceBuffer d_state = cuda::upload(std::vector<float>(state.size(), 0.0f)), out = poisoned(ref.size() * 2);
-  ops::short_conv_cuda({t, ch, width}, bf16_ptr(d_x) + 1, d_w.as<float>(), d_state.as<float>(), bf16_ptr(out),
-                       nullptr);
+  cuda::DeviceBuffer d_state = cuda::upload(std::vector<uint16_t>(state.size(), 0)), out = poisoned(ref.size() * 2);
+  ops::short_conv_cuda({t, ch, width}, bf16_ptr(d_x) + 1, d_w.as<float>(), bf16_ptr(d_state), bf16_ptr(out), nullptr);
   sync_device();
   EXPECT_LE(max_rel_error(download_bf16(out, ref.size()), ref), kTolBf16Out);
-  EXPECT_EQ(first_mismatch(cuda::download<float>(d_state, state.size()), state), -1);
+  EXPECT_EQ(first_mismatch(download_bf16(d_state, state.size()), state), -1);
 }
 
 // The conv with KDA's q / k L2 norm in one launch (short_conv_l2norm_cuda) against short_conv_cuda then
 // kda_l2norm_cuda, bit for bit (outputs and states), over token-tile edges, channel tiles with one or two heads,
 // head dims 32 / 64 / 128 / 256, widths 2-4, a q scale; head dim 96 (not dividing the 256-channel tile) takes the two
-// calls. Also against the CPU reference (short_conv_cpu then kda_l2norm_cpu).
+// calls. Also against the CPU reference (short_conv_cpu then kda_l2norm_cpu; the states exactly).
 TEST(ShortConvParity, FusedL2NormEqualsConvThenNormBitForBit) {
   BG_REQUIRE_GPU();
   struct NormCase {
@@ -128,18 +131,20 @@ TEST(ShortConvParity, FusedL2NormEqualsConvThenNormBitForBit) {
     const size_t n = static_cast<size_t>(nc.t * nc.c), n_state = static_cast<size_t>(nc.c * (nc.w - 1));
     std::vector<float> x = random_floats(n, 2.0f, 81);
     const std::vector<float> w = random_floats(static_cast<size_t>(nc.c * nc.w), 0.7f, 82);
-    const std::vector<float> state = random_floats(n_state, 1.5f, 83);
+    std::vector<float> state = random_floats(n_state, 1.5f, 83);
+    const std::vector<uint16_t> state_bits = to_bf16(state);  // rounds state too: the CPU's start
     const cuda::DeviceBuffer d_x = upload_bf16(x), d_w = cuda::upload(w);
-    cuda::DeviceBuffer s_two = cuda::upload(state), s_one = cuda::upload(state);
+    cuda::DeviceBuffer s_two = cuda::upload(state_bits), s_one = cuda::upload(state_bits);
     cuda::DeviceBuffer o_two = poisoned(n * 2), o_one = poisoned(n * 2);
-    ops::short_conv_cuda(p, bf16_ptr(d_x), d_w.as<float>(), s_two.as<float>(), bf16_ptr(o_two), nullptr);
+    ops::short_conv_cuda(p, bf16_ptr(d_x), d_w.as<float>(), bf16_ptr(s_two), bf16_ptr(o_two), nullptr);
     ops::kda_l2norm_cuda({nc.t * nc.c / nc.head_dim, nc.head_dim, nc.scale, 1e-6f}, bf16_ptr(o_two), bf16_ptr(o_two),
                          nullptr);
-    ops::short_conv_l2norm_cuda(p, norm, bf16_ptr(d_x), d_w.as<float>(), s_one.as<float>(), bf16_ptr(o_one), nullptr);
+    ops::short_conv_l2norm_cuda(p, norm, bf16_ptr(d_x), d_w.as<float>(), bf16_ptr(s_one), bf16_ptr(o_one), nullptr);
     sync_device();
     const std::vector<float> two = download_bf16(o_two, n), one = download_bf16(o_one, n);
+    const std::vector<float> state_one = download_bf16(s_one, n_state);
     EXPECT_EQ(first_mismatch(one, two), -1);
-    EXPECT_EQ(first_mismatch(cuda::download<float>(s_one, n_state), cuda::download<float>(s_two, n_state)), -1);
+    EXPECT_EQ(first_mismatch(state_one, download_bf16(s_two, n_state)), -1);
     // The CPU reference (x was rounded to bf16 by the upload): the conv, rounded to bf16 as the GPU stores it, then
     // the norm.
     std::vector<float> ref(n), ref_state = state;
@@ -147,6 +152,7 @@ TEST(ShortConvParity, FusedL2NormEqualsConvThenNormBitForBit) {
     ref = round_bf16(ref);
     ops::kda_l2norm_cpu({nc.t * nc.c / nc.head_dim, nc.head_dim, nc.scale, 1e-6f}, ref.data(), ref.data());
     EXPECT_LE(max_rel_error(one, ref), kTolBf16Out);
+    EXPECT_EQ(first_mismatch(state_one, ref_state), -1);
   }
 }
 
@@ -158,21 +164,21 @@ TEST(ShortConvParity, PrefillThenDecodeSteps) {
   const std::vector<float> w = random_floats(static_cast<size_t>(kChannels * W), 0.7f, 65);
   const cuda::DeviceBuffer d_x = upload_bf16(x), d_w = cuda::upload(w);
   std::vector<float> state(n_state, 0.0f), ref(x.size());
-  cuda::DeviceBuffer d_state = cuda::upload(state), out = poisoned(x.size() * 2);
+  cuda::DeviceBuffer d_state = upload_bf16(state), out = poisoned(x.size() * 2);
   const cuda::DeviceBuffer d_slot = cuda::upload(std::vector<int32_t>{0});
   ops::short_conv_cpu({n_prompt, kChannels, W}, x.data(), w.data(), state.data(), ref.data());
-  ops::short_conv_cuda({n_prompt, kChannels, W}, bf16_ptr(d_x), d_w.as<float>(), d_state.as<float>(), bf16_ptr(out),
+  ops::short_conv_cuda({n_prompt, kChannels, W}, bf16_ptr(d_x), d_w.as<float>(), bf16_ptr(d_state), bf16_ptr(out),
                        nullptr);
   for (int64_t s = 0; s < n_steps; ++s) {
     const size_t off = static_cast<size_t>((n_prompt + s) * kChannels);
     ops::short_conv_cpu({1, kChannels, W}, x.data() + off, w.data(), state.data(), ref.data() + off);
-    const ops::ConvStateSlots slots{d_state.as<float>(), d_slot.as<int32_t>(), static_cast<int64_t>(n_state)};
+    const ops::ConvStateSlots slots{bf16_ptr(d_state), d_slot.as<int32_t>(), static_cast<int64_t>(n_state)};
     ops::short_conv_decode_cuda({1, kChannels, W}, bf16_ptr(d_x) + off, d_w.as<float>(), slots, bf16_ptr(out) + off,
                                 nullptr);
   }
   sync_device();
   EXPECT_LE(max_rel_error(download_bf16(out, x.size()), ref), kTolBf16Out);
-  EXPECT_EQ(first_mismatch(cuda::download<float>(d_state, n_state), state), -1);
+  EXPECT_EQ(first_mismatch(download_bf16(d_state, n_state), state), -1);
 }
 
 TEST(ShortConvParity, BatchedDecodeOverSlots) {
@@ -195,16 +201,16 @@ TEST(ShortConvParity, BatchedDecodeOverSlots) {
     std::vector<float> x = random_floats(static_cast<size_t>(n_seqs * kChannels), 1.5f, 67);
     const std::vector<float> w = random_floats(static_cast<size_t>(kChannels * W), 0.7f, 68);
     const cuda::DeviceBuffer d_x = upload_bf16(x), d_w = cuda::upload(w), d_slots = cuda::upload(slot_idx);
-    cuda::DeviceBuffer d_pool = cuda::upload(pool), out = poisoned(x.size() * 2);
+    cuda::DeviceBuffer d_pool = upload_bf16(pool), out = poisoned(x.size() * 2);  // pool rounded for the CPU too
     std::vector<float> ref(x.size(), NAN);
     for (int64_t s = 0; s < n_seqs; ++s) {
       const int32_t slot = slot_idx[static_cast<size_t>(s)];
       if (padding(s)) continue;
-      ops::short_conv_cpu({1, kChannels, W}, x.data() + s * kChannels, w.data(), pool.data() + slot * slot_stride + part,
-                          ref.data() + s * kChannels);
+      float* state = pool.data() + slot * slot_stride + part;
+      ops::short_conv_cpu({1, kChannels, W}, x.data() + s * kChannels, w.data(), state, ref.data() + s * kChannels);
     }
     const cuda::DeviceBuffer d_live = cuda::upload(std::vector<int32_t>{static_cast<int32_t>(live)});
-    const ops::ConvStateSlots slots{d_pool.as<float>() + part, d_slots.as<int32_t>(), slot_stride,
+    const ops::ConvStateSlots slots{bf16_ptr(d_pool) + part, d_slots.as<int32_t>(), slot_stride,
                                     d_live.as<int32_t>()};
     ops::short_conv_decode_cuda({n_seqs, kChannels, W}, bf16_ptr(d_x), d_w.as<float>(), slots, bf16_ptr(out), nullptr);
     sync_device();
@@ -222,7 +228,7 @@ TEST(ShortConvParity, BatchedDecodeOverSlots) {
     }
     EXPECT_LE(max_rel_error(got_valid, ref_valid), kTolBf16Out);
     // Every slot of the pool, touched or not (q and v parts included), matches the CPU's pool exactly.
-    EXPECT_EQ(first_mismatch(cuda::download<float>(d_pool, pool.size()), pool), -1);
+    EXPECT_EQ(first_mismatch(download_bf16(d_pool, pool.size()), pool), -1);
   }
 }
 
@@ -230,14 +236,13 @@ TEST(ShortConvParity, RejectsBadParams) {
   BG_REQUIRE_GPU();
   cuda::DeviceBuffer b(256);
   EXPECT_THROW(ops::short_conv_cuda({1, 2, 4}, bf16_ptr(b), b.as<float>(), nullptr, bf16_ptr(b) + 8, nullptr), Error);
-  EXPECT_THROW(ops::short_conv_cuda({1, 2, 4}, bf16_ptr(b), b.as<float>(), b.as<float>(), bf16_ptr(b), nullptr),
-               Error);
+  EXPECT_THROW(ops::short_conv_cuda({1, 2, 4}, bf16_ptr(b), b.as<float>(), bf16_ptr(b), bf16_ptr(b), nullptr), Error);
   ::setenv("BG_SHORT_CONV", "vector", 1);  // only tiled, rows or scalar
-  EXPECT_THROW(ops::short_conv_cuda({1, 8, 4}, bf16_ptr(b), b.as<float>(), b.as<float>(), bf16_ptr(b) + 64, nullptr),
+  EXPECT_THROW(ops::short_conv_cuda({1, 8, 4}, bf16_ptr(b), b.as<float>(), bf16_ptr(b), bf16_ptr(b) + 64, nullptr),
                Error);
   ::unsetenv("BG_SHORT_CONV");
   EXPECT_THROW(ops::short_conv_decode_cuda({1, 8, 4}, bf16_ptr(b), b.as<float>(),
-                                           {b.as<float>(), b.as<int32_t>(), 8}, bf16_ptr(b) + 64, nullptr),
+                                           {bf16_ptr(b), b.as<int32_t>(), 8}, bf16_ptr(b) + 64, nullptr),
                Error);
 }
 

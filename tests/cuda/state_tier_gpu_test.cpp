@@ -19,6 +19,14 @@ TEST(StateTierGpu, PrefixOffloadedWhileARequestArrives) {
   prefix_offloaded_while_a_request_arrives(*be);
 }
 
+// The conv states are bf16 here (the pool's activation dtype): kept byte for byte by a compressed offload.
+TEST(StateTierGpu, CompressedOffloadKeepsConvStatesExact) {
+  BG_REQUIRE_GPU();
+  auto be = make_backend("cuda");
+  compressed_offload_keeps_conv_states_exact(*be, kv::StateCodec::kBF16);
+  compressed_offload_keeps_conv_states_exact(*be, kv::StateCodec::kFP8);
+}
+
 TEST(StateTierGpu, PinnedHostMemoryAndFences) {
   BG_REQUIRE_GPU();
   auto be = make_backend("cuda");

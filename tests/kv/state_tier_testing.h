@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -126,6 +127,63 @@ inline void prefix_offloaded_while_a_request_arrives(Backend& be) {
   const size_t slot_bytes = static_cast<size_t>(sm.state_pool().slot_bytes());
   EXPECT_TRUE(std::equal(got.end() - static_cast<std::ptrdiff_t>(slot_bytes), got.end(),
                          want.end() - static_cast<std::ptrdiff_t>(slot_bytes)));
+}
+
+// A compressed offload (--state-offload-dtype bf16 / fp8): the recurrent states come back within the codec's bound
+// (kv/state_codec.h), the conv states (the pool's activation dtype) and the KV blocks byte for byte.
+inline void compressed_offload_keeps_conv_states_exact(Backend& be, kv::StateCodec codec) {
+  kv::StatePlan plan = tier_test_plan(false);
+  plan.state_codec = codec;
+  kv::StateManager sm(be, tier_test_geometry(), plan);
+  auto a = sm.new_sequence(32);
+  const KdaStateGeometry& g = sm.geometry().kda;
+  const int64_t layer_words = g.layer_words(sm.state_pool().act_bytes());
+  ASSERT_EQ(sm.state_pool().slot_bytes(), g.n_kda_layers * layer_words * 4);
+  ASSERT_GT(layer_words, g.recurrent_floats());  // there are conv states to keep
+  std::vector<std::byte> want = fill_sequence(be, sm, *a, 5);
+  // Recurrent values in [-1, 1] (finite, with a spread of magnitudes) over the random bytes.
+  const size_t slot0 = want.size() - static_cast<size_t>(sm.state_pool().slot_bytes());
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t l = 0; l < g.n_kda_layers; ++l) {
+    for (int64_t i = 0; i < g.recurrent_floats(); ++i) {
+      const float x = u(rng);
+      std::memcpy(want.data() + slot0 + static_cast<size_t>((l * layer_words + i) * 4), &x, 4);
+    }
+  }
+  Tensor slot = sm.state_pool().storage().rows_view(a->kda_slot(), 1);
+  be.write_bytes(slot, std::span<const std::byte>(want).subspan(slot0));
+  a->advance(32);
+  ASSERT_TRUE(sm.offload(*a));
+  {  // reuses a's blocks and slot
+    auto b = sm.new_sequence(12 * 16);
+    fill_sequence(be, sm, *b, 77);
+  }
+  sm.restore(*a);
+  const std::vector<std::byte> got = read_sequence(be, sm, *a, 2);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(slot0), want.begin()));  // KV
+  int64_t inexact = 0;
+  for (int64_t l = 0; l < g.n_kda_layers; ++l) {
+    const size_t layer = slot0 + static_cast<size_t>(l * layer_words * 4);
+    for (int64_t i = 0; i < g.recurrent_floats(); ++i) {
+      float x = 0, y = 0;
+      std::memcpy(&x, want.data() + layer + static_cast<size_t>(i * 4), 4);
+      std::memcpy(&y, got.data() + layer + static_cast<size_t>(i * 4), 4);
+      // bf16: 2^-8 |x|; fp8: 2^-4 |x| + 2^-10 max|row| with max|row| <= 1.
+      const float bound = codec == kv::StateCodec::kBF16 ? std::ldexp(std::fabs(x), -8)
+                                                         : std::ldexp(std::fabs(x), -4) + std::ldexp(1.0f, -10);
+      EXPECT_LE(std::fabs(y - x), bound) << "layer " << l << " value " << i;
+      inexact += x != y;
+    }
+    const size_t conv = layer + static_cast<size_t>(g.recurrent_floats() * 4);
+    const size_t conv_end = layer + static_cast<size_t>(layer_words * 4);
+    EXPECT_TRUE(std::equal(got.begin() + static_cast<std::ptrdiff_t>(conv),
+                           got.begin() + static_cast<std::ptrdiff_t>(conv_end),
+                           want.begin() + static_cast<std::ptrdiff_t>(conv)))
+        << "layer " << l << ": the conv states changed";
+  }
+  EXPECT_GT(inexact, 0);  // the recurrent states did go through the lossy codec
 }
 
 }  // namespace bg::testing

@@ -109,7 +109,7 @@ class FakeModel final : public Model {
     return kv.storage().as<float>() + (block * o_.block_tokens + pos % o_.block_tokens) * 2;
   }
   float* slot(const Sequence& seq) const {
-    return seq.pools().state->storage().as<float>() + seq.kda_slot() * geometry_.kda.slot_floats();
+    return seq.pools().state->storage().as<float>() + seq.kda_slot() * (seq.pools().state->slot_bytes() / 4);
   }
 
   FakeModelOptions o_;

@@ -40,7 +40,7 @@ TEST(Planner, TinyKimiK3Geometry) {
   EXPECT_EQ(g.state.n_mla_layers, 4);    // full_attn_layers 3, 6, 9, 10
   EXPECT_EQ(g.state.entry_dim(), 48);    // kv_lora_rank 32 + rope 16
   EXPECT_EQ(g.state.kda.n_kda_layers, 6);
-  EXPECT_EQ(g.state.kda.slot_floats(), 6 * (4 * 32 * 32 + 3 * 128 * 3));  // recurrent [4,32,32] + conv 3 x [128, 3]
+  EXPECT_EQ(g.state.kda.slot_words(4), 6 * (4 * 32 * 32 + 3 * 128 * 3));  // recurrent [4,32,32] + conv 3 x [128, 3]
   EXPECT_EQ(g.state.prefill_align_tokens, 64);                           // the KDA chunk
   EXPECT_EQ(g.max_position_embeddings, 4096);
   EXPECT_EQ(g.weight_bytes, 0);
@@ -53,7 +53,7 @@ TEST(Planner, TpRankStateGeometry) {
   const StateGeometry half = tp_state_geometry(whole, 2);
   EXPECT_EQ(half.kda.n_heads, 2);
   EXPECT_EQ(half.kda.conv_channels, 64);
-  EXPECT_EQ(half.kda.slot_floats(), 6 * (2 * 32 * 32 + 3 * 64 * 3));
+  EXPECT_EQ(half.kda.slot_words(4), 6 * (2 * 32 * 32 + 3 * 64 * 3));
   EXPECT_EQ(half.n_mla_layers, whole.n_mla_layers);
   EXPECT_EQ(half.entry_dim(), whole.entry_dim());
   EXPECT_EQ(tp_state_geometry(whole, 1), whole);

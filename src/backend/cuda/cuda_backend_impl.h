@@ -112,6 +112,7 @@ class CudaBackend final : public Backend {
   std::string_view name() const override { return "cuda"; }
   DeviceKind device() const override { return DeviceKind::kCuda; }
   DType act_dtype() const override { return DType::kBF16; }
+  DType conv_state_dtype() const override { return DType::kBF16; }
 
   Tensor alloc(Shape shape, DType dtype) override {
     Tensor t;
@@ -386,15 +387,14 @@ class CudaBackend final : public Backend {
     BG_PROFILE_OP("short_conv", stream_);
     const int64_t c = x.cols();
     if (step_.all_single_token()) {
-      ops::ConvStateSlots slots{state.storage.as<float>() + state.offset, dev_.state_slots, state.slot_stride,
-                                dev_.live_tokens};
+      const ops::ConvStateSlots slots = conv_slots(state);
       ops::short_conv_decode_cuda({step_.n_seqs(), c, weight.cols()}, x.as<bf16>(), weight.as<float>(), slots,
                                   out.as<bf16>(), stream_);
       return;
     }
     for (int64_t s = 0; s < step_.n_seqs(); ++s) {
       const int64_t b = step_.seq_begin[static_cast<size_t>(s)], e = step_.seq_begin[static_cast<size_t>(s) + 1];
-      ops::short_conv_cuda({e - b, c, weight.cols()}, x.as<bf16>() + b * c, weight.as<float>(), slot_state(state, s),
+      ops::short_conv_cuda({e - b, c, weight.cols()}, x.as<bf16>() + b * c, weight.as<float>(), conv_state(state, s),
                            out.as<bf16>() + b * c, stream_);
     }
   }
@@ -437,9 +437,7 @@ class CudaBackend final : public Backend {
       in.x[i] = a.raw[i].as<bf16>();
       in.x_row[i] = width;
       in.conv_weight[i] = a.conv[i].as<float>();
-      const StateRef& st = a.conv_state[i];
-      // The live count on every decode step: a graph captured without padding replays steps with some.
-      in.conv_state[i] = {st.storage.as<float>() + st.offset, dev_.state_slots, st.slot_stride, dev_.live_tokens};
+      in.conv_state[i] = conv_slots(a.conv_state[i]);
     }
     in.g_raw = a.g_raw.as<bf16>();
     in.g_row = width;
@@ -618,7 +616,7 @@ class CudaBackend final : public Backend {
           const ops::ShortConvParams p{e - b, c, a.conv[i].cols()};
           const bf16* x = a.raw[i].as<bf16>() + b * c;
           bf16* y = out[i]->as<bf16>() + b * c;
-          float* st = slot_state(a.conv_state[i], s);
+          bf16* st = conv_state(a.conv_state[i], s);
           if (i < 2) {
             ops::short_conv_l2norm_cuda(p, {a.head_dim, scales[i], 1e-6f}, x, a.conv[i].as<float>(), st, y, stream_);
           } else {
@@ -630,8 +628,16 @@ class CudaBackend final : public Backend {
     kda_gate(a.g_raw, a.a_log, a.dt_bias, a.n_heads, a.gate_lower_bound, g);
     kda_beta(a.b, beta);
   }
-  float* slot_state(const StateRef& st, int64_t seq) const {
-    return st.storage.as<float>() + st.offset + step_.state_slots.at(static_cast<size_t>(seq)) * st.slot_stride;
+  // A conv state (bf16 elements from a word offset, StateRef) of every slot of a decode step; the live count on every
+  // decode step: a graph captured without padding replays steps with some.
+  ops::ConvStateSlots conv_slots(const StateRef& st) const {
+    return {reinterpret_cast<bf16*>(st.storage.as<float>() + st.offset), dev_.state_slots, 2 * st.slot_stride,
+            dev_.live_tokens};
+  }
+  // Sequence seq's conv state.
+  bf16* conv_state(const StateRef& st, int64_t seq) const {
+    return reinterpret_cast<bf16*>(st.storage.as<float>() + st.offset +
+                                   step_.state_slots.at(static_cast<size_t>(seq)) * st.slot_stride);
   }
   void copy_in(void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return;

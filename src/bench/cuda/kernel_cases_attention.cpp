@@ -361,12 +361,12 @@ KernelCase short_conv_decode_case(int64_t batch) {
   KernelCase c;
   c.name = "short_conv_decode";
   c.shape = fmt::format("B={} C=12288", batch);
-  const double state = d(kConvChannels * (kConvWidth - 1)) * 4;
+  const double state = d(kConvChannels * (kConvWidth - 1)) * 2;  // bf16
   c.set_bytes = d(batch) * (state + d(kConvChannels) * 4);
   c.prepare = [=](const CudaEnv&, CaseMemory& mem, int n_sets) {
     const float* weight = mem.f32(z(kConvChannels * kConvWidth), -0.5f, 0.5f);
     const int64_t stride = kConvChannels * (kConvWidth - 1);
-    float* states = mem.f32(z(n_sets * batch * stride), -1.0f, 1.0f);
+    bf16* states = mem.bf16(z(n_sets * batch * stride));
     const int32_t* live = mem.upload(std::vector<int32_t>{static_cast<int32_t>(batch)});  // as a decode step passes
     std::vector<ops::ConvStateSlots> slots;
     std::vector<const bf16*> xs;
@@ -391,20 +391,20 @@ KernelCase short_conv_decode_case(int64_t batch) {
 }
 
 // The fused KDA decode preparation (kda_prep_decode_cuda) at K3's shape: the q / k / v convs over one pool of
-// slots (each slot holds the three conv states, as the KDA state pool lays them out), the L2 norms, the gate and beta.
-// Bytes: the conv states read and written, the inputs (q, k, v, g_raw, b) and outputs (q, k, v, g, beta), the conv
-// weights once.
+// slots (each slot holds the three bf16 conv states, as the KDA state pool lays them out), the L2 norms, the gate and
+// beta. Bytes: the conv states read and written, the inputs (q, k, v, g_raw, b) and outputs (q, k, v, g, beta), the
+// conv weights once.
 KernelCase kda_prep_decode_case(int64_t batch) {
   KernelCase c;
   c.name = "kda_prep_decode";
   c.shape = fmt::format("B={} H=96 K=128", batch);
   const int64_t part = kConvChannels * (kConvWidth - 1), slot_stride = 3 * part;
   const double io = d(kConvChannels) * (3 * 2 + 2 + 3 * 2 + 4) + d(kHeads) * (2 + 4);
-  c.set_bytes = d(batch) * (d(slot_stride) * 4 + io);
+  c.set_bytes = d(batch) * (d(slot_stride) * 2 + io);
   c.prepare = [=](const CudaEnv&, CaseMemory& mem, int n_sets) {
     const float* weights[3];
     for (const float*& w : weights) w = mem.f32(z(kConvChannels * kConvWidth), -0.5f, 0.5f);
-    float* states = mem.f32(z(n_sets * batch * slot_stride), -1.0f, 1.0f);
+    bf16* states = mem.bf16(z(n_sets * batch * slot_stride));
     const int32_t* live = mem.upload(std::vector<int32_t>{static_cast<int32_t>(batch)});
     const float* a_log = mem.f32(z(kHeads), -1.0f, 1.0f);
     const float* dt_bias = mem.f32(z(kConvChannels), -1.0f, 1.0f);
@@ -433,7 +433,8 @@ KernelCase kda_prep_decode_case(int64_t batch) {
                       mem.zeros_of<float>(z(batch * kHeads))});
     }
     PreparedKernel k;
-    k.cost = {d(batch) * (d(slot_stride) * 8 + io) + 3 * d(kConvChannels * kConvWidth) * 4,
+    // The bf16 conv states read and written (2 x 2 bytes an element), the step's inputs and outputs, the weights.
+    k.cost = {d(batch) * (d(slot_stride) * 4 + io) + 3 * d(kConvChannels * kConvWidth) * 4,
               6.0 * d(batch * kConvChannels * kConvWidth)};
     k.launch = [=](int s, cudaStream_t stream) {
       ops::kda_prep_decode_cuda({batch, kHeads, kKdaDim, kConvWidth, 0.088f, 1e-6f, -5.0f}, ins[z(s)], outs[z(s)],
@@ -454,7 +455,7 @@ KernelCase short_conv_prefill_case(int64_t n, bool norm) {
   c.set_bytes = d(n * kConvChannels) * 4;
   c.prepare = [=](const CudaEnv&, CaseMemory& mem, int) {
     const float* weight = mem.f32(z(kConvChannels * kConvWidth), -0.5f, 0.5f);
-    float* state = mem.f32(z(kConvChannels * (kConvWidth - 1)), -1.0f, 1.0f);
+    bf16* state = mem.bf16(z(kConvChannels * (kConvWidth - 1)));
     const bf16* x = mem.bf16(z(n * kConvChannels));
     bf16* out = mem.zeros_of<bf16>(z(n * kConvChannels));
     PreparedKernel k;

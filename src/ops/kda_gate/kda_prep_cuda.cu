@@ -1,9 +1,10 @@
 // The fused KDA decode preparation (kda_prep_cuda.h). The L2 norm adds the sums of squares as the warp-per-row L2
 // norm does (lane l: channels l, l + 32, ... of its head, then a butterfly). The conv, whose arithmetic does not depend
 // on who computes a channel, runs either on that same ownership (any shape) or, for K3's shape (head dim 128, conv
-// width 4, 16-byte aligned states and weights), on four consecutive channels per lane: 16-byte loads and stores of the
-// fp32 conv state instead of 4-byte ones at a 12-byte stride, the values then handed to the norm's ownership through
-// shared memory.
+// width 4, 8-byte aligned states, 16-byte aligned weights), on four consecutive channels per lane: 8-byte loads and
+// stores of the bf16 conv state (a lane's 12 values, 24 bytes) instead of 2-byte ones at a 6-byte stride, the values
+// then handed to the norm's ownership through shared memory. The conv state is bf16: it holds past bf16 inputs only,
+// so storing them as bf16 is exact and every result is the fp32-state one.
 #include "ops/kda_gate/kda_prep_cuda.h"
 
 #include "backend/cuda/cuda_check.h"
@@ -21,13 +22,14 @@ constexpr int kMaxHist = static_cast<int>(kKdaPrepMaxConv) - 1;
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// Short conv + SiLU of this warp's channels (rounded to bf16 as the conv kernel stores them), the state shifted by
-// one token. Returns the rounded outputs as floats in v (0 for lanes past the head). Every input, weight and state
-// value is loaded before anything is stored (a store could alias a later load, so the compiler would not move that
-// load ahead of it), so the warp waits for memory once, not once per channel.
+// Short conv + SiLU of this warp's channels (rounded to bf16 as the conv kernel stores them), the bf16 state shifted by
+// one token (the values stored are bf16 inputs, so rounding them is exact). Returns the rounded outputs as floats in v
+// (0 for lanes past the head). Every input, weight and state value is loaded before anything is stored (a store could
+// alias a later load, so the compiler would not move that load ahead of it), so the warp waits for memory once, not
+// once per channel.
 template <int kPer>
 __device__ __forceinline__ void conv_head(const KdaPrepDecodeParams& p, const bf16* x, const float* weight,
-                                          float* state, int64_t c0, int lane, float (&v)[kPer]) {
+                                          bf16* state, int64_t c0, int lane, float (&v)[kPer]) {
   const int n_hist = static_cast<int>(p.kernel_size) - 1;
   float xv[kPer], wv[kPer][kMaxHist + 1], hist[kPer][kMaxHist];
 #pragma unroll
@@ -37,7 +39,7 @@ __device__ __forceinline__ void conv_head(const KdaPrepDecodeParams& p, const bf
 #pragma unroll
     for (int j = 0; j <= kMaxHist; ++j) {
       wv[i][j] = d < p.head_dim && j <= n_hist ? weight[c * p.kernel_size + j] : 0.0f;
-      if (j < kMaxHist) hist[i][j] = d < p.head_dim && j < n_hist ? state[c * n_hist + j] : 0.0f;
+      if (j < kMaxHist) hist[i][j] = d < p.head_dim && j < n_hist ? cuda_util::to_f32(state[c * n_hist + j]) : 0.0f;
     }
   }
 #pragma unroll
@@ -55,50 +57,55 @@ __device__ __forceinline__ void conv_head(const KdaPrepDecodeParams& p, const bf
       if (j == n_hist) acc += wv[i][j] * xv[i];
     }
     v[i] = cuda_util::to_f32(cuda_util::to_bf16(silu(acc)));
-    float* st = state + c * n_hist;
+    bf16* st = state + c * n_hist;
 #pragma unroll
     for (int j = 0; j + 1 < kMaxHist; ++j) {
-      if (j + 1 < n_hist) st[j] = hist[i][j + 1];
+      if (j + 1 < n_hist) st[j] = cuda_util::to_bf16(hist[i][j + 1]);
     }
 #pragma unroll
     for (int j = 0; j < kMaxHist; ++j) {
-      if (j == n_hist - 1) st[j] = xv[i];
+      if (j == n_hist - 1) st[j] = cuda_util::to_bf16(xv[i]);
     }
   }
 }
 
+// A lane's 12 bf16 history values (4 channels x 3), 24 bytes: three 8-byte pieces (lanes start 24 bytes apart, so
+// only 8-byte alignment holds for every lane).
+union Bf16x12 {
+  uint2 raw[3];
+  bf16 v[12];
+};
+
 // The conv of conv_head for head dim 128 and width 4 (3 history values), lane l owning channels 4l .. 4l + 3: its
-// history is 12 consecutive floats and its weights 16 (three and four 16-byte loads), its input 8 bytes. The same
-// arithmetic per channel as conv_head. Writes the outputs to sv[4l .. 4l + 3].
-__device__ __forceinline__ void conv_head_w4x128(const bf16* x, const float* weight, float* state, int64_t c0, int lane,
+// history is 12 consecutive bf16 (three 8-byte loads), its weights 16 floats (four 16-byte loads), its input 8 bytes.
+// The same arithmetic per channel as conv_head. Writes the outputs to sv[4l .. 4l + 3]; the new history is the old
+// one's newest two values and the input, moved as bf16 bits (exact).
+__device__ __forceinline__ void conv_head_w4x128(const bf16* x, const float* weight, bf16* state, int64_t c0, int lane,
                                                  float* sv) {
   const int64_t c = c0 + 4 * lane;
   const uint2 xr = *reinterpret_cast<const uint2*>(x + c);
-  float4 w[4], hs[3];
+  float4 w[4];
+  Bf16x12 hist;  // channel i: hist.v[3i .. 3i + 2], oldest first
 #pragma unroll
   for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const float4*>(weight + c * 4)[i];
 #pragma unroll
-  for (int i = 0; i < 3; ++i) hs[i] = reinterpret_cast<const float4*>(state + c * 3)[i];
+  for (int i = 0; i < 3; ++i) hist.raw[i] = reinterpret_cast<const uint2*>(state + c * 3)[i];
   const bf16* xb = reinterpret_cast<const bf16*>(&xr);
-  const float* hist = reinterpret_cast<const float*>(hs);  // channel i: hist[3i .. 3i + 2], oldest first
-  float nh[12];
+  Bf16x12 nh;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float* wi = reinterpret_cast<const float*>(&w[i]);
-    const float xv = cuda_util::to_f32(xb[i]);
     float acc = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 3; ++j) acc += wi[j] * hist[3 * i + j];
-    acc += wi[3] * xv;
+    for (int j = 0; j < 3; ++j) acc += wi[j] * cuda_util::to_f32(hist.v[3 * i + j]);
+    acc += wi[3] * cuda_util::to_f32(xb[i]);
     sv[4 * lane + i] = cuda_util::to_f32(cuda_util::to_bf16(silu(acc)));
-    nh[3 * i] = hist[3 * i + 1];
-    nh[3 * i + 1] = hist[3 * i + 2];
-    nh[3 * i + 2] = xv;
+    nh.v[3 * i] = hist.v[3 * i + 1];
+    nh.v[3 * i + 1] = hist.v[3 * i + 2];
+    nh.v[3 * i + 2] = xb[i];
   }
 #pragma unroll
-  for (int i = 0; i < 3; ++i) {
-    reinterpret_cast<float4*>(state + c * 3)[i] = make_float4(nh[4 * i], nh[4 * i + 1], nh[4 * i + 2], nh[4 * i + 3]);
-  }
+  for (int i = 0; i < 3; ++i) reinterpret_cast<uint2*>(state + c * 3)[i] = nh.raw[i];
 }
 
 // grid (H, n_seqs), 128 threads: warp 0 q, 1 k, 2 v, 3 gate and beta. kPer: channels per lane (head_dim <= 32 kPer).
@@ -129,7 +136,7 @@ __global__ void __launch_bounds__(128) kda_prep_decode_kernel(KdaPrepDecodeParam
     return;
   }
   float v[kPer];
-  float* state = cs.base + slot * cs.slot_stride;
+  bf16* state = cs.base + slot * cs.slot_stride;
   if constexpr (kW4x128) {
     static_assert(kPer == 4);
     float* sv = conv_out[warp];
@@ -187,10 +194,12 @@ void kda_prep_decode_cuda(const KdaPrepDecodeParams& p, const KdaPrepDecodeInput
            in.g_row, in.b_row);
   BG_CHECK(out.q && out.k && out.v && out.g && out.beta, "kda_prep_decode_cuda: null output");
   const dim3 grid(static_cast<unsigned>(p.n_heads), static_cast<unsigned>(p.n_seqs));
-  // The 16-byte conv path: every slot's state, each head's weights and each row's input at 16 / 8-byte boundaries.
+  // The vectorised conv path: each lane's 12 bf16 state values at an 8-byte boundary (base 8-byte aligned, slot stride
+  // a multiple of 4 elements; lanes and heads then start at multiples of 24 bytes), each head's weights at 16 bytes
+  // and each row's input at 8.
   bool w4x128 = p.head_dim == 128 && p.kernel_size == 4 && kda_prep_w4x128_enabled();
   for (int i = 0; i < 3 && w4x128; ++i) {
-    w4x128 = cuda::aligned_to(in.conv_state[i].base, 16) && in.conv_state[i].slot_stride % 4 == 0 &&
+    w4x128 = cuda::aligned_to(in.conv_state[i].base, 8) && in.conv_state[i].slot_stride % 4 == 0 &&
              cuda::aligned_to(in.conv_weight[i], 16) && cuda::aligned_to(in.x[i], 8) && in.x_row[i] % 4 == 0;
   }
   if (w4x128) {

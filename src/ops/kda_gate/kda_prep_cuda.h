@@ -30,7 +30,7 @@ struct KdaPrepDecodeInputs {
   const __nv_bfloat16* x[3] = {};  // q, k, v projections [n_seqs, H*K], row stride x_row[i] elements
   int64_t x_row[3] = {};
   const float* conv_weight[3] = {};  // [H*K, W]
-  ConvStateSlots conv_state[3];      // slot s of sequence s: [H*K, W-1], oldest first; slot < 0: padding
+  ConvStateSlots conv_state[3];      // slot s of sequence s: [H*K, W-1] bf16, oldest first; slot < 0: padding
   const __nv_bfloat16* g_raw = nullptr;  // [n_seqs, H*K], row stride g_row
   int64_t g_row = 0;
   const float* a_log = nullptr;    // [>= H]
@@ -51,7 +51,7 @@ void kda_prep_decode_cuda(const KdaPrepDecodeParams& p, const KdaPrepDecodeInput
                           cudaStream_t stream);
 
 // Whether K3's shape (head dim 128, conv width 4, aligned) runs the conv on four consecutive channels per lane with
-// 16-byte state loads and stores (the same bits): on unless BG_KDA_PREP_W4X128=0 (read once).
+// 8-byte loads and stores of its bf16 state (the same bits): on unless BG_KDA_PREP_W4X128=0 (read once).
 bool kda_prep_w4x128_enabled();
 
 }  // namespace bg::ops

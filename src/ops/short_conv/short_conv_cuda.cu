@@ -4,7 +4,8 @@
 // kernel (BG_SHORT_CONV=rows, the one before) does the same window straight from global memory, one 16-byte load in
 // flight per thread. Otherwise (or BG_SHORT_CONV=scalar) one thread per (token, channel) output reads W inputs from x
 // or the old state. All accumulate in the same order, so they give the same bits. Then one thread per channel shifts
-// the state. Decode: one thread per (sequence, channel) does both.
+// the state. Decode: one thread per (sequence, channel) does both. The state is bf16: it holds past bf16 inputs only,
+// read as floats like x and stored back unchanged.
 #include "ops/short_conv/short_conv_cuda.h"
 
 
@@ -26,14 +27,14 @@ constexpr int64_t kMaxKernel = 64;
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // Input of token s (relative to the call's first token; s >= -(W-1)) for channel c: x, or the state when s < 0.
-__device__ __forceinline__ float input_at(const ShortConvParams& p, const bf16* x, const float* state, int64_t s,
+__device__ __forceinline__ float input_at(const ShortConvParams& p, const bf16* x, const bf16* state, int64_t s,
                                           int64_t c) {
   const int64_t n_hist = p.kernel_size - 1;
-  return s >= 0 ? cuda_util::to_f32(x[s * p.n_channels + c]) : state[c * n_hist + n_hist + s];
+  return cuda_util::to_f32(s >= 0 ? x[s * p.n_channels + c] : state[c * n_hist + n_hist + s]);
 }
 
 // Output element i = t * C + c (channel fastest: coalesced). Reads the old state only; it is updated afterwards.
-__global__ void conv_kernel(ShortConvParams p, const bf16* x, const float* weight, const float* state, bf16* out) {
+__global__ void conv_kernel(ShortConvParams p, const bf16* x, const float* weight, const bf16* state, bf16* out) {
   const int64_t n = p.n_tokens * p.n_channels, w = p.kernel_size;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
@@ -61,10 +62,10 @@ union Bf16x8 {
 // and shifts the window by one token.
 template <int W>
 __device__ __forceinline__ void window_load(float (&win)[kVecChannels][W], int j, int64_t s, const Bf16x8& row,
-                                            const float* state, int64_t c0) {
+                                            const bf16* state, int64_t c0) {
 #pragma unroll
   for (int ch = 0; ch < kVecChannels; ++ch) {
-    win[ch][j] = s >= 0 ? cuda_util::to_f32(row.v[ch]) : state[(c0 + ch) * (W - 1) + (W - 1) + s];
+    win[ch][j] = cuda_util::to_f32(s >= 0 ? row.v[ch] : state[(c0 + ch) * (W - 1) + (W - 1) + s]);
   }
 }
 template <int W>
@@ -88,7 +89,7 @@ __device__ __forceinline__ Bf16x8 window_step(float (&win)[kVecChannels][W], con
 // are fastest within a block, so a warp's loads of one token row are 512 contiguous bytes.
 template <int W>
 __global__ void __launch_bounds__(kThreads) conv_vec_kernel(ShortConvParams p, const bf16* x, const float* weight,
-                                                            const float* state, bf16* out) {
+                                                            const bf16* state, bf16* out) {
   const int64_t groups = p.n_channels / kVecChannels;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (g >= groups) return;
@@ -138,7 +139,7 @@ constexpr int kMaxNormPerLane = kTileChannels / 32;        // head dims up to 25
 template <int W, bool kNorm>
 __global__ void __launch_bounds__(kTileThreads, kNorm ? 3 : 4)
     conv_tiled_kernel(ShortConvParams p, const bf16* __restrict__ x, const float* __restrict__ weight,
-                      const float* __restrict__ state, ShortConvNorm norm, bf16* __restrict__ out) {
+                      const bf16* __restrict__ state, ShortConvNorm norm, bf16* __restrict__ out) {
   extern __shared__ __align__(16) unsigned char tile[];
   unsigned char* const res = tile + tile_smem_bytes<W>();  // kNorm: the conv's outputs, [token][channel] bf16
   const int64_t c_tile = static_cast<int64_t>(blockIdx.x) * kTileChannels;
@@ -215,13 +216,15 @@ __global__ void __launch_bounds__(kTileThreads, kNorm ? 3 : 4)
   }
 }
 
-// New state of channel c: the inputs of tokens T-(W-1) .. T-1, oldest first. Entry j reads old entry T+j >= j, so
-// ascending j is safe in place.
-__global__ void state_kernel(ShortConvParams p, const bf16* x, float* state) {
+// New state of channel c: the inputs of tokens T-(W-1) .. T-1, oldest first (bf16 values, so rounding them back to bf16
+// is exact). Entry j reads old entry T+j >= j, so ascending j is safe in place.
+__global__ void state_kernel(ShortConvParams p, const bf16* x, bf16* state) {
   const int64_t n_hist = p.kernel_size - 1;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < p.n_channels; c += step) {
-    for (int64_t j = 0; j < n_hist; ++j) state[c * n_hist + j] = input_at(p, x, state, p.n_tokens - n_hist + j, c);
+    for (int64_t j = 0; j < n_hist; ++j) {
+      state[c * n_hist + j] = cuda_util::to_bf16(input_at(p, x, state, p.n_tokens - n_hist + j, c));
+    }
   }
 }
 
@@ -237,15 +240,15 @@ __global__ void decode_kernel(ShortConvDecodeParams p, const bf16* x, const floa
       out[i] = cuda_util::to_bf16(0.0f);
       continue;
     }
-    float* st = states.base + slot * states.slot_stride + c * n_hist;  // [W-1], oldest first
+    bf16* st = states.base + slot * states.slot_stride + c * n_hist;  // [W-1], oldest first
     const float* wc = weight + c * w;
-    const float xv = cuda_util::to_f32(x[i]);
+    const bf16 xb = x[i];
     float acc = 0.0f;
-    for (int64_t j = 0; j < n_hist; ++j) acc += wc[j] * st[j];
-    acc += wc[n_hist] * xv;
+    for (int64_t j = 0; j < n_hist; ++j) acc += wc[j] * cuda_util::to_f32(st[j]);
+    acc += wc[n_hist] * cuda_util::to_f32(xb);
     out[i] = cuda_util::to_bf16(silu(acc));
     for (int64_t j = 0; j + 1 < n_hist; ++j) st[j] = st[j + 1];
-    if (n_hist > 0) st[n_hist - 1] = xv;
+    if (n_hist > 0) st[n_hist - 1] = xb;
   }
 }
 
@@ -262,7 +265,7 @@ ShortConvKernel short_conv_kernel_from_env() {
 namespace {
 
 template <int W, bool kNorm>
-void launch_tiled(const ShortConvParams& p, const bf16* x, const float* weight, const float* state,
+void launch_tiled(const ShortConvParams& p, const bf16* x, const float* weight, const bf16* state,
                   const ShortConvNorm& norm, bf16* out, cudaStream_t stream) {
   constexpr int kSmem = tile_smem_bytes<W>() + (kNorm ? kNormSmemBytes : 0);
   if constexpr (kSmem > 48 * 1024) {  // above the default: opt in once per instantiation
@@ -279,7 +282,7 @@ void launch_tiled(const ShortConvParams& p, const bf16* x, const float* weight, 
 }
 
 template <int W>
-void launch_rows(const ShortConvParams& p, const bf16* x, const float* weight, const float* state, bf16* out,
+void launch_rows(const ShortConvParams& p, const bf16* x, const float* weight, const bf16* state, bf16* out,
                  cudaStream_t stream) {
   const int64_t groups = p.n_channels / kVecChannels;
   const dim3 grid(static_cast<unsigned>((groups + kThreads - 1) / kThreads),
@@ -289,7 +292,7 @@ void launch_rows(const ShortConvParams& p, const bf16* x, const float* weight, c
 
 template <int W>
 void launch_vectorised(ShortConvKernel kernel, const ShortConvParams& p, const bf16* x, const float* weight,
-                       const float* state, bf16* out, cudaStream_t stream) {
+                       const bf16* state, bf16* out, cudaStream_t stream) {
   if (kernel == ShortConvKernel::kTiled) {
     launch_tiled<W, false>(p, x, weight, state, ShortConvNorm{}, out, stream);
   } else {
@@ -302,7 +305,7 @@ void launch_vectorised(ShortConvKernel kernel, const ShortConvParams& p, const b
 namespace {
 
 // The prefill calls' argument checks, named after the calling function; false when there are no tokens.
-bool check_prefill(const char* fn, const ShortConvParams& p, const void* x, const float* weight, const float* state,
+bool check_prefill(const char* fn, const ShortConvParams& p, const void* x, const float* weight, const void* state,
                    const void* out) {
   BG_CHECK(p.n_tokens >= 0, "{}: n_tokens {} is negative", fn, p.n_tokens);
   BG_CHECK(p.n_channels > 0, "{}: n_channels {} must be positive", fn, p.n_channels);
@@ -323,7 +326,7 @@ bool vectorisable(const ShortConvParams& p, const void* x, const void* out, int6
 }
 
 // The new conv state (after the outputs were computed from the old one).
-void launch_state(const ShortConvParams& p, const bf16* x, float* state, cudaStream_t stream) {
+void launch_state(const ShortConvParams& p, const bf16* x, bf16* state, cudaStream_t stream) {
   if (p.kernel_size == 1) return;
   state_kernel<<<cuda_util::elementwise_blocks(p.n_channels, kThreads), kThreads, 0, stream>>>(p, x, state);
   BG_CUDA_CHECK_LAUNCH();
@@ -331,7 +334,7 @@ void launch_state(const ShortConvParams& p, const bf16* x, float* state, cudaStr
 
 }  // namespace
 
-void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const float* weight, float* state,
+void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const float* weight, __nv_bfloat16* state,
                      __nv_bfloat16* out, cudaStream_t stream) {
   if (!check_prefill("short_conv_cuda", p, x, weight, state, out)) return;
   const ShortConvKernel kernel = short_conv_kernel_from_env();
@@ -351,7 +354,7 @@ void short_conv_cuda(const ShortConvParams& p, const __nv_bfloat16* x, const flo
 }
 
 void short_conv_l2norm_cuda(const ShortConvParams& p, const ShortConvNorm& norm, const __nv_bfloat16* x,
-                            const float* weight, float* state, __nv_bfloat16* out, cudaStream_t stream) {
+                            const float* weight, __nv_bfloat16* state, __nv_bfloat16* out, cudaStream_t stream) {
   BG_CHECK(norm.head_dim > 0 && p.n_channels % norm.head_dim == 0 && norm.eps > 0.0f,
            "short_conv_l2norm_cuda: head_dim {} must divide the {} channels, eps {} must be positive", norm.head_dim,
            p.n_channels, norm.eps);
