@@ -40,6 +40,11 @@ void Backend::linear_add(const LinearHandle& w, const Tensor& x, Tensor& y) {
   add(y, product);
 }
 
+Tensor Backend::packed(const Tensor& t) {
+  BG_CHECK(t.packed(), "{}: a strided view [{}] where packed rows were expected", name(), shape_str(t.shape));
+  return t;
+}
+
 std::vector<Tensor> Backend::linear_group(const LinearGroup& g, const Tensor& x) {
   std::vector<Tensor> ys;
   ys.reserve(g.parts.size());

@@ -147,6 +147,9 @@ struct PreparedLinears {
 struct LinearGroup {
   std::vector<const LinearHandle*> parts;
   const LinearHandle* fused = nullptr;
+  // The caller hands the parts only to ops that read strided views (Tensor::cols_view), so a fused product's parts
+  // may be its output's columns in place (CUDA: no split launch) instead of packed copies.
+  bool strided_parts = false;
 };
 
 // Expert weights of one MoE layer: expert e's FFN is down(glu(gate(x), up(x))). Indexed by global expert id when it
@@ -232,6 +235,9 @@ class Backend {
   Tensor act(int64_t rows, int64_t cols) { return alloc({rows, cols}, act_dtype()); }
   Tensor zeros(Shape shape, DType dtype);
   virtual void fill_zero(Tensor& t) = 0;
+  // t itself when its rows are packed, else a packed copy (a strided view: Tensor::cols_view). The CPU backend never
+  // makes strided views, so its default refuses one.
+  virtual Tensor packed(const Tensor& t);
   // Host fp32 values -> a new backend tensor of `dtype` (F32 or BF16).
   virtual Tensor upload_f32(std::span<const float> values, Shape shape, DType dtype) = 0;
   // A checkpoint tensor (embedding table) as a backend tensor (CPU: may borrow the mapping).
@@ -331,7 +337,8 @@ class Backend {
   // y[n, out] = x[n, in] W^T; y may be act dtype or F32.
   virtual void linear(const LinearHandle& w, const Tensor& x, Tensor& y) = 0;
   // ys[i] = x W_i^T for each part of g ([n, n_out_i], act dtype). Where linear_group_fuses(g, n), one product for all
-  // (CUDA: one GEMM, plus one split launch above one row); otherwise linear() part by part (the default).
+  // (CUDA: one GEMM, plus one split launch above one row, or with g.strided_parts the GEMM output's columns as strided
+  // views); otherwise linear() part by part (the default).
   virtual std::vector<Tensor> linear_group(const LinearGroup& g, const Tensor& x);
   virtual bool linear_group_fuses(const LinearGroup& g, int64_t rows) const {
     (void)g;

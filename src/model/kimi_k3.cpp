@@ -160,6 +160,7 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
     if (c_.n_shared_experts > 0) {
       L.ffn_in = lin_.group(kMoeIn, l);
       L.shared_in = lin_.group(kSharedIn, l);
+      L.ffn_in.strided_parts = L.shared_in.strided_parts = true;  // the MoE's input, glu: both read strided parts
     }
     if (c_.latent_norm) L.latent_norm = vec(T::kLatentNorm);
     L.moe.router = &lin_.get(int(T::kRouterGate), l);
@@ -172,7 +173,10 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
         be, experts_at_, lin_.experts(int(T::kExpertW1), int(T::kExpertW3), int(T::kExpertW2), l, c_.n_experts),
         streamed_experts(residency_, experts_at_, l, source));
   }
-  if (!c_.is_moe_layer(l)) L.ffn_in = lin_.group(kMlpIn, l);
+  if (!c_.is_moe_layer(l)) {
+    L.ffn_in = lin_.group(kMlpIn, l);
+    L.ffn_in.strided_parts = true;  // glu reads strided parts
+  }
   if (c_.is_mla(l)) {
     L.sub_index = n_mla++;
     if (c_.q_lora_rank > 0) {
@@ -191,6 +195,7 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
   } else {
     L.sub_index = n_kda++;
     L.kda_in = lin_.group(kKdaIn, l);
+    L.kda_in.strided_parts = true;  // kda_prep, gated_rmsnorm's gate and linear read strided parts
     // This rank's heads: channel rows [tp_rank * P, (tp_rank + 1) * P) of the conv weights and dt_bias.
     const int64_t P = kda_heads_ * c_.kda_head_dim, W = c_.conv_kernel;
     const int32_t tp = tp_size(), part = tp_rank();
@@ -328,9 +333,10 @@ void KimiK3Model::kda(const KdaStatePool& state, int64_t layer, const Tensor& x,
 
 void KimiK3Model::situ_mlp(const GroupProjections& in, size_t first, T down, int64_t layer, Tensor& out) {
   Backend& be = *be_;
-  Tensor g = in[first];  // [n, inter]
-  be.glu(situ_, g, in[first + 1], g);
-  be.linear(lin_.get(int(down), layer), g, out);
+  const Tensor gate = in[first];  // [n, inter]; a strided view where the group's parts are read in place
+  Tensor h = gate.packed() ? gate : be.act(gate.rows(), gate.cols());
+  be.glu(situ_, gate, in[first + 1], h);
+  be.linear(lin_.get(int(down), layer), h, out);
 }
 
 void KimiK3Model::ffn(int64_t layer, const Tensor& x, Tensor& out) {

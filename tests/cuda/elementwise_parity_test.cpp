@@ -111,6 +111,32 @@ TEST(ElementwiseParity, SituOutOfPlaceAndOverUp) {
   EXPECT_LE(max_rel_error(download_bf16(out, 192), ref), kTolBf16Out);
 }
 
+// gate and up as strided column views of one [T, 2I + 24] buffer (a fused group's output read in place): the same
+// bits as from packed copies of them.
+TEST(ElementwiseParity, SituReadsStridedGateAndUp) {
+  BG_REQUIRE_GPU();
+  for (const int64_t n_tokens : {1, 5, 64}) {
+    const int64_t inter = 96, ld = 2 * inter + 24;
+    const ops::SituParams p{n_tokens, inter, 4.0f, 25.0f};
+    const auto n = static_cast<size_t>(n_tokens * inter);
+    std::vector<float> all = wide_floats(static_cast<size_t>(n_tokens * ld), 11), g(n), u(n);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t c = 0; c < inter; ++c) {
+        g[static_cast<size_t>(t * inter + c)] = all[static_cast<size_t>(t * ld + 8 + c)];
+        u[static_cast<size_t>(t * inter + c)] = all[static_cast<size_t>(t * ld + 8 + inter + c)];
+      }
+    }
+    const cuda::DeviceBuffer d_all = upload_bf16(all), d_g = upload_bf16(g), d_u = upload_bf16(u);
+    cuda::DeviceBuffer want = poisoned(n * 2), got = poisoned(n * 2);
+    ops::situ_cuda(p, bf16_ptr(d_g), bf16_ptr(d_u), bf16_ptr(want), nullptr);
+    ops::situ_cuda(p, bf16_ptr(d_all) + 8, bf16_ptr(d_all) + 8 + inter, bf16_ptr(got), nullptr, ld, ld);
+    sync_device();
+    EXPECT_EQ(first_mismatch(download_bf16(got, n), download_bf16(want, n)), -1) << "T " << n_tokens;
+  }
+  cuda::DeviceBuffer b(64);
+  EXPECT_THROW(ops::situ_cuda({1, 8, 4.0f, 25.0f}, bf16_ptr(b), bf16_ptr(b), bf16_ptr(b), nullptr, 4, 8), Error);
+}
+
 TEST(ElementwiseParity, RejectsBadParams) {
   BG_REQUIRE_GPU();
   cuda::DeviceBuffer b(64);

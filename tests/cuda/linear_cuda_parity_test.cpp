@@ -182,6 +182,48 @@ TEST(LinearCudaParity, DenseAccumulateAddsToY) {
   EXPECT_THROW(linear_cuda(pq, q, x, cub.workspace.data(), ctx, nullptr), Error);
 }
 
+// x as a strided column view of a wider buffer (LinearCudaParams::x_ld: Kimi-K3's f_a part of the fused KDA group
+// feeding f_b, read in place): the dense cuBLAS path takes its row stride as lda; the paths that need packed rows
+// (deterministic tiles, quantized weights) refuse it.
+TEST(LinearCudaParity, DenseStridedInputRows) {
+  BG_REQUIRE_GPU();
+  CublasFixture cub;
+  const int64_t n_out = 1536, n_in = 128, ld = 49376, col0 = 49152;
+  const HostWeight hw = testing::random_weight(WeightFormat::kDense, n_out, n_in, 1.0f / std::sqrt(128.0f), 17);
+  const DeviceWeightStorage dw = upload_weight(hw.w);
+  const LinearCudaContext ctx{cub.handle, cub.workspace.data(), cub.workspace.bytes(), nullptr, 0};
+  for (int64_t n : {2, 17, 64}) {
+    std::vector<float> wide_f;
+    const std::vector<uint16_t> wide = testing::random_bf16(static_cast<size_t>(n * ld), 1.0f, 18 + n, &wide_f);
+    std::vector<float> x(static_cast<size_t>(n * n_in));
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy_n(wide_f.begin() + t * ld + col0, n_in, x.begin() + t * n_in);
+    }
+    const cuda::DeviceBuffer dx = cuda::upload(wide);
+    cuda::DeviceBuffer dy(static_cast<size_t>(n * n_out) * 2);
+    dy.fill_bytes(0xff);
+    LinearCudaParams p{n, LinearOutType::kBf16, LinearPath::kAuto};
+    p.x_ld = ld;
+    linear_cuda(p, dw.desc, dx.as<__nv_bfloat16>() + col0, dy.data(), ctx, nullptr);
+    BG_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> ref(static_cast<size_t>(n * n_out));
+    linear_cpu(hw.w, x.data(), n, ref.data());
+    testing::expect_parity(testing::from_bf16(cuda::download<uint16_t>(dy, ref.size())), ref, testing::kTolBf16Out,
+                           fmt::format("strided x, n={}", n));
+  }
+  const auto* x = static_cast<const __nv_bfloat16*>(cub.workspace.data());
+  LinearCudaParams det{2, LinearOutType::kBf16, LinearPath::kAuto, true};
+  det.x_ld = ld;
+  EXPECT_THROW(linear_cuda(det, dw.desc, x, cub.workspace.data(), ctx, nullptr), Error);
+  LinearCudaParams narrow{2, LinearOutType::kBf16, LinearPath::kAuto};
+  narrow.x_ld = n_in - 8;  // rows overlap
+  EXPECT_THROW(linear_cuda(narrow, dw.desc, x, cub.workspace.data(), ctx, nullptr), Error);
+  DeviceWeight q{WeightFormat::kMxfp4, 64, 64, cub.workspace.data(), cub.workspace.data()};
+  LinearCudaParams pq{2, LinearOutType::kBf16, LinearPath::kSkinny};
+  pq.x_ld = 128;
+  EXPECT_THROW(linear_cuda(pq, q, x, cub.workspace.data(), ctx, nullptr), Error);
+}
+
 TEST(LinearCudaParity, RejectsBadArguments) {
   BG_REQUIRE_GPU();
   CublasFixture cub;

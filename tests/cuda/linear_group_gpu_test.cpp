@@ -27,7 +27,9 @@ struct Part {
 };
 
 // Prepares `parts` as one run on a fresh CUDA backend and checks linear_group against linear_cpu at each row count.
-void check_group(const std::vector<Part>& parts, bool expect_fused, const std::vector<int64_t>& rows) {
+// strided: the caller reads strided parts (LinearGroup::strided_parts), so fused parts are the GEMM output's columns.
+void check_group(const std::vector<Part>& parts, bool expect_fused, const std::vector<int64_t>& rows,
+                 bool strided = false) {
   std::unique_ptr<Backend> be = make_cuda_backend();
   std::vector<testing::HostWeight> host;
   LinearBatch batch;
@@ -44,6 +46,7 @@ void check_group(const std::vector<Part>& parts, bool expect_fused, const std::v
   LinearGroup g;
   for (const auto& w : prepared.weights) g.parts.push_back(w.get());
   g.fused = prepared.runs[0].get();
+  g.strided_parts = strided;
   if (g.fused != nullptr) {
     // The parts' rows follow each other inside the fused weight.
     const ops::DeviceWeight& fused = cuda::cuda_linear(*g.fused).desc();
@@ -64,10 +67,18 @@ void check_group(const std::vector<Part>& parts, bool expect_fused, const std::v
     const Tensor dx = be->upload_f32(x, {n, n_in}, DType::kBF16);
     const std::vector<Tensor> ys = be->linear_group(g, dx);
     ASSERT_EQ(ys.size(), parts.size());
+    const bool views = strided && be->linear_group_fuses(g, n) && n > 1;
+    int64_t col = 0;  // views: part i's columns of one [n, sum of n_out] output, side by side
     for (size_t i = 0; i < parts.size(); ++i) {
       ASSERT_EQ(ys[i].shape, (Shape{n, parts[i].n_out}));
+      EXPECT_EQ(ys[i].packed(), !views);
+      if (views) {
+        EXPECT_EQ(ys[i].ld(), cuda::cuda_linear(*g.fused).desc().n_out);
+        EXPECT_EQ(ys[i].strided_as<__nv_bfloat16>(), ys[0].strided_as<__nv_bfloat16>() + col);
+      }
+      col += parts[i].n_out;
       std::vector<float> got(static_cast<size_t>(n * parts[i].n_out)), ref(got.size());
-      be->download_f32(ys[i], got.data());
+      be->download_f32(be->packed(ys[i]), got.data());
       ops::linear_cpu(host[i].w, x.data(), n, ref.data());
       testing::expect_parity(got, ref, testing::kTolBf16Out, fmt::format("part {}", i));
     }
@@ -84,6 +95,15 @@ TEST(LinearGroupCuda, KimiK3KdaProjectionsFuse) {
                {WeightFormat::kDense, 128, 7168},
                {WeightFormat::kDense, 96, 7168}},
               true, {1, 5, 64, 65});
+}
+
+// LinearGroup::strided_parts: the parts are the fused output's columns (no split launch); packed copies of them
+// (Backend::packed) hold the parts' products.
+TEST(LinearGroupCuda, StridedPartsAreTheFusedOutputsColumns) {
+  BG_REQUIRE_GPU();
+  check_group({{WeightFormat::kDense, 384, 1024}, {WeightFormat::kDense, 128, 1024}, {WeightFormat::kDense, 96, 1024}},
+              true, {1, 5, 64, 65}, true);
+  check_group({{WeightFormat::kDense, 3, 8}, {WeightFormat::kDense, 13, 8}}, true, {2, 17}, true);
 }
 
 TEST(LinearGroupCuda, OddWidthsUseTheScalarSplit) {

@@ -526,6 +526,40 @@ TEST(MoeW4a16Parity, DevicePackEqualsHostPack) {
   EXPECT_EQ(cuda::download<int32_t>(flags, 1)[0], kMoeErrorBadDescriptor);
 }
 
+// x as a strided column view of a wider buffer (MoeW4a16Args::x_ld: the latent-down part of Kimi-K3's fused group,
+// read in place): the same bits as from packed x, narrow (4 tokens) and wide (40, overlapped) launches.
+TEST(MoeW4a16Parity, StridedInputRows) {
+  BG_REQUIRE_GPU();
+  const int64_t hidden = 128, inter = 64, top_k = 4, E = 8, ld = hidden + 2 * 192, col0 = 0;
+  const ExpertSet set = make_experts(E, hidden, inter, 140);
+  Stream st;
+  for (const int64_t n : {4, 40}) {
+    SCOPED_TRACE(fmt::format("{} tokens", n));
+    Launch L;
+    prepare(L, set, hidden, inter, top_k, MoeW4a16Act::kSiTU, {n, Pattern::kRandom}, make_routing(n, top_k, E, E,
+            Pattern::kRandom, 141), 141, st.s);
+    L.reset_out();
+    L.run(st.s);
+    BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    const std::vector<uint8_t> want = L.download_bits();
+    // The same rows, ld elements apart, with poison between them.
+    std::vector<uint16_t> wide(static_cast<size_t>(n * ld), 0x7fc0);
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy_n(L.x_bits.begin() + t * hidden, hidden, wide.begin() + t * ld + col0);
+    }
+    const cuda::DeviceBuffer d_wide = cuda::upload(wide);
+    L.reset_out();
+    relayout(L, st.s);
+    moe_w4a16_cuda(L.p, set.layer.weights, L.dws, {d_wide.as<__nv_bfloat16>() + col0, L.d_out.data(), ld}, L.ws,
+                   st.s);
+    BG_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    EXPECT_EQ(L.download_bits(), want);
+    EXPECT_THROW(moe_w4a16_cuda(L.p, set.layer.weights, L.dws, {d_wide.as<__nv_bfloat16>(), L.d_out.data(), ld - 4},
+                                L.ws, st.s),
+                 Error);  // not a multiple of 8
+  }
+}
+
 TEST(MoeW4a16Parity, ZeroTokensAndBadInput) {
   BG_REQUIRE_GPU();
   const ExpertSet set = make_experts(4, 64, 64, 5);

@@ -160,7 +160,8 @@ void CudaBackend::drop_profiled_graph() {
 
 // A fused group (cuda_linears.h) up to kLinearGroupMaxFusedRows rows: on the dense decode GEMM, one launch that writes
 // each part's columns into its own output; on cuBLAS, one GEMM into [n, sum of n_out], then each part's columns:
-// views at one row (contiguous there), one split launch above. More rows, or no fused weight: part by part.
+// views at one row (contiguous there) or where the caller reads strided views (g.strided_parts, BG_LINEAR_GROUP_VIEWS
+// unset or 1), one split launch otherwise. More rows, or no fused weight: part by part.
 std::vector<Tensor> CudaBackend::linear_group(const LinearGroup& g, const Tensor& x) {
   const int64_t n = x.rows();
   if (!linear_group_fuses(g, n)) return Backend::linear_group(g, x);
@@ -186,10 +187,11 @@ std::vector<Tensor> CudaBackend::linear_group(const LinearGroup& g, const Tensor
   std::vector<Tensor> ys;
   std::vector<ops::ColumnSlice> slices;
   int64_t col = 0;
+  const bool views = n == 1 || (g.strided_parts && group_views_);
   for (const LinearHandle* part : g.parts) {
     const int64_t cols = part->n_out();
-    if (n == 1) {
-      ys.push_back(Tensor{all.owner, all.as<bf16>() + col, all.dtype, {1, cols}, DeviceKind::kCuda});
+    if (views) {
+      ys.push_back(all.cols_view(col, cols));
     } else {
       ys.push_back(act(n, cols));
       slices.push_back({col, cols, ys.back().data});

@@ -127,6 +127,16 @@ class CudaBackend final : public Backend {
     BG_PROFILE_OP("fill_zero", stream_);
     BG_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_));
   }
+  Tensor packed(const Tensor& t) override {
+    if (t.packed()) return t;
+    BG_PROFILE_OP("pack", stream_);
+    Tensor out = alloc(t.shape, t.dtype);
+    const size_t elem = dtype_size_bytes(t.dtype);
+    BG_CUDA_CHECK(cudaMemcpy2DAsync(out.data, static_cast<size_t>(t.cols()) * elem, t.data,
+                                    static_cast<size_t>(t.ld()) * elem, static_cast<size_t>(t.cols()) * elem,
+                                    static_cast<size_t>(t.rows()), cudaMemcpyDeviceToDevice, stream_));
+    return out;
+  }
   Tensor upload_f32(std::span<const float> values, Shape shape, DType dtype) override {
     Tensor t = alloc(std::move(shape), dtype);
     BG_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "upload_f32: {} values for shape {}", values.size(),
@@ -242,19 +252,23 @@ class CudaBackend final : public Backend {
     ops::rmsnorm_cuda({x.rows(), w.numel(), eps}, {x.cols(), y.cols()}, x.as<bf16>(), w.as<float>(), y.as<bf16>(),
                       stream_);
   }
-  void linear(const LinearHandle& w, const Tensor& x, Tensor& y) override {
+  void linear(const LinearHandle& w, const Tensor& x_in, Tensor& y) override {
+    const ops::DeviceWeight& d = desc(w);
+    // A strided x (a fused group's part) goes to cuBLAS as it is (its row stride as lda); other paths get it packed.
+    const bool strided = !x_in.packed() && d.format == WeightFormat::kDense && !deterministic_;
+    const Tensor x = strided ? x_in : packed(x_in);
     BG_PROFILE_OP("linear", stream_);
     expect(x, DType::kBF16, "linear input");
     ops::LinearCudaParams p{x.rows(), y.dtype == DType::kF32 ? ops::LinearOutType::kF32 : ops::LinearOutType::kBf16,
                             ops::LinearPath::kAuto, deterministic_};
-    const ops::DeviceWeight& d = desc(w);
+    p.x_ld = strided ? x.ld() : 0;
     BG_CHECK(d.data != nullptr, "cuda linear '{}': no device copy (a routed expert, held in its MoE layer's own "
              "layout)", cuda::cuda_linear(w).host().name);
     size_t scratch_bytes = ops::linear_dequant_scratch_bytes(d, p);
     std::shared_ptr<void> scratch = scratch_bytes > 0 ? alloc_->allocate(scratch_bytes) : nullptr;
     ops::LinearCudaContext ctx{cublas_,      cublas_ws_.get(), ops::kCublasWorkspaceBytes,
                                scratch.get(), scratch_bytes,    dense_decode_ctx()};
-    ops::linear_cuda(p, d, x.as<bf16>(), y.data, ctx, stream_);
+    ops::linear_cuda(p, d, x.strided_as<bf16>(), y.data, ctx, stream_);
   }
   void linear_add(const LinearHandle& w, const Tensor& x, Tensor& y) override {
     const ops::DeviceWeight& d = desc(w);
@@ -282,13 +296,20 @@ class CudaBackend final : public Backend {
     BG_PROFILE_OP("add", stream_);
     ops::add_inplace_cuda(y.numel(), x.as<bf16>(), y.as<bf16>(), stream_);
   }
+  // SiTU reads strided gate / up (a fused group's parts) in place; SwiGLU gets them packed.
   void glu(const GluSpec& p, const Tensor& gate, const Tensor& up, Tensor& out) override {
-    BG_PROFILE_OP("glu", stream_);
     if (p.kind == GluKind::kSwiGlu) {
-      ops::swiglu_cuda(gate.numel(), gate.as<bf16>(), up.as<bf16>(), out.as<bf16>(), stream_);
+      const Tensor g = packed(gate), u = packed(up);
+      BG_PROFILE_OP("glu", stream_);
+      ops::swiglu_cuda(g.numel(), g.as<bf16>(), u.as<bf16>(), out.as<bf16>(), stream_);
     } else {
-      ops::situ_cuda({gate.rows(), gate.cols(), p.situ_beta, p.situ_linear_beta}, gate.as<bf16>(), up.as<bf16>(),
-                     out.as<bf16>(), stream_);
+      BG_PROFILE_OP("glu", stream_);
+      BG_CHECK(gate.rows() == up.rows() && gate.cols() == up.cols(), "glu: gate [{}] and up [{}] differ",
+               shape_str(gate.shape), shape_str(up.shape));
+      BG_CHECK((gate.packed() && up.packed()) || (out.data != gate.data && out.data != up.data),
+               "glu: the output may alias packed inputs only");
+      ops::situ_cuda({gate.rows(), gate.cols(), p.situ_beta, p.situ_linear_beta}, gate.strided_as<bf16>(),
+                     up.strided_as<bf16>(), out.as<bf16>(), stream_, gate.ld(), up.ld());
     }
   }
   void sigmoid_mul(Tensor& x, const Tensor& gate) override {
@@ -417,13 +438,21 @@ class CudaBackend final : public Backend {
   // Steps with prefill pieces: with BG_KDA_PREP_PREFILL_FUSED=1 the q and k convs take their L2 norm in the same
   // launch (short_conv_l2norm_cuda); else the separate ops. Off by default: its tests pass, but it measured ~1.3x
   // slower than the two passes on the H100 (bench/RESULTS.md, 2026-12-06).
-  void kda_prep(const KdaPrepArgs& a, Tensor& q, Tensor& k, Tensor& v, Tensor& g, Tensor& beta) override {
+  // The fused decode kernel reads strided inputs (a fused group's parts) in place; the other paths get them packed.
+  void kda_prep(const KdaPrepArgs& a_in, Tensor& q, Tensor& k, Tensor& v, Tensor& g, Tensor& beta) override {
+    const bool fused_decode = step_.all_single_token() && kda_prep_fused_ && a_in.head_dim <= ops::kKdaPrepMaxHeadDim &&
+                              a_in.conv[0].cols() <= ops::kKdaPrepMaxConv;
+    KdaPrepArgs a = a_in;
+    if (!fused_decode) {
+      for (Tensor& t : a.raw) t = packed(t);
+      a.g_raw = packed(a.g_raw);
+      a.b = packed(a.b);
+    }
     if (!step_.all_single_token() && kda_prep_prefill_fused_) {
       kda_prep_prefill(a, q, k, v, g, beta);
       return;
     }
-    if (!step_.all_single_token() || !kda_prep_fused_ || a.head_dim > ops::kKdaPrepMaxHeadDim ||
-        a.conv[0].cols() > ops::kKdaPrepMaxConv) {
+    if (!fused_decode) {
       Backend::kda_prep(a, q, k, v, g, beta);
       return;
     }
@@ -434,17 +463,17 @@ class CudaBackend final : public Backend {
     for (size_t i = 0; i < 3; ++i) {
       BG_CHECK(a.raw[i].rows() == n && a.raw[i].cols() == width, "kda_prep: input {} is {}x{}, expected {}x{}", i,
                a.raw[i].rows(), a.raw[i].cols(), n, width);
-      in.x[i] = a.raw[i].as<bf16>();
-      in.x_row[i] = width;
+      in.x[i] = a.raw[i].strided_as<bf16>();
+      in.x_row[i] = a.raw[i].ld();
       in.conv_weight[i] = a.conv[i].as<float>();
       in.conv_state[i] = conv_slots(a.conv_state[i]);
     }
-    in.g_raw = a.g_raw.as<bf16>();
-    in.g_row = width;
+    in.g_raw = a.g_raw.strided_as<bf16>();
+    in.g_row = a.g_raw.ld();
     in.a_log = a.a_log.as<float>();
     in.dt_bias = a.dt_bias.as<float>();
-    in.b = a.b.as<bf16>();
-    in.b_row = a.n_heads;
+    in.b = a.b.strided_as<bf16>();
+    in.b_row = a.b.ld();
     const ops::KdaPrepDecodeParams p{n, a.n_heads, a.head_dim, a.conv[0].cols(), a.q_scale, 1e-6f, a.gate_lower_bound};
     ops::kda_prep_decode_cuda(p, in, {q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), g.as<float>(), beta.as<float>()},
                               stream_);
@@ -490,8 +519,8 @@ class CudaBackend final : public Backend {
   void gated_rmsnorm(int64_t n_heads, float eps, const Tensor& x, const Tensor& gate, const Tensor& weight,
                      Tensor& y) override {
     BG_PROFILE_OP("gated_rmsnorm", stream_);
-    ops::gated_rmsnorm_cuda({x.rows(), n_heads, weight.numel(), eps}, x.as<bf16>(), gate.as<bf16>(),
-                            weight.as<float>(), y.as<bf16>(), stream_);
+    ops::gated_rmsnorm_cuda({x.rows(), n_heads, weight.numel(), eps}, x.as<bf16>(), gate.strided_as<bf16>(),
+                            weight.as<float>(), y.as<bf16>(), stream_, gate.ld());
   }
   void attn_res_mix(const Tensor& bank, int64_t n_candidates, const Tensor& norm, const Tensor& proj, float eps,
                     Tensor& out) override {
@@ -774,6 +803,7 @@ class CudaBackend final : public Backend {
   int64_t n_sms_ = 1;
   bool deterministic_ = false;  // BackendOptions::deterministic
   bool fuse_linear_groups_ = cuda::linear_groups_from_env();  // BG_LINEAR_GROUPS (cuda_linears.h)
+  bool group_views_ = cuda::switch_from_env("BG_LINEAR_GROUP_VIEWS");  // strided parts in place (linear_group)
   bool kda_prep_fused_ = cuda::switch_from_env("BG_KDA_PREP_FUSED");
   bool kda_prep_prefill_fused_ = env_switch("BG_KDA_PREP_PREFILL_FUSED", false);
   // BG_SKIP_PADDING_ROWS=0: the step's live count is uploaded as every row, so padding rows run like real ones (for

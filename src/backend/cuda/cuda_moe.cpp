@@ -515,9 +515,9 @@ void moe_combine(const MoeContext& c, const MoeRouting& r, const Tensor& y_rows,
 }
 
 MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu,
-                              const MoeRouting& r, const Tensor& x, Tensor& out) {
+                              const MoeRouting& r, const Tensor& x_in, Tensor& out) {
   const ops::MoeW4a16Weights* w = slots.w4a16();
-  ops::MoeCudaParams p = params(r, x.cols(), slots.gate0().n_out);
+  ops::MoeCudaParams p = params(r, x_in.cols(), slots.gate0().n_out);
   p.expert_format = slots.gate0().format;
   p.act = glu_params(glu);
   p.out_type = out.dtype == DType::kF32 ? ops::MoeOutType::kF32 : ops::MoeOutType::kBf16;
@@ -539,7 +539,20 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
     t.data = t.owner.get();
     return t;
   };
-  if (w != nullptr && r.shape.all_local && use_w4a16_prefill(c, p, true)) {
+  const bool prefill_kernel = w != nullptr && r.shape.all_local && use_w4a16_prefill(c, p, true);
+  const bool fused = w != nullptr && r.shape.all_local && !use_grouped(c, p, true) && !use_fp8_prefill(c, slots, p);
+  // A strided x (a fused group's part, Tensor::cols_view) is read in place by the decode kernel; the other paths get
+  // it packed.
+  Tensor x = x_in;
+  if (!x_in.packed() && (prefill_kernel || !fused)) {
+    expect_bf16(x_in, "moe input");
+    x = alloc_bf16(x_in.rows(), x_in.cols());
+    BG_CUDA_CHECK(cudaMemcpy2DAsync(x.data, static_cast<size_t>(x.cols()) * sizeof(bf16), x_in.data,
+                                    static_cast<size_t>(x_in.ld()) * sizeof(bf16),
+                                    static_cast<size_t>(x.cols()) * sizeof(bf16), static_cast<size_t>(x.rows()),
+                                    cudaMemcpyDeviceToDevice, c.stream));
+  }
+  if (prefill_kernel) {
     // The W4A16 prefill kernel reads x through the dispatch's row_token (no gathered rows buffer), then the combine.
     expect_bf16(x, "moe input");
     Tensor h = alloc_bf16(r.shape.n_pairs(), slots.gate0().n_out);
@@ -550,7 +563,6 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
     moe_combine(c, r, y, out);
     return MoeLocalPath::kW4a16Prefill;
   }
-  const bool fused = w != nullptr && r.shape.all_local && !use_grouped(c, p, true) && !use_fp8_prefill(c, slots, p);
   if (!fused) {
     Tensor rows = alloc_bf16(r.shape.n_pairs(), x.cols());
     Tensor y = alloc_bf16(r.shape.n_pairs(), x.cols());
@@ -564,7 +576,7 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
   std::shared_ptr<void> mem = c.alloc->allocate(ops::moe_w4a16_workspace_bytes(wp));
   const ops::MoeW4a16Workspace ws = ops::moe_w4a16_workspace_layout(wp, mem.get());
   ops::moe_w4a16_workspace_init(ws, c.stream);  // stream-ordered memset of the counters (capturable)
-  ops::moe_w4a16_cuda(wp, *w, workspace(c, r), {x.as<bf16>(), out.data}, ws, c.stream);
+  ops::moe_w4a16_cuda(wp, *w, workspace(c, r), {x.strided_as<bf16>(), out.data, x.packed() ? 0 : x.ld()}, ws, c.stream);
   return MoeLocalPath::kW4a16;
 }
 

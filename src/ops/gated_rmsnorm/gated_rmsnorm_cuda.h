@@ -9,8 +9,9 @@
 namespace bg::ops {
 
 // y[t,h,:] = x[t,h,:] * rsqrt(mean_d(x[t,h,d]^2) + eps) * weight[:] * sigmoid(gate[t,h,:]).
-//   x, gate, y [T, H, D] bf16 (y may equal x or gate); weight [D] fp32.
+//   x, gate, y [T, H, D] bf16 (y may equal x, or gate when packed); weight [D] fp32. gate_ld: elements from one token's
+//   gate row to the next (0: H * D; more for a strided view of a wider buffer).
 void gated_rmsnorm_cuda(const GatedRmsNormParams& p, const __nv_bfloat16* x, const __nv_bfloat16* gate,
-                        const float* weight, __nv_bfloat16* y, cudaStream_t stream);
+                        const float* weight, __nv_bfloat16* y, cudaStream_t stream, int64_t gate_ld = 0);
 
 }  // namespace bg::ops

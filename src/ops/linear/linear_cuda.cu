@@ -78,13 +78,16 @@ bool use_skinny(const LinearCudaParams& p) {
 // column-major terms: C^T[n_rows, n_tokens] = op(A)^T with A seen as [n_in, n_rows] (transposed) times x^T [n_in,
 // n_tokens].
 // beta: 0 (C is written), or 1 (C += the product, one rounding).
+// x's rows are ldx elements apart (0: n_in).
 void gemm_bf16(const LinearCudaContext& ctx, cudaStream_t stream, const __nv_bfloat16* a, int64_t n_rows,
                int64_t n_in, const __nv_bfloat16* x, int64_t n_tokens, void* c, bool out_f32, int64_t ldc,
-               float beta = 0.0f) {
+               float beta = 0.0f, int64_t ldx = 0) {
+  if (ldx == 0) ldx = n_in;
   BG_CHECK(ctx.cublas != nullptr, "linear_cuda: no cuBLAS handle in the context");
   BG_CHECK(ctx.cublas_workspace != nullptr && ctx.cublas_workspace_bytes > 0,
            "linear_cuda: no cuBLAS workspace in the context (pass one, e.g. kCublasWorkspaceBytes)");
-  BG_CHECK(n_rows <= INT32_MAX && n_in <= INT32_MAX && n_tokens <= INT32_MAX && ldc <= INT32_MAX,
+  BG_CHECK(n_rows <= INT32_MAX && n_in <= INT32_MAX && n_tokens <= INT32_MAX && ldc <= INT32_MAX && ldx <= INT32_MAX &&
+               ldx >= n_in,
            "linear_cuda: GEMM dims [{}, {}] x {} tokens exceed the 32-bit cuBLAS interface", n_rows, n_in, n_tokens);
   // cublasSetStream resets the workspace to cuBLAS's own pool, so the caller's workspace is bound after it.
   BG_CUBLAS_CHECK(cublasSetStream(ctx.cublas, stream));
@@ -92,7 +95,7 @@ void gemm_bf16(const LinearCudaContext& ctx, cudaStream_t stream, const __nv_bfl
   const float alpha = 1.0f;
   BG_CUBLAS_CHECK(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n_rows),
                                static_cast<int>(n_tokens), static_cast<int>(n_in), &alpha, a, CUDA_R_16BF,
-                               static_cast<int>(n_in), x, CUDA_R_16BF, static_cast<int>(n_in), &beta, c,
+                               static_cast<int>(n_in), x, CUDA_R_16BF, static_cast<int>(ldx), &beta, c,
                                out_f32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(ldc), CUBLAS_COMPUTE_32F,
                                CUBLAS_GEMM_DEFAULT));
 }
@@ -212,6 +215,11 @@ void linear_cuda(const LinearCudaParams& p, const DeviceWeight& w, const __nv_bf
            weight_format_name(w.format), p.deterministic);
   BG_CHECK(w.format == WeightFormat::kDense || (p.path != LinearPath::kCublas && p.path != LinearPath::kDenseDecode),
            "linear_cuda: path {} is for dense weights, not {}", static_cast<int>(p.path), weight_format_name(w.format));
+  const bool strided_x = p.x_ld != 0 && p.x_ld != w.n_in;
+  BG_CHECK(!strided_x || (w.format == WeightFormat::kDense && !p.deterministic && p.path != LinearPath::kDenseDecode &&
+                          p.x_ld > w.n_in),
+           "linear_cuda: x rows {} elements apart take the dense cuBLAS path only (weight {}, n_in {})", p.x_ld,
+           weight_format_name(w.format), w.n_in);
   switch (w.format) {
     case WeightFormat::kDense:
       BG_CHECK(p.path == LinearPath::kAuto || p.path == LinearPath::kCublas || p.path == LinearPath::kDenseDecode,
@@ -223,7 +231,7 @@ void linear_cuda(const LinearCudaParams& p, const DeviceWeight& w, const __nv_bf
         dense_decode_cuda(p, w, x, y, *ctx.dense_decode, stream);
         return;
       }
-      if (p.path == LinearPath::kAuto && dense_decode_applies(p, w, x, ctx)) {
+      if (p.path == LinearPath::kAuto && !strided_x && dense_decode_applies(p, w, x, ctx)) {
         dense_decode_cuda(p, w, x, y, *ctx.dense_decode, stream);
         return;
       }
@@ -232,7 +240,7 @@ void linear_cuda(const LinearCudaParams& p, const DeviceWeight& w, const __nv_bf
         return;
       }
       gemm_bf16(ctx, stream, static_cast<const __nv_bfloat16*>(w.data), w.n_out, w.n_in, x, p.n_tokens, y,
-                p.out_type == LinearOutType::kF32, w.n_out, p.accumulate ? 1.0f : 0.0f);
+                p.out_type == LinearOutType::kF32, w.n_out, p.accumulate ? 1.0f : 0.0f, p.x_ld);
       return;
     case WeightFormat::kFp8Block: return launch_quantized<WeightFormat::kFp8Block>(p, w, x, y, ctx, stream);
     case WeightFormat::kMxfp4: return launch_quantized<WeightFormat::kMxfp4>(p, w, x, y, ctx, stream);

@@ -77,6 +77,9 @@ struct LinearCudaParams {
   // y += x W^T instead of y = x W^T: the fp32 sum of the product and y's value rounded once (cuBLAS's beta = 1). Dense
   // weights only, and not with `deterministic` (whose overlapping tiles write some rows twice): refused otherwise.
   bool accumulate = false;
+  // Elements from one row of x to the next (0: n_in): a strided view of a wider buffer (a fused group's part, the
+  // backend's linear_group). Taken by the non-deterministic dense cuBLAS path only; refused elsewhere.
+  int64_t x_ld = 0;
 };
 
 // The token count of every dense GEMM under LinearCudaParams::deterministic.

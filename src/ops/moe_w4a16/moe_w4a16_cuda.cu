@@ -484,6 +484,7 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   k.n_out = m.n_out;
   k.out_scale = std::ldexp(1.0f, m.scale_shift);
   k.act = proj == MoeW4a16Proj::kGateUp ? args.x : ws.h;
+  k.act_ld = proj == MoeW4a16Proj::kGateUp && args.x_ld != 0 ? args.x_ld : m.n_in;
   k.d = d;
   k.top_k = static_cast<int>(p.top_k);
   k.n_items_down = w.info.down.n_items;
@@ -598,6 +599,9 @@ void moe_w4a16_cuda(const MoeW4a16Params& p, const MoeW4a16Weights& w, const Moe
   BG_CHECK(w.blocks && args.x && cuda::aligned_to(args.x, 16) && args.out && cuda::aligned_to(args.out, 16),
            "moe_w4a16_cuda: block table {}, x {} and out {} must be non-null (x and out 16-byte aligned)",
            static_cast<const void*>(w.blocks), static_cast<const void*>(args.x), args.out);
+  BG_CHECK(args.x_ld == 0 || (args.x_ld >= p.hidden && args.x_ld % 8 == 0 && !p.rows_out),
+           "moe_w4a16_cuda: x rows {} elements apart (hidden {}; a multiple of 8, not with rows out)", args.x_ld,
+           p.hidden);
   BG_CHECK(d.offsets && d.active && d.n_active && d.error_flags &&
                (p.rows_out || (d.row_token && d.row_weight && d.slot_row)),
            "moe_w4a16_cuda: the dispatch workspace is incomplete");

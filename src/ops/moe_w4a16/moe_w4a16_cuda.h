@@ -80,6 +80,9 @@ void moe_w4a16_workspace_init(const MoeW4a16Workspace& ws, cudaStream_t stream);
 struct MoeW4a16Args {
   const __nv_bfloat16* x = nullptr;  // [n_tokens, hidden] (rows gathered by the dispatch's row_token); rows out: rows
   void* out = nullptr;  // [n_tokens, hidden], bf16 or fp32 (p.out_f32), read too when p.accumulate; rows out: bf16 rows
+  // Elements from one row of x to the next (0: hidden): x may be a strided view of a wider buffer (a fused group's
+  // part); a multiple of 8 (16-byte rows).
+  int64_t x_ld = 0;
 };
 
 // out[t] = (accumulate ? out[t] : 0) + sum_k w[t,k] * expert_{e(t,k)}(x[t]) with the dispatch `d` already computed by

@@ -24,6 +24,7 @@ struct KernelArgs {
   int64_t n_in = 0, n_out = 0;       // activation width; output width (gate/up: inter; down: hidden)
   float out_scale = 1.0f;            // 2^scale_shift
   const __nv_bfloat16* act = nullptr;  // gate/up: x [n_tokens, hidden]; down: h [rows, inter]
+  int64_t act_ld = 0;                // elements from one row of act to the next (>= n_in, a multiple of 8)
   MoeWorkspace d;                    // the dispatch (offsets, active, n_active, row_token, row_weight, slot_row)
   int top_k = 0;
   int n_items_down = 0;              // combine counters per token

@@ -99,7 +99,7 @@ __device__ __forceinline__ void producer_start_pass(Producer& p, const KernelArg
   if (row < c.chunk_rows) {
     const int prow = c.chunk_row0 + row;
     const int64_t act_row = kGateUp && !a.rows_out ? static_cast<int64_t>(a.d.row_token[prow]) : prow;
-    p.act = a.act + act_row * a.n_in + p.k;
+    p.act = a.act + act_row * a.act_ld + p.k;
   }
 }
 
