@@ -5,6 +5,9 @@
 #   gtest_summary NAME LOG RC   appends to $S a googletest run's result line and its first failures
 #   has PART               whether PART is one of the words of $PARTS (the scripts' part selection)
 #   W4A16_TESTS            the gtest filter of the W4A16 kernel's parity tests and every GPU path that runs it
+#   script_start           a measuring script's start: S (the summary), T (test_cuda), T0, `at NAME` (a timestamp
+#                          line in $S), the GPU's name and clocks in $S, and the slice written in the background (its
+#                          pid in SLICE) when PARTS has `step`
 mkdir -p "$OUT"
 if [[ -f $BUNDLE/bundle.tar.xz && ! -x $BUNDLE/batchgen ]]; then tar -C "$BUNDLE" -xJf "$BUNDLE/bundle.tar.xz"; fi
 SP=/opt/torch/.venv/lib/python3.12/site-packages
@@ -30,3 +33,11 @@ gtest_summary() {
 has() { [[ " ${PARTS:-} " == *" $1 "* ]]; }
 W4A16_TESTS='MoeW4a16*:MoeCudaParity.*:CudaExpertSlots.*:Cases/GoldenGpu.*:Models/StepGpu.*:Archs/*:'\
 'Cases/StreamedExpertsGpu.*:BackendDiff*:GraphCapture*'
+script_start() {
+  S=$OUT/summary.txt
+  T=$BUNDLE/test_cuda
+  T0=$SECONDS
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >> "$S"
+  if has step; then ensure_slice /tmp/bg-ep16-rank & SLICE=$!; fi
+}
+at() { echo "$1 at $((SECONDS - T0)) s" >> "$S"; }

@@ -13,12 +13,7 @@ source scripts/gpu-bundle-env.sh
 export BG_GOLDEN_DIR=$BUNDLE/golden
 PARTS=${PARTS:-parity kernels step}
 ROUNDS=${ROUNDS:-2}
-S=$OUT/summary.txt
-T=$BUNDLE/test_cuda
-T0=$SECONDS
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >> "$S"
-if has step; then ensure_slice /tmp/bg-ep16-rank & SLICE=$!; fi
-at() { echo "$1 at $((SECONDS - T0)) s" >> "$S"; }
+script_start
 if has parity; then
   timeout 200 "$T" --gtest_filter='*ShortConv*:*KdaPrep*:StateTierGpu.*:*Kda*' > "$OUT/parity-conv.txt" 2>&1
   gtest_summary parity-conv "$OUT/parity-conv.txt" $?
