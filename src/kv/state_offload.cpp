@@ -1,5 +1,6 @@
 // StateManager, host tier: page accounting, the copies between the GPU pools and host pages (compressed state goes
 // through a staging buffer and the codec), and offloading / restoring whole sequences.
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -59,14 +60,16 @@ struct SlotCodec {
   }
 };
 
+SlotCodec slot_codec(StateCodec codec, const KdaStateGeometry& g, const KdaStatePool& pool) {
+  return {codec, g.recurrent_floats(), g.layer_words(pool.act_bytes()), g.n_kda_layers,
+          std::max<int64_t>(g.head_dim, 1)};
+}
+
 }  // namespace
 
 int64_t StateManager::slot_pages() const {
   if (plan_.state_codec == StateCodec::kF32) return host_.pages_for(state_.slot_bytes());
-  const KdaStateGeometry& g = geometry_.kda;
-  const SlotCodec c{plan_.state_codec, g.recurrent_floats(), g.layer_words(state_.act_bytes()), g.n_kda_layers,
-                    std::max<int64_t>(g.head_dim, 1)};
-  return host_.pages_for(c.bytes());
+  return host_.pages_for(slot_codec(plan_.state_codec, geometry_.kda, state_).bytes());
 }
 
 CopyFence StateManager::blocks_to_host(std::span<const int32_t> blocks, std::span<const int32_t> pages) {
@@ -103,9 +106,7 @@ CopyFence StateManager::slot_to_host(int32_t slot, std::span<const int32_t> page
   const HostCopy whole{state_.storage(), offset, staging_.get(), bytes};
   const CopyFence fence = backend_.copy_to_host(std::span<const HostCopy>(&whole, 1));
   backend_.wait_fence(fence);
-  const KdaStateGeometry& g = geometry_.kda;
-  const SlotCodec c{plan_.state_codec, g.recurrent_floats(), g.layer_words(state_.act_bytes()), g.n_kda_layers,
-                    std::max<int64_t>(g.head_dim, 1)};
+  const SlotCodec c = slot_codec(plan_.state_codec, geometry_.kda, state_);
   std::vector<std::byte> encoded(static_cast<size_t>(c.bytes()));
   c.encode(staging_.get(), encoded);
   host_.write(encoded, pages);
@@ -119,9 +120,7 @@ void StateManager::slot_from_host(std::span<const int32_t> pages, int32_t slot) 
     last_fence_ = backend_.copy_from_host(host_.copies(state_.storage(), offset, bytes, pages));
     return;
   }
-  const KdaStateGeometry& g = geometry_.kda;
-  const SlotCodec c{plan_.state_codec, g.recurrent_floats(), g.layer_words(state_.act_bytes()), g.n_kda_layers,
-                    std::max<int64_t>(g.head_dim, 1)};
+  const SlotCodec c = slot_codec(plan_.state_codec, geometry_.kda, state_);
   std::vector<std::byte> encoded(static_cast<size_t>(c.bytes()));
   host_.read(pages, encoded);
   c.decode(encoded, staging_.get());
