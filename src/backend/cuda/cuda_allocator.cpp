@@ -1,6 +1,8 @@
 // make_cuda_allocator: the caching allocator's driver is the CUDA runtime of the current device.
 #include "backend/cuda/cuda_allocator.h"
 
+#include <utility>
+
 #include "backend/cuda/cuda_check.h"
 
 namespace bg::cuda {
@@ -35,6 +37,25 @@ std::shared_ptr<CachingAllocator> make_cuda_allocator(size_t budget_bytes) {
     budget_bytes = free_bytes;
   }
   return std::make_shared<CachingAllocator>(std::make_shared<CudaBlockDriver>(), budget_bytes);
+}
+
+Tensor alloc_tensor(CachingAllocator& alloc, Shape shape, DType dtype) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.device = DeviceKind::kCuda;
+  t.owner = alloc.allocate(t.nbytes());
+  t.data = t.owner.get();
+  return t;
+}
+
+Tensor packed_copy(CachingAllocator& alloc, const Tensor& t, cudaStream_t stream) {
+  if (t.packed()) return t;
+  Tensor out = alloc_tensor(alloc, t.shape, t.dtype);
+  const size_t elem = dtype_size_bytes(t.dtype), row = static_cast<size_t>(t.cols()) * elem;
+  BG_CUDA_CHECK(cudaMemcpy2DAsync(out.data, row, t.data, static_cast<size_t>(t.ld()) * elem, row,
+                                  static_cast<size_t>(t.rows()), cudaMemcpyDeviceToDevice, stream));
+  return out;
 }
 
 }  // namespace bg::cuda

@@ -114,15 +114,7 @@ class CudaBackend final : public Backend {
   DType act_dtype() const override { return DType::kBF16; }
   DType conv_state_dtype() const override { return DType::kBF16; }
 
-  Tensor alloc(Shape shape, DType dtype) override {
-    Tensor t;
-    t.dtype = dtype;
-    t.shape = std::move(shape);
-    t.device = DeviceKind::kCuda;
-    t.owner = alloc_->allocate(t.nbytes());
-    t.data = t.owner.get();
-    return t;
-  }
+  Tensor alloc(Shape shape, DType dtype) override { return cuda::alloc_tensor(*alloc_, std::move(shape), dtype); }
   void fill_zero(Tensor& t) override {
     BG_PROFILE_OP("fill_zero", stream_);
     BG_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_));
@@ -130,12 +122,7 @@ class CudaBackend final : public Backend {
   Tensor packed(const Tensor& t) override {
     if (t.packed()) return t;
     BG_PROFILE_OP("pack", stream_);
-    Tensor out = alloc(t.shape, t.dtype);
-    const size_t elem = dtype_size_bytes(t.dtype);
-    BG_CUDA_CHECK(cudaMemcpy2DAsync(out.data, static_cast<size_t>(t.cols()) * elem, t.data,
-                                    static_cast<size_t>(t.ld()) * elem, static_cast<size_t>(t.cols()) * elem,
-                                    static_cast<size_t>(t.rows()), cudaMemcpyDeviceToDevice, stream_));
-    return out;
+    return cuda::packed_copy(*alloc_, t, stream_);
   }
   Tensor upload_f32(std::span<const float> values, Shape shape, DType dtype) override {
     Tensor t = alloc(std::move(shape), dtype);

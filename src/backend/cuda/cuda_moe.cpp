@@ -531,27 +531,13 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
   // kernel whatever the row count (a choice by rows per expert depends on the batch; use_grouped never picks the
   // grouped path then).
   const auto alloc_bf16 = [&](int64_t rows, int64_t cols) {
-    Tensor t;
-    t.dtype = DType::kBF16;
-    t.shape = {rows, cols};
-    t.device = DeviceKind::kCuda;
-    t.owner = c.alloc->allocate(std::max<size_t>(t.nbytes(), 1));
-    t.data = t.owner.get();
-    return t;
+    return alloc_tensor(*c.alloc, {rows, cols}, DType::kBF16);
   };
   const bool prefill_kernel = w != nullptr && r.shape.all_local && use_w4a16_prefill(c, p, true);
   const bool fused = w != nullptr && r.shape.all_local && !use_grouped(c, p, true) && !use_fp8_prefill(c, slots, p);
   // A strided x (a fused group's part, Tensor::cols_view) is read in place by the decode kernel; the other paths get
   // it packed.
-  Tensor x = x_in;
-  if (!x_in.packed() && (prefill_kernel || !fused)) {
-    expect_bf16(x_in, "moe input");
-    x = alloc_bf16(x_in.rows(), x_in.cols());
-    BG_CUDA_CHECK(cudaMemcpy2DAsync(x.data, static_cast<size_t>(x.cols()) * sizeof(bf16), x_in.data,
-                                    static_cast<size_t>(x_in.ld()) * sizeof(bf16),
-                                    static_cast<size_t>(x.cols()) * sizeof(bf16), static_cast<size_t>(x.rows()),
-                                    cudaMemcpyDeviceToDevice, c.stream));
-  }
+  const Tensor x = prefill_kernel || !fused ? packed_copy(*c.alloc, x_in, c.stream) : x_in;
   if (prefill_kernel) {
     // The W4A16 prefill kernel reads x through the dispatch's row_token (no gathered rows buffer), then the combine.
     expect_bf16(x, "moe input");
