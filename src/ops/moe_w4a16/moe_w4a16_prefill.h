@@ -79,12 +79,9 @@ BG_W4_HD int act_chunk_offset(int row, int chunk) {
 BG_W4_HD int64_t permuted_width(int64_t n) { return (n + w4::kKStage - 1) / w4::kKStage * w4::kKStage; }
 
 // ---- Tiles ---------------------------------------------------------------------------------------------------------
-// wgmma's N for a tile of `rows` rows: the fewest multiple of 16 covering them (an expert's last tile is usually
-// partial, and at decode every tile is: with N in steps of 64, 73 rows ran on N = 128, 43 % of the MMA work wasted;
-// on N = 80, 9 %). Multiples of 16, so that every warp copies all of its 16 activation rows or none; each N is one
-// wgmma shape per k-step and m64 tile (w4::wgmma_rs: composing N = 80 of 64 + 16 had ptxas serialise every wgmma,
-// C7511, as the instantiations then disagree on the accumulators' register ranges).
-BG_W4_HD int tile_n(int rows) { return rows <= 16 ? 16 : rows >= kTileRows ? kTileRows : (rows + 15) / 16 * 16; }
+// wgmma's N for a tile of `rows` rows: 32, 64 or 128, the fewest covering them (an expert's last tile is usually
+// partial; N = 128 on 36 rows would waste 72 % of its MMA work).
+BG_W4_HD int tile_n(int rows) { return rows <= 32 ? 32 : rows <= 64 ? 64 : kTileRows; }
 BG_W4_HD int token_tiles(int rows) { return static_cast<int>(w4::ceil_div(rows, kTileRows)); }
 // Of the 16 activation rows warp w copies for a tile of `rows` rows: how many hold data (the rest it zero-fills) and
 // how many it writes at all (the rows below the tile's N; wgmma reads no others).

@@ -10,9 +10,8 @@
 //   never leaves the SM as bf16.
 // - Operands: wgmma.m64nNk16, A = weights from registers (each warp its own m16 tile, decoded exactly as the decode
 //   kernel's wgmma path does: E2M1 -> bf16 by bit placement, the E8M0 scale one bf16x2 multiply), B = the rows'
-//   activations in shared memory (K-major, 128-byte swizzle, N = 128 rows; an expert's last tile the fewest
-//   multiple of 16 covering its rows: w4p::tile_n, one wgmma shape each), fp32 accumulators.
-//   Same layout as the decode kernel (one copy of the weights).
+//   activations in shared memory (K-major, 128-byte swizzle, N = 128 rows; an expert's last tile takes N = 32 or 64
+//   when it fits), fp32 accumulators. Same layout as the decode kernel (one copy of the weights).
 // - Tile = half of a 512-row work item (m16 tiles 2h, 2h + 1 of each of the 8 warps: for gate/up the gate and up rows
 //   of the same 16 intermediate columns, so the GLU needs no exchange) x up to 128 of one expert's rows; each
 //   warpgroup issues two wgmmas per k-step (one per tile of the pair), 128 fp32 accumulators per thread at N = 128.
@@ -41,8 +40,8 @@
 //   (~25 B/clock/SM: about 3-4 TB/s of L2 bandwidth over the GPU at peak, half of a bf16 128 x 256 GEMM tile's).
 // - Issue per stage and thread: 2 words x 4 k-steps of decode (~13 instructions per word), 19 copies, 2 shared loads,
 //   8 wgmma + fences: ~150, i.e. ~15 % of the issue slots at the tensor pipe's pace.
-// - Waste: the last tile of an expert runs N = 16, 32, ..., 128 for its rows (at 292 rows per expert: 128 + 128 + 48
-//   for 292, 5 % of the MMA work wasted; 73 rows a decode step's expert: N = 80); the GLU epilogue (64 GLUs per thread per gate/up tile, roughly 5k instructions
+// - Waste: the last tile of an expert runs N = 32 / 64 / 128 for its rows (at 292 rows per expert: 128 + 128 + 64 for
+//   292, 9 % of the MMA work wasted); the GLU epilogue (64 GLUs per thread per gate/up tile, roughly 5k instructions
 //   per thread against ~8k in the tile's K loop) runs with the tensor cores idle: 10-17 % of a gate/up tile by this
 //   count, to be measured.
 // Resources: see docs/MOE_PREFILL.md ("The W4A16 prefill kernel").
@@ -148,7 +147,7 @@ struct TileInfo {
   int m = 0, half = 0;
   int64_t row0 = 0;  // the tile's first permuted row
   int rows = 0;      // 1..128
-  int n = 0;         // wgmma's N: 16, 32, ..., 128 (w4p::tile_n)
+  int n = 0;         // wgmma's N: 32, 64 or 128
 };
 
 __device__ __forceinline__ TileInfo tile_info(const Work& wk, const Args& a, int tile) {
@@ -336,15 +335,12 @@ __device__ __forceinline__ void consume_tile(int& buf, Producer& p, const Work& 
     ptx::cp_async_commit();
     const uint8_t* b = bufs + buf * kBufBytes;
     const uint32_t first = s == 0 ? 0u : 1u;
-    switch (ti.n >> 4) {  // w4p::tile_n: 16, 32, ..., 128
-      case 1: stage_mma<2>(acc, b, ti.half, first, warp, lane); break;
-      case 2: stage_mma<4>(acc, b, ti.half, first, warp, lane); break;
-      case 3: stage_mma<6>(acc, b, ti.half, first, warp, lane); break;
-      case 4: stage_mma<8>(acc, b, ti.half, first, warp, lane); break;
-      case 5: stage_mma<10>(acc, b, ti.half, first, warp, lane); break;
-      case 6: stage_mma<12>(acc, b, ti.half, first, warp, lane); break;
-      case 7: stage_mma<14>(acc, b, ti.half, first, warp, lane); break;
-      default: stage_mma<16>(acc, b, ti.half, first, warp, lane); break;
+    if (ti.n == kTileRows) {
+      stage_mma<16>(acc, b, ti.half, first, warp, lane);
+    } else if (ti.n == 64) {
+      stage_mma<8>(acc, b, ti.half, first, warp, lane);
+    } else {
+      stage_mma<4>(acc, b, ti.half, first, warp, lane);
     }
     buf = buf + 1 == kStages ? 0 : buf + 1;
   }

@@ -102,14 +102,15 @@ TEST(MoeW4a16Prefill, PermutedRowsCopyByChunkToTheSwizzledTile) {
   EXPECT_EQ(w4p::permuted_width(96), 128);
 }
 
-// The rows a warp copies: its data rows, then zeros up to the tile's N; N the fewest multiple of 16 covering it.
+// The rows a warp copies: its data rows, then zeros up to the tile's N; N the fewest of 32 / 64 / 128 covering it.
 TEST(MoeW4a16Prefill, WarpsCopyTheRowsTheTilesNReads) {
   for (int rows = 1; rows <= w4p::kTileRows; ++rows) {
     const int n = w4p::tile_n(rows);
     EXPECT_GE(n, rows);
-    EXPECT_LE(n, w4p::kTileRows);
-    EXPECT_EQ(n % 16, 0) << rows << " rows";  // N = 16, 32, ..., 128: the kernel's wgmma_rs shapes
-    EXPECT_LT(n - rows, 16) << "a smaller N would cover " << rows << " rows";
+    EXPECT_TRUE(n == 32 || n == 64 || n == 128);
+    if (n > 32) {
+      EXPECT_GT(rows, n / 2) << "a smaller N would cover " << rows << " rows";
+    }
     int data = 0, copied = 0;
     for (int warp = 0; warp < w4::kWarps; ++warp) {
       const int d = w4p::warp_data_rows(rows, warp), c = w4p::warp_copy_rows(rows, warp);
@@ -122,9 +123,6 @@ TEST(MoeW4a16Prefill, WarpsCopyTheRowsTheTilesNReads) {
     }
     EXPECT_EQ(data, rows);
     EXPECT_EQ(copied, n);
-    if (rows == 73) {
-      EXPECT_EQ(n, 80);  // a decode step of 256 tokens: 73 rows per expert on average
-    }
   }
 }
 
@@ -314,9 +312,9 @@ std::vector<double> emulate_prefill(const Layer& l, MoeW4a16Proj proj, const std
 
 TEST(MoeW4a16Prefill, EmulatedKernelComputesBothProjections) {
   // hidden 576 / inter 288: two items per projection (the second partial), partial k-stages (576 = 9 x 64, 288 =
-  // 4.5 x 64); 169 rows: a tile of N = 128, then 41 rows on N = 48.
+  // 4.5 x 64); 150 rows: a tile of N = 128, then 22 rows on N = 32.
   const int64_t hidden = 576, inter = 288;
-  const int n_rows = 169;
+  const int n_rows = 150;
   const Layer l = make_layer(1, hidden, inter, 31, 131, 118);  // gate scale shift 3
   ASSERT_EQ(l.info.gate_up.scale_shift, 3);
   std::mt19937 rng(9);

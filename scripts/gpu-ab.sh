@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# GPU machine: the bundle's batchgen (scripts/gpu-bundle.sh, in $BUNDLE, default .gpu) against an older one, measured
+# interleaved on the same machine. The older binary goes xz'd into $BUNDLE/old/batchgen.xz (about 7 MB: both fit the
+# 64 MiB carry), e.g. built from a worktree, where ccache makes it a minute:
+#   git worktree add /work/old <commit> && cmake -S /work/old -B /work/old/build-cuda -G Ninja \
+#     -DCMAKE_BUILD_TYPE=Release && ninja -C /work/old/build-cuda batchgen
+#   mkdir -p .gpu/old && xz -T2 -c /work/old/build-cuda/batchgen > .gpu/old/batchgen.xz
+# PARTS (default all, in this order):
+#   parity  the bundle's test_cuda with the gtest filter TESTS (default: the W4A16 kernels' and the paths running them)
+#   kernels `bench kernels --kernels KERNELS` (default moe_decode_w4a16), old / new interleaved, ROUNDS rounds
+#   step    `bench step --batches BATCHES --contexts CONTEXTS` (defaults 16,64 and 4096), old / new interleaved
+#   full    the whole test_cuda (up to FULL_S seconds, default 300; with BUDGET_S set, at most what is left of it)
+# Every result is appended to $OUT/summary.txt as it comes, so a call cut short still returns what ran.
+set -uo pipefail
+BUNDLE=${BUNDLE:-.gpu}; OUT=${OUT:-/tmp/out}
+source scripts/gpu-bundle-env.sh
+export BG_GOLDEN_DIR=$BUNDLE/golden BG_BATCHGEN=$PWD/$BUNDLE/batchgen
+PARTS=${PARTS:-parity kernels step full}
+ROUNDS=${ROUNDS:-2}
+TESTS=${TESTS:-$W4A16_TESTS}
+KERNELS=${KERNELS:-moe_decode_w4a16}
+BATCHES=${BATCHES:-16,64}
+CONTEXTS=${CONTEXTS:-4096}
+script_start
+OLD=$BUNDLE/old/batchgen
+if [[ ! -x $OLD ]]; then xz -dc "$BUNDLE/old/batchgen.xz" > "$OLD" && chmod +x "$OLD"; fi
+echo "old: $("$OLD" --version | head -1); new: $("$BG" --version | head -1)" >> "$S"
+if has parity; then
+  timeout 300 "$T" --gtest_filter="$TESTS" > "$OUT/parity.txt" 2>&1
+  gtest_summary parity "$OUT/parity.txt" $?
+  at parity
+fi
+if has kernels; then
+  for r in $(seq 1 "$ROUNDS"); do
+    for v in old new; do
+      bin=$BG; [[ $v == old ]] && bin=$OLD
+      timeout 200 "$bin" bench kernels --device cuda --kernels "$KERNELS" --json "$OUT/kernels-$v-$r.json" \
+        > "$OUT/kernels-$v-$r.txt" 2>&1
+      echo "kernels $v ($r) rc=$?" >> "$S"
+      awk 'p && NF > 3; /^kernel +shape/ {p = 1}' "$OUT/kernels-$v-$r.txt" >> "$S"
+    done
+  done
+  at kernels
+fi
+if has step; then
+  wait "$SLICE"
+  for r in $(seq 1 "$ROUNDS"); do
+    for v in old new; do
+      bin=$BG; [[ $v == old ]] && bin=$OLD
+      timeout 200 "$bin" bench step --device cuda --model /tmp/bg-ep16-rank --batches "$BATCHES" \
+        --contexts "$CONTEXTS" --json "$OUT/step-$v-$r.json" > "$OUT/step-$v-$r.txt" 2>&1
+      echo "step $v ($r) rc=$?" >> "$S"
+      grep -E "^bg-ep16-rank +[0-9]+ +[0-9]+ " "$OUT/step-$v-$r.txt" >> "$S"
+    done
+  done
+  at step
+fi
+if has full; then
+  full_s=${FULL_S:-300}
+  if [[ -n ${BUDGET_S:-} ]]; then full_s=$((BUDGET_S - (SECONDS - T0) < full_s ? BUDGET_S - (SECONDS - T0) : full_s)); fi
+  timeout "$full_s" "$T" --gtest_brief=1 > "$OUT/test_cuda.txt" 2>&1
+  gtest_summary full "$OUT/test_cuda.txt" $?
+  at full
+fi
+cat "$S"
