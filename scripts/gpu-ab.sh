@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# GPU machine: the bundle's batchgen (scripts/gpu-bundle.sh, in $BUNDLE, default .gpu) against an older one, measured
-# interleaved on the same machine. The older binary goes xz'd into $BUNDLE/old/batchgen.xz (about 7 MB: both fit the
-# 64 MiB carry), e.g. built from a worktree, where ccache makes it a minute:
+# GPU machine: the bundle's batchgen (scripts/gpu-bundle.sh, in $BUNDLE, default .gpu) against other builds of it (an
+# older commit, experiment branches), measured interleaved on the same machine. Each other binary goes xz'd into
+# $BUNDLE/old/NAME.xz (about 7 MB each: the bundle and three of them fit the 64 MiB carry), e.g. built from a
+# worktree, where ccache makes it a minute or two:
 #   git worktree add /work/old <commit> && cmake -S /work/old -B /work/old/build-cuda -G Ninja \
 #     -DCMAKE_BUILD_TYPE=Release && ninja -C /work/old/build-cuda batchgen
-#   mkdir -p .gpu/old && xz -T2 -c /work/old/build-cuda/batchgen > .gpu/old/batchgen.xz
+#   mkdir -p .gpu/old && xz -T2 -c /work/old/build-cuda/batchgen > .gpu/old/NAME.xz
+# The bundle's binary is "new"; the others are named by their files. Parity runs the bundle's test_cuda only.
 # PARTS (default all, in this order):
 #   parity  the bundle's test_cuda with the gtest filter TESTS (default: the W4A16 kernels' and the paths running them)
-#   kernels `bench kernels --kernels KERNELS` (default moe_decode_w4a16), old / new interleaved, ROUNDS rounds
-#   step    `bench step --batches BATCHES --contexts CONTEXTS` (defaults 16,64 and 4096), old / new interleaved
+#   kernels `bench kernels --kernels KERNELS` (default moe_decode_w4a16), every binary in turn, ROUNDS rounds
+#   step    `bench step --batches BATCHES --contexts CONTEXTS` (defaults 16,64 and 4096), every binary in turn
 #   full    the whole test_cuda (up to FULL_S seconds, default 300; with BUDGET_S set, at most what is left of it)
 # Every result is appended to $OUT/summary.txt as it comes, so a call cut short still returns what ran.
 set -uo pipefail
@@ -22,9 +24,16 @@ KERNELS=${KERNELS:-moe_decode_w4a16}
 BATCHES=${BATCHES:-16,64}
 CONTEXTS=${CONTEXTS:-4096}
 script_start
-OLD=$BUNDLE/old/batchgen
-if [[ ! -x $OLD ]]; then xz -dc "$BUNDLE/old/batchgen.xz" > "$OLD" && chmod +x "$OLD"; fi
-echo "old: $("$OLD" --version | head -1); new: $("$BG" --version | head -1)" >> "$S"
+declare -A BIN=([new]=$BG)
+NAMES=(new)
+for f in "$BUNDLE"/old/*.xz; do
+  [[ -f $f ]] || continue
+  name=$(basename "$f" .xz)
+  [[ -x $BUNDLE/old/$name ]] || { xz -dc "$f" > "$BUNDLE/old/$name" && chmod +x "$BUNDLE/old/$name"; }
+  BIN[$name]=$BUNDLE/old/$name
+  NAMES+=("$name")
+done
+for v in "${NAMES[@]}"; do echo "$v: $("${BIN[$v]}" --version | head -1)" >> "$S"; done
 if has parity; then
   timeout 300 "$T" --gtest_filter="$TESTS" > "$OUT/parity.txt" 2>&1
   gtest_summary parity "$OUT/parity.txt" $?
@@ -32,9 +41,8 @@ if has parity; then
 fi
 if has kernels; then
   for r in $(seq 1 "$ROUNDS"); do
-    for v in old new; do
-      bin=$BG; [[ $v == old ]] && bin=$OLD
-      timeout 200 "$bin" bench kernels --device cuda --kernels "$KERNELS" --json "$OUT/kernels-$v-$r.json" \
+    for v in "${NAMES[@]}"; do
+      timeout 200 "${BIN[$v]}" bench kernels --device cuda --kernels "$KERNELS" --json "$OUT/kernels-$v-$r.json" \
         > "$OUT/kernels-$v-$r.txt" 2>&1
       echo "kernels $v ($r) rc=$?" >> "$S"
       awk 'p && NF > 3; /^kernel +shape/ {p = 1}' "$OUT/kernels-$v-$r.txt" >> "$S"
@@ -45,9 +53,8 @@ fi
 if has step; then
   wait "$SLICE"
   for r in $(seq 1 "$ROUNDS"); do
-    for v in old new; do
-      bin=$BG; [[ $v == old ]] && bin=$OLD
-      timeout 200 "$bin" bench step --device cuda --model /tmp/bg-ep16-rank --batches "$BATCHES" \
+    for v in "${NAMES[@]}"; do
+      timeout 200 "${BIN[$v]}" bench step --device cuda --model /tmp/bg-ep16-rank --batches "$BATCHES" \
         --contexts "$CONTEXTS" --json "$OUT/step-$v-$r.json" > "$OUT/step-$v-$r.txt" 2>&1
       echo "step $v ($r) rc=$?" >> "$S"
       grep -E "^bg-ep16-rank +[0-9]+ +[0-9]+ " "$OUT/step-$v-$r.txt" >> "$S"
