@@ -8,6 +8,8 @@
 #   mkdir -p .gpu/old && xz -T2 -c /work/old/build-cuda/batchgen > .gpu/old/NAME.xz
 # The bundle's binary is "new"; the others are named by their files. Parity runs the bundle's test_cuda only.
 # PARTS (default all, in this order):
+#   sass    per binary, the SASS of the kernels whose names match SASS_RE (default prefill_kernel) from cuobjdump, xz'd
+#           into $OUT/NAME.sass.xz, and a count of the wgmma issues, waits and barriers in it
 #   parity  the bundle's test_cuda with the gtest filter TESTS (default: the W4A16 kernels' and the paths running them)
 #   kernels `bench kernels --kernels KERNELS` (default moe_decode_w4a16), every binary in turn, ROUNDS rounds
 #   step    `bench step --batches BATCHES --contexts CONTEXTS` (defaults 16,64 and 4096), every binary in turn
@@ -17,7 +19,7 @@ set -uo pipefail
 BUNDLE=${BUNDLE:-.gpu}; OUT=${OUT:-/tmp/out}
 source scripts/gpu-bundle-env.sh
 export BG_GOLDEN_DIR=$BUNDLE/golden BG_BATCHGEN=$PWD/$BUNDLE/batchgen
-PARTS=${PARTS:-parity kernels step full}
+PARTS=${PARTS:-sass parity kernels step full}
 ROUNDS=${ROUNDS:-2}
 TESTS=${TESTS:-$W4A16_TESTS}
 KERNELS=${KERNELS:-moe_decode_w4a16}
@@ -34,6 +36,20 @@ for f in "$BUNDLE"/old/*.xz; do
   NAMES+=("$name")
 done
 for v in "${NAMES[@]}"; do echo "$v: $("${BIN[$v]}" --version | head -1)" >> "$S"; done
+if has sass; then
+  CO=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2> /dev/null | head -1)
+  for v in "${NAMES[@]}"; do
+    timeout 120 "$CO" -sass "${BIN[$v]}" 2> /dev/null |
+      awk -v re="${SASS_RE:-prefill_kernel}" '/Function : / {p = ($0 ~ re)} p' > "$OUT/$v.sass"
+    counts=""
+    for op in HGMMA WARPGROUP.DEPBAR WARPGROUP.ARRIVE BAR.SYNC LDGSTS; do
+      counts+=" $op $(grep -c "$op" "$OUT/$v.sass")"
+    done
+    echo "sass $v: $(wc -l < "$OUT/$v.sass") lines;$counts" >> "$S"
+    xz -f "$OUT/$v.sass"
+  done
+  at sass
+fi
 if has parity; then
   timeout 300 "$T" --gtest_filter="$TESTS" > "$OUT/parity.txt" 2>&1
   gtest_summary parity "$OUT/parity.txt" $?
