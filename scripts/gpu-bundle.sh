@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine needs into .gpu/ (ignored by git): the CUDA test binary and CLI from a CUDA build, the
-# shared libraries they link (all but the C runtime and CUDA's), and a copy of the golden cases.
+# shared libraries they link (all but the C runtime and CUDA's), and a copy of the golden cases. Other builds' binaries
+# waiting in .gpu/old for scripts/gpu-ab.sh are kept.
 set -euo pipefail
 BUILD=${1:-build}
+keep_old() { if [[ -d .gpu/old ]]; then rm -rf .gpu-old && mv .gpu/old .gpu-old; fi; }
+restore_old() { if [[ -d .gpu-old ]]; then mv .gpu-old .gpu/old; fi; }
+keep_old
 rm -rf .gpu && mkdir -p .gpu/lib
 cp "$BUILD/tests/test_cuda" "$BUILD/batchgen" .gpu/
 # Every shared library they link except the C runtime (which the GPU machine has) and CUDA's (from its toolkit).
@@ -22,4 +26,5 @@ if [[ "${BG_BUNDLE_XZ:-1}" == 1 ]]; then
   (cd .gpu && tar -cf - test_cuda batchgen lib golden load.py load_async.py | xz -T2 -6 > ../.gpu-bundle.tar.xz)
   rm -rf .gpu && mkdir -p .gpu && mv .gpu-bundle.tar.xz .gpu/bundle.tar.xz
 fi
+restore_old
 du -sh .gpu
