@@ -37,17 +37,7 @@ for f in "$BUNDLE"/old/*.xz; do
 done
 for v in "${NAMES[@]}"; do echo "$v: $("${BIN[$v]}" --version | head -1)" >> "$S"; done
 if has sass; then
-  CO=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2> /dev/null | head -1)
-  for v in "${NAMES[@]}"; do
-    timeout 120 "$CO" -sass "${BIN[$v]}" 2> /dev/null |
-      awk -v re="${SASS_RE:-prefill_kernel}" '/Function : / {p = ($0 ~ re)} p' > "$OUT/$v.sass"
-    counts=""
-    for op in HGMMA WARPGROUP.DEPBAR WARPGROUP.ARRIVE BAR.SYNC LDGSTS; do
-      counts+=" $op $(grep -c "$op" "$OUT/$v.sass")"
-    done
-    echo "sass $v: $(wc -l < "$OUT/$v.sass") lines;$counts" >> "$S"
-    xz -f "$OUT/$v.sass"
-  done
+  for v in "${NAMES[@]}"; do dump_sass "${BIN[$v]}" "$v" "${SASS_RE:-prefill_kernel}"; done
   at sass
 fi
 if has parity; then
@@ -80,7 +70,8 @@ if has step; then
 fi
 if has full; then
   full_s=${FULL_S:-300}
-  if [[ -n ${BUDGET_S:-} ]]; then full_s=$((BUDGET_S - (SECONDS - T0) < full_s ? BUDGET_S - (SECONDS - T0) : full_s)); fi
+  left=$((${BUDGET_S:-0} - (SECONDS - T0)))
+  if [[ -n ${BUDGET_S:-} && $left -lt $full_s ]]; then full_s=$left; fi
   timeout "$full_s" "$T" --gtest_brief=1 > "$OUT/test_cuda.txt" 2>&1
   gtest_summary full "$OUT/test_cuda.txt" $?
   at full

@@ -5,6 +5,8 @@
 #   gtest_summary NAME LOG RC   appends to $S a googletest run's result line and its first failures
 #   has PART               whether PART is one of the words of $PARTS (the scripts' part selection)
 #   W4A16_TESTS            the gtest filter of the W4A16 kernel's parity tests and every GPU path that runs it
+#   dump_sass BIN NAME [RE]  the SASS of BIN's kernels whose names match RE (default prefill_kernel), from cuobjdump,
+#                          xz'd into $OUT/NAME.sass.xz, and a line in $S counting its wgmma issues, waits, barriers
 #   script_start           a measuring script's start: S (the summary), T (test_cuda), T0, `at NAME` (a timestamp
 #                          line in $S), the GPU's name and clocks in $S, and the slice written in the background (its
 #                          pid in SLICE) when PARTS has `step`
@@ -39,5 +41,16 @@ script_start() {
   T0=$SECONDS
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >> "$S"
   if has step; then ensure_slice /tmp/bg-ep16-rank & SLICE=$!; fi
+}
+dump_sass() {
+  local co counts="" op
+  co=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2> /dev/null | head -1)
+  timeout 120 "$co" -sass "$1" 2> /dev/null | awk -v re="${3:-prefill_kernel}" '/Function : / {p = ($0 ~ re)} p' \
+    > "$OUT/$2.sass"
+  for op in HGMMA WARPGROUP.DEPBAR WARPGROUP.ARRIVE BAR.SYNC LDGSTS; do
+    counts+=" $op $(grep -c "$op" "$OUT/$2.sass")"
+  done
+  echo "sass $2 ($co): $(wc -l < "$OUT/$2.sass") lines;$counts" >> "$S"
+  xz -f "$OUT/$2.sass"
 }
 at() { echo "$1 at $((SECONDS - T0)) s" >> "$S"; }

@@ -6,7 +6,7 @@
 # rows per expert: where its lower threshold belongs), and the slice's prefill with each path (BG_MOE_PREFILL=auto, the
 # default, takes it at 32..511 rows per expert).
 # PARTS also takes "plans" (the 64k prompt twice per path), "ncu" (Nsight Compute with the stall breakdown) and "sass"
-# (the kernel's SASS from cuobjdump, xz'd into $OUT/prefill_kernel.sass.xz, with a count of its wgmma waits).
+# (the kernel's SASS from cuobjdump, xz'd into $OUT/prefill_kernel.sass.xz, with a count of its wgmma waits: dump_sass).
 # Run from the repo root with the bundle carried:
 #   PARTS="parity bench prefill" scripts/gpu-moe-prefill-w4a16.sh [BUNDLE]
 # Output: $OUT/w4a16-prefill.txt (the summary) and logs beside it.
@@ -56,15 +56,7 @@ if want plans; then
   done
 fi
 if want sass; then
-  # Whether ptxas keeps several wgmma groups in flight: the HGMMA count beside the WARPGROUP.DEPBAR / ARRIVE ones.
-  CO=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2> /dev/null | head -1)
-  timeout 120 "$CO" -sass "$BG" 2> /dev/null | awk '/Function : / {p = ($0 ~ /prefill_kernel/)} p' \
-    > "$OUT/prefill_kernel.sass"
-  echo "sass ($CO): $(wc -l < "$OUT/prefill_kernel.sass") lines" >> "$S"
-  for op in HGMMA WARPGROUP.DEPBAR WARPGROUP.ARRIVE BAR.SYNC LDGSTS; do
-    echo "  $op: $(grep -c "$op" "$OUT/prefill_kernel.sass")" >> "$S"
-  done
-  xz -f "$OUT/prefill_kernel.sass"
+  dump_sass "$BG" prefill_kernel  # whether ptxas keeps several wgmma groups in flight (HGMMA beside DEPBAR)
 fi
 if want ncu; then
   timeout 240 ncu --clock-control none --kernel-name regex:prefill_kernel --launch-skip 4 --launch-count 2 \
