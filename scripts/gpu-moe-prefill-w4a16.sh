@@ -78,9 +78,32 @@ for r in rows[2:]:
     print(name)
     for v, h in sorted(stalls, reverse=True)[:12]: print(f"  {h}: {v:g}")
 ' > "$OUT/stalls.txt" 2>&1
+  # Per SASS instruction: the warp-state samples (where the stalls are), the hottest 60 and the sums per opcode.
+  ncu --import "$OUT/pf.ncu-rep" --page source --csv --print-source sass > "$OUT/source.csv" 2> "$OUT/source.err"
+  python3 - "$OUT/source.csv" > "$OUT/hot.txt" 2>&1 <<'PY'
+import collections, csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if r]
+head = next((r for r in rows if "Source" in r), None)
+if head is None: sys.exit("no source table")
+src = head.index("Source")
+col = next(i for i, h in enumerate(head) if h.startswith("Warp Stall Sampling (All"))
+body = [r for r in rows[rows.index(head) + 1:] if len(r) == len(head)]
+def val(r):
+    try: return float(r[col].replace(",", ""))
+    except ValueError: return 0.0
+total = sum(val(r) for r in body) or 1.0
+ops = collections.Counter()
+for r in body: ops[r[src].split()[0] if r[src].split() else "?"] += val(r)
+print("samples per opcode (share):")
+for op, v in ops.most_common(25): print(f"  {op:24s} {v / total:6.3f}")
+print("hottest instructions:")
+for r in sorted(body, key=val, reverse=True)[:60]: print(f"  {val(r) / total:6.3f}  {r[0]}  {r[src][:110]}")
+PY
+  xz -T2 "$OUT/source.csv"
   rm -f "$OUT/pf.ncu-rep"
   grep -E "Duration|Executed Instructions  |Issue Slots Busy|Tensor|DRAM Throughput|L2 Cache Throughput|Registers Per" \
     "$OUT/details.txt" >> "$S"
   cat "$OUT/stalls.txt" >> "$S"
+  head -50 "$OUT/hot.txt" >> "$S"
 fi
 cat "$S"
