@@ -239,16 +239,20 @@ __device__ __forceinline__ void wgmma_stage(Acc<NB>& acc, const uint8_t* wbuf, u
   }
 }
 
-// The GLU, with the CPU reference's formulas (moe_w4a16_cpu.cpp): SwiGLU g sigmoid(g) u; SiTU
-// [beta tanh(g / beta) sigmoid(g)] [beta_lin tanh(u / beta_lin)]. sigmoid via 1 / (1 + exp(-g)): exactly 0 once
-// exp overflows. Out of line: the gate/up epilogue calls it up to 32 times per pass, and inlined copies (divisions,
-// tanhf, expf each time) made that epilogue kilobytes of straight-line code that missed the instruction cache on
-// every pass (Nsight Compute on the H200, 2026-12-04: a sixth to a quarter of the kernel's samples at 16-32 rows).
-// Measured against a four-at-once variant (interleaved chains): this one is as fast at 16-32 rows and 7% faster at 1.
-// Static: each kernel file that includes this header (decode, prefill) has its own copy.
+// The GLU, the CPU reference's formulas (moe_w4a16_cpu.cpp): SwiGLU g sigmoid(g) u; SiTU
+// [beta tanh(g / beta) sigmoid(g)] [beta_lin tanh(u / beta_lin)]. The quotients through the hardware's approximate
+// reciprocal and exp2 (__fdividef, __expf: a few ulp of fp32, far below the bf16 rounding of the result): the IEEE
+// divisions, each with its range check and slow-path call, were half of the function's ~100 instructions, and the
+// function a third of the prefill kernel's gate/up instructions (SASS on the H100, 2026-12-07). sigmoid is 0 once
+// exp(-g) passes 2^126 (__fdividef's range), where the reference's is below 1e-38.
+// Out of line: the gate/up epilogue calls it up to 64 times per pass, and inlined copies made that epilogue kilobytes
+// of straight-line code that missed the instruction cache on every pass (Nsight Compute on the H200, 2026-12-04: a
+// sixth to a quarter of the decode kernel's samples at 16-32 rows). Static: each kernel file that includes this
+// header (decode, prefill) has its own copy.
 static __device__ __noinline__ float glu(float g, float u, MoeW4a16Act act, float beta, float beta_lin) {
-  if (act == MoeW4a16Act::kSwiGLU) return g / (1.0f + expf(-g)) * u;
-  return beta * tanhf(g / beta) / (1.0f + expf(-g)) * (beta_lin * tanhf(u / beta_lin));
+  const float sig = __fdividef(1.0f, 1.0f + __expf(-g));
+  if (act == MoeW4a16Act::kSwiGLU) return g * sig * u;
+  return beta * tanhf(__fdividef(g, beta)) * sig * (beta_lin * tanhf(__fdividef(u, beta_lin)));
 }
 
 }  // namespace bg::ops::w4

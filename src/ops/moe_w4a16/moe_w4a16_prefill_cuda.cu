@@ -41,9 +41,10 @@
 // - Issue per stage and thread: 2 words x 4 k-steps of decode (~13 instructions per word), 19 copies, 2 shared loads,
 //   8 wgmma + fences: ~150, i.e. ~15 % of the issue slots at the tensor pipe's pace.
 // - Waste: the last tile of an expert runs N = 32 / 64 / 128 for its rows (at 292 rows per expert: 128 + 128 + 64 for
-//   292, 9 % of the MMA work wasted); the GLU epilogue (64 GLUs per thread per gate/up tile, roughly 5k instructions
-//   per thread against ~8k in the tile's K loop) runs with the tensor cores idle: 10-17 % of a gate/up tile by this
-//   count, to be measured.
+//   292, 9 % of the MMA work wasted); the GLU epilogue (64 GLUs per thread per gate/up tile) runs with the tensor
+//   cores idle. Measured (H100, 2026-12-07): with IEEE divisions in the GLU and a branch around each call it was
+//   ~7.7k instructions per warp and tile against ~15k in the K loop, and gate/up took 3.1x the time of down for 2x
+//   its FLOPs; the approximate quotients (w4::glu) and the predicated stores made the kernel 1.27x faster.
 // Resources: see docs/MOE_PREFILL.md ("The W4A16 prefill kernel").
 #include <algorithm>
 #include <cmath>
@@ -273,23 +274,33 @@ __device__ __forceinline__ void stage_mma(float (&acc)[2][64], const uint8_t* bu
 // gate/up: h[row, col] = bf16(GLU(2^shift gate, 2^shift up)), tile 0 of the pair the gate, tile 1 the up rows, h in
 // the permuted layout the down kernel reads (stride out_stride = permuted_width(inter); the columns past inter up to
 // it written as zeros). The thread's columns col0 + lane / 4 and that + 8 sit at permuted_col(col0 + lane / 4) and 32
-// after it (col0 is a multiple of 16).
+// after it (col0 is a multiple of 16). The GLU runs on every accumulator the tile's N wrote (rows past the tile's
+// data hold GLU(0, 0) = 0) and only the store is predicated by the row: no branch around the call, whose convergence
+// bookkeeping was a fifth of the epilogue's instructions (SASS on the H100, 2026-12-07).
 __device__ void store_h(const float (&acc)[2][64], const TileInfo& ti, const Args& a, int warp, int lane) {
   const int64_t col0 = w4p::gate_up_column(ti.m, ti.half, warp, 0);
   if (col0 >= a.out_stride) return;
-  const bool live = col0 < a.n_out;  // else padding columns: zeros
   const int t2 = (lane & 3) * 2;
   const int64_t stride = a.out_stride;
   bf16* row = a.out + (ti.row0 + t2) * stride + w4p::permuted_col(static_cast<int>(col0) + (lane >> 2));
+  if (col0 >= a.n_out) {  // padding columns (warp-uniform): zeros
+#pragma unroll 1
+    for (int nb = 0; nb < 16; ++nb, row += 8 * stride) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (nb * 8 + t2 + (i & 1) < ti.rows) row[(i & 1) * stride + (i >> 1) * 32] = __float2bfloat16(0.0f);
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int nb = 0; nb < 16; ++nb) {
+    if (nb * 8 >= ti.n) break;  // CTA-uniform: the blocks past the tile's N were not written
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if (nb * 8 + t2 + (i & 1) >= ti.rows) continue;
-      const float v = live ? w4::glu(acc[0][nb * 4 + i] * a.out_scale, acc[1][nb * 4 + i] * a.out_scale, a.act_kind,
-                                     a.beta, a.beta_lin)
-                           : 0.0f;
-      row[(i & 1) * stride + (i >> 1) * 32] = __float2bfloat16(v);
+      const float v =
+          w4::glu(acc[0][nb * 4 + i] * a.out_scale, acc[1][nb * 4 + i] * a.out_scale, a.act_kind, a.beta, a.beta_lin);
+      if (nb * 8 + t2 + (i & 1) < ti.rows) row[(i & 1) * stride + (i >> 1) * 32] = __float2bfloat16(v);
     }
     row += 8 * stride;
   }
