@@ -14,7 +14,8 @@
 #   kernels `bench kernels --kernels KERNELS` (default moe_decode_w4a16), every binary in turn, ROUNDS rounds
 #   step    `bench step --batches BATCHES --contexts CONTEXTS` (defaults 16,64 and 4096), every binary in turn
 #   full    the whole test_cuda (up to FULL_S seconds, default 300; with BUDGET_S set, at most what is left of it)
-# Every result is appended to $OUT/summary.txt as it comes, so a call cut short still returns what ran.
+# Every result is appended to $OUT/summary.txt as it comes, so a call cut short still returns what ran. PACK=1 packs
+# everything else under $OUT into $OUT/pack-N.tar.xz at the end (the device tool returns only a few files per call).
 set -uo pipefail
 BUNDLE=${BUNDLE:-.gpu}; OUT=${OUT:-/tmp/out}
 source scripts/gpu-bundle-env.sh
@@ -75,5 +76,9 @@ if has full; then
   timeout "$full_s" "$T" --gtest_brief=1 > "$OUT/test_cuda.txt" 2>&1
   gtest_summary full "$OUT/test_cuda.txt" $?
   at full
+fi
+if [[ ${PACK:-0} == 1 ]]; then  # pack-1.tar.xz, pack-2.tar.xz, ... one per run of this script in the same $OUT
+  (cd "$OUT" && files=$(ls | grep -v -x -e summary.txt -e 'pack-[0-9]*\.tar\.xz') && [[ -n $files ]] &&
+    n=$(($(ls pack-*.tar.xz 2> /dev/null | wc -l) + 1)) && tar -cJf "pack-$n.tar.xz" $files && rm -f $files)
 fi
 cat "$S"
