@@ -274,9 +274,10 @@ __device__ __forceinline__ void stage_mma(float (&acc)[2][64], const uint8_t* bu
 // gate/up: h[row, col] = bf16(GLU(2^shift gate, 2^shift up)), tile 0 of the pair the gate, tile 1 the up rows, h in
 // the permuted layout the down kernel reads (stride out_stride = permuted_width(inter); the columns past inter up to
 // it written as zeros). The thread's columns col0 + lane / 4 and that + 8 sit at permuted_col(col0 + lane / 4) and 32
-// after it (col0 is a multiple of 16). The GLU runs on every accumulator the tile's N wrote (rows past the tile's
-// data hold GLU(0, 0) = 0) and only the store is predicated by the row: no branch around the call, whose convergence
-// bookkeeping was a fifth of the epilogue's instructions (SASS on the H100, 2026-12-07).
+// after it (col0 is a multiple of 16). The GLU runs on every accumulator the tile's N wrote (the rows past the tile's
+// data, from zero-filled activations, are computed and not stored) and only the store is predicated by the row: no
+// branch around the call, whose convergence bookkeeping was a fifth of the epilogue's instructions (SASS on the H100,
+// 2026-12-07). The decode kernel keeps its branch: at 1-8 rows of an n8 block most of the block is past the data.
 __device__ void store_h(const float (&acc)[2][64], const TileInfo& ti, const Args& a, int warp, int lane) {
   const int64_t col0 = w4p::gate_up_column(ti.m, ti.half, warp, 0);
   if (col0 >= a.out_stride) return;
