@@ -139,10 +139,11 @@ MoeRouting Backend::moe_routing(const ops::MoeRoutingShape& shape) {
 }
 
 void Backend::moe_routed_local(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& x,
-                               Tensor& out) {
+                               Tensor& out, bool accumulate) {
   Tensor rows = act(r.shape.n_pairs(), x.cols()), y = act(r.shape.n_pairs(), x.cols());  // [n_pairs, hidden]
   moe_gather(r, x, rows);
   moe_experts(experts, glu, r, rows, y);
+  if (!accumulate) fill_zero(out);
   moe_combine(r, y, out);
 }
 

@@ -414,10 +414,12 @@ class Backend {
                            Tensor& y_rows) = 0;
   // out[t] += sum_k w(t,k) y_rows[row of (t,k)] in k order (fp32), over this rank's pairs; out [n_tokens, hidden].
   virtual void moe_combine(const MoeRouting& r, const Tensor& y_rows, Tensor& out) = 0;
-  // gather -> experts -> combine of a routing whose pairs are all on this rank (one rank): out[t] += sum_k w E(x[t]).
-  // Backends may fuse it (CUDA: the W4A16 decode kernel gathers in its loads and combines in its epilogue).
+  // gather -> experts -> combine of a routing whose pairs are all on this rank (one rank): out[t] += sum_k w E(x[t]),
+  // or with `accumulate` false out[t] = sum_k w E(x[t]), every row written (a padding row's is zero), so `out` needs
+  // no zeroing first. Backends may fuse it (CUDA: the W4A16 decode kernel gathers in its loads and combines in its
+  // epilogue).
   virtual void moe_routed_local(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& x,
-                                Tensor& out);
+                                Tensor& out, bool accumulate);
   // ---- Kimi-K3 ------------------------------------------------------------------------------------------------
   // Causal short conv + SiLU of each sequence's tokens continuing its conv state (slot step().state_slots[s]).
   virtual void short_conv(const Tensor& x, const Tensor& weight, const StateRef& state, Tensor& out) = 0;

@@ -367,7 +367,7 @@ void KimiK3Model::latent_moe(int64_t layer, const Tensor& x, Tensor& out) {
   const GroupProjections shared_in(be, together ? LinearGroup{} : L.shared_in, x);  // shared gate, shared up
   Tensor z = together ? in[0] : be.act(rn, D);
   if (!together && rn > 0) be.linear(lin_.get(int(T::kLatentDown), layer), xs, z);
-  Tensor y = be.zeros({rn, D}, be.act_dtype());
+  Tensor y = be.act(rn, D);  // written whole by moe_routed (accumulate false)
   const bool shared_into_out = rn == n && c_.n_shared_experts > 0;
   Tensor shared;
   bool shared_ran = false;
@@ -377,7 +377,7 @@ void KimiK3Model::latent_moe(int64_t layer, const Tensor& x, Tensor& out) {
     shared = shared_into_out ? out : be.act(n, c_.hidden_size);  // [n, H]
     situ_mlp(together ? in : shared_in, together ? 1 : 0, T::kSharedDown, layer, shared);
   };
-  moe::moe_routed(be, exchange(), moe_spec_, L.moe, choice, z, y, run_shared);
+  moe::moe_routed(be, exchange(), moe_spec_, L.moe, choice, z, y, run_shared, /*accumulate=*/false);
   if (!shared_ran) run_shared();  // no exchange round ran the overlap (no rows here)
   if (rn < n) be.fill_zero(out);  // TP: the other rows' routed part comes from the other ranks (all-reduce)
   if (rn > 0) {

@@ -37,7 +37,8 @@ MoeChoice moe_route(Backend& be, const MoeLayerSpec& spec, const MoeLayerWeights
 }
 
 void moe_routed(Backend& be, Exchange& exchange, const MoeLayerSpec& spec, MoeLayerWeights& w,
-                const MoeChoice& choice, const Tensor& x_expert, Tensor& out, const std::function<void()>& overlap) {
+                const MoeChoice& choice, const Tensor& x_expert, Tensor& out, const std::function<void()>& overlap,
+                bool accumulate) {
   if (exchange.local()) {  // one rank: no rows move; gather, experts and combine as one (fusable) backend op
     BG_CHECK(choice.ids.shape.size() == 2, "moe_routed: ids must be [tokens, top_k]");
     // top_k from the shape: cols() is 0 for an empty batch, which the routing shape refuses.
@@ -47,9 +48,10 @@ void moe_routed(Backend& be, Exchange& exchange, const MoeLayerSpec& spec, MoeLa
     be.moe_dispatch(w.experts.slot_map(), choice.ids, choice.weights, routing, choice.step_row0);
     stage_experts(be, w.experts, routing);
     if (overlap) overlap();
-    be.moe_routed_local(w.experts.slots(), spec.glu, routing, x_expert, out);
+    be.moe_routed_local(w.experts.slots(), spec.glu, routing, x_expert, out, accumulate);
     return;
   }
+  if (!accumulate) be.fill_zero(out);  // the exchanges' combines add to `out`
   // Rounds of at most `per` tokens (exchanges with fixed receive slots); every rank runs step_rounds() of them, with
   // empty rounds once its own tokens are done, so the ranks meet in every dispatch and combine.
   const int64_t n = x_expert.rows(), per = exchange.max_tokens_per_call();

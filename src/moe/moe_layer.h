@@ -35,9 +35,12 @@ MoeChoice moe_route(Backend& be, const MoeLayerSpec& spec, const MoeLayerWeights
                     int64_t step_row0);
 
 // out[t] += sum_k w(t,k) Expert_{ids(t,k)}(x_expert[t]) through the exchange; `overlap` (may be empty) runs while the
-// dispatched rows are in flight (the shared experts). Streamed experts (w.experts.streams()) are staged after the
-// dispatch: the step waits for the routing on the host, so such layers are never captured in a graph.
+// dispatched rows are in flight (the shared experts). With `accumulate` false out[t] = the sum: `out` needs no zeroing
+// first (one rank: the combine overwrites every row, no fill launch; with an exchange `out` is zeroed here).
+// Streamed experts (w.experts.streams()) are staged after the dispatch: the step waits for the routing on the host,
+// so such layers are never captured in a graph.
 void moe_routed(Backend& be, Exchange& exchange, const MoeLayerSpec& spec, MoeLayerWeights& w,
-                const MoeChoice& choice, const Tensor& x_expert, Tensor& out, const std::function<void()>& overlap);
+                const MoeChoice& choice, const Tensor& x_expert, Tensor& out, const std::function<void()>& overlap,
+                bool accumulate = true);
 
 }  // namespace bg::moe

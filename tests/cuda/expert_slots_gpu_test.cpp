@@ -206,7 +206,7 @@ TEST(CudaExpertSlots, ExpertParallelRanksMatchOneRank) {
     MoeRouting r1 = be->moe_routing({n, kTopK, kExperts, kExperts, true});
     be->moe_dispatch(one.slot_map(), d_ids, d_w, r1, -1);
     Tensor out_one = be->zeros({n, kHidden}, DType::kF32);
-    be->moe_routed_local(one.slots(), glu, r1, x, out_one);
+    be->moe_routed_local(one.slots(), glu, r1, x, out_one, /*accumulate=*/true);
 
     Tensor out_ep = be->zeros({n, kHidden}, DType::kF32);
     for (int64_t rank = 0; rank < 2; ++rank) {

@@ -97,13 +97,14 @@ struct RunSpec {
   bool out_f32 = false;
   bool accumulate = false;
   int32_t fixed_splits = 0;
+  int64_t live = -1;  // >= 0: the tokens from there on are padding (a decode graph's filler rows: no pairs)
 };
 
 // Everything one launch needs on the device, poisoned.
 struct Launch {
   MoeCudaParams mp;
   MoeW4a16Params p;
-  cuda::DeviceBuffer d_ids, d_w, d_x, d_out, ws_buf;
+  cuda::DeviceBuffer d_ids, d_w, d_x, d_out, ws_buf, d_live;
   std::unique_ptr<MoeDispatchBuffers> dispatch;
   MoeWorkspace dws;
   MoeW4a16Workspace ws;
@@ -153,6 +154,10 @@ void prepare(Launch& L, const ExpertSet& set, int64_t hidden, int64_t inter, int
   L.d_w = cuda::upload(r.weights);
   L.dispatch = std::make_unique<MoeDispatchBuffers>(L.mp);
   L.dws = L.dispatch->ws;
+  if (spec.live >= 0) {
+    L.d_live = cuda::upload(std::vector<int32_t>{static_cast<int32_t>(spec.live)});
+    L.dws.live_tokens = L.d_live.as<int32_t>();
+  }
   moe_dispatch_cuda(L.mp, L.d_ids.as<int32_t>(), L.d_w.as<float>(), L.dws, stream);
   relayout(L, stream);
   // Output: poisoned (0xff = NaN), or random values to accumulate onto (bf16-representable for both dtypes).
@@ -207,15 +212,19 @@ void expect_graph_replay_equals(const Launch& L, cudaStream_t stream, const std:
 void check_case(const char* name, const ExpertSet& set, int64_t hidden, int64_t inter, int64_t top_k,
                 MoeW4a16Act act, const RunSpec& spec, uint64_t seed) {
   const int64_t E = static_cast<int64_t>(set.views.size());
-  const std::string what = fmt::format("{} n={} {} used={} out={}{} splits={}", name, spec.n_tokens,
+  const std::string what = fmt::format("{} n={} {} used={} out={}{} splits={} live={}", name, spec.n_tokens,
                                        spec.pattern == Pattern::kSame ? "same-experts" : "random", spec.n_used,
-                                       spec.out_f32 ? "f32" : "bf16", spec.accumulate ? "+=" : "", spec.fixed_splits);
+                                       spec.out_f32 ? "f32" : "bf16", spec.accumulate ? "+=" : "", spec.fixed_splits,
+                                       spec.live);
   const Routing r = make_routing(spec.n_tokens, top_k, E, spec.n_used > 0 ? spec.n_used : E, spec.pattern, seed);
   Stream st;
   Launch L;
   prepare(L, set, hidden, inter, top_k, act, spec, r, seed, st.s);
+  // Padding rows keep what `out` held (accumulate) or become zero (their poison must not survive).
   std::vector<float> ref = L.out_init;
-  moe_w4a16_cpu(L.p, set.views, L.x.data(), r.ids.data(), r.weights.data(), ref.data());
+  MoeW4a16Params live_p = L.p;
+  if (spec.live >= 0) live_p.n_tokens = spec.live;
+  moe_w4a16_cpu(live_p, set.views, L.x.data(), r.ids.data(), r.weights.data(), ref.data());
 
   for (const int run : {0, 1, 2, 3, 4, 5}) {
     const int shape = run % 3;
@@ -298,6 +307,14 @@ TEST(MoeW4a16Parity, SmallOddShapes) {
   check_case("odd", set, 96, 160, 3, MoeW4a16Act::kSiTU, {37, Pattern::kRandom, 0, false, true}, 31);
   check_case("odd", set, 96, 160, 3, MoeW4a16Act::kSwiGLU, {7, Pattern::kRandom, 0, true, true, 3}, 32);
   check_case("odd", set, 96, 160, 3, MoeW4a16Act::kSwiGLU, {70, Pattern::kRandom, 0, false, false, 2}, 33);
+  // Padding rows (no pairs): zeroed without accumulate by the fused combine (at most 32 tokens) and by the combine
+  // kernel (above), left as they were with it.
+  for (const auto& [n, live] : {std::pair<int64_t, int64_t>{5, 3}, {16, 9}, {32, 1}, {40, 33}, {100, 64}}) {
+    for (const bool acc : {false, true}) {
+      check_case("odd padded", set, 96, 160, 3, MoeW4a16Act::kSiTU, {n, Pattern::kRandom, 0, false, acc, 0, live},
+                 34 + n + (acc ? 1 : 0));
+    }
+  }
 }
 
 TEST(MoeW4a16Parity, KimiK3LatentExperts) {

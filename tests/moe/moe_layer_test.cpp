@@ -149,6 +149,13 @@ TEST(LoopbackExchange, RoutedEqualsDirectPerTokenExperts) {
     const std::vector<float> got = download(*be, out);
     const std::vector<float> want = direct_reference(*be, ex.weights, spec.glu, x, ids, wts, n, k, hidden, init);
     for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5 * (1.0 + std::fabs(want[i]))) << i;
+    // accumulate false: `out` is overwritten (what it held, here NaN, must not survive).
+    Tensor fresh = be->upload_f32(std::vector<float>(init.size(), std::nanf("")), {n, hidden}, DType::kF32);
+    moe_routed(*be, *exchange, spec, w, choice, xt, fresh, {}, /*accumulate=*/false);
+    const std::vector<float> got0 = download(*be, fresh);
+    const std::vector<float> want0 = direct_reference(*be, ex.weights, spec.glu, x, ids, wts, n, k, hidden,
+                                                      std::vector<float>(init.size(), 0.0f));
+    for (size_t i = 0; i < got0.size(); ++i) ASSERT_NEAR(got0[i], want0[i], 1e-5 * (1.0 + std::fabs(want0[i]))) << i;
   }
 }
 

@@ -220,9 +220,11 @@ TEST(ShmExchange, MoeRoutedEqualsLoopbackWithRealExperts) {
     auto loop = make_loopback_exchange();
     const MoeChoice choice{upload_i32(*be, tk.ids, {tk.n, k}), upload(*be, tk.w, {tk.n, k})};
     Tensor x = upload(*be, tk.x, {tk.n, hidden});
-    Tensor out_ep = be->zeros({tk.n, hidden}, DType::kF32), out_one = be->zeros({tk.n, hidden}, DType::kF32);
+    // The expert-parallel side overwrites (accumulate false: its NaN must not survive), the reference adds to zeros.
+    Tensor out_ep = upload(*be, std::vector<float>(static_cast<size_t>(tk.n * hidden), std::nanf("")), {tk.n, hidden});
+    Tensor out_one = be->zeros({tk.n, hidden}, DType::kF32);
     int overlaps = 0;
-    moe_routed(*be, *ex, spec, ep_w, choice, x, out_ep, [&] { ++overlaps; });
+    moe_routed(*be, *ex, spec, ep_w, choice, x, out_ep, [&] { ++overlaps; }, /*accumulate=*/false);
     EXPECT_EQ(overlaps, 1);  // the shared experts run once, whatever the number of rounds
     if (tk.n > 0) moe_routed(*be, *loop, spec, one_w, choice, x, out_one, {});
     ASSERT_EQ(std::memcmp(out_ep.data, out_one.data, static_cast<size_t>(tk.n * hidden) * 4), 0) << "rank " << me;

@@ -386,9 +386,9 @@ class CudaBackend final : public Backend {
     cuda::moe_combine(moe_ctx(), r, y_rows, out);
   }
   void moe_routed_local(const ExpertSlots& experts, const GluSpec& glu, const MoeRouting& r, const Tensor& x,
-                        Tensor& out) override {
+                        Tensor& out, bool accumulate) override {
     BG_PROFILE_OP("moe_routed_local", stream_);
-    cuda::moe_routed_local(moe_ctx(), static_cast<const CudaExpertSlots&>(experts), glu, r, x, out);
+    cuda::moe_routed_local(moe_ctx(), static_cast<const CudaExpertSlots&>(experts), glu, r, x, out, accumulate);
   }
   // Decode steps: one batched launch over the sequences' slots; otherwise one launch per sequence.
   void short_conv(const Tensor& x, const Tensor& weight, const StateRef& state, Tensor& out) override;

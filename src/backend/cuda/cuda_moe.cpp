@@ -505,23 +505,23 @@ void moe_experts(const MoeContext& c, const CudaExpertSlots& slots, const GluSpe
   ops::moe_expert_ffn_cuda(p, slots.device(), ws, c.stream);
 }
 
-void moe_combine(const MoeContext& c, const MoeRouting& r, const Tensor& y_rows, Tensor& out) {
+void moe_combine(const MoeContext& c, const MoeRouting& r, const Tensor& y_rows, Tensor& out, bool accumulate) {
   ops::MoeCudaParams p = params(r, out.cols(), 1);
   p.out_type = out.dtype == DType::kF32 ? ops::MoeOutType::kF32 : ops::MoeOutType::kBf16;
-  p.accumulate = true;
+  p.accumulate = accumulate;
   ops::MoeWorkspace ws = workspace(c, r);
   ws.y_perm = y_rows.as<bf16>();
   ops::moe_combine_cuda(p, ws, out.data, c.stream);
 }
 
 MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu,
-                              const MoeRouting& r, const Tensor& x_in, Tensor& out) {
+                              const MoeRouting& r, const Tensor& x_in, Tensor& out, bool accumulate) {
   const ops::MoeW4a16Weights* w = slots.w4a16();
   ops::MoeCudaParams p = params(r, x_in.cols(), slots.gate0().n_out);
   p.expert_format = slots.gate0().format;
   p.act = glu_params(glu);
   p.out_type = out.dtype == DType::kF32 ? ops::MoeOutType::kF32 : ops::MoeOutType::kBf16;
-  p.accumulate = true;
+  p.accumulate = accumulate;
   // By rows per expert (docs/MOE_PREFILL.md's table): the W4A16 prefill kernel first (by default at 32-511, captured
   // decode steps included), then the grouped prefill path (taken inside moe_experts) when its threshold says so
   // (BG_MOE_GROUPED_MIN_ROWS can lower both, e.g. for the golden tests), else the decode kernel.
@@ -546,7 +546,7 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
     ops::MoeWorkspace ws = workspace(c, r);
     ws.h = h.as<bf16>();
     run_w4a16_prefill(c, *w, p, ws, x, true, y);
-    moe_combine(c, r, y, out);
+    moe_combine(c, r, y, out, accumulate);
     return MoeLocalPath::kW4a16Prefill;
   }
   if (!fused) {
@@ -554,7 +554,7 @@ MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots,
     Tensor y = alloc_bf16(r.shape.n_pairs(), x.cols());
     moe_gather(c, r, x, rows);
     moe_experts(c, slots, glu, r, rows, y);
-    moe_combine(c, r, y, out);
+    moe_combine(c, r, y, out, accumulate);
     return MoeLocalPath::kStages;
   }
   expect_bf16(x, "moe input");

@@ -171,12 +171,14 @@ void moe_gather(const MoeContext& c, const MoeRouting& r, const Tensor& x, Tenso
 // W4A16 layout); else the W4A16 kernel with rows out for such a layer, the skinny / tiled kernels for the others.
 void moe_experts(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu, const MoeRouting& r,
                  const Tensor& rows, Tensor& y_rows);
-void moe_combine(const MoeContext& c, const MoeRouting& r, const Tensor& y_rows, Tensor& out);
+// out[t] (+)= sum_k w y_rows[row of (t, k)]: with `accumulate` false every row is written (zero without pairs).
+void moe_combine(const MoeContext& c, const MoeRouting& r, const Tensor& y_rows, Tensor& out, bool accumulate = true);
 // Gather + experts + combine of an all-local routing: the fused W4A16 kernel where the layer has the layout (unless
 // a prefill path takes the call: the W4A16 prefill kernel with the gather fused, then the combine, or the grouped
-// path inside the stages), the three stage kernels otherwise. Returns which ran (logs and tests).
+// path inside the stages), the three stage kernels otherwise. `accumulate` as Backend::moe_routed_local's. Returns
+// which ran (logs and tests).
 enum class MoeLocalPath : uint8_t { kW4a16, kW4a16Prefill, kStages };
 MoeLocalPath moe_routed_local(const MoeContext& c, const CudaExpertSlots& slots, const GluSpec& glu,
-                              const MoeRouting& r, const Tensor& x, Tensor& out);
+                              const MoeRouting& r, const Tensor& x, Tensor& out, bool accumulate);
 
 }  // namespace bg::cuda

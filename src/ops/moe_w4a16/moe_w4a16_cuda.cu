@@ -31,7 +31,8 @@
 //   columns), h in bf16. Down: y (fp32) per permuted row; then per (token, 512 output columns) an integer counter of
 //   finished slots; the CTA that finishes the token's last slot computes out[t] = (accumulate ? out : 0) +
 //   sum_k w_k y_k in fp32 in slot order (a fixed order whoever finishes last), so the combine is fused and
-//   deterministic; counters are reset by their last user, so graph replays start from zero. Above 32 tokens
+//   deterministic; counters are reset by their last user, so graph replays start from zero. Without accumulate the
+//   rows of tokens with no pair (padding) are zeroed by down's CTAs, so `out` needs no fill before the launch. Above 32 tokens
 //   (moe_w4a16_separate_combine) down only writes y and a third kernel does the same sums, spread evenly.
 // - Overlap (above 32 tokens with PDL, moe_w4a16_overlaps): gate/up releases a ready counter per expert after each
 //   pass's h and lets down launch at once; down's CTAs start as gate/up's leave their SMs, take items by the order they
@@ -329,6 +330,7 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
     }
   }
   if (!kOverlap || kGateUp || !a.overlap) grid_dependency_wait();
+  if (!kGateUp && a.combine_fused && !a.accumulate && !a.rows_out) zero_tokens_without_pairs(a, cta, grid);
 #pragma unroll 1
   for (int i = 0; i < kStages - 1; ++i) {
     if (prod.c.valid) {
@@ -376,7 +378,8 @@ __global__ void __launch_bounds__(kThreads, Shape<kNarrow>::kCtasPerSm)
 
 // The combine in a kernel of its own (moe_w4a16_separate_combine): CTA (t, m) computes out[t] over the down item m's
 // 512 columns, 4 per thread, with the fused combine's arithmetic (combine_token: the same bits). Launched after down
-// (as its programmatic dependent with pdl: it waits for down's y before reading it).
+// (as its programmatic dependent with pdl: it waits for down's y before reading it). A token without pairs (padding:
+// its first slot is -1) is left alone, or zeroed without accumulate, as the fused combine does.
 constexpr int kCombineThreads = kCombineCols / 4;
 __global__ void __launch_bounds__(kCombineThreads) moe_w4a16_combine_kernel(const __grid_constant__ KernelArgs a) {
   __shared__ int s_prow[kMaxTopK];
@@ -387,11 +390,16 @@ __global__ void __launch_bounds__(kCombineThreads) moe_w4a16_combine_kernel(cons
   if (k < a.top_k) {
     const int prow = a.d.slot_row[static_cast<int64_t>(token) * a.top_k + k];
     s_prow[k] = prow;
-    s_weight[k] = a.d.row_weight[prow];
+    s_weight[k] = prow >= 0 ? a.d.row_weight[prow] : 0.0f;
   }
   __syncthreads();
   const int64_t col = static_cast<int64_t>(blockIdx.y) * kCombineCols + 4 * k;
-  if (col < a.n_out) combine_token<8>(a, token, s_prow, s_weight, col);  // n_out % 32 == 0: all 4 columns valid
+  if (col >= a.n_out) return;  // n_out % 32 == 0: all 4 columns valid
+  if (s_prow[0] >= 0) {
+    combine_token<8>(a, token, s_prow, s_weight, col);
+  } else if (!a.accumulate) {
+    zero_columns(a, token, col);
+  }
 }
 
 int sm_count() {
@@ -486,6 +494,7 @@ KernelArgs kernel_args(const MoeW4a16Params& p, const MoeW4a16Weights& w, const 
   k.act = proj == MoeW4a16Proj::kGateUp ? args.x : ws.h;
   k.act_ld = proj == MoeW4a16Proj::kGateUp && args.x_ld != 0 ? args.x_ld : m.n_in;
   k.d = d;
+  k.n_tokens = static_cast<int>(p.n_tokens);
   k.top_k = static_cast<int>(p.top_k);
   k.n_items_down = w.info.down.n_items;
   k.n_items_gate_up = w.info.gate_up.n_items;

@@ -26,6 +26,7 @@ struct KernelArgs {
   const __nv_bfloat16* act = nullptr;  // gate/up: x [n_tokens, hidden]; down: h [rows, inter]
   int64_t act_ld = 0;                // elements from one row of act to the next (>= n_in, a multiple of 8)
   MoeWorkspace d;                    // the dispatch (offsets, active, n_active, row_token, row_weight, slot_row)
+  int n_tokens = 0;
   int top_k = 0;
   int n_items_down = 0;              // combine counters per token
   int n_items_gate_up = 0;           // overlap: gate/up passes per row chunk of an expert
@@ -180,6 +181,28 @@ __device__ __forceinline__ void combine_done_tokens(const KernelArgs& a, Combine
     }
   }
   __syncthreads();  // cs is rewritten by the next pass
+}
+
+// out[token, 4 columns from col] = 0.
+__device__ __forceinline__ void zero_columns(const KernelArgs& a, int token, int64_t col) {
+  const int64_t o = static_cast<int64_t>(token) * a.n_out + col;
+  if (a.out_f32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(a.out) + o) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  } else {
+    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(a.out) + o) = make_uint2(0u, 0u);
+  }
+}
+
+// The fused combine overwriting `out` (accumulate false): a token without a pair on this rank (a decode graph's
+// padding row) is completed by no pass, so its row is zeroed here, CTA cta taking tokens cta, cta + grid, ... In an
+// all-local routing a token has either every pair or none (padding), so its first slot tells.
+__device__ __forceinline__ void zero_tokens_without_pairs(const KernelArgs& a, int cta, int grid) {
+  for (int t = cta; t < a.n_tokens; t += grid) {
+    if (a.d.slot_row[static_cast<int64_t>(t) * a.top_k] >= 0) continue;  // uniform over the CTA
+    for (int64_t col = 4 * static_cast<int64_t>(threadIdx.x); col < a.n_out; col += 4 * kThreads) {
+      zero_columns(a, t, col);  // n_out % 32 == 0: all 4 columns valid
+    }
+  }
 }
 
 // down with the combine in a kernel of its own: y[row, col] (fp32) only.
