@@ -263,8 +263,7 @@ Tensor KimiK3Model::step_body(const StepPools& pools, bool all_rows, const TapFn
   for (int64_t l = 0; l < c_.n_layers; ++l) {
     const K3Layer& L = layers_[static_cast<size_t>(l)];
     if (n_banked == 0) {
-      be.copy(partial(), h);
-      be.rmsnorm(h, L.input_norm, eps, x);
+      be.rmsnorm(partial(), L.input_norm, eps, x);  // layer 0's input is the embedding itself (no mix: h not needed)
     } else {
       mix(n_banked + (partial_empty ? 0 : 1), L.attn_res_norm, L.attn_res_proj, L.input_norm);
     }
