@@ -32,8 +32,8 @@
 //   finished slots; the CTA that finishes the token's last slot computes out[t] = (accumulate ? out : 0) +
 //   sum_k w_k y_k in fp32 in slot order (a fixed order whoever finishes last), so the combine is fused and
 //   deterministic; counters are reset by their last user, so graph replays start from zero. Without accumulate the
-//   rows of tokens with no pair (padding) are zeroed by down's CTAs, so `out` needs no fill before the launch. Above 32 tokens
-//   (moe_w4a16_separate_combine) down only writes y and a third kernel does the same sums, spread evenly.
+//   rows of tokens with no pair (padding) are zeroed by down's CTAs, so `out` needs no fill before the launch. Above
+//   32 tokens (moe_w4a16_separate_combine) down only writes y and a third kernel does the same sums, spread evenly.
 // - Overlap (above 32 tokens with PDL, moe_w4a16_overlaps): gate/up releases a ready counter per expert after each
 //   pass's h and lets down launch at once; down's CTAs start as gate/up's leave their SMs, take items by the order they
 //   started in (the early ones one more: gate/up's last wave runs beside them) and wait per expert (await_expert).

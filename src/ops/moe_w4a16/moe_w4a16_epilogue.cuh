@@ -26,7 +26,7 @@ struct KernelArgs {
   const __nv_bfloat16* act = nullptr;  // gate/up: x [n_tokens, hidden]; down: h [rows, inter]
   int64_t act_ld = 0;                // elements from one row of act to the next (>= n_in, a multiple of 8)
   MoeWorkspace d;                    // the dispatch (offsets, active, n_active, row_token, row_weight, slot_row)
-  int n_tokens = 0;
+  int n_tokens = 0;                  // the step's tokens (the fused combine zeroes those without pairs)
   int top_k = 0;
   int n_items_down = 0;              // combine counters per token
   int n_items_gate_up = 0;           // overlap: gate/up passes per row chunk of an expert
