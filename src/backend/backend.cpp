@@ -34,6 +34,11 @@ void Backend::lay_out_expert(const ExpertSlots& slots, const LinearHandle& gate,
   fail("{} backend: no expert layout of its own to lay an expert out in", name());
 }
 
+void Backend::mla_write_normed(const MlaCacheRef& cache, Tensor& latent, const Tensor& norm, float eps) {
+  rmsnorm(latent, norm, eps, latent);
+  mla_write(cache, latent);
+}
+
 void Backend::linear_add(const LinearHandle& w, const Tensor& x, Tensor& y) {
   Tensor product = act(x.rows(), w.n_out());
   linear(w, x, product);

@@ -332,7 +332,8 @@ class Backend {
   virtual void embedding(const Tensor& table, Tensor& out) = 0;
   // out[s] = x[step().last_rows[s]] (x [n_tokens, d] act dtype -> out [n_seqs, d]).
   virtual void gather_last_rows(const Tensor& x, Tensor& out) = 0;
-  // RMSNorm of the first w.numel() values of each row of x (row stride x.cols()) into y (same layout).
+  // RMSNorm of the first w.numel() values of each row of x into y (same shape). x and y may be strided views (a fused
+  // group's strided_parts; CUDA), in place only at equal row strides.
   virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
   // y[n, out] = x[n, in] W^T; y may be act dtype or F32.
   virtual void linear(const LinearHandle& w, const Tensor& x, Tensor& y) = 0;
@@ -351,11 +352,15 @@ class Backend {
   // deterministic (one rounding of the fp32 sum), else the default.
   virtual void linear_add(const LinearHandle& w, const Tensor& x, Tensor& y);
   virtual void glu(const GluSpec& p, const Tensor& gate, const Tensor& up, Tensor& out) = 0;
-  virtual void sigmoid_mul(Tensor& x, const Tensor& gate) = 0;                 // x *= sigmoid(gate)
+  virtual void sigmoid_mul(Tensor& x, const Tensor& gate) = 0;  // x *= sigmoid(gate); gate may be strided (CUDA)
   // RoPE at the step's positions.
   virtual void rope(const ops::RopeParams& p, const RopeHandle& table, Tensor& x) = 0;
   // Latent entries [n_tokens, entry_dim] -> the cache at the step's positions through each token's block table.
   virtual void mla_write(const MlaCacheRef& cache, const Tensor& latent) = 0;
+  // rmsnorm of each latent row's first norm.numel() values (c_kv), then mla_write of [normed c_kv | k_pe]: for models
+  // whose k_pe is not rotated (Kimi-K3). The latent may be a strided view (CUDA) and is left normed or untouched.
+  // Default: rmsnorm in place, then mla_write; CUDA: one launch that leaves the latent as it was.
+  virtual void mla_write_normed(const MlaCacheRef& cache, Tensor& latent, const Tensor& norm, float eps);
   // Each token attends to its own sequence's cache up to its position.
   virtual void mla_attention(const ops::MlaParams& p, const Tensor& q, const Tensor& w_uk, const Tensor& w_uv,
                              const MlaCacheRef& cache, Tensor& out) = 0;

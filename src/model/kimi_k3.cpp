@@ -192,6 +192,9 @@ void KimiK3Model::load_layer(int64_t l, int64_t& n_mla, int64_t& n_kda) {
     if (c_.mla_output_gate) L.mla.gate = &lin_.get(int(T::kMlaG), l);
     L.mla.set_kv_b(be, w_.linear(int(T::kMlaKvB), l), mla_dims_, tp_rank() * mla_dims_.n_heads);
     L.mla.in = lin_.group(mla_in(c_.q_lora_rank > 0, c_.mla_output_gate), l);
+    // mla_block_forward hands q_a's, kv_a's and the gate's columns to rmsnorm, the q_b linear, mla_write_normed and
+    // sigmoid_mul, which all read strided views; a plain q_proj's output goes to the attention, which needs it packed.
+    L.mla.in.strided_parts = c_.q_lora_rank > 0;
   } else {
     L.sub_index = n_kda++;
     L.kda_in = lin_.group(kKdaIn, l);

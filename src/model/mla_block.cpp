@@ -46,12 +46,14 @@ void mla_block_forward(Backend& be, const MlaDims& d, const MlaLayerWeights& w, 
     q = in[0];
   }
   Tensor kv = in[1];  // [n, kv_lora + rope] = [c_kv | k_pe]; only c_kv is normed
-  be.rmsnorm(kv, w.kv_a_norm, kLatentNormEps, kv);
   if (d.rope != nullptr && d.qk_rope > 0) {
+    be.rmsnorm(kv, w.kv_a_norm, kLatentNormEps, kv);
     be.rope({n, nh, qk, nh * qk, d.qk_nope, d.qk_rope, d.rope_interleaved}, *d.rope, q);
     be.rope({n, 1, entry, entry, r, d.qk_rope, d.rope_interleaved}, *d.rope, kv);
+    be.mla_write(cache, kv);
+  } else {
+    be.mla_write_normed(cache, kv, w.kv_a_norm, kLatentNormEps);  // k_pe as it is: norm and write in one op
   }
-  be.mla_write(cache, kv);
   Tensor attn = be.act(n, nh * d.v_head);  // [n, nh, v]
   ops::MlaParams p{n, nh, r, d.qk_nope, d.qk_rope, d.v_head, cache.block_size, d.softmax_scale};
   be.mla_attention(p, q, w.w_uk, w.w_uv, cache, attn);

@@ -3,6 +3,7 @@
 // allowed aliasing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -59,6 +60,30 @@ TEST(ElementwiseParity, SigmoidGate) {
     sync_device();
     EXPECT_LE(max_rel_error(download_bf16(d_x, g.size()), x), kTolBf16Out) << "n " << n;
   }
+}
+
+// gate as a strided column view of a [T, I + 40] buffer (a fused group's output read in place): the bits of the
+// packed call on a copy of those columns.
+TEST(ElementwiseParity, SigmoidGateReadsStridedGate) {
+  BG_REQUIRE_GPU();
+  for (const int64_t rows : {1, 7, 64}) {
+    const int64_t cols = 96 * 64, ld = cols + 40, col = 24;
+    const auto n = static_cast<size_t>(rows * cols);
+    std::vector<float> all = wide_floats(static_cast<size_t>(rows * ld), 14), g(n);
+    for (int64_t t = 0; t < rows; ++t) {
+      std::copy_n(all.begin() + t * ld + col, cols, g.begin() + t * cols);
+    }
+    std::vector<float> x = random_floats(n, 2.0f, 15);
+    const cuda::DeviceBuffer d_all = upload_bf16(all), d_g = upload_bf16(g);
+    cuda::DeviceBuffer want = upload_bf16(x), got = upload_bf16(x);
+    ops::sigmoid_gate_cuda(static_cast<int64_t>(n), bf16_ptr(d_g), bf16_ptr(want), nullptr);
+    ops::sigmoid_gate_cuda(rows, cols, bf16_ptr(d_all) + col, ld, bf16_ptr(got), nullptr);
+    sync_device();
+    EXPECT_EQ(first_mismatch(download_bf16(got, n), download_bf16(want, n)), -1) << "rows " << rows;
+  }
+  cuda::DeviceBuffer b(64);
+  EXPECT_THROW(ops::sigmoid_gate_cuda(1, 8, bf16_ptr(b), 4, bf16_ptr(b), nullptr), Error);
+  EXPECT_THROW(ops::sigmoid_gate_cuda(1, 0, bf16_ptr(b), 0, bf16_ptr(b), nullptr), Error);
 }
 
 TEST(ElementwiseParity, SwigluOutOfPlaceAndOverGate) {
@@ -135,6 +160,33 @@ TEST(ElementwiseParity, SituReadsStridedGateAndUp) {
   }
   cuda::DeviceBuffer b(64);
   EXPECT_THROW(ops::situ_cuda({1, 8, 4.0f, 25.0f}, bf16_ptr(b), bf16_ptr(b), bf16_ptr(b), nullptr, 4, 8), Error);
+}
+
+// The two kernels give the same bits: 16-byte rows (the eight-wide kernel, rows past the grid's 65535 strided over)
+// against the same values one element off 16-byte alignment (the grid-stride kernel), and the CPU reference.
+TEST(ElementwiseParity, SituEightWideMatchesScalarKernel) {
+  BG_REQUIRE_GPU();
+  for (const int64_t n_tokens : {int64_t{1}, int64_t{70000}}) {
+    const int64_t inter = 16;
+    const ops::SituParams p{n_tokens, inter, 4.0f, 25.0f};
+    const auto n = static_cast<size_t>(n_tokens * inter);
+    std::vector<float> g = wide_floats(n, 12), u = wide_floats(n, 13);
+    std::vector<float> g_off(n + 1, 0.0f), u_off(n + 1, 0.0f);
+    std::copy(g.begin(), g.end(), g_off.begin() + 1);
+    std::copy(u.begin(), u.end(), u_off.begin() + 1);
+    const cuda::DeviceBuffer d_g = upload_bf16(g), d_u = upload_bf16(u), d_g_off = upload_bf16(g_off),
+                             d_u_off = upload_bf16(u_off);
+    cuda::DeviceBuffer wide = poisoned(n * 2), scalar = poisoned((n + 1) * 2);
+    ops::situ_cuda(p, bf16_ptr(d_g), bf16_ptr(d_u), bf16_ptr(wide), nullptr);
+    ops::situ_cuda(p, bf16_ptr(d_g_off) + 1, bf16_ptr(d_u_off) + 1, bf16_ptr(scalar) + 1, nullptr);
+    sync_device();
+    const std::vector<float> got = download_bf16(wide, n), scalar_all = download_bf16(scalar, n + 1);
+    EXPECT_EQ(first_mismatch(got, std::vector<float>(scalar_all.begin() + 1, scalar_all.end())), -1)
+        << "T " << n_tokens;
+    std::vector<float> ref(n);
+    ops::situ_cpu(p, g.data(), u.data(), ref.data());
+    EXPECT_LE(max_rel_error(got, ref), kTolBf16Out) << "T " << n_tokens;
+  }
 }
 
 TEST(ElementwiseParity, RejectsBadParams) {

@@ -236,8 +236,8 @@ class CudaBackend final : public Backend {
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override {
     BG_PROFILE_OP("rmsnorm", stream_);
     expect(x, DType::kBF16, "rmsnorm input");
-    ops::rmsnorm_cuda({x.rows(), w.numel(), eps}, {x.cols(), y.cols()}, x.as<bf16>(), w.as<float>(), y.as<bf16>(),
-                      stream_);
+    ops::rmsnorm_cuda({x.rows(), w.numel(), eps}, {x.ld(), y.ld()}, x.strided_as<bf16>(), w.as<float>(),
+                      y.strided_as<bf16>(), stream_);
   }
   void linear(const LinearHandle& w, const Tensor& x_in, Tensor& y) override {
     const ops::DeviceWeight& d = desc(w);
@@ -301,7 +301,9 @@ class CudaBackend final : public Backend {
   }
   void sigmoid_mul(Tensor& x, const Tensor& gate) override {
     BG_PROFILE_OP("sigmoid_mul", stream_);
-    ops::sigmoid_gate_cuda(x.numel(), gate.as<bf16>(), x.as<bf16>(), stream_);
+    BG_CHECK(gate.rows() == x.rows() && gate.cols() == x.cols(), "sigmoid_mul: gate [{}] for x [{}]",
+             shape_str(gate.shape), shape_str(x.shape));
+    ops::sigmoid_gate_cuda(x.rows(), x.cols(), gate.strided_as<bf16>(), gate.ld(), x.as<bf16>(), stream_);
   }
   void rope(const ops::RopeParams& p, const RopeHandle& table, Tensor& x) override {
     BG_PROFILE_OP("rope", stream_);
@@ -310,14 +312,15 @@ class CudaBackend final : public Backend {
   }
   void mla_write(const MlaCacheRef& c, const Tensor& latent) override {
     BG_PROFILE_OP("mla_write", stream_);
-    ops::MlaParams p{};
-    p.n_tokens = step_.n_tokens();
-    p.kv_lora_rank = c.kv_lora_rank;
-    p.qk_rope_dim = c.entry_dim - c.kv_lora_rank;
-    p.block_size = c.block_size;
-    ops::MlaPagedCache cache = paged(c);
-    if (step_.all_single_token()) cache.live_tokens = dev_.live_tokens;  // decode: padding rows write nothing
-    ops::mla_cache_write_cuda(p, latent.as<bf16>(), cache, stream_);
+    ops::mla_cache_write_cuda(write_params(c), latent.strided_as<bf16>(), write_cache(c), stream_, latent.ld());
+  }
+  void mla_write_normed(const MlaCacheRef& c, Tensor& latent, const Tensor& norm, float eps) override {
+    BG_PROFILE_OP("mla_write", stream_);
+    const ops::MlaParams p = write_params(c);
+    BG_CHECK(norm.numel() == p.kv_lora_rank, "mla_write_normed: a norm of {} values for kv_lora_rank {}", norm.numel(),
+             p.kv_lora_rank);
+    ops::mla_cache_write_normed_cuda(p, latent.strided_as<bf16>(), norm.as<float>(), eps, write_cache(c), stream_,
+                                     latent.ld());
   }
   // Decode steps (one token per sequence) at the production latent shape (kv_lora 512, rope 64) run the split-KV
   // tensor-core kernel (mla_decode_cuda.h); prefill and mixed steps, and the small latent shapes of test
@@ -628,6 +631,20 @@ class CudaBackend final : public Backend {
         ops::mla_attention_cuda(run, t.q, t.w_uk, t.w_uv, pc, t.out, stream_);
       }
     }
+  }
+  // The cache writes' shape and cache view (at decode the padding rows write nothing).
+  ops::MlaParams write_params(const MlaCacheRef& c) const {
+    ops::MlaParams p{};
+    p.n_tokens = step_.n_tokens();
+    p.kv_lora_rank = c.kv_lora_rank;
+    p.qk_rope_dim = c.entry_dim - c.kv_lora_rank;
+    p.block_size = c.block_size;
+    return p;
+  }
+  ops::MlaPagedCache write_cache(const MlaCacheRef& c) const {
+    ops::MlaPagedCache cache = paged(c);
+    if (step_.all_single_token()) cache.live_tokens = dev_.live_tokens;  // decode: padding rows write nothing
+    return cache;
   }
   ops::MlaPagedCache paged(const MlaCacheRef& c) const {
     ops::MlaPagedCache pc;

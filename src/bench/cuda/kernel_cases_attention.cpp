@@ -227,10 +227,11 @@ KernelCase mla_prefill_attention_case(int64_t n) {
   return c;
 }
 
-// The latent cache write of a decode step: one [576] entry per sequence into its block.
-KernelCase mla_cache_write_case(int64_t batch) {
+// The latent cache write of a decode step: one [576] entry per sequence into its block; `normed`: with c_kv's RMSNorm
+// in the same launch (mla_cache_write_normed_cuda, Kimi-K3's path).
+KernelCase mla_cache_write_case(int64_t batch, bool normed) {
   KernelCase c;
-  c.name = "mla_cache_write_decode";
+  c.name = normed ? "mla_cache_write_normed_decode" : "mla_cache_write_decode";
   c.shape = fmt::format("B={}", batch);
   c.set_bytes = d(batch * kBlock * kEntry) * 2;
   c.prepare = [=](const CudaEnv&, CaseMemory& mem, int n_sets) {
@@ -244,10 +245,15 @@ KernelCase mla_cache_write_case(int64_t batch) {
       latents.push_back(mem.bf16(z(batch * kEntry)));
     }
     const ops::MlaParams p = mla_params(batch);
+    const float* norm = mem.f32(z(kLora), 0.5f, 1.5f);
     PreparedKernel k;
     k.cost = {d(batch * kEntry) * 4, 0.0};
     k.launch = [=](int s, cudaStream_t stream) {
-      ops::mla_cache_write_cuda(p, latents[z(s)], sets[z(s)].cache, stream);
+      if (normed) {
+        ops::mla_cache_write_normed_cuda(p, latents[z(s)], norm, 1e-6f, sets[z(s)].cache, stream);
+      } else {
+        ops::mla_cache_write_cuda(p, latents[z(s)], sets[z(s)].cache, stream);
+      }
     };
     return k;
   };
@@ -509,7 +515,10 @@ void register_attention_cases(KernelRegistry& r, bool quick) {
     for (int64_t t : {4096, 16384}) r.add(mla_prefill_case(t, false, ops::MlaPrefillMma::kMmaSync));
     r.add(mla_prefill_case(4096, /*absorbed=*/true));
   }
-  for (int64_t b : decode) r.add(mla_cache_write_case(b));
+  for (int64_t b : decode) {
+    r.add(mla_cache_write_case(b, false));
+    r.add(mla_cache_write_case(b, true));
+  }
   for (int64_t b : decode) r.add(kda_recurrent_case(b));
   r.add(kda_chunked_case(quick ? 2048 : 8192));
   r.add(kda_chunked_varlen_case(16, 512));

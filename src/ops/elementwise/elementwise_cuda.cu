@@ -24,10 +24,13 @@ __global__ void add_inplace_kernel(int64_t n, const bf16* x, bf16* y) {
   }
 }
 
-__global__ void sigmoid_gate_kernel(int64_t n, const bf16* gate, bf16* x) {
+// x packed [n / cols, cols]; gate's rows gate_ld elements apart (gate_ld == cols: packed, no index division).
+__global__ void sigmoid_gate_kernel(int64_t n, int64_t cols, const bf16* gate, int64_t gate_ld, bf16* x) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const bool packed = gate_ld == cols;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    x[i] = to_bf16(to_f32(x[i]) * (1.0f / (1.0f + expf(-to_f32(gate[i])))));
+    const int64_t g = packed ? i : i / cols * gate_ld + i % cols;
+    x[i] = to_bf16(to_f32(x[i]) * (1.0f / (1.0f + expf(-to_f32(gate[g])))));
   }
 }
 
@@ -100,7 +103,20 @@ void sigmoid_gate_cuda(int64_t n, const __nv_bfloat16* gate, __nv_bfloat16* x, c
   BG_CHECK(n >= 0, "sigmoid_gate_cuda: n {} is negative", n);
   if (n == 0) return;
   BG_CHECK(gate && x, "sigmoid_gate_cuda: null pointer with n {}", n);
-  sigmoid_gate_kernel<<<cuda_util::elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(n, gate, x);
+  sigmoid_gate_kernel<<<cuda_util::elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(n, n, gate, n, x);
+  BG_CUDA_CHECK_LAUNCH();
+}
+
+void sigmoid_gate_cuda(int64_t rows, int64_t cols, const __nv_bfloat16* gate, int64_t gate_ld, __nv_bfloat16* x,
+                       cudaStream_t stream) {
+  BG_CHECK(rows >= 0 && cols > 0, "sigmoid_gate_cuda: bad shape [{}, {}]", rows, cols);
+  if (gate_ld == 0) gate_ld = cols;
+  BG_CHECK(gate_ld >= cols, "sigmoid_gate_cuda: gate rows {} elements apart for {} values", gate_ld, cols);
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  BG_CHECK(gate && x, "sigmoid_gate_cuda: null pointer with [{}, {}]", rows, cols);
+  sigmoid_gate_kernel<<<cuda_util::elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(n, cols, gate, gate_ld,
+                                                                                          x);
   BG_CUDA_CHECK_LAUNCH();
 }
 

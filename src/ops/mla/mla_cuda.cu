@@ -73,29 +73,31 @@ __device__ __forceinline__ int64_t cache_offset(const MlaPagedCache& c, const in
 // Null (and kMlaErrorBadPosition raised) when a token's position runs past its block table: a caller bug that would
 // otherwise read or write another sequence's blocks. The caller's block then writes nothing; the backend reports the
 // flag at the step's sync (a trap would poison the CUDA context).
+// `report`: whether this thread raises the flag (one thread per token).
 __device__ __forceinline__ const int32_t* token_table(const MlaPagedCache& c, int64_t t, int block_size,
-                                                      int64_t* pos_out) {
+                                                      int64_t* pos_out, bool report) {
   const int64_t pos = c.positions[t];
   if (pos < 0 || pos / block_size >= c.max_blocks_per_seq) {
-    if (c.error_flags != nullptr && threadIdx.x == 0) atomicOr(c.error_flags, kMlaErrorBadPosition);
+    if (c.error_flags != nullptr && report) atomicOr(c.error_flags, kMlaErrorBadPosition);
     return nullptr;
   }
   *pos_out = pos;
   return c.block_tables + static_cast<int64_t>(c.seq_idx[t]) * c.max_blocks_per_seq;
 }
 
-// grid: n_tokens, block: 128. Copies one [entry_dim] latent per CTA: in 16-byte chunks when kVec (entry_dim a
-// multiple of 8, latent, cache base and block stride 16-byte aligned), else element by element.
+// grid: n_tokens, block: 128. Copies one [entry_dim] latent per CTA (rows latent_ld elements apart): in 16-byte
+// chunks when kVec (entry_dim and latent_ld multiples of 8, latent, cache base and block stride 16-byte aligned), else
+// element by element.
 template <bool kVec>
-__global__ void mla_cache_write_kernel(const __nv_bfloat16* __restrict__ latent, MlaPagedCache cache, int entry_dim,
-                                       int block_size) {
+__global__ void mla_cache_write_kernel(const __nv_bfloat16* __restrict__ latent, int64_t latent_ld,
+                                       MlaPagedCache cache, int entry_dim, int block_size) {
   const int64_t t = blockIdx.x;
   if (cache.live_tokens != nullptr && t >= *cache.live_tokens) return;  // a padding row: whole block
   int64_t pos = 0;
-  const int32_t* table = token_table(cache, t, block_size, &pos);
+  const int32_t* table = token_table(cache, t, block_size, &pos, threadIdx.x == 0);
   if (table == nullptr) return;  // whole block
   const int32_t block = table[pos / block_size];
-  const __nv_bfloat16* src = latent + t * entry_dim;
+  const __nv_bfloat16* src = latent + t * latent_ld;
   __nv_bfloat16* dst = cache.base + block * cache.block_stride + (pos % block_size) * entry_dim;
   if constexpr (kVec) {
     const uint4* src4 = reinterpret_cast<const uint4*>(src);
@@ -104,6 +106,46 @@ __global__ void mla_cache_write_kernel(const __nv_bfloat16* __restrict__ latent,
   } else {
     for (int i = threadIdx.x; i < entry_dim; i += blockDim.x) dst[i] = src[i];
   }
+}
+
+constexpr int kNormedTokensPerCta = 8;  // one warp per token
+constexpr int kNormedMaxPer = kMlaCudaMaxKvLoraRank / 32;
+
+// grid: ceil(n_tokens / 8), block: 256, one warp per token. RMSNorm of the token's first kv_lora values, then the
+// whole entry [normed c_kv | k_pe] into its cache slot. Lane l holds values l, l + 32, ...: the sum of squares in
+// the order of rmsnorm_cuda's warp-per-row kernel (cuda_utils.cuh: row_norm_kernel) and the same epilogue,
+// w * (x * inv), so the cache gets the bits rmsnorm_cuda then mla_cache_write_cuda would write.
+__global__ void __launch_bounds__(32 * kNormedTokensPerCta)
+    mla_cache_write_normed_kernel(const __nv_bfloat16* __restrict__ latent, int64_t latent_ld,
+                                  const float* __restrict__ weight, float inv_lora, float eps, MlaPagedCache cache,
+                                  int64_t n_tokens, int lora, int entry_dim, int block_size) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kNormedTokensPerCta + (threadIdx.x >> 5);
+  if (t >= n_tokens) return;
+  if (cache.live_tokens != nullptr && t >= *cache.live_tokens) return;  // a padding row: the whole warp
+  int64_t pos = 0;
+  const int32_t* table = token_table(cache, t, block_size, &pos, lane == 0);
+  if (table == nullptr) return;  // the whole warp
+  const __nv_bfloat16* src = latent + t * latent_ld;
+  float v[kNormedMaxPer], w[kNormedMaxPer];
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kNormedMaxPer; ++i) {
+    const int d = lane + 32 * i;
+    v[i] = d < lora ? __bfloat162float(src[d]) : 0.0f;
+    w[i] = d < lora ? weight[d] : 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kNormedMaxPer; ++i) ss += v[i] * v[i];  // zeros past lora change nothing
+  ss = warp_sum(ss);
+  const float inv = 1.0f / sqrtf(ss * inv_lora + eps);
+  __nv_bfloat16* dst = cache.base + cache_offset(cache, table, pos, block_size, entry_dim);
+#pragma unroll
+  for (int i = 0; i < kNormedMaxPer; ++i) {
+    const int d = lane + 32 * i;
+    if (d < lora) dst[d] = __float2bfloat16_rn(w[i] * (v[i] * inv));
+  }
+  for (int d = lora + lane; d < entry_dim; d += 32) dst[d] = src[d];
 }
 
 struct AttnArgs {
@@ -251,7 +293,7 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(AttnArgs a) {
   const int h0 = static_cast<int>(blockIdx.x % a.n_groups) * kHeads;
   const int n_valid = min(kHeads, a.n_heads - h0);
   int64_t pos = 0;
-  const int32_t* table = token_table(a.cache, t, a.block_size, &pos);
+  const int32_t* table = token_table(a.cache, t, a.block_size, &pos, threadIdx.x == 0);
   if (table == nullptr) return;  // whole block, before any barrier
   const int64_t n_ctx = pos + 1;
 
@@ -333,29 +375,51 @@ void check_cache(const char* op, const MlaParams& p, const MlaPagedCache& c, int
   BG_CHECK(c.max_blocks_per_seq > 0, "{}: max_blocks_per_seq {} must be positive", op, c.max_blocks_per_seq);
 }
 
-}  // namespace
-
-void mla_cache_write_cuda(const MlaParams& p, const __nv_bfloat16* latent, const MlaPagedCache& cache,
-                          cudaStream_t stream) {
-  constexpr const char* op = "mla_cache_write_cuda";
+// The checks both cache writes make; latent_ld resolved (0: the entry size).
+int64_t check_write(const char* op, const MlaParams& p, const __nv_bfloat16* latent, const MlaPagedCache& cache,
+                    int64_t* latent_ld) {
   BG_CHECK(p.n_tokens >= 0 && p.n_tokens <= std::numeric_limits<int32_t>::max(), "{}: n_tokens {} out of range", op,
            p.n_tokens);
-  if (p.n_tokens == 0) return;
   BG_CHECK(p.kv_lora_rank >= 1 && p.kv_lora_rank <= kMlaCudaMaxKvLoraRank && p.qk_rope_dim >= 0 &&
                p.qk_rope_dim <= kMlaCudaMaxRopeDim,
            "{}: kv_lora_rank {} / qk_rope_dim {} unsupported (kv_lora_rank in [1, {}], qk_rope_dim in [0, {}])", op,
            p.kv_lora_rank, p.qk_rope_dim, kMlaCudaMaxKvLoraRank, kMlaCudaMaxRopeDim);
   const int64_t entry_dim = p.kv_lora_rank + p.qk_rope_dim;
+  if (*latent_ld == 0) *latent_ld = entry_dim;
+  BG_CHECK(*latent_ld >= entry_dim, "{}: latent rows {} elements apart hold no {}-element entry", op, *latent_ld,
+           entry_dim);
+  if (p.n_tokens == 0) return entry_dim;
   BG_CHECK(latent != nullptr && cuda::aligned_to(latent, 2), "{}: latent null or not bf16-aligned", op);
   check_cache(op, p, cache, entry_dim);
+  return entry_dim;
+}
+
+}  // namespace
+
+void mla_cache_write_cuda(const MlaParams& p, const __nv_bfloat16* latent, const MlaPagedCache& cache,
+                          cudaStream_t stream, int64_t latent_ld) {
+  const int64_t entry_dim = check_write("mla_cache_write_cuda", p, latent, cache, &latent_ld);
+  if (p.n_tokens == 0) return;
   const unsigned grid = static_cast<unsigned>(p.n_tokens);
-  if (cache_vectorizable(cache, entry_dim) && cuda::aligned_to(latent, 16)) {
-    mla_cache_write_kernel<true><<<grid, 128, 0, stream>>>(latent, cache, static_cast<int>(entry_dim),
+  if (cache_vectorizable(cache, entry_dim) && latent_ld % 8 == 0 && cuda::aligned_to(latent, 16)) {
+    mla_cache_write_kernel<true><<<grid, 128, 0, stream>>>(latent, latent_ld, cache, static_cast<int>(entry_dim),
                                                            static_cast<int>(p.block_size));
   } else {
-    mla_cache_write_kernel<false><<<grid, 128, 0, stream>>>(latent, cache, static_cast<int>(entry_dim),
+    mla_cache_write_kernel<false><<<grid, 128, 0, stream>>>(latent, latent_ld, cache, static_cast<int>(entry_dim),
                                                             static_cast<int>(p.block_size));
   }
+  BG_CUDA_CHECK_LAUNCH();
+}
+
+void mla_cache_write_normed_cuda(const MlaParams& p, const __nv_bfloat16* latent, const float* norm_weight,
+                                 float eps, const MlaPagedCache& cache, cudaStream_t stream, int64_t latent_ld) {
+  const int64_t entry_dim = check_write("mla_cache_write_normed_cuda", p, latent, cache, &latent_ld);
+  if (p.n_tokens == 0) return;
+  BG_CHECK(norm_weight != nullptr, "mla_cache_write_normed_cuda: null norm weight");
+  const auto grid = static_cast<unsigned>((p.n_tokens + kNormedTokensPerCta - 1) / kNormedTokensPerCta);
+  mla_cache_write_normed_kernel<<<grid, 32 * kNormedTokensPerCta, 0, stream>>>(
+      latent, latent_ld, norm_weight, 1.0f / static_cast<float>(p.kv_lora_rank), eps, cache, p.n_tokens,
+      static_cast<int>(p.kv_lora_rank), static_cast<int>(entry_dim), static_cast<int>(p.block_size));
   BG_CUDA_CHECK_LAUNCH();
 }
 

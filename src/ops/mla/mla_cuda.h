@@ -43,10 +43,18 @@ inline constexpr int64_t kMlaCudaMaxKvLoraRank = 512;
 inline constexpr int64_t kMlaCudaMaxRopeDim = 64;
 
 // Writes latent [n_tokens, kv_lora + rope] bf16 to each token's (block, slot). Uses p.n_tokens, p.kv_lora_rank,
-// p.qk_rope_dim, p.block_size. 16-byte copies when the entry size is a multiple of 8 elements and latent, cache base
-// and block stride are 16-byte aligned, element copies otherwise (any entry size, bf16-aligned pointers).
+// p.qk_rope_dim, p.block_size. latent_ld: elements from one latent row to the next (0: the entry size; more for a
+// strided view, e.g. kv_a's columns of a fused projection's output). 16-byte copies when the entry size and latent_ld
+// are multiples of 8 elements and latent, cache base and block stride are 16-byte aligned, element copies otherwise
+// (any entry size, bf16-aligned pointers).
 void mla_cache_write_cuda(const MlaParams& p, const __nv_bfloat16* latent, const MlaPagedCache& cache,
-                          cudaStream_t stream);
+                          cudaStream_t stream, int64_t latent_ld = 0);
+
+// rmsnorm_cuda of each latent row's first kv_lora values (norm_weight [kv_lora] fp32, eps) then
+// mla_cache_write_cuda of [normed c_kv | k_pe], in one launch: the cache gets the same bits as those two calls (for
+// a model whose k_pe is not rotated, Kimi-K3). The latent itself is left as it was.
+void mla_cache_write_normed_cuda(const MlaParams& p, const __nv_bfloat16* latent, const float* norm_weight,
+                                 float eps, const MlaPagedCache& cache, cudaStream_t stream, int64_t latent_ld = 0);
 
 // Absorbed attention (same contract as mla_attention_cpu, bf16 in/out, fp32 inside):
 //   q    [n_tokens, n_heads, qk_nope + qk_rope] bf16

@@ -1,5 +1,10 @@
-// CUDA SiTU: a grid-stride elementwise loop with the CPU reference's formula and order of operations.
+// CUDA SiTU: eight values per thread through 16-byte loads and stores when rows allow it (a 2-D grid: columns in x,
+// rows in y, no index division per value), else a grid-stride loop over single values; both compute each value with
+// the same instructions (situ_value), so they give the same bits.
 #include "ops/situ/situ_cuda.h"
+
+#include <algorithm>
+#include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
@@ -11,21 +16,54 @@ namespace {
 using cuda_util::bf16;
 
 constexpr int kThreads = 256;
+constexpr int kVec = 8;  // bf16 values per 16-byte access
+constexpr unsigned kMaxRowBlocks = 65535;  // grid y limit; more rows are strided over
 
-// Packed rows: gate_ld = up_ld = n_inter, the index is the element's.
-__global__ void situ_kernel(int64_t n, SituParams p, float inv_beta, float inv_beta_lin, const bf16* gate,
-                            int64_t gate_ld, const bf16* up, int64_t up_ld, bf16* out) {
+// The CPU reference's formula with the quotients through the hardware's approximate reciprocal and exp2 (a few ulp
+// of fp32, far below the bf16 rounding of the result; the W4A16 kernels' GLU, moe_w4a16_device.cuh, does the same).
+// The IEEE divisions with their slow paths were most of this elementwise kernel's instructions. sigmoid is 0 once
+// exp(-g) passes 2^126 (__fdividef's range), where the reference's is below 1e-38.
+__device__ __forceinline__ float situ_value(float g, float u, float beta, float beta_lin) {
+  const float sig = __fdividef(1.0f, 1.0f + __expf(-g));
+  return beta * tanhf(__fdividef(g, beta)) * sig * (beta_lin * tanhf(__fdividef(u, beta_lin)));
+}
+
+// Any layout: one value per iteration, its row and column by division.
+__global__ void situ_scalar_kernel(int64_t n, SituParams p, const bf16* gate, int64_t gate_ld, const bf16* up,
+                                   int64_t up_ld, bf16* out) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const bool packed = gate_ld == p.n_inter && up_ld == p.n_inter;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    const int64_t t = packed ? 0 : i / p.n_inter, c = packed ? i : i % p.n_inter;
-    const float g = cuda_util::to_f32(gate[t * gate_ld + c]);
-    // sigmoid through 1 / (1 + exp(-g)): exactly 0 once exp overflows (g < -88).
-    const float act = p.beta * tanhf(g * inv_beta) / (1.0f + expf(-g));
-    const float lin = p.beta_lin * tanhf(cuda_util::to_f32(up[t * up_ld + c]) * inv_beta_lin);
-    out[i] = cuda_util::to_bf16(act * lin);
+    const int64_t t = i / p.n_inter, c = i % p.n_inter;
+    out[i] = cuda_util::to_bf16(situ_value(cuda_util::to_f32(gate[t * gate_ld + c]),
+                                           cuda_util::to_f32(up[t * up_ld + c]), p.beta, p.beta_lin));
   }
 }
+
+// n_inter, gate_ld, up_ld multiples of 8 and every pointer 16-byte aligned: thread x of row y handles columns
+// 8x .. 8x + 7. Both loads are issued before any math, and each thread writes only the values it read, so out may
+// alias packed gate or up.
+__global__ void situ_vec8_kernel(SituParams p, const bf16* gate, int64_t gate_ld, const bf16* up, int64_t up_ld,
+                                 bf16* out) {
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
+  if (c >= p.n_inter) return;
+  for (int64_t t = blockIdx.y; t < p.n_tokens; t += gridDim.y) {
+    const uint4 g = *reinterpret_cast<const uint4*>(gate + t * gate_ld + c);
+    const uint4 u = *reinterpret_cast<const uint4*>(up + t * up_ld + c);
+    const auto* g2 = reinterpret_cast<const __nv_bfloat162*>(&g);
+    const auto* u2 = reinterpret_cast<const __nv_bfloat162*>(&u);
+    uint4 r;
+    auto* r2 = reinterpret_cast<__nv_bfloat162*>(&r);
+#pragma unroll
+    for (int k = 0; k < kVec / 2; ++k) {
+      const float2 gf = __bfloat1622float2(g2[k]), uf = __bfloat1622float2(u2[k]);
+      r2[k] = __halves2bfloat162(cuda_util::to_bf16(situ_value(gf.x, uf.x, p.beta, p.beta_lin)),
+                                 cuda_util::to_bf16(situ_value(gf.y, uf.y, p.beta, p.beta_lin)));
+    }
+    *reinterpret_cast<uint4*>(out + t * p.n_inter + c) = r;
+  }
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 }  // namespace
 
@@ -41,9 +79,19 @@ void situ_cuda(const SituParams& p, const __nv_bfloat16* gate, const __nv_bfloat
   if (up_ld == 0) up_ld = p.n_inter;
   BG_CHECK(gate_ld >= p.n_inter && up_ld >= p.n_inter, "situ_cuda: rows {} / {} elements apart for {} values",
            gate_ld, up_ld, p.n_inter);
-  const int64_t n = p.n_tokens * p.n_inter;
-  situ_kernel<<<cuda_util::elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(
-      n, p, 1.0f / p.beta, 1.0f / p.beta_lin, gate, gate_ld, up, up_ld, out);
+  const bool vec8 = p.n_inter % kVec == 0 && gate_ld % kVec == 0 && up_ld % kVec == 0 && aligned16(gate) &&
+                    aligned16(up) && aligned16(out);
+  if (vec8) {
+    const int64_t threads_per_row = p.n_inter / kVec;
+    const int threads = static_cast<int>(std::min<int64_t>(kThreads, (threads_per_row + 31) / 32 * 32));
+    const dim3 grid(static_cast<unsigned>((threads_per_row + threads - 1) / threads),
+                    static_cast<unsigned>(std::min<int64_t>(p.n_tokens, kMaxRowBlocks)));
+    situ_vec8_kernel<<<grid, threads, 0, stream>>>(p, gate, gate_ld, up, up_ld, out);
+  } else {
+    const int64_t n = p.n_tokens * p.n_inter;
+    situ_scalar_kernel<<<cuda_util::elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(n, p, gate, gate_ld, up,
+                                                                                            up_ld, out);
+  }
   BG_CUDA_CHECK_LAUNCH();
 }
 
