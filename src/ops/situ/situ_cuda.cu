@@ -1,6 +1,6 @@
 // CUDA SiTU: eight values per thread through 16-byte loads and stores when rows allow it (a 2-D grid: columns in x,
 // rows in y, no index division per value), else a grid-stride loop over single values; both compute each value with
-// the same instructions (situ_value), so they give the same bits.
+// the same instructions (situ_value), so they give the same bits, which are those of the one-value kernel before.
 #include "ops/situ/situ_cuda.h"
 
 #include <algorithm>
@@ -18,32 +18,34 @@ using cuda_util::bf16;
 constexpr int kThreads = 256;
 constexpr int kVec = 8;  // bf16 values per 16-byte access
 constexpr unsigned kMaxRowBlocks = 65535;  // grid y limit; more rows are strided over
+constexpr int64_t kVecMinRows = 8;
 
-// The CPU reference's formula with the quotients through the hardware's approximate reciprocal and exp2 (a few ulp
-// of fp32, far below the bf16 rounding of the result; the W4A16 kernels' GLU, moe_w4a16_device.cuh, does the same).
-// The IEEE divisions with their slow paths were most of this elementwise kernel's instructions. sigmoid is 0 once
-// exp(-g) passes 2^126 (__fdividef's range), where the reference's is below 1e-38.
-__device__ __forceinline__ float situ_value(float g, float u, float beta, float beta_lin) {
-  const float sig = __fdividef(1.0f, 1.0f + __expf(-g));
-  return beta * tanhf(__fdividef(g, beta)) * sig * (beta_lin * tanhf(__fdividef(u, beta_lin)));
+// The CPU reference's formula and order of operations (IEEE quotients). sigmoid through 1 / (1 + exp(-g)): exactly 0
+// once exp overflows (g < -88). (__expf / __fdividef, as in the W4A16 kernels' GLU, change the bits; with them the
+// offload-identity GPU test, which compares runs batched differently, failed on the H100: docs/PERF.md.)
+__device__ __forceinline__ float situ_value(float g, float u, float inv_beta, float inv_beta_lin, float beta,
+                                            float beta_lin) {
+  const float act = beta * tanhf(g * inv_beta) / (1.0f + expf(-g));
+  return act * (beta_lin * tanhf(u * inv_beta_lin));
 }
 
 // Any layout: one value per iteration, its row and column by division.
-__global__ void situ_scalar_kernel(int64_t n, SituParams p, const bf16* gate, int64_t gate_ld, const bf16* up,
-                                   int64_t up_ld, bf16* out) {
+__global__ void situ_scalar_kernel(int64_t n, SituParams p, float inv_beta, float inv_beta_lin, const bf16* gate,
+                                   int64_t gate_ld, const bf16* up, int64_t up_ld, bf16* out) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const int64_t t = i / p.n_inter, c = i % p.n_inter;
     out[i] = cuda_util::to_bf16(situ_value(cuda_util::to_f32(gate[t * gate_ld + c]),
-                                           cuda_util::to_f32(up[t * up_ld + c]), p.beta, p.beta_lin));
+                                           cuda_util::to_f32(up[t * up_ld + c]), inv_beta, inv_beta_lin, p.beta,
+                                           p.beta_lin));
   }
 }
 
 // n_inter, gate_ld, up_ld multiples of 8 and every pointer 16-byte aligned: thread x of row y handles columns
 // 8x .. 8x + 7. Both loads are issued before any math, and each thread writes only the values it read, so out may
 // alias packed gate or up.
-__global__ void situ_vec8_kernel(SituParams p, const bf16* gate, int64_t gate_ld, const bf16* up, int64_t up_ld,
-                                 bf16* out) {
+__global__ void situ_vec8_kernel(SituParams p, float inv_beta, float inv_beta_lin, const bf16* gate, int64_t gate_ld,
+                                 const bf16* up, int64_t up_ld, bf16* out) {
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
   if (c >= p.n_inter) return;
   for (int64_t t = blockIdx.y; t < p.n_tokens; t += gridDim.y) {
@@ -56,8 +58,9 @@ __global__ void situ_vec8_kernel(SituParams p, const bf16* gate, int64_t gate_ld
 #pragma unroll
     for (int k = 0; k < kVec / 2; ++k) {
       const float2 gf = __bfloat1622float2(g2[k]), uf = __bfloat1622float2(u2[k]);
-      r2[k] = __halves2bfloat162(cuda_util::to_bf16(situ_value(gf.x, uf.x, p.beta, p.beta_lin)),
-                                 cuda_util::to_bf16(situ_value(gf.y, uf.y, p.beta, p.beta_lin)));
+      r2[k] = __halves2bfloat162(
+          cuda_util::to_bf16(situ_value(gf.x, uf.x, inv_beta, inv_beta_lin, p.beta, p.beta_lin)),
+          cuda_util::to_bf16(situ_value(gf.y, uf.y, inv_beta, inv_beta_lin, p.beta, p.beta_lin)));
     }
     *reinterpret_cast<uint4*>(out + t * p.n_inter + c) = r;
   }
@@ -79,18 +82,21 @@ void situ_cuda(const SituParams& p, const __nv_bfloat16* gate, const __nv_bfloat
   if (up_ld == 0) up_ld = p.n_inter;
   BG_CHECK(gate_ld >= p.n_inter && up_ld >= p.n_inter, "situ_cuda: rows {} / {} elements apart for {} values",
            gate_ld, up_ld, p.n_inter);
-  const bool vec8 = p.n_inter % kVec == 0 && gate_ld % kVec == 0 && up_ld % kVec == 0 && aligned16(gate) &&
-                    aligned16(up) && aligned16(out);
+  const float inv_beta = 1.0f / p.beta, inv_beta_lin = 1.0f / p.beta_lin;
+  // Eight values per thread from kVecMinRows rows: below, the grid-stride kernel's one value per thread spreads a
+  // row over more SMs (the eight-wide kernel took 1.7 us against 1.3 at one row on the H100, K3's widths).
+  const bool vec8 = p.n_tokens >= kVecMinRows && p.n_inter % kVec == 0 && gate_ld % kVec == 0 &&
+                    up_ld % kVec == 0 && aligned16(gate) && aligned16(up) && aligned16(out);
   if (vec8) {
     const int64_t threads_per_row = p.n_inter / kVec;
     const int threads = static_cast<int>(std::min<int64_t>(kThreads, (threads_per_row + 31) / 32 * 32));
     const dim3 grid(static_cast<unsigned>((threads_per_row + threads - 1) / threads),
                     static_cast<unsigned>(std::min<int64_t>(p.n_tokens, kMaxRowBlocks)));
-    situ_vec8_kernel<<<grid, threads, 0, stream>>>(p, gate, gate_ld, up, up_ld, out);
+    situ_vec8_kernel<<<grid, threads, 0, stream>>>(p, inv_beta, inv_beta_lin, gate, gate_ld, up, up_ld, out);
   } else {
     const int64_t n = p.n_tokens * p.n_inter;
-    situ_scalar_kernel<<<cuda_util::elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(n, p, gate, gate_ld, up,
-                                                                                            up_ld, out);
+    situ_scalar_kernel<<<cuda_util::elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(
+        n, p, inv_beta, inv_beta_lin, gate, gate_ld, up, up_ld, out);
   }
   BG_CUDA_CHECK_LAUNCH();
 }
