@@ -162,12 +162,12 @@ TEST(ElementwiseParity, SituReadsStridedGateAndUp) {
   EXPECT_THROW(ops::situ_cuda({1, 8, 4.0f, 25.0f}, bf16_ptr(b), bf16_ptr(b), bf16_ptr(b), nullptr, 4, 8), Error);
 }
 
-// The two kernels give the same bits: 16-byte rows from 8 rows on (the eight-wide kernel, rows past the grid's 65535
+// The two kernels give the same bits: 16-byte rows from 64 rows on (the eight-wide kernel, rows past the grid's 65535
 // strided over) against the same values one element off 16-byte alignment (the grid-stride kernel), and the CPU
 // reference.
 TEST(ElementwiseParity, SituEightWideMatchesScalarKernel) {
   BG_REQUIRE_GPU();
-  for (const int64_t n_tokens : {int64_t{8}, int64_t{70000}}) {
+  for (const int64_t n_tokens : {int64_t{64}, int64_t{70000}}) {
     const int64_t inter = 16;
     const ops::SituParams p{n_tokens, inter, 4.0f, 25.0f};
     const auto n = static_cast<size_t>(n_tokens * inter);

@@ -18,7 +18,7 @@ using cuda_util::bf16;
 constexpr int kThreads = 256;
 constexpr int kVec = 8;  // bf16 values per 16-byte access
 constexpr unsigned kMaxRowBlocks = 65535;  // grid y limit; more rows are strided over
-constexpr int64_t kVecMinRows = 8;
+constexpr int64_t kVecMinRows = 64;
 
 // The CPU reference's formula and order of operations (IEEE quotients). sigmoid through 1 / (1 + exp(-g)): exactly 0
 // once exp overflows (g < -88). (__expf / __fdividef, as in the W4A16 kernels' GLU, change the bits; with them the
@@ -83,8 +83,9 @@ void situ_cuda(const SituParams& p, const __nv_bfloat16* gate, const __nv_bfloat
   BG_CHECK(gate_ld >= p.n_inter && up_ld >= p.n_inter, "situ_cuda: rows {} / {} elements apart for {} values",
            gate_ld, up_ld, p.n_inter);
   const float inv_beta = 1.0f / p.beta, inv_beta_lin = 1.0f / p.beta_lin;
-  // Eight values per thread from kVecMinRows rows: below, the grid-stride kernel's one value per thread spreads a
-  // row over more SMs (the eight-wide kernel took 1.7 us against 1.3 at one row on the H100, K3's widths).
+  // Eight values per thread from kVecMinRows rows: below, the grid-stride kernel's one value per thread spreads the
+  // rows over more SMs (H100, K3's widths, `bench kernels` case situ: 3.3 against 3.9 us at 64 rows, but 2.4 against
+  // 2.2 at 16 and, with the first version's approximate quotients, 1.7 against 1.3 at one).
   const bool vec8 = p.n_tokens >= kVecMinRows && p.n_inter % kVec == 0 && gate_ld % kVec == 0 &&
                     up_ld % kVec == 0 && aligned16(gate) && aligned16(up) && aligned16(out);
   if (vec8) {
