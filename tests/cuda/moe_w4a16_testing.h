@@ -129,7 +129,7 @@ inline void relayout(Launch& L, cudaStream_t stream) {
 }
 
 inline void prepare(Launch& L, const ExpertSet& set, int64_t hidden, int64_t inter, int64_t top_k, MoeW4a16Act act,
-             const RunSpec& spec, const Routing& r, uint64_t seed, cudaStream_t stream) {
+                    const RunSpec& spec, const Routing& r, uint64_t seed, cudaStream_t stream) {
   const int64_t n = spec.n_tokens, E = static_cast<int64_t>(set.views.size());
   L.set = &set;
   L.mp.shape = {n, top_k, E, E, true};
@@ -181,7 +181,7 @@ struct Stream {
 
 // Captures one launch into a graph and replays it twice; each replay must give `want` bit for bit.
 inline void expect_graph_replay_equals(const Launch& L, cudaStream_t stream, const std::vector<uint8_t>& want,
-                                const std::string& what) {
+                                       const std::string& what) {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   BG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -200,8 +200,8 @@ inline void expect_graph_replay_equals(const Launch& L, cudaStream_t stream, con
 
 // Each row's unweighted expert output, rows in dispatch order (by expert, then (token, k)): the CPU reference run as
 // top-1 with weight 1 over the gathered rows. p: rows-out params of the launch.
-inline std::vector<float> rows_reference(const MoeW4a16Params& p, const ExpertSet& set, const std::vector<float>& x,
-                                  const Routing& r) {
+inline std::vector<float> rows_reference(const MoeW4a16Params& p, const ExpertSet& set,
+                                         const std::vector<float>& x, const Routing& r) {
   const int64_t rows = p.n_tokens * p.top_k;
   std::vector<int32_t> row_expert;
   std::vector<float> x_rows, ones;
