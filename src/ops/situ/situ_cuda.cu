@@ -29,12 +29,13 @@ __device__ __forceinline__ float situ_value(float g, float u, float inv_beta, fl
   return act * (beta_lin * tanhf(u * inv_beta_lin));
 }
 
-// Any layout: one value per iteration, its row and column by division.
+// Any layout: one value per iteration; strided rows find its row and column by division, packed ones need not.
 __global__ void situ_scalar_kernel(int64_t n, SituParams p, float inv_beta, float inv_beta_lin, const bf16* gate,
                                    int64_t gate_ld, const bf16* up, int64_t up_ld, bf16* out) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const bool packed = gate_ld == p.n_inter && up_ld == p.n_inter;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    const int64_t t = i / p.n_inter, c = i % p.n_inter;
+    const int64_t t = packed ? 0 : i / p.n_inter, c = packed ? i : i % p.n_inter;
     out[i] = cuda_util::to_bf16(situ_value(cuda_util::to_f32(gate[t * gate_ld + c]),
                                            cuda_util::to_f32(up[t * up_ld + c]), inv_beta, inv_beta_lin, p.beta,
                                            p.beta_lin));
